@@ -1,0 +1,73 @@
+"""The small surface the app and the CLI program against.
+
+:class:`ChatBackend` is what a loaded engine offers; the app's tests implement
+it with a fast fake. :data:`ProgressFn` is how loading reports progress.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from engine.events import ChatEvent, ChatMessage, GenerationParams, Mode
+
+ProgressFn = Callable[[str, "float | None"], None]
+"""``progress(stage, fraction)``: a human-readable stage ("extracting GGUF",
+"loading target weights", ...) and a fraction in [0, 1], or None when unknown."""
+
+
+def no_progress(stage: str, fraction: float | None) -> None:
+    """The default progress callback: says nothing."""
+
+
+@dataclass(frozen=True)
+class EngineInfo:
+    """What is loaded and why, for the HUD and for ``--json`` output.
+
+    ``plan`` is the memory plan's plain-data form (``engine.memory.Plan.to_dict``):
+    the choice made and the byte figures behind it. ``fallback_reason`` says why
+    the engine runs without its configured drafter, if it does.
+    """
+
+    profile: str
+    target: str
+    drafter: str
+    mode: Mode
+    device: str
+    quantization: str = "none"
+    plan: dict[str, Any] = field(default_factory=dict)
+    fallback_reason: str | None = None
+    target_bytes: int | None = None
+    draft_bytes: int | None = None
+    free_bytes: int | None = None
+
+
+class ChatBackend(Protocol):
+    """A loaded target (and maybe drafter) ready to answer chat turns."""
+
+    @property
+    def info(self) -> EngineInfo:
+        """The current state; it changes when the drafter is dropped or speculation is switched."""
+        ...
+
+    def chat(
+        self,
+        messages: Sequence[ChatMessage],
+        params: GenerationParams,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[ChatEvent]:
+        """Reply to ``messages`` (the whole conversation so far, system prompt first).
+
+        Yields one event per decoding round; the last has ``finish_reason``.
+        Setting ``cancel`` stops between rounds, keeping the engine ready.
+        """
+        ...
+
+    def set_speculation(self, enabled: bool) -> None:
+        """Switch speculation off (plain decoding) or back on."""
+        ...
+
+    def close(self) -> None:
+        """Unload the models and free their memory."""
+        ...

@@ -1,0 +1,95 @@
+"""The one place that knows whether we run on CUDA or the CPU.
+
+Everything device-specific goes through :class:`Device`: where tensors live,
+how much memory is free, how to time a step honestly (CUDA kernels are
+asynchronous, so the clock is read only after ``torch.cuda.synchronize``), and
+what an out-of-memory error looks like.
+"""
+from __future__ import annotations
+
+import gc
+import os
+import time
+from dataclasses import dataclass
+
+import psutil
+import torch
+
+
+@dataclass(frozen=True)
+class Device:
+    """A torch device plus the operations the engine needs from it."""
+
+    torch_device: torch.device
+
+    @staticmethod
+    def auto(prefer: str | None = None) -> "Device":
+        """CUDA when present (or when ``prefer`` names it), otherwise the CPU.
+
+        ``SPECCHAT_DEVICE`` overrides the choice (``cpu`` or ``cuda[:N]``).
+        """
+        name = prefer or os.environ.get("SPECCHAT_DEVICE")
+        if name:
+            return Device(torch.device(name))
+        return Device(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.torch_device.type == "cuda"
+
+    @property
+    def description(self) -> str:
+        if self.is_cuda:
+            return f"cuda ({torch.cuda.get_device_name(self.torch_device)})"
+        return f"cpu ({torch.get_num_threads()} threads)"
+
+    def synchronize(self) -> None:
+        """Wait for queued kernels, so that a clock read after this is honest."""
+        if self.is_cuda:
+            torch.cuda.synchronize(self.torch_device)
+
+    def now(self) -> float:
+        """A timestamp in seconds, taken after synchronising the device."""
+        self.synchronize()
+        return time.perf_counter()
+
+    def memory_free_total(self) -> tuple[int, int]:
+        """(free, total) bytes: ``torch.cuda.mem_get_info`` on CUDA, available RAM on CPU."""
+        if self.is_cuda:
+            free, total = torch.cuda.mem_get_info(self.torch_device)
+            return int(free), int(total)
+        vm = psutil.virtual_memory()
+        return int(vm.available), int(vm.total)
+
+    def memory_used_by_process(self) -> int:
+        """Bytes this process holds on the device (allocated tensors on CUDA, RSS on CPU)."""
+        if self.is_cuda:
+            return int(torch.cuda.memory_allocated(self.torch_device))
+        return int(psutil.Process().memory_info().rss)
+
+    def release_memory(self) -> None:
+        """Return freed blocks to the system after a model or cache was dropped."""
+        gc.collect()
+        if self.is_cuda:
+            torch.cuda.empty_cache()
+        else:
+            _malloc_trim()
+
+    @staticmethod
+    def is_out_of_memory(exc: BaseException) -> bool:
+        """True for CUDA OOM and for host allocation failures."""
+        if isinstance(exc, torch.cuda.OutOfMemoryError):
+            return True
+        if isinstance(exc, MemoryError):
+            return True
+        return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+def _malloc_trim() -> None:
+    """Ask glibc to hand freed heap pages back to the OS (no-op elsewhere)."""
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass

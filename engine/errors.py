@@ -1,0 +1,30 @@
+"""The few named exceptions raised at the engine's boundaries.
+
+Each message says what went wrong and what the user can do about it; the app
+shows them as notices and the CLI prints them without a traceback.
+"""
+from __future__ import annotations
+
+
+class SpecChatError(Exception):
+    """Base class: anything the user can fix or should be told about."""
+
+
+class ProfileError(SpecChatError):
+    """A models.toml is malformed, or names a profile/field/value that does not exist."""
+
+
+class ModelSourceError(SpecChatError):
+    """A model could not be found, fetched, verified or read."""
+
+
+class IncompatibleDraftError(SpecChatError):
+    """The draft model cannot verify against the target (tokenizers differ)."""
+
+
+class MemoryPlanError(SpecChatError):
+    """Even the target alone does not fit in the memory budget."""
+
+
+class EngineError(SpecChatError):
+    """Generation failed at run time (for example the target ran out of memory)."""

@@ -1,0 +1,147 @@
+"""Plain data crossing the engine's boundary: requests in, events and statistics out.
+
+Everything here is a frozen dataclass of Python scalars and tuples, so the UI,
+the CLI's JSON and the history database can hold on to them without touching
+tensors.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+Mode = Literal["spec", "ngram", "plain"]
+TokenSource = Literal["draft", "target"]
+FinishReason = Literal["eos", "stop", "length", "cancelled", "error"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How the next token is chosen.
+
+    ``temperature == 0`` means greedy (argmax). ``top_k == 0`` and ``top_p == 1``
+    disable truncation. ``seed`` makes a sampled reply reproducible.
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0, got {self.top_k}")
+
+
+@dataclass(frozen=True)
+class GenerationParams:
+    """One reply's request: sampling, stop conditions and the speculation schedule.
+
+    ``k`` fixes K for every round; ``None`` lets the engine choose K each round
+    within ``[k_min, k_max]`` from measured acceptance and costs.
+    """
+
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    max_new_tokens: int = 256
+    stop_token_ids: tuple[int, ...] = ()
+    stop_strings: tuple[str, ...] = ()
+    k: int | None = None
+    k_min: int = 1
+    k_max: int = 8
+
+    def __post_init__(self) -> None:
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+        if self.k is not None and self.k < 0:
+            raise ValueError(f"k must be >= 0, got {self.k}")
+        if not 0 <= self.k_min <= self.k_max:
+            raise ValueError(f"need 0 <= k_min <= k_max, got {self.k_min}, {self.k_max}")
+
+
+@dataclass(frozen=True)
+class Stats:
+    """Running statistics of one reply (all times in seconds, wall clock).
+
+    ``speedup`` is measured, not assumed: ``tokens_per_s`` divided by
+    ``plain_tokens_per_s``, the rate of plain decoding timed in this same reply
+    on this machine and context (rounds run with K = 0, see ``engine.stats``).
+    ``None`` until both have been measured.
+    """
+
+    mode: Mode = "plain"
+    drafter: str = "none"
+    k: int = 0
+    adaptive: bool = False
+    rounds: int = 0
+    target_passes: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    tokens: int = 0
+    alpha: float | None = None
+    tau: float | None = None
+    per_position: tuple[float, ...] = ()
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    other_s: float = 0.0
+    elapsed_s: float = 0.0
+    tokens_per_s: float | None = None
+    itl_ms: float | None = None
+    plain_tokens_per_s: float | None = None
+    speedup: float | None = None
+    speculation_off_reason: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["per_position"] = list(self.per_position)
+        return d
+
+
+@dataclass(frozen=True)
+class RoundEvent:
+    """What one round of the decoder produced.
+
+    ``token_ids`` are the newly emitted ids in order; ``sources[i]`` says whether
+    ``token_ids[i]`` was a draft token the target accepted or a token the target
+    chose itself (a correction after a rejection, or the bonus after all K were
+    accepted, or a plain step). ``finish_reason`` is set on the last event only.
+    ``notice`` carries a one-line message for the user (fallback, switch-off).
+    """
+
+    token_ids: tuple[int, ...]
+    sources: tuple[TokenSource, ...]
+    stats: Stats
+    finish_reason: FinishReason | None = None
+    notice: str | None = None
+
+
+@dataclass(frozen=True)
+class TextPiece:
+    """A piece of reply text and where its token came from."""
+
+    text: str
+    source: TokenSource
+
+
+@dataclass(frozen=True)
+class ChatEvent:
+    """A :class:`RoundEvent` with the text it adds to the reply."""
+
+    text: str
+    pieces: tuple[TextPiece, ...]
+    token_ids: tuple[int, ...]
+    stats: Stats
+    finish_reason: FinishReason | None = None
+    notice: str | None = None
+
+
+@dataclass(frozen=True)
+class ChatMessage:
+    role: Literal["system", "user", "assistant"]
+    content: str
