@@ -90,6 +90,7 @@ class Stats:
     draft_s: float = 0.0
     verify_s: float = 0.0
     other_s: float = 0.0
+    prefill_s: float = 0.0
     elapsed_s: float = 0.0
     tokens_per_s: float | None = None
     itl_ms: float | None = None

@@ -1,0 +1,98 @@
+"""Text: chat templates, incremental detokenisation and stop strings.
+
+The only module of the engine that handles text; the decoder sees token ids.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from transformers import PreTrainedTokenizerBase
+
+from engine.errors import SpecChatError
+from engine.events import ChatMessage
+
+
+def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[ChatMessage]) -> list[int]:
+    """Token ids ``[L]`` of the conversation with the assistant's turn opened,
+    through the tokenizer's own chat template."""
+    if getattr(tokenizer, "chat_template", None) is None:
+        raise SpecChatError(
+            "the target model's tokenizer has no chat template; use an instruct/chat model "
+            "or set one in the tokenizer files"
+        )
+    convo = [{"role": m.role, "content": m.content} for m in messages]
+    ids = tokenizer.apply_chat_template(convo, add_generation_prompt=True, tokenize=True)
+    if isinstance(ids, dict) or hasattr(ids, "input_ids"):
+        ids = ids["input_ids"]
+    return [int(t) for t in ids]
+
+
+def stop_token_ids(tokenizer: PreTrainedTokenizerBase, generation_config: object | None = None) -> tuple[int, ...]:
+    """The ids that end a reply: the tokenizer's EOS plus the model's generation-config EOS ids."""
+    ids: set[int] = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    extra = getattr(generation_config, "eos_token_id", None)
+    if isinstance(extra, int):
+        ids.add(extra)
+    elif isinstance(extra, (list, tuple)):
+        ids.update(int(t) for t in extra)
+    return tuple(sorted(ids))
+
+
+class IncrementalDetokenizer:
+    """Turns a stream of token ids into a stream of text deltas.
+
+    Decoding token by token breaks multi-byte characters (a UTF-8 character
+    split over two byte-level tokens) and word boundaries (SentencePiece's
+    leading-space marker). Like vLLM and TGI, this decodes a short window of
+    recent tokens twice, with and without the new ones, emits the difference,
+    and holds text back while it ends in an incomplete character (U+FFFD).
+    """
+
+    def __init__(self, tokenizer: PreTrainedTokenizerBase, skip_special_tokens: bool = True) -> None:
+        self.tokenizer = tokenizer
+        self.skip_special_tokens = skip_special_tokens
+        self.ids: list[int] = []
+        self.prefix_offset = 0
+        self.read_offset = 0
+        self.text = ""
+
+    def _decode(self, ids: Sequence[int]) -> str:
+        return self.tokenizer.decode(list(ids), skip_special_tokens=self.skip_special_tokens)
+
+    def push(self, token_id: int) -> str:
+        """Add one token; return the text it completes (maybe empty)."""
+        self.ids.append(int(token_id))
+        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        new_text = self._decode(self.ids[self.prefix_offset :])
+        if len(new_text) > len(prefix_text) and not new_text.endswith("\ufffd"):
+            delta = new_text[len(prefix_text) :]
+            self.prefix_offset = self.read_offset
+            self.read_offset = len(self.ids)
+            self.text += delta
+            return delta
+        return ""
+
+    def flush(self) -> str:
+        """Whatever is held back at the end of the reply."""
+        prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
+        new_text = self._decode(self.ids[self.prefix_offset :])
+        delta = new_text[len(prefix_text) :] if len(new_text) > len(prefix_text) else ""
+        self.prefix_offset = self.read_offset = len(self.ids)
+        self.text += delta
+        return delta
+
+
+def find_stop(text: str, stop_strings: Sequence[str], searched: int) -> int | None:
+    """Index in ``text`` where the first stop string starts, looking only at
+    text that may contain a match not seen before (``searched`` characters of
+    ``text`` were checked already)."""
+    best: int | None = None
+    for stop in stop_strings:
+        if not stop:
+            continue
+        at = text.find(stop, max(0, searched - len(stop) + 1))
+        if at != -1 and (best is None or at < best):
+            best = at
+    return best

@@ -1,0 +1,311 @@
+"""The speculative decoding loop: draft, verify, crop, emit.
+
+Each round (Leviathan et al. 2022; Chen et al. 2023):
+
+1. choose K (fixed, or from the measured costs: :mod:`engine.stats`);
+2. the drafter proposes up to K tokens;
+3. the target scores the pending token plus the draft in **one** forward pass;
+4. the longest accepted prefix is kept and the target adds one token of its
+   own (:mod:`engine.verify`);
+5. stop conditions cut the emitted tokens; both caches are cropped to the
+   accepted sequence; an event is yielded.
+
+Plain decoding is the same loop with K = 0, so every comparison runs the same
+code. Cache invariant after every round: the target's cache holds the whole
+sequence except its last token (the pending one, fed at the next round).
+"""
+from __future__ import annotations
+
+import threading
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
+
+import torch
+from transformers import PreTrainedModel
+
+from engine.device import Device
+from engine.drafters import EMPTY_DRAFT, Draft, Drafter, ModelDrafter
+from engine.errors import EngineError
+from engine.events import GenerationParams, Mode, RoundEvent, TokenSource
+from engine.runner import ModelRunner
+from engine.sampling import make_generator, warp
+from engine.stats import CostModel, ReplyStats
+from engine.verify import Verdict, verify_greedy, verify_sampled
+
+T = TypeVar("T")
+
+
+class SpecDecoder:
+    """Owns the target's runner, the drafter, and the measured cost model.
+
+    Args:
+        target_model: the model whose output is reproduced exactly.
+        device: where both models live.
+        drafter: a :class:`~engine.drafters.Drafter`, or None for plain decoding.
+        calibrate_every: every this many rounds (and at the first round of a
+            reply) run one plain step, K = 0, to time plain decoding here
+            (0: never; the speedup is then unknown unless the drafter itself
+            leaves rounds empty).
+        auto_off_window: with adaptive K, switch speculation off when the
+            measured speedup over the last this many rounds is below 1.0
+            (0 disables the check).
+    """
+
+    def __init__(
+        self,
+        target_model: PreTrainedModel,
+        device: Device,
+        drafter: Drafter | None = None,
+        *,
+        calibrate_every: int = 32,
+        auto_off_window: int = 24,
+    ) -> None:
+        self.device = device
+        self.target = ModelRunner(target_model, device)
+        self.drafter = drafter
+        if isinstance(drafter, ModelDrafter):
+            drafter.vocab_limit = self.target.vocab_size
+        self.costs = CostModel()
+        self.calibrate_every = calibrate_every
+        self.auto_off_window = auto_off_window
+        self.speculation_enabled = True
+        self.off_reason: str | None = None
+        self.fallback_reason: str | None = None
+        self._window: deque[tuple[int, float]] = deque(maxlen=max(auto_off_window, 1))
+
+    @property
+    def mode(self) -> Mode:
+        """What runs now: ``spec`` (model draft), ``ngram`` or ``plain``."""
+        if self.drafter is None or not self.speculation_enabled:
+            return "plain"
+        return "spec" if self.drafter.kind == "model" else "ngram"
+
+    def set_speculation(self, enabled: bool) -> None:
+        """Switch speculation on or off by hand (also undoes an automatic switch-off)."""
+        self.speculation_enabled = enabled
+        self.off_reason = None if enabled else "speculation switched off by the user"
+        self._window.clear()
+
+    def drop_drafter(self, reason: str) -> str:
+        """Free the drafter for good and go on with plain decoding; returns the notice."""
+        if self.drafter is not None:
+            self.drafter.release()
+            self.drafter = None
+            self.device.release_memory()
+        self.fallback_reason = reason
+        return f"draft dropped ({reason}); continuing with plain decoding"
+
+    def close(self) -> None:
+        """Release both models' caches and references."""
+        if self.drafter is not None:
+            self.drafter.release()
+            self.drafter = None
+        self.target.release()
+        self.device.release_memory()
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: GenerationParams,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[RoundEvent]:
+        """Decode a reply to ``prompt_ids`` (``[L]`` ids, the whole conversation).
+
+        The part of the prompt already in the target's cache (a previous chat
+        turn) is reused; only the rest is prefilled. Yields one
+        :class:`RoundEvent` per round; the last one carries ``finish_reason``.
+        ``cancel`` is checked between rounds; caches stay consistent.
+        """
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        seq = list(prompt_ids)
+        generator = make_generator(params.sampling, self.device)
+        stats = ReplyStats(self.mode, self._drafter_name(), params.k is None, self.costs)
+        stats.speculation_off_reason = self.off_reason or self.fallback_reason
+        start = self.device.now()
+        notice = self._prefill(seq)
+        stats.prefill_s = self.device.now() - start
+        produced = 0
+        for round_index in range(params.max_new_tokens):
+            if cancel is not None and cancel.is_set():
+                yield RoundEvent((), (), stats.snapshot(), "cancelled", notice)
+                return
+            event, n_emitted = self._round(seq, params, generator, stats, round_index, produced, notice)
+            notice = None
+            produced += n_emitted
+            yield event
+            if event.finish_reason is not None:
+                return
+
+    def _round(
+        self,
+        seq: list[int],
+        params: GenerationParams,
+        generator: torch.Generator | None,
+        stats: ReplyStats,
+        round_index: int,
+        produced: int,
+        notice: str | None = None,
+    ) -> tuple[RoundEvent, int]:
+        """One draft-verify round; extends ``seq`` in place."""
+        remaining = params.max_new_tokens - produced
+        k = min(self._choose_k(params, round_index), remaining - 1)
+        t_start = self.device.now()
+        draft = EMPTY_DRAFT
+        if k > 0 and self.drafter is not None:
+            try:
+                draft = self.drafter.propose(seq, k, params.sampling, generator)
+            except Exception as exc:  # noqa: BLE001 - only OOM is handled, the rest re-raised
+                if not self.device.is_out_of_memory(exc):
+                    raise
+                notice = self.drop_drafter("out of memory while drafting")
+                draft = EMPTY_DRAFT
+            draft = _trim(draft, k)
+        t_draft = self.device.now()
+        try:
+            verdict = self._verify(seq, draft, params, generator)
+        except _TargetOutOfMemory as exc:
+            if self.drafter is None:
+                raise _target_oom_error() from exc
+            notice = self.drop_drafter("out of memory while verifying a draft")
+            draft = EMPTY_DRAFT
+            try:
+                verdict = self._verify(seq, draft, params, generator)
+            except _TargetOutOfMemory as again:
+                raise _target_oom_error() from again
+        t_verify = self.device.now()
+
+        emitted = [*draft.tokens[: verdict.n_accepted], verdict.next_token]
+        sources: list[TokenSource] = ["draft"] * verdict.n_accepted + ["target"]
+        emitted, finish = _apply_stops(emitted, params, remaining)
+        seq.extend(emitted)
+        self.target.truncate(len(seq) - 1)
+        if self.drafter is not None:
+            self.drafter.commit(seq)
+        t_end = self.device.now()
+
+        draft_s, verify_s, other_s = t_draft - t_start, t_verify - t_draft, t_end - t_verify
+        self.costs.observe(len(draft.tokens), verdict.n_accepted, draft_s, verify_s, other_s)
+        stats.record(k, len(draft.tokens), verdict.n_accepted, len(emitted), draft_s, verify_s, other_s)
+        stats.mode = self.mode
+        notice = notice or self._check_speedup(params, len(draft.tokens), len(emitted), t_end - t_start)
+        if notice is not None:
+            stats.speculation_off_reason = self.off_reason or self.fallback_reason
+        event = RoundEvent(tuple(emitted), tuple(sources[: len(emitted)]), stats.snapshot(), finish, notice)
+        return event, len(emitted)
+
+    def _verify(
+        self,
+        seq: list[int],
+        draft: Draft,
+        params: GenerationParams,
+        generator: torch.Generator | None,
+    ) -> Verdict:
+        """Score ``[pending, *draft]`` in one target pass and decide."""
+        if len(self.target) != len(seq) - 1:
+            raise AssertionError(f"target cache holds {len(self.target)} tokens, expected {len(seq) - 1}")
+        fed = [seq[-1], *draft.tokens]
+        logits = self._target_pass(lambda: self.target.forward(fed, logits_to_keep=len(fed)))
+        if params.sampling.greedy:
+            return verify_greedy(logits, draft.tokens)
+        p = warp(logits, params.sampling)
+        q = _pad_vocab(draft.probs, p.shape[-1]) if draft.probs is not None else None
+        return verify_sampled(p, draft.tokens, q, generator, self.device)
+
+    def _prefill(self, seq: list[int]) -> str | None:
+        """Feed the uncached part of the prompt, all but its last token.
+
+        On an OOM with a drafter loaded, the drafter is freed and the prefill
+        tried once more; returns the notice saying so, if that happened.
+        """
+        try:
+            self._target_pass(lambda: self.target.prefill(seq[self.target.sync(seq, leave=1) : -1]))
+            return None
+        except _TargetOutOfMemory as exc:
+            if self.drafter is None:
+                raise _target_oom_error() from exc
+            notice = self.drop_drafter("out of memory while reading the prompt")
+        try:
+            self._target_pass(lambda: self.target.prefill(seq[self.target.sync(seq, leave=1) : -1]))
+        except _TargetOutOfMemory as exc:
+            raise _target_oom_error() from exc
+        return notice
+
+    def _target_pass(self, step: Callable[[], T]) -> T:
+        """Run a target pass, turning an out-of-memory error into :class:`_TargetOutOfMemory`."""
+        try:
+            return step()
+        except Exception as exc:  # noqa: BLE001 - everything but OOM is re-raised as is
+            if self.device.is_out_of_memory(exc):
+                raise _TargetOutOfMemory(str(exc)) from exc
+            raise
+
+    def _choose_k(self, params: GenerationParams, round_index: int) -> int:
+        if self.drafter is None or not self.speculation_enabled:
+            return 0
+        if self.calibrate_every and round_index % self.calibrate_every == 0:
+            return 0  # a plain step: keeps the measured plain speed fresh
+        if params.k is not None:
+            return params.k
+        return self.costs.choose_k(params.k_min, params.k_max)
+
+    def _check_speedup(self, params: GenerationParams, proposed: int, emitted: int, seconds: float) -> str | None:
+        """Switch speculation off when it measurably does not pay (adaptive K only)."""
+        if params.k is not None or self.auto_off_window <= 0 or self.mode == "plain" or proposed == 0:
+            return None
+        self._window.append((emitted, seconds))
+        plain = self.costs.plain_tokens_per_s
+        if len(self._window) < self.auto_off_window or not plain:
+            return None
+        rate = sum(n for n, _ in self._window) / max(sum(s for _, s in self._window), 1e-9)
+        if rate / plain >= 1.0:
+            return None
+        self.speculation_enabled = False
+        self.off_reason = (
+            f"speculation switched off: measured speedup {rate / plain:.2f}x over the last "
+            f"{self.auto_off_window} rounds is below 1.0"
+        )
+        self._window.clear()
+        return self.off_reason
+
+    def _drafter_name(self) -> str:
+        return self.drafter.name if self.drafter is not None else "none"
+
+
+class _TargetOutOfMemory(Exception):
+    """Internal: the target's pass ran out of memory (maybe recoverable by dropping the draft)."""
+
+
+def _target_oom_error() -> EngineError:
+    return EngineError(
+        "the target model ran out of memory; start a new chat (a shorter context), lower the "
+        "profile's context_length, or choose a smaller quantization or profile"
+    )
+
+
+def _trim(draft: Draft, k: int) -> Draft:
+    if len(draft.tokens) <= k:
+        return draft
+    return Draft(draft.tokens[:k], draft.probs[:k] if draft.probs is not None else None)
+
+
+def _pad_vocab(q: torch.Tensor, vocab: int) -> torch.Tensor:
+    """Zero-pad (or cut) draft probabilities ``[n, V_draft]`` to ``[n, vocab]``."""
+    if q.shape[-1] == vocab:
+        return q
+    if q.shape[-1] > vocab:
+        return q[:, :vocab]
+    return torch.nn.functional.pad(q, (0, vocab - q.shape[-1]))
+
+
+def _apply_stops(
+    emitted: list[int], params: GenerationParams, remaining: int
+) -> tuple[list[int], str | None]:
+    """Cut ``emitted`` at the first stop token (kept) or at the token budget."""
+    for i, token in enumerate(emitted):
+        if token in params.stop_token_ids:
+            return emitted[: i + 1], "eos"
+    if len(emitted) >= remaining:
+        return emitted[:remaining], "length"
+    return emitted, None

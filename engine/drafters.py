@@ -1,0 +1,174 @@
+"""Drafters: cheap guesses at the target's next K tokens.
+
+A :class:`Drafter` proposes up to K tokens (with the probabilities it drew them
+from) and is told afterwards which sequence was accepted. Two kinds:
+
+* :class:`ModelDrafter`: a small causal LM sharing the target's tokenizer; it
+  owns its own :class:`~engine.runner.ModelRunner` (and KV cache).
+* :class:`NgramDrafter`: prompt-lookup decoding, no model at all: find the most
+  recent earlier occurrence of the context's last few tokens and propose what
+  followed it. Strong when the reply repeats its input (code edits, summaries).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+from transformers import PreTrainedModel
+
+from engine.device import Device
+from engine.events import SamplingParams
+from engine.runner import ModelRunner
+from engine.sampling import sample, warp
+
+
+@dataclass(frozen=True)
+class Draft:
+    """Proposed tokens ``[n]`` (``n <= K``) and, for a sampling model drafter,
+    the ``[n, V_draft]`` probabilities each was drawn from (None = deterministic)."""
+
+    tokens: tuple[int, ...]
+    probs: torch.Tensor | None = None
+
+
+EMPTY_DRAFT = Draft(())
+
+
+class Drafter(Protocol):
+    """What the decoder needs from a drafter."""
+
+    name: str
+    kind: Literal["model", "ngram"]
+
+    def propose(
+        self,
+        context: Sequence[int],
+        k: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        """Propose up to ``k`` tokens to follow ``context`` (``[L]`` ids)."""
+        ...
+
+    def commit(self, context: Sequence[int]) -> None:
+        """``context`` is now the accepted sequence: drop anything rejected."""
+        ...
+
+    def release(self) -> None:
+        """Free the drafter's memory; it is not used again."""
+        ...
+
+
+class ModelDrafter:
+    """Drafts with a small causal LM (greedy, or sampled with the reply's warping)."""
+
+    kind: Literal["model"] = "model"
+
+    def __init__(self, model: PreTrainedModel, device: Device, name: str = "draft model") -> None:
+        self.runner = ModelRunner(model, device)
+        self.name = name
+        self.vocab_limit: int | None = None  # the target's vocabulary size, set by the decoder
+
+    def propose(
+        self,
+        context: Sequence[int],
+        k: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        """Run the draft model ``k`` steps from ``context``.
+
+        The draft's cache catches up here: tokens of ``context`` it has not seen
+        (the target's last token, and the last drafted token when all K were
+        accepted) are fed in the first step.
+        """
+        if k <= 0:
+            return EMPTY_DRAFT
+        kept = self.runner.sync(context, leave=1)
+        logits = self.runner.forward(context[kept:], logits_to_keep=1)[-1]
+        tokens: list[int] = []
+        probs: list[torch.Tensor] = []
+        for i in range(k):
+            logits = self._mask(logits)
+            if sampling.greedy:
+                token = int(torch.argmax(logits))
+            else:
+                dist = warp(logits, sampling)
+                token = sample(dist, generator)
+                probs.append(dist)
+            tokens.append(token)
+            if i + 1 < k:
+                logits = self.runner.forward([token], logits_to_keep=1)[-1]
+        return Draft(tuple(tokens), torch.stack(probs) if probs else None)
+
+    def _mask(self, logits: torch.Tensor) -> torch.Tensor:
+        if self.vocab_limit is not None and logits.shape[-1] > self.vocab_limit:
+            logits = logits.clone()
+            logits[self.vocab_limit :] = float("-inf")
+        return logits
+
+    def commit(self, context: Sequence[int]) -> None:
+        """Crop the draft cache to what was accepted."""
+        self.runner.sync(context, leave=0)
+
+    def release(self) -> None:
+        self.runner.release()
+
+
+class NgramDrafter:
+    """Prompt-lookup decoding over the prompt and the reply so far.
+
+    For ``n`` from ``max_ngram`` down to ``min_ngram``, the last ``n`` tokens
+    are looked up among earlier positions of the context (the most recent
+    occurrence wins) and the tokens that followed are proposed. An index of
+    every n-gram's latest follower is extended incrementally, so a lookup costs
+    O(1) per round instead of a scan of the context.
+    """
+
+    kind: Literal["ngram"] = "ngram"
+
+    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+        if not 1 <= min_ngram <= max_ngram:
+            raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
+        self.name = "n-gram lookup"
+        self.max_ngram = max_ngram
+        self.min_ngram = min_ngram
+        self._ids: list[int] = []
+        self._index: dict[tuple[int, ...], int] = {}
+        self._indexed = 0  # n-grams ending before this position are indexed
+
+    def propose(
+        self,
+        context: Sequence[int],
+        k: int,
+        sampling: SamplingParams,
+        generator: torch.Generator | None,
+    ) -> Draft:
+        """Up to ``k`` tokens that followed the longest matching suffix (may be none)."""
+        if k <= 0:
+            return EMPTY_DRAFT
+        self._extend_index(context)
+        for n in range(min(self.max_ngram, len(context)), self.min_ngram - 1, -1):
+            start = self._index.get(tuple(context[-n:]))
+            if start is not None:
+                return Draft(tuple(context[start : start + k]))
+        return EMPTY_DRAFT
+
+    def _extend_index(self, context: Sequence[int]) -> None:
+        if self._ids != list(context[: len(self._ids)]):
+            self._ids, self._index, self._indexed = [], {}, 0
+        self._ids = list(context)
+        # An n-gram ending at position j has the follower j + 1 when j + 1 < L.
+        for j in range(self._indexed, len(self._ids) - 1):
+            for n in range(self.min_ngram, self.max_ngram + 1):
+                if j - n + 1 >= 0:
+                    self._index[tuple(self._ids[j - n + 1 : j + 1])] = j + 1
+        self._indexed = max(self._indexed, len(self._ids) - 1)
+
+    def commit(self, context: Sequence[int]) -> None:
+        """Nothing to crop: the index is rebuilt if the context ever diverges."""
+
+    def release(self) -> None:
+        self._ids, self._index, self._indexed = [], {}, 0

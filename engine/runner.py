@@ -1,0 +1,138 @@
+"""One model and the one KV cache it owns.
+
+:class:`ModelRunner` is the only code that feeds a model or touches its
+``DynamicCache``, and :meth:`ModelRunner.truncate` is the only place a cache is
+cropped. It remembers which token ids the cache holds, so callers never track
+cache lengths by hand: :meth:`sync` keeps the longest prefix the cache shares
+with a new context (rejected draft tokens, or the previous chat turn) and says
+what is left to feed.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from transformers import DynamicCache, PreTrainedModel
+
+from engine.device import Device
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two id sequences."""
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class ModelRunner:
+    """Feeds token ids to a causal LM, keeping its KV cache across calls.
+
+    Invariant: ``self.ids`` are exactly the tokens whose keys and values are in
+    ``self.cache``, in order.
+    """
+
+    def __init__(self, model: PreTrainedModel, device: Device) -> None:
+        self.model = model
+        self.device = device
+        self.ids: list[int] = []
+        self.cache: DynamicCache = DynamicCache(config=model.config)
+        # Logits past the tokenizer's vocabulary (padding rows) are masked by callers.
+        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    @torch.inference_mode()
+    def forward(self, new_ids: Sequence[int], logits_to_keep: int = 1) -> torch.Tensor:
+        """Append ``new_ids`` to the cache and return the last logits.
+
+        Args:
+            new_ids: ``[n]`` token ids following ``self.ids``; ``n >= 1``.
+            logits_to_keep: how many trailing positions to return logits for
+                (``0`` returns none, saving the output layer during prefill).
+
+        Returns:
+            ``[logits_to_keep, V]`` float32 logits; row ``i`` predicts the token
+            after ``new_ids[n - logits_to_keep + i]``.
+        """
+        if not new_ids:
+            raise ValueError("forward needs at least one new token")
+        input_ids = torch.tensor([list(new_ids)], dtype=torch.long, device=self.device.torch_device)
+        keep = max(logits_to_keep, 1)
+        try:
+            out = self.model(
+                input_ids=input_ids,
+                past_key_values=self.cache,
+                use_cache=True,
+                logits_to_keep=keep,
+            )
+        except BaseException:
+            # A failed pass (an OOM, say) may have extended some layers and not
+            # others: put every layer back to the last consistent length.
+            self.truncate(len(self.ids))
+            raise
+        self.ids.extend(int(t) for t in new_ids)
+        if logits_to_keep == 0:
+            return out.logits.new_empty((0, out.logits.shape[-1]))
+        return out.logits[0, -logits_to_keep:].float()
+
+    def prefill(self, ids: Sequence[int]) -> None:
+        """Feed ``ids`` without computing any logits (``[n]`` ids; nothing returned)."""
+        if ids:
+            self.forward(ids, logits_to_keep=0)
+
+    def sync(self, context: Sequence[int], leave: int = 0) -> int:
+        """Crop the cache to its longest common prefix with ``context``.
+
+        At most ``len(context) - leave`` tokens are kept, so that at least
+        ``leave`` tokens of the context remain for the caller to feed (the last
+        one gives the logits the caller wants).
+
+        Returns:
+            How many tokens of ``context`` the cache now holds.
+        """
+        keep = min(common_prefix_length(self.ids, context), max(len(context) - leave, 0))
+        self.truncate(keep)
+        return keep
+
+    def truncate(self, n: int) -> None:
+        """Keep the first ``n`` cached tokens; the only place a cache is cropped.
+
+        Each layer is cropped by its own length (``DynamicLayer.crop`` takes a
+        negative count of tokens to drop in transformers 5), so a pass that
+        failed half-way through the layers is repaired too.
+        """
+        if n < 0:
+            raise ValueError(f"cannot keep {n} tokens")
+        for layer in getattr(self.cache, "layers", ()):
+            length = _layer_length(layer)
+            if length > n:
+                layer.crop(n - length)
+        del self.ids[n:]
+
+    def cached_length(self) -> int:
+        """Tokens held by the cache itself (for tests of the invariant)."""
+        lengths = {_layer_length(layer) for layer in getattr(self.cache, "layers", ())}
+        if len(lengths) > 1:
+            raise AssertionError(f"cache layers disagree on length: {sorted(lengths)}")
+        return lengths.pop() if lengths else 0
+
+    def reset(self) -> None:
+        """Forget everything cached."""
+        self.cache = DynamicCache(config=self.model.config)
+        self.ids = []
+
+    def release(self) -> None:
+        """Drop the cache and the model reference so their memory can be freed."""
+        self.cache = DynamicCache(config=self.model.config)
+        self.ids = []
+        self.model = None  # type: ignore[assignment]
+
+
+def _layer_length(layer: object) -> int:
+    keys = getattr(layer, "keys", None)
+    if not getattr(layer, "is_initialized", False) or keys is None or keys.numel() == 0:
+        return 0
+    return int(keys.shape[-2])
