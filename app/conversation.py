@@ -1,0 +1,60 @@
+"""What the app sends to the backend: the conversation and the generation parameters."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from engine.events import ChatMessage, GenerationParams, SamplingParams
+
+if TYPE_CHECKING:
+    from engine.profiles import ModelProfile, ModelSpec
+
+MAX_NEW_TOKENS = 512
+
+
+def generation_params(profile: "ModelProfile", max_new_tokens: int = MAX_NEW_TOKENS) -> GenerationParams:
+    """Sampling and the K schedule from the profile (``k=None`` means adaptive)."""
+    return GenerationParams(
+        sampling=SamplingParams(
+            temperature=profile.temperature, top_p=profile.top_p, top_k=profile.top_k
+        ),
+        max_new_tokens=max_new_tokens,
+        k=profile.k,
+        k_min=profile.k_min,
+        k_max=profile.k_max,
+    )
+
+
+def build_messages(system_prompt: str | None, turns: Sequence[ChatMessage]) -> list[ChatMessage]:
+    """The whole conversation, system prompt first when there is one."""
+    out: list[ChatMessage] = []
+    if system_prompt:
+        out.append(ChatMessage("system", system_prompt))
+    out.extend(turns)
+    return out
+
+
+def spec_label(spec: "ModelSpec") -> str:
+    """The model's short name; ``ModelSpec.label`` already carries its quantization."""
+    label = getattr(spec, "label", None)
+    if label:
+        return str(label)
+    if spec.quantization and spec.quantization != "none":
+        return f"{spec.source} ({spec.quantization})"
+    return spec.source
+
+
+def profile_pair(profile: "ModelProfile") -> str:
+    """``"target ← draft"`` with quantizations, or the n-gram/none drafter."""
+    target = spec_label(profile.target)
+    if profile.drafter == "model" and profile.draft is not None:
+        return f"{target} ← {spec_label(profile.draft)}"
+    if profile.drafter == "ngram":
+        return f"{target} ← n-gram lookup"
+    return f"{target} (no drafter)"
+
+
+def chat_title(prompt: str, limit: int = 48) -> str:
+    """A chat title from its first prompt: first line, shortened."""
+    line = next((ln.strip() for ln in prompt.splitlines() if ln.strip()), "New chat")
+    return line if len(line) <= limit else line[: limit - 1].rstrip() + "…"

@@ -1,0 +1,85 @@
+"""Export a saved chat to a Markdown file, statistics included."""
+from __future__ import annotations
+
+import os
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+from app.formatting import fmt_float, fmt_rate, fmt_speedup
+from app.history import History, HistoryError
+from app.paths import data_dir, ensure_private_dir
+
+
+def default_export_path(chat_id: int, title: str) -> Path:
+    """``data_dir()/exports/<slug>-<id>.md``."""
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", title).strip("-").lower()[:40] or "chat"
+    return data_dir() / "exports" / f"{slug}-{chat_id}.md"
+
+
+def stats_line(stats: dict[str, Any]) -> str:
+    """One line summarising a reply's statistics."""
+    parts = [f"mode {stats.get('mode', '?')}", f"drafter {stats.get('drafter', '?')}"]
+    k = stats.get("k")
+    if k is not None:
+        parts.append(f"K {k}{' (adaptive)' if stats.get('adaptive') else ''}")
+    parts += [
+        f"α {fmt_float(stats.get('alpha'))}",
+        f"τ {fmt_float(stats.get('tau'))}",
+        f"{fmt_rate(stats.get('tokens_per_s'))} tok/s",
+        f"ITL {fmt_float(stats.get('itl_ms'), 1)} ms",
+        f"speedup {fmt_speedup(stats.get('speedup'))}",
+        f"{stats.get('tokens', 0)} tokens",
+    ]
+    if stats.get("speculation_off_reason"):
+        parts.append(f"speculation off: {stats['speculation_off_reason']}")
+    return " · ".join(parts)
+
+
+def chat_markdown(history: History, chat_id: int) -> str:
+    """The chat as a Markdown document."""
+    chat = history.get_chat(chat_id)
+    if chat is None:
+        raise HistoryError(f"Chat {chat_id} does not exist.")
+    lines = [
+        f"# {chat.title}",
+        "",
+        f"- Profile: {chat.profile or '—'}",
+        f"- Started: {time.strftime('%Y-%m-%d %H:%M', time.localtime(chat.created))}",
+    ]
+    if chat.system_prompt:
+        lines += ["", "## System prompt", "", chat.system_prompt]
+    for msg in history.messages(chat_id):
+        lines += ["", f"## {msg.role.capitalize()}" + (f" ({msg.profile})" if msg.role == "assistant" and msg.profile else ""), ""]
+        lines.append(msg.content)
+        if msg.role == "assistant":
+            if msg.finish_reason == "cancelled":
+                lines += ["", "*(stopped)*"]
+            if msg.stats:
+                lines += ["", f"> {stats_line(msg.stats)}"]
+    return "\n".join(lines) + "\n"
+
+
+def export_chat(history: History, chat_id: int, path: Path | None = None) -> Path:
+    """Write the chat to ``path`` (default :func:`default_export_path`), mode 0600."""
+    if path is None:
+        chat = history.get_chat(chat_id)
+        path = default_export_path(chat_id, chat.title if chat else "chat")
+    path = Path(path).expanduser()
+    try:
+        if path.parent == data_dir() / "exports":
+            ensure_private_dir(path.parent)
+        else:
+            path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise HistoryError(f"Could not create {path.parent}: {exc}") from exc
+    text = chat_markdown(history, chat_id)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+        os.chmod(path, 0o600)
+    except OSError as exc:
+        raise HistoryError(f"Could not write {path}: {exc}") from exc
+    return path

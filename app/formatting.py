@@ -1,0 +1,89 @@
+"""Small formatters shared by the HUD, the chat view and exports.
+
+Every function accepts None and answers "—", so the HUD never shows "None".
+"""
+from __future__ import annotations
+
+from typing import Any
+
+DASH = "—"
+
+
+def fmt_float(value: float | None, digits: int = 2) -> str:
+    """``0.7234 -> "0.72"``; None -> "—"."""
+    return DASH if value is None else f"{value:.{digits}f}"
+
+
+def fmt_rate(value: float | None) -> str:
+    """Tokens per second with one decimal."""
+    return DASH if value is None else f"{value:.1f}"
+
+
+def fmt_speedup(value: float | None) -> str:
+    """``2.314 -> "2.31×"``; None (not yet measured) -> "—"."""
+    return DASH if value is None else f"{value:.2f}×"
+
+
+def fmt_bytes(value: int | None) -> str:
+    """Bytes in binary units: ``1536 -> "1.5 KiB"``."""
+    if value is None:
+        return DASH
+    size = float(value)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(size) < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "B" else f"{size:.1f} {unit}"
+        size /= 1024
+    return f"{size:.1f} TiB"  # pragma: no cover
+
+
+MODE_LABELS = {
+    "spec": "speculative · model draft",
+    "ngram": "speculative · n-gram",
+    "plain": "plain decoding",
+}
+
+
+def mode_label(mode: str | None) -> str:
+    """A human name for an engine mode."""
+    return MODE_LABELS.get(mode or "", mode or DASH)
+
+
+def bar(fraction: float | None, width: int = 10) -> str:
+    """A horizontal bar of ``width`` cells using eighth blocks."""
+    if fraction is None:
+        return " " * width
+    fraction = max(0.0, min(1.0, fraction))
+    eighths = round(fraction * width * 8)
+    full, rest = divmod(eighths, 8)
+    partial = " ▏▎▍▌▋▊▉"[rest] if rest else ""
+    return ("█" * full + partial).ljust(width)
+
+
+def plan_lines(plan: dict[str, Any]) -> list[str]:
+    """What a memory plan says, as short lines: its summary first, then scalar fields."""
+    if not plan:
+        return []
+    lines: list[str] = []
+    summary = plan.get("summary") or plan.get("description") or plan.get("choice")
+    if summary:
+        lines.append(str(summary))
+    for key, value in plan.items():
+        if key in ("summary", "description", "choice") or isinstance(value, (dict, list, tuple)):
+            continue
+        shown = fmt_bytes(value) if key.endswith("bytes") and isinstance(value, int) else str(value)
+        lines.append(f"{key.replace('_', ' ')}: {shown}")
+    return lines
+
+
+def reply_summary(stats: dict[str, Any] | None) -> str:
+    """A reply's final figures on one short line (shown under the reply)."""
+    if not stats:
+        return ""
+    parts = [mode_label(stats.get("mode"))]
+    if stats.get("mode") in ("spec", "ngram"):
+        parts += [f"α {fmt_float(stats.get('alpha'))}", f"τ {fmt_float(stats.get('tau'))}"]
+    parts.append(f"{fmt_rate(stats.get('tokens_per_s'))} tok/s")
+    if stats.get("speedup") is not None:
+        parts.append(f"{fmt_speedup(stats.get('speedup'))} vs plain")
+    parts.append(f"{stats.get('tokens', 0)} tokens")
+    return " · ".join(parts)

@@ -1,0 +1,351 @@
+"""Conversations saved in SQLite as they happen.
+
+One file, ``history.db`` in :func:`app.paths.data_dir` (mode 0600, its
+directory 0700). Each chat has a title, the profile it was last used with and
+an optional system prompt; each message keeps its role, text, the profile that
+produced it, its final :class:`~engine.events.Stats` as JSON and, for replies,
+the text pieces with their token source (draft/target) so the colour view
+survives a restart.
+
+The assistant row is written when a reply starts and rewritten every round, so
+killing the app loses at most the tokens not yet emitted. A database that cannot
+be opened (damaged, not SQLite, locked) is never overwritten: it is renamed to
+``history.db.corrupt-<timestamp>`` and a fresh one is started; :attr:`History.notice`
+says so and the app shows it.
+"""
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import threading
+import time
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.errors import SpecChatError
+
+from app.paths import data_dir, ensure_private_dir
+
+SCHEMA_VERSION = 1
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS chats (
+    id            INTEGER PRIMARY KEY,
+    title         TEXT NOT NULL,
+    profile       TEXT,
+    system_prompt TEXT,
+    created       REAL NOT NULL,
+    updated       REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id            INTEGER PRIMARY KEY,
+    chat_id       INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+    role          TEXT NOT NULL,
+    content       TEXT NOT NULL,
+    profile       TEXT,
+    stats         TEXT,
+    pieces        TEXT,
+    finish_reason TEXT,
+    created       REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_by_chat ON messages(chat_id, id);
+"""
+
+Pieces = list[tuple[str, str]]
+"""Reply text as ``(text, source)`` runs, adjacent runs of one source merged."""
+
+
+class HistoryError(SpecChatError):
+    """Reading or writing the history database failed."""
+
+
+@dataclass(frozen=True)
+class ChatRecord:
+    """One saved conversation."""
+
+    id: int
+    title: str
+    profile: str | None
+    system_prompt: str | None
+    created: float
+    updated: float
+    message_count: int = 0
+
+
+@dataclass(frozen=True)
+class MessageRecord:
+    """One saved message of a conversation."""
+
+    id: int
+    chat_id: int
+    role: str
+    content: str
+    profile: str | None
+    stats: dict[str, Any] | None
+    pieces: Pieces | None
+    finish_reason: str | None
+    created: float
+
+
+def merge_pieces(pieces: Iterable[tuple[str, str]]) -> Pieces:
+    """Merge adjacent runs that share a source, dropping empty ones."""
+    merged: Pieces = []
+    for text, source in pieces:
+        if not text:
+            continue
+        if merged and merged[-1][1] == source:
+            merged[-1] = (merged[-1][0] + text, source)
+        else:
+            merged.append((text, source))
+    return merged
+
+
+def extend_pieces(pieces: Pieces, new: Iterable[tuple[str, str]]) -> None:
+    """Append ``new`` runs to ``pieces`` in place, merging with the last run (O(new))."""
+    for text, source in new:
+        if not text:
+            continue
+        if pieces and pieces[-1][1] == source:
+            pieces[-1] = (pieces[-1][0] + text, source)
+        else:
+            pieces.append((text, source))
+
+
+def _private_file(path: Path) -> None:
+    """Create ``path`` if missing and restrict it to its owner (0600)."""
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    os.close(fd)
+    os.chmod(path, 0o600)
+
+
+_SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+class History:
+    """A thread-safe store of chats; every method may raise :class:`HistoryError`."""
+
+    def __init__(self, conn: sqlite3.Connection, path: Path | None, notice: str | None = None) -> None:
+        self._conn = conn
+        self._lock = threading.RLock()
+        self.path = path
+        self.notice = notice
+        """Set when the database had to be set aside or could not be opened."""
+
+    # -- opening ---------------------------------------------------------------
+
+    @classmethod
+    def open(cls, path: Path | None = None) -> "History":
+        """Open (or create) the database at ``path`` (default: data_dir()/history.db).
+
+        Never raises: a damaged or locked file is renamed out of the way and a new
+        one started; if even that fails the history lives in memory for this run.
+        """
+        path = Path(path) if path is not None else data_dir() / "history.db"
+        try:
+            return cls(cls._connect(path), path)
+        except (sqlite3.Error, OSError) as first:
+            try:
+                moved = cls._set_aside(path)
+            except OSError as exc:
+                return cls._in_memory(f"History database {path} cannot be used ({first}) "
+                                      f"nor moved aside ({exc}); this session is not saved.")
+            notice = (f"History database {path} could not be read ({first}). "
+                      f"It was moved to {moved.name} and a new one started.")
+            try:
+                return cls(cls._connect(path), path, notice)
+            except (sqlite3.Error, OSError) as exc:
+                return cls._in_memory(f"{notice} The new one failed too ({exc}); "
+                                      "this session is not saved.")
+
+    @classmethod
+    def _in_memory(cls, notice: str) -> "History":
+        conn = sqlite3.connect(":memory:", check_same_thread=False)
+        conn.executescript(_SCHEMA)
+        return cls(conn, None, notice)
+
+    @staticmethod
+    def _connect(path: Path) -> sqlite3.Connection:
+        ensure_private_dir(path.parent)
+        _private_file(path)
+        conn = sqlite3.connect(path, timeout=1.0, check_same_thread=False)
+        try:
+            conn.execute("PRAGMA foreign_keys = ON")
+            row = conn.execute("PRAGMA quick_check").fetchone()
+            if row is None or row[0] != "ok":
+                raise sqlite3.DatabaseError(f"integrity check failed: {row[0] if row else '?'}")
+            version = conn.execute("PRAGMA user_version").fetchone()[0]
+            if version > SCHEMA_VERSION:
+                raise sqlite3.DatabaseError(f"written by a newer specchat (schema {version})")
+            conn.execute("PRAGMA journal_mode = WAL")
+            conn.execute("PRAGMA synchronous = NORMAL")
+            with conn:
+                conn.executescript(_SCHEMA)
+                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            # Force a read and write now, so a locked file is caught here.
+            conn.execute("SELECT count(*) FROM chats").fetchone()
+        except BaseException:
+            conn.close()
+            raise
+        for suffix in _SIDE_FILES:
+            side = Path(f"{path}{suffix}")
+            if side.exists():
+                os.chmod(side, 0o600)
+        return conn
+
+    @staticmethod
+    def _set_aside(path: Path) -> Path:
+        """Rename ``path`` (and its -wal/-shm files) to ``<name>.corrupt-<timestamp>``."""
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        target = path.with_name(f"{path.name}.corrupt-{stamp}")
+        n = 1
+        while target.exists():
+            target = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
+            n += 1
+        if path.exists():
+            os.replace(path, target)
+        for suffix in _SIDE_FILES:
+            side = Path(f"{path}{suffix}")
+            if side.exists():
+                os.replace(side, Path(f"{target}{suffix}"))
+        return target
+
+    def close(self) -> None:
+        """Close the connection (further calls raise :class:`HistoryError`)."""
+        with self._lock:
+            self._conn.close()
+
+    # -- helpers -----------------------------------------------------------------
+
+    def _run(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
+        with self._lock:
+            try:
+                with self._conn:
+                    return self._conn.execute(sql, params)
+            except sqlite3.Error as exc:
+                raise HistoryError(f"Saving chat history failed: {exc}") from exc
+
+    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+        with self._lock:
+            try:
+                return self._conn.execute(sql, params).fetchall()
+            except sqlite3.Error as exc:
+                raise HistoryError(f"Reading chat history failed: {exc}") from exc
+
+    # -- chats ---------------------------------------------------------------------
+
+    def create_chat(self, title: str, profile: str | None, system_prompt: str | None = None) -> int:
+        """Start a conversation and return its id."""
+        now = time.time()
+        cur = self._run(
+            "INSERT INTO chats(title, profile, system_prompt, created, updated) VALUES (?,?,?,?,?)",
+            (title, profile, system_prompt, now, now),
+        )
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def list_chats(self) -> list[ChatRecord]:
+        """All chats, most recently updated first."""
+        rows = self._query(
+            "SELECT c.id, c.title, c.profile, c.system_prompt, c.created, c.updated,"
+            " (SELECT count(*) FROM messages m WHERE m.chat_id = c.id)"
+            " FROM chats c ORDER BY c.updated DESC, c.id DESC"
+        )
+        return [ChatRecord(*row) for row in rows]
+
+    def get_chat(self, chat_id: int) -> ChatRecord | None:
+        """One chat, or None if it does not exist."""
+        rows = self._query(
+            "SELECT id, title, profile, system_prompt, created, updated,"
+            " (SELECT count(*) FROM messages WHERE chat_id = ?) FROM chats WHERE id = ?",
+            (chat_id, chat_id),
+        )
+        return ChatRecord(*rows[0]) if rows else None
+
+    def rename_chat(self, chat_id: int, title: str) -> None:
+        self._run("UPDATE chats SET title = ? WHERE id = ?", (title, chat_id))
+
+    def set_system_prompt(self, chat_id: int, system_prompt: str | None) -> None:
+        """Set the chat's own system prompt; None means "use the profile's"."""
+        self._run("UPDATE chats SET system_prompt = ? WHERE id = ?", (system_prompt, chat_id))
+
+    def set_profile(self, chat_id: int, profile: str | None) -> None:
+        self._run("UPDATE chats SET profile = ?, updated = ? WHERE id = ?", (profile, time.time(), chat_id))
+
+    def delete_chat(self, chat_id: int) -> None:
+        """Delete a chat and its messages."""
+        with self._lock:
+            self._run("DELETE FROM messages WHERE chat_id = ?", (chat_id,))
+            self._run("DELETE FROM chats WHERE id = ?", (chat_id,))
+
+    # -- messages ------------------------------------------------------------------
+
+    def add_message(
+        self,
+        chat_id: int,
+        role: str,
+        content: str,
+        *,
+        profile: str | None = None,
+        stats: dict[str, Any] | None = None,
+        pieces: Pieces | None = None,
+        finish_reason: str | None = None,
+    ) -> int:
+        """Append a message to a chat and return its id."""
+        now = time.time()
+        with self._lock:
+            cur = self._run(
+                "INSERT INTO messages(chat_id, role, content, profile, stats, pieces, finish_reason, created)"
+                " VALUES (?,?,?,?,?,?,?,?)",
+                (chat_id, role, content, profile, _dump(stats), _dump(pieces), finish_reason, now),
+            )
+            self._run("UPDATE chats SET updated = ?, profile = coalesce(?, profile) WHERE id = ?",
+                      (now, profile, chat_id))
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def update_message(
+        self,
+        message_id: int,
+        content: str,
+        *,
+        stats: dict[str, Any] | None = None,
+        pieces: Pieces | None = None,
+        finish_reason: str | None = None,
+    ) -> None:
+        """Rewrite a (streaming) message with its text so far."""
+        self._run(
+            "UPDATE messages SET content = ?, stats = ?, pieces = ?, finish_reason = ? WHERE id = ?",
+            (content, _dump(stats), _dump(pieces), finish_reason, message_id),
+        )
+
+    def messages(self, chat_id: int) -> list[MessageRecord]:
+        """A chat's messages in order."""
+        rows = self._query(
+            "SELECT id, chat_id, role, content, profile, stats, pieces, finish_reason, created"
+            " FROM messages WHERE chat_id = ? ORDER BY id",
+            (chat_id,),
+        )
+        out = []
+        for mid, cid, role, content, profile, stats, pieces, finish, created in rows:
+            loaded = _load(pieces)
+            out.append(MessageRecord(
+                mid, cid, role, content, profile, _load(stats),
+                [(str(t), str(s)) for t, s in loaded] if loaded else None, finish, created,
+            ))
+        return out
+
+
+def _dump(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, ensure_ascii=False)
+
+
+def _load(text: str | None) -> Any:
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None

@@ -1,0 +1,71 @@
+"""Messages posted from worker threads to the UI.
+
+Workers never touch widgets: they post one of these to the app
+(``App.post_message`` is thread-safe) and the handlers on the UI thread update
+the screen. ``reply_id`` lets the app drop messages of a reply it has already
+moved on from (new chat, reopened chat).
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from textual.message import Message
+
+from engine.api import ChatBackend
+from engine.events import ChatEvent, FinishReason, Stats
+
+if TYPE_CHECKING:
+    from engine.profiles import ModelProfile
+
+
+class LoadProgress(Message):
+    """A loading stage and its fraction done (None when unknown)."""
+
+    def __init__(self, stage: str, fraction: float | None) -> None:
+        super().__init__()
+        self.stage = stage
+        self.fraction = fraction
+
+
+class EngineReady(Message):
+    """A backend finished loading for ``profile``."""
+
+    def __init__(self, backend: ChatBackend, profile: "ModelProfile") -> None:
+        super().__init__()
+        self.backend = backend
+        self.profile = profile
+
+
+class EngineFailed(Message):
+    """Loading failed; ``error`` is the message to show the user."""
+
+    def __init__(self, error: str, profile_name: str | None) -> None:
+        super().__init__()
+        self.error = error
+        self.profile_name = profile_name
+
+
+class ReplyChunk(Message):
+    """One decoding round of the reply ``reply_id``."""
+
+    def __init__(self, reply_id: int, event: ChatEvent) -> None:
+        super().__init__()
+        self.reply_id = reply_id
+        self.event = event
+
+
+class ReplyFinished(Message):
+    """The reply ``reply_id`` ended (normally, stopped, or with ``error``)."""
+
+    def __init__(
+        self,
+        reply_id: int,
+        finish_reason: FinishReason,
+        stats: Stats | None,
+        error: str | None = None,
+    ) -> None:
+        super().__init__()
+        self.reply_id = reply_id
+        self.finish_reason = finish_reason
+        self.stats = stats
+        self.error = error
