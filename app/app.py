@@ -1,0 +1,314 @@
+"""specchat's terminal UI: chat with a speculative-decoding engine and watch it work.
+
+Layout: the transcript and prompt box on the left, the HUD on the right, a
+Footer with the main keys. Loading and generation run in thread workers; they
+talk to the UI only through :mod:`app.messages`. Reply bookkeeping (streaming,
+saving) lives in :class:`app.replies.ReplyMixin`; chat management (new, open,
+rename, export) in :class:`app.chats.ChatMixin`.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from textual import work
+from textual.app import App, ComposeResult, SystemCommand
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.reactive import reactive
+from textual.screen import Screen
+from textual.widgets import Footer, Header
+
+from app.chats import ChatMixin
+from app.commands import ProfileCommands
+from app.conversation import profile_pair
+from app.formatting import plan_lines
+from app.history import History
+from app.messages import EngineFailed, EngineReady, LoadProgress
+from app.replies import ReplyMixin
+from app.screens.help import HelpScreen
+from app.screens.profiles import ProfilePicker
+from app.widgets.chat_view import AssistantMessage, ChatLog
+from app.widgets.hud import Hud
+from app.widgets.prompt import PromptArea
+from engine.api import ChatBackend, ProgressFn
+from engine.errors import SpecChatError
+
+if TYPE_CHECKING:
+    from engine.profiles import ModelProfile, Profiles
+
+Loader = Callable[["ModelProfile", "int | None", ProgressFn], ChatBackend]
+HUD_REFRESH_S = 0.25
+
+
+def default_loader(profile: "ModelProfile", memory_budget: int | None, progress: ProgressFn) -> ChatBackend:
+    """Load the engine for real (seconds to minutes; runs in a worker thread)."""
+    from engine.loading import load_engine
+
+    return load_engine(profile, memory_budget=memory_budget, progress=progress)
+
+
+class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
+    """The chat app. ``loader`` and ``profiles_loader`` are injectable for tests."""
+
+    CSS_PATH = "specchat.tcss"
+    TITLE = "specchat"
+    COMMANDS = App.COMMANDS | {ProfileCommands}
+    BINDINGS = [
+        Binding("escape", "stop", "Stop reply", tooltip="keeps the partial reply"),
+        Binding("f1", "help", "Help"),
+        Binding("f2", "pick_profile", "Profile"),
+        Binding("f3", "chats", "Chats"),
+        Binding("f4,ctrl+t", "toggle_sources", "Colours",
+                tooltip="colour each token: draft accepted vs target produced"),
+        Binding("f5", "toggle_speculation", "Spec on/off"),
+        Binding("ctrl+n", "new_chat", "New chat"),
+        Binding("f8", "edit_system_prompt", "System prompt", show=False),
+        Binding("f9", "export_chat", "Export", show=False, tooltip="the chat as Markdown with its statistics"),
+    ]
+
+    generating: reactive[bool] = reactive(False, bindings=True)
+    show_sources: reactive[bool] = reactive(False)
+
+    def __init__(
+        self,
+        profile: str | None = None,
+        *,
+        models_file: Path | None = None,
+        memory_budget: int | None = None,
+        target: str | None = None,
+        draft: str | None = None,
+        loader: Loader | None = None,
+        profiles_loader: "Callable[[], Profiles] | None" = None,
+    ) -> None:
+        super().__init__()
+        self._profile_name = profile
+        self._models_file = models_file
+        self._memory_budget = memory_budget
+        self._target = target
+        self._draft = draft
+        self._loader: Loader = loader or default_loader
+        self._profiles_loader = profiles_loader or self._load_profiles_file
+        self.profiles: "Profiles | None" = None
+        self.profile: "ModelProfile | None" = None
+        self.backend: ChatBackend | None = None
+        self.loading = False
+        self.speculation_on = True
+        self.history: History = None  # type: ignore[assignment]  # opened on mount
+        self._backend_lock = threading.Lock()
+        self.init_chat_state()
+        self.init_reply_state()
+
+    def _load_profiles_file(self) -> "Profiles":
+        from engine.profiles import load_profiles
+
+        return load_profiles(self._models_file)
+
+    # -- layout -----------------------------------------------------------------
+
+    def compose(self) -> ComposeResult:
+        yield Header(icon="≫")
+        with Horizontal(id="main"):
+            with Vertical(id="chat-column"):
+                yield ChatLog(id="chat-log")
+                yield PromptArea(id="prompt", placeholder="Ask something · Enter sends · ctrl+j newline · F1 help")
+            yield Hud(id="hud")
+        yield Footer()
+
+    @property
+    def hud(self) -> Hud:
+        return self.query_one(Hud)
+
+    @property
+    def chat_log(self) -> ChatLog:
+        return self.query_one(ChatLog)
+
+    def on_mount(self) -> None:
+        self.history = History.open()
+        if self.history.notice:
+            self.notice(self.history.notice, severity="error", title="History")
+        self.show_welcome()
+        self.query_one(PromptArea).focus()
+        self.set_interval(HUD_REFRESH_S, self._flush_hud)
+        profile = self._initial_profile()
+        if profile is not None:
+            self._start_load(profile)
+        else:
+            self.hud.set_error("no profile loaded — F2 to pick one")
+
+    def _initial_profile(self) -> "ModelProfile | None":
+        """The profile to load first: --target/--draft, the named one, or the default."""
+        try:
+            self.profiles = self._profiles_loader()
+        except SpecChatError as exc:
+            self.notice(str(exc), severity="error", title="Profiles")
+        except Exception as exc:  # never a traceback in the UI
+            self.notice(f"Could not read profiles: {type(exc).__name__}: {exc}", severity="error")
+        try:
+            if self._target is not None:
+                from engine.profiles import profile_from_sources
+
+                return profile_from_sources(self._target, self._draft)
+            if self.profiles is not None:
+                return self.profiles.get(self._profile_name)
+        except SpecChatError as exc:
+            self.notice(str(exc), severity="error", title="Profile")
+        return None
+
+    def _flush_hud(self) -> None:
+        self.hud.flush()
+
+    def notice(self, message: str, *, severity: str = "information", title: str = "", timeout: float | None = None) -> None:
+        """A toast whose text is shown literally (engine messages may contain brackets)."""
+        self.notify(message, severity=severity, title=title, markup=False,  # type: ignore[arg-type]
+                    timeout=timeout if timeout is not None else (10 if severity == "error" else 5))
+
+    # -- loading ----------------------------------------------------------------
+
+    def switch_profile(self, name: str) -> None:
+        """Unload the current pair and load profile ``name``; the conversation continues."""
+        if self.profiles is None:
+            self.notice("No profiles are available.", severity="warning")
+            return
+        if self.loading:
+            self.notice("A profile is still loading; try again when it is ready.", severity="warning")
+            return
+        try:
+            profile = self.profiles.get(name)
+        except SpecChatError as exc:
+            self.notice(str(exc), severity="error", title="Profile")
+            return
+        if self.profile is not None and profile.name == self.profile.name and self.backend is not None:
+            self.notice(f"{name} is already loaded.")
+            return
+        self.stop_reply()
+        self._start_load(profile)
+
+    def _start_load(self, profile: "ModelProfile") -> None:
+        old, self.backend = self.backend, None
+        self.profile = profile
+        self.loading = True
+        self.sub_title = f"{profile.name} · {profile_pair(profile)}"
+        self.hud.set_engine(None, profile)
+        self.hud.set_loading(profile.name, "unloading previous models" if old else "starting", None)
+        self.hud.flush()
+        self._load_worker(profile, old)
+
+    @work(thread=True, group="load", exit_on_error=False)
+    def _load_worker(self, profile: "ModelProfile", old: ChatBackend | None) -> None:
+        """Close the old backend (after any reply has stopped), then load the new one."""
+
+        def progress(stage: str, fraction: float | None) -> None:
+            self.post_message(LoadProgress(stage, fraction))
+
+        with self._backend_lock:
+            if old is not None:
+                try:
+                    old.close()
+                except Exception as exc:  # closing must not block loading the next one
+                    self.post_message(LoadProgress(f"previous models closed with an error: {exc}", None))
+            try:
+                backend = self._loader(profile, self._memory_budget, progress)
+            except SpecChatError as exc:
+                self.post_message(EngineFailed(str(exc), profile.name))
+                return
+            except Exception as exc:
+                self.post_message(EngineFailed(f"{type(exc).__name__}: {exc}", profile.name))
+                return
+        self.post_message(EngineReady(backend, profile))
+
+    def on_load_progress(self, message: LoadProgress) -> None:
+        if self.loading:
+            self.hud.set_loading(None, message.stage, message.fraction)
+
+    def on_engine_ready(self, message: EngineReady) -> None:
+        self.loading = False
+        self.backend = message.backend
+        self.profile = message.profile
+        self.speculation_on = True
+        info = message.backend.info
+        self.hud.set_speculation(True)
+        self.hud.set_notice(None)
+        self.hud.set_engine(info, message.profile)
+        self.hud.flush()
+        self.chat_profile_changed(message.profile.name)
+        summary = plan_lines(info.plan)
+        self.notice(f"{message.profile.name} ready" + (f": {summary[0]}" if summary else "."), title="Loaded")
+        if info.fallback_reason:
+            self.notice(f"Running without the draft model: {info.fallback_reason}", severity="warning",
+                        title="Draft refused")
+
+    def on_engine_failed(self, message: EngineFailed) -> None:
+        self.loading = False
+        self.hud.set_error(message.error)
+        self.hud.flush()
+        self.notice(f"{message.error}\nF2 picks another profile.", severity="error",
+                    title=f"Could not load {message.profile_name or 'profile'}")
+
+    # -- actions ------------------------------------------------------------------
+
+    def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
+        if action == "stop":
+            return self.generating and len(self.screen_stack) == 1
+        return True
+
+    def get_system_commands(self, screen: Screen[Any]) -> Any:
+        yield from super().get_system_commands(screen)
+        for binding in self.BINDINGS:
+            if isinstance(binding, Binding) and binding.action != "stop":
+                yield SystemCommand(binding.description, binding.tooltip or binding.description,
+                                    lambda a=binding.action: self.run_action(a))
+
+    def action_help(self) -> None:
+        self.push_screen(HelpScreen([("App", list(self.BINDINGS)), ("Prompt box", list(PromptArea.BINDINGS))]))
+
+    def action_pick_profile(self) -> None:
+        if self.profiles is None:
+            self.notice("No profiles file could be read; start with --target to chat.", severity="warning")
+            return
+
+        def picked(name: str | None) -> None:
+            if name:
+                self.switch_profile(name)
+
+        self.push_screen(ProfilePicker(self.profiles, self.profile.name if self.profile else None), picked)
+
+    def action_stop(self) -> None:
+        self.stop_reply()
+
+    def watch_show_sources(self, show: bool) -> None:
+        for message in self.query(AssistantMessage):
+            message.set_show_sources(show)
+        self.hud.set_class(show, "-legend")
+
+    def action_toggle_sources(self) -> None:
+        self.show_sources = not self.show_sources
+
+    def action_toggle_speculation(self) -> None:
+        if self.backend is None:
+            self.notice("No model is loaded yet.", severity="warning")
+            return
+        try:
+            self.backend.set_speculation(not self.speculation_on)
+        except SpecChatError as exc:
+            self.notice(str(exc), severity="error")
+            return
+        self.speculation_on = not self.speculation_on
+        self.hud.set_speculation(self.speculation_on)
+        self.hud.set_engine(self.backend.info, self.profile)
+        self.hud.flush()
+        self.notice("Speculation on." if self.speculation_on else "Speculation off: plain decoding.")
+
+    def on_unmount(self) -> None:
+        self.stop_reply()
+        with self._backend_lock:
+            if self.backend is not None:
+                try:
+                    self.backend.close()
+                except Exception:  # exiting anyway
+                    pass
+                self.backend = None
+        if self.history is not None:
+            self.history.close()

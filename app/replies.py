@@ -1,0 +1,171 @@
+"""Sending a prompt and streaming the reply: the worker thread and its UI handlers.
+
+The worker holds the backend lock while it iterates ``backend.chat`` (so a
+profile switch closes the backend only after the reply stopped), saves the
+assistant row after every round, and posts each round to the UI. Esc sets the
+``cancel`` event; the engine stops between rounds and the partial reply stays.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+from textual import work
+
+from app.conversation import build_messages, chat_title, generation_params
+from app.history import HistoryError, Pieces, extend_pieces
+from app.messages import ReplyChunk, ReplyFinished
+from app.widgets.chat_view import AssistantMessage, UserMessage
+from app.widgets.prompt import PromptArea
+from engine.api import ChatBackend
+from engine.errors import SpecChatError
+from engine.events import ChatMessage, FinishReason, GenerationParams, Stats
+
+if TYPE_CHECKING:
+    from app.app import SpecChatApp
+
+SAVE_EVERY_S = 0.0
+"""Minimum time between saves of a streaming reply (0: every round)."""
+
+
+class ReplyMixin:
+    """Prompt → worker → streamed reply. Mixed into :class:`app.app.SpecChatApp`."""
+
+    def init_reply_state(self) -> None:
+        self._reply_id = 0
+        self._cancel: threading.Event | None = None
+        self._reply_widget: AssistantMessage | None = None
+
+    def on_prompt_area_submitted(self: "SpecChatApp", event: PromptArea.Submitted) -> None:
+        """Enter in the prompt box: send, unless a reply is running or no model is loaded."""
+        if self.generating:
+            self.notice("A reply is still streaming: wait, or press Esc to stop it.", severity="warning")
+            return
+        if self.backend is None or self.profile is None:
+            self.notice("The model is still loading…" if self.loading else
+                        "No model is loaded: press F2 to pick a profile.", severity="warning")
+            return
+        text = event.text.strip("\n")
+        event.prompt.clear()
+        self.send_prompt(text)
+
+    def send_prompt(self: "SpecChatApp", text: str) -> None:
+        """Show and save the prompt, then start the reply worker."""
+        assert self.backend is not None and self.profile is not None
+        profile_name = self.profile.name
+        chat_id = self.ensure_chat(chat_title(text))
+        self.turns.append(ChatMessage("user", text))
+        message_id = None
+        if chat_id is not None:
+            self.db(self.history.add_message, chat_id, "user", text, profile=profile_name)
+            message_id = self.db(self.history.add_message, chat_id, "assistant", "", profile=profile_name)
+        self.hide_welcome()
+        self.chat_log.mount(UserMessage(text))
+        reply = AssistantMessage(profile_name, show_sources=self.show_sources)
+        self.chat_log.mount(reply)
+        self.chat_log.follow()
+        self._reply_widget = reply
+        self._reply_id += 1
+        self._cancel = threading.Event()
+        self.generating = True
+        self.hud.start_reply()
+        messages = build_messages(self.system_prompt, self.turns)
+        self._reply_worker(self._reply_id, self.backend, messages, generation_params(self.profile),
+                           self._cancel, message_id)
+
+    def stop_reply(self: "SpecChatApp") -> None:
+        """Ask the engine to stop after the current round (Esc)."""
+        if self._cancel is not None:
+            self._cancel.set()
+
+    @work(thread=True, group="reply", exit_on_error=False)
+    def _reply_worker(
+        self: "SpecChatApp",
+        reply_id: int,
+        backend: ChatBackend,
+        messages: list[ChatMessage],
+        params: GenerationParams,
+        cancel: threading.Event,
+        message_id: int | None,
+    ) -> None:
+        text = ""
+        pieces: Pieces = []
+        stats: Stats | None = None
+        finish: FinishReason | None = None
+        error: str | None = None
+        saver = _Saver(self, message_id)
+        with self._backend_lock:
+            try:
+                for event in backend.chat(messages, params, cancel):
+                    text += event.text
+                    extend_pieces(pieces, ((p.text, p.source) for p in event.pieces))
+                    stats = event.stats
+                    finish = event.finish_reason or finish
+                    saver.save(text, pieces, stats, None)
+                    self.post_message(ReplyChunk(reply_id, event))
+            except SpecChatError as exc:
+                error, finish = str(exc), "error"
+            except Exception as exc:  # shown as a notice, never a traceback
+                error, finish = f"{type(exc).__name__}: {exc}", "error"
+        if finish is None or (cancel.is_set() and finish == "stop"):
+            finish = "cancelled" if cancel.is_set() else "stop"
+        saver.save(text, pieces, stats, finish, force=True)
+        self.post_message(ReplyFinished(reply_id, finish, stats, error))
+
+    async def on_reply_chunk(self: "SpecChatApp", message: ReplyChunk) -> None:
+        if message.reply_id != self._reply_id or self._reply_widget is None:
+            return
+        event = message.event
+        await self._reply_widget.append(event.text, [(p.text, p.source) for p in event.pieces])
+        self.hud.set_stats(event.stats, live=True)
+        if event.notice:
+            self.hud.set_notice(event.notice)
+            self.notice(event.notice, severity="warning", title="Engine")
+
+    async def on_reply_finished(self: "SpecChatApp", message: ReplyFinished) -> None:
+        if message.reply_id != self._reply_id:
+            return
+        widget, self._reply_widget = self._reply_widget, None
+        self._cancel = None
+        self.generating = False
+        stats_dict = message.stats.to_dict() if message.stats else None
+        if widget is not None:
+            await widget.finish(message.finish_reason, stats_dict)
+            if widget.text:
+                self.turns.append(ChatMessage("assistant", widget.text))
+        if message.stats is not None:
+            self.hud.set_stats(message.stats, live=False)
+        if self.backend is not None:
+            self.hud.set_engine(self.backend.info, self.profile)
+        self.hud.live = False
+        self.hud.flush()
+        if message.error:
+            self.notice(message.error, severity="error", title="Generation failed")
+        self.query_one(PromptArea).focus()
+
+
+class _Saver:
+    """Writes the streaming reply to the history from the worker thread."""
+
+    def __init__(self, app: "SpecChatApp", message_id: int | None) -> None:
+        self._app = app
+        self._message_id = message_id
+        self._last = 0.0
+        self._failed = False
+
+    def save(self, text: str, pieces: Pieces, stats: Stats | None, finish: str | None,
+             force: bool = False) -> None:
+        if self._message_id is None or self._failed:
+            return
+        now = time.monotonic()
+        if not force and now - self._last < SAVE_EVERY_S:
+            return
+        self._last = now
+        stats_dict: dict[str, Any] | None = stats.to_dict() if stats else None
+        try:
+            self._app.history.update_message(self._message_id, text, stats=stats_dict,
+                                             pieces=pieces, finish_reason=finish)
+        except HistoryError as exc:
+            self._failed = True
+            self._app.call_from_thread(self._app.notice, str(exc), severity="error", title="History")

@@ -1,0 +1,1 @@
+"""Modal screens: help, profile picker, chat history, text prompts."""

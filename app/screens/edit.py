@@ -1,0 +1,85 @@
+"""Small dialogs that ask for a piece of text (rename, system prompt, export path)."""
+from __future__ import annotations
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Horizontal, Vertical
+from textual.screen import ModalScreen
+from textual.widgets import Button, Input, Label, TextArea
+
+
+class EditScreen(ModalScreen["str | None"]):
+    """Ask for text; dismisses with the text, or None when cancelled."""
+
+    BINDINGS = [
+        Binding("escape", "cancel", "Cancel"),
+        Binding("ctrl+s", "save", "Save", priority=True),
+    ]
+
+    def __init__(self, title: str, value: str = "", *, multiline: bool = False, hint: str = "") -> None:
+        super().__init__(classes="dialog-screen")
+        self._title = title
+        self._value = value
+        self._multiline = multiline
+        self._hint = hint
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog edit-dialog"):
+            yield Label(self._title, classes="dialog-title")
+            if self._hint:
+                yield Label(self._hint, classes="dialog-hint")
+            if self._multiline:
+                yield TextArea(self._value, id="edit-value", soft_wrap=True)
+            else:
+                yield Input(self._value, id="edit-value")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Save", variant="primary", id="save")
+                yield Button("Cancel", id="cancel")
+
+    def _value_now(self) -> str:
+        widget = self.query_one("#edit-value")
+        return widget.text if isinstance(widget, TextArea) else widget.value  # type: ignore[attr-defined]
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self.dismiss(self._value_now())
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(self._value_now() if event.button.id == "save" else None)
+
+    def action_save(self) -> None:
+        self.dismiss(self._value_now())
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)
+
+
+class ConfirmScreen(ModalScreen[bool]):
+    """A yes/no question; Enter or y confirms, Escape or n declines."""
+
+    BINDINGS = [
+        Binding("y", "answer(True)", "Yes"),
+        Binding("n,escape", "answer(False)", "No"),
+    ]
+
+    def __init__(self, question: str) -> None:
+        super().__init__(classes="dialog-screen")
+        self._question = question
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog confirm-dialog"):
+            yield Label(self._question, classes="dialog-title")
+            with Horizontal(classes="dialog-buttons"):
+                yield Button("Yes", variant="error", id="yes")
+                yield Button("No", id="no")
+
+    def on_mount(self) -> None:
+        self.query_one("#no", Button).focus()
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self.dismiss(event.button.id == "yes")
+
+    def action_answer(self, yes: bool) -> None:
+        self.dismiss(yes)

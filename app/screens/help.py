@@ -1,0 +1,60 @@
+"""Help: every key binding, generated from the bindings themselves."""
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from textual.app import ComposeResult
+from textual.binding import Binding, BindingType
+from textual.containers import VerticalScroll
+from textual.screen import ModalScreen
+from textual.widgets import Markdown
+
+INTRO = """\
+# specchat keys
+
+A draft model (or n-gram lookup) proposes **K** tokens, the target verifies them
+in one pass: the reply is exactly the target's, only faster. The HUD shows
+**α** (share of drafted tokens accepted), **τ** (tokens per target pass),
+tokens/s, inter-token latency and the **measured** speedup over plain decoding.
+
+Everything below is also in the command palette (**ctrl+p**).
+"""
+
+
+def _rows(bindings: Iterable[BindingType]) -> list[tuple[str, str]]:
+    rows = []
+    for b in bindings:
+        if not isinstance(b, Binding) or not b.description:
+            continue
+        keys = ", ".join(k.strip() for k in b.key.split(","))
+        rows.append((keys, b.description if not b.tooltip else f"{b.description}: {b.tooltip}"))
+    return rows
+
+
+def help_markdown(sections: Iterable[tuple[str, Iterable[BindingType]]]) -> str:
+    """The help text: the intro, then one table per section of bindings."""
+    parts = [INTRO]
+    for title, bindings in sections:
+        rows = _rows(bindings)
+        if not rows:
+            continue
+        parts.append(f"\n## {title}\n\n| Key | Action |\n|---|---|")
+        parts.extend(f"| `{key}` | {desc} |" for key, desc in rows)
+    return "\n".join(parts) + "\n"
+
+
+class HelpScreen(ModalScreen[None]):
+    """A dismissable page of key bindings."""
+
+    BINDINGS = [Binding("escape,f1,q", "dismiss", "Close")]
+
+    def __init__(self, sections: list[tuple[str, list[BindingType]]]) -> None:
+        super().__init__(classes="dialog-screen")
+        self._sections = sections
+
+    def compose(self) -> ComposeResult:
+        with VerticalScroll(id="help-body", classes="dialog"):
+            yield Markdown(help_markdown(self._sections))
+
+    def action_dismiss(self) -> None:  # type: ignore[override]
+        self.dismiss(None)

@@ -1,0 +1,76 @@
+"""The profile picker: every profile with its model pair and quantization."""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.content import Content
+from textual.screen import ModalScreen
+from textual.widgets import Label, OptionList
+from textual.widgets.option_list import Option
+
+from app.conversation import profile_pair
+
+if TYPE_CHECKING:
+    from engine.profiles import ModelProfile, Profiles
+
+
+def profile_option(profile: "ModelProfile", *, current: bool, default: bool) -> Option:
+    """One line with the name and badges, one with the pair, one with the description."""
+    badges = []
+    if current:
+        badges.append(("  ● current", "$text-success"))
+    if default:
+        badges.append(("  default", "$text-muted"))
+    k = "adaptive K" if profile.k is None else f"K={profile.k}"
+    prompt = Content.assemble(
+        (profile.name, "bold"),
+        *badges,
+        "\n  ",
+        profile_pair(profile),
+        (f"  · {profile.drafter} · {k}", "$text-muted"),
+    )
+    if profile.description:
+        prompt = Content.assemble(prompt, "\n  ", (profile.description, "$text-muted italic"))
+    return Option(prompt, id=profile.name)
+
+
+class ProfilePicker(ModalScreen["str | None"]):
+    """Pick a profile; dismisses with its name, or None."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, profiles: "Profiles", current: str | None) -> None:
+        super().__init__(classes="dialog-screen")
+        self._profiles = profiles
+        self._current = current
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog picker-dialog"):
+            yield Label("Switch profile", classes="dialog-title")
+            yield Label("Enter loads it (the current models are unloaded first) · Esc cancels",
+                        classes="dialog-hint")
+            options = [
+                profile_option(
+                    self._profiles.get(name),
+                    current=name == self._current,
+                    default=name == self._profiles.default,
+                )
+                for name in self._profiles.names()
+            ]
+            yield OptionList(*options, id="profile-list")
+
+    def on_mount(self) -> None:
+        option_list = self.query_one(OptionList)
+        if self._current in self._profiles.names():
+            option_list.highlighted = self._profiles.names().index(self._current)
+        option_list.focus()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        self.dismiss(event.option.id)
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

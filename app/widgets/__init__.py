@@ -1,0 +1,1 @@
+"""The app's widgets: prompt box, chat transcript, HUD."""

@@ -1,0 +1,156 @@
+"""The transcript: user prompts, streamed Markdown replies, and their token sources.
+
+A reply is rendered as Markdown while it streams (``Markdown.get_stream`` folds
+bursts together, so a fast engine never outruns the renderer). The same text is
+kept as ``(text, source)`` pieces; the colour view shows those pieces tinted by
+where each token came from: a draft token the target accepted, or one the
+target produced itself.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from textual.app import ComposeResult
+from textual.containers import Vertical, VerticalScroll
+from textual.content import Content
+from textual.widgets import Markdown, Static
+from textual.widgets.markdown import MarkdownStream
+
+from app.formatting import reply_summary
+from app.history import Pieces, extend_pieces, merge_pieces
+
+SOURCE_STYLES = {
+    "draft": "$text on $success-muted",
+    "target": "$text on $primary-muted",
+}
+"""Styles for the colour view; theme variables keep them readable in dark and light themes."""
+
+SOURCE_LABELS = {"draft": "draft accepted", "target": "target produced"}
+
+
+def legend() -> Content:
+    """The colour view's legend."""
+    return Content.assemble(
+        (" draft accepted ", SOURCE_STYLES["draft"]),
+        "  ",
+        (" target produced ", SOURCE_STYLES["target"]),
+    )
+
+
+def pieces_content(pieces: Iterable[tuple[str, str]]) -> Content:
+    """Reply text with each run styled by its source."""
+    return Content.assemble(*[(text, SOURCE_STYLES.get(src, "")) for text, src in pieces])
+
+
+class UserMessage(Static):
+    """A prompt the user sent (shown verbatim)."""
+
+    def __init__(self, text: str) -> None:
+        super().__init__(Content(text), classes="message user")
+        self.text = text
+        self.border_title = "you"
+
+
+class AssistantMessage(Vertical):
+    """A reply: Markdown while streaming and after, pieces in the colour view."""
+
+    def __init__(
+        self,
+        profile: str | None,
+        *,
+        text: str = "",
+        pieces: Pieces | None = None,
+        finish_reason: str | None = None,
+        stats: dict[str, Any] | None = None,
+        show_sources: bool = False,
+    ) -> None:
+        super().__init__(classes="message assistant")
+        self.profile = profile
+        self.text = text
+        self.pieces: Pieces = merge_pieces(pieces) if pieces else ([(text, "target")] if text else [])
+        self.finish_reason = finish_reason
+        self.stats = stats
+        self._stream: MarkdownStream | None = None
+        self._show_sources = show_sources
+        self.border_title = profile or "assistant"
+        self.set_class(show_sources, "-sources")
+
+    def compose(self) -> ComposeResult:
+        yield Markdown(self.text, classes="body")
+        yield Static(pieces_content(self.pieces), classes="sources")
+        yield Static(self._footer_text(), classes="reply-footer")
+
+    def on_mount(self) -> None:
+        self._update_state()
+
+    @property
+    def streaming(self) -> bool:
+        """True until :meth:`finish` has been called (or the message was loaded finished)."""
+        return self.finish_reason is None
+
+    def _footer_text(self) -> Content:
+        if self.finish_reason is None:
+            return Content("generating…")
+        parts: list[str] = []
+        if self.finish_reason == "cancelled":
+            parts.append("■ stopped")
+        elif self.finish_reason == "error":
+            parts.append("✗ failed")
+        elif self.finish_reason == "length":
+            parts.append("… length limit")
+        summary = reply_summary(self.stats)
+        if summary:
+            parts.append(summary)
+        return Content(" · ".join(parts))
+
+    def _update_state(self) -> None:
+        self.set_class(self.finish_reason is None, "-streaming")
+        self.set_class(self.finish_reason == "cancelled", "-stopped")
+        self.set_class(self.finish_reason == "error", "-error")
+        self.query_one(".reply-footer", Static).update(self._footer_text())
+
+    async def append(self, text: str, pieces: Iterable[tuple[str, str]]) -> None:
+        """Add one round's text; the Markdown stream batches rendering."""
+        if not text:
+            return
+        self.text += text
+        extend_pieces(self.pieces, pieces)
+        if self._show_sources:
+            self.query_one(".sources", Static).update(pieces_content(self.pieces))
+        if self._stream is None:
+            self._stream = Markdown.get_stream(self.query_one(".body", Markdown))
+        await self._stream.write(text)
+
+    async def finish(self, finish_reason: str, stats: dict[str, Any] | None) -> None:
+        """End the reply: flush the stream and re-render the whole text once.
+
+        The final full render makes a reply that ends inside a code fence (or was
+        stopped mid-table) come out exactly as a fresh parse would show it.
+        """
+        if self._stream is not None:
+            await self._stream.stop()
+            self._stream = None
+        self.finish_reason = finish_reason
+        self.stats = stats
+        await self.query_one(".body", Markdown).update(self.text)
+        self.query_one(".sources", Static).update(pieces_content(self.pieces))
+        self._update_state()
+
+    def set_show_sources(self, show: bool) -> None:
+        """Switch between Markdown and the token-source colour view."""
+        self._show_sources = show
+        self.set_class(show, "-sources")
+        if show:
+            self.query_one(".sources", Static).update(pieces_content(self.pieces))
+
+
+class ChatLog(VerticalScroll):
+    """The scrolling transcript; follows new text only while the user is at the bottom."""
+
+    def on_mount(self) -> None:
+        self.anchor()
+
+    def follow(self) -> None:
+        """Jump to the bottom and follow again (after the user sends a prompt)."""
+        self.anchor()

@@ -1,0 +1,248 @@
+"""The HUD: what is loaded, how speculation is doing, and what memory it takes.
+
+The app feeds it state (:meth:`Hud.set_engine`, :meth:`Hud.set_stats`, ...)
+as often as it likes; the HUD only stores it and marks itself dirty. The app's
+timer calls :meth:`Hud.flush` a few times a second, so a fast engine never
+waits on the renderer.
+"""
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from textual.app import ComposeResult
+from textual.containers import VerticalScroll
+from textual.content import Content
+from textual.widgets import Label, ProgressBar, Static
+
+from app.conversation import spec_label
+from app.formatting import (
+    DASH,
+    bar,
+    fmt_bytes,
+    fmt_float,
+    fmt_rate,
+    fmt_speedup,
+    mode_label,
+    plan_lines,
+)
+from app.widgets.chat_view import legend
+from engine.api import EngineInfo
+from engine.events import Stats
+
+if TYPE_CHECKING:
+    from engine.profiles import ModelProfile
+
+LABEL_WIDTH = 9
+SPARK_ROUNDS = 48
+
+
+def row(label: str, value: str | Content, style: str = "") -> Content:
+    """``label   value`` with a muted, fixed-width label."""
+    return Content.assemble((label.ljust(LABEL_WIDTH), "$text-muted"), (value, style) if isinstance(value, str) else value)
+
+
+def lines(*rows: Content) -> Content:
+    """Join rows with newlines."""
+    return Content("\n").join(rows)
+
+
+SPARK_CHARS = "▁▂▃▄▅▆▇█"
+
+
+def sparkline(values: Sequence[float], width: int) -> Content:
+    """The last ``width`` values in [0, 1] as eighth-block columns, on an absolute scale.
+
+    Textual's Sparkline rescales to the data's own min..max, which makes a steady
+    α = 0.9 look like noise; acceptance reads better against the fixed 0..1 range.
+    """
+    if not values:
+        return Content.styled("no rounds yet", "$text-muted")
+    recent = list(values)[-width:]
+    cells = "".join(SPARK_CHARS[min(7, max(0, round(v * 7)))] for v in recent)
+    return Content.styled(cells, "$text-success")
+
+
+class Hud(VerticalScroll):
+    """Always-visible statistics panel."""
+
+    def __init__(self, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.profile: "ModelProfile | None" = None
+        self.profile_name: str | None = None
+        self.info: EngineInfo | None = None
+        self.stats: Stats | None = None
+        self.live = False
+        self.speculation_on = True
+        self.notice: str | None = None
+        self.loading_stage: str | None = None
+        self.loading_fraction: float | None = None
+        self.error: str | None = None
+        self.round_alpha: deque[float] = deque(maxlen=SPARK_ROUNDS)
+        self._last_counts = (0, 0)
+        self._dirty = True
+
+    def compose(self) -> ComposeResult:
+        yield Static(id="hud-engine")
+        yield Static(id="hud-loading")
+        yield ProgressBar(id="hud-progress", show_eta=False)
+        yield Static(id="hud-stats")
+        yield Label("α per round (0–1)", classes="hud-caption")
+        yield Static(id="hud-spark")
+        yield Static(id="hud-positions")
+        yield Static(id="hud-memory")
+        yield Static(legend(), id="hud-legend")
+
+    def on_mount(self) -> None:
+        self.flush(force=True)
+
+    # -- state setters (cheap; rendering happens in flush) ---------------------
+
+    def set_loading(self, profile_name: str | None, stage: str | None, fraction: float | None) -> None:
+        """Show (stage not None) or hide loading progress."""
+        self.profile_name = profile_name or self.profile_name
+        self.loading_stage = stage
+        self.loading_fraction = fraction
+        if stage is not None:
+            self.error = None
+        self._dirty = True
+
+    def set_engine(self, info: EngineInfo | None, profile: "ModelProfile | None") -> None:
+        """A backend is loaded (or None: nothing loaded)."""
+        self.info = info
+        self.profile = profile
+        if profile is not None:
+            self.profile_name = profile.name
+        self.loading_stage = None
+        self._dirty = True
+
+    def set_error(self, error: str | None) -> None:
+        """Loading failed with ``error`` (shown until the next load)."""
+        self.error = error
+        self.loading_stage = None
+        self._dirty = True
+
+    def set_notice(self, notice: str | None) -> None:
+        """The last notice the engine sent (fallback, switch-off)."""
+        self.notice = notice
+        self._dirty = True
+
+    def start_reply(self) -> None:
+        """A new reply begins: per-reply counters restart."""
+        self._last_counts = (0, 0)
+        self.live = True
+        self._dirty = True
+
+    def set_stats(self, stats: Stats, *, live: bool) -> None:
+        """Latest statistics; also records this round's acceptance for the sparkline."""
+        proposed, accepted = self._last_counts
+        if stats.proposed > proposed:
+            self.round_alpha.append((stats.accepted - accepted) / (stats.proposed - proposed))
+        self._last_counts = (stats.proposed, stats.accepted)
+        self.stats = stats
+        self.live = live
+        self._dirty = True
+
+    def set_speculation(self, on: bool) -> None:
+        self.speculation_on = on
+        self._dirty = True
+
+    # -- rendering ---------------------------------------------------------------
+
+    def flush(self, force: bool = False) -> None:
+        """Re-render if anything changed since the last flush."""
+        if not (self._dirty or force):
+            return
+        self._dirty = False
+        self.query_one("#hud-engine", Static).update(self._engine_content())
+        loading = self.loading_stage is not None
+        self.set_class(loading, "-loading")
+        self.query_one("#hud-loading", Static).update(
+            Content(f"Loading {self.profile_name or ''}: {self.loading_stage}") if loading else ""
+        )
+        progress = self.query_one("#hud-progress", ProgressBar)
+        if loading:
+            if self.loading_fraction is None:
+                progress.update(total=None)
+            else:
+                progress.update(total=1.0, progress=self.loading_fraction)
+        self.query_one("#hud-stats", Static).update(self._stats_content())
+        self.query_one("#hud-spark", Static).update(sparkline(self.round_alpha, SPARK_ROUNDS - 12))
+        self.query_one("#hud-positions", Static).update(self._positions_content())
+        self.query_one("#hud-memory", Static).update(self._memory_content())
+
+    def _mode(self) -> tuple[str, str | None]:
+        """The mode shown and why speculation is off, if it is."""
+        mode = (self.stats.mode if self.stats else None) or (self.info.mode if self.info else None)
+        reason = None
+        if self.stats and self.stats.speculation_off_reason:
+            reason = self.stats.speculation_off_reason
+        elif self.info and self.info.fallback_reason:
+            reason = self.info.fallback_reason
+        elif not self.speculation_on:
+            reason = "switched off by you"
+        elif self.notice:
+            reason = self.notice
+        return mode_label(mode) if mode else DASH, reason
+
+    def _engine_content(self) -> Content:
+        rows = [row("profile", self.profile_name or DASH, "bold")]
+        if self.profile is not None:
+            rows.append(row("target", spec_label(self.profile.target)))
+            if self.profile.drafter == "model" and self.profile.draft is not None:
+                rows.append(row("draft", spec_label(self.profile.draft)))
+            else:
+                rows.append(row("draft", "n-gram lookup" if self.profile.drafter == "ngram" else "none"))
+        if self.error:
+            rows.append(row("error", self.error, "$text-error"))
+        if self.info is None:
+            rows.append(row("mode", "loading…" if self.loading_stage else "not loaded", "$text-warning"))
+            return lines(*rows)
+        mode, reason = self._mode()
+        rows.append(row("mode", mode, "bold $text-success" if mode.startswith("spec") else "bold $text-warning"))
+        if reason:
+            rows.append(row("why", reason, "$text-warning"))
+        rows.append(row("drafter", (self.stats.drafter if self.stats else None) or self.info.drafter))
+        rows.append(row("device", self.info.device))
+        return lines(*rows)
+
+    def _stats_content(self) -> Content:
+        s = self.stats
+        title = "live" if self.live else ("last reply" if s else "no reply yet")
+        k = DASH if s is None else (f"{s.k} adaptive" if s.adaptive else str(s.k))
+        return lines(
+            Content.assemble((f"─ {title} ", "$text-muted"), ("─" * 20, "$text-muted")),
+            row("K", k),
+            row("α", fmt_float(s.alpha if s else None)),
+            row("τ", fmt_float(s.tau if s else None)),
+            row("tok/s", fmt_rate(s.tokens_per_s if s else None)),
+            row("ITL", DASH if s is None or s.itl_ms is None else f"{s.itl_ms:.1f} ms"),
+            row("speedup", fmt_speedup(s.speedup if s else None), "bold"),
+            row("tokens", str(s.tokens) if s else DASH),
+        )
+
+    def _positions_content(self) -> Content:
+        per_position: Sequence[float] = self.stats.per_position if self.stats else ()
+        if not per_position:
+            return Content.styled("acceptance by draft position: —", "$text-muted")
+        rows = [Content.styled("acceptance by draft position", "$text-muted")]
+        for i, frac in enumerate(per_position[:8], start=1):
+            rows.append(Content.assemble(f"{i:>2} ", (bar(frac, 16), "$text-success"), f" {frac:4.2f}"))
+        return lines(*rows)
+
+    def _memory_content(self) -> Content:
+        if self.info is None:
+            return Content("")
+        info = self.info
+        rows = [
+            Content.assemble(("─ memory ", "$text-muted"), ("─" * 18, "$text-muted")),
+            row("target", fmt_bytes(info.target_bytes)),
+            row("draft", fmt_bytes(info.draft_bytes)),
+            row("free", fmt_bytes(info.free_bytes)),
+        ]
+        plan = plan_lines(info.plan)
+        if plan:
+            rows.append(Content.styled("plan", "$text-muted"))
+            rows.extend(Content(f" {line}") for line in plan[:6])
+        return lines(*rows)
