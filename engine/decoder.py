@@ -150,7 +150,9 @@ class SpecDecoder:
     ) -> tuple[RoundEvent, int]:
         """One draft-verify round; extends ``seq`` in place."""
         remaining = params.max_new_tokens - produced
-        k = min(self._choose_k(params, round_index), remaining - 1)
+        policy_k = self._policy_k(params)
+        calibrating = self.calibrate_every > 0 and round_index % self.calibrate_every == 0
+        k = 0 if calibrating else min(policy_k, remaining - 1)
         t_start = self.device.now()
         draft = EMPTY_DRAFT
         if k > 0 and self.drafter is not None:
@@ -187,7 +189,7 @@ class SpecDecoder:
 
         draft_s, verify_s, other_s = t_draft - t_start, t_verify - t_draft, t_end - t_verify
         self.costs.observe(len(draft.tokens), verdict.n_accepted, draft_s, verify_s, other_s)
-        stats.record(k, len(draft.tokens), verdict.n_accepted, len(emitted), draft_s, verify_s, other_s)
+        stats.record(policy_k, len(draft.tokens), verdict.n_accepted, len(emitted), draft_s, verify_s, other_s)
         stats.mode = self.mode
         notice = notice or self._check_speedup(params, len(draft.tokens), len(emitted), t_end - t_start)
         if notice is not None:
@@ -241,11 +243,14 @@ class SpecDecoder:
                 raise _TargetOutOfMemory(str(exc)) from exc
             raise
 
-    def _choose_k(self, params: GenerationParams, round_index: int) -> int:
+    def _policy_k(self, params: GenerationParams) -> int:
+        """K for a drafting round: fixed, or chosen from the measured costs.
+
+        Calibration rounds (a plain step every ``calibrate_every`` rounds,
+        keeping the measured plain speed fresh) are decided by the caller.
+        """
         if self.drafter is None or not self.speculation_enabled:
             return 0
-        if self.calibrate_every and round_index % self.calibrate_every == 0:
-            return 0  # a plain step: keeps the measured plain speed fresh
         if params.k is not None:
             return params.k
         return self.costs.choose_k(params.k_min, params.k_max)

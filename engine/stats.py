@@ -145,7 +145,8 @@ class ReplyStats:
     speculation_off_reason: str | None = None
 
     def record(self, k: int, proposed: int, n_accepted: int, emitted: int, draft_s: float, verify_s: float, other_s: float) -> None:
-        """Count one round (``emitted`` tokens kept after stop conditions)."""
+        """Count one round: ``k`` is the K in force (shown even on a plain
+        calibration round), ``emitted`` the tokens kept after stop conditions."""
         self.k = k
         self.rounds += 1
         self.target_passes += 1
