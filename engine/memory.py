@@ -10,10 +10,10 @@ to start) instead of running out of memory half way through loading.
   one 8-bit absmax per 64 weights and one fp32 per 256 absmax) or ``1``
   byte/param plus one fp32 scale per output row (int8).
 * KV cache: ``2 · layers · kv_heads · head_dim · context_length`` values.
-* Activations: one block's working set over the whole context plus fp32 logits
-  for every prompt position (what a prefill without ``logits_to_keep`` makes);
-  an upper bound rather than a typical figure. Target and draft run one after
-  the other, so a plan counts only the larger of their two transients.
+* Activations: one block's working set over the whole context (hidden states,
+  q/k/v, MLP intermediates; fused SDPA, so no ``L x L`` score matrix) plus fp32
+  logits for K + 1 rows (the runner passes ``logits_to_keep``). Target and
+  draft run one after the other, so a plan counts only the larger transient.
 """
 from __future__ import annotations
 
@@ -170,12 +170,14 @@ def estimate_kv_bytes(config: Any, context_length: int, dtype: str) -> int:
     return 2 * int(cfg.num_hidden_layers) * _kv_heads(cfg) * _head_dim(cfg) * context_length * DTYPE_BYTES[name]
 
 
-def estimate_activation_bytes(config: Any, context_length: int, dtype: str) -> int:
-    """Upper bound on transient memory of a prefill over ``context_length`` tokens."""
+def estimate_activation_bytes(config: Any, context_length: int, dtype: str, logits_rows: int = 9) -> int:
+    """Transient memory of a prefill over ``context_length`` tokens: one block's
+    working set plus ``logits_rows`` rows of fp32 logits (the runner asks only for
+    the rows it needs via ``logits_to_keep``; a verify pass needs K + 1)."""
     cfg = _text_config(config)
     name = config_dtype(config) if dtype == "auto" else dtype
     block = context_length * (4 * int(cfg.hidden_size) + 3 * int(cfg.intermediate_size)) * DTYPE_BYTES[name]
-    logits = context_length * int(cfg.vocab_size) * 4
+    logits = min(logits_rows, context_length) * int(cfg.vocab_size) * 4
     return block + logits
 
 
@@ -199,14 +201,16 @@ class ModelEstimate:
         return self.resident_bytes + self.activation_bytes
 
 
-def estimate_model(config: Any, quantization: str, dtype: str, context_length: int) -> ModelEstimate:
+def estimate_model(
+    config: Any, quantization: str, dtype: str, context_length: int, logits_rows: int = 9
+) -> ModelEstimate:
     """Weights, KV cache and activations of one model (``dtype`` already resolved)."""
     return ModelEstimate(
         quantization=quantization,
         dtype=dtype,
         weights_bytes=estimate_weights_bytes(config, quantization, dtype),
         kv_bytes=estimate_kv_bytes(config, context_length, dtype),
-        activation_bytes=estimate_activation_bytes(config, context_length, dtype),
+        activation_bytes=estimate_activation_bytes(config, context_length, dtype, logits_rows),
     )
 
 
@@ -273,16 +277,15 @@ def plan_memory(
     usable = min(free_bytes, budget) if budget is not None else free_bytes
     available = max(0, usable - reserve_bytes)
     ctx = profile.context_length
+    rows = (profile.k if profile.k is not None else profile.k_max) + 1
     t_spec = profile.target
-    target = estimate_model(
-        target_cfg, t_spec.quantization, resolve_dtype(t_spec.dtype, t_spec.quantization, cuda=cuda, config=target_cfg), ctx
-    )
+    t_dtype = resolve_dtype(t_spec.dtype, t_spec.quantization, cuda=cuda, config=target_cfg)
+    target = estimate_model(target_cfg, t_spec.quantization, t_dtype, ctx, rows)
     draft: ModelEstimate | None = None
     if profile.drafter == "model" and draft_cfg is not None and profile.draft is not None:
         d_spec = profile.draft
-        draft = estimate_model(
-            draft_cfg, d_spec.quantization, resolve_dtype(d_spec.dtype, d_spec.quantization, cuda=cuda, config=draft_cfg), ctx
-        )
+        d_dtype = resolve_dtype(d_spec.dtype, d_spec.quantization, cuda=cuda, config=draft_cfg)
+        draft = estimate_model(draft_cfg, d_spec.quantization, d_dtype, ctx, rows)
 
     def make(choice: Choice, reason: str, planned: int) -> Plan:
         return Plan(choice, reason, free_bytes, budget, reserve_bytes, available, ctx, target, draft, planned)
