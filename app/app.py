@@ -57,13 +57,13 @@ class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
     TITLE = "specchat"
     COMMANDS = App.COMMANDS | {ProfileCommands}
     BINDINGS = [
-        Binding("escape", "stop", "Stop reply", tooltip="keeps the partial reply"),
+        Binding("escape", "stop", "Stop", tooltip="stop the reply, keeping what was written"),
         Binding("f1", "help", "Help"),
         Binding("f2", "pick_profile", "Profile"),
         Binding("f3", "chats", "Chats"),
         Binding("f4,ctrl+t", "toggle_sources", "Colours",
                 tooltip="colour each token: draft accepted vs target produced"),
-        Binding("f5", "toggle_speculation", "Spec on/off"),
+        Binding("f5", "toggle_speculation", "Spec on/off", key_display="f5"),
         Binding("ctrl+n", "new_chat", "New chat"),
         Binding("f8", "edit_system_prompt", "System prompt", show=False),
         Binding("f9", "export_chat", "Export", show=False, tooltip="the chat as Markdown with its statistics"),

@@ -81,8 +81,7 @@ class ChatsScreen(ModalScreen["ChatsResult | None"]):
             option_list.add_option(Option(Content.styled("No saved chats yet.", "$text-muted"), disabled=True))
             return
         option_list.add_options(chat_option(c, c.id == self._current) for c in chats)
-        if highlighted is not None:
-            option_list.highlighted = min(highlighted, len(chats) - 1)
+        option_list.highlighted = 0 if highlighted is None else min(highlighted, len(chats) - 1)
 
     def _selected(self) -> int | None:
         option_list = self.query_one(OptionList)

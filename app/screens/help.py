@@ -26,7 +26,7 @@ def _rows(bindings: Iterable[BindingType]) -> list[tuple[str, str]]:
     for b in bindings:
         if not isinstance(b, Binding) or not b.description:
             continue
-        keys = ", ".join(k.strip() for k in b.key.split(","))
+        keys = " ".join(f"`{k.strip()}`" for k in b.key.split(","))
         rows.append((keys, b.description if not b.tooltip else f"{b.description}: {b.tooltip}"))
     return rows
 
@@ -39,7 +39,7 @@ def help_markdown(sections: Iterable[tuple[str, Iterable[BindingType]]]) -> str:
         if not rows:
             continue
         parts.append(f"\n## {title}\n\n| Key | Action |\n|---|---|")
-        parts.extend(f"| `{key}` | {desc} |" for key, desc in rows)
+        parts.extend(f"| {key} | {desc} |" for key, desc in rows)
     return "\n".join(parts) + "\n"
 
 

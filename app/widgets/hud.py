@@ -174,9 +174,10 @@ class Hud(VerticalScroll):
 
     def _mode(self) -> tuple[str, str | None]:
         """The mode shown and why speculation is off, if it is."""
-        mode = (self.stats.mode if self.stats else None) or (self.info.mode if self.info else None)
+        live = self.live and self.stats is not None
+        mode = self.stats.mode if live and self.stats else (self.info.mode if self.info else None)
         reason = None
-        if self.stats and self.stats.speculation_off_reason:
+        if live and self.stats and self.stats.speculation_off_reason:
             reason = self.stats.speculation_off_reason
         elif self.info and self.info.fallback_reason:
             reason = self.info.fallback_reason
@@ -203,7 +204,7 @@ class Hud(VerticalScroll):
         rows.append(row("mode", mode, "bold $text-success" if mode.startswith("spec") else "bold $text-warning"))
         if reason:
             rows.append(row("why", reason, "$text-warning"))
-        rows.append(row("drafter", (self.stats.drafter if self.stats else None) or self.info.drafter))
+        rows.append(row("drafter", (self.stats.drafter if self.live and self.stats else None) or self.info.drafter))
         rows.append(row("device", self.info.device))
         return lines(*rows)
 

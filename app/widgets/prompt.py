@@ -15,7 +15,7 @@ class PromptArea(TextArea):
     """Multi-line prompt input that grows with its text."""
 
     BINDINGS = [
-        Binding("enter", "submit", "Send", priority=True),
+        Binding("enter", "submit", "Send", show=False, priority=True),
         Binding("ctrl+j,shift+enter,alt+enter", "newline", "Newline", key_display="ctrl+j", priority=True),
     ]
 

@@ -1,0 +1,41 @@
+"""Fixtures for the app tests: temp dirs for all of specchat's paths, fakes, a pilot helper."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from app.app import SpecChatApp
+from tests.app.fakes import FakeLoader, make_profiles
+
+
+@pytest.fixture(autouse=True)
+def specchat_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """Point every specchat directory at tmp_path; returns the data dir."""
+    data = tmp_path / "data"
+    monkeypatch.setenv("SPECCHAT_DATA_DIR", str(data))
+    monkeypatch.setenv("SPECCHAT_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    return data
+
+
+@pytest.fixture
+def loader() -> FakeLoader:
+    return FakeLoader()
+
+
+@pytest.fixture
+def make_app(loader: FakeLoader) -> Callable[..., SpecChatApp]:
+    def make(**kwargs: object) -> SpecChatApp:
+        kwargs.setdefault("loader", loader)
+        kwargs.setdefault("profiles_loader", make_profiles)
+        return SpecChatApp(**kwargs)  # type: ignore[arg-type]
+
+    return make
+
+
+@pytest.fixture
+def anyio_backend() -> str:
+    """Run async tests on asyncio (Textual's loop) through anyio's pytest plugin."""
+    return "asyncio"

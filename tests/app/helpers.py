@@ -1,0 +1,36 @@
+"""Pilot helpers shared by the app tests."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from textual.pilot import Pilot
+
+from app.app import SpecChatApp
+from app.widgets.prompt import PromptArea
+
+
+async def wait_for(pilot: Pilot, predicate: Callable[[], object], timeout: float = 5.0) -> None:
+    """Let the app run until ``predicate()`` is true (fails the test after ``timeout``)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {getattr(predicate, '__name__', predicate)}")
+        await pilot.pause(0.01)
+    await pilot.pause()
+
+
+async def ready(pilot: Pilot) -> SpecChatApp:
+    """Wait until the app's backend is loaded."""
+    app = pilot.app
+    assert isinstance(app, SpecChatApp)
+    await wait_for(pilot, lambda: app.backend is not None and not app.loading)
+    return app
+
+
+async def send(pilot: Pilot, text: str) -> None:
+    """Type ``text`` into the prompt box and press Enter."""
+    prompt = pilot.app.query_one(PromptArea)
+    prompt.focus()
+    prompt.insert(text)
+    await pilot.press("enter")

@@ -1,0 +1,237 @@
+"""The main chat flow: load, send, stream, stop, switch profile."""
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from app.app import SpecChatApp
+from app.commands import ProfileCommands
+from app.screens.help import HelpScreen, help_markdown
+from app.screens.profiles import ProfilePicker
+from app.widgets.prompt import PromptArea
+from engine.errors import EngineError, ModelSourceError
+from engine.events import ChatEvent
+from app.widgets.chat_view import AssistantMessage, UserMessage
+from app.widgets.hud import Hud
+from tests.app.fakes import FakeLoader
+from tests.app.helpers import ready, send, wait_for
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_prompt_streams_reply_and_updates_hud(make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        hud = app.query_one(Hud)
+        assert hud.stats is None
+        await send(pilot, "Say hello")
+        await wait_for(pilot, lambda: not app.generating and app.query(AssistantMessage))
+        reply = app.query_one(AssistantMessage)
+        assert reply.text.startswith("Hello there! Here is code")
+        assert reply.finish_reason == "eos"
+        assert [m.text for m in app.query(UserMessage)] == ["Say hello"]
+        assert hud.stats is not None and hud.stats.rounds == 5
+        assert hud.stats.speedup == pytest.approx(45 / 20)
+        assert len(hud.round_alpha) == 5
+        # The backend saw the profile's system prompt and the prompt.
+        messages = loader.backends[0].calls[0]
+        assert [(m.role, m.content) for m in messages] == [("system", "You are terse."), ("user", "Say hello")]
+
+
+async def test_hud_is_live_mid_reply(make_app: Callable[..., SpecChatApp]) -> None:
+    loader = FakeLoader(hold_after=2)
+    app = make_app(loader=loader)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        backend = loader.backends[0]
+        await wait_for(pilot, backend.held.is_set)
+        await wait_for(pilot, lambda: app.query_one(Hud).stats is not None and app.query_one(Hud).stats.rounds == 2)
+        hud = app.query_one(Hud)
+        assert hud.live and app.generating
+        assert app.query_one(AssistantMessage).text == "Hello there! Here is code"
+        hud.flush()
+        stats_text = str(hud.query_one("#hud-stats").render())
+        assert "live" in stats_text and "2.10×" in stats_text and "42.0" in stats_text
+        backend.release.set()
+        await wait_for(pilot, lambda: not app.generating)
+        assert "last reply" in str(hud.query_one("#hud-stats").render())
+
+
+async def test_escape_keeps_partial_reply_and_engine_stays_ready(make_app: Callable[..., SpecChatApp]) -> None:
+    loader = FakeLoader(hold_after=1)
+    app = make_app(loader=loader)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "first")
+        backend = loader.backends[0]
+        await wait_for(pilot, backend.held.is_set)
+        await wait_for(pilot, lambda: app.query_one(AssistantMessage).text == "Hello there!")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not app.generating)
+        stopped = app.query_one(AssistantMessage)
+        assert stopped.finish_reason == "cancelled" and stopped.has_class("-stopped")
+        assert stopped.text == "Hello there!"
+        assert "stopped" in str(stopped.query_one(".reply-footer").render())
+        # A second prompt works and the backend sees the partial reply as history.
+        backend.hold_after = None
+        await send(pilot, "second")
+        await wait_for(pilot, lambda: not app.generating and len(app.query(AssistantMessage)) == 2)
+        assert app.query(AssistantMessage).last().finish_reason == "eos"
+        assert [(m.role, m.content) for m in backend.calls[1]][1:] == [
+            ("user", "first"), ("assistant", "Hello there!"), ("user", "second")]
+
+
+async def test_escape_does_nothing_when_idle(make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        assert not app.check_action("stop", ())
+        await pilot.press("escape")
+        assert app.backend is not None and not app.generating
+
+
+async def test_switch_profile_closes_old_backend_and_keeps_conversation(
+    make_app: Callable[..., SpecChatApp], loader: FakeLoader
+) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "question one")
+        await wait_for(pilot, lambda: not app.generating)
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: isinstance(app.screen, ProfilePicker))
+        await pilot.press("down", "enter")  # "fast" is current and first; "lookup" is next
+        await wait_for(pilot, lambda: len(loader.backends) == 2 and app.backend is loader.backends[1])
+        old, new = loader.backends
+        assert old.closed and not new.closed
+        assert app.profile is not None and app.profile.name == "lookup"
+        await send(pilot, "question two")
+        await wait_for(pilot, lambda: not app.generating and len(new.calls) == 1)
+        roles = [(m.role, m.content) for m in new.calls[0]]
+        assert roles[0] == ("user", "question one") and roles[-1] == ("user", "question two")
+        assert new.params[0].k == 4  # the lookup profile's fixed K
+        assert len(app.query(UserMessage)) == 2
+
+
+async def test_switch_profile_from_command_palette_provider(make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        provider = ProfileCommands(app.screen)
+        hits = [hit async for hit in provider.search("lookup")]
+        assert len(hits) == 1 and "n-gram" in (hits[0].help or "")
+        hits[0].command()
+        await wait_for(pilot, lambda: len(loader.backends) == 2 and app.backend is not None)
+        assert app.profile is not None and app.profile.name == "lookup"
+
+
+async def test_refused_draft_shows_notice_and_reason(make_app: Callable[..., SpecChatApp]) -> None:
+    loader = FakeLoader(fallback_reason="draft tokenizer differs from the target's")
+    app = make_app(loader=loader)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await pilot.pause()
+        assert any("tokenizer differs" in n.message for n in app._notifications)
+        hud = app.query_one(Hud)
+        hud.flush()
+        engine_text = str(hud.query_one("#hud-engine").render())
+        assert "plain decoding" in engine_text and "tokenizer differs" in engine_text
+
+
+async def test_loader_error_is_a_notice_not_a_crash(make_app: Callable[..., SpecChatApp]) -> None:
+    loader = FakeLoader()
+    loader.error = ModelSourceError("model org/Target-1.7B not found [check the name]")
+    app = make_app(loader=loader)
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: not app.loading)
+        assert app.backend is None
+        assert any("[check the name]" in n.message for n in app._notifications)
+        await send(pilot, "anyone there?")
+        await pilot.pause()
+        assert not app.query(UserMessage)
+        assert any("No model is loaded" in n.message for n in app._notifications)
+        # Recover: a working load after the failure.
+        loader.error = None
+        app.switch_profile("lookup")
+        await ready(pilot)
+
+
+async def test_unknown_profile_name_is_a_notice(make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
+    app = make_app(profile="nope")
+    async with app.run_test() as pilot:
+        await pilot.pause()
+        assert app.backend is None and not loader.backends
+        assert any("unknown profile 'nope'" in n.message for n in app._notifications)
+
+
+async def test_generation_error_marks_reply_failed(make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app()
+    async with app.run_test() as pilot:
+        backend = (await ready(pilot)).backend
+        assert backend is not None
+
+        def boom(*args: object, **kwargs: object) -> Iterator[ChatEvent]:
+            raise EngineError("target ran out of memory")
+            yield  # pragma: no cover
+
+        backend.chat = boom  # type: ignore[method-assign]
+        await send(pilot, "hi")
+        await wait_for(pilot, lambda: not app.generating)
+        assert app.query_one(AssistantMessage).finish_reason == "error"
+        assert any("out of memory" in n.message for n in app._notifications)
+
+
+async def test_toggles_speculation_and_token_colours(make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        await wait_for(pilot, lambda: not app.generating)
+        reply = app.query_one(AssistantMessage)
+        assert not reply.has_class("-sources")
+        await pilot.press("f4")
+        assert reply.has_class("-sources") and app.query_one(Hud).has_class("-legend")
+        assert ("Hello there", "draft") in reply.pieces and ("!", "target") in reply.pieces
+        await pilot.press("f5")
+        assert loader.backends[0].speculation is False
+        app.query_one(Hud).flush()
+        assert "plain decoding" in str(app.query_one("#hud-engine").render())
+        await pilot.press("f5")
+        assert loader.backends[0].speculation is True
+
+
+async def test_engine_notice_is_shown(make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app(loader=FakeLoader(notice_round=(2, "draft dropped after OOM; continuing plain")))
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        await wait_for(pilot, lambda: not app.generating)
+        assert any("draft dropped" in n.message for n in app._notifications)
+
+
+async def test_help_lists_bindings(make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 50)) as pilot:
+        await pilot.press("f1")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
+        text = help_markdown([("App", list(app.BINDINGS)), ("Prompt", list(PromptArea.BINDINGS))])
+        for key in ("`escape`", "`f2`", "`ctrl+n`", "`enter`", "`ctrl+j`"):
+            assert key in text
+        await pilot.press("escape")
+        assert not isinstance(app.screen, HelpScreen)
+
+
+async def test_newline_key_does_not_send(make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        prompt = app.query_one(PromptArea)
+        prompt.focus()
+        await pilot.press("a", "ctrl+j", "b")
+        assert prompt.text == "a\nb" and not app.query(UserMessage)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: not app.generating and app.query(UserMessage))
+        assert app.query_one(UserMessage).text == "a\nb" and prompt.text == ""

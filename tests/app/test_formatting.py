@@ -1,0 +1,58 @@
+"""Formatters, request building and the HUD's small renderers."""
+from __future__ import annotations
+
+from app.conversation import build_messages, chat_title, generation_params, profile_pair
+from app.formatting import bar, fmt_bytes, fmt_speedup, plan_lines, reply_summary
+from app.history import extend_pieces, merge_pieces
+from app.widgets.hud import sparkline
+from engine.events import ChatMessage
+from tests.app.fakes import make_profiles
+
+
+def test_formatters_never_show_none() -> None:
+    assert fmt_speedup(None) == "—" and fmt_speedup(2.314) == "2.31×"
+    assert fmt_bytes(None) == "—" and fmt_bytes(512) == "512 B" and fmt_bytes(1536) == "1.5 KiB"
+    assert fmt_bytes(3 * 2**30) == "3.0 GiB"
+    assert bar(1.0, 4) == "████" and bar(0.0, 4) == "    " and bar(0.5, 4) == "██  "
+    assert "speedup" not in reply_summary({"mode": "plain", "tokens_per_s": 10.0, "tokens": 3})
+    assert reply_summary(None) == ""
+
+
+def test_plan_lines_show_summary_then_scalars() -> None:
+    assert plan_lines({}) == []
+    lines = plan_lines({"summary": "both fit", "budget_bytes": 2**30, "layers": [1, 2], "choice_note": "x"})
+    assert lines == ["both fit", "budget bytes: 1.0 GiB", "choice note: x"]
+
+
+def test_generation_params_follow_profile() -> None:
+    profiles = make_profiles()
+    adaptive = generation_params(profiles.get("fast"))
+    assert adaptive.k is None and (adaptive.k_min, adaptive.k_max) == (1, 8) and adaptive.max_new_tokens == 512
+    fixed = generation_params(profiles.get("lookup"), max_new_tokens=64)
+    assert fixed.k == 4 and fixed.max_new_tokens == 64 and fixed.sampling.greedy
+
+
+def test_messages_put_system_prompt_first() -> None:
+    turns = [ChatMessage("user", "hi")]
+    assert build_messages(None, turns) == turns
+    assert build_messages("Be brief.", turns)[0] == ChatMessage("system", "Be brief.")
+
+
+def test_profile_pair_and_titles() -> None:
+    profiles = make_profiles()
+    assert profile_pair(profiles.get("fast")) == "Target-1.7B (nf4) ← Draft-135M"
+    assert profile_pair(profiles.get("lookup")) == "Target-360M ← n-gram lookup"
+    assert chat_title("\n  first line\nsecond") == "first line"
+    assert len(chat_title("x" * 100)) == 48
+
+
+def test_pieces_merge_by_source() -> None:
+    pieces = merge_pieces([("a", "draft"), ("b", "draft"), ("", "target"), ("c", "target")])
+    assert pieces == [("ab", "draft"), ("c", "target")]
+    extend_pieces(pieces, [("d", "target"), ("e", "draft")])
+    assert pieces == [("ab", "draft"), ("cd", "target"), ("e", "draft")]
+
+
+def test_sparkline_uses_absolute_scale() -> None:
+    assert str(sparkline([0.0, 1.0, 0.5], 10)) == "▁█▅"
+    assert str(sparkline([1.0] * 20, 5)) == "█████"
