@@ -1,0 +1,222 @@
+"""Load models and put a whole engine together from a profile.
+
+:func:`load_engine` resolves both sources, reads their configs, makes the
+memory plan *before* any weight is read, loads the target, checks that the
+draft's tokenizer matches (falling back to the n-gram drafter when it does
+not, or when the plan has no room for it) and returns a ready
+:class:`engine.session.ChatEngine`.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from engine.api import EngineInfo, ProgressFn, no_progress
+from engine.compat import check_pair
+from engine.device import Device
+from engine.errors import IncompatibleDraftError, ModelSourceError
+from engine.memory import Plan, plan_memory, resolve_dtype
+from engine.profiles import ModelProfile, ModelSpec
+from engine.sources import ResolvedSource, check_model_dir, hub_error, hub_offline, locate, prepare, read_config
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from engine.session import ChatEngine
+
+log = logging.getLogger(__name__)
+
+
+def quantization_config(quantization: str, compute_dtype: Any) -> Any | None:
+    """bitsandbytes settings: nf4 with double quant in ``compute_dtype``, or int8; None for "none"."""
+    if quantization == "none":
+        return None
+    from transformers import BitsAndBytesConfig
+
+    if quantization == "nf4":
+        return BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=compute_dtype,
+        )
+    if quantization == "int8":
+        return BitsAndBytesConfig(load_in_8bit=True)
+    raise ValueError(f"unknown quantization {quantization!r}")
+
+
+def _warn_remote_code(spec: ModelSpec) -> None:
+    if spec.trust_remote_code:
+        warnings.warn(
+            f"trust_remote_code is on for {spec.source}: Python code shipped with the model will run",
+            stacklevel=3,
+        )
+
+
+def _local_only(resolved: ResolvedSource) -> bool:
+    return not resolved.is_hub or hub_offline()
+
+
+def load_tokenizer(resolved: ResolvedSource, spec: ModelSpec) -> "PreTrainedTokenizerBase":
+    """The tokenizer of a located source (a GGUF not converted yet is read directly)."""
+    from transformers import AutoTokenizer
+
+    try:
+        if resolved.needs_conversion:
+            assert resolved.gguf_file is not None
+            return AutoTokenizer.from_pretrained(str(resolved.gguf_file.parent), gguf_file=resolved.gguf_file.name)
+        return AutoTokenizer.from_pretrained(
+            resolved.location, trust_remote_code=spec.trust_remote_code, local_files_only=_local_only(resolved)
+        )
+    except OSError as exc:
+        if resolved.is_hub:
+            raise hub_error(resolved.location, exc) from None
+        raise ModelSourceError(f"cannot load the tokenizer of {resolved.location}: {exc}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ModelSourceError(f"cannot load the tokenizer of {spec.source}: {exc}") from None
+
+
+def load_weights(resolved: ResolvedSource, spec: ModelSpec, device: Device, config: Any = None) -> "PreTrainedModel":
+    """The model of a prepared source on ``device``, quantized as ``spec`` says, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    _warn_remote_code(spec)
+    if not resolved.is_hub:
+        check_model_dir(Path(resolved.location), spec.allow_pickle)  # names a truncated file
+    dtype_name = resolve_dtype(spec.dtype, spec.quantization, cuda=device.is_cuda, config=config)
+    dtype = getattr(torch, dtype_name)
+    kwargs: dict[str, Any] = dict(
+        dtype=dtype,
+        trust_remote_code=spec.trust_remote_code,
+        use_safetensors=None if spec.allow_pickle else True,
+        local_files_only=_local_only(resolved),
+    )
+    qconf = quantization_config(spec.quantization, dtype)
+    if qconf is not None:
+        kwargs["quantization_config"] = qconf
+    if device.is_cuda:
+        kwargs["device_map"] = {"": device.torch_device}
+    try:
+        model = AutoModelForCausalLM.from_pretrained(resolved.location, **kwargs)
+    except OSError as exc:
+        if resolved.is_hub:
+            raise hub_error(resolved.location, exc) from None
+        raise ModelSourceError(f"cannot load the weights in {resolved.location}: {exc}") from None
+    except Exception as exc:  # safetensors and torch raise their own kinds on damaged files
+        if device.is_out_of_memory(exc):
+            raise
+        raise ModelSourceError(
+            f"cannot load the weights of {spec.source} ({resolved.location}): {type(exc).__name__}: {exc}"
+        ) from None
+    if not device.is_cuda and qconf is None:
+        model.to(device.torch_device)
+    model.eval()
+    return model
+
+
+def load_model(
+    spec: ModelSpec, device: Device, progress: ProgressFn = no_progress
+) -> tuple["PreTrainedModel", "PreTrainedTokenizerBase"]:
+    """Resolve ``spec``'s source (download, verify, convert once) and load model and tokenizer."""
+    resolved = prepare(locate(spec, progress), progress)
+    config = read_config(resolved, spec)
+    progress(f"loading {spec.label}", None)
+    return load_weights(resolved, spec, device, config), load_tokenizer(resolved, spec)
+
+
+@dataclass
+class _Side:
+    """One model of the pair while the engine is being put together."""
+
+    spec: ModelSpec
+    resolved: ResolvedSource
+    config: Any
+
+
+def _locate_side(spec: ModelSpec, progress: ProgressFn, reuse: _Side | None = None) -> _Side:
+    resolved = locate(spec, progress)
+    if reuse is not None and reuse.resolved.location == resolved.location:
+        return _Side(spec, resolved, reuse.config)
+    return _Side(spec, resolved, read_config(resolved, spec))
+
+
+def _footprint(model: Any) -> int | None:
+    try:
+        return int(model.get_memory_footprint())
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def load_engine(
+    profile: ModelProfile,
+    *,
+    memory_budget: int | None = None,
+    device: Device | None = None,
+    progress: ProgressFn = no_progress,
+) -> "ChatEngine":
+    """Everything ``profile`` names, planned, loaded and checked: a ready ChatEngine.
+
+    ``memory_budget`` (the ``--memory-budget`` option) overrides the profile's.
+    """
+    from engine.drafters import ModelDrafter, NgramDrafter
+    from engine.session import ChatEngine
+
+    device = device or Device.auto()
+    progress("locating models", None)
+    target = _locate_side(profile.target, progress)
+    draft: _Side | None = None
+    draft_error: str | None = None
+    if profile.drafter == "model" and profile.draft is not None:
+        try:
+            draft = _locate_side(profile.draft, progress, reuse=target)
+        except ModelSourceError as exc:
+            draft_error = f"the draft {profile.draft.label} is unavailable ({exc})"
+    free, _total = device.memory_free_total()
+    plan: Plan = plan_memory(
+        target.config, draft.config if draft else None, profile, free,
+        memory_budget=memory_budget, cuda=device.is_cuda, draft_error=draft_error,
+    )
+    log.info("memory plan: %s", plan.summary())
+    fallback = plan.reason if plan.choice == "target+ngram" and profile.drafter == "model" else None
+
+    progress(f"loading target {profile.target.label}", 0.1)
+    prepare(target.resolved, progress)
+    target_model = load_weights(target.resolved, profile.target, device, target.config)
+    tokenizer = load_tokenizer(target.resolved, profile.target)
+
+    drafter: Any = None
+    draft_model: Any = None
+    if plan.choice == "target+draft" and draft is not None:
+        progress(f"checking draft {draft.spec.label}", 0.6)
+        try:
+            check_pair(tokenizer, load_tokenizer(draft.resolved, draft.spec))
+        except IncompatibleDraftError as exc:
+            fallback = f"draft model dropped: {exc}"
+        else:
+            progress(f"loading draft {draft.spec.label}", 0.7)
+            prepare(draft.resolved, progress)
+            draft_model = load_weights(draft.resolved, draft.spec, device, draft.config)
+            drafter = ModelDrafter(draft_model, device, name=draft.spec.label)
+    if drafter is None and profile.drafter != "none":
+        drafter = NgramDrafter()
+    if fallback:
+        log.warning("%s", fallback)
+
+    mode = "plain" if drafter is None else ("spec" if draft_model is not None else "ngram")
+    info = EngineInfo(
+        profile=profile.name,
+        target=profile.target.label,
+        drafter="none" if drafter is None else (draft.spec.label if draft_model is not None and draft else "ngram"),
+        mode=mode,
+        device=device.description,
+        quantization=profile.target.quantization,
+        plan=plan.to_dict(),
+        fallback_reason=fallback,
+        target_bytes=_footprint(target_model),
+        draft_bytes=_footprint(draft_model) if draft_model is not None else None,
+        free_bytes=free,
+    )
+    progress("ready", 1.0)
+    return ChatEngine(tokenizer=tokenizer, target_model=target_model, drafter=drafter, device=device, info=info)
