@@ -97,7 +97,8 @@ def load_weights(resolved: ResolvedSource, spec: ModelSpec, device: Device, conf
     if qconf is not None:
         kwargs["quantization_config"] = qconf
     if device.is_cuda:
-        kwargs["device_map"] = {"": device.torch_device}
+        index = device.torch_device.index
+        kwargs["device_map"] = {"": index if index is not None else torch.cuda.current_device()}
     try:
         model = AutoModelForCausalLM.from_pretrained(resolved.location, **kwargs)
     except OSError as exc:
