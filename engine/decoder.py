@@ -216,22 +216,31 @@ class SpecDecoder:
         return verify_sampled(p, draft.tokens, q, generator, self.device)
 
     def _prefill(self, seq: list[int]) -> str | None:
-        """Feed the uncached part of the prompt, all but its last token.
+        """Feed the uncached part of the prompt, all but its last token, to the
+        target and then to the drafter (so the drafter's prompt is not billed
+        as draft-step cost).
 
-        On an OOM with a drafter loaded, the drafter is freed and the prefill
-        tried once more; returns the notice saying so, if that happened.
+        On an OOM with a drafter loaded, the drafter is freed and the target's
+        prefill tried once more; returns the notice saying so, if that happened.
         """
+        notice: str | None = None
         try:
             self._target_pass(lambda: self.target.prefill(seq[self.target.sync(seq, leave=1) : -1]))
-            return None
         except _TargetOutOfMemory as exc:
             if self.drafter is None:
                 raise _target_oom_error() from exc
             notice = self.drop_drafter("out of memory while reading the prompt")
-        try:
-            self._target_pass(lambda: self.target.prefill(seq[self.target.sync(seq, leave=1) : -1]))
-        except _TargetOutOfMemory as exc:
-            raise _target_oom_error() from exc
+            try:
+                self._target_pass(lambda: self.target.prefill(seq[self.target.sync(seq, leave=1) : -1]))
+            except _TargetOutOfMemory as again:
+                raise _target_oom_error() from again
+        if self.drafter is not None and self.speculation_enabled:
+            try:
+                self.drafter.prefill(seq)
+            except Exception as exc:  # noqa: BLE001 - only OOM is handled
+                if not self.device.is_out_of_memory(exc):
+                    raise
+                notice = self.drop_drafter("out of memory while the draft read the prompt")
         return notice
 
     def _target_pass(self, step: Callable[[], T]) -> T:

@@ -52,6 +52,10 @@ class Drafter(Protocol):
         """Propose up to ``k`` tokens to follow ``context`` (``[L]`` ids)."""
         ...
 
+    def prefill(self, context: Sequence[int]) -> None:
+        """Read a new prompt ``[L]`` ahead of the first round (all but its last token)."""
+        ...
+
     def commit(self, context: Sequence[int]) -> None:
         """``context`` is now the accepted sequence: drop anything rejected."""
         ...
@@ -108,6 +112,10 @@ class ModelDrafter:
             logits = logits.clone()
             logits[self.vocab_limit :] = float("-inf")
         return logits
+
+    def prefill(self, context: Sequence[int]) -> None:
+        """Feed the prompt (all but its last token) past what the cache shares with it."""
+        self.runner.prefill(context[self.runner.sync(context, leave=1) : -1])
 
     def commit(self, context: Sequence[int]) -> None:
         """Crop the draft cache to what was accepted."""
@@ -166,6 +174,10 @@ class NgramDrafter:
                 if j - n + 1 >= 0:
                     self._index[tuple(self._ids[j - n + 1 : j + 1])] = j + 1
         self._indexed = max(self._indexed, len(self._ids) - 1)
+
+    def prefill(self, context: Sequence[int]) -> None:
+        """Index the prompt."""
+        self._extend_index(context)
 
     def commit(self, context: Sequence[int]) -> None:
         """Nothing to crop: the index is rebuilt if the context ever diverges."""

@@ -52,7 +52,7 @@ def plain(target: torch.nn.Module, n: int) -> list[int]:
     return run(SpecDecoder(target, CPU), PROMPT, GenerationParams(max_new_tokens=n))[0]
 
 
-@pytest.mark.parametrize("fail_on_call", [1, 2, 7])
+@pytest.mark.parametrize("fail_on_call", [2, 3, 7])  # call 1 is the draft's prefill
 def test_oom_in_the_draft_finishes_the_same_reply_with_plain_decoding(target, fail_on_call: int) -> None:
     draft = FailingForward(noisy_copy(target, 0.05, seed=2), {fail_on_call})
     decoder = SpecDecoder(target, CPU, ModelDrafter(draft, CPU), calibrate_every=0)
@@ -127,3 +127,11 @@ def test_fixed_k_is_never_switched_off(target) -> None:
     decoder = SpecDecoder(target, CPU, ModelDrafter(draft, CPU), calibrate_every=4, auto_off_window=6)
     _, events = run(decoder, PROMPT, GenerationParams(max_new_tokens=30, k=2))
     assert decoder.speculation_enabled and not any(e.notice for e in events)
+
+
+def test_oom_while_the_draft_reads_the_prompt_falls_back_before_the_first_round(target) -> None:
+    draft = FailingForward(noisy_copy(target, 0.05, seed=2), {1})
+    decoder = SpecDecoder(target, CPU, ModelDrafter(draft, CPU))
+    out, events = run(decoder, PROMPT, GenerationParams(max_new_tokens=12, k=3))
+    assert out == plain(target, 12)
+    assert "out of memory while the draft read the prompt" in (events[0].notice or "")
