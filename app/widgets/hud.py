@@ -85,6 +85,7 @@ class Hud(VerticalScroll):
 
     def compose(self) -> ComposeResult:
         yield Static(id="hud-engine")
+        yield Static(legend(), id="hud-legend")
         yield Static(id="hud-loading")
         yield ProgressBar(id="hud-progress", show_eta=False)
         yield Static(id="hud-stats")
@@ -92,7 +93,6 @@ class Hud(VerticalScroll):
         yield Static(id="hud-spark")
         yield Static(id="hud-positions")
         yield Static(id="hud-memory")
-        yield Static(legend(), id="hud-legend")
 
     def on_mount(self) -> None:
         self.flush(force=True)

@@ -1,0 +1,85 @@
+"""The app in a real terminal (tmux): real key decoding for Enter, ctrl+j, Esc, F-keys, ctrl+q.
+
+Uses the fake backend, so it needs no model weights; skipped where tmux is absent.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Tmux:
+    def __init__(self, session: str, socket: Path) -> None:
+        self.session = session
+        self.socket = socket
+
+    def run(self, *args: str) -> str:
+        return subprocess.run(["tmux", "-S", str(self.socket), *args], check=True,
+                              capture_output=True, text=True).stdout
+
+    def keys(self, *keys: str) -> None:
+        """Send keys, then pause like a person would (a burst can arrive as one paste)."""
+        self.run("send-keys", "-t", self.session, *keys)
+        time.sleep(0.3)
+
+    def screen(self) -> str:
+        return self.run("capture-pane", "-p", "-t", self.session)
+
+    def wait_for(self, text: str, timeout: float = 15.0) -> str:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            screen = self.screen()
+            if text in screen:
+                return screen
+            time.sleep(0.1)
+        raise AssertionError(f"{text!r} never appeared; screen:\n{self.screen()}")
+
+
+@pytest.fixture
+def tmux(tmp_path: Path) -> Iterator[Tmux]:
+    socket = tmp_path / "tmux.sock"
+    session = f"specchat-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "TERM": "xterm-256color", "SPECCHAT_DATA_DIR": str(tmp_path / "data"),
+           "PYTHONPATH": str(ROOT)}
+    subprocess.run(["tmux", "-S", str(socket), "-f", "/dev/null", "new-session", "-d", "-s", session,
+                    "-x", "120", "-y", "36", f"{sys.executable} -m tests.app.tty_app; sleep 30"],
+                   check=True, cwd=ROOT, env=env)
+    t = Tmux(session, socket)
+    try:
+        yield t
+    finally:
+        subprocess.run(["tmux", "-S", str(socket), "kill-server"], capture_output=True)
+
+
+def test_real_terminal_keys(tmux: Tmux) -> None:
+    tmux.wait_for("fake:0")
+    tmux.keys("-l", "first line")
+    tmux.keys("C-j")
+    tmux.keys("-l", "second line")
+    tmux.keys("Enter")
+    screen = tmux.wait_for("12 tokens")  # the reply footer once it finished
+    lines = screen.splitlines()
+    first = next(i for i, line in enumerate(lines) if "first line" in line)
+    assert "second line" in lines[first + 1], screen
+    assert "Hello there!" in screen
+    tmux.keys("F4")
+    tmux.wait_for("draft accepted")
+    tmux.keys("F1")
+    tmux.wait_for("specchat keys")
+    tmux.keys("Escape")
+    tmux.keys("C-q")
+    deadline = time.monotonic() + 10
+    while "fake:0" in tmux.screen() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "fake:0" not in tmux.screen()
