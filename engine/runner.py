@@ -38,8 +38,8 @@ class ModelRunner:
         self.device = device
         self.ids: list[int] = []
         self.cache: DynamicCache = DynamicCache(config=model.config)
-        # Logits past the tokenizer's vocabulary (padding rows) are masked by callers.
-        self.vocab_size = int(model.get_output_embeddings().weight.shape[0])
+        # Width of the logits (may exceed the tokenizer's vocabulary: padding rows).
+        self.vocab_size = int(model.config.get_text_config().vocab_size)
 
     def __len__(self) -> int:
         return len(self.ids)
