@@ -1,0 +1,303 @@
+"""``specchat bench``'s measurement core: the same prompts through every method.
+
+Methods (each greedy, each on the same loaded target, and the model-draft ones
+on the same draft):
+
+* ``plain``: specchat's loop with K = 0 (the reference for speed and output);
+* ``spec`` (one per fixed K), ``spec-adaptive``, ``ngram``: specchat's decoder;
+* ``hf-plain``, ``hf-assisted`` (the draft's own generation config, i.e.
+  transformers' default schedule), ``hf-assisted-constant`` (one per K:
+  ``num_assistant_tokens=K``, constant schedule, no confidence cut-off) and
+  ``hf-prompt-lookup``: ``model.generate``.
+
+Timing is the same for every method: a hook on each model times its forward
+passes, and the emission of tokens is time-stamped (round events for specchat,
+a streamer for transformers). The first emission includes reading the prompt
+(prefill), so decode speed counts only the tokens after it, over the time after
+it; end-to-end speed counts everything. Prompts are token ids here; turning
+chat messages into ids is the caller's business (:mod:`app.bench_cli`).
+"""
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from transformers import PreTrainedModel
+
+from app.bench_methods import NEEDS_DRAFT, Method
+from app.bench_probes import ForwardLog, ForwardTimer, PeakMemory
+from engine.decoder import SpecDecoder
+from engine.device import Device
+from engine.drafters import Drafter, ModelDrafter, NgramDrafter
+from engine.events import GenerationParams, Stats
+from engine.stats import CostModel
+
+SPECCHAT_METHODS = ("plain", "spec", "spec-adaptive", "ngram")
+FIXED_OPTIONS = {"calibrate_every": 0, "auto_off_window": 0}  # fixed-K and plain runs: no calibration steps
+
+ProgressFn = Callable[[int, int, str], None]  # (done, total, what runs next)
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    """One prompt: a name, its class (chat, code, ...) and its token ids ``[L]``."""
+
+    name: str
+    prompt_class: str
+    ids: tuple[int, ...]
+
+
+@dataclass
+class BenchModels:
+    """What every method runs on: the loaded target, maybe a draft, and the reply settings."""
+
+    target: PreTrainedModel
+    device: Device
+    draft: PreTrainedModel | None = None
+    stop_ids: tuple[int, ...] = ()
+    k_min: int = 1
+    k_max: int = 8
+    lookup_k: int = 8
+    max_new_tokens: int = 128
+    _draft_config: Any = None
+
+    def __post_init__(self) -> None:
+        if self.draft is not None:
+            self._draft_config = copy.deepcopy(self.draft.generation_config)
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured reply of one method to one prompt."""
+
+    method: str
+    k: int | None
+    prompt: str
+    prompt_class: str
+    repeat: int
+    prompt_tokens: int
+    tokens: tuple[int, ...]
+    total_s: float
+    first_s: float  # time to the first emitted tokens (includes the prefill)
+    first_tokens: int
+    target: ForwardLog
+    draft: ForwardLog
+    target_passes: int  # passes that produced tokens (specchat's separate prefill pass is not one)
+    proposed: int | None
+    accepted: int | None
+    per_position: tuple[float, ...] = ()
+    peak_memory: int | None = None
+    engine_stats: dict[str, Any] | None = None
+
+    @property
+    def decode_tokens(self) -> int:
+        return len(self.tokens) - self.first_tokens
+
+    @property
+    def decode_s(self) -> float:
+        return self.total_s - self.first_s
+
+
+@dataclass
+class _Reply:
+    """What a method's runner hands back: the ids and, for specchat, its stats."""
+
+    tokens: list[int] = field(default_factory=list)
+    stats: Stats | None = None
+
+
+class _Streamer:
+    """A transformers streamer that time-stamps each batch of new tokens (the prompt's put is skipped)."""
+
+    def __init__(self, on_emit: Callable[[int], None]) -> None:
+        self.on_emit = on_emit
+        self.seen_prompt = False
+
+    def put(self, value: torch.Tensor) -> None:
+        if not self.seen_prompt:
+            self.seen_prompt = True
+            return
+        self.on_emit(int(value.numel()))
+
+    def end(self) -> None:
+        """Nothing to flush."""
+
+
+def _drafter_for(models: BenchModels, method: Method) -> Drafter | None:
+    if method.name in ("spec", "spec-adaptive"):
+        assert models.draft is not None
+        return ModelDrafter(models.draft, models.device)
+    return NgramDrafter() if method.name == "ngram" else None
+
+
+def _run_specchat(models: BenchModels, method: Method, ids: Sequence[int], costs: CostModel, on_emit: Callable[[int], None]) -> _Reply:
+    """One reply through a fresh :class:`SpecDecoder` (fresh caches; ``costs`` persists per method)."""
+    adaptive = method.k is None
+    options = {} if adaptive else FIXED_OPTIONS  # adaptive methods run with the app's defaults
+    decoder = SpecDecoder(models.target, models.device, _drafter_for(models, method), **options)
+    decoder.costs = costs
+    params = GenerationParams(
+        max_new_tokens=models.max_new_tokens, stop_token_ids=models.stop_ids,
+        k=method.k, k_min=models.k_min, k_max=models.k_max,
+    )
+    reply = _Reply()
+    for event in decoder.generate(list(ids), params):
+        on_emit(len(event.token_ids))
+        reply.tokens.extend(event.token_ids)
+        reply.stats = event.stats
+    return reply
+
+
+@contextmanager
+def _assistant_settings(models: BenchModels, method: Method) -> Iterator[None]:
+    """The draft's generation config for one transformers call, restored afterwards."""
+    if models.draft is None:
+        yield
+        return
+    models.draft.generation_config = copy.deepcopy(models._draft_config)
+    if method.name == "hf-assisted-constant":
+        config = models.draft.generation_config
+        config.num_assistant_tokens = method.k
+        config.num_assistant_tokens_schedule = "constant"
+        config.assistant_confidence_threshold = 0.0  # no early stop: exactly K per round
+    try:
+        yield
+    finally:
+        models.draft.generation_config = copy.deepcopy(models._draft_config)
+
+
+def _hf_kwargs(models: BenchModels, method: Method) -> dict[str, Any]:
+    stop = list(models.stop_ids)
+    pad = getattr(models.target.generation_config, "pad_token_id", None)
+    kwargs: dict[str, Any] = {
+        "max_new_tokens": models.max_new_tokens, "do_sample": False,
+        "eos_token_id": stop or None, "pad_token_id": pad if pad is not None else (stop[0] if stop else 0),
+    }
+    if method.name in ("hf-assisted", "hf-assisted-constant"):
+        kwargs["assistant_model"] = models.draft
+    elif method.name == "hf-prompt-lookup":
+        kwargs["prompt_lookup_num_tokens"] = method.k
+    return kwargs
+
+
+def _run_hf(models: BenchModels, method: Method, ids: Sequence[int], on_emit: Callable[[int], None]) -> _Reply:
+    """One reply through transformers' ``generate``."""
+    input_ids = torch.tensor([list(ids)], dtype=torch.long, device=models.device.torch_device)
+    with _assistant_settings(models, method):
+        out = models.target.generate(
+            input_ids, attention_mask=torch.ones_like(input_ids), streamer=_Streamer(on_emit),
+            **_hf_kwargs(models, method),
+        )
+    return _Reply(tokens=[int(t) for t in out[0, input_ids.shape[1]:]])
+
+
+class Bench:
+    """Runs methods over prompts with shared hooks, memory tracking and per-method cost models."""
+
+    def __init__(self, models: BenchModels) -> None:
+        self.models = models
+        self.memory = PeakMemory(models.device)
+        self._costs: dict[Method, CostModel] = {}
+
+    def measure(self, method: Method, prompt: BenchPrompt, repeat: int) -> Run:
+        """One reply, timed; ``repeat`` is recorded as given (-1 for the warm-up)."""
+        models = self.models
+        target_timer = ForwardTimer(models.target, models.device)
+        draft_timer = ForwardTimer(models.draft, models.device) if models.draft is not None else None
+        emissions: list[tuple[float, int]] = []
+
+        def on_emit(n: int) -> None:
+            if n:
+                emissions.append((models.device.now(), n))
+
+        try:
+            self.memory.reset()
+            start = models.device.now()
+            reply = self._dispatch(method, prompt, on_emit)
+            total = models.device.now() - start
+        finally:
+            target_timer.remove()
+            if draft_timer is not None:
+                draft_timer.remove()
+        first_t, first_n = emissions[0] if emissions else (start + total, len(reply.tokens))
+        return self._record(
+            method, prompt, repeat, reply, total, first_t - start, first_n,
+            target_timer.take(), draft_timer.take() if draft_timer else ForwardLog(),
+        )
+
+    def _dispatch(self, method: Method, prompt: BenchPrompt, on_emit: Callable[[int], None]) -> _Reply:
+        with torch.inference_mode():
+            if method.name in SPECCHAT_METHODS:
+                costs = self._costs.setdefault(method, CostModel())
+                return _run_specchat(self.models, method, prompt.ids, costs, on_emit)
+            return _run_hf(self.models, method, prompt.ids, on_emit)
+
+    def _record(
+        self, method: Method, prompt: BenchPrompt, repeat: int, reply: _Reply, total: float,
+        first_s: float, first_n: int, target: ForwardLog, draft: ForwardLog,
+    ) -> Run:
+        stats = reply.stats
+        if stats is not None:
+            passes, proposed, accepted = stats.target_passes, stats.proposed, stats.accepted
+        else:  # transformers: every target pass emits; a draft pass proposes one token
+            passes = len(target.calls)
+            proposed = len(draft.calls) if method.name in NEEDS_DRAFT else None
+            accepted = len(reply.tokens) - passes if proposed is not None else None
+        return Run(
+            method=method.name, k=method.k, prompt=prompt.name, prompt_class=prompt.prompt_class,
+            repeat=repeat, prompt_tokens=len(prompt.ids), tokens=tuple(reply.tokens), total_s=total,
+            first_s=first_s, first_tokens=first_n, target=target, draft=draft, target_passes=passes,
+            proposed=proposed, accepted=accepted,
+            per_position=stats.per_position if stats is not None else (),
+            peak_memory=self.memory.peak(), engine_stats=stats.to_dict() if stats is not None else None,
+        )
+
+
+def schedule(methods: Sequence[Method], prompts: Sequence[BenchPrompt], repeats: int) -> list[tuple[int, BenchPrompt, Method]]:
+    """Measured replies in order: per repeat, per prompt, every method in turn.
+
+    The method order rotates with the repeat, so no method always runs first or
+    last after a prompt change, and slow drift of the machine hits all alike.
+    """
+    order: list[tuple[int, BenchPrompt, Method]] = []
+    for r in range(repeats):
+        shift = r % max(len(methods), 1)
+        rotated = [*methods[shift:], *methods[:shift]]
+        order.extend((r, p, m) for p in prompts for m in rotated)
+    return order
+
+
+def run_bench(
+    models: BenchModels,
+    prompts: Sequence[BenchPrompt],
+    methods: Sequence[Method],
+    repeats: int,
+    progress: ProgressFn | None = None,
+) -> list[Run]:
+    """Warm every method up once (first prompt, not recorded), then measure ``repeats`` rounds."""
+    if not prompts or not methods or repeats < 1:
+        raise ValueError("need at least one prompt, one method and one repeat")
+    bench = Bench(models)
+    order = schedule(methods, prompts, repeats)
+    total = len(methods) + len(order)
+    done = 0
+    for method in methods:
+        _report(progress, done, total, f"warm-up {method.label}")
+        bench.measure(method, prompts[0], -1)
+        done += 1
+    runs: list[Run] = []
+    for repeat, prompt, method in order:
+        _report(progress, done, total, f"{method.label} · {prompt.prompt_class}/{prompt.name} · repeat {repeat + 1}")
+        runs.append(bench.measure(method, prompt, repeat))
+        done += 1
+    _report(progress, done, total, "done")
+    return runs
+
+
+def _report(progress: ProgressFn | None, done: int, total: int, what: str) -> None:
+    if progress is not None:
+        progress(done, total, what)
