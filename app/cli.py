@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from app.bench_cli import add_bench_parser, cmd_bench
 from engine.errors import SpecChatError
 
 
@@ -57,6 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     prof = sub.add_parser("profiles", help="list the model profiles and where each is defined")
     prof.add_argument("--models", type=Path, default=argparse.SUPPRESS, help="an extra models.toml (also: SPECCHAT_MODELS)")
     prof.add_argument("--json", action="store_true")
+
+    add_bench_parser(sub, add_model_options)
     return parser
 
 
@@ -182,7 +185,7 @@ def cmd_app(args: argparse.Namespace) -> int:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    handlers = {"generate": cmd_generate, "profiles": cmd_profiles, None: cmd_app}
+    handlers = {"generate": cmd_generate, "profiles": cmd_profiles, "bench": cmd_bench, None: cmd_app}
     try:
         return handlers[args.command](args)
     except SpecChatError as exc:

@@ -1,0 +1,341 @@
+"""``specchat bench``: the command line around :mod:`app.bench`.
+
+Loads the profile's models once, renders the prompt set with the target's
+chat template, runs every method in alternation (progress on stderr), prints
+a table, and writes the JSON (and a PNG chart when matplotlib is installed).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, TextIO
+
+from app.bench_methods import ALL_METHODS
+from engine.errors import SpecChatError
+from engine.events import ChatMessage
+
+if TYPE_CHECKING:
+    from app.bench import BenchPrompt
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover
+    import tomli as tomllib
+
+ROLES = ("system", "user", "assistant")
+
+
+@dataclass(frozen=True)
+class PromptSpec:
+    """A prompt of the set before rendering: name, class and messages."""
+
+    name: str
+    prompt_class: str
+    messages: tuple[ChatMessage, ...]
+
+
+def add_bench_parser(sub: Any, add_model_options: Callable[[argparse.ArgumentParser], None]) -> None:
+    """Register ``bench`` on the CLI's subparsers."""
+    bench = sub.add_parser("bench", help="measure plain, speculative and transformers' decoding on the same prompts")
+    add_model_options(bench)
+    bench.add_argument("--prompts", type=Path, help="a prompt set TOML (default: the shipped one)")
+    bench.add_argument("--classes", help="comma-separated prompt classes to run (default: all)")
+    bench.add_argument("--per-class", type=int, help="at most this many prompts per class")
+    bench.add_argument("--max-new-tokens", type=int, default=128)
+    bench.add_argument("--repeats", type=int, default=3, help="measured rounds after one warm-up (medians over them)")
+    bench.add_argument("--methods", help=f"comma-separated subset of {','.join(ALL_METHODS)} (plain always runs)")
+    bench.add_argument("--k-range", default="1-6", help="fixed K values for spec and hf-assisted-constant, e.g. 1-6 or 2,4")
+    bench.add_argument("--lookup-tokens", type=int, help="prompt_lookup_num_tokens for hf-prompt-lookup (default: the profile's k_max)")
+    bench.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    bench.add_argument("--json", type=Path, dest="json_out", help="write every figure to this JSON file")
+    bench.add_argument("--chart", type=Path, help="write a PNG chart of the speedups (needs matplotlib)")
+
+
+def parse_k_range(text: str) -> list[int]:
+    """``"1-6"`` → [1..6]; ``"2,4,8"`` → [2, 4, 8]; every K >= 1."""
+    try:
+        if "-" in text:
+            lo, hi = (int(x) for x in text.split("-", 1))
+            values = list(range(lo, hi + 1))
+        else:
+            values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise SpecChatError(f"--k-range: expected e.g. 1-6 or 2,4, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise SpecChatError(f"--k-range: need K values >= 1, got {text!r}")
+    return sorted(set(values))
+
+
+def load_prompt_set(path: Path | None = None) -> list[PromptSpec]:
+    """The prompts of a set file (the shipped ``bench_prompts.toml`` by default)."""
+    where = str(path) if path else "the shipped bench_prompts.toml"
+    try:
+        text = path.read_text(encoding="utf-8") if path else resources.files("app").joinpath("bench_prompts.toml").read_text(encoding="utf-8")
+        data = tomllib.loads(text)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise SpecChatError(f"cannot read the prompt set {where}: {exc}") from None
+    specs = [_prompt_spec(entry, where) for entry in data.get("prompt", [])]
+    if not specs:
+        raise SpecChatError(f"{where} has no [[prompt]] entries")
+    names = [s.name for s in specs]
+    if len(set(names)) != len(names):
+        raise SpecChatError(f"{where}: prompt names must be unique")
+    return specs
+
+
+def _prompt_spec(entry: Any, where: str) -> PromptSpec:
+    name = entry.get("name") if isinstance(entry, dict) else None
+    cls = entry.get("class") if isinstance(entry, dict) else None
+    messages = entry.get("messages") if isinstance(entry, dict) else None
+    if not isinstance(name, str) or not isinstance(cls, str) or not isinstance(messages, list) or not messages:
+        raise SpecChatError(f"{where}: every [[prompt]] needs a name, a class and a non-empty messages list")
+    out = []
+    for m in messages:
+        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
+            raise SpecChatError(f"{where}: prompt {name!r} has a message without a valid role and content")
+        out.append(ChatMessage(m["role"], m["content"]))
+    if out[-1].role != "user":
+        raise SpecChatError(f"{where}: prompt {name!r} must end with a user message")
+    return PromptSpec(name, cls, tuple(out))
+
+
+def select_prompts(specs: Sequence[PromptSpec], classes: str | None, per_class: int | None) -> list[PromptSpec]:
+    """The prompts of the chosen classes, at most ``per_class`` of each."""
+    wanted = [c.strip() for c in classes.split(",")] if classes else None
+    known = {s.prompt_class for s in specs}
+    if wanted and not set(wanted) <= known:
+        raise SpecChatError(f"--classes: unknown class(es) {sorted(set(wanted) - known)}; the set has {sorted(known)}")
+    counts: dict[str, int] = {}
+    chosen = []
+    for spec in specs:
+        if wanted and spec.prompt_class not in wanted:
+            continue
+        counts[spec.prompt_class] = counts.get(spec.prompt_class, 0) + 1
+        if per_class is None or counts[spec.prompt_class] <= per_class:
+            chosen.append(spec)
+    return chosen
+
+
+def render(specs: Sequence[PromptSpec], to_ids: Callable[[Sequence[ChatMessage]], list[int]]) -> list["BenchPrompt"]:
+    """Token-id prompts through the target's chat template (``to_ids``)."""
+    from app.bench import BenchPrompt
+
+    return [BenchPrompt(s.name, s.prompt_class, tuple(to_ids(s.messages))) for s in specs]
+
+
+class ProgressBar:
+    """A one-line progress bar on a terminal; a line per tenth elsewhere."""
+
+    def __init__(self, stream: TextIO = sys.stderr, width: int = 28) -> None:
+        self.stream, self.width = stream, width
+        self.tty = stream.isatty()
+        self.start = time.perf_counter()
+        self._last_tenth = -1
+
+    def __call__(self, done: int, total: int, what: str) -> None:
+        frac = done / total if total else 1.0
+        elapsed = time.perf_counter() - self.start
+        eta = f" eta {elapsed / frac - elapsed:5.0f}s" if 0 < frac < 1 else ""
+        bar = "#" * int(frac * self.width) + "." * (self.width - int(frac * self.width))
+        line = f"[{bar}] {done}/{total}{eta}  {what}"
+        if self.tty:
+            end = "\n" if done >= total else ""
+            print(f"\r\033[K{line[:160]}", end=end, file=self.stream, flush=True)
+        elif int(frac * 10) > self._last_tenth:
+            self._last_tenth = int(frac * 10)
+            print(line, file=self.stream, flush=True)
+
+
+def _fmt(value: float | None, spec: str, none: str = "-") -> str:
+    return none if value is None else format(value, spec)
+
+
+def _split(r: dict[str, Any]) -> str:
+    s = r["time_split"]
+    return "/".join(_fmt(s[p] * 100 if s[p] is not None else None, ".0f") for p in ("draft", "verify", "other"))
+
+
+def _label(r: dict[str, Any]) -> str:
+    return r["method"] if r["k"] is None else f"{r['method']} K={r['k']}"
+
+
+def format_table(results: Sequence[dict[str, Any]], prompt_class: str = "all") -> str:
+    """The summary of every method over the prompts of ``prompt_class``."""
+    head = (f"{'method':<26}{'tok/s':>7}{'min-max':>13}{'speedup':>9}{'e2e':>6}{'α':>6}{'τ':>6}"
+            f"{'pass/tok':>9}{'d/v/o %':>11}{'pred':>6}{'meas/pred':>10}{'peak MB':>9}  same")
+    lines = [head, "-" * len(head)]
+    for r in (x for x in results if x["prompt_class"] == prompt_class):
+        pred = r["prediction"]
+        spread = f"{_fmt(r['tokens_per_s_min'], '.1f')}-{_fmt(r['tokens_per_s_max'], '.1f')}"
+        peak = r["peak_memory_bytes"] / 2**20 if r["peak_memory_bytes"] else None
+        lines.append(
+            f"{_label(r):<26}{_fmt(r['tokens_per_s'], '7.1f'):>7}{spread:>13}{_fmt(r['speedup'], '.2f'):>8}x"
+            f"{_fmt(r['speedup_e2e'], '.2f'):>6}{_fmt(r['alpha'], '.2f'):>6}{_fmt(r['tau'], '.2f'):>6}"
+            f"{_fmt(r['target_passes_per_token'], '.2f'):>9}{_split(r):>11}{_fmt(pred['predicted_speedup'], '.2f'):>6}"
+            f"{_fmt(pred.get('measured_over_predicted'), '.2f'):>10}{_fmt(peak, '.0f'):>9}  {'yes' if r['identical'] else 'NO'}"
+        )
+    return "\n".join(lines)
+
+
+def format_class_speedups(results: Sequence[dict[str, Any]]) -> str:
+    """Speedup over plain per method (rows) and prompt class (columns)."""
+    classes = list(dict.fromkeys(r["prompt_class"] for r in results))
+    rows = list(dict.fromkeys(_label(r) for r in results))
+    cell = {(_label(r), r["prompt_class"]): r["speedup"] for r in results}
+    lines = [f"{'speedup by class':<26}" + "".join(f"{c:>12}" for c in classes)]
+    for row in rows:
+        lines.append(f"{row:<26}" + "".join(f"{_fmt(cell.get((row, c)), '.2f'):>11}x" for c in classes))
+    return "\n".join(lines)
+
+
+def format_mismatches(found: Sequence[dict[str, Any]]) -> str:
+    """The loud report of outputs that differ from plain decoding."""
+    lines = [f"!!! {len(found)} greedy output(s) differ from plain decoding:"]
+    for m in found:
+        k = f" K={m['k']}" if m["k"] else ""
+        lines.append(
+            f"!!!   {m['method']}{k} on {m['prompt']} (repeat {m['repeat']}): first difference at token "
+            f"{m['first_difference']}: plain {m['expected']} vs {m['got']}"
+        )
+    return "\n".join(lines)
+
+
+def write_chart(results: Sequence[dict[str, Any]], path: Path) -> str:
+    """A bar chart of the speedup of every method over plain (all prompts); returns a note."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "chart skipped: matplotlib is not installed (pip install 'specchat[chart]')"
+    rows = [r for r in results if r["prompt_class"] == "all" and r["speedup"] is not None]
+    fig, ax = plt.subplots(figsize=(max(6.0, 0.5 * len(rows) + 2), 4.5))
+    ax.bar([_label(r) for r in rows], [r["speedup"] for r in rows],
+           yerr=[[r["speedup"] - r["speedup_min"] for r in rows], [r["speedup_max"] - r["speedup"] for r in rows]],
+           color=["tab:gray" if r["method"] == "plain" else "tab:blue" if not r["method"].startswith("hf-") else "tab:orange" for r in rows])
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.set_ylabel("decode speedup over plain (median, min-max)")
+    ax.tick_params(axis="x", labelrotation=60)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return f"chart written to {path}"
+
+
+def _load(args: argparse.Namespace, progress: Any) -> tuple[Any, Any, list[str]]:
+    """The profile and its loaded engine, plus notes about what was not loaded."""
+    from app.cli import resolve_profile
+    from engine.loading import load_engine
+
+    profile = resolve_profile(args)
+    engine = load_engine(profile, memory_budget=profile.memory_budget, **({"progress": progress} if progress else {}))
+    notes = [engine.info.fallback_reason] if engine.info.fallback_reason else []
+    return profile, engine, notes
+
+
+def bench_models(profile: Any, engine: Any, args: argparse.Namespace) -> Any:
+    """The target, the draft (if the engine holds a model draft) and the reply settings."""
+    from app.bench import BenchModels
+    from engine.drafters import ModelDrafter
+
+    drafter = engine.decoder.drafter
+    return BenchModels(
+        target=engine.decoder.target.model,
+        device=engine.device,
+        draft=drafter.runner.model if isinstance(drafter, ModelDrafter) else None,
+        stop_ids=tuple(engine.stop_ids),
+        k_min=profile.k_min,
+        k_max=profile.k_max,
+        lookup_k=args.lookup_tokens or profile.k_max,
+        max_new_tokens=args.max_new_tokens,
+    )
+
+
+def build_report(args: argparse.Namespace, profile: Any, engine: Any, models: Any, runs: Sequence[Any], notes: Sequence[str]) -> dict[str, Any]:
+    """The JSON document: machine, settings, results, mismatches and every run."""
+    from app.bench_probes import PeakMemory, machine_info
+    from app.bench_stats import mismatches, reference_outputs, run_record, summarise
+
+    info = engine.info
+    return {
+        "machine": machine_info(models.device),
+        "profile": {"name": profile.name, "target": info.target, "drafter": info.drafter, "mode": info.mode,
+                    "quantization": info.quantization, "target_bytes": info.target_bytes, "draft_bytes": info.draft_bytes},
+        "settings": {
+            "argv": sys.argv[1:], "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "warmup": 1,
+            "greedy": True, "k_range": parse_k_range(args.k_range), "k_min": models.k_min, "k_max": models.k_max,
+            "lookup_tokens": models.lookup_k, "stop_token_ids": list(models.stop_ids),
+            "peak_memory": PeakMemory(models.device).kind,
+            "tokens_per_s": "decode: tokens after the first emission over the time after it (the first emission "
+                            "includes the prefill); tokens_per_s_e2e: all new tokens over the whole call",
+            "speedup": "median over repeats of (method rate / plain rate in the same repeat and prompt class)",
+            "time_split": "draft / verify = time inside the draft / target forward passes (prefill included), other = the rest",
+            "adaptive_methods": "spec-adaptive and ngram run with the app's decoder defaults (calibration steps, auto switch-off)",
+            "hf_assisted": "the draft's own generation_config (transformers' defaults where unset)",
+            "hf_assisted_constant": "num_assistant_tokens=K, num_assistant_tokens_schedule='constant', assistant_confidence_threshold=0",
+        },
+        "notes": list(notes),
+        "results": summarise(runs),
+        "mismatches": mismatches(runs, reference_outputs(runs)),
+        "runs": [run_record(r) for r in runs],
+    }
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    """Run the benchmark; exit status 1 when any greedy output differs from plain decoding."""
+    import torch
+    from transformers.utils import logging as hf_logging
+
+    from app.bench import run_bench
+    from app.bench_methods import plan_methods
+    from app.cli import stderr_progress
+
+    if args.repeats < 1 or args.max_new_tokens < 1:
+        raise SpecChatError("--repeats and --max-new-tokens must be at least 1")
+    k_values = parse_k_range(args.k_range)
+    specs = select_prompts(load_prompt_set(args.prompts), args.classes, args.per_class)
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    hf_logging.set_verbosity_error()
+    profile, engine, notes = _load(args, stderr_progress if sys.stderr.isatty() else None)
+    try:
+        models = bench_models(profile, engine, args)
+        names = args.methods.split(",") if args.methods else list(ALL_METHODS)
+        try:
+            methods, skipped = plan_methods([n.strip() for n in names], k_values, models.draft is not None, models.lookup_k)
+        except ValueError as exc:
+            raise SpecChatError(f"--methods: {exc}") from None
+        notes += skipped
+        for note in notes:
+            print(f"specchat bench: {note}", file=sys.stderr)
+        prompts = render(specs, engine.prompt_ids)
+        runs = run_bench(models, prompts, methods, args.repeats, ProgressBar())
+        report = build_report(args, profile, engine, models, runs, notes)
+    finally:
+        engine.close()
+    return _output(report, args)
+
+
+def _output(report: dict[str, Any], args: argparse.Namespace) -> int:
+    results = report["results"]
+    print(f"{report['profile']['name']}: {report['profile']['target']} + {report['profile']['drafter']} "
+          f"on {report['machine']['device']}, {args.max_new_tokens} new tokens, {args.repeats} repeat(s)")
+    print(format_table(results))
+    print()
+    print(format_class_speedups(results))
+    if args.json_out:
+        args.json_out.write_text(json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
+        print(f"JSON written to {args.json_out}", file=sys.stderr)
+    if args.chart:
+        print(write_chart(results, args.chart), file=sys.stderr)
+    if report["mismatches"]:
+        print(format_mismatches(report["mismatches"]), file=sys.stderr)
+        return 1
+    return 0

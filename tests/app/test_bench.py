@@ -1,0 +1,208 @@
+"""``specchat bench`` on tiny models: the JSON's structure, the identical-output check, the figures' arithmetic.
+
+The speeds themselves are not asserted (they are noise on tiny models); what
+is asserted is what every run must satisfy whatever the machine.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+import app.bench as bench
+from app.bench_cli import load_prompt_set, parse_k_range, select_prompts
+from app.bench_methods import ALL_METHODS, Method, plan_methods
+from app.bench_probes import ForwardLog
+from app.bench_stats import alpha_from_tau, first_difference, predicted_speedup, summarise
+from app.cli import main
+from engine.errors import SpecChatError
+from tests.engine.tinymodels import make_tokenizer
+from tests.tiny import noisy_copy, tiny_llama
+
+RESULT_KEYS = {
+    "method", "k", "prompt_class", "tokens_per_s", "tokens_per_s_min", "tokens_per_s_max", "tokens_per_s_e2e",
+    "speedup", "speedup_e2e", "alpha", "tau", "target_passes_per_token", "time_split", "peak_memory_bytes",
+    "identical", "mismatches", "prediction",
+}
+PROMPTS_TOML = """
+[[prompt]]
+name = "one"
+class = "chat"
+messages = [{ role = "user", content = "w1 w2 w3 w4 w5" }]
+
+[[prompt]]
+name = "two"
+class = "grounded"
+messages = [
+  { role = "user", content = "w7 w8 w9 w7 w8 w9 w7 w8" },
+  { role = "assistant", content = "w9 w7 w8" },
+  { role = "user", content = "w10 w11 w7 w8" },
+]
+"""
+
+
+@pytest.fixture(scope="module")
+def pair(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A tiny target and a close draft saved with one shared word-level tokenizer."""
+    root = tmp_path_factory.mktemp("bench-models")
+    tokenizer = make_tokenizer()
+    target = tiny_llama(seed=1, vocab_size=len(tokenizer), eos_token_id=tokenizer.eos_token_id)
+    draft = noisy_copy(target, 0.05, seed=2)
+    for name, model in (("target", target), ("draft", draft)):
+        model.save_pretrained(root / name)
+        tokenizer.save_pretrained(root / name)
+    return root / "target", root / "draft"
+
+
+def run_cli(pair: tuple[Path, Path], tmp_path: Path, *extra: str, draft: bool = True) -> tuple[int, dict]:
+    prompts = tmp_path / "prompts.toml"
+    prompts.write_text(PROMPTS_TOML)
+    out = tmp_path / "bench.json"
+    args = ["bench", "--target", str(pair[0]), "--prompts", str(prompts), "--max-new-tokens", "6",
+            "--json", str(out), *extra]
+    if draft:
+        args += ["--draft", str(pair[1])]
+    code = main(args)
+    return code, json.loads(out.read_text())
+
+
+def test_bench_json_structure_and_identical_outputs(pair: tuple[Path, Path], tmp_path: Path) -> None:
+    code, report = run_cli(pair, tmp_path, "--repeats", "2", "--k-range", "2")
+    assert code == 0
+    machine = report["machine"]
+    assert {"device", "torch", "transformers", "torch_threads", "cpu_count"} <= machine.keys()
+    assert machine["torch"] == torch.__version__
+    results = report["results"]
+    assert {r["method"] for r in results} == set(ALL_METHODS)
+    assert {r["prompt_class"] for r in results} == {"chat", "grounded", "all"}
+    for r in results:
+        assert RESULT_KEYS <= r.keys(), r["method"]
+        assert r["identical"] is True and r["mismatches"] == []
+        assert r["tokens_per_s"] > 0 and r["repeats"] == 2
+        assert r["tokens_per_s_min"] <= r["tokens_per_s"] <= r["tokens_per_s_max"]
+    by = {(r["method"], r["prompt_class"]): r for r in results}
+    assert by[("plain", "all")]["k"] is None and by[("plain", "all")]["speedup"] == pytest.approx(1.0)
+    assert by[("plain", "all")]["tau"] == pytest.approx(1.0) and by[("plain", "all")]["alpha"] is None
+    assert by[("spec", "all")]["k"] == 2 and by[("hf-assisted-constant", "all")]["k"] == 2
+    assert by[("hf-prompt-lookup", "all")]["tau"] >= 1.0 and by[("hf-prompt-lookup", "all")]["alpha"] is None
+    for method in ("spec", "hf-assisted-constant"):
+        r = by[(method, "all")]
+        assert 0.0 <= r["alpha"] <= 1.0 and 1.0 <= r["tau"] <= 3.0
+        assert r["prediction"]["predicted_speedup"] > 0 and r["prediction"]["c"] > 0
+    assert by[("spec-adaptive", "all")]["prediction"]["predicted_speedup"] is None
+    # The same greedy reply through both libraries: every method emits the same number of tokens.
+    assert len({r["new_tokens"] for r in results if r["prompt_class"] == "all"}) == 1
+    for run in report["runs"]:
+        if run["method"] in ("plain", "spec", "spec-adaptive", "ngram"):  # one prefill pass emits nothing
+            assert run["target_forward_calls"] == run["target_passes"] + 1
+        else:
+            assert run["target_forward_calls"] == run["target_passes"]
+
+
+def test_model_draft_methods_are_skipped_without_a_draft(pair: tuple[Path, Path], tmp_path: Path,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    code, report = run_cli(pair, tmp_path, "--repeats", "1", "--methods", "ngram,spec,hf-assisted", draft=False)
+    assert code == 0
+    assert {r["method"] for r in report["results"]} == {"plain", "ngram"}
+    assert any("spec skipped" in n for n in report["notes"]) and "hf-assisted skipped" in capsys.readouterr().err
+
+
+def test_a_differing_output_is_reported_with_its_position(pair: tuple[Path, Path], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch,
+                                                          capsys: pytest.CaptureFixture[str]) -> None:
+    real = bench._run_hf
+
+    def corrupt(*args: object, **kwargs: object) -> bench._Reply:
+        reply = real(*args, **kwargs)
+        reply.tokens[3] = (reply.tokens[3] + 1) % 64
+        return reply
+
+    monkeypatch.setattr(bench, "_run_hf", corrupt)
+    code, report = run_cli(pair, tmp_path, "--repeats", "1", "--methods", "hf-plain")
+    assert code == 1
+    bad = {r["prompt_class"]: r for r in report["results"] if r["method"] == "hf-plain"}
+    assert bad["all"]["identical"] is False
+    assert {m["first_difference"] for m in report["mismatches"]} == {3}
+    assert all(r["identical"] for r in report["results"] if r["method"] == "plain")
+    assert "first difference at token 3" in capsys.readouterr().err
+
+
+def test_first_difference() -> None:
+    assert first_difference([1, 2, 3], [1, 2, 3]) is None
+    assert first_difference([1, 2, 3], [1, 5, 3]) == 1
+    assert first_difference([1, 2, 3], [1, 2]) == 2
+
+
+@pytest.mark.parametrize("k", [1, 3, 6])
+@pytest.mark.parametrize("alpha", [0.1, 0.5, 0.9])
+def test_alpha_inverted_from_tau(alpha: float, k: int) -> None:
+    tau = (1 - alpha ** (k + 1)) / (1 - alpha)
+    assert alpha_from_tau(tau, k) == pytest.approx(alpha, abs=1e-9)
+    assert alpha_from_tau(1.0, k) == 0.0 and alpha_from_tau(k + 1.0, k) == 1.0
+
+
+def test_predicted_speedup_formula() -> None:
+    assert predicted_speedup(0.0, 4, 0.25, 1.0) == pytest.approx(0.5)  # nothing accepted: one token per 2 steps
+    assert predicted_speedup(1.0, 4, 0.0, 1.0) == pytest.approx(5.0)  # free draft, all accepted
+    assert predicted_speedup(0.6, 3, 0.1, 1.2) == pytest.approx((1 - 0.6**4) / (0.4 * (0.3 + 1.2)))
+
+
+def _run(method: str, repeat: int, tokens: tuple[int, ...], seconds: float) -> bench.Run:
+    return bench.Run(method, None, "p", "chat", repeat, 5, tokens, seconds, seconds / 10, 1,
+                     ForwardLog(((5, 0.01),)), ForwardLog(), len(tokens), None, None)
+
+
+def test_speedup_is_paired_per_repeat_and_spread_is_reported() -> None:
+    runs = [_run("plain", 0, (1, 2, 3, 4), 1.0), _run("hf-plain", 0, (1, 2, 3, 4), 0.5),
+            _run("plain", 1, (1, 2, 3, 4), 2.0), _run("hf-plain", 1, (1, 2, 3, 4), 2.0)]
+    r = next(x for x in summarise(runs) if x["method"] == "hf-plain" and x["prompt_class"] == "all")
+    assert r["speedup_min"] == pytest.approx(1.0) and r["speedup_max"] == pytest.approx(2.0)
+    assert r["speedup"] == pytest.approx(1.5)
+    assert r["tokens_per_s_max"] == pytest.approx(3 / 0.45)
+
+
+def test_plan_methods() -> None:
+    methods, notes = plan_methods(["spec", "hf-prompt-lookup"], [1, 3], has_draft=True, lookup_k=7)
+    assert methods == [Method("plain", 0), Method("spec", 1), Method("spec", 3), Method("hf-prompt-lookup", 7)]
+    assert notes == []
+    methods, notes = plan_methods(list(ALL_METHODS), [2], has_draft=False, lookup_k=7)
+    assert {m.name for m in methods} == {"plain", "ngram", "hf-plain", "hf-prompt-lookup"}
+    assert len(notes) == 4
+    with pytest.raises(ValueError, match="bogus"):
+        plan_methods(["bogus"], [1], True, 4)
+
+
+def test_schedule_alternates_and_rotates() -> None:
+    methods = [Method("plain", 0), Method("ngram"), Method("hf-plain")]
+    prompts = [bench.BenchPrompt("a", "chat", (1, 2)), bench.BenchPrompt("b", "code", (3, 4))]
+    order = bench.schedule(methods, prompts, repeats=2)
+    assert len(order) == 12
+    assert [m.name for r, p, m in order[:3]] == ["plain", "ngram", "hf-plain"]
+    assert [m.name for r, p, m in order[6:9]] == ["ngram", "hf-plain", "plain"]
+    assert all(p.name == "a" for _, p, _ in order[:3])
+
+
+def test_shipped_prompt_set_has_the_four_classes() -> None:
+    specs = load_prompt_set()
+    assert {s.prompt_class for s in specs} == {"chat", "code", "grounded", "multi-turn"}
+    assert all(s.messages[-1].role == "user" for s in specs)
+    long = [s for s in specs if s.prompt_class == "multi-turn"]
+    assert all(sum(m.role == "user" for m in s.messages) >= 3 for s in long)
+    one_each = select_prompts(specs, None, per_class=1)
+    assert len(one_each) == 4
+    assert {s.prompt_class for s in select_prompts(specs, "code,chat", None)} == {"code", "chat"}
+    with pytest.raises(SpecChatError, match="unknown class"):
+        select_prompts(specs, "poetry", None)
+
+
+def test_bad_prompt_sets_and_k_ranges_are_one_line_errors(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.toml"
+    bad.write_text('[[prompt]]\nname = "x"\nclass = "chat"\nmessages = [{ role = "robot", content = "hi" }]\n')
+    with pytest.raises(SpecChatError, match="valid role"):
+        load_prompt_set(bad)
+    assert parse_k_range("1-4") == [1, 2, 3, 4] and parse_k_range("4,2") == [2, 4]
+    for text in ("0-3", "a-b", ""):
+        with pytest.raises(SpecChatError, match="--k-range"):
+            parse_k_range(text)
