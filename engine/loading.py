@@ -209,7 +209,7 @@ def load_engine(
     info = EngineInfo(
         profile=profile.name,
         target=profile.target.label,
-        drafter="none" if drafter is None else (draft.spec.label if draft_model is not None and draft else "ngram"),
+        drafter="none" if drafter is None else str(drafter.name),
         mode=mode,
         device=device.description,
         quantization=profile.target.quantization,
