@@ -68,9 +68,10 @@ def download_wheel(dist: str, version: str, wheels: Path, progress: ProgressFn =
     wheels.mkdir(parents=True, exist_ok=True)
     progress(f"downloading {dist}=={version}", None)
     with tempfile.TemporaryDirectory(dir=wheels, prefix=".download-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
+        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir",
                "--disable-pip-version-check", "--no-input", "-q", f"{dist}=={version}", "-d", tmp]
-        proc = subprocess.run(cmd, capture_output=True, text=True)
+        env = dict(os.environ, TMPDIR=tmp)  # pip's scratch files stay inside the cache too
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         got = sorted(Path(tmp).glob("*.whl"))
         if proc.returncode != 0 or not got:
             tail = " ".join((proc.stderr or proc.stdout).strip().splitlines()[-2:])
