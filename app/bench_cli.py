@@ -221,8 +221,9 @@ def write_chart(results: Sequence[dict[str, Any]], path: Path) -> str:
            yerr=[[r["speedup"] - r["speedup_min"] for r in rows], [r["speedup_max"] - r["speedup"] for r in rows]],
            color=["tab:gray" if r["method"] == "plain" else "tab:blue" if not r["method"].startswith("hf-") else "tab:orange" for r in rows])
     ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.set_ylabel("decode speedup over plain (median, min-max)")
-    ax.tick_params(axis="x", labelrotation=60)
+    ax.set_ylabel("speedup over plain")
+    ax.set_title("decode speedup, all prompts (median; whiskers: min-max over repeats)", fontsize=10)
+    plt.setp(ax.get_xticklabels(), rotation=45, ha="right")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -279,6 +280,7 @@ def build_report(args: argparse.Namespace, profile: Any, engine: Any, models: An
             "time_split": "draft / verify = time inside the draft / target forward passes (prefill included), other = the rest",
             "adaptive_methods": "spec-adaptive and ngram run with the app's decoder defaults (calibration steps, auto switch-off)",
             "hf_assisted": "the draft's own generation_config (transformers' defaults where unset)",
+            "hf_confidence_threshold_adapts": _sklearn_available(),
             "hf_assisted_constant": "num_assistant_tokens=K, num_assistant_tokens_schedule='constant', assistant_confidence_threshold=0",
         },
         "notes": list(notes),
@@ -286,6 +288,13 @@ def build_report(args: argparse.Namespace, profile: Any, engine: Any, models: An
         "mismatches": mismatches(runs, reference_outputs(runs)),
         "runs": [run_record(r) for r in runs],
     }
+
+
+def _sklearn_available() -> bool:
+    """transformers adapts the assistant's confidence threshold only when scikit-learn is installed."""
+    from transformers.utils import is_sklearn_available
+
+    return bool(is_sklearn_available())
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
@@ -324,17 +333,18 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 
 def _output(report: dict[str, Any], args: argparse.Namespace) -> int:
+    """Files first (a closed stdout must not lose them), then the table, then any mismatch, loudly."""
     results = report["results"]
-    print(f"{report['profile']['name']}: {report['profile']['target']} + {report['profile']['drafter']} "
-          f"on {report['machine']['device']}, {args.max_new_tokens} new tokens, {args.repeats} repeat(s)")
-    print(format_table(results))
-    print()
-    print(format_class_speedups(results))
     if args.json_out:
         args.json_out.write_text(json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
         print(f"JSON written to {args.json_out}", file=sys.stderr)
     if args.chart:
         print(write_chart(results, args.chart), file=sys.stderr)
+    print(f"{report['profile']['name']}: {report['profile']['target']} + {report['profile']['drafter']} "
+          f"on {report['machine']['device']}, {args.max_new_tokens} new tokens, {args.repeats} repeat(s)")
+    print(format_table(results))
+    print()
+    print(format_class_speedups(results))
     if report["mismatches"]:
         print(format_mismatches(report["mismatches"]), file=sys.stderr)
         return 1

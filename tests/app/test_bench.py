@@ -6,13 +6,14 @@ is asserted is what every run must satisfy whatever the machine.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 import app.bench as bench
-from app.bench_cli import load_prompt_set, parse_k_range, select_prompts
+from app.bench_cli import load_prompt_set, parse_k_range, select_prompts, write_chart
 from app.bench_methods import ALL_METHODS, Method, plan_methods
 from app.bench_probes import ForwardLog
 from app.bench_stats import alpha_from_tau, first_difference, predicted_speedup, summarise
@@ -206,3 +207,17 @@ def test_bad_prompt_sets_and_k_ranges_are_one_line_errors(tmp_path: Path) -> Non
     for text in ("0-3", "a-b", ""):
         with pytest.raises(SpecChatError, match="--k-range"):
             parse_k_range(text)
+
+
+def test_chart_is_written_or_skipped_with_a_note(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    result = {"method": "spec", "k": 2, "prompt_class": "all", "speedup": 1.2, "speedup_min": 1.1, "speedup_max": 1.3}
+    path = tmp_path / "chart.png"
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        assert "skipped" in write_chart([result], path) and not path.exists()
+    else:
+        assert "written" in write_chart([result], path) and path.read_bytes()[:4] == b"\x89PNG"
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
+    assert "skipped" in write_chart([result], tmp_path / "other.png")
+    assert not (tmp_path / "other.png").exists()
