@@ -152,8 +152,12 @@ class ProgressBar:
             print(line, file=self.stream, flush=True)
 
 
-def _fmt(value: float | None, spec: str, none: str = "-") -> str:
-    return none if value is None else format(value, spec)
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _x(speedup: float | None) -> str:
+    return "-" if speedup is None else f"{speedup:.2f}x"
 
 
 def _split(r: dict[str, Any]) -> str:
@@ -175,7 +179,7 @@ def format_table(results: Sequence[dict[str, Any]], prompt_class: str = "all") -
         spread = f"{_fmt(r['tokens_per_s_min'], '.1f')}-{_fmt(r['tokens_per_s_max'], '.1f')}"
         peak = r["peak_memory_bytes"] / 2**20 if r["peak_memory_bytes"] else None
         lines.append(
-            f"{_label(r):<26}{_fmt(r['tokens_per_s'], '7.1f'):>7}{spread:>13}{_fmt(r['speedup'], '.2f'):>8}x"
+            f"{_label(r):<26}{_fmt(r['tokens_per_s'], '7.1f'):>7}{spread:>13}{_x(r['speedup']):>9}"
             f"{_fmt(r['speedup_e2e'], '.2f'):>6}{_fmt(r['alpha'], '.2f'):>6}{_fmt(r['tau'], '.2f'):>6}"
             f"{_fmt(r['target_passes_per_token'], '.2f'):>9}{_split(r):>11}{_fmt(pred['predicted_speedup'], '.2f'):>6}"
             f"{_fmt(pred.get('measured_over_predicted'), '.2f'):>10}{_fmt(peak, '.0f'):>9}  {'yes' if r['identical'] else 'NO'}"
@@ -190,7 +194,7 @@ def format_class_speedups(results: Sequence[dict[str, Any]]) -> str:
     cell = {(_label(r), r["prompt_class"]): r["speedup"] for r in results}
     lines = [f"{'speedup by class':<26}" + "".join(f"{c:>12}" for c in classes)]
     for row in rows:
-        lines.append(f"{row:<26}" + "".join(f"{_fmt(cell.get((row, c)), '.2f'):>11}x" for c in classes))
+        lines.append(f"{row:<26}" + "".join(f"{_x(cell.get((row, c))):>12}" for c in classes))
     return "\n".join(lines)
 
 
