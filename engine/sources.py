@@ -76,6 +76,8 @@ def classify(source: str) -> tuple[SourceKind, str]:
     if source.startswith("hf:"):
         return "hub", source[3:]
     path = Path(source).expanduser()
+    if path.is_dir():  # a saved model dir, even one named like a file (converted caches end in .gguf)
+        return "dir", str(path.absolute())
     if source.lower().endswith(".gguf"):
         return "gguf", str(path.absolute())
     if path.is_absolute() or source.startswith((".", "~")) or path.exists() or not _HUB_ID.fullmatch(source):

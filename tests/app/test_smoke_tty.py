@@ -5,6 +5,7 @@ Uses the fake backend, so it needs no model weights; skipped where tmux is absen
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -36,11 +37,11 @@ class Tmux:
     def screen(self) -> str:
         return self.run("capture-pane", "-p", "-t", self.session)
 
-    def wait_for(self, text: str, timeout: float = 15.0) -> str:
+    def wait_for(self, text: str, timeout: float = 15.0, regex: bool = False) -> str:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             screen = self.screen()
-            if text in screen:
+            if (re.search(text, screen) if regex else text in screen):
                 return screen
             time.sleep(0.1)
         raise AssertionError(f"{text!r} never appeared; screen:\n{self.screen()}")
@@ -83,3 +84,34 @@ def test_real_terminal_keys(tmux: Tmux) -> None:
     while "fake:0" in tmux.screen() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert "fake:0" not in tmux.screen()
+
+
+@pytest.fixture
+def real_app(tmp_path: Path, pocket_dir: Path) -> Iterator[Tmux]:
+    """The real `specchat` command on the real SmolLM2 weights, in tmux."""
+    socket = tmp_path / "tmux.sock"
+    session = f"specchat-real-{uuid.uuid4().hex[:8]}"
+    env = {**os.environ, "TERM": "xterm-256color", "SPECCHAT_DATA_DIR": str(tmp_path / "data"),
+           "SPECCHAT_CONFIG_DIR": str(tmp_path / "config"), "SPECCHAT_CACHE_DIR": str(tmp_path / "cache")}
+    command = f"{sys.executable} -m app.cli --target {pocket_dir}; sleep 30"
+    subprocess.run(["tmux", "-S", str(socket), "-f", "/dev/null", "new-session", "-d", "-s", session,
+                    "-x", "140", "-y", "45", command], check=True, cwd=ROOT, env=env)
+    t = Tmux(session, socket)
+    try:
+        yield t
+    finally:
+        subprocess.run(["tmux", "-S", str(socket), "kill-server"], capture_output=True)
+
+
+@pytest.mark.slow
+def test_real_specchat_answers_and_shows_the_hud(real_app: Tmux) -> None:
+    real_app.wait_for("ready", timeout=120)
+    real_app.keys("-l", "Repeat after me exactly: the quick brown fox jumps over the lazy dog.")
+    real_app.keys("Enter")
+    screen = real_app.wait_for(r"· \d+ tokens", timeout=240, regex=True)  # the footer under a finished reply
+    assert re.search(r"[Tt]he quick brown fox", screen.split("Repeat after me")[-1]), screen
+    hud_alpha = re.search(r"α\s+(\d\.\d\d)", screen)
+    hud_tps = re.search(r"tok/s\s+(\d+\.\d)", screen)
+    assert hud_alpha and hud_tps, screen  # measured values, not the "—" shown before a reply
+    assert float(hud_tps.group(1)) > 0
+    real_app.keys("C-q")

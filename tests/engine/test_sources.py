@@ -125,6 +125,12 @@ def test_classify(source: str, kind: str) -> None:
     assert classify(source)[0] == kind
 
 
+def test_a_directory_named_like_a_gguf_is_a_directory(tmp_path: Path) -> None:
+    converted = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"  # how converted copies are named
+    converted.mkdir()
+    assert classify(str(converted)) == ("dir", str(converted))
+
+
 def test_missing_local_dir_says_where_it_looked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ModelSourceError, match="model directory not found") as err:
