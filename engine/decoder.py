@@ -155,14 +155,19 @@ class SpecDecoder:
         k = 0 if calibrating else min(policy_k, remaining - 1)
         t_start = self.device.now()
         draft = EMPTY_DRAFT
+        free = self.drafter is not None and self.drafter.kind == "ngram" and params.k is None
         if k > 0 and self.drafter is not None:
             try:
-                draft = self.drafter.propose(seq, k, params.sampling, generator)
+                # A lookup costs nothing: ask for the most, then keep the K
+                # that pays for this kind of match.
+                draft = self.drafter.propose(seq, min(params.k_max, remaining - 1) if free else k, params.sampling, generator)
             except Exception as exc:  # noqa: BLE001 - only OOM is handled, the rest re-raised
                 if not self.device.is_out_of_memory(exc):
                     raise
                 notice = self.drop_drafter("out of memory while drafting")
                 draft = EMPTY_DRAFT
+            if free and draft.tokens:
+                k = self.costs.choose_k(min(params.k_min, len(draft.tokens)), len(draft.tokens), draft.key, draft_step_s=0.0)
             draft = _trim(draft, k)
         t_draft = self.device.now()
         try:
@@ -188,8 +193,8 @@ class SpecDecoder:
         t_end = self.device.now()
 
         draft_s, verify_s, other_s = t_draft - t_start, t_verify - t_draft, t_end - t_verify
-        self.costs.observe(len(draft.tokens), verdict.n_accepted, draft_s, verify_s, other_s)
-        stats.record(policy_k, len(draft.tokens), verdict.n_accepted, len(emitted), draft_s, verify_s, other_s)
+        self.costs.observe(len(draft.tokens), verdict.n_accepted, draft_s, verify_s, other_s, draft.key)
+        stats.record((k if draft.tokens else stats.k) if free else policy_k, len(draft.tokens), verdict.n_accepted, len(emitted), draft_s, verify_s, other_s)
         stats.mode = self.mode
         notice = notice or self._check_speedup(params, len(draft.tokens), len(emitted), t_end - t_start)
         if notice is not None:
@@ -301,7 +306,7 @@ def _target_oom_error() -> EngineError:
 def _trim(draft: Draft, k: int) -> Draft:
     if len(draft.tokens) <= k:
         return draft
-    return Draft(draft.tokens[:k], draft.probs[:k] if draft.probs is not None else None)
+    return Draft(draft.tokens[:k], draft.probs[:k] if draft.probs is not None else None, draft.key)
 
 
 def _pad_vocab(q: torch.Tensor, vocab: int) -> torch.Tensor:

@@ -27,10 +27,16 @@ from engine.sampling import sample, warp
 @dataclass(frozen=True)
 class Draft:
     """Proposed tokens ``[n]`` (``n <= K``) and, for a sampling model drafter,
-    the ``[n, V_draft]`` probabilities each was drawn from (None = deterministic)."""
+    the ``[n, V_draft]`` probabilities each was drawn from (None = deterministic).
+
+    ``key`` groups proposals whose acceptance behaves alike, so it is measured
+    separately (the n-gram drafter uses the length of the matched suffix: a
+    3-token match is accepted far more often than a 1-token one).
+    """
 
     tokens: tuple[int, ...]
     probs: torch.Tensor | None = None
+    key: int = 0
 
 
 EMPTY_DRAFT = Draft(())
@@ -161,7 +167,7 @@ class NgramDrafter:
         for n in range(min(self.max_ngram, len(context)), self.min_ngram - 1, -1):
             start = self._index.get(tuple(context[-n:]))
             if start is not None:
-                return Draft(tuple(context[start : start + k]))
+                return Draft(tuple(context[start : start + k]), key=n)
         return EMPTY_DRAFT
 
     def _extend_index(self, context: Sequence[int]) -> None:

@@ -37,27 +37,17 @@ def expected_tokens(accept: list[float], k: int) -> float:
 
 
 @dataclass
-class CostModel:
-    """Measured costs and acceptance for one loaded pair (seconds)."""
+class PositionCounts:
+    """How often each draft position was reached and accepted.
 
-    draft_step_s: float | None = None
-    pass_s: dict[int, float] = field(default_factory=dict)  # target pass cost by tokens fed
-    overhead_s: float = 0.0
-    plain_round_s: deque[float] = field(default_factory=lambda: deque(maxlen=8))
+    Position ``i + 1`` is *reached* when the ``i`` before it were accepted; its
+    conditional acceptance rate is ``accepted[i] / reached[i]``.
+    """
+
     reached: list[int] = field(default_factory=list)
     accepted: list[int] = field(default_factory=list)
 
-    def observe(self, proposed: int, n_accepted: int, draft_s: float, verify_s: float, other_s: float) -> None:
-        """Learn from one round that proposed ``proposed`` tokens."""
-        fed = proposed + 1
-        old = self.pass_s.get(fed)
-        self.pass_s[fed] = verify_s if old is None else (1 - EMA) * old + EMA * verify_s
-        self.overhead_s = (1 - EMA) * self.overhead_s + EMA * other_s
-        if proposed == 0:
-            self.plain_round_s.append(draft_s + verify_s + other_s)
-            return
-        per_step = draft_s / proposed
-        self.draft_step_s = per_step if self.draft_step_s is None else (1 - EMA) * self.draft_step_s + EMA * per_step
+    def add(self, proposed: int, n_accepted: int) -> None:
         while len(self.reached) < proposed:
             self.reached.append(0)
             self.accepted.append(0)
@@ -66,56 +56,133 @@ class CostModel:
         for i in range(n_accepted):
             self.accepted[i] += 1
 
+    def add_counts(self, other: "PositionCounts") -> None:
+        for i, (r, a) in enumerate(zip(other.reached, other.accepted)):
+            if i == len(self.reached):
+                self.reached.append(0)
+                self.accepted.append(0)
+            self.reached[i] += r
+            self.accepted[i] += a
+
+    def rates(self) -> tuple[float, ...]:
+        """Measured conditional acceptance per position (positions never reached left out)."""
+        return tuple(a / r for a, r in zip(self.accepted, self.reached) if r)
+
+    def smoothed(self, k: int, prior_weight: float = 2.0) -> list[float]:
+        """Estimates for positions ``1..k``.
+
+        Each position's rate is shrunk towards the estimate of the position
+        before it (``prior_weight`` pseudo-observations; position 1 towards
+        0.5), so a deep position reached once or never follows the shallower
+        ones instead of jumping to 0 or 1 on a single round.
+        """
+        rates: list[float] = []
+        prior = 0.5
+        for i in range(k):
+            reached = self.reached[i] if i < len(self.reached) else 0
+            accepted = self.accepted[i] if i < len(self.accepted) else 0
+            prior = (accepted + prior_weight * prior) / (reached + prior_weight)
+            rates.append(prior)
+        return rates
+
+
+@dataclass
+class LinearCost:
+    """A target pass's cost as ``t(n) = a + b * n`` over ``n`` tokens fed.
+
+    Least squares with exponential forgetting (old rounds fade, so a longer
+    context's higher cost is followed), fitted from every round: cheap, and
+    unlike per-size averages it never predicts 9 tokens cheaper than 8.
+    Until two sizes were seen, the slope is assumed to be ``PRIOR_SLOPE`` of
+    the mean cost per extra token.
+    """
+
+    PRIOR_SLOPE = 0.1
+    decay: float = 0.98
+    w: float = 0.0
+    sn: float = 0.0
+    snn: float = 0.0
+    st: float = 0.0
+    snt: float = 0.0
+
+    def add(self, n: int, t: float) -> None:
+        d = self.decay
+        self.w, self.sn, self.snn = d * self.w + 1, d * self.sn + n, d * self.snn + n * n
+        self.st, self.snt = d * self.st + t, d * self.snt + n * t
+
+    def predict(self, n: int) -> float | None:
+        if self.w == 0:
+            return None
+        mean_n, mean_t = self.sn / self.w, self.st / self.w
+        var = self.snn / self.w - mean_n**2
+        if var > 0.05:
+            slope = (self.snt / self.w - mean_n * mean_t) / var
+        else:
+            slope = self.PRIOR_SLOPE * mean_t
+        return max(mean_t + max(slope, 0.0) * (n - mean_n), 0.0)
+
+
+@dataclass
+class CostModel:
+    """Measured costs and acceptance for one loaded pair (seconds)."""
+
+    draft_step_s: float | None = None
+    passes: LinearCost = field(default_factory=LinearCost)  # target pass cost by tokens fed
+    overhead_s: float = 0.0
+    plain_round_s: deque[float] = field(default_factory=lambda: deque(maxlen=8))
+    positions: dict[int, PositionCounts] = field(default_factory=dict)  # by Draft.key
+
+    def observe(
+        self, proposed: int, n_accepted: int, draft_s: float, verify_s: float, other_s: float, key: int = 0
+    ) -> None:
+        """Learn from one round that proposed ``proposed`` tokens of kind ``key``."""
+        self.passes.add(proposed + 1, verify_s)
+        self.overhead_s = (1 - EMA) * self.overhead_s + EMA * other_s
+        if proposed == 0:
+            self.plain_round_s.append(draft_s + verify_s + other_s)
+            return
+        per_step = draft_s / proposed
+        self.draft_step_s = per_step if self.draft_step_s is None else (1 - EMA) * self.draft_step_s + EMA * per_step
+        self.positions.setdefault(key, PositionCounts()).add(proposed, n_accepted)
+
     @property
     def plain_tokens_per_s(self) -> float | None:
         if not self.plain_round_s:
             return None
         return len(self.plain_round_s) / sum(self.plain_round_s)
 
-    def acceptance(self, k: int) -> list[float]:
-        """Per-position acceptance estimates for positions ``1..k``.
-
-        Each is smoothed with a Beta(1, 1) prior; a position never reached
-        borrows the estimate of the deepest one measured.
-        """
-        rates: list[float] = []
-        for i in range(k):
-            if i < len(self.reached) and self.reached[i] > 0:
-                rates.append((self.accepted[i] + 1) / (self.reached[i] + 2))
-            else:
-                rates.append(rates[-1] if rates else 0.5)
-        return rates
+    def acceptance(self, k: int, key: int = 0) -> list[float]:
+        """Per-position acceptance estimates for positions ``1..k`` of drafts of
+        kind ``key``; a kind not measured yet borrows from all kinds pooled."""
+        counts = self.positions.get(key)
+        if counts is None or not counts.reached:
+            counts = PositionCounts()
+            for other in self.positions.values():
+                counts.add_counts(other)
+        return counts.smoothed(k)
 
     def pass_cost(self, fed: int) -> float | None:
-        """Estimated cost of a target pass over ``fed`` tokens: measured, or
-        linearly inter-/extrapolated from the two nearest measured sizes."""
-        if fed in self.pass_s:
-            return self.pass_s[fed]
-        sizes = sorted(self.pass_s)
-        if not sizes:
-            return None
-        if len(sizes) == 1:
-            return self.pass_s[sizes[0]]
-        below = [s for s in sizes if s < fed]
-        above = [s for s in sizes if s > fed]
-        a, b = (below[-1], above[0]) if below and above else ((sizes[-2], sizes[-1]) if below else (sizes[0], sizes[1]))
-        slope = (self.pass_s[b] - self.pass_s[a]) / (b - a)
-        return max(self.pass_s[a] + slope * (fed - a), 0.0)
+        """Estimated cost of a target pass over ``fed`` tokens (None before any pass)."""
+        return self.passes.predict(fed)
 
-    def choose_k(self, k_min: int, k_max: int) -> int:
+    def choose_k(self, k_min: int, k_max: int, key: int = 0, draft_step_s: float | None = None) -> int:
         """K in ``[k_min, k_max]`` maximising expected tokens per second of a round.
 
-        Rate(K) = expected_tokens(K) / (K * draft_step + pass(K + 1) + overhead).
-        Before anything is measured, start in the middle of the range.
+        Rate(K) = expected_tokens(K) / (K * draft_step + pass(K + 1) + overhead),
+        with acceptance measured for drafts of kind ``key``. ``draft_step_s``
+        overrides the measured draft cost (0 for a drafter whose proposals are
+        free, which is then trimmed to K after proposing). Before anything is
+        measured, start in the middle of the range.
         """
         if k_max <= k_min:
             return k_min
-        if self.draft_step_s is None or not self.pass_s:
+        step = self.draft_step_s if draft_step_s is None else draft_step_s
+        if step is None or self.passes.w == 0:
             return max(k_min, min(k_max, 4))
-        accept = self.acceptance(k_max)
+        accept = self.acceptance(k_max, key)
         best_k, best_rate = k_min, -1.0
         for k in range(k_min, k_max + 1):
-            cost = k * self.draft_step_s + (self.pass_cost(k + 1) or 0.0) + self.overhead_s
+            cost = k * step + (self.pass_cost(k + 1) or 0.0) + self.overhead_s
             rate = expected_tokens(accept, k) / max(cost, 1e-9)
             if rate > best_rate:
                 best_k, best_rate = k, rate
@@ -140,8 +207,7 @@ class ReplyStats:
     verify_s: float = 0.0
     other_s: float = 0.0
     prefill_s: float = 0.0
-    reached_pos: list[int] = field(default_factory=list)
-    accepted_pos: list[int] = field(default_factory=list)
+    positions: PositionCounts = field(default_factory=PositionCounts)
     speculation_off_reason: str | None = None
 
     def record(self, k: int, proposed: int, n_accepted: int, emitted: int, draft_s: float, verify_s: float, other_s: float) -> None:
@@ -156,13 +222,7 @@ class ReplyStats:
         self.draft_s += draft_s
         self.verify_s += verify_s
         self.other_s += other_s
-        while len(self.reached_pos) < proposed:
-            self.reached_pos.append(0)
-            self.accepted_pos.append(0)
-        for i in range(min(n_accepted + 1, proposed)):
-            self.reached_pos[i] += 1
-        for i in range(n_accepted):
-            self.accepted_pos[i] += 1
+        self.positions.add(proposed, n_accepted)
 
     def snapshot(self) -> Stats:
         decode_s = self.draft_s + self.verify_s + self.other_s
@@ -180,7 +240,7 @@ class ReplyStats:
             tokens=self.tokens,
             alpha=self.accepted / self.proposed if self.proposed else None,
             tau=self.tokens / self.target_passes if self.target_passes else None,
-            per_position=tuple(a / r for a, r in zip(self.accepted_pos, self.reached_pos) if r),
+            per_position=self.positions.rates(),
             draft_s=self.draft_s,
             verify_s=self.verify_s,
             other_s=self.other_s,

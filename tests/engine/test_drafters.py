@@ -91,6 +91,20 @@ def test_cost_model_measures_plain_speed_from_k0_rounds() -> None:
     costs.observe(0, 0, 0.0, 0.045, 0.005)
     costs.observe(0, 0, 0.0, 0.045, 0.005)
     assert abs(costs.plain_tokens_per_s - 20.0) < 1e-9
-    assert costs.pass_cost(1) == 0.045
+    assert abs(costs.pass_cost(1) - 0.045) < 1e-9
+    assert costs.pass_cost(5) > costs.pass_cost(1)  # one size seen: a prior slope, never flat
     costs.observe(4, 2, 0.04, 0.065, 0.005)
-    assert abs(costs.pass_cost(3) - 0.055) < 1e-9  # interpolated between 1 and 5 tokens fed
+    assert abs(costs.pass_cost(3) - 0.055) < 1e-9  # on the line through 1 and 5 tokens fed
+    costs.observe(8, 2, 0.08, 0.060, 0.005)  # a noisy cheap pass of 9 tokens
+    assert costs.pass_cost(9) >= costs.pass_cost(8) >= costs.pass_cost(2)  # the fit stays monotone
+
+
+def test_an_unmeasured_kind_of_draft_borrows_pooled_acceptance() -> None:
+    costs = CostModel()
+    for _ in range(50):
+        costs.observe(4, 4, 0.0, 0.05, 0.0, key=3)
+    assert costs.acceptance(2, key=3)[0] > 0.9
+    assert costs.acceptance(2, key=1)[0] > 0.9  # key 1 never seen: pooled
+    for _ in range(50):
+        costs.observe(4, 0, 0.0, 0.05, 0.0, key=1)
+    assert costs.acceptance(2, key=1)[0] < 0.1 < 0.9 < costs.acceptance(2, key=3)[0]
