@@ -9,7 +9,7 @@ from collections.abc import Sequence
 from transformers import PreTrainedTokenizerBase
 
 from engine.errors import SpecChatError
-from engine.events import ChatMessage
+from engine.events import ChatMessage, TextPiece
 
 
 def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[ChatMessage]) -> list[int]:
@@ -96,3 +96,47 @@ def find_stop(text: str, stop_strings: Sequence[str], searched: int) -> int | No
         if at != -1 and (best is None or at < best):
             best = at
     return best
+
+
+class StopStringFilter:
+    """Releases streamed text only once it can no longer be part of a stop string.
+
+    The last ``len(longest stop) - 1`` characters are held back between
+    rounds, so a stop string split across two rounds never shows its first
+    half on screen. Pieces keep their draft/target attribution when split.
+    """
+
+    def __init__(self, stop_strings: Sequence[str]) -> None:
+        self.stops = [s for s in stop_strings if s]
+        self.hold = max((len(s) for s in self.stops), default=1) - 1
+        self.text = ""
+        self.released = 0
+        self.pending: list[TextPiece] = []
+
+    def feed(self, pieces: Sequence[TextPiece], final: bool) -> tuple[list[TextPiece], bool]:
+        """Add a round's pieces; returns the pieces safe to show now and whether
+        a stop string was found (the text then ends just before it)."""
+        searched = len(self.text)
+        self.pending.extend(p for p in pieces if p.text)
+        self.text += "".join(p.text for p in pieces)
+        stop_at = find_stop(self.text, self.stops, searched)
+        if stop_at is not None:
+            limit = stop_at
+        elif final:
+            limit = len(self.text)
+        else:
+            limit = max(self.released, len(self.text) - self.hold)
+        return self._take(limit - self.released), stop_at is not None
+
+    def _take(self, n: int) -> list[TextPiece]:
+        out: list[TextPiece] = []
+        while n > 0 and self.pending:
+            piece = self.pending[0]
+            if len(piece.text) <= n:
+                out.append(self.pending.pop(0))
+            else:
+                out.append(TextPiece(piece.text[:n], piece.source))
+                self.pending[0] = TextPiece(piece.text[n:], piece.source)
+            n -= len(out[-1].text)
+            self.released += len(out[-1].text)
+        return out

@@ -16,7 +16,7 @@ from collections.abc import Iterator, Sequence
 from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
 from engine.api import EngineInfo
-from engine.chat import IncrementalDetokenizer, find_stop, render_prompt, stop_token_ids
+from engine.chat import IncrementalDetokenizer, StopStringFilter, render_prompt, stop_token_ids
 from engine.decoder import SpecDecoder
 from engine.device import Device
 from engine.drafters import Drafter
@@ -78,34 +78,20 @@ class ChatEngine:
         if not params.stop_token_ids:
             params = dataclasses.replace(params, stop_token_ids=self.stop_ids)
         detok = IncrementalDetokenizer(self.tokenizer)
-        searched = 0
+        stops = StopStringFilter(params.stop_strings)
         events = self.decoder.generate(prompt_ids, params, cancel)
         try:
             for event in events:
                 pieces = [TextPiece(detok.push(t), src) for t, src in zip(event.token_ids, event.sources)]
                 if event.finish_reason is not None:
-                    tail = detok.flush()
-                    if tail:
-                        pieces.append(TextPiece(tail, "target"))
-                stop_at = find_stop(detok.text, params.stop_strings, searched)
-                searched = len(detok.text)
-                if stop_at is not None:
-                    yield self._cut_at_stop(event, pieces, len(detok.text) - stop_at)
+                    pieces.append(TextPiece(detok.flush(), "target"))
+                shown, hit = stops.feed(pieces, final=event.finish_reason is not None)
+                if hit:
+                    yield _chat_event(dataclasses.replace(event, finish_reason="stop"), shown)
                     return
-                yield _chat_event(event, pieces)
+                yield _chat_event(event, shown)
         finally:
             events.close()
-
-    def _cut_at_stop(self, event: RoundEvent, pieces: list[TextPiece], drop_chars: int) -> ChatEvent:
-        """The final event of a reply that hit a stop string: its text ends before it."""
-        kept: list[TextPiece] = []
-        remaining = sum(len(p.text) for p in pieces) - drop_chars
-        for piece in pieces:
-            if remaining <= 0:
-                break
-            kept.append(TextPiece(piece.text[:remaining], piece.source))
-            remaining -= len(piece.text)
-        return _chat_event(dataclasses.replace(event, finish_reason="stop"), kept)
 
     def set_speculation(self, enabled: bool) -> None:
         self.decoder.set_speculation(enabled)

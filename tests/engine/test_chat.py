@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from engine.api import EngineInfo
-from engine.chat import IncrementalDetokenizer, find_stop, render_prompt
+from engine.chat import IncrementalDetokenizer, StopStringFilter, find_stop, render_prompt
 from engine.device import Device
 from engine.drafters import ModelDrafter
-from engine.events import ChatMessage, GenerationParams
+from engine.events import ChatMessage, GenerationParams, TextPiece
 from engine.session import ChatEngine
 from tests.tiny import noisy_copy, tiny_llama
 
@@ -105,3 +105,29 @@ def test_follow_up_turn_continues_from_the_cache(smol_tokenizer, smol_sized_pair
     assert shared >= len(engine.prompt_ids(first))  # at least the whole first prompt is reused
     list(engine.chat(second, GenerationParams(max_new_tokens=5, k=2)))
     assert engine.decoder.target.ids[:shared] == cached[:shared]
+
+
+def test_stop_filter_holds_back_a_possible_stop_string_start() -> None:
+    stops = StopStringFilter(["\nUser:"])
+    shown, hit = stops.feed([TextPiece("Hello", "target"), TextPiece(" there\nUs", "draft")], final=False)
+    assert not hit and "".join(p.text for p in shown) == "Hello the"  # "re\nUs" held back
+    shown, hit = stops.feed([TextPiece("er: more", "target")], final=False)
+    assert hit and "".join(p.text for p in shown) == "re"
+    stops = StopStringFilter(["STOP"])
+    first, _ = stops.feed([TextPiece("abcdef", "draft")], final=False)
+    last, hit = stops.feed([TextPiece("gh", "target")], final=True)
+    assert not hit and [(p.text, p.source) for p in first + last] == [("abc", "draft"), ("def", "draft"), ("gh", "target")]
+
+
+def test_a_stop_string_split_across_rounds_never_shows_its_start(smol_tokenizer, smol_sized_pair) -> None:
+    engine = make_engine(smol_tokenizer, smol_sized_pair)
+    messages = [ChatMessage("user", "Say something.")]
+    params = GenerationParams(max_new_tokens=40, k=3)
+    texts = [e.text for e in engine.chat(messages, params)]
+    full = "".join(texts)
+    boundaries = [len("".join(texts[:i])) for i in range(1, len(texts))]
+    b = next(b for b in boundaries if 2 <= b <= len(full) - 2 and full.find(full[b - 2 : b + 2]) == b - 2)
+    stop = full[b - 2 : b + 2]  # half in one round's text, half in the next
+    events = list(engine.chat(messages, GenerationParams(max_new_tokens=40, k=3, stop_strings=(stop,))))
+    assert events[-1].finish_reason == "stop"
+    assert "".join(e.text for e in events) == full[: b - 2]
