@@ -155,11 +155,11 @@ class SpecDecoder:
         k = 0 if calibrating else min(policy_k, remaining - 1)
         t_start = self.device.now()
         draft = EMPTY_DRAFT
-        free = self.drafter is not None and self.drafter.kind == "ngram" and params.k is None
+        free = self.drafter is not None and self.drafter.free_proposals and params.k is None
         if k > 0 and self.drafter is not None:
             try:
-                # A lookup costs nothing: ask for the most, then keep the K
-                # that pays for this kind of match.
+                # Free proposals (a lookup): ask for the most, then keep the
+                # K that pays for this kind of draft.
                 draft = self.drafter.propose(seq, min(params.k_max, remaining - 1) if free else k, params.sampling, generator)
             except Exception as exc:  # noqa: BLE001 - only OOM is handled, the rest re-raised
                 if not self.device.is_out_of_memory(exc):

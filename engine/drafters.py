@@ -47,6 +47,9 @@ class Drafter(Protocol):
 
     name: str
     kind: Literal["model", "ngram"]
+    free_proposals: bool
+    """True when proposing costs (nearly) nothing: the decoder then asks for
+    ``k_max`` tokens and trims the proposal to the K that pays."""
 
     def propose(
         self,
@@ -75,6 +78,7 @@ class ModelDrafter:
     """Drafts with a small causal LM (greedy, or sampled with the reply's warping)."""
 
     kind: Literal["model"] = "model"
+    free_proposals = False
 
     def __init__(self, model: PreTrainedModel, device: Device, name: str = "draft model") -> None:
         self.runner = ModelRunner(model, device)
@@ -142,6 +146,7 @@ class NgramDrafter:
     """
 
     kind: Literal["ngram"] = "ngram"
+    free_proposals = True
 
     def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
