@@ -236,11 +236,9 @@ def write_chart(results: Sequence[dict[str, Any]], path: Path) -> str:
 
 def _load(args: argparse.Namespace, progress: Any) -> tuple[Any, Any, list[str]]:
     """The profile and its loaded engine, plus notes about what was not loaded."""
-    from app.cli import resolve_profile
-    from engine.loading import load_engine
+    from app.cli import load_for
 
-    profile = resolve_profile(args)
-    engine = load_engine(profile, memory_budget=profile.memory_budget, **({"progress": progress} if progress else {}))
+    profile, engine = load_for(args, "spec", progress)
     notes = [engine.info.fallback_reason] if engine.info.fallback_reason else []
     return profile, engine, notes
 

@@ -13,10 +13,13 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.bench_cli import add_bench_parser, cmd_bench
 from engine.errors import SpecChatError
+
+if TYPE_CHECKING:
+    from engine.api import ProgressFn
 
 
 def add_model_options(parser: argparse.ArgumentParser, subcommand: bool = True) -> None:
@@ -78,8 +81,9 @@ def resolve_profile(args: argparse.Namespace) -> Any:
     return profile
 
 
-def load_for(args: argparse.Namespace, mode: str = "spec", progress: Any = None) -> Any:
+def load_for(args: argparse.Namespace, mode: str = "spec", progress: "ProgressFn | None" = None) -> Any:
     """Load the engine for the model options; ``mode`` may replace the drafter."""
+    from engine.api import no_progress
     from engine.loading import load_engine
 
     profile = resolve_profile(args)
@@ -87,8 +91,7 @@ def load_for(args: argparse.Namespace, mode: str = "spec", progress: Any = None)
         profile = dataclasses.replace(profile, drafter="ngram", draft=None)
     elif mode == "plain":
         profile = dataclasses.replace(profile, drafter="none", draft=None)
-    kwargs = {"progress": progress} if progress is not None else {}
-    return profile, load_engine(profile, memory_budget=profile.memory_budget, **kwargs)
+    return profile, load_engine(profile, memory_budget=profile.memory_budget, progress=progress or no_progress)
 
 
 def stderr_progress(stage: str, fraction: float | None) -> None:
