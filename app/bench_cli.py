@@ -236,9 +236,10 @@ def write_chart(results: Sequence[dict[str, Any]], path: Path) -> str:
 
 def _load(args: argparse.Namespace, progress: Any) -> tuple[Any, Any, list[str]]:
     """The profile and its loaded engine, plus notes about what was not loaded."""
-    from app.cli import load_for
+    from app.cli import load_for, resolve_profile
 
-    profile, engine = load_for(args, "spec", progress)
+    profile = resolve_profile(args)
+    engine = load_for(profile, "spec", progress)
     notes = [engine.info.fallback_reason] if engine.info.fallback_reason else []
     return profile, engine, notes
 

@@ -81,17 +81,38 @@ def resolve_profile(args: argparse.Namespace) -> Any:
     return profile
 
 
-def load_for(args: argparse.Namespace, mode: str = "spec", progress: "ProgressFn | None" = None) -> Any:
-    """Load the engine for the model options; ``mode`` may replace the drafter."""
+def load_for(profile: Any, mode: str = "spec", progress: "ProgressFn | None" = None) -> Any:
+    """Load the engine for ``profile``; ``mode`` may replace the drafter."""
     from engine.api import no_progress
     from engine.loading import load_engine
 
-    profile = resolve_profile(args)
     if mode == "ngram":
         profile = dataclasses.replace(profile, drafter="ngram", draft=None)
     elif mode == "plain":
         profile = dataclasses.replace(profile, drafter="none", draft=None)
-    return profile, load_engine(profile, memory_budget=profile.memory_budget, progress=progress or no_progress)
+    return load_engine(profile, memory_budget=profile.memory_budget, progress=progress or no_progress)
+
+
+def generation_params(args: argparse.Namespace, profile: Any) -> Any:
+    """The reply settings: options given on the command line, else the profile's.
+
+    Checked before any model loads, so a bad value costs no waiting.
+    """
+    from engine.events import GenerationParams, SamplingParams
+
+    try:
+        sampling = SamplingParams(
+            temperature=profile.temperature if args.temperature is None else args.temperature,
+            top_p=profile.top_p if args.top_p is None else args.top_p,
+            top_k=profile.top_k if args.top_k is None else args.top_k,
+            seed=args.seed,
+        )
+        return GenerationParams(
+            sampling=sampling, max_new_tokens=args.max_new_tokens,
+            k=args.k if args.k is not None else profile.k, k_min=profile.k_min, k_max=profile.k_max,
+        )
+    except ValueError as exc:
+        raise SpecChatError(f"{exc} (check the options, or the profile's sampling keys)") from None
 
 
 def stderr_progress(stage: str, fraction: float | None) -> None:
@@ -101,23 +122,15 @@ def stderr_progress(stage: str, fraction: float | None) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from engine.events import ChatMessage, GenerationParams, SamplingParams
+    from engine.events import ChatMessage
 
+    profile = resolve_profile(args)
+    params = generation_params(args, profile)
     progress = stderr_progress if sys.stderr.isatty() else None
-    profile, engine = load_for(args, args.mode, progress)
+    engine = load_for(profile, args.mode, progress)
     if progress:
         print("\r\033[K", end="", file=sys.stderr)
     try:
-        sampling = SamplingParams(
-            temperature=profile.temperature if args.temperature is None else args.temperature,
-            top_p=profile.top_p if args.top_p is None else args.top_p,
-            top_k=profile.top_k if args.top_k is None else args.top_k,
-            seed=args.seed,
-        )
-        params = GenerationParams(
-            sampling=sampling, max_new_tokens=args.max_new_tokens,
-            k=args.k if args.k is not None else profile.k, k_min=profile.k_min, k_max=profile.k_max,
-        )
         system = args.system if args.system is not None else profile.system_prompt
         messages = ([ChatMessage("system", system)] if system else []) + [ChatMessage("user", args.prompt)]
         text, ids, last = [], [], None
