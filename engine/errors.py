@@ -28,3 +28,7 @@ class MemoryPlanError(SpecChatError):
 
 class EngineError(SpecChatError):
     """Generation failed at run time (for example the target ran out of memory)."""
+
+
+class QuantizationError(SpecChatError):
+    """A weight cannot be quantized as asked (a shape the int4 kernel refuses, an unknown group size)."""

@@ -20,7 +20,9 @@ from engine.device import Device
 from engine.errors import IncompatibleDraftError, ModelSourceError
 from engine.memory import Plan, plan_memory, resolve_dtype
 from engine.profiles import ModelProfile, ModelSpec
-from engine.sources import ResolvedSource, check_model_dir, hub_error, hub_offline, locate, prepare, read_config
+from engine.sources import (
+    ResolvedSource, check_model_dir, gguf_origin, hub_error, hub_offline, locate, prepare, read_config,
+)
 
 if TYPE_CHECKING:
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
@@ -28,22 +30,6 @@ if TYPE_CHECKING:
     from engine.session import ChatEngine
 
 log = logging.getLogger(__name__)
-
-
-def quantization_config(quantization: str, compute_dtype: Any) -> Any | None:
-    """bitsandbytes settings: nf4 with double quant in ``compute_dtype``, or int8; None for "none"."""
-    if quantization == "none":
-        return None
-    from transformers import BitsAndBytesConfig
-
-    if quantization == "nf4":
-        return BitsAndBytesConfig(
-            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
-            bnb_4bit_compute_dtype=compute_dtype,
-        )
-    if quantization == "int8":
-        return BitsAndBytesConfig(load_in_8bit=True)
-    raise ValueError(f"unknown quantization {quantization!r}")
 
 
 def _warn_remote_code(spec: ModelSpec) -> None:
@@ -82,6 +68,8 @@ def load_weights(resolved: ResolvedSource, spec: ModelSpec, device: Device, conf
     import torch
     from transformers import AutoModelForCausalLM
 
+    from engine.quant import apply_int4, bnb_config
+
     _warn_remote_code(spec)
     if not resolved.is_hub:
         check_model_dir(Path(resolved.location), spec.allow_pickle)  # names a truncated file
@@ -93,10 +81,11 @@ def load_weights(resolved: ResolvedSource, spec: ModelSpec, device: Device, conf
         use_safetensors=None if spec.allow_pickle else True,
         local_files_only=_local_only(resolved),
     )
-    qconf = quantization_config(spec.quantization, dtype)
+    qconf = bnb_config(spec.quantization, dtype)
+    int4 = spec.quantization == "int4"
     if qconf is not None:
         kwargs["quantization_config"] = qconf
-    if device.is_cuda:
+    if device.is_cuda and not int4:  # int4 loads on the CPU, then packs straight onto the GPU
         index = device.torch_device.index
         kwargs["device_map"] = {"": index if index is not None else torch.cuda.current_device()}
     try:
@@ -111,7 +100,10 @@ def load_weights(resolved: ResolvedSource, spec: ModelSpec, device: Device, conf
         raise ModelSourceError(
             f"cannot load the weights of {spec.source} ({resolved.location}): {type(exc).__name__}: {exc}"
         ) from None
-    if not device.is_cuda and qconf is None:
+    if int4:
+        apply_int4(model, location=resolved.location, gguf=gguf_origin(resolved), group_size=spec.group_size,
+                   quantize_head=spec.quantize_head, device=device.torch_device)
+    if qconf is None:
         model.to(device.torch_device)
     model.eval()
     return model

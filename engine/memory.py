@@ -28,6 +28,12 @@ if TYPE_CHECKING:
 DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
 NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
 INT8_BYTES_PER_PARAM = 1.0
+
+
+def int4_bytes_per_param(group_size: int) -> float:
+    """torch's int4 kernels: half a byte a weight plus a bf16 scale and zero per group."""
+    return 0.5 + 4 / group_size
+
 DEFAULT_RESERVE_BYTES = 512 * 2**20
 GiB = 2**30
 
@@ -149,12 +155,23 @@ def resolve_dtype(dtype: str, quantization: str, *, cuda: bool, config: Any | No
     return "bfloat16"
 
 
-def estimate_weights_bytes(config: Any, quantization: str, dtype: str) -> int:
+def estimate_weights_bytes(
+    config: Any, quantization: str, dtype: str, group_size: int = 32, quantize_head: bool = True
+) -> int:
     """Bytes of a model's weights once loaded with ``quantization`` in compute ``dtype``
-    (``auto`` = the checkpoint's dtype)."""
+    (``auto`` = the checkpoint's dtype).
+
+    int4 (:mod:`engine.quant`) packs every block linear and, with
+    ``quantize_head``, the output layer; a tied output layer then becomes an
+    int4 copy beside the full-precision input embeddings.
+    """
     name = config_dtype(config) if dtype == "auto" else dtype
     wbytes = DTYPE_BYTES[name]
     p = count_params(config)
+    if quantization == "int4":
+        per = int4_bytes_per_param(group_size)
+        head = (p.lm_head or p.embedding) * per if quantize_head else p.lm_head * wbytes
+        return int((p.embedding + p.other) * wbytes + p.linear * per + head)
     dense = (p.embedding + p.lm_head + p.other) * wbytes
     if quantization == "nf4":
         return int(dense + p.linear * NF4_BYTES_PER_PARAM)
@@ -202,13 +219,14 @@ class ModelEstimate:
 
 
 def estimate_model(
-    config: Any, quantization: str, dtype: str, context_length: int, logits_rows: int = 9
+    config: Any, quantization: str, dtype: str, context_length: int, logits_rows: int = 9,
+    group_size: int = 32, quantize_head: bool = True,
 ) -> ModelEstimate:
     """Weights, KV cache and activations of one model (``dtype`` already resolved)."""
     return ModelEstimate(
         quantization=quantization,
         dtype=dtype,
-        weights_bytes=estimate_weights_bytes(config, quantization, dtype),
+        weights_bytes=estimate_weights_bytes(config, quantization, dtype, group_size, quantize_head),
         kv_bytes=estimate_kv_bytes(config, context_length, dtype),
         activation_bytes=estimate_activation_bytes(config, context_length, dtype, logits_rows),
     )
@@ -280,19 +298,19 @@ def plan_memory(
     rows = (profile.k if profile.k is not None else profile.k_max) + 1
     t_spec = profile.target
     t_dtype = resolve_dtype(t_spec.dtype, t_spec.quantization, cuda=cuda, config=target_cfg)
-    target = estimate_model(target_cfg, t_spec.quantization, t_dtype, ctx, rows)
+    target = estimate_model(target_cfg, t_spec.quantization, t_dtype, ctx, rows, t_spec.group_size, t_spec.quantize_head)
     draft: ModelEstimate | None = None
     if profile.drafter == "model" and draft_cfg is not None and profile.draft is not None:
         d_spec = profile.draft
         d_dtype = resolve_dtype(d_spec.dtype, d_spec.quantization, cuda=cuda, config=draft_cfg)
-        draft = estimate_model(draft_cfg, d_spec.quantization, d_dtype, ctx, rows)
+        draft = estimate_model(draft_cfg, d_spec.quantization, d_dtype, ctx, rows, d_spec.group_size, d_spec.quantize_head)
 
     def make(choice: Choice, reason: str, planned: int) -> Plan:
         return Plan(choice, reason, free_bytes, budget, reserve_bytes, available, ctx, target, draft, planned)
 
     if target.total_bytes > available:
         limit = f"the memory budget of {fmt_bytes(budget)}" if budget is not None and budget < free_bytes else "free memory"
-        smaller = {"none": "quantization = \"int8\" or \"nf4\"", "int8": "quantization = \"nf4\""}.get(
+        smaller = {"none": "quantization = \"int4\" or \"nf4\"", "int8": "quantization = \"int4\" or \"nf4\""}.get(
             t_spec.quantization, "a smaller model")
         raise MemoryPlanError(
             f"the target {t_spec.label} does not fit: it needs about {fmt_bytes(target.total_bytes)} "

@@ -32,11 +32,12 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
-Quantization = Literal["none", "nf4", "int8"]
+Quantization = Literal["none", "int4", "nf4", "int8"]
 Drafter = Literal["model", "ngram", "none"]
 QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 DRAFTERS: tuple[str, ...] = get_args(Drafter)
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
+GROUP_SIZES: tuple[int, ...] = (32, 64, 128)  # int4 groups (engine.quant.int4 checks the same set)
 MODELS_ENV = "SPECCHAT_MODELS"
 
 
@@ -55,6 +56,8 @@ class ModelSpec:
     dtype: str = "auto"
     trust_remote_code: bool = False
     allow_pickle: bool = False
+    group_size: int = 32
+    quantize_head: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source.strip():
@@ -65,6 +68,10 @@ class ModelSpec:
             )
         if self.dtype not in DTYPES:
             raise ProfileError(f"unknown dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
+        if self.group_size not in GROUP_SIZES:
+            raise ProfileError(
+                f"group_size {self.group_size} is not supported: use one of {', '.join(map(str, GROUP_SIZES))}"
+            )
 
     @property
     def label(self) -> str:
@@ -185,7 +192,7 @@ def parse_size(text: str | int) -> int:
 
 # ----------------------------------------------------------------------------- parsing
 
-_SPEC_KEYS = ("source", "quantization", "dtype", "trust_remote_code", "allow_pickle")
+_SPEC_KEYS = ("source", "quantization", "dtype", "trust_remote_code", "allow_pickle", "group_size", "quantize_head")
 _PROFILE_KEYS = (
     "target", "drafter", "draft", "description", "k", "k_min", "k_max", "temperature",
     "top_p", "top_k", "system_prompt", "context_length", "memory_budget",
@@ -196,7 +203,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "temperature": (int, float), "top_p": (int, float), "top_k": (int,), "system_prompt": (str,),
     "context_length": (int,), "memory_budget": (int, str),
     "source": (str,), "quantization": (str,), "dtype": (str,),
-    "trust_remote_code": (bool,), "allow_pickle": (bool,),
+    "trust_remote_code": (bool,), "allow_pickle": (bool,), "group_size": (int,), "quantize_head": (bool,),
 }
 
 

@@ -277,6 +277,18 @@ def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, ver
     return dest
 
 
+def gguf_origin(resolved: ResolvedSource) -> Path | None:
+    """The GGUF file a converted source came from, when it is still on disk."""
+    if resolved.gguf_file is not None:
+        return resolved.gguf_file
+    try:
+        marker = json.loads((Path(resolved.location) / DONE_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    path = Path(str(marker.get("gguf", "")))
+    return path if marker.get("gguf") and path.is_file() else None
+
+
 def prepare(resolved: ResolvedSource, progress: ProgressFn = no_progress) -> ResolvedSource:
     """Convert a GGUF source if it has not been yet; afterwards ``location`` is loadable."""
     if resolved.needs_conversion:

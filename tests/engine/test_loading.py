@@ -159,7 +159,11 @@ def test_pocket_profiles_from_the_real_wheel(monkeypatch: pytest.MonkeyPatch, mo
     monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(cache))
     profiles = load_profiles()
     engine = load_engine(profiles.get("pocket"), device=CPU)
-    assert engine.info.mode == "ngram" and engine.info.target == "SmolLM2-135M-Instruct (Q4_1 gguf)"
+    assert engine.info.mode == "ngram" and engine.info.target == "SmolLM2-135M-Instruct (Q4_1 gguf, int4)"
+    target = engine.decoder.target.model
+    assert type(target.model.layers[0].self_attn.q_proj).__name__ == "Int4Linear"
+    assert type(target.lm_head).__name__ == "Int4Linear"
+    assert engine.info.target_bytes is not None and engine.info.target_bytes < 300 * 2**20  # fp32 is 513 MiB
     converted = list((cache / "converted").glob("*/specchat-converted.json"))
     assert converted and '"verified": true' in converted[0].read_text()  # logits checked against the GGUF
     assert run_reply(engine).strip()

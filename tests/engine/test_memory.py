@@ -141,7 +141,7 @@ def test_target_that_does_not_fit_says_what_to_do() -> None:
     assert "budget of 3.00 GiB" in msg and "--memory-budget" in msg and "another profile" in msg
     assert re.search(r"needs about \d+\.\d\d GiB", msg)
     unquantized = dataclasses.replace(profile(), target=ModelSpec("Qwen/Qwen2.5-7B-Instruct"))
-    with pytest.raises(MemoryPlanError, match='quantization = "int8" or "nf4"'):
+    with pytest.raises(MemoryPlanError, match='quantization = "int4" or "nf4"'):
         plan_memory(TARGET, None, unquantized, 8 * GiB, cuda=True)
 
 

@@ -43,10 +43,11 @@ def test_shipped_profiles() -> None:
     assert profiles.files == (shipped_models_file(),)
     pocket = profiles.get()
     assert pocket.name == "pocket" and pocket.drafter == "ngram" and pocket.draft is None
-    assert pocket.target == ModelSpec(POCKET_SOURCE)
-    assert pocket.target.label == "SmolLM2-135M-Instruct (Q4_1 gguf)"
+    assert pocket.target == ModelSpec(POCKET_SOURCE, quantization="int4")
+    assert pocket.target.label == "SmolLM2-135M-Instruct (Q4_1 gguf, int4)"
     selfdraft = profiles.get("pocket-selfdraft")
-    assert selfdraft.drafter == "model" and selfdraft.draft == ModelSpec(POCKET_SOURCE, quantization="nf4")
+    assert selfdraft.drafter == "model" and selfdraft.target == ModelSpec(POCKET_SOURCE)
+    assert selfdraft.draft == ModelSpec(POCKET_SOURCE, quantization="int4")
     for name in ("qwen2.5-7b", "llama3.1-8b", "qwen2.5-14b"):
         gpu = profiles.get(name)
         assert gpu.drafter == "model" and gpu.draft is not None and gpu.target.quantization != "none"
@@ -103,7 +104,11 @@ def test_env_models_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         ('[profiles.x]\ntarget = { quantization = "nf4" }\ndrafter = "ngram"\n', ["missing field target.source"]),
         ('[profiles.x]\ntarget = "a/b"\ndrafter = "model"\n', ["profile 'x'", "missing field 'draft'"]),
         ('[profiles.x]\ntarget = { source = "a/b", quantization = "q4" }\ndrafter = "ngram"\n',
-         ["unknown quantization 'q4'", "none, nf4, int8", "profile 'x'"]),
+         ["unknown quantization 'q4'", "none, int4, nf4, int8", "profile 'x'"]),
+        ('[profiles.x]\ntarget = { source = "a/b", quantization = "int4", group_size = 48 }\ndrafter = "ngram"\n',
+         ["group_size 48 is not supported", "32, 64, 128", "profile 'x'"]),
+        ('[profiles.x]\ntarget = { source = "a/b", quantize_head = "no" }\ndrafter = "ngram"\n',
+         ["quantize_head", "true or false"]),
         ('[profiles.x]\ntarget = "a/b"\ndrafter = "ngram"\ntemprature = 0.5\n',
          ["unknown key 'temprature'", "allowed keys are", "temperature"]),
         ('[profiles.x]\ntarget = { source = "a/b", quant = "nf4" }\ndrafter = "ngram"\n',

@@ -1,0 +1,157 @@
+"""Quantization: the one place that knows how a model's weights are stored.
+
+The loader asks two things of it:
+
+* :func:`bnb_config` — the ``BitsAndBytesConfig`` for ``nf4`` / ``int8``
+  (bitsandbytes, applied by ``from_pretrained``, for GPU users who choose it);
+* :func:`apply_int4` — after a full-precision load, swap every linear layer for
+  torch's own int4 kernels (:mod:`engine.quant.int4`), carrying a GGUF's
+  Q4_0/Q4_1 blocks over code for code (:mod:`engine.quant.gguf_blocks`), and
+  cache the groups so a warm start does not redo the work.
+
+The cache is a safetensors file per (model, group size, head setting) under
+``cache_dir()/int4``: 4-bit codes two to a byte, fp32 scales and zeros, keyed
+by the source location and the size and mtime of its weight files, so a
+changed checkpoint is quantized again. It is written to a temporary name and
+renamed into place.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.quant.int4 import GROUP_SIZES, Int4Linear, Int4Weights, QuantReport, quantize_model, quantize_weight
+
+__all__ = ["GROUP_SIZES", "Int4Linear", "Int4Weights", "QuantReport", "apply_int4", "bnb_config", "quantize_weight"]
+
+log = logging.getLogger(__name__)
+CACHE_VERSION = 1
+
+
+def bnb_config(quantization: str, compute_dtype: torch.dtype) -> Any | None:
+    """bitsandbytes settings: nf4 with double quant in ``compute_dtype``, or int8; None otherwise."""
+    if quantization not in ("nf4", "int8"):
+        return None
+    from transformers import BitsAndBytesConfig
+
+    if quantization == "nf4":
+        return BitsAndBytesConfig(
+            load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_use_double_quant=True,
+            bnb_4bit_compute_dtype=compute_dtype,
+        )
+    return BitsAndBytesConfig(load_in_8bit=True)
+
+
+def _cache_file(location: str, group_size: int, quantize_head: bool) -> Path | None:
+    """Where the int4 groups of the weights in ``location`` are cached (None for hub ids)."""
+    from engine.paths import cache_dir
+
+    root = Path(location)
+    if not root.is_dir():
+        return None
+    ident = [location, str(CACHE_VERSION)]
+    for f in sorted(root.glob("*.safetensors")):
+        st = f.stat()
+        ident.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
+    key = hashlib.sha256("|".join(ident).encode()).hexdigest()[:16]
+    return cache_dir(create=True) / "int4" / f"{root.name[:60]}-{key}-g{group_size}{'' if quantize_head else '-nohead'}.safetensors"
+
+
+def _save(path: Path, groups: dict[str, Int4Weights], carried: list[str]) -> None:
+    from safetensors.torch import save_file
+
+    tensors: dict[str, torch.Tensor] = {}
+    for name, w in groups.items():
+        tensors[f"{name}.codes"] = (w.codes[:, ::2] << 4 | w.codes[:, 1::2]).contiguous()
+        tensors[f"{name}.scale"] = w.scale.contiguous()
+        tensors[f"{name}.zero"] = w.zero.contiguous()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    meta = {"carried": json.dumps(carried), "group_size": str(next(iter(groups.values())).group_size)}
+    try:
+        save_file(tensors, str(tmp), metadata=meta)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def _load(path: Path) -> tuple[dict[str, Int4Weights], list[str]] | None:
+    from safetensors import safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as f:
+            meta = f.metadata() or {}
+            group_size = int(meta["group_size"])
+            names = {k.rsplit(".", 1)[0] for k in f.keys()}
+            groups = {}
+            for name in names:
+                pairs = f.get_tensor(f"{name}.codes")
+                codes = torch.stack([pairs >> 4, pairs & 0x0F], dim=-1).reshape(pairs.shape[0], -1)
+                groups[name] = Int4Weights(codes, f.get_tensor(f"{name}.scale"), f.get_tensor(f"{name}.zero"), group_size)
+            return groups, json.loads(meta.get("carried", "[]"))
+    except Exception as exc:  # noqa: BLE001 - a damaged cache is rebuilt, never fatal
+        log.warning("int4 cache %s is unreadable (%s); quantizing again", path, exc)
+        return None
+
+
+def apply_int4(
+    model: nn.Module,
+    *,
+    location: str,
+    gguf: Path | None,
+    group_size: int = 32,
+    quantize_head: bool = True,
+    device: torch.device | None = None,
+) -> QuantReport:
+    """Quantize ``model`` (loaded in full precision) to int4 in place.
+
+    Args:
+        model: the causal LM; its linear layers are replaced.
+        location: the directory its weights came from (the cache key), or a hub id.
+        gguf: the GGUF file ``location`` was converted from, if any: its
+            Q4_0/Q4_1 tensors are carried over when ``group_size`` is 32.
+        group_size: 32, 64 or 128 inputs per scale and zero.
+        quantize_head: quantize the output layer too.
+        device: where the packed weights go.
+    """
+    cache = _cache_file(location, group_size, quantize_head)
+    cached = _load(cache) if cache is not None and cache.is_file() else None
+    if cached is not None:
+        groups, carried_names = cached
+        report = quantize_model(model, group_size=group_size, quantize_head=quantize_head, groups=groups, device=device)
+        report.carried_over = [n for n in report.quantized if n in carried_names]
+        log.info("%s (from the cache %s)", report.summary(), cache)
+        return report
+    carried: dict[str, Int4Weights] = {}
+    if gguf is not None and group_size == 32 and gguf.is_file():
+        from engine.quant.gguf_blocks import carry_over
+
+        carried = carry_over(gguf, model)
+    groups = _groups(model, quantize_head, group_size, carried)
+    report = quantize_model(model, group_size=group_size, quantize_head=quantize_head, groups=groups, device=device)
+    report.carried_over = [n for n in report.quantized if n in carried]
+    if cache is not None and groups:
+        _save(cache, {n: groups[n] for n in report.quantized}, report.carried_over)
+    log.info("%s", report.summary())
+    return report
+
+
+def _groups(model: nn.Module, quantize_head: bool, group_size: int, carried: dict[str, Int4Weights]) -> dict[str, Int4Weights]:
+    """Int4 groups for every linear layer that will be quantized: carried over, or quantized here."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    groups: dict[str, Int4Weights] = {}
+    for name, module in model.named_modules():
+        if not isinstance(module, nn.Linear) or (module is head and not quantize_head):
+            continue
+        if name in carried:
+            groups[name] = carried[name]
+        elif module.weight.shape[1] % group_size == 0:
+            groups[name] = quantize_weight(module.weight, group_size)
+    return groups
