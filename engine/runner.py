@@ -15,6 +15,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from engine.device import Device
+from engine.lean import lean_forward
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -33,9 +34,12 @@ class ModelRunner:
     ``self.cache``, in order.
     """
 
-    def __init__(self, model: PreTrainedModel, device: Device) -> None:
+    def __init__(self, model: PreTrainedModel, device: Device, lean: bool = True) -> None:
         self.model = model
         self.device = device
+        # A straight-line forward over the same weights where the architecture
+        # allows (engine/lean.py); transformers' own forward otherwise.
+        self._lean = lean_forward(model) if lean else None
         self.ids: list[int] = []
         self.cache: DynamicCache = DynamicCache(config=model.config)
         # Width of the logits (may exceed the tokenizer's vocabulary: padding rows).
@@ -62,12 +66,12 @@ class ModelRunner:
         input_ids = torch.tensor([list(new_ids)], dtype=torch.long, device=self.device.torch_device)
         keep = max(logits_to_keep, 1)
         try:
-            out = self.model(
-                input_ids=input_ids,
-                past_key_values=self.cache,
-                use_cache=True,
-                logits_to_keep=keep,
-            )
+            if self._lean is not None:
+                logits = self._lean(input_ids, self.cache, len(self.ids), keep)
+            else:
+                logits = self.model(
+                    input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep
+                ).logits
         except BaseException:
             # A failed pass (an OOM, say) may have extended some layers and not
             # others: put every layer back to the last consistent length.
@@ -75,8 +79,8 @@ class ModelRunner:
             raise
         self.ids.extend(int(t) for t in new_ids)
         if logits_to_keep == 0:
-            return out.logits.new_empty((0, out.logits.shape[-1]))
-        return out.logits[0, -logits_to_keep:].float()
+            return logits.new_empty((0, logits.shape[-1]))
+        return logits[0, -logits_to_keep:].float()
 
     def prefill(self, ids: Sequence[int]) -> None:
         """Feed ``ids`` without computing any logits (``[n]`` ids; nothing returned)."""
@@ -129,6 +133,7 @@ class ModelRunner:
         self.cache = DynamicCache(config=self.model.config)
         self.ids = []
         self.model = None  # type: ignore[assignment]
+        self._lean = None
 
 
 def _layer_length(layer: object) -> int:

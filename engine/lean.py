@@ -1,0 +1,133 @@
+"""A lean forward pass for Llama-family decoders (Llama, Qwen2, Mistral, SmolLM).
+
+At batch size one on a CPU, a small model's step is mostly Python: transformers
+dispatches some 25 modules, hooks and wrappers per layer, which for SmolLM2
+(30 layers) costs more than its int4 matmuls. :class:`LeanForward` runs the
+same maths over the same modules' weights with a straight loop, the way
+gpt-fast's ``Transformer.forward`` does:
+
+    x = embed(ids)
+    for each layer:
+        h = rms_norm(x) ; q, k, v = h Wq, h Wk, h Wv ; rope(q, k)
+        k, v = cache.update(k, v)                      # the runner's DynamicCache
+        x = x + attention(q, k, v, causal from position ``start``) Wo
+        h = rms_norm(x) ; x = x + (silu(h Wg) * h Wu) Wd
+    logits = rms_norm(x[-keep:]) W_head
+
+It reuses the model's own modules (their weights, int4 or not, and the rotary
+embedding with its scaling), so nothing is copied and nothing is converted.
+Any model it does not recognise runs through transformers unchanged
+(:func:`lean_forward` returns None).
+
+The numbers are those of transformers' SDPA path up to the order of floating
+point operations, so a reply may differ from transformers' own ``generate`` at
+a near-tie; speculative and plain decoding in specchat both run this pass, so
+they stay token-identical to each other.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+SUPPORTED = ("llama", "qwen2", "mistral")
+
+
+def _call(module: nn.Module) -> Any:
+    """The module's forward without nn.Module's hook dispatch (the lean part)."""
+    return module.forward
+
+
+class _Layer:
+    __slots__ = ("norm1", "eps1", "q", "k", "v", "o", "norm2", "eps2", "gate", "up", "down")
+
+    def __init__(self, layer: nn.Module) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        self.norm1, self.eps1 = layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon
+        self.norm2, self.eps2 = layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon
+        self.q, self.k, self.v, self.o = (_call(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj))
+        self.gate, self.up, self.down = (_call(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm, op for op."""
+    dtype = x.dtype
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LeanForward:
+    """Callable like the model (``input_ids``, ``past_key_values``, ``logits_to_keep``) for the runner."""
+
+    def __init__(self, model: nn.Module) -> None:
+        cfg = model.config.get_text_config()
+        inner = model.model
+        self.config = model.config
+        self.embed = inner.embed_tokens.weight
+        self.rotary = inner.rotary_emb
+        self.final_norm, self.final_eps = inner.norm.weight, inner.norm.variance_epsilon
+        self.head = _call(model.lm_head)
+        self.layers = [_Layer(layer) for layer in inner.layers]
+        self.n_heads = int(cfg.num_attention_heads)
+        self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
+        self.scale = self.head_dim**-0.5
+
+    @torch.inference_mode()
+    def __call__(self, input_ids: torch.Tensor, past_key_values: Any, start: int, logits_to_keep: int = 1) -> torch.Tensor:
+        """Run ``input_ids`` ``[1, T]`` at positions ``start .. start + T - 1``.
+
+        Appends their keys and values to ``past_key_values`` (which holds
+        ``start`` tokens) and returns logits ``[1, logits_to_keep, V]``.
+        """
+        t = input_ids.shape[1]
+        x = F.embedding(input_ids, self.embed)
+        positions = torch.arange(start, start + t, device=input_ids.device).unsqueeze(0)
+        cos, sin = self.rotary(x, positions)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        mask = None
+        if t > 1:  # causal over the new tokens; every cached token is visible
+            mask = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(diagonal=start)
+        q_shape, kv_shape = (1, t, self.n_heads, self.head_dim), (1, t, self.n_kv, self.head_dim)
+        for i, layer in enumerate(self.layers):
+            h = _rms_norm(x, layer.norm1, layer.eps1)
+            q = layer.q(h).view(q_shape).transpose(1, 2)
+            k = layer.k(h).view(kv_shape).transpose(1, 2)
+            v = layer.v(h).view(kv_shape).transpose(1, 2)
+            q = q * cos + _rotate_half(q) * sin
+            k = k * cos + _rotate_half(k) * sin
+            k, v = past_key_values.update(k, v, i)
+            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
+                                               enable_gqa=self.n_kv != self.n_heads)
+            x = x + layer.o(a.transpose(1, 2).reshape(1, t, -1))
+            h = _rms_norm(x, layer.norm2, layer.eps2)
+            x = x + layer.down(F.silu(layer.gate(h)) * layer.up(h))
+        x = _rms_norm(x[:, -logits_to_keep:], self.final_norm, self.final_eps)
+        return self.head(x)
+
+
+def lean_forward(model: nn.Module) -> LeanForward | None:
+    """A :class:`LeanForward` over ``model``, or None when the model is not a plain
+    Llama-family decoder (other architectures, sliding windows, accelerate hooks)."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "model_type", None) not in SUPPORTED:
+        return None
+    text = cfg.get_text_config()
+    if getattr(text, "hidden_act", "silu") != "silu" or getattr(text, "use_sliding_window", False):
+        return None
+    if text.model_type == "mistral" and getattr(text, "sliding_window", None):
+        return None
+    if any(hasattr(m, "_hf_hook") for m in model.modules()):  # accelerate offloading: keep its hooks
+        return None
+    try:
+        return LeanForward(model)
+    except AttributeError:
+        return None
