@@ -4,7 +4,9 @@ At batch size one on a CPU, a small model's step is mostly Python: transformers
 dispatches some 25 modules, hooks and wrappers per layer, which for SmolLM2
 (30 layers) costs more than its int4 matmuls. :class:`LeanForward` runs the
 same maths over the same modules' weights with a straight loop, the way
-gpt-fast's ``Transformer.forward`` does:
+gpt-fast's ``Transformer.forward`` does, with q/k/v and gate/up each joined
+into one matmul (the layers become views into the joint weights, so no
+memory is duplicated):
 
     x = embed(ids)
     for each layer:
@@ -14,8 +16,9 @@ gpt-fast's ``Transformer.forward`` does:
         h = rms_norm(x) ; x = x + (silu(h Wg) * h Wu) Wd
     logits = rms_norm(x[-keep:]) W_head
 
-It reuses the model's own modules (their weights, int4 or not, and the rotary
-embedding with its scaling), so nothing is copied and nothing is converted.
+It reuses the model's own weights (int4 or not) and rotary embedding (with
+its scaling), so transformers' forward, ``generate`` included, keeps working on
+the same model.
 Any model it does not recognise runs through transformers unchanged
 (:func:`lean_forward` returns None).
 
@@ -26,29 +29,65 @@ they stay token-identical to each other.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.quant.int4 import Int4Linear
+
 SUPPORTED = ("llama", "qwen2", "mistral")
 
 
-def _call(module: nn.Module) -> Any:
+def _call(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
     """The module's forward without nn.Module's hook dispatch (the lean part)."""
+    if isinstance(module, Int4Linear):
+        return Int4Linear.fuse([module])
     return module.forward
 
 
+def _fused(modules: list[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """One matmul for projections that read the same input, sharing their storage; None if the
+    layers are of a kind that cannot be joined (bitsandbytes)."""
+    if any(isinstance(m, Int4Linear) for m in modules):
+        return Int4Linear.fuse(modules) if Int4Linear.can_fuse(modules) else None  # type: ignore[arg-type]
+    if not all(type(m) is nn.Linear for m in modules):
+        return None
+    weight = torch.cat([m.weight.detach() for m in modules])
+    biases = [m.bias for m in modules]
+    bias = None
+    if any(b is not None for b in biases):
+        bias = torch.cat([b.detach() if b is not None else weight.new_zeros(m.out_features)
+                          for b, m in zip(biases, modules)])
+    offset = 0
+    for m in modules:  # the layers keep working, as views into the joint weight
+        rows = m.out_features
+        m.weight = nn.Parameter(weight[offset : offset + rows], requires_grad=False)
+        offset += rows
+    return lambda x: F.linear(x, weight, bias)
+
+
 class _Layer:
-    __slots__ = ("norm1", "eps1", "q", "k", "v", "o", "norm2", "eps2", "gate", "up", "down")
+    __slots__ = ("norm1", "eps1", "qkv", "split", "o", "norm2", "eps2", "gate_up", "inter", "down")
 
     def __init__(self, layer: nn.Module) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.norm1, self.eps1 = layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon
         self.norm2, self.eps2 = layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon
-        self.q, self.k, self.v, self.o = (_call(m) for m in (attn.q_proj, attn.k_proj, attn.v_proj, attn.o_proj))
-        self.gate, self.up, self.down = (_call(m) for m in (mlp.gate_proj, mlp.up_proj, mlp.down_proj))
+        projections = [attn.q_proj, attn.k_proj, attn.v_proj]
+        self.split = [int(m.out_features) for m in projections]
+        self.qkv = _fused(projections) or _separate(projections)
+        self.o = _call(attn.o_proj)
+        self.inter = int(mlp.gate_proj.out_features)
+        self.gate_up = _fused([mlp.gate_proj, mlp.up_proj]) or _separate([mlp.gate_proj, mlp.up_proj])
+        self.down = _call(mlp.down_proj)
+
+
+def _separate(modules: list[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor]:
+    calls = [_call(m) for m in modules]
+    return lambda x: torch.cat([c(x) for c in calls], dim=-1)
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -99,9 +138,10 @@ class LeanForward:
         q_shape, kv_shape = (1, t, self.n_heads, self.head_dim), (1, t, self.n_kv, self.head_dim)
         for i, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.norm1, layer.eps1)
-            q = layer.q(h).view(q_shape).transpose(1, 2)
-            k = layer.k(h).view(kv_shape).transpose(1, 2)
-            v = layer.v(h).view(kv_shape).transpose(1, 2)
+            q, k, v = layer.qkv(h).split(layer.split, dim=-1)
+            q = q.reshape(q_shape).transpose(1, 2)
+            k = k.reshape(kv_shape).transpose(1, 2)
+            v = v.reshape(kv_shape).transpose(1, 2)
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             k, v = past_key_values.update(k, v, i)
@@ -109,7 +149,8 @@ class LeanForward:
                                                enable_gqa=self.n_kv != self.n_heads)
             x = x + layer.o(a.transpose(1, 2).reshape(1, t, -1))
             h = _rms_norm(x, layer.norm2, layer.eps2)
-            x = x + layer.down(F.silu(layer.gate(h)) * layer.up(h))
+            gate, up = layer.gate_up(h).split((layer.inter, layer.inter), dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
         x = _rms_norm(x[:, -logits_to_keep:], self.final_norm, self.final_eps)
         return self.head(x)
 

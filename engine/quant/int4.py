@@ -33,7 +33,7 @@ scale and zero to bf16; the codes are kept exactly.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -45,6 +45,7 @@ log = logging.getLogger(__name__)
 
 GROUP_SIZES: tuple[int, ...] = (32, 64, 128)
 CUDA_INNER_K_TILES = 8
+FUSE_ROWS = 64  # the CPU packing lays out output rows in blocks of 64
 
 
 @dataclass(frozen=True)
@@ -149,8 +150,61 @@ class Int4Linear(nn.Module):
         y = y.to(x.dtype).reshape(*shape[:-1], self.out_features)
         return y + self.bias.to(y.dtype) if self.bias is not None else y
 
+    @staticmethod
+    def can_fuse(layers: Sequence[nn.Module]) -> bool:
+        """Whether :meth:`fuse` is exact for these layers: CPU int4 layers with one input
+        size and group size, every boundary on the CPU packing's 64-row blocks."""
+        if not layers or not all(isinstance(l, Int4Linear) and not l.is_cuda for l in layers):
+            return False
+        first = layers[0]
+        return (all(l.group_size == first.group_size and l.in_features == first.in_features for l in layers)
+                and all(l.out_features % FUSE_ROWS == 0 for l in layers[:-1]))
+
+    @staticmethod
+    def fuse(layers: Sequence["Int4Linear"]) -> Callable[[torch.Tensor], torch.Tensor]:
+        """One matmul for several layers reading the same input (q/k/v, gate/up).
+
+        The packed codes are concatenated along the output dim and each
+        layer's ``packed`` becomes a view into the joint tensor: no memory is
+        duplicated but the small scale tables. The CPU packing is blocked by
+        64 rows, so this is exact only when every boundary falls on a block
+        (:meth:`can_fuse`); a single layer always qualifies. Returns
+        ``f(x [..., K]) -> [..., sum N]``.
+        """
+        first = layers[0]
+        if len(layers) > 1 and not Int4Linear.can_fuse(layers):
+            raise QuantizationError("these int4 layers cannot be joined exactly; run them one by one")
+        packed = torch.cat([l.packed for l in layers])
+        offset = 0
+        for l in layers:
+            rows = l.packed.shape[0]
+            l.packed = packed[offset : offset + rows]
+            offset += rows
+        sz = torch.cat([l.scales_and_zeros for l in layers], dim=1).contiguous()
+        biases = [l.bias for l in layers]
+        bias = torch.cat([b.detach() for b in biases]) if all(b is not None for b in biases) else None
+        if bias is None and any(b is not None for b in biases):
+            bias = torch.cat([b.detach() if b is not None else torch.zeros(l.out_features, device=packed.device)
+                              for b, l in zip(biases, layers)])
+        return _int4_matmul(packed, sz, bias, first.group_size, first.in_features, first.is_cuda)
+
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, int4"
+
+
+def _int4_matmul(
+    packed: torch.Tensor, sz: torch.Tensor, bias: torch.Tensor | None, group_size: int, k: int, cuda: bool
+) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``f(x [..., K]) -> [..., N]`` over packed int4 weights, with no module in between."""
+    mm = torch._weight_int4pack_mm if cuda else torch._weight_int4pack_mm_for_cpu
+    n = sz.shape[1]
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = mm(x.reshape(-1, k).to(torch.bfloat16), packed, group_size, sz).to(x.dtype)
+        y = y.view(*x.shape[:-1], n)
+        return y + bias.to(y.dtype) if bias is not None else y
+
+    return f
 
 
 @dataclass

@@ -51,3 +51,19 @@ def test_unsupported_models_keep_transformers_forward() -> None:
     assert lean_forward(model) is None
     runner = ModelRunner(model, Device(torch.device("cpu")))
     assert runner.forward([1, 2, 3]).shape == (1, 96)
+
+
+@pytest.mark.parametrize("rows, fusable", [((576, 192, 192), True), ((64, 32, 32), False), ((1536, 1536), True)])
+def test_int4_fusion_is_exact_where_it_is_allowed(rows: tuple[int, ...], fusable: bool) -> None:
+    from engine.quant import Int4Linear, quantize_weight
+
+    gen = torch.Generator().manual_seed(1)
+    layers = [Int4Linear(quantize_weight(torch.randn(n, 128, generator=gen), 32), None, torch.device("cpu"))
+              for n in rows]
+    x = torch.randn(3, 128, generator=gen)
+    separate = torch.cat([layer(x) for layer in layers], dim=-1)
+    assert Int4Linear.can_fuse(layers) is fusable
+    if fusable:
+        fused = Int4Linear.fuse(layers)
+        assert torch.equal(fused(x), separate)
+        assert torch.equal(torch.cat([layer(x) for layer in layers], dim=-1), separate)  # views still right
