@@ -27,7 +27,8 @@ from app.conversation import profile_pair
 from app.formatting import plan_lines
 from app.history import History
 from app.messages import EngineFailed, EngineReady, LoadProgress
-from app.replies import ReplyMixin
+from app.replies import SAVE_FLUSH_AT_EXIT_S, ReplyMixin
+from app.saver import HistoryLag, HistorySaver
 from app.screens.help import HelpScreen
 from app.screens.profiles import ProfilePicker
 from app.widgets.chat_view import AssistantMessage, ChatLog
@@ -129,6 +130,7 @@ class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
         self.history = History.open()
         if self.history.notice:
             self.notice(self.history.notice, severity="error", title="History")
+        self.saver = HistorySaver(self.history, lambda text: self.post_message(HistoryLag(text)))
         self.show_welcome()
         self.query_one(PromptArea).focus()
         self.set_interval(HUD_REFRESH_S, self._flush_hud)
@@ -310,5 +312,7 @@ class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
                 except Exception:  # exiting anyway
                     pass
                 self.backend = None
+        if self.saver is not None:
+            self.saver.close(SAVE_FLUSH_AT_EXIT_S)
         if self.history is not None:
             self.history.close()

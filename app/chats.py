@@ -14,6 +14,7 @@ from textual.widgets import Static
 
 from app.export import default_export_path, export_chat
 from app.history import HistoryError
+from app.saver import ChatRef
 from app.screens.chats import ChatsResult, ChatsScreen
 from app.screens.edit import EditScreen
 from app.widgets.chat_view import AssistantMessage, UserMessage
@@ -34,10 +35,19 @@ class ChatMixin:
     """Conversation state and history actions."""
 
     def init_chat_state(self) -> None:
-        self.chat_id: int | None = None
+        self._chat_ref: ChatRef | None = None
         self.turns: list[ChatMessage] = []
         self.chat_system_prompt: str | None = None
         """The chat's own system prompt; None follows the profile's."""
+
+    @property
+    def chat_id(self) -> int | None:
+        """The saved chat's id; None before the saver wrote its first row."""
+        return self._chat_ref.id if self._chat_ref is not None else None
+
+    @chat_id.setter
+    def chat_id(self, value: int | None) -> None:
+        self._chat_ref = None if value is None else ChatRef("", id=value)
 
     @property
     def system_prompt(self: "SpecChatApp") -> str | None:
@@ -54,12 +64,11 @@ class ChatMixin:
             self.notice(str(exc), severity="error", title="History")
             return None
 
-    def ensure_chat(self: "SpecChatApp", title: str) -> int | None:
-        """The saved chat's id, creating it on the first prompt."""
-        if self.chat_id is None:
-            self.chat_id = self.db(self.history.create_chat, title,
-                                   self.profile.name if self.profile else None, self.chat_system_prompt)
-        return self.chat_id
+    def ensure_chat(self: "SpecChatApp", title: str) -> ChatRef:
+        """The current chat; on the first prompt a new one, created in the database by the saver."""
+        if self._chat_ref is None:
+            self._chat_ref = ChatRef(title, self.profile.name if self.profile else None, self.chat_system_prompt)
+        return self._chat_ref
 
     def chat_profile_changed(self: "SpecChatApp", name: str) -> None:
         """A new profile is loaded: the chat continues with it."""

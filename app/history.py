@@ -7,11 +7,20 @@ produced it, its final :class:`~engine.events.Stats` as JSON and, for replies,
 the text pieces with their token source (draft/target) so the colour view
 survives a restart.
 
-The assistant row is written when a reply starts and rewritten every round, so
-killing the app loses at most the tokens not yet emitted. A database that cannot
-be opened (damaged, not SQLite, locked) is never overwritten: it is renamed to
-``history.db.corrupt-<timestamp>`` and a fresh one is started; :attr:`History.notice`
-says so and the app shows it.
+The assistant row is written when a reply starts and rewritten every round (by
+:class:`app.saver.HistorySaver`, which keeps unsaved rounds in memory while the
+file is locked), so killing the app loses at most the tokens not yet written.
+
+Locks are not damage: every connection waits :data:`BUSY_TIMEOUT_S` for another
+program's lock (another specchat, a DB browser, a backup) and :meth:`History.open`
+tries again after that. Only SQLite's own corruption errors ("database disk
+image is malformed", "file is not a database"), confirmed by ``PRAGMA
+integrity_check``, make it set the file aside as ``history.db.corrupt-<timestamp>``
+and start a fresh one; :attr:`History.notice` says so and the app shows it.
+
+The schema carries a version (``PRAGMA user_version``); :data:`MIGRATIONS` upgrades
+an older file step by step, each step in one transaction, so a later release
+can change the schema without losing chats (the same scheme as oterm's store).
 """
 from __future__ import annotations
 
@@ -29,7 +38,10 @@ from engine.errors import SpecChatError
 
 from app.paths import data_dir, ensure_private_dir
 
-SCHEMA_VERSION = 1
+BUSY_TIMEOUT_S = 5.0
+"""How long one statement waits for another connection's lock before failing."""
+OPEN_ATTEMPTS = 2
+"""Tries (each waiting BUSY_TIMEOUT_S) before :meth:`History.open` gives up on a lock."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS chats (
@@ -54,12 +66,90 @@ CREATE TABLE IF NOT EXISTS messages (
 CREATE INDEX IF NOT EXISTS messages_by_chat ON messages(chat_id, id);
 """
 
+MIGRATIONS: tuple[tuple[int, str], ...] = (
+    (1, _SCHEMA),
+)
+"""``(version, SQL script)`` in order: the script upgrades a file at ``version - 1``
+to ``version``. Append a step (never edit a released one) to change the schema."""
+
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+_CORRUPTION = ("malformed", "not a database", "file is encrypted", "integrity check failed")
+
+
+def is_lock_error(exc: BaseException) -> bool:
+    """True for "database is locked" / "database table is locked" / busy errors."""
+    text = str(exc).lower()
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
+
+
+def is_corruption_error(exc: BaseException) -> bool:
+    """True only for SQLite's own reports that the file is damaged or not a database."""
+    return (isinstance(exc, sqlite3.DatabaseError) and not is_lock_error(exc)
+            and any(word in str(exc).lower() for word in _CORRUPTION))
+
 Pieces = list[tuple[str, str]]
 """Reply text as ``(text, source)`` runs, adjacent runs of one source merged."""
 
 
 class HistoryError(SpecChatError):
     """Reading or writing the history database failed."""
+
+    def __init__(self, message: str, *, locked: bool = False) -> None:
+        super().__init__(message)
+        self.locked = locked
+        """True when another program's lock was the cause: trying again later may work."""
+
+
+class _NewerSchema(sqlite3.DatabaseError):
+    """The file was written by a newer specchat (its user_version is above ours)."""
+
+
+def migrate(conn: sqlite3.Connection, migrations: Sequence[tuple[int, str]] = MIGRATIONS) -> int:
+    """Bring the schema up to the last step of ``migrations``; returns the version.
+
+    Each step runs in its own transaction together with its ``user_version``
+    bump, so a failed step leaves the file at the previous version, data intact.
+    """
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    latest = migrations[-1][0] if migrations else 0
+    if version > latest:
+        raise _NewerSchema(f"History database was written by a newer specchat (schema {version}, "
+                           f"this one knows up to {latest}).")
+    for step, script in migrations:
+        if step <= version:
+            continue
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _statements(script):
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {int(step)}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        version = step
+    return version
+
+
+def _statements(script: str) -> list[str]:
+    """Split a migration script into statements (executescript would commit on its own)."""
+    out, buf = [], ""
+    for line in script.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            if buf.strip():
+                out.append(buf.strip())
+            buf = ""
+    if buf.strip():
+        out.append(buf.strip())
+    return out
+
+
+def _describe(what: str, exc: sqlite3.Error) -> str:
+    if is_lock_error(exc):
+        return f"{what}: the history database is locked by another program ({exc}); will retry"
+    return f"{what}: {exc}"
 
 
 @dataclass(frozen=True)
@@ -132,68 +222,124 @@ class History:
         self._lock = threading.RLock()
         self.path = path
         self.notice = notice
-        """Set when the database had to be set aside or could not be opened."""
+        """Set when the database had to be set aside, is locked, or could not be opened."""
+        self._ready = True
 
     # -- opening ---------------------------------------------------------------
 
     @classmethod
     def open(cls, path: Path | None = None) -> "History":
-        """Open (or create) the database at ``path`` (default: data_dir()/history.db).
+        """Open (or create and upgrade) the database at ``path`` (default: data_dir()/history.db).
 
-        Never raises: a damaged or locked file is renamed out of the way and a new
-        one started; if even that fails the history lives in memory for this run.
+        Never raises. A lock held by another program is waited for
+        (:data:`OPEN_ATTEMPTS` x :data:`BUSY_TIMEOUT_S`); if it is still held the
+        file is used anyway (the schema is checked at the first write) and the
+        notice says so. Only a confirmed corrupt file is renamed aside; a file
+        written by a newer specchat, or one that cannot be opened at all, is left
+        untouched and this run's history lives in memory.
         """
         path = Path(path) if path is not None else data_dir() / "history.db"
-        try:
-            return cls(cls._connect(path), path)
-        except (sqlite3.Error, OSError) as first:
+        error: BaseException | None = None
+        for attempt in range(max(OPEN_ATTEMPTS, 1)):
             try:
-                moved = cls._set_aside(path)
-            except OSError as exc:
-                return cls._in_memory(f"History database {path} cannot be used ({first}) "
-                                      f"nor moved aside ({exc}); this session is not saved.")
-            notice = (f"History database {path} could not be read ({first}). "
-                      f"It was moved to {moved.name} and a new one started.")
-            try:
-                return cls(cls._connect(path), path, notice)
+                return cls(cls._connect(path), path)
             except (sqlite3.Error, OSError) as exc:
-                return cls._in_memory(f"{notice} The new one failed too ({exc}); "
-                                      "this session is not saved.")
+                error = exc
+                if not is_lock_error(exc):
+                    break
+        assert error is not None
+        if is_lock_error(error):
+            return cls._locked(path, error)
+        if isinstance(error, _NewerSchema):
+            return cls._in_memory(f"{error} It was left untouched; this session's chats are not saved. "
+                                  "Upgrade specchat, or set SPECCHAT_DATA_DIR to use another history.")
+        if not (is_corruption_error(error) and cls._confirm_corrupt(path)):
+            return cls._in_memory(f"History database {path} cannot be used ({error}); it was left untouched "
+                                  "and this session's chats are not saved.")
+        try:
+            moved = cls._set_aside(path)
+        except OSError as exc:
+            return cls._in_memory(f"History database {path} is damaged ({error}) and could not be moved "
+                                  f"aside ({exc}); this session's chats are not saved.")
+        notice = (f"History database {path} is damaged ({error}). "
+                  f"It was moved to {moved.name} and a new one started.")
+        try:
+            return cls(cls._connect(path), path, notice)
+        except (sqlite3.Error, OSError) as exc:
+            return cls._in_memory(f"{notice} The new one failed too ({exc}); "
+                                  "this session is not saved.")
+
+    @classmethod
+    def _locked(cls, path: Path, error: BaseException) -> "History":
+        """The file is locked by another program: keep using it, never set it aside."""
+        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+        history = cls(conn, path, f"History database {path} is locked by another program ({error}). "
+                      "Nothing was moved or lost; chats are saved as soon as the lock is released.")
+        history._ready = False
+        return history
+
+    @staticmethod
+    def _confirm_corrupt(path: Path) -> bool:
+        """``PRAGMA integrity_check`` on a fresh connection: True unless it says "ok"."""
+        try:
+            conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S)
+        except sqlite3.Error:
+            return False
+        try:
+            rows = conn.execute("PRAGMA integrity_check").fetchall()
+            return [r[0] for r in rows] != ["ok"]
+        except sqlite3.Error as exc:
+            return is_corruption_error(exc)
+        finally:
+            conn.close()
 
     @classmethod
     def _in_memory(cls, notice: str) -> "History":
         conn = sqlite3.connect(":memory:", check_same_thread=False)
-        conn.executescript(_SCHEMA)
+        migrate(conn)
         return cls(conn, None, notice)
 
-    @staticmethod
-    def _connect(path: Path) -> sqlite3.Connection:
+    @classmethod
+    def _connect(cls, path: Path) -> sqlite3.Connection:
         ensure_private_dir(path.parent)
         _private_file(path)
-        conn = sqlite3.connect(path, timeout=1.0, check_same_thread=False)
+        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
         try:
-            conn.execute("PRAGMA foreign_keys = ON")
-            row = conn.execute("PRAGMA quick_check").fetchone()
-            if row is None or row[0] != "ok":
-                raise sqlite3.DatabaseError(f"integrity check failed: {row[0] if row else '?'}")
-            version = conn.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise sqlite3.DatabaseError(f"written by a newer specchat (schema {version})")
-            conn.execute("PRAGMA journal_mode = WAL")
-            conn.execute("PRAGMA synchronous = NORMAL")
-            with conn:
-                conn.executescript(_SCHEMA)
-                conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-            # Force a read and write now, so a locked file is caught here.
-            conn.execute("SELECT count(*) FROM chats").fetchone()
+            cls._prepare(conn)
         except BaseException:
             conn.close()
             raise
+        cls._private_side_files(path)
+        return conn
+
+    @staticmethod
+    def _prepare(conn: sqlite3.Connection) -> None:
+        """Check, configure and upgrade an open connection (raises on locks and damage)."""
+        conn.execute("PRAGMA foreign_keys = ON")
+        row = conn.execute("PRAGMA quick_check").fetchone()
+        if row is None or row[0] != "ok":
+            raise sqlite3.DatabaseError(f"integrity check failed: {row[0] if row else '?'}")
+        conn.execute("PRAGMA journal_mode = WAL")
+        conn.execute("PRAGMA synchronous = NORMAL")
+        migrate(conn)
+        # Force a read now, so a locked file is caught here.
+        conn.execute("SELECT count(*) FROM chats").fetchone()
+
+    @staticmethod
+    def _private_side_files(path: Path) -> None:
         for suffix in _SIDE_FILES:
             side = Path(f"{path}{suffix}")
             if side.exists():
                 os.chmod(side, 0o600)
-        return conn
+
+    def _ensure_ready(self) -> None:
+        """After a start under a lock: check and upgrade the file before its first use."""
+        if self._ready:
+            return
+        self._prepare(self._conn)
+        self._ready = True
+        if self.path is not None:
+            self._private_side_files(self.path)
 
     @staticmethod
     def _set_aside(path: Path) -> Path:
@@ -222,17 +368,19 @@ class History:
     def _run(self, sql: str, params: Sequence[Any] = ()) -> sqlite3.Cursor:
         with self._lock:
             try:
+                self._ensure_ready()
                 with self._conn:
                     return self._conn.execute(sql, params)
             except sqlite3.Error as exc:
-                raise HistoryError(f"Saving chat history failed: {exc}") from exc
+                raise HistoryError(_describe("Saving chat history failed", exc), locked=is_lock_error(exc)) from exc
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
             try:
+                self._ensure_ready()
                 return self._conn.execute(sql, params).fetchall()
             except sqlite3.Error as exc:
-                raise HistoryError(f"Reading chat history failed: {exc}") from exc
+                raise HistoryError(_describe("Reading chat history failed", exc), locked=is_lock_error(exc)) from exc
 
     # -- chats ---------------------------------------------------------------------
 

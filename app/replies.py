@@ -1,8 +1,10 @@
 """Sending a prompt and streaming the reply: the worker thread and its UI handlers.
 
 The worker holds the backend lock while it iterates ``backend.chat`` (so a
-profile switch closes the backend only after the reply stopped), saves the
-assistant row after every round, and posts each round to the UI. Esc sets the
+profile switch closes the backend only after the reply stopped), hands the
+reply's state to the app's :class:`app.saver.HistorySaver` after every round
+(it writes in the background and keeps unsaved rounds while the database is
+locked), and posts each round to the UI. Esc sets the
 ``cancel`` event; the engine stops between rounds and the partial reply stays.
 """
 from __future__ import annotations
@@ -14,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 from textual import work
 
 from app.conversation import build_messages, chat_title, generation_params
-from app.history import HistoryError, Pieces, extend_pieces
+from app.history import Pieces, extend_pieces
 from app.messages import ReplyChunk, ReplyFinished
+from app.saver import HistoryLag, HistorySaver, ReplyRecord
 from app.widgets.chat_view import AssistantMessage, UserMessage
 from app.widgets.prompt import PromptArea
 from engine.api import ChatBackend
@@ -28,6 +31,9 @@ if TYPE_CHECKING:
 SAVE_EVERY_S = 0.0
 """Minimum time between saves of a streaming reply (0: every round)."""
 
+SAVE_FLUSH_AT_EXIT_S = 10.0
+"""How long quitting waits for a locked history to take the last reply."""
+
 
 class ReplyMixin:
     """Prompt → worker → streamed reply. Mixed into :class:`app.app.SpecChatApp`."""
@@ -36,6 +42,7 @@ class ReplyMixin:
         self._reply_id = 0
         self._cancel: threading.Event | None = None
         self._reply_widget: AssistantMessage | None = None
+        self.saver: HistorySaver | None = None  # made on mount, once the history is open
 
     def on_prompt_area_submitted(self: "SpecChatApp", event: PromptArea.Submitted) -> None:
         """Enter in the prompt box: send, unless a reply is running or no model is loaded."""
@@ -54,12 +61,9 @@ class ReplyMixin:
         """Show and save the prompt, then start the reply worker."""
         assert self.backend is not None and self.profile is not None
         profile_name = self.profile.name
-        chat_id = self.ensure_chat(chat_title(text))
+        chat = self.ensure_chat(chat_title(text))
         self.turns.append(ChatMessage("user", text))
-        message_id = None
-        if chat_id is not None:
-            self.db(self.history.add_message, chat_id, "user", text, profile=profile_name)
-            message_id = self.db(self.history.add_message, chat_id, "assistant", "", profile=profile_name)
+        record = self.saver.start_reply(chat, text, profile_name) if self.saver is not None else None
         self.hide_welcome()
         self.chat_log.mount(UserMessage(text))
         reply = AssistantMessage(profile_name, show_sources=self.show_sources)
@@ -72,7 +76,7 @@ class ReplyMixin:
         self.hud.start_reply()
         messages = build_messages(self.system_prompt, self.turns)
         self._reply_worker(self._reply_id, self.backend, messages, generation_params(self.profile),
-                           self._cancel, message_id)
+                           self._cancel, record)
 
     def stop_reply(self: "SpecChatApp") -> None:
         """Ask the engine to stop after the current round (Esc)."""
@@ -87,14 +91,14 @@ class ReplyMixin:
         messages: list[ChatMessage],
         params: GenerationParams,
         cancel: threading.Event,
-        message_id: int | None,
+        record: ReplyRecord | None,
     ) -> None:
         text = ""
         pieces: Pieces = []
         stats: Stats | None = None
         finish: FinishReason | None = None
         error: str | None = None
-        saver = _Saver(self, message_id)
+        saver = _Saver(self.saver, record)
         with self._backend_lock:
             try:
                 for event in backend.chat(messages, params, cancel):
@@ -123,6 +127,13 @@ class ReplyMixin:
             self.hud.set_notice(event.notice)
             self.notice(event.notice, severity="warning", title="Engine")
 
+    def on_history_lag(self: "SpecChatApp", message: HistoryLag) -> None:
+        """The saver is behind (a lock elsewhere) or has caught up: say so."""
+        if message.notice is not None:
+            self.notice(message.notice, severity="warning", title="History not saved yet", timeout=30)
+        else:
+            self.notice("The history database is free again: everything is saved.", title="History saved")
+
     async def on_reply_finished(self: "SpecChatApp", message: ReplyFinished) -> None:
         if message.reply_id != self._reply_id:
             return
@@ -146,26 +157,20 @@ class ReplyMixin:
 
 
 class _Saver:
-    """Writes the streaming reply to the history from the worker thread."""
+    """Hands the streaming reply's state to the app's saver, at most every SAVE_EVERY_S."""
 
-    def __init__(self, app: "SpecChatApp", message_id: int | None) -> None:
-        self._app = app
-        self._message_id = message_id
+    def __init__(self, saver: HistorySaver | None, record: ReplyRecord | None) -> None:
+        self._saver = saver
+        self._record = record
         self._last = 0.0
-        self._failed = False
 
     def save(self, text: str, pieces: Pieces, stats: Stats | None, finish: str | None,
              force: bool = False) -> None:
-        if self._message_id is None or self._failed:
+        if self._saver is None or self._record is None:
             return
         now = time.monotonic()
         if not force and now - self._last < SAVE_EVERY_S:
             return
         self._last = now
         stats_dict: dict[str, Any] | None = stats.to_dict() if stats else None
-        try:
-            self._app.history.update_message(self._message_id, text, stats=stats_dict,
-                                             pieces=pieces, finish_reason=finish)
-        except HistoryError as exc:
-            self._failed = True
-            self._app.call_from_thread(self._app.notice, str(exc), severity="error", title="History")
+        self._saver.update(self._record, text, pieces, stats_dict, finish)

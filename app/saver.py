@@ -1,0 +1,195 @@
+"""Writes replies to the history from a background thread, never dropping a round.
+
+The reply worker only records the state it wants saved (:meth:`HistorySaver.update`);
+one saver thread per app brings the database to that state, oldest reply first,
+so rows keep their order. When a write fails because another program holds a
+lock, the unsaved state stays in memory, the saver tries again with exponential
+backoff (:data:`BACKOFF_S`) and calls ``on_lag`` with a one-line notice; once a
+write succeeds it calls ``on_lag(None)``. Only the latest state of each reply is
+written (rounds coalesce), and the final state (with its finish reason) is
+written as soon as the lock clears, even after the reply ended.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from textual.message import Message
+
+from app.history import History, HistoryError, Pieces
+
+BACKOFF_S = (0.25, 4.0)
+"""First and largest wait between retries of a failed write (doubling in between)."""
+
+
+class HistoryLag(Message):
+    """Posted by the saver thread: ``notice`` while writes wait for a lock, None once saved."""
+
+    def __init__(self, notice: str | None) -> None:
+        super().__init__()
+        self.notice = notice
+
+
+@dataclass
+class ChatRef:
+    """A chat that may not be in the database yet (created by the saver's first write)."""
+
+    title: str
+    profile: str | None = None
+    system_prompt: str | None = None
+    id: int | None = None
+
+
+@dataclass
+class ReplyRecord:
+    """One prompt and its reply as they should be saved; ``version`` counts updates."""
+
+    chat: ChatRef
+    prompt: str
+    profile: str | None
+    text: str = ""
+    pieces: Pieces = field(default_factory=list)
+    stats: dict[str, Any] | None = None
+    finish: str | None = None
+    version: int = 0
+    written: int = -1
+    user_id: int | None = None
+    assistant_id: int | None = None
+
+    @property
+    def saved(self) -> bool:
+        return self.written == self.version and self.finish is not None
+
+
+class HistorySaver:
+    """The app's one writer of prompts and replies (thread-safe)."""
+
+    def __init__(self, history: History, on_lag: Callable[[str | None], None] | None = None,
+                 min_interval_s: float = 0.0) -> None:
+        self.history = history
+        self.on_lag = on_lag or (lambda _notice: None)
+        self.min_interval_s = min_interval_s
+        self._queue: deque[ReplyRecord] = deque()
+        self._cond = threading.Condition()
+        self._closed = False
+        self._lagging = False
+        self._thread: threading.Thread | None = None
+
+    # -- called by the app's threads ----------------------------------------------
+
+    def start_reply(self, chat: ChatRef, prompt: str, profile: str | None) -> ReplyRecord:
+        """Queue a prompt and its (empty, streaming) reply for saving."""
+        record = ReplyRecord(chat, prompt, profile)
+        with self._cond:
+            self._queue.append(record)
+            self._start_thread()
+            self._cond.notify_all()
+        return record
+
+    def update(self, record: ReplyRecord, text: str, pieces: Pieces, stats: dict[str, Any] | None,
+               finish: str | None = None) -> None:
+        """The reply's state now (``finish`` set on the last call); saved soon, in order."""
+        with self._cond:
+            record.text, record.pieces, record.stats = text, list(pieces), stats
+            record.finish = finish or record.finish
+            record.version += 1
+            self._cond.notify_all()
+
+    @property
+    def lagging(self) -> bool:
+        """True while writes fail (a lock held elsewhere) and state waits in memory."""
+        return self._lagging
+
+    def unsaved(self) -> int:
+        """Replies whose latest state is not in the database yet."""
+        with self._cond:
+            return sum(1 for r in self._queue if r.written != r.version or r.finish is None)
+
+    def flush(self, timeout: float) -> bool:
+        """Wait up to ``timeout`` s for every finished reply to be written; True if all were."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            while any(r.written != r.version for r in self._queue):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.notify_all()
+                self._cond.wait(min(left, 0.05))
+        return True
+
+    def close(self, timeout: float = 10.0) -> bool:
+        """Write what is pending (waiting up to ``timeout`` s for a lock), then stop."""
+        done = self.flush(timeout)
+        with self._cond:
+            self._closed = True
+            self._cond.notify_all()
+        if self._thread is not None:
+            self._thread.join(timeout=max(BACKOFF_S[1], 1.0) + 1.0)
+        return done
+
+    # -- the saver thread ------------------------------------------------------------
+
+    def _start_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="history-saver", daemon=True)
+            self._thread.start()
+
+    def _next_due(self) -> ReplyRecord | None:
+        while self._queue and self._queue[0].saved:
+            self._queue.popleft()
+        for record in self._queue:
+            if record.written != record.version or record.user_id is None:
+                return record
+            if record.finish is None:
+                return None  # later replies wait for this one's rows to be in place
+        return None
+
+    def _run(self) -> None:
+        delay = BACKOFF_S[0]
+        while True:
+            with self._cond:
+                record = self._next_due()
+                while record is None and not self._closed:
+                    self._cond.wait()
+                    record = self._next_due()
+                if record is None:
+                    return
+                snapshot = (record.version, record.text, list(record.pieces), record.stats, record.finish)
+            try:
+                self._write(record, *snapshot)
+            except HistoryError as exc:
+                if not self._lagging:
+                    self._lagging = True
+                    self.on_lag(f"{exc}. Unsaved text is kept in memory and saved when the lock is released.")
+                with self._cond:
+                    if self._closed:
+                        return
+                    self._cond.wait(delay)
+                delay = min(delay * 2, BACKOFF_S[1])
+                continue
+            delay = BACKOFF_S[0]
+            if self._lagging:
+                self._lagging = False
+                self.on_lag(None)
+            with self._cond:
+                record.written = max(record.written, snapshot[0])
+                self._cond.notify_all()
+            if self.min_interval_s > 0:
+                time.sleep(self.min_interval_s)
+
+    def _write(self, record: ReplyRecord, version: int, text: str, pieces: Pieces,
+               stats: dict[str, Any] | None, finish: str | None) -> None:
+        """Create whatever rows are missing, then write the reply's state (may raise)."""
+        h = self.history
+        chat = record.chat
+        if chat.id is None:
+            chat.id = h.create_chat(chat.title, chat.profile, chat.system_prompt)
+        if record.user_id is None:
+            record.user_id = h.add_message(chat.id, "user", record.prompt, profile=record.profile)
+        if record.assistant_id is None:
+            record.assistant_id = h.add_message(chat.id, "assistant", "", profile=record.profile)
+        h.update_message(record.assistant_id, text, stats=stats, pieces=pieces, finish_reason=finish)
