@@ -26,7 +26,7 @@ from transformers import PreTrainedModel
 
 from engine.device import Device
 from engine.drafters import EMPTY_DRAFT, Draft, Drafter, ModelDrafter
-from engine.errors import EngineError
+from engine.errors import ContextLengthError, EngineError
 from engine.events import GenerationParams, Mode, RoundEvent, TokenSource
 from engine.runner import ModelRunner
 from engine.sampling import make_generator, warp
@@ -50,6 +50,10 @@ class SpecDecoder:
         auto_off_window: with adaptive K, switch speculation off when the
             measured speedup over the last this many rounds is below 1.0
             (0 disables the check).
+        window: the context window, tokens of prompt + reply (None: no limit).
+            A prompt must leave room for one new token; a reply stops with
+            finish reason ``context`` when the sequence fills the window, and
+            no round feeds a position at or past it.
     """
 
     def __init__(
@@ -60,6 +64,7 @@ class SpecDecoder:
         *,
         calibrate_every: int = 32,
         auto_off_window: int = 24,
+        window: int | None = None,
     ) -> None:
         self.device = device
         self.target = ModelRunner(target_model, device)
@@ -69,6 +74,7 @@ class SpecDecoder:
         self.costs = CostModel()
         self.calibrate_every = calibrate_every
         self.auto_off_window = auto_off_window
+        self.window = window
         self.speculation_enabled = True
         self.off_reason: str | None = None
         self.fallback_reason: str | None = None
@@ -119,6 +125,11 @@ class SpecDecoder:
         """
         if not prompt_ids:
             raise ValueError("the prompt is empty")
+        if self.window is not None and len(prompt_ids) >= self.window:
+            raise ContextLengthError(
+                f"the prompt is {len(prompt_ids)} tokens but the context window holds {self.window} "
+                "(prompt and reply together); shorten it or start a new chat"
+            )
         seq = list(prompt_ids)
         generator = make_generator(params.sampling, self.device)
         stats = ReplyStats(self.mode, self._drafter_name(), params.k is None, self.costs)
@@ -149,7 +160,10 @@ class SpecDecoder:
         notice: str | None = None,
     ) -> tuple[RoundEvent, int]:
         """One draft-verify round; extends ``seq`` in place."""
-        remaining = params.max_new_tokens - produced
+        budget = params.max_new_tokens - produced
+        # Tokens the window still has room for: K is capped so that no position
+        # at or past the window is ever fed, and the reply ends when it is full.
+        remaining = budget if self.window is None else min(budget, self.window - len(seq))
         policy_k = self._policy_k(params)
         calibrating = self.calibrate_every > 0 and round_index % self.calibrate_every == 0
         k = 0 if calibrating else min(policy_k, remaining - 1)
@@ -186,6 +200,8 @@ class SpecDecoder:
         emitted = [*draft.tokens[: verdict.n_accepted], verdict.next_token]
         sources: list[TokenSource] = ["draft"] * verdict.n_accepted + ["target"]
         emitted, finish = _apply_stops(emitted, params, remaining)
+        if finish == "length" and remaining < budget:
+            finish = "context"
         seq.extend(emitted)
         self.target.truncate(len(seq) - 1)
         if self.drafter is not None:

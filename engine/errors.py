@@ -30,5 +30,13 @@ class EngineError(SpecChatError):
     """Generation failed at run time (for example the target ran out of memory)."""
 
 
+class EngineBusyError(EngineError):
+    """A second reply was asked of an engine while another thread's reply is still running."""
+
+
+class ContextLengthError(SpecChatError):
+    """A message is too long for the model's context window even with every earlier turn left out."""
+
+
 class QuantizationError(SpecChatError):
     """A weight cannot be quantized as asked (a shape the int4 kernel refuses, an unknown group size)."""

@@ -11,7 +11,8 @@ from typing import Any, Literal
 
 Mode = Literal["spec", "ngram", "plain"]
 TokenSource = Literal["draft", "target"]
-FinishReason = Literal["eos", "stop", "length", "cancelled", "error"]
+FinishReason = Literal["eos", "stop", "length", "context", "cancelled", "error"]
+"""``context``: the context window (prompt + reply) is full."""
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,8 @@ class Stats:
     plain_tokens_per_s: float | None = None
     speedup: float | None = None
     speculation_off_reason: str | None = None
+    truncated_turns: int = 0
+    """Earlier messages left out so the conversation fits the context window."""
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)

@@ -43,22 +43,22 @@ Choice = Literal["target+draft", "target+ngram", "target"]
 # so the estimates in models.toml can be recomputed: see tests/engine/test_memory.py.
 PUBLISHED_CONFIGS: dict[str, dict[str, Any]] = {
     "HuggingFaceTB/SmolLM2-135M-Instruct": dict(
-        model_type="llama", hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
+        max_position_embeddings=8192, model_type="llama", hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
         num_key_value_heads=3, vocab_size=49152, intermediate_size=1536, tie_word_embeddings=True),
     "Qwen/Qwen2.5-0.5B-Instruct": dict(
-        model_type="qwen2", hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+        max_position_embeddings=32768, model_type="qwen2", hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
         num_key_value_heads=2, vocab_size=151936, intermediate_size=4864, tie_word_embeddings=True),
     "Qwen/Qwen2.5-7B-Instruct": dict(
-        model_type="qwen2", hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
+        max_position_embeddings=32768, model_type="qwen2", hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
         num_key_value_heads=4, vocab_size=152064, intermediate_size=18944, tie_word_embeddings=False),
     "Qwen/Qwen2.5-14B-Instruct": dict(
-        model_type="qwen2", hidden_size=5120, num_hidden_layers=48, num_attention_heads=40,
+        max_position_embeddings=32768, model_type="qwen2", hidden_size=5120, num_hidden_layers=48, num_attention_heads=40,
         num_key_value_heads=8, vocab_size=152064, intermediate_size=13824, tie_word_embeddings=False),
     "meta-llama/Llama-3.1-8B-Instruct": dict(
-        model_type="llama", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+        max_position_embeddings=131072, model_type="llama", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
         num_key_value_heads=8, vocab_size=128256, intermediate_size=14336, tie_word_embeddings=False),
     "meta-llama/Llama-3.2-1B-Instruct": dict(
-        model_type="llama", hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
+        max_position_embeddings=131072, model_type="llama", hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
         num_key_value_heads=8, vocab_size=128256, intermediate_size=8192, tie_word_embeddings=True,
         head_dim=64),
 }
@@ -180,6 +180,22 @@ def estimate_weights_bytes(
     return int(dense + p.linear * wbytes)
 
 
+def max_positions(config: Any) -> int | None:
+    """The model's ``max_position_embeddings`` (None when the config does not say)."""
+    value = getattr(_text_config(config), "max_position_embeddings", None)
+    try:
+        return int(value) if value is not None and int(value) > 0 else None
+    except (TypeError, ValueError):
+        return None
+
+
+def context_window(context_length: int | None, *configs: Any) -> int | None:
+    """Tokens of prompt + reply a pair can hold: the smallest of the profile's
+    ``context_length`` and each model's ``max_position_embeddings`` (None: no limit known)."""
+    limits = [n for n in (context_length, *(max_positions(c) for c in configs if c is not None)) if n]
+    return min(limits) if limits else None
+
+
 def estimate_kv_bytes(config: Any, context_length: int, dtype: str) -> int:
     """Bytes of the KV cache for ``context_length`` tokens."""
     cfg = _text_config(config)
@@ -294,7 +310,9 @@ def plan_memory(
     budget = memory_budget if memory_budget is not None else profile.memory_budget
     usable = min(free_bytes, budget) if budget is not None else free_bytes
     available = max(0, usable - reserve_bytes)
-    ctx = profile.context_length
+    # Reserve for the window actually used: a model's own limit may be below context_length.
+    ctx = context_window(profile.context_length, target_cfg,
+                         draft_cfg if profile.drafter == "model" else None) or profile.context_length
     rows = (profile.k if profile.k is not None else profile.k_max) + 1
     t_spec = profile.target
     t_dtype = resolve_dtype(t_spec.dtype, t_spec.quantization, cuda=cuda, config=target_cfg)

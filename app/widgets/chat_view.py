@@ -99,6 +99,8 @@ class AssistantMessage(Vertical):
             parts.append("✗ failed")
         elif self.finish_reason == "length":
             parts.append("… length limit")
+        elif self.finish_reason == "context":
+            parts.append("… context window full")
         summary = reply_summary(self.stats)
         if summary:
             parts.append(summary)
