@@ -124,6 +124,8 @@ def stderr_progress(stage: str, fraction: float | None) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     from engine.events import ChatMessage
 
+    if not args.prompt.strip():
+        raise SpecChatError("the prompt is empty: give the message to answer, e.g. specchat generate \"Hello\"")
     profile = resolve_profile(args)
     params = generation_params(args, profile)
     progress = stderr_progress if sys.stderr.isatty() else None
@@ -221,6 +223,22 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     except KeyboardInterrupt:
         return 130
+    except BrokenPipeError:
+        # The reader went away (`| head -c 5`): stop quietly, like other Unix tools.
+        _silence_stdout()
+        return 141
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush cannot fail again."""
+    import os
+
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

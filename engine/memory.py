@@ -115,7 +115,7 @@ def count_params(config: Any) -> ParamCount:
     try:
         h, n_layers, vocab = int(cfg.hidden_size), int(cfg.num_hidden_layers), int(cfg.vocab_size)
         inter, n_heads = int(cfg.intermediate_size), int(cfg.num_attention_heads)
-    except (AttributeError, TypeError) as exc:
+    except (AttributeError, TypeError, ValueError) as exc:
         raise MemoryPlanError(
             f"cannot estimate memory for model type {getattr(cfg, 'model_type', '?')!r}: its config lacks {exc}; "
             "set memory_budget generously or use a Llama/Qwen-style model"

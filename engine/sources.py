@@ -212,8 +212,9 @@ def read_config(resolved: ResolvedSource, spec: ModelSpec) -> Any:
         if resolved.is_hub:
             raise hub_error(resolved.location, exc) from None
         raise ModelSourceError(f"cannot read the config of {resolved.location}: {exc}") from None
-    except (ValueError, KeyError) as exc:
-        raise ModelSourceError(f"cannot read the config of {spec.source}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - a bad value in config.json raises many kinds (TypeError, ValueError, hub validation errors)
+        detail = " ".join(str(exc).split())
+        raise ModelSourceError(f"cannot read the config of {spec.source}: {detail}; fix or replace its config.json") from None
 
 
 def _clean_stale(parent: Path, name: str) -> None:

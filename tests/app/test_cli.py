@@ -1,12 +1,16 @@
 """The command line: generate's JSON, profiles, and errors printed without a traceback."""
 from __future__ import annotations
 
+import io
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from app.cli import main
+from tests.conftest import REPO
 from tests.engine.tinymodels import save_tiny
 
 
@@ -61,3 +65,68 @@ def test_profiles_json_lists_the_shipped_default(capsys) -> None:
     assert out["default"] == "pocket"
     names = {p["name"] for p in out["profiles"]}
     assert {"pocket", "pocket-selfdraft", "qwen2.5-7b"} <= names
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["generate", "hi", "--temperature", "nan"], "temperature must be >= 0 and finite, got nan"),
+        (["generate", "hi", "--temperature", "inf"], "temperature must be >= 0 and finite, got inf"),
+        (["generate", "hi", "--top-p", "nan"], "top_p must be in (0, 1]"),
+        (["generate", ""], "the prompt is empty"),
+        (["generate", "  \n "], "the prompt is empty"),
+    ],
+)
+def test_bad_values_are_refused_before_any_model_loads(argv: list[str], message: str, capsys, monkeypatch) -> None:
+    def no_loading(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a model was loaded before the input was checked")
+
+    monkeypatch.setattr("app.cli.load_for", no_loading)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specchat: error: ") and message in err and err.count("\n") == 1
+
+
+def test_a_config_with_a_bad_value_is_one_line(tmp_path: Path, capsys) -> None:
+    model = save_tiny(tmp_path / "m")
+    config = json.loads((model / "config.json").read_text())
+    config["num_hidden_layers"] = "abc"
+    (model / "config.json").write_text(json.dumps(config))
+    assert main(["generate", "hi", "--target", str(model)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specchat: error: cannot read the config of") and "num_hidden_layers" in err
+    assert err.count("\n") == 1
+
+
+def test_a_message_longer_than_the_window_exits_2_before_prefill(pair, capsys, monkeypatch) -> None:
+    from engine.decoder import SpecDecoder
+
+    def no_prefill(*args: object, **kwargs: object) -> None:
+        raise AssertionError("prefill ran")
+
+    monkeypatch.setattr(SpecDecoder, "_prefill", no_prefill)
+    target, _ = pair  # max_position_embeddings 256
+    long = " ".join(f"w{i % 60}" for i in range(300))
+    assert main(["generate", long, "--target", str(target)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specchat: error: the message is too long") and "256" in err
+
+
+class _ClosedPipe(io.StringIO):
+    def write(self, text: str) -> int:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def fileno(self) -> int:
+        raise io.UnsupportedOperation("no fd")
+
+
+def test_broken_pipe_exits_quietly(tmp_path: Path, capsys, monkeypatch) -> None:
+    talker = save_tiny(tmp_path / "talker", seed=5)  # this seed writes text before its EOS
+    monkeypatch.setattr(sys, "stdout", _ClosedPipe())
+    assert main(["generate", "w1 w2 w3", "--target", str(talker), "--mode", "plain"]) == 141
+    assert capsys.readouterr().err == ""
+    monkeypatch.undo()
+    cmd = (f"{sys.executable} -m app.cli generate 'w1 w2 w3' --target {talker} --mode plain "
+           "--max-new-tokens 200 | head -c 5")
+    proc = subprocess.run(["bash", "-c", cmd], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.stdout == "w41 w" and proc.stderr == ""
