@@ -171,30 +171,27 @@ class SpecDecoder:
         draft = EMPTY_DRAFT
         free = self.drafter is not None and self.drafter.free_proposals and params.k is None
         if k > 0 and self.drafter is not None:
-            try:
-                # Free proposals (a lookup): ask for the most, then keep the
-                # K that pays for this kind of draft.
-                draft = self.drafter.propose(seq, min(params.k_max, remaining - 1) if free else k, params.sampling, generator)
-            except Exception as exc:  # noqa: BLE001 - only OOM is handled, the rest re-raised
-                if not self.device.is_out_of_memory(exc):
-                    raise
-                notice = self.drop_drafter("out of memory while drafting")
-                draft = EMPTY_DRAFT
+            # Free proposals (a lookup): ask for the most, then keep the K that
+            # pays for this kind of draft. (The lambda reads self.drafter when
+            # called, so no local reference keeps a failed draft alive.)
+            n = min(params.k_max, remaining - 1) if free else k
+            draft, dropped = self._guarded(
+                lambda: self.drafter.propose(seq, n, params.sampling, generator),  # type: ignore[union-attr]
+                "out of memory while drafting",
+                lambda: EMPTY_DRAFT,
+            )
+            notice = dropped or notice
             if free and draft.tokens:
                 k = self.costs.choose_k(min(params.k_min, len(draft.tokens)), len(draft.tokens), draft.key, draft_step_s=0.0)
             draft = _trim(draft, k)
         t_draft = self.device.now()
-        try:
-            verdict = self._verify(seq, draft, params, generator)
-        except _TargetOutOfMemory as exc:
-            if self.drafter is None:
-                raise _target_oom_error() from exc
-            notice = self.drop_drafter("out of memory while verifying a draft")
-            draft = EMPTY_DRAFT
-            try:
-                verdict = self._verify(seq, draft, params, generator)
-            except _TargetOutOfMemory as again:
-                raise _target_oom_error() from again
+        verdict, dropped = self._guarded(
+            lambda: self._verify(seq, draft, params, generator),
+            "out of memory while verifying a draft",
+            lambda: self._verify(seq, EMPTY_DRAFT, params, generator),
+        )
+        if dropped is not None:
+            notice, draft = dropped, EMPTY_DRAFT
         t_verify = self.device.now()
 
         emitted = [*draft.tokens[: verdict.n_accepted], verdict.next_token]
@@ -229,7 +226,7 @@ class SpecDecoder:
         if len(self.target) != len(seq) - 1:
             raise AssertionError(f"target cache holds {len(self.target)} tokens, expected {len(seq) - 1}")
         fed = [seq[-1], *draft.tokens]
-        logits = self._target_pass(lambda: self.target.forward(fed, logits_to_keep=len(fed)))
+        logits = self.target.forward(fed, logits_to_keep=len(fed))
         if params.sampling.greedy:
             return verify_greedy(logits, draft.tokens)
         p = warp(logits, params.sampling)
@@ -244,34 +241,41 @@ class SpecDecoder:
         On an OOM with a drafter loaded, the drafter is freed and the target's
         prefill tried once more; returns the notice saying so, if that happened.
         """
-        notice: str | None = None
-        try:
-            self._target_pass(lambda: self.target.prefill(seq[self.target.sync(seq, leave=1) : -1]))
-        except _TargetOutOfMemory as exc:
-            if self.drafter is None:
-                raise _target_oom_error() from exc
-            notice = self.drop_drafter("out of memory while reading the prompt")
-            try:
-                self._target_pass(lambda: self.target.prefill(seq[self.target.sync(seq, leave=1) : -1]))
-            except _TargetOutOfMemory as again:
-                raise _target_oom_error() from again
+        def uncached() -> None:
+            self.target.prefill(seq[self.target.sync(seq, leave=1) : -1])
+
+        _, notice = self._guarded(uncached, "out of memory while reading the prompt", uncached)
         if self.drafter is not None and self.speculation_enabled:
-            try:
-                self.drafter.prefill(seq)
-            except Exception as exc:  # noqa: BLE001 - only OOM is handled
-                if not self.device.is_out_of_memory(exc):
-                    raise
-                notice = self.drop_drafter("out of memory while the draft read the prompt")
+            _, dropped = self._guarded(
+                lambda: self.drafter.prefill(seq),  # type: ignore[union-attr]
+                "out of memory while the draft read the prompt",
+                lambda: None,
+            )
+            notice = dropped or notice
         return notice
 
-    def _target_pass(self, step: Callable[[], T]) -> T:
-        """Run a target pass, turning an out-of-memory error into :class:`_TargetOutOfMemory`."""
+    def _guarded(self, step: Callable[[], T], reason: str, instead: Callable[[], T]) -> tuple[T, str | None]:
+        """Run ``step``; if it runs out of memory, drop the drafter and run ``instead``.
+
+        Returns the result and the notice (None when ``step`` succeeded). The
+        recovery runs only after the ``except`` block is left: until then the
+        exception's traceback keeps the failed pass's frames alive, and with
+        them its activations (and a failed draft model), so neither dropping
+        the draft nor ``empty_cache()`` could free that memory
+        (pytorch/pytorch#18853). With no drafter left to drop, the OOM was the
+        target's alone: an :class:`EngineError`, not chained to the OOM (whose
+        traceback would keep the failed pass alive in the caller).
+        """
         try:
-            return step()
+            return step(), None
         except Exception as exc:  # noqa: BLE001 - everything but OOM is re-raised as is
-            if self.device.is_out_of_memory(exc):
-                raise _TargetOutOfMemory(str(exc)) from exc
-            raise
+            if not self.device.is_out_of_memory(exc):
+                raise
+        if self.drafter is None:
+            raise _target_oom_error()
+        notice = self.drop_drafter(reason)  # releases memory: the failed frames are gone by now
+        # The retry is guarded too: with the drafter gone, an OOM there is the EngineError.
+        return self._guarded(instead, reason, instead)[0], notice
 
     def _policy_k(self, params: GenerationParams) -> int:
         """K for a drafting round: fixed, or chosen from the measured costs.
@@ -306,10 +310,6 @@ class SpecDecoder:
 
     def _drafter_name(self) -> str:
         return self.drafter.name if self.drafter is not None else "none"
-
-
-class _TargetOutOfMemory(Exception):
-    """Internal: the target's pass ran out of memory (maybe recoverable by dropping the draft)."""
 
 
 def _target_oom_error() -> EngineError:
