@@ -40,3 +40,7 @@ class ContextLengthError(SpecChatError):
 
 class QuantizationError(SpecChatError):
     """A weight cannot be quantized as asked (a shape the int4 kernel refuses, an unknown group size)."""
+
+
+class LlamaCppError(SpecChatError):
+    """llama.cpp's binaries are missing where the user pointed, or llama-server failed or answered badly."""
