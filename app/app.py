@@ -46,9 +46,23 @@ HUD_REFRESH_S = 0.25
 
 def default_loader(profile: "ModelProfile", memory_budget: int | None, progress: ProgressFn) -> ChatBackend:
     """Load the engine for real (seconds to minutes; runs in a worker thread)."""
+    from engine.hublog import hub_messages_as_progress
     from engine.loading import load_engine
 
-    return load_engine(profile, memory_budget=memory_budget, progress=progress)
+    with hub_messages_as_progress(progress):  # hub retries as progress, not raw text over the screen
+        return load_engine(profile, memory_budget=memory_budget, progress=progress)
+
+
+def needs_room(exc: BaseException) -> bool:
+    """True when a load failed for lack of memory (planned, or a real out-of-memory error)."""
+    from engine.device import Device
+    from engine.errors import MemoryPlanError
+
+    return isinstance(exc, MemoryPlanError) or Device.is_out_of_memory(exc)
+
+
+def error_text(exc: BaseException) -> str:
+    return str(exc) if isinstance(exc, SpecChatError) else f"{type(exc).__name__}: {exc}"
 
 
 class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
@@ -99,6 +113,7 @@ class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
         self.speculation_on = True
         self.history: History = None  # type: ignore[assignment]  # opened on mount
         self._backend_lock = threading.Lock()
+        self._cuda: bool | None = None
         self.init_chat_state()
         self.init_reply_state()
 
@@ -170,7 +185,11 @@ class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
     # -- loading ----------------------------------------------------------------
 
     def switch_profile(self, name: str) -> None:
-        """Unload the current pair and load profile ``name``; the conversation continues."""
+        """Load profile ``name`` in place of the current pair; the conversation continues.
+
+        A profile that cannot run here (see :mod:`engine.availability`) is refused
+        with its reason, and the loaded models stay.
+        """
         if self.profiles is None:
             self.notice("No profiles are available.", severity="warning")
             return
@@ -182,43 +201,89 @@ class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
         except SpecChatError as exc:
             self.notice(str(exc), severity="error", title="Profile")
             return
+        why_not = self.unavailable_profiles().get(profile.name)
+        if why_not:
+            self.notice(f"{profile.name} cannot run here: {why_not}.", severity="warning", title="Profile unavailable")
+            return
         if self.profile is not None and profile.name == self.profile.name and self.backend is not None:
             self.notice(f"{name} is already loaded.")
             return
         self.stop_reply()
         self._start_load(profile)
 
+    def unavailable_profiles(self) -> dict[str, str]:
+        """Profile name -> why it cannot run on this machine (CUDA checked once)."""
+        if self.profiles is None:
+            return {}
+        from engine.availability import cuda_present, unavailable_reason
+
+        if self._cuda is None:
+            self._cuda = cuda_present()
+        reasons = {name: unavailable_reason(self.profiles.get(name), cuda=self._cuda) for name in self.profiles.names()}
+        return {name: why for name, why in reasons.items() if why}
+
     def _start_load(self, profile: "ModelProfile") -> None:
         old, self.backend = self.backend, None
+        old_profile = self.profile if old is not None else None
         self.profile = profile
         self.loading = True
         self.sub_title = f"{profile.name} · {profile_pair(profile)}"
         self.hud.set_engine(None, profile)
-        self.hud.set_loading(profile.name, "unloading previous models" if old else "starting", None)
+        self.hud.set_loading(profile.name, f"loading; {old_profile.name} stays until it is ready"
+                             if old_profile else "starting", None)
         self.hud.flush()
-        self._load_worker(profile, old)
+        self._load_worker(profile, old, old_profile)
 
     @work(thread=True, group="load", exit_on_error=False)
-    def _load_worker(self, profile: "ModelProfile", old: ChatBackend | None) -> None:
-        """Close the old backend (after any reply has stopped), then load the new one."""
+    def _load_worker(self, profile: "ModelProfile", old: ChatBackend | None,
+                     old_profile: "ModelProfile | None" = None) -> None:
+        """Load ``profile`` next to the old backend, closing the old one once the new is ready.
+
+        When the new one does not fit next to the old (the memory plan says so,
+        or loading runs out of memory), the old one is closed first and the new
+        one tried again; if that fails too the old profile is loaded again. Any
+        other failure leaves the old backend as it was. Never ends with no model
+        unless even reloading the old profile fails (then the notice says so).
+        """
 
         def progress(stage: str, fraction: float | None) -> None:
             self.post_message(LoadProgress(stage, fraction))
 
-        with self._backend_lock:
-            if old is not None:
-                try:
-                    old.close()
-                except Exception as exc:  # closing must not block loading the next one
-                    self.post_message(LoadProgress(f"previous models closed with an error: {exc}", None))
+        def close(backend: ChatBackend) -> None:
+            try:
+                backend.close()
+            except Exception as exc:  # closing must not block loading the next one
+                progress(f"previous models closed with an error: {exc}", None)
+
+        with self._backend_lock:  # taken once any reply on the old backend has stopped
             try:
                 backend = self._loader(profile, self._memory_budget, progress)
-            except SpecChatError as exc:
-                self.post_message(EngineFailed(str(exc), profile.name))
-                return
-            except Exception as exc:
-                self.post_message(EngineFailed(f"{type(exc).__name__}: {exc}", profile.name))
-                return
+            except Exception as exc:  # noqa: BLE001 - every failure is reported, none is a traceback
+                error = error_text(exc)
+                if old is None or old_profile is None:
+                    self.post_message(EngineFailed(error, profile.name))
+                    return
+                if not needs_room(exc):
+                    self.post_message(EngineFailed(error, profile.name, (old, old_profile)))
+                    return
+                progress(f"{profile.name} does not fit next to {old_profile.name}: unloading it first", None)
+                close(old)
+                try:
+                    backend = self._loader(profile, self._memory_budget, progress)
+                except Exception as again:  # noqa: BLE001
+                    error = error_text(again)
+                    progress(f"loading {old_profile.name} again", None)
+                    try:
+                        restored = self._loader(old_profile, self._memory_budget, progress)
+                    except Exception as lost:  # noqa: BLE001
+                        self.post_message(EngineFailed(
+                            f"{error}. Reloading {old_profile.name} failed too: {error_text(lost)}", profile.name))
+                        return
+                    self.post_message(EngineFailed(error, profile.name, (restored, old_profile)))
+                    return
+            else:
+                if old is not None:
+                    close(old)
         self.post_message(EngineReady(backend, profile))
 
     def on_load_progress(self, message: LoadProgress) -> None:
@@ -244,10 +309,20 @@ class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
 
     def on_engine_failed(self, message: EngineFailed) -> None:
         self.loading = False
-        self.hud.set_error(message.error)
-        self.hud.flush()
-        self.notice(f"{message.error}\nF2 picks another profile.", severity="error",
-                    title=f"Could not load {message.profile_name or 'profile'}")
+        title = f"Could not load {message.profile_name or 'profile'}"
+        if message.restored is not None:
+            backend, profile = message.restored
+            self.backend, self.profile = backend, profile
+            self.sub_title = f"{profile.name} · {profile_pair(profile)}"
+            self.hud.set_engine(backend.info, profile)
+            self.hud.flush()
+            self.notice(f"{message.error}\nStill using {profile.name}; F2 picks another profile.",
+                        severity="error", title=title)
+        else:
+            self.hud.set_error(message.error)
+            self.hud.flush()
+            self.notice(f"{message.error}\nNo model is loaded: F2 picks another profile.", severity="error",
+                        title=title)
 
     # -- actions ------------------------------------------------------------------
 
@@ -275,7 +350,8 @@ class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
             if name:
                 self.switch_profile(name)
 
-        self.push_screen(ProfilePicker(self.profiles, self.profile.name if self.profile else None), picked)
+        self.push_screen(ProfilePicker(self.profiles, self.profile.name if self.profile else None,
+                                       self.unavailable_profiles()), picked)
 
     def action_stop(self) -> None:
         self.stop_reply()

@@ -37,12 +37,18 @@ class EngineReady(Message):
 
 
 class EngineFailed(Message):
-    """Loading failed; ``error`` is the message to show the user."""
+    """Loading failed; ``error`` is the message to show the user.
 
-    def __init__(self, error: str, profile_name: str | None) -> None:
+    ``restored`` is the backend and profile still (or again) loaded after a failed
+    switch, so the app keeps a model; None when there is none.
+    """
+
+    def __init__(self, error: str, profile_name: str | None,
+                 restored: "tuple[ChatBackend, ModelProfile] | None" = None) -> None:
         super().__init__()
         self.error = error
         self.profile_name = profile_name
+        self.restored = restored
 
 
 class ReplyChunk(Message):

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from engine.api import EngineInfo, ProgressFn, no_progress
 from engine.compat import check_pair
 from engine.device import Device
-from engine.errors import IncompatibleDraftError, ModelSourceError
+from engine.errors import IncompatibleDraftError, ModelSourceError, ProfileError
 from engine.memory import Plan, plan_memory, resolve_dtype
 from engine.profiles import ModelProfile, ModelSpec
 from engine.sources import (
@@ -153,8 +153,14 @@ def load_engine(
 
     ``memory_budget`` (the ``--memory-budget`` option) overrides the profile's.
     """
+    from engine.availability import unavailable_reason
     from engine.drafters import ModelDrafter, NgramDrafter
     from engine.session import ChatEngine
+
+    device = device or Device.auto()
+    why_not = unavailable_reason(profile, cuda=device.is_cuda)
+    if why_not:
+        raise ProfileError(f"profile {profile.name!r} cannot run here: {why_not}; pick another profile")
 
     device = device or Device.auto()
     progress("locating models", None)

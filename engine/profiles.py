@@ -111,6 +111,8 @@ class ModelProfile:
     system_prompt: str | None = None
     context_length: int = 2048
     memory_budget: int | None = None
+    device: str = "any"
+    """``"cuda"``: the profile needs a CUDA GPU and is listed as unavailable without one."""
     source_file: Path | None = None
 
     def __post_init__(self) -> None:
@@ -129,6 +131,8 @@ class ModelProfile:
             raise ProfileError(f"{where}: top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ProfileError(f"{where}: top_k must be >= 0 (0 disables it), got {self.top_k}")
+        if self.device not in ("any", "cuda"):
+            raise ProfileError(f"{where}: device must be \"any\" or \"cuda\", got {self.device!r}")
         if self.context_length < 1:
             raise ProfileError(f"{where}: context_length must be >= 1, got {self.context_length}")
         if self.memory_budget is not None and self.memory_budget <= 0:
@@ -195,13 +199,13 @@ def parse_size(text: str | int) -> int:
 _SPEC_KEYS = ("source", "quantization", "dtype", "trust_remote_code", "allow_pickle", "group_size", "quantize_head")
 _PROFILE_KEYS = (
     "target", "drafter", "draft", "description", "k", "k_min", "k_max", "temperature",
-    "top_p", "top_k", "system_prompt", "context_length", "memory_budget",
+    "top_p", "top_k", "system_prompt", "context_length", "memory_budget", "device",
 )
 _TOP_KEYS = ("default", "profiles")
 _TYPES: dict[str, tuple[type, ...]] = {
     "drafter": (str,), "description": (str,), "k": (int,), "k_min": (int,), "k_max": (int,),
     "temperature": (int, float), "top_p": (int, float), "top_k": (int,), "system_prompt": (str,),
-    "context_length": (int,), "memory_budget": (int, str),
+    "context_length": (int,), "memory_budget": (int, str), "device": (str,),
     "source": (str,), "quantization": (str,), "dtype": (str,),
     "trust_remote_code": (bool,), "allow_pickle": (bool,), "group_size": (int,), "quantize_head": (bool,),
 }
