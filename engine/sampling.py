@@ -3,9 +3,21 @@
 The same :func:`warp` is applied to the target's and the draft's logits, so
 rejection sampling compares like with like and the emitted stream follows the
 target's *warped* distribution (temperature, top-k, top-p) exactly.
-Randomness only comes from an explicit ``torch.Generator``.
+
+A reply's randomness (:data:`Randomness`) is explicit and comes in two kinds:
+
+* unseeded: a ``torch.Generator`` stream, consumed by rejection sampling
+  (:func:`engine.verify.verify_sampled`); how much of it a round uses depends
+  on K, so the reply depends on the schedule;
+* seeded: :class:`GumbelNoise`, one noise row per reply position drawn from
+  (seed, position) alone; a token is the Gumbel-argmax of the warped scores
+  (:func:`gumbel_argmax`), so the reply does not depend on K or the drafter
+  (:func:`engine.verify.verify_coupled`).
 """
 from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
 
 import torch
 
@@ -36,6 +48,20 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         ``[..., V]`` float32 probabilities, zero outside the top-k / top-p set
         (the most likely token is always kept).
     """
+    return torch.softmax(warp_scores(logits, params), dim=-1)
+
+
+def warp_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
+    """The warped log-probabilities up to a constant per row.
+
+    Args:
+        logits: ``[..., V]`` raw logits.
+        params: temperature (> 0 here), top-k (0 = off), top-p (1 = off).
+
+    Returns:
+        ``[..., V]`` float32 ``logits / T``, ``-inf`` outside the top-k / top-p
+        set; ``softmax`` of it is :func:`warp`.
+    """
     if params.greedy:
         raise ValueError("warp is for sampling; greedy decoding uses argmax")
     scores = logits.float() / params.temperature
@@ -51,7 +77,7 @@ def warp(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
         drop_sorted[..., 0] = False
         drop = torch.zeros_like(drop_sorted).scatter(-1, order, drop_sorted)
         scores = scores.masked_fill(drop, float("-inf"))
-    return torch.softmax(scores, dim=-1)
+    return scores
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
@@ -62,3 +88,112 @@ def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
 def uniform(generator: torch.Generator | None, device: Device) -> float:
     """One draw from U[0, 1) on ``device`` with ``generator``."""
     return float(torch.rand((), generator=generator, device=device.torch_device).item())
+
+
+class GumbelNoise:
+    """Gumbel noise keyed by reply position, for seeded (coupled) sampling.
+
+    Row ``i`` is ``g_i(v) = -log(-log(U_i(v)))`` for ``v < width``, with
+    ``U_i ~ U[0, 1)`` drawn by a CPU ``torch.Generator`` seeded with a hash of
+    ``(seed, i)`` alone, where ``i`` is the token's index within the reply
+    (0 for its first token). ``argmax_v(log p(v) + g_i(v))`` is then a draw from
+    ``p`` (the Gumbel-max trick), and every sampler that uses row ``i`` for
+    reply position ``i`` (plain decoding, the target verifying a draft, the
+    draft model proposing) makes the same choice from the same scores.
+
+    Keyed by reply position rather than sequence index: the same seed gives the
+    same noise to every reply, as reseeding a generator per reply would.
+
+    Reproducible: the noise is a function of (seed, i, width) and the torch
+    version only: drawn on the CPU with the Mersenne Twister (serially, so not
+    the thread count either), then moved to ``device``; CUDA and CPU runs get
+    the same noise. Replies are identical wherever the target's warped scores
+    are; across machines, dtypes or devices the logits differ in the last bits,
+    and a token whose two best noised scores are that close may differ (greedy
+    decoding has the same limit).
+
+    Args:
+        seed: the reply's seed.
+        start: sequence index of the reply's first token (the prompt length).
+        width: ``V``, the target's logits width.
+        device: where rows are returned.
+        keep: rows kept in memory (positions are asked for again when a draft
+            is rejected, never long after).
+    """
+
+    def __init__(self, seed: int, start: int, width: int, device: Device, keep: int = 64) -> None:
+        self.seed = seed
+        self.start = start
+        self.width = width
+        self.device = device
+        self._keep = keep
+        self._rows: OrderedDict[int, torch.Tensor] = OrderedDict()
+
+    def row(self, index: int) -> torch.Tensor:
+        """``[width]`` float32 noise for the token at sequence index ``index``."""
+        position = index - self.start
+        if position < 0:
+            raise ValueError(f"sequence index {index} is inside the prompt (the reply starts at {self.start})")
+        cached = self._rows.get(position)
+        if cached is None:
+            cached = gumbel_row(self.seed, position, self.width).to(self.device.torch_device)
+            self._rows[position] = cached
+            while len(self._rows) > self._keep:
+                self._rows.popitem(last=False)
+        return cached
+
+    def rows(self, first: int, n: int) -> torch.Tensor:
+        """``[n, width]`` noise for the tokens at sequence indices ``first .. first + n - 1``."""
+        return torch.stack([self.row(first + j) for j in range(n)])
+
+
+def gumbel_row(seed: int, position: int, width: int) -> torch.Tensor:
+    """``[width]`` float32 standard Gumbel noise on the CPU, a function of its arguments alone."""
+    digest = hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=8).digest()
+    gen = torch.Generator(device="cpu").manual_seed(int.from_bytes(digest, "little") >> 1)
+    u = torch.rand(width, generator=gen, dtype=torch.float64)
+    return (-torch.log(-torch.log(u))).float()  # u = 0 gives -inf: that token is never chosen
+
+
+def gumbel_argmax(logits: torch.Tensor, params: SamplingParams, noise: torch.Tensor) -> torch.Tensor:
+    """The token chosen by the Gumbel-max trick: ``argmax(warp_scores + noise)``.
+
+    ``warp_scores`` differs from the warped log-probabilities by a constant per
+    row, which does not move the argmax.
+
+    Args:
+        logits: ``[..., V]`` raw logits (a draft's ``V`` may differ from the target's).
+        params: the warping (temperature > 0, top-k, top-p).
+        noise: ``[..., V']`` Gumbel rows; cut to ``V``, or padded with zeros
+            (the padded ids are masked to ``-inf`` by the caller anyway).
+
+    Returns:
+        ``[...]`` long token ids.
+    """
+    scores = warp_scores(logits, params)
+    vocab, width = scores.shape[-1], noise.shape[-1]
+    if width > vocab:
+        noise = noise[..., :vocab]
+    elif width < vocab:
+        noise = torch.nn.functional.pad(noise, (0, vocab - width))
+    return torch.argmax(scores + noise.to(scores.device), dim=-1)
+
+
+Randomness = torch.Generator | GumbelNoise | None
+"""A reply's randomness: None when greedy, :class:`GumbelNoise` when seeded,
+else a ``torch.Generator`` stream for rejection sampling."""
+
+
+def make_randomness(params: SamplingParams, start: int, width: int, device: Device) -> Randomness:
+    """The randomness for one reply (see the module docstring).
+
+    Args:
+        params: the reply's sampling settings.
+        start: sequence index of the reply's first token (the prompt length).
+        width: the target's logits width ``V``.
+    """
+    if params.greedy:
+        return None
+    if params.seed is not None:
+        return GumbelNoise(params.seed, start, width, device)
+    return make_generator(params, device)

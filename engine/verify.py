@@ -17,6 +17,21 @@ the longest accepted prefix ``x_1..x_n`` and one token of the target's own:
 A deterministic drafter (n-gram lookup) proposes with ``q`` = one-hot on
 ``x_i``; its acceptance probability is then ``p(x_i)`` and the residual is ``p``
 with ``x_i`` removed.
+
+* seeded sampling, coupled by shared Gumbel noise (Daliri et al. 2025,
+  "Coupling without Communication and Drafter-Invariant Speculative
+  Decoding"): reply position ``j`` has its own noise ``g_j`` over the
+  vocabulary, drawn from (seed, j) alone (:class:`engine.sampling.GumbelNoise`).
+  The target's token there is ``y_j = argmax_v(log p_j(v) + g_j(v))``, a draw
+  from ``p_j`` (the Gumbel-max trick). A model draft proposes
+  ``x_j = argmax_v(log q_j(v) + g_j(v))`` with the same noise, so it agrees
+  with the target exactly where the noise makes them agree, i.e. with
+  probability at least ``(1 - TV(p, q)) / (1 + TV(p, q))`` (rejection sampling
+  reaches ``1 - TV``). ``x_j`` is accepted iff ``x_j == y_j``; the first
+  mismatch emits ``y_j``. That is greedy verification on the noised scores
+  ``log p + g``: every emitted token is ``y_j``, which depends on the seed,
+  ``j`` and the target's scores only, so the reply equals plain sampling with
+  the same seed whatever the drafter (model, n-gram) or K.
 """
 from __future__ import annotations
 
@@ -26,7 +41,8 @@ from dataclasses import dataclass
 import torch
 
 from engine.device import Device
-from engine.sampling import sample, uniform
+from engine.events import SamplingParams
+from engine.sampling import gumbel_argmax, sample, uniform
 
 
 @dataclass(frozen=True)
@@ -45,7 +61,31 @@ def verify_greedy(target_logits: torch.Tensor, draft_tokens: Sequence[int]) -> V
             after each drafted token.
         draft_tokens: ``[K]`` drafted ids.
     """
-    choices = torch.argmax(target_logits, dim=-1).tolist()
+    return _accept_matching(torch.argmax(target_logits, dim=-1).tolist(), draft_tokens)
+
+
+def verify_coupled(
+    target_logits: torch.Tensor,
+    draft_tokens: Sequence[int],
+    sampling: SamplingParams,
+    noise: torch.Tensor,
+) -> Verdict:
+    """Seeded acceptance: greedy verification on Gumbel-noised warped scores.
+
+    Args:
+        target_logits: ``[K + 1, V]`` target logits after the pending token and
+            after each drafted token.
+        draft_tokens: ``[K]`` drafted ids (by a model with the same noise, or
+            by lookup).
+        sampling: the warping (temperature > 0, top-k, top-p).
+        noise: ``[K + 1, V]`` the Gumbel rows of the positions the rows of
+            ``target_logits`` choose.
+    """
+    return _accept_matching(gumbel_argmax(target_logits, sampling, noise).tolist(), draft_tokens)
+
+
+def _accept_matching(choices: Sequence[int], draft_tokens: Sequence[int]) -> Verdict:
+    """Accept drafted tokens while they equal the target's ``[K + 1]`` choices."""
     n = 0
     while n < len(draft_tokens) and draft_tokens[n] == choices[n]:
         n += 1

@@ -8,6 +8,7 @@ from collections import Counter
 import pytest
 import torch
 
+import engine.sampling
 from engine.decoder import SpecDecoder
 from engine.device import Device
 from engine.drafters import ModelDrafter, NgramDrafter
@@ -107,6 +108,7 @@ def exact_distribution(target: torch.nn.Module, prompt: list[int], length: int, 
 
 
 def sample_replies(decoder: SpecDecoder, prompt: list[int], length: int, sampling: SamplingParams, n: int, k: int) -> Counter:
+    """``n`` replies with seeds 0 .. n - 1: Gumbel coupling, one seed per draw."""
     counts: Counter = Counter()
     for i in range(n):
         params = GenerationParams(
@@ -121,6 +123,26 @@ def sample_replies(decoder: SpecDecoder, prompt: list[int], length: int, samplin
     return counts
 
 
+def rejection_sampling_seeded_per_draw(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Make the decoder use rejection sampling (the unseeded sampler) with a
+    generator seeded from the draw's seed, so the test is reproducible."""
+
+    def stream(params: SamplingParams, start: int, width: int, device: Device) -> torch.Generator | None:
+        return make_generator(params, device)
+
+    monkeypatch.setattr("engine.decoder.make_randomness", stream)
+
+
+def spec_decoder(small_target: torch.nn.Module, draft_kind: str) -> SpecDecoder:
+    if draft_kind == "ngram":
+        drafter: ModelDrafter | NgramDrafter = NgramDrafter()
+    else:
+        draft = noisy_copy(small_target, 0.1, seed=1) if draft_kind == "close" else tiny_llama(seed=77, vocab_size=VOCAB, hidden_size=16, layers=1, sharpness=1.0)
+        drafter = ModelDrafter(draft, CPU)
+    return SpecDecoder(small_target, CPU, drafter, calibrate_every=0)
+
+
+@pytest.mark.parametrize("sampler", ["coupled", "rejection"])
 @pytest.mark.parametrize(
     "draft_kind,sampling",
     [
@@ -130,15 +152,14 @@ def sample_replies(decoder: SpecDecoder, prompt: list[int], length: int, samplin
         ("far", SamplingParams(temperature=1.3, top_k=3)),
     ],
 )
-def test_sampled_replies_follow_the_target(small_target, draft_kind: str, sampling: SamplingParams) -> None:
+def test_sampled_replies_follow_the_target(small_target, draft_kind: str, sampling: SamplingParams, sampler: str, monkeypatch) -> None:
+    """The joint distribution of 3 tokens is the target's, for both samplers:
+    Gumbel coupling (seeded; the seed changes per draw) and rejection sampling."""
+    if sampler == "rejection":
+        rejection_sampling_seeded_per_draw(monkeypatch)
     prompt = [1, 2, 3, 1, 2]  # repeats, so the n-gram drafter has something to propose
     length, n = 3, 1500
-    if draft_kind == "ngram":
-        drafter = NgramDrafter()
-    else:
-        draft = noisy_copy(small_target, 0.1, seed=1) if draft_kind == "close" else tiny_llama(seed=77, vocab_size=VOCAB, hidden_size=16, layers=1, sharpness=1.0)
-        drafter = ModelDrafter(draft, CPU)
-    decoder = SpecDecoder(small_target, CPU, drafter, calibrate_every=0)
+    decoder = spec_decoder(small_target, draft_kind)
     counts = sample_replies(decoder, prompt, length, sampling, n, k=2)
     expected = exact_distribution(small_target, prompt, length, sampling)
     assert chi_square_p_value(counts, expected, n) > 1e-3
@@ -146,6 +167,34 @@ def test_sampled_replies_follow_the_target(small_target, draft_kind: str, sampli
     assert tv < 0.1
     if draft_kind != "ngram":
         assert decoder.costs.positions[0].reached[0] > 0  # speculation really ran
+
+
+def test_unseeded_sampling_is_rejection_sampling(small_target, monkeypatch) -> None:
+    """Without a seed the decoder verifies by rejection sampling, from fresh entropy."""
+    calls: list[int] = []
+    original = verify_sampled
+
+    def counting(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr("engine.decoder.verify_sampled", counting)
+    decoder = spec_decoder(small_target, "close")
+    params = GenerationParams(sampling=SamplingParams(temperature=1.0), max_new_tokens=12, k=2)
+    replies = {tuple(t for e in decoder.generate([1, 2], params) for t in e.token_ids) for _ in range(5)}
+    assert calls and len(replies) > 1
+
+
+def test_noise_shared_across_positions_is_caught(small_target, monkeypatch) -> None:
+    """Negative control: a coupled sampler whose noise ignores the position
+    (the same Gumbel row for every token of a reply) is rejected by the test above."""
+    real_row = engine.sampling.gumbel_row
+    monkeypatch.setattr("engine.sampling.gumbel_row", lambda seed, position, width: real_row(seed, 0, width))
+    sampling = SamplingParams(temperature=1.0)
+    prompt, length, n = [1, 2, 3, 1, 2], 3, 1500
+    counts = sample_replies(spec_decoder(small_target, "far"), prompt, length, sampling, n, k=2)
+    expected = exact_distribution(small_target, prompt, length, sampling)
+    assert chi_square_p_value(counts, expected, n) < 1e-6
 
 
 def test_same_seed_same_reply(small_target) -> None:
