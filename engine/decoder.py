@@ -17,7 +17,6 @@ sequence except its last token (the pending one, fed at the next round).
 from __future__ import annotations
 
 import threading
-from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
@@ -29,9 +28,11 @@ from engine.drafters import EMPTY_DRAFT, Draft, Drafter, ModelDrafter
 from engine.errors import ContextLengthError, EngineError
 from engine.events import GenerationParams, Mode, RoundEvent, TokenSource
 from engine.runner import ModelRunner
-from engine.sampling import GumbelNoise, Randomness, make_randomness, warp
+from engine.sampling import make_generator, warp
+from engine.costs import MIN_PLAIN
 from engine.stats import CostModel, ReplyStats
-from engine.verify import Verdict, verify_coupled, verify_greedy, verify_sampled
+from engine.switch import AutoSwitch
+from engine.verify import Verdict, verify_greedy, verify_sampled
 
 T = TypeVar("T")
 
@@ -43,13 +44,18 @@ class SpecDecoder:
         target_model: the model whose output is reproduced exactly.
         device: where both models live.
         drafter: a :class:`~engine.drafters.Drafter`, or None for plain decoding.
-        calibrate_every: every this many rounds (and at the first round of a
-            reply) run one plain step, K = 0, to time plain decoding here
-            (0: never; the speedup is then unknown unless the drafter itself
-            leaves rounds empty).
-        auto_off_window: with adaptive K, switch speculation off when the
-            measured speedup over the last this many rounds is below 1.0
-            (0 disables the check).
+        calibrate_every: while speculating, run a plain step (K = 0) when no
+            round of the session fed one token for this many rounds (every
+            other round until :data:`engine.costs.MIN_PLAIN` were seen): the
+            plain step is measured, never extrapolated (``engine.costs``).
+            0: never; the speedup then stays unknown unless the drafter
+            itself leaves rounds empty (an n-gram miss).
+        auto_off_window: with adaptive K, the rounds of evidence needed before
+            speculation switches itself off (:mod:`engine.switch`: speedup
+            below 0.95 and its upper confidence bound below 1.0); it is tried
+            again later (0 disables the check).
+        reprobe_after: plain rounds after an automatic switch-off before
+            speculation is tried again (doubling with each further switch-off).
         window: the context window, tokens of prompt + reply (None: no limit).
             A prompt must leave room for one new token; a reply stops with
             finish reason ``context`` when the sequence fills the window, and
@@ -63,7 +69,8 @@ class SpecDecoder:
         drafter: Drafter | None = None,
         *,
         calibrate_every: int = 32,
-        auto_off_window: int = 24,
+        auto_off_window: int = 32,
+        reprobe_after: int = 64,
         window: int | None = None,
     ) -> None:
         self.device = device
@@ -78,7 +85,7 @@ class SpecDecoder:
         self.speculation_enabled = True
         self.off_reason: str | None = None
         self.fallback_reason: str | None = None
-        self._window: deque[tuple[int, float]] = deque(maxlen=max(auto_off_window, 1))
+        self._switch = AutoSwitch(auto_off_window, reprobe_after)
 
     @property
     def mode(self) -> Mode:
@@ -91,7 +98,7 @@ class SpecDecoder:
         """Switch speculation on or off by hand (also undoes an automatic switch-off)."""
         self.speculation_enabled = enabled
         self.off_reason = None if enabled else "speculation switched off by the user"
-        self._window.clear()
+        self._switch.reset()
 
     def drop_drafter(self, reason: str) -> str:
         """Free the drafter for good and go on with plain decoding; returns the notice."""
@@ -131,7 +138,9 @@ class SpecDecoder:
                 "(prompt and reply together); shorten it or start a new chat"
             )
         seq = list(prompt_ids)
-        generator = make_randomness(params.sampling, len(seq), self.target.vocab_size, self.device)
+        if self._switch.new_reply():  # re-probe after an automatic switch-off
+            self.speculation_enabled, self.off_reason = True, None
+        generator = make_generator(params.sampling, self.device)
         stats = ReplyStats(self.mode, self._drafter_name(), params.k is None, self.costs)
         stats.speculation_off_reason = self.off_reason or self.fallback_reason
         start = self.device.now()
@@ -153,7 +162,7 @@ class SpecDecoder:
         self,
         seq: list[int],
         params: GenerationParams,
-        generator: Randomness,
+        generator: torch.Generator | None,
         stats: ReplyStats,
         round_index: int,
         produced: int,
@@ -164,15 +173,16 @@ class SpecDecoder:
         # Tokens the window still has room for: K is capped so that no position
         # at or past the window is ever fed, and the reply ends when it is full.
         remaining = budget if self.window is None else min(budget, self.window - len(seq))
+        round_mode = self.mode
         policy_k = self._policy_k(params)
-        calibrating = self.calibrate_every > 0 and round_index % self.calibrate_every == 0
-        k = 0 if calibrating else min(policy_k, remaining - 1)
+        k = 0 if self._calibrating() else min(policy_k, remaining - 1)
         t_start = self.device.now()
         draft = EMPTY_DRAFT
         free = self.drafter is not None and self.drafter.free_proposals and params.k is None
         if k > 0 and self.drafter is not None:
             # Free proposals (a lookup): ask for the most, then keep the K that
-            # pays for this kind of draft. (The lambda reads self.drafter when
+            # pays for this kind of draft: the match and the fitted verification
+            # cost are the limit, not caution. (The lambda reads self.drafter when
             # called, so no local reference keeps a failed draft alive.)
             n = min(params.k_max, remaining - 1) if free else k
             draft, dropped = self._guarded(
@@ -182,7 +192,8 @@ class SpecDecoder:
             )
             notice = dropped or notice
             if free and draft.tokens:
-                k = self.costs.choose_k(min(params.k_min, len(draft.tokens)), len(draft.tokens), draft.key, draft_step_s=0.0)
+                k = self.costs.choose_k(min(params.k_min, len(draft.tokens)), len(draft.tokens), draft.key,
+                                        draft_step_s=0.0, explore=self._explore())
             draft = _trim(draft, k)
         t_draft = self.device.now()
         verdict, dropped = self._guarded(
@@ -207,9 +218,11 @@ class SpecDecoder:
 
         draft_s, verify_s, other_s = t_draft - t_start, t_verify - t_draft, t_end - t_verify
         self.costs.observe(len(draft.tokens), verdict.n_accepted, draft_s, verify_s, other_s, draft.key)
-        stats.record((k if draft.tokens else stats.k) if free else policy_k, len(draft.tokens), verdict.n_accepted, len(emitted), draft_s, verify_s, other_s)
+        stats.record((k if draft.tokens else stats.k) if free else policy_k, len(draft.tokens), verdict.n_accepted,
+                     len(emitted), draft_s, verify_s, other_s, mode=round_mode)
+        plain_equivalent = self.costs.plain_equivalent(len(draft.tokens), verify_s, t_end - t_start)
+        notice = notice or self._check_speedup(params, round_mode, len(emitted), plain_equivalent)
         stats.mode = self.mode
-        notice = notice or self._check_speedup(params, len(draft.tokens), len(emitted), t_end - t_start)
         if notice is not None:
             stats.speculation_off_reason = self.off_reason or self.fallback_reason
         event = RoundEvent(tuple(emitted), tuple(sources[: len(emitted)]), stats.snapshot(), finish, notice)
@@ -220,21 +233,15 @@ class SpecDecoder:
         seq: list[int],
         draft: Draft,
         params: GenerationParams,
-        generator: Randomness,
+        generator: torch.Generator | None,
     ) -> Verdict:
-        """Score ``[pending, *draft]`` in one target pass and decide.
-
-        Row ``r`` of the target's logits chooses the token at sequence index
-        ``len(seq) + r``: seeded sampling takes that position's Gumbel row.
-        """
+        """Score ``[pending, *draft]`` in one target pass and decide."""
         if len(self.target) != len(seq) - 1:
             raise AssertionError(f"target cache holds {len(self.target)} tokens, expected {len(seq) - 1}")
         fed = [seq[-1], *draft.tokens]
         logits = self.target.forward(fed, logits_to_keep=len(fed))
         if params.sampling.greedy:
             return verify_greedy(logits, draft.tokens)
-        if isinstance(generator, GumbelNoise):
-            return verify_coupled(logits, draft.tokens, params.sampling, generator.rows(len(seq), len(fed)))
         p = warp(logits, params.sampling)
         q = _pad_vocab(draft.probs, p.shape[-1]) if draft.probs is not None else None
         return verify_sampled(p, draft.tokens, q, generator, self.device)
@@ -286,33 +293,45 @@ class SpecDecoder:
     def _policy_k(self, params: GenerationParams) -> int:
         """K for a drafting round: fixed, or chosen from the measured costs.
 
-        Calibration rounds (a plain step every ``calibrate_every`` rounds,
-        keeping the measured plain speed fresh) are decided by the caller.
+        A drafter whose proposals are free is asked for ``k_max`` and trimmed
+        once its match is known. Calibration rounds are decided by the caller.
         """
         if self.drafter is None or not self.speculation_enabled:
             return 0
         if params.k is not None:
             return params.k
-        return self.costs.choose_k(params.k_min, params.k_max)
+        if self.drafter.free_proposals:
+            return params.k_max
+        return self.costs.choose_k(params.k_min, params.k_max, explore=self._explore())
 
-    def _check_speedup(self, params: GenerationParams, proposed: int, emitted: int, seconds: float) -> str | None:
-        """Switch speculation off when it measurably does not pay (adaptive K only)."""
-        if params.k is not None or self.auto_off_window <= 0 or self.mode == "plain" or proposed == 0:
+    def _explore(self) -> bool:
+        """Every third round, while the pass-cost line is not sound, try one K more."""
+        return self.costs.passes.passes % 3 == 2
+
+    def _calibrating(self) -> bool:
+        """Whether this speculative round runs as a plain step to measure the plain step."""
+        if self.calibrate_every <= 0 or self.mode == "plain":
+            return False
+        since = self.costs.rounds_since_plain
+        return since >= (2 if self.costs.passes.plain_samples < MIN_PLAIN else self.calibrate_every)
+
+    def _check_speedup(
+        self, params: GenerationParams, round_mode: Mode, emitted: int, plain_equivalent: float | None
+    ) -> str | None:
+        """Switch speculation off on strong evidence that it does not pay (adaptive
+        K only), and back on for a re-probe after enough plain rounds; returns the notice."""
+        if self._switch.off:
+            waited = self._switch.plain_round() if round_mode == "plain" else None
+            if waited is None:
+                return None
+            self.speculation_enabled, self.off_reason = True, None
+            return f"speculation back on: trying again after {waited} plain rounds"
+        if params.k is not None or round_mode == "plain":
             return None
-        self._window.append((emitted, seconds))
-        plain = self.costs.plain_tokens_per_s
-        if len(self._window) < self.auto_off_window or not plain:
-            return None
-        rate = sum(n for n, _ in self._window) / max(sum(s for _, s in self._window), 1e-9)
-        if rate / plain >= 1.0:
-            return None
-        self.speculation_enabled = False
-        self.off_reason = (
-            f"speculation switched off: measured speedup {rate / plain:.2f}x over the last "
-            f"{self.auto_off_window} rounds is below 1.0"
-        )
-        self._window.clear()
-        return self.off_reason
+        reason = self._switch.observe(emitted, plain_equivalent)
+        if reason is not None:
+            self.speculation_enabled, self.off_reason = False, reason
+        return reason
 
     def _drafter_name(self) -> str:
         return self.drafter.name if self.drafter is not None else "none"

@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 from engine.device import Device
 from engine.events import SamplingParams
 from engine.runner import ModelRunner
-from engine.sampling import GumbelNoise, Randomness, gumbel_argmax, sample, warp
+from engine.sampling import sample, warp
 
 
 @dataclass(frozen=True)
@@ -56,15 +56,9 @@ class Drafter(Protocol):
         context: Sequence[int],
         k: int,
         sampling: SamplingParams,
-        generator: Randomness,
+        generator: torch.Generator | None,
     ) -> Draft:
-        """Propose up to ``k`` tokens to follow ``context`` (``[L]`` ids).
-
-        ``generator`` is the reply's randomness: a ``torch.Generator`` to sample
-        from, or (seeded) the reply's :class:`~engine.sampling.GumbelNoise`,
-        whose row for sequence index ``len(context) + i`` the ``i``-th proposed
-        token must be chosen with; None when greedy.
-        """
+        """Propose up to ``k`` tokens to follow ``context`` (``[L]`` ids)."""
         ...
 
     def prefill(self, context: Sequence[int]) -> None:
@@ -96,13 +90,9 @@ class ModelDrafter:
         context: Sequence[int],
         k: int,
         sampling: SamplingParams,
-        generator: Randomness,
+        generator: torch.Generator | None,
     ) -> Draft:
         """Run the draft model ``k`` steps from ``context``.
-
-        Greedy: argmax. Seeded: the Gumbel-argmax with the target's noise for
-        each position (no probabilities returned: acceptance is by equality).
-        Otherwise sampled from the warped draft distribution.
 
         The draft's cache catches up here: tokens of ``context`` it has not seen
         (the target's last token, and the last drafted token when all K were
@@ -118,8 +108,6 @@ class ModelDrafter:
             logits = self._mask(logits)
             if sampling.greedy:
                 token = int(torch.argmax(logits))
-            elif isinstance(generator, GumbelNoise):
-                token = int(gumbel_argmax(logits, sampling, generator.row(len(context) + i)))
             else:
                 dist = warp(logits, sampling)
                 token = sample(dist, generator)
@@ -147,20 +135,39 @@ class ModelDrafter:
         self.runner.release()
 
 
+MATCH_BUCKETS = (1, 2, 3, 4, 8, 16)
+"""Match lengths that key the n-gram drafter's acceptance statistics (a match is
+counted back to at most the last bucket)."""
+
+
 class NgramDrafter:
     """Prompt-lookup decoding over the prompt and the reply so far.
 
     For ``n`` from ``max_ngram`` down to ``min_ngram``, the last ``n`` tokens
     are looked up among earlier positions of the context (the most recent
-    occurrence wins) and the tokens that followed are proposed. An index of
-    every n-gram's latest follower is extended incrementally, so a lookup costs
-    O(1) per round instead of a scan of the context.
+    occurrence wins) and up to ``k`` tokens that followed are proposed. The
+    decoder asks for ``k_max`` and keeps as many as the fitted verification
+    cost pays for at this draft's acceptance, which is measured per draft
+    position and per **match length**: the match is counted backwards past
+    ``max_ngram`` (up to ``MATCH_BUCKETS[-1]`` tokens) and bucketed into
+    ``Draft.key``, so a copy in progress (a long match, accepted nearly always)
+    is told apart from a chance 1-token match.
+
+    Cost. An index maps every n-gram of the context to the position after its
+    latest occurrence. :meth:`prefill` compares the new prompt with what is
+    indexed, O(L) once per reply, and re-indexes from scratch if they differ
+    (O(L * max_ngram) dict updates). :meth:`propose` and :meth:`commit` rely
+    on the context growing by appending, as it does within a reply: they check
+    the last ``max_ngram`` indexed tokens and index only the new tokens
+    (O(new * max_ngram)); a lookup is at most ``max_ngram`` dict probes plus
+    ``MATCH_BUCKETS[-1]`` comparisons. A context that diverged anywhere else
+    between two prefills is not noticed; the decoder never does that.
     """
 
     kind: Literal["ngram"] = "ngram"
     free_proposals = True
 
-    def __init__(self, max_ngram: int = 3, min_ngram: int = 1) -> None:
+    def __init__(self, max_ngram: int = 4, min_ngram: int = 1) -> None:
         if not 1 <= min_ngram <= max_ngram:
             raise ValueError(f"need 1 <= min_ngram <= max_ngram, got {min_ngram}, {max_ngram}")
         self.name = "n-gram lookup"
@@ -175,35 +182,55 @@ class NgramDrafter:
         context: Sequence[int],
         k: int,
         sampling: SamplingParams,
-        generator: Randomness,
+        generator: torch.Generator | None,
     ) -> Draft:
-        """Up to ``k`` tokens that followed the longest matching suffix (may be none)."""
+        """Up to ``k`` tokens that followed the longest matching suffix of ``context``
+        (``[L]`` ids), keyed by the match length's bucket (may be empty)."""
         if k <= 0:
             return EMPTY_DRAFT
-        self._extend_index(context)
-        for n in range(min(self.max_ngram, len(context)), self.min_ngram - 1, -1):
-            start = self._index.get(tuple(context[-n:]))
+        self._extend(context)
+        ids = self._ids
+        for n in range(min(self.max_ngram, len(ids)), self.min_ngram - 1, -1):
+            start = self._index.get(tuple(ids[-n:]))
             if start is not None:
-                return Draft(tuple(context[start : start + k]), key=n)
+                return Draft(tuple(ids[start : start + k]), key=match_key(self._match_length(start, n)))
         return EMPTY_DRAFT
 
-    def _extend_index(self, context: Sequence[int]) -> None:
-        if self._ids != list(context[: len(self._ids)]):
+    def _match_length(self, start: int, n: int) -> int:
+        """How many tokens before ``start`` equal the context's last ones (at least ``n``)."""
+        ids, end, longest = self._ids, len(self._ids), MATCH_BUCKETS[-1]
+        m = n
+        while m < longest and start - m - 1 >= 0 and ids[start - m - 1] == ids[end - m - 1]:
+            m += 1
+        return m
+
+    def _extend(self, context: Sequence[int], full_check: bool = False) -> None:
+        """Index what ``context`` added; start over if it does not extend the indexed ids."""
+        have = len(self._ids)
+        tail = max(have - self.max_ngram, 0) if not full_check else 0
+        if len(context) < have or list(context[tail:have]) != self._ids[tail:]:
             self._ids, self._index, self._indexed = [], {}, 0
-        self._ids = list(context)
+            have = 0
+        self._ids.extend(context[have:])
+        ids = self._ids
         # An n-gram ending at position j has the follower j + 1 when j + 1 < L.
-        for j in range(self._indexed, len(self._ids) - 1):
-            for n in range(self.min_ngram, self.max_ngram + 1):
-                if j - n + 1 >= 0:
-                    self._index[tuple(self._ids[j - n + 1 : j + 1])] = j + 1
-        self._indexed = max(self._indexed, len(self._ids) - 1)
+        for j in range(self._indexed, len(ids) - 1):
+            for n in range(self.min_ngram, min(self.max_ngram, j + 1) + 1):
+                self._index[tuple(ids[j - n + 1 : j + 1])] = j + 1
+        self._indexed = max(self._indexed, len(ids) - 1)
 
     def prefill(self, context: Sequence[int]) -> None:
-        """Index the prompt."""
-        self._extend_index(context)
+        """Index the prompt ``[L]`` (compared in full with what is indexed)."""
+        self._extend(context, full_check=True)
 
     def commit(self, context: Sequence[int]) -> None:
-        """Nothing to crop: the index is rebuilt if the context ever diverges."""
+        """Index the accepted tokens (nothing to crop: rejected drafts were never indexed)."""
+        self._extend(context)
 
     def release(self) -> None:
         self._ids, self._index, self._indexed = [], {}, 0
+
+
+def match_key(length: int) -> int:
+    """The bucket of :data:`MATCH_BUCKETS` a match of ``length`` tokens falls in."""
+    return max(b for b in MATCH_BUCKETS if b <= max(length, 1))

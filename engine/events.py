@@ -72,9 +72,20 @@ class Stats:
     """Running statistics of one reply (all times in seconds, wall clock).
 
     ``speedup`` is measured, not assumed: ``tokens_per_s`` divided by
-    ``plain_tokens_per_s``, the rate of plain decoding timed in this same reply
-    on this machine and context (rounds run with K = 0, see ``engine.stats``).
-    ``None`` until both have been measured.
+    ``plain_tokens_per_s``, the speed plain decoding would have had over the
+    same stretch of time on this machine, estimated from every round of the
+    session (``engine.costs`` gives the estimator). ``None`` ("measuring…")
+    until that estimate is sound. ``plain_rounds`` counts this reply's rounds
+    with K = 0 and ``plain_measured_tokens_per_s`` is their own speed: a
+    cross-check of the estimate.
+
+    ``alpha`` is the **acceptance rate**, accepted ÷ proposed draft tokens (it
+    falls as K grows); ``alpha_per_token`` is the paper's per-token α of
+    τ = (1 - α^(K+1)) / (1 - α), from per-position acceptance: accepted ÷
+    positions reached. A per-token α of 0.8 at K = 5 shows as an acceptance
+    rate of 0.54. ``mode_tokens`` gives the tokens produced in each mode, as
+    ``(mode, tokens)`` pairs in the order the modes first ran (a reply that
+    speculated until an automatic switch-off has two).
     """
 
     mode: Mode = "plain"
@@ -87,6 +98,7 @@ class Stats:
     accepted: int = 0
     tokens: int = 0
     alpha: float | None = None
+    alpha_per_token: float | None = None
     tau: float | None = None
     per_position: tuple[float, ...] = ()
     draft_s: float = 0.0
@@ -98,6 +110,9 @@ class Stats:
     itl_ms: float | None = None
     plain_tokens_per_s: float | None = None
     speedup: float | None = None
+    plain_rounds: int = 0
+    plain_measured_tokens_per_s: float | None = None
+    mode_tokens: tuple[tuple[Mode, int], ...] = ()
     speculation_off_reason: str | None = None
     truncated_turns: int = 0
     """Earlier messages left out so the conversation fits the context window."""
@@ -105,6 +120,7 @@ class Stats:
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["per_position"] = list(self.per_position)
+        d["mode_tokens"] = dict(self.mode_tokens)
         return d
 
 

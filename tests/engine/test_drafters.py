@@ -1,7 +1,7 @@
 """Prompt-lookup drafter and the adaptive choice of K."""
 from __future__ import annotations
 
-from engine.drafters import NgramDrafter
+from engine.drafters import NgramDrafter, match_key
 from engine.events import SamplingParams
 from engine.stats import CostModel, expected_tokens
 
@@ -87,14 +87,17 @@ def test_adaptive_k_stays_within_bounds_and_accounts_for_draft_cost() -> None:
 
 def test_cost_model_measures_plain_speed_from_k0_rounds() -> None:
     costs = CostModel()
-    assert costs.plain_tokens_per_s is None
-    costs.observe(0, 0, 0.0, 0.045, 0.005)
+    for _ in range(3):
+        costs.observe(0, 0, 0.0, 0.045, 0.005)
+    assert costs.plain_tokens_per_s is None  # three one-token rounds are not enough
     costs.observe(0, 0, 0.0, 0.045, 0.005)
     assert abs(costs.plain_tokens_per_s - 20.0) < 1e-9
     assert abs(costs.pass_cost(1) - 0.045) < 1e-9
     assert costs.pass_cost(5) > costs.pass_cost(1)  # one size seen: a prior slope, never flat
-    costs.observe(4, 2, 0.04, 0.065, 0.005)
-    assert abs(costs.pass_cost(3) - 0.055) < 1e-9  # on the line through 1 and 5 tokens fed
+    for _ in range(3):
+        costs.observe(4, 2, 0.04, 0.065, 0.005)
+        costs.observe(2, 2, 0.02, 0.055, 0.005)
+    assert abs(costs.pass_cost(4) - 0.060) < 1e-9  # on the line through 3 and 5 tokens fed
     costs.observe(8, 2, 0.08, 0.060, 0.005)  # a noisy cheap pass of 9 tokens
     assert costs.pass_cost(9) >= costs.pass_cost(8) >= costs.pass_cost(2)  # the fit stays monotone
 
@@ -108,3 +111,26 @@ def test_an_unmeasured_kind_of_draft_borrows_pooled_acceptance() -> None:
     for _ in range(50):
         costs.observe(4, 0, 0.0, 0.05, 0.0, key=1)
     assert costs.acceptance(2, key=1)[0] < 0.1 < 0.9 < costs.acceptance(2, key=3)[0]
+
+
+def test_the_key_is_the_match_length_counted_past_max_ngram() -> None:
+    span = list(range(100, 140))
+    context = [1, 2, *span, 3, *span[:20]]  # the reply is copying the span
+    draft = NgramDrafter(max_ngram=4).propose(context, 16, GREEDY, None)
+    assert draft.tokens == tuple(span[20:36]) and draft.key == 16
+    chance = NgramDrafter(max_ngram=4).propose([5, 6, 7, 9, 8, 1, 9], 4, GREEDY, None)
+    assert chance.tokens == (8, 1, 9) and chance.key == 1
+    assert [match_key(n) for n in (1, 2, 3, 4, 5, 7, 8, 15, 16, 40)] == [1, 2, 3, 4, 4, 4, 8, 8, 16, 16]
+
+
+def test_the_index_grows_with_commits_and_prefill_notices_a_changed_prompt() -> None:
+    drafter = NgramDrafter()
+    context = [1, 2, 3, 4]
+    drafter.prefill(context)
+    context += [1, 2]
+    drafter.commit(context)
+    assert propose(drafter, context, 2) == (3, 4)
+    # A new reply whose prompt differs early on (not at its end) is re-indexed.
+    other = [9, 2, 3, 4, 1, 2, 7, 7, 1, 2]
+    drafter.prefill(other)
+    assert propose(drafter, other, 2) == (7, 7)
