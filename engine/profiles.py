@@ -22,10 +22,13 @@ from dataclasses import dataclass
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
-from typing import Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from engine.errors import ProfileError
 from engine.paths import config_dir
+
+if TYPE_CHECKING:
+    from engine.remote.config import ServerSpec
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -34,6 +37,7 @@ else:  # pragma: no cover
 
 Quantization = Literal["none", "int4", "nf4", "int8"]
 Drafter = Literal["model", "ngram", "none"]
+Backend = Literal["local", "server"]
 QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 DRAFTERS: tuple[str, ...] = get_args(Drafter)
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
@@ -58,6 +62,7 @@ class ModelSpec:
     allow_pickle: bool = False
     group_size: int = 32
     quantize_head: bool = True
+    draft_vocab: int = 0  # a draft proposes from this many most frequent tokens (0: all)
 
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source.strip():
@@ -68,6 +73,8 @@ class ModelSpec:
             )
         if self.dtype not in DTYPES:
             raise ProfileError(f"unknown dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
+        if self.draft_vocab and self.draft_vocab < 256:
+            raise ProfileError(f"draft_vocab must be 0 (the whole vocabulary) or at least 256, got {self.draft_vocab}")
         if self.group_size not in GROUP_SIZES:
             raise ProfileError(
                 f"group_size {self.group_size} is not supported: use one of {', '.join(map(str, GROUP_SIZES))}"
@@ -114,9 +121,14 @@ class ModelProfile:
     device: str = "any"
     """``"cuda"``: the profile needs a CUDA GPU and is listed as unavailable without one."""
     source_file: Path | None = None
+    backend: Backend = "local"
+    server: "ServerSpec | None" = None
+    """Where a ``backend = "server"`` profile sends its chats (engine.remote)."""
 
     def __post_init__(self) -> None:
         where = f"profile {self.name!r}" + (f" in {self.source_file}" if self.source_file else "")
+        if self.backend not in ("local", "server") or (self.backend == "server") != (self.server is not None):
+            raise ProfileError(f"{where}: backend must be \"local\" or \"server\" (a server needs url = ...)")
         if self.drafter not in DRAFTERS:
             raise ProfileError(f"{where}: unknown drafter {self.drafter!r}: use one of {', '.join(DRAFTERS)}")
         if self.drafter == "model" and self.draft is None:
@@ -196,18 +208,19 @@ def parse_size(text: str | int) -> int:
 
 # ----------------------------------------------------------------------------- parsing
 
-_SPEC_KEYS = ("source", "quantization", "dtype", "trust_remote_code", "allow_pickle", "group_size", "quantize_head")
+_SPEC_KEYS = ("source", "quantization", "dtype", "trust_remote_code", "allow_pickle", "group_size", "quantize_head",
+              "draft_vocab")
 _PROFILE_KEYS = (
     "target", "drafter", "draft", "description", "k", "k_min", "k_max", "temperature",
-    "top_p", "top_k", "system_prompt", "context_length", "memory_budget", "device",
+    "top_p", "top_k", "system_prompt", "context_length", "memory_budget", "backend", "device",
 )
 _TOP_KEYS = ("default", "profiles")
 _TYPES: dict[str, tuple[type, ...]] = {
-    "drafter": (str,), "description": (str,), "k": (int,), "k_min": (int,), "k_max": (int,),
+    "drafter": (str,), "backend": (str,), "description": (str,), "k": (int,), "k_min": (int,), "k_max": (int,),
     "temperature": (int, float), "top_p": (int, float), "top_k": (int,), "system_prompt": (str,),
     "context_length": (int,), "memory_budget": (int, str), "device": (str,),
     "source": (str,), "quantization": (str,), "dtype": (str,),
-    "trust_remote_code": (bool,), "allow_pickle": (bool,), "group_size": (int,), "quantize_head": (bool,),
+    "trust_remote_code": (bool,), "allow_pickle": (bool,), "group_size": (int,), "quantize_head": (bool,), "draft_vocab": (int,),
 }
 
 
@@ -247,6 +260,12 @@ def _parse_profile(name: str, raw: Any, path: Path) -> ModelProfile:
     where = f"profile {name!r} in {path}"
     if not isinstance(raw, dict):
         raise ProfileError(f"{where}: [profiles.{name}] must be a table")
+    if raw.get("backend") == "server":
+        from engine.remote.profile import parse_server_profile
+
+        return parse_server_profile(name, raw, path, _check_type)
+    if raw.get("backend", "local") != "local":
+        raise ProfileError(f"{where}: backend must be \"local\" (default) or \"server\", got {raw['backend']!r}")
     unknown = sorted(set(raw) - set(_PROFILE_KEYS))
     if unknown:
         raise ProfileError(f"{where}: unknown key {unknown[0]!r}: allowed keys are {', '.join(_PROFILE_KEYS)}")

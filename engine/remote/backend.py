@@ -1,0 +1,331 @@
+"""A :class:`~engine.api.ChatBackend` whose decoding happens on an
+OpenAI-compatible server (llama.cpp's llama-server, vLLM, ...).
+
+The server drafts and verifies; specchat streams the text (every piece is the
+target's: a server does not say which tokens were drafted) and shows what the
+server measured (:mod:`engine.remote.figures`).
+
+The speedup needs a plain reply from the same server. llama-server reads
+``speculative.n_max`` per request in some builds: after a speculative reply,
+specchat sends the same conversation once more with ``speculative.n_max = 0``
+(at most :data:`CALIBRATION_TOKENS` tokens; again every
+:data:`CALIBRATE_EVERY` replies) and divides the two decode rates the server
+reports. If that calibration reply still drafted, the build ignores the option
+and the speedup stays unknown, as it does on servers without such a switch
+(vLLM fixes speculation when it starts).
+"""
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.api import EngineInfo, ProgressFn, no_progress
+from engine.errors import EngineError
+from engine.events import ChatEvent, ChatMessage, FinishReason, GenerationParams, TextPiece
+from engine.remote.client import ServerClient, ServerError
+from engine.remote.config import ServerSpec
+from engine.remote.figures import Figures, ServerStats, SpecCounters, parse_spec_counters, reply_figures
+
+CHAT_PATH = "/v1/chat/completions"
+SPEC_OFF: dict[str, int] = {"speculative.n_max": 0, "speculative.n_min": 0}
+"""llama-server's per-request options that turn drafting off (where the build reads them)."""
+CALIBRATE_EVERY = 8
+CALIBRATION_TOKENS = 64
+PROBE_TIMEOUT_S = 10.0
+METRICS_SETTLE_S = 0.2
+LLAMA_CPP, VLLM = "llama.cpp", "vLLM"
+
+
+@dataclass
+class _Run:
+    """One streamed request as it arrives."""
+
+    t0: float = field(default_factory=time.perf_counter)
+    t_first: float | None = None
+    t_last: float | None = None
+    chunks: int = 0
+    text: list[str] = field(default_factory=list)
+    finish: str | None = None
+    timings: dict[str, Any] | None = None
+    usage: dict[str, Any] | None = None
+
+    @property
+    def tokens(self) -> int:
+        """Reply tokens: the server's count where it gives one, else content chunks."""
+        for source, key in ((self.usage, "completion_tokens"), (self.timings, "predicted_n")):
+            if source and isinstance(source.get(key), int):
+                return int(source[key])
+        return self.chunks
+
+    def client_rate(self) -> float | None:
+        """Decode tokens/s as seen here: tokens after the first over the time they took."""
+        if self.t_first is None or self.t_last is None or self.t_last <= self.t_first or self.tokens < 2:
+            return None
+        return (self.tokens - 1) / (self.t_last - self.t_first)
+
+    def server_rate(self) -> float | None:
+        rate = (self.timings or {}).get("predicted_per_second")
+        return float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
+
+    def rate(self) -> float | None:
+        """The server's own decode rate where it reports one, else the client's."""
+        return self.server_rate() or self.client_rate()
+
+
+class ServerBackend:
+    """Chat turns answered by a server; one reply at a time (``cancel`` may be set from any thread)."""
+
+    def __init__(self, spec: ServerSpec, *, profile: str, client: ServerClient | None = None) -> None:
+        self.spec = spec
+        self.client = client or ServerClient(spec)
+        self.profile_name = profile
+        self.kind = "OpenAI-compatible"
+        self.build: str | None = None
+        self.model: str | None = spec.model
+        self.metrics_known = False
+        self.speculation_on = True
+        self.switch_honoured: bool | None = None
+        """Whether the server obeyed ``speculative.n_max = 0``; None until seen."""
+        self.plain_tokens_per_s: float | None = None
+        self._plain_age = 0
+        self._calibration_note = "not measured yet"
+        self._closed = False
+
+    @classmethod
+    def connect(cls, spec: ServerSpec, profile: str, progress: ProgressFn = no_progress) -> "ServerBackend":
+        """Check the server answers (models list), learn what it is, and return a backend."""
+        backend = cls(spec, profile=profile)
+        backend.probe(progress)
+        return backend
+
+    def probe(self, progress: ProgressFn = no_progress) -> None:
+        """``GET /v1/models`` (errors propagate: refused, 401, 404), then ``/props`` and ``/metrics`` (optional)."""
+        progress(f"connecting to {self.spec.root}", None)
+        listing = self.client.get_json("/v1/models", PROBE_TIMEOUT_S)
+        models = [m for m in (listing.get("data") or []) if isinstance(m, dict)] if isinstance(listing, dict) else []
+        ids = [str(m.get("id")) for m in models if m.get("id")]
+        owners = {str(m.get("owned_by", "")).lower() for m in models}
+        if "vllm" in owners:
+            self.kind = VLLM
+        elif "llamacpp" in owners:
+            self.kind = LLAMA_CPP
+        progress("asking the server what it is", None)
+        try:
+            props = self.client.get_json("/props", PROBE_TIMEOUT_S)
+            if isinstance(props, dict) and ("build_info" in props or "default_generation_settings" in props):
+                self.kind = LLAMA_CPP
+                self.build = str(props.get("build_info") or "") or None
+        except ServerError:
+            pass
+        self.metrics_known = self._scrape() is not None
+        if self.model is None:
+            if not ids:
+                raise EngineError(f"{self.spec.root} lists no models at /v1/models: name one with model = \"...\" in the profile")
+            self.model = ids[0]
+        elif self.kind == VLLM and ids and self.model not in ids:
+            raise EngineError(f"{self.spec.root} does not serve model {self.model!r}; it serves {', '.join(ids)}")
+        progress("connected", 1.0)
+
+    @property
+    def info(self) -> EngineInfo:
+        figures = "reply timings" if self.kind == LLAMA_CPP else None
+        if self.metrics_known:
+            figures = f"{figures} + /metrics" if figures else "/metrics"
+        plan: dict[str, Any] = {"summary": f"served by {self.kind} at {self.spec.root}", "model": self.model}
+        if self.build:
+            plan["build"] = self.build
+        plan["speculation figures"] = figures or "none reported"
+        return EngineInfo(
+            profile=self.profile_name, target=self.model or "?", drafter="the server's",
+            mode="spec" if self.speculation_on else "plain", device=f"{self.kind} server", plan=plan,
+        )
+
+    def set_speculation(self, enabled: bool) -> None:
+        """Ask for plain decoding (``speculative.n_max = 0`` on each request) or speculation again."""
+        if not enabled and self.kind != LLAMA_CPP:
+            raise EngineError(f"{self.kind} fixes speculation when it starts; there is no per-request switch. "
+                              "Start a second server without speculation to compare")
+        if not enabled and self.switch_honoured is False:
+            raise EngineError("this llama-server ignores per-request speculative options; start one without "
+                              "-md/--spec-type for plain decoding")
+        self.speculation_on = enabled
+
+    def close(self) -> None:
+        """Nothing stays open between replies; later chats are refused."""
+        self._closed = True
+
+    # -- replies ------------------------------------------------------------------------
+
+    def chat(self, messages: Sequence[ChatMessage], params: GenerationParams,
+             cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
+        """Stream the server's reply; text events as chunks arrive, the figures on the last event."""
+        if self._closed:
+            raise EngineError("the connection to the server was closed; load the profile again")
+        return self._reply(list(messages), params, cancel or threading.Event())
+
+    def request_body(self, messages: Sequence[ChatMessage], params: GenerationParams, spec_on: bool) -> dict[str, Any]:
+        """The ``/v1/chat/completions`` request for ``messages``."""
+        s = params.sampling
+        body: dict[str, Any] = {
+            "messages": [{"role": m.role, "content": m.content} for m in messages],
+            "stream": True, "stream_options": {"include_usage": True},
+            "max_tokens": params.max_new_tokens, "temperature": s.temperature, "top_p": s.top_p,
+        }
+        if self.model:
+            body["model"] = self.model
+        if s.top_k:
+            body["top_k"] = s.top_k
+        if s.seed is not None:
+            body["seed"] = s.seed
+        if params.stop_strings:
+            body["stop"] = list(params.stop_strings)
+        if not spec_on:
+            body.update(SPEC_OFF)
+        return body
+
+    def stream_text(self, body: dict[str, Any], cancel: threading.Event, run: _Run) -> Iterator[str]:
+        """Each piece of reply text as it arrives; ``run`` collects timings, usage and finish."""
+        for payload in self.client.stream(CHAT_PATH, body, cancel):
+            now = time.perf_counter()
+            run.timings = payload.get("timings") or run.timings
+            run.usage = payload.get("usage") or run.usage
+            for choice in payload.get("choices") or ():
+                if not isinstance(choice, dict):
+                    continue
+                part = choice.get("delta") or choice.get("message") or {}
+                text = part.get("content") if isinstance(part, dict) else None
+                run.finish = choice.get("finish_reason") or run.finish
+                if text:
+                    run.chunks += 1
+                    run.t_first = run.t_first or now
+                    run.t_last = now
+                    run.text.append(text)
+                    yield text
+            if cancel.is_set():
+                return
+
+    def _reply(self, messages: list[ChatMessage], params: GenerationParams,
+               cancel: threading.Event) -> Iterator[ChatEvent]:
+        spec_on = self.speculation_on
+        before = self._scrape()
+        run = _Run()
+        for text in self.stream_text(self.request_body(messages, params, spec_on), cancel, run):
+            yield ChatEvent(text, (TextPiece(text, "target"),), (), self._stats(run, spec_on, Figures(
+                reason="the server reports α and τ when the reply ends")))
+        if cancel.is_set():
+            stopped = Figures(reason="the reply was stopped before the server reported its figures")
+            yield ChatEvent("", (), (), self._stats(run, spec_on, stopped, speedup_reason="reply stopped"),
+                            "cancelled")
+            return
+        figures = reply_figures(run.timings, self._delta(before, run), run.tokens,
+                                metrics_known=self.metrics_known, server=self.kind)
+        notice = None
+        if not spec_on and figures.proposed > 0:
+            self.switch_honoured, self.speculation_on = False, True
+            notice = ("the server ignored speculative.n_max = 0 and drafted anyway (this llama-server build "
+                      "reads no per-request speculative options): speculation is back on")
+        plain, speedup, why = self._speedup(messages, params, run, figures, spec_on, cancel)
+        stats = dataclasses.replace(self._stats(run, spec_on, figures, speedup_reason=why),
+                                    plain_tokens_per_s=plain, speedup=speedup)
+        yield ChatEvent("", (), (), stats, _finish(run.finish, params), notice)
+
+    def _stats(self, run: _Run, spec_on: bool, figures: Figures, speedup_reason: str | None = None) -> ServerStats:
+        end = run.t_last or time.perf_counter()
+        client_rate = run.client_rate()
+        tokens = run.tokens
+        return ServerStats(
+            mode="spec" if spec_on else "plain", drafter="server", tokens=tokens,
+            proposed=figures.proposed, accepted=figures.accepted, alpha=figures.alpha, tau=figures.tau,
+            per_position=figures.per_position, target_passes=tokens - figures.accepted if tokens else 0,
+            prefill_s=(run.t_first - run.t0) if run.t_first else 0.0, elapsed_s=end - run.t0,
+            tokens_per_s=run.server_rate() or client_rate,
+            itl_ms=1000.0 / client_rate if client_rate else None,
+            server=self.kind, figures_from=figures.source, figures_reason=figures.reason,
+            speedup_reason=speedup_reason, client_tokens_per_s=client_rate,
+            mean_accepted_len=figures.mean_accepted_len,
+            prompt_tokens=(run.usage or {}).get("prompt_tokens"),
+        )
+
+    # -- figures --------------------------------------------------------------------------
+
+    def _scrape(self) -> SpecCounters | None:
+        try:
+            text, _ = self.client.get("/metrics", PROBE_TIMEOUT_S)
+        except EngineError:
+            return None
+        return parse_spec_counters(text)
+
+    def _delta(self, before: SpecCounters | None, run: _Run) -> SpecCounters | None:
+        if before is None or not self.metrics_known:
+            return None
+        after = self._scrape()
+        if after is not None and after.minus(before).draft_tokens <= 0 and run.tokens > 1:
+            time.sleep(METRICS_SETTLE_S)  # some servers count a step just after sending it
+            after = self._scrape() or after
+        return after.minus(before) if after is not None else None
+
+    def _speedup(self, messages: list[ChatMessage], params: GenerationParams, run: _Run, figures: Figures,
+                 spec_on: bool, cancel: threading.Event) -> tuple[float | None, float | None, str]:
+        """(plain tokens/s, speedup, how it was measured or why it is unknown)."""
+        rate = run.rate()
+        if not spec_on:
+            if figures.proposed == 0 and rate:
+                self.plain_tokens_per_s, self._plain_age = rate, 0
+            return None, None, "this reply was plain decoding (speculation off)"
+        if self.kind != LLAMA_CPP:
+            return None, None, (f"speedup unknown: {self.kind} has no per-request switch to turn speculation off, "
+                                "so there is no plain reply on the same server to compare with")
+        if rate is None:
+            return None, None, "speedup unknown: the reply was too short to time"
+        if self.switch_honoured is not False and (self.plain_tokens_per_s is None or self._plain_age >= CALIBRATE_EVERY):
+            self._calibrate(messages, params, run.tokens, figures, cancel)
+        if self.switch_honoured is False:
+            return None, None, ("speedup unknown: this llama-server ignores per-request speculative options "
+                                "(speculative.n_max = 0 still drafted), so it cannot give a plain reply")
+        if self.plain_tokens_per_s is None:
+            return None, None, f"speedup unknown: {self._calibration_note}"
+        self._plain_age += 1
+        plain = self.plain_tokens_per_s
+        return plain, rate / plain, (f"against a plain reply from the same server ({plain:.1f} tok/s, "
+                                     "speculative.n_max = 0)")
+
+    def _calibrate(self, messages: list[ChatMessage], params: GenerationParams, tokens: int,
+                   figures: Figures, cancel: threading.Event) -> None:
+        """One short plain reply to the same conversation: the server's plain decode rate."""
+        short = dataclasses.replace(params, max_new_tokens=max(8, min(tokens, CALIBRATION_TOKENS)))
+        run = _Run()
+        try:
+            for _ in self.stream_text(self.request_body(messages, short, spec_on=False), cancel, run):
+                pass
+        except EngineError as exc:
+            self._calibration_note = f"the plain calibration reply failed ({exc})"
+            return
+        if cancel.is_set():
+            self._calibration_note = "the plain calibration reply was stopped"
+            return
+        if int((run.timings or {}).get("draft_n") or 0) > 0:
+            self.switch_honoured = False
+            return
+        if figures.proposed == 0:
+            self._calibration_note = ("the server drafted nothing in this reply, so it cannot be told whether "
+                                      "it obeys speculative.n_max = 0")
+            return
+        rate = run.rate()
+        if rate is None:
+            self._calibration_note = "the plain calibration reply was too short to time"
+            return
+        self.switch_honoured = True
+        self.plain_tokens_per_s, self._plain_age = rate, 0
+
+
+def _finish(reason: str | None, params: GenerationParams) -> FinishReason:
+    """The server's ``finish_reason`` in specchat's terms."""
+    if reason == "length":
+        return "length"
+    if reason in (None, "stop", "eos"):
+        return "stop" if params.stop_strings and reason == "stop" else "eos"
+    return "stop"

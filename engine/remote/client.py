@@ -1,0 +1,277 @@
+"""HTTP to an OpenAI-compatible server with the standard library: JSON GETs and
+the server-sent-event stream of ``POST /v1/chat/completions``.
+
+Every failure becomes a :class:`ServerError` (an :class:`~engine.errors.EngineError`)
+whose message says what happened and what to check, and whose ``kind`` names
+the case: ``refused``, ``auth``, ``not_found``, ``http``, ``timeout``, ``cut``
+(the stream stopped before the reply ended), ``malformed`` (not JSON) or
+``server`` (the server reported an error inside the stream).
+
+Cancelling: while a stream is read, a watcher thread polls the ``cancel``
+event and shuts the socket down, so Esc stops a reply even while the server is
+silent (a blocked read cannot otherwise be interrupted).
+"""
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
+from urllib.parse import urlsplit
+
+from engine.errors import EngineError
+from engine.remote.config import ServerSpec
+
+CONNECT_TIMEOUT_S = 10.0
+CANCEL_POLL_S = 0.05
+USER_AGENT = "specchat"
+
+
+class ServerError(EngineError):
+    """A request to the server failed; ``kind`` says how, ``status`` the HTTP status if any."""
+
+    def __init__(self, kind: str, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.kind = kind
+        self.status = status
+
+
+class ServerClient:
+    """Requests to one server. Each request opens its own connection (a reply
+    that was cancelled or cut leaves no half-read connection behind)."""
+
+    def __init__(self, spec: ServerSpec) -> None:
+        self.spec = spec
+        parts = urlsplit(spec.root)
+        self._https = parts.scheme == "https"
+        self._host = parts.hostname or "localhost"
+        self._port = parts.port
+        self._prefix = parts.path.rstrip("/")
+
+    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+        cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
+        return cls(self._host, self._port, timeout=timeout)
+
+    def _headers(self, body: bool) -> dict[str, str]:
+        headers = {"User-Agent": USER_AGENT, "Accept": "application/json, text/event-stream"}
+        if body:
+            headers["Content-Type"] = "application/json"
+        key = self.spec.api_key()
+        if key:
+            headers["Authorization"] = f"Bearer {key}"
+        return headers
+
+    def _open(self, method: str, path: str, body: dict[str, Any] | None, timeout: float,
+              conn: http.client.HTTPConnection | None = None,
+              watch: "_Watch | None" = None) -> tuple[http.client.HTTPConnection, http.client.HTTPResponse]:
+        url = self.spec.root + path
+        headers = self._headers(body is not None)
+        conn = conn or self._connection(min(timeout, CONNECT_TIMEOUT_S))
+        try:
+            conn.connect()
+            assert conn.sock is not None
+            conn.sock.settimeout(timeout)
+            if watch is not None:
+                watch.sock = conn.sock  # the response may own it after the connection lets go
+            data = json.dumps(body).encode() if body is not None else None
+            conn.request(method, self._prefix + path, body=data, headers=headers)
+            resp = conn.getresponse()
+        except ConnectionRefusedError:
+            conn.close()
+            raise ServerError("refused", f"cannot connect to {self.spec.root}: connection refused. "
+                                         "Is the server running, and is this its address and port?") from None
+        except (socket.timeout, TimeoutError):
+            conn.close()
+            raise ServerError("timeout", f"{url}: no answer within {timeout:g} s (timeout). The server may be "
+                                         "busy or unreachable; raise `timeout` in the profile if it is just slow") from None
+        except OSError as exc:
+            conn.close()
+            raise ServerError("refused", f"cannot reach {self.spec.root}: {exc}") from None
+        except http.client.HTTPException as exc:
+            conn.close()
+            raise ServerError("cut", f"{url}: the server closed the connection without an answer "
+                                     f"({type(exc).__name__})") from None
+        if resp.status >= 400:
+            try:
+                raw = resp.read(65536)
+            except (OSError, http.client.HTTPException):
+                raw = b""
+            conn.close()
+            raise http_error(resp.status, url, raw, self.spec)
+        return conn, resp
+
+    def get(self, path: str, timeout: float | None = None) -> tuple[str, str]:
+        """``GET path``: the body as text and its content type. Errors as :class:`ServerError`."""
+        limit = timeout or self.spec.timeout
+        conn, resp = self._open("GET", path, None, limit)
+        try:
+            return resp.read().decode("utf-8", "replace"), resp.getheader("Content-Type", "")
+        except (socket.timeout, TimeoutError):
+            raise ServerError("timeout", f"{self.spec.root + path}: the answer stopped for {limit:g} s (timeout)") from None
+        except (OSError, http.client.HTTPException) as exc:
+            raise ServerError("cut", f"{self.spec.root + path}: the answer was cut off ({exc})") from None
+        finally:
+            conn.close()
+
+    def get_json(self, path: str, timeout: float | None = None) -> Any:
+        text, _ = self.get(path, timeout)
+        return parse_json(text, self.spec.root + path)
+
+    def post_json(self, path: str, body: dict[str, Any], cancel: threading.Event | None = None) -> Any:
+        """``POST path`` without streaming; the parsed JSON answer."""
+        parts = list(self.stream(path, body, cancel))
+        if not parts:
+            raise ServerError("cut", f"{self.spec.root + path}: empty answer")
+        return parts[-1]
+
+    def stream(self, path: str, body: dict[str, Any], cancel: threading.Event | None = None) -> Iterator[Any]:
+        """``POST path`` and yield each JSON payload of the event stream until ``[DONE]``.
+
+        A plain JSON answer (a server that does not stream) is yielded whole.
+        Returns quietly when ``cancel`` is set; raises :class:`ServerError` when
+        the stream stops early, times out, carries malformed JSON or an error.
+        """
+        url = self.spec.root + path
+        cancel = cancel or threading.Event()
+        conn = self._connection(min(self.spec.timeout, CONNECT_TIMEOUT_S))
+        watch = _Watch(cancel)
+        watch.start()
+        resp: http.client.HTTPResponse | None = None
+        try:
+            try:
+                conn, resp = self._open("POST", path, body, self.spec.timeout, conn, watch)
+            except ServerError:
+                if cancel.is_set():
+                    return
+                raise
+            if "text/event-stream" not in resp.getheader("Content-Type", ""):
+                yield _checked(parse_json(_read_all(resp, url, self.spec.timeout, cancel), url), url)
+                return
+            for payload in _events(resp, url, self.spec.timeout, cancel):
+                if payload.strip() == "[DONE]":
+                    return
+                yield _checked(parse_json(payload, url), url)
+            if not cancel.is_set():
+                raise ServerError("cut", f"{url}: the server closed the stream before the reply ended "
+                                         "(no [DONE]); it may have crashed or been stopped")
+        finally:
+            watch.done.set()
+            if resp is not None:
+                resp.close()
+            conn.close()
+
+
+class _Watch(threading.Thread):
+    """Shuts the request's socket down when ``cancel`` is set before ``done``."""
+
+    def __init__(self, cancel: threading.Event) -> None:
+        super().__init__(name="specchat-cancel", daemon=True)
+        self.cancel = cancel
+        self.done = threading.Event()
+        self.sock: socket.socket | None = None
+
+    def run(self) -> None:
+        while not self.done.is_set():
+            if self.cancel.wait(CANCEL_POLL_S):
+                while not self.done.is_set():
+                    if self.sock is not None:
+                        try:
+                            self.sock.shutdown(socket.SHUT_RDWR)
+                        except OSError:
+                            pass
+                        return
+                    self.done.wait(CANCEL_POLL_S)  # still connecting: shut it as soon as it exists
+                return
+
+
+def _read_all(resp: http.client.HTTPResponse, url: str, timeout: float, cancel: threading.Event) -> str:
+    try:
+        return resp.read().decode("utf-8", "replace")
+    except (socket.timeout, TimeoutError):
+        raise ServerError("timeout", f"{url}: the answer stopped for {timeout:g} s (timeout)") from None
+    except (OSError, http.client.HTTPException) as exc:
+        if cancel.is_set():
+            return "{}"
+        raise ServerError("cut", f"{url}: the answer was cut off ({type(exc).__name__})") from None
+
+
+def _events(resp: http.client.HTTPResponse, url: str, timeout: float, cancel: threading.Event) -> Iterator[str]:
+    """The ``data`` of each server-sent event (several ``data:`` lines joined by newlines)."""
+    data: list[str] = []
+    while True:
+        try:
+            line = resp.readline()
+        except (socket.timeout, TimeoutError):
+            if cancel.is_set():
+                return
+            raise ServerError("timeout", f"{url}: the server sent nothing for {timeout:g} s (timeout); "
+                                         "the reply so far is kept. Raise `timeout` in the profile if the "
+                                         "server is just slow") from None
+        except (OSError, http.client.HTTPException) as exc:
+            if cancel.is_set():
+                return
+            raise ServerError("cut", f"{url}: the stream stopped mid-reply ({type(exc).__name__}: {exc}); "
+                                     "the reply so far is kept") from None
+        if not line:
+            if data:
+                yield "\n".join(data)
+            return
+        text = line.decode("utf-8", "replace").rstrip("\r\n")
+        if not text:
+            if data:
+                yield "\n".join(data)
+                data = []
+            continue
+        if text.startswith(":"):
+            continue  # a comment: servers send them as keep-alive pings
+        name, _, value = text.partition(":")
+        if name == "data":
+            data.append(value[1:] if value.startswith(" ") else value)
+
+
+def parse_json(text: str, url: str) -> Any:
+    try:
+        return json.loads(text)
+    except ValueError:
+        snippet = text.strip().replace("\n", " ")[:120]
+        raise ServerError("malformed", f"{url}: the server sent malformed JSON: {snippet!r}") from None
+
+
+def _checked(payload: Any, url: str) -> Any:
+    """The payload, unless it is an error object sent inside a 200 answer."""
+    if not isinstance(payload, dict):
+        raise ServerError("malformed", f"{url}: expected a JSON object, got {type(payload).__name__}")
+    if "error" in payload and "choices" not in payload:
+        raise ServerError("server", f"the server reported an error mid-reply: {error_message(payload)}")
+    return payload
+
+
+def error_message(payload: Any) -> str:
+    """The human part of an OpenAI-style ``{"error": {"message": ...}}`` body."""
+    err = payload.get("error", payload) if isinstance(payload, dict) else payload
+    if isinstance(err, dict):
+        return str(err.get("message") or err.get("msg") or err)
+    if isinstance(payload, dict) and "detail" in payload:  # FastAPI-style bodies
+        return str(payload["detail"])
+    return str(err)
+
+
+def http_error(status: int, url: str, raw: bytes, spec: ServerSpec) -> ServerError:
+    """The error for an HTTP status >= 400, with the server's own message."""
+    text = raw.decode("utf-8", "replace").strip()
+    try:
+        detail = error_message(json.loads(text))
+    except ValueError:
+        detail = text[:200]
+    said = f" (the server says: {detail})" if detail else ""
+    if status in (401, 403):
+        fix = (f"check the key in ${spec.api_key_env}" if spec.api_key_env else
+               "the server wants an API key: put it in an environment variable and name it with "
+               "api_key_env in the profile (e.g. api_key_env = \"OPENAI_API_KEY\")")
+        return ServerError("auth", f"{url}: {status} unauthorized: {fix}{said}", status)
+    if status == 404:
+        return ServerError("not_found", f"{url}: 404 not found: check the url (the server's root, e.g. "
+                                        f"http://127.0.0.1:8080) and the model name{said}", status)
+    return ServerError("http", f"{url}: HTTP {status}{said}", status)

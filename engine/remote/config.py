@@ -1,0 +1,88 @@
+"""Where a server profile points: URL, model name, and where its API key lives.
+
+The key itself never appears in a models file: ``api_key_env`` names an
+environment variable that holds it, read only when a request is made.
+"""
+from __future__ import annotations
+
+import math
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from engine.errors import EngineError, ProfileError
+
+SERVER_KEYS: tuple[str, ...] = ("url", "model", "api_key_env", "timeout")
+"""Profile keys that configure the connection (besides ``backend = "server"``)."""
+
+DEFAULT_TIMEOUT_S = 120.0
+_ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+
+
+@dataclass(frozen=True)
+class ServerSpec:
+    """An OpenAI-compatible server: ``url`` is its root (``http://host:port``;
+    a trailing ``/v1`` is accepted), ``model`` the name sent with each request
+    (None: the first model the server lists), ``api_key_env`` the environment
+    variable holding a bearer key (None: no key), ``timeout`` the seconds to
+    wait for the server's next byte before giving up."""
+
+    url: str
+    model: str | None = None
+    api_key_env: str | None = None
+    timeout: float = DEFAULT_TIMEOUT_S
+
+    def __post_init__(self) -> None:
+        parts = urlsplit(self.url) if isinstance(self.url, str) else None
+        if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ProfileError(f"server url must look like http://127.0.0.1:8080, got {self.url!r}")
+        try:
+            parts.port
+        except ValueError:
+            raise ProfileError(f"server url {self.url!r} has an invalid port") from None
+        if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()):
+            raise ProfileError("server model must be a non-empty string (or left out for the server's first model)")
+        if self.api_key_env is not None and not _ENV_NAME.fullmatch(str(self.api_key_env)):
+            raise ProfileError(
+                f"api_key_env must name an environment variable (like OPENAI_API_KEY), got {self.api_key_env!r}; "
+                "never put the key itself in a models file"
+            )
+        if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) \
+                or not math.isfinite(self.timeout) or self.timeout <= 0:
+            raise ProfileError(f"server timeout must be a positive number of seconds, got {self.timeout!r}")
+
+    @property
+    def root(self) -> str:
+        """The URL without a trailing ``/`` or ``/v1``: endpoints hang below it."""
+        root = self.url.rstrip("/")
+        return root[: -len("/v1")] if root.endswith("/v1") else root
+
+    def api_key(self) -> str | None:
+        """The key from ``api_key_env``; an error says which variable to set."""
+        if self.api_key_env is None:
+            return None
+        key = os.environ.get(self.api_key_env)
+        if not key:
+            raise EngineError(
+                f"the profile reads its API key from ${self.api_key_env}, which is not set: "
+                f"export {self.api_key_env}=... (or remove api_key_env if the server needs no key)"
+            )
+        return key
+
+
+def parse_server_spec(raw: dict[str, Any], where: str) -> ServerSpec:
+    """The connection keys of a ``backend = "server"`` profile table."""
+    if "url" not in raw:
+        raise ProfileError(f"{where}: backend = \"server\" needs url = \"http://HOST:PORT\"")
+    for key in ("url", "model", "api_key_env"):
+        if key in raw and not isinstance(raw[key], str):
+            raise ProfileError(f"{where}: {key} must be a string, got {raw[key]!r}")
+    timeout = raw.get("timeout", DEFAULT_TIMEOUT_S)
+    try:
+        return ServerSpec(url=raw["url"], model=raw.get("model"), api_key_env=raw.get("api_key_env"),
+                          timeout=float(timeout) if isinstance(timeout, int) and not isinstance(timeout, bool)
+                          else timeout)
+    except ProfileError as exc:
+        raise ProfileError(f"{where}: {exc}") from None

@@ -1,0 +1,190 @@
+"""What a server measures about speculation, turned into specchat's figures.
+
+Two sources, per reply:
+
+* llama-server puts ``timings`` in its last stream chunk: ``predicted_n``,
+  ``predicted_per_second`` and, when it drafted anything, ``draft_n`` and
+  ``draft_n_accepted``.
+* vLLM (and llama-server started with ``--metrics``) count drafting in
+  Prometheus counters at ``/metrics``: ``*:spec_decode_num_drafts``,
+  ``*:spec_decode_num_draft_tokens``, ``*:spec_decode_num_accepted_tokens``
+  and ``*:spec_decode_num_accepted_tokens_per_pos{position="i"}`` (with or
+  without the ``_total`` suffix). A reply's figures are the counters' deltas
+  across it; other clients' requests in the same window mix in.
+
+The figures, named as in the paper:
+
+* α, the acceptance rate: accepted ÷ drafted tokens.
+* τ, tokens per target forward pass: every pass emits one token of the target's
+  own plus the drafts it accepted, so passes = tokens − accepted and
+  τ = tokens ÷ (tokens − accepted). (llama-server's log prints "mean len" =
+  1 + accepted ÷ verification steps: the same where every step drafted.)
+
+A server that reports nothing gets ``None`` and a reason, never zeros.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+from engine.events import Stats
+
+_SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
+_POSITION = re.compile(r'position="(\d+)"')
+
+
+@dataclass(frozen=True)
+class ServerStats(Stats):
+    """:class:`~engine.events.Stats` of a reply decoded by a server.
+
+    ``figures_from`` names where α and τ came from (``"timings"``,
+    ``"metrics"``, or both joined by ``+``); ``figures_reason`` says why they
+    are None when they are. ``speedup_reason`` says how the speedup was
+    measured or why it is unknown. ``tokens_per_s`` is the server's own decode
+    rate where it reports one, else the rate seen by specchat;
+    ``client_tokens_per_s`` is always the latter (network included).
+    ``mean_accepted_len`` is 1 + accepted ÷ verification steps (counters only).
+    """
+
+    server: str = ""
+    figures_from: str | None = None
+    figures_reason: str | None = None
+    speedup_reason: str | None = None
+    client_tokens_per_s: float | None = None
+    mean_accepted_len: float | None = None
+    prompt_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class SpecCounters:
+    """Speculative-decoding counters read from one ``/metrics`` scrape."""
+
+    drafts: float = 0.0
+    draft_tokens: float = 0.0
+    accepted: float = 0.0
+    per_position: dict[int, float] = field(default_factory=dict)
+
+    def minus(self, before: "SpecCounters") -> "SpecCounters":
+        """The counts between ``before`` and this scrape."""
+        return SpecCounters(
+            drafts=self.drafts - before.drafts,
+            draft_tokens=self.draft_tokens - before.draft_tokens,
+            accepted=self.accepted - before.accepted,
+            per_position={i: v - before.per_position.get(i, 0.0) for i, v in self.per_position.items()},
+        )
+
+
+def parse_spec_counters(text: str) -> SpecCounters | None:
+    """The spec-decode counters in a Prometheus text exposition (any prefix,
+    summed over label sets), or None when it has none."""
+    sums: dict[str, float] = {}
+    per_pos: dict[int, float] = {}
+    for line in text.splitlines():
+        if not line or line.startswith("#"):
+            continue
+        m = _SAMPLE.match(line)
+        if not m:
+            continue
+        name = m.group(1).rsplit(":", 1)[-1]
+        if name.endswith("_total"):
+            name = name[: -len("_total")]
+        if not name.startswith("spec_decode_num_"):
+            continue
+        try:
+            value = float(m.group(3))
+        except ValueError:
+            continue
+        if name == "spec_decode_num_accepted_tokens_per_pos":
+            pos = _POSITION.search(m.group(2) or "")
+            if pos:
+                i = int(pos.group(1))
+                per_pos[i] = per_pos.get(i, 0.0) + value
+            continue
+        sums[name] = sums.get(name, 0.0) + value
+    if not sums and not per_pos:
+        return None
+    return SpecCounters(
+        drafts=sums.get("spec_decode_num_drafts", 0.0),
+        draft_tokens=sums.get("spec_decode_num_draft_tokens", 0.0),
+        accepted=sums.get("spec_decode_num_accepted_tokens", 0.0),
+        per_position=per_pos,
+    )
+
+
+@dataclass(frozen=True)
+class Figures:
+    """One reply's speculation figures (None where the server told nothing)."""
+
+    proposed: int = 0
+    accepted: int = 0
+    alpha: float | None = None
+    tau: float | None = None
+    per_position: tuple[float, ...] = ()
+    mean_accepted_len: float | None = None
+    source: str | None = None
+    reason: str | None = None
+
+
+def tau_of(tokens: int, accepted: int) -> float | None:
+    """Tokens per target pass: ``tokens / (tokens - accepted)``."""
+    passes = tokens - accepted
+    return tokens / passes if tokens > 0 and passes > 0 else None
+
+
+def conditional_rates(per_pos: dict[int, float], drafts: float) -> tuple[float, ...]:
+    """Acceptance at each draft position given the ones before it were accepted.
+
+    Position 0 is reached by every draft, position ``i`` by the drafts whose
+    position ``i - 1`` was accepted (drafts shorter than K make the deeper
+    rates slightly low)."""
+    rates: list[float] = []
+    reached = drafts
+    for i in sorted(per_pos):
+        if reached <= 0:
+            break
+        rates.append(max(0.0, min(1.0, per_pos[i] / reached)))
+        reached = per_pos[i]
+    return tuple(rates)
+
+
+def reply_figures(timings: dict[str, Any] | None, delta: SpecCounters | None, tokens: int,
+                  *, metrics_known: bool, server: str) -> Figures:
+    """α, τ and per-position acceptance of one reply from whichever source has them.
+
+    ``timings`` is the reply's llama-server ``timings`` object, ``delta`` the
+    counters' change across the reply (None when unscraped), ``tokens`` the
+    reply's length, ``metrics_known`` whether the server exposes spec-decode
+    counters at all.
+    """
+    sources: list[str] = []
+    proposed = accepted = 0
+    if timings and int(timings.get("draft_n") or 0) > 0:
+        proposed, accepted = int(timings["draft_n"]), int(timings.get("draft_n_accepted") or 0)
+        sources.append("timings")
+    per_position: tuple[float, ...] = ()
+    mean_len = None
+    if delta is not None and delta.draft_tokens > 0:
+        if not sources:
+            proposed, accepted = int(round(delta.draft_tokens)), int(round(delta.accepted))
+        if delta.drafts > 0:
+            per_position = conditional_rates(delta.per_position, delta.drafts)
+            mean_len = 1.0 + delta.accepted / delta.drafts
+        sources.append("metrics")
+    if proposed > 0:
+        return Figures(proposed, accepted, accepted / proposed, tau_of(tokens, accepted), per_position,
+                       mean_len, "+".join(sources))
+    return Figures(reason=no_figures_reason(timings, delta, metrics_known, server))
+
+
+def no_figures_reason(timings: dict[str, Any] | None, delta: SpecCounters | None,
+                      metrics_known: bool, server: str) -> str:
+    """Why a reply has no α/τ, in words the user can act on."""
+    if timings is not None or (delta is not None and metrics_known):
+        return (f"{server} drafted no tokens in this reply: speculation is off on the server "
+                "(llama-server without -md/--spec-type, vLLM without --speculative-config), "
+                "or no n-gram matched")
+    if metrics_known:
+        return f"{server}: the reply ended before its spec-decode counters could be read"
+    return (f"{server} reports no speculative figures: no `timings.draft_n` in its replies and no "
+            "spec_decode counters at /metrics")
