@@ -133,13 +133,19 @@ class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
             yield Hud(id="hud")
         yield Footer()
 
+    # The main screen's widgets, found there even while a dialog is on top
+    # (App.query_one searches the active screen).
     @property
     def hud(self) -> Hud:
-        return self.query_one(Hud)
+        return self.screen_stack[0].query_one(Hud)
 
     @property
     def chat_log(self) -> ChatLog:
-        return self.query_one(ChatLog)
+        return self.screen_stack[0].query_one(ChatLog)
+
+    @property
+    def prompt(self) -> PromptArea:
+        return self.screen_stack[0].query_one(PromptArea)
 
     def on_mount(self) -> None:
         self.history = History.open()
@@ -147,7 +153,10 @@ class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
             self.notice(self.history.notice, severity="error", title="History")
         self.saver = HistorySaver(self.history, lambda text: self.post_message(HistoryLag(text)))
         self.show_welcome()
-        self.query_one(PromptArea).focus()
+        prompt = self.prompt
+        prompt.scroll_target = lambda: self.chat_log
+        prompt.set_history(self.db(self.history.recent_prompts) or [])
+        prompt.focus()
         self.set_interval(HUD_REFRESH_S, self._flush_hud)
         profile = self._initial_profile()
         if profile is not None:
@@ -306,6 +315,7 @@ class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
         if info.fallback_reason:
             self.notice(f"Running without the draft model: {info.fallback_reason}", severity="warning",
                         title="Draft refused")
+        self.send_queued()
 
     def on_engine_failed(self, message: EngineFailed) -> None:
         self.loading = False
@@ -323,6 +333,9 @@ class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
             self.hud.flush()
             self.notice(f"{message.error}\nNo model is loaded: F2 picks another profile.", severity="error",
                         title=title)
+        waiting = self.drop_queued()
+        if waiting:
+            self.prompt.restore("\n".join(waiting))
 
     # -- actions ------------------------------------------------------------------
 
@@ -339,7 +352,7 @@ class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
                                     lambda a=binding.action: self.run_action(a))
 
     def action_help(self) -> None:
-        self.push_screen(HelpScreen([("App", list(self.BINDINGS)), ("Prompt box", list(PromptArea.BINDINGS))]))
+        self.push_screen(HelpScreen([("App", list(self.BINDINGS)), ("Prompt box", [*PromptArea.BINDINGS, *PromptArea.HELP_ONLY])]))
 
     def action_pick_profile(self) -> None:
         if self.profiles is None:
@@ -368,16 +381,26 @@ class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
         if self.backend is None:
             self.notice("No model is loaded yet.", severity="warning")
             return
+        # F5 does what the HUD shows: it reads the engine's mode, so after an
+        # automatic switch-off (the HUD says plain) the first press turns it on.
+        was_on = self.backend.info.mode != "plain"
         try:
-            self.backend.set_speculation(not self.speculation_on)
+            self.backend.set_speculation(not was_on)
         except SpecChatError as exc:
             self.notice(str(exc), severity="error")
             return
-        self.speculation_on = not self.speculation_on
-        self.hud.set_speculation(self.speculation_on)
-        self.hud.set_engine(self.backend.info, self.profile)
+        info = self.backend.info
+        self.speculation_on = info.mode != "plain"
+        self.hud.set_speculation(not (was_on and not self.speculation_on))  # "switched off by you"
+        self.hud.set_engine(info, self.profile)
         self.hud.flush()
-        self.notice("Speculation on." if self.speculation_on else "Speculation off: plain decoding.")
+        if self.speculation_on:
+            self.notice("Speculation on.")
+        elif was_on:
+            self.notice("Speculation off: plain decoding.")
+        else:
+            self.notice(f"Speculation cannot be switched on: {info.fallback_reason or 'no drafter is loaded'}.",
+                        severity="warning")
 
     def on_unmount(self) -> None:
         self.stop_reply()

@@ -90,7 +90,10 @@ class ChatMixin:
         self._reply_widget = None
         self._cancel = None
         self.generating = False
+        waiting, self.queued = [w.text for w in self.queued], []
         await self.chat_log.remove_children()
+        if waiting:  # prompts that never went out return to the box, not lost
+            self.prompt.restore("\n".join(waiting))
 
     async def action_new_chat(self: "SpecChatApp") -> None:
         """Start an empty conversation (the saved one stays in the history)."""

@@ -469,6 +469,11 @@ class History:
             (content, _dump(stats), _dump(pieces), finish_reason, message_id),
         )
 
+    def recent_prompts(self, limit: int = 200) -> list[str]:
+        """The last ``limit`` prompts the user sent, in any chat, oldest first (for Up in the prompt box)."""
+        rows = self._query("SELECT content FROM messages WHERE role = 'user' ORDER BY id DESC LIMIT ?", (limit,))
+        return [str(row[0]) for row in reversed(rows)]
+
     def messages(self, chat_id: int) -> list[MessageRecord]:
         """A chat's messages in order."""
         rows = self._query(

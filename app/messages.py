@@ -7,6 +7,7 @@ moved on from (new chat, reopened chat).
 """
 from __future__ import annotations
 
+import threading
 from typing import TYPE_CHECKING
 
 from textual.message import Message
@@ -52,12 +53,42 @@ class EngineFailed(Message):
 
 
 class ReplyChunk(Message):
-    """One decoding round of the reply ``reply_id``."""
+    """Rounds of the reply ``reply_id`` wait in ``outbox`` (posted once until the UI takes them).
 
-    def __init__(self, reply_id: int, event: ChatEvent) -> None:
+    Rounds are not posted one message each: a fast engine would make the UI
+    render every round. The UI takes everything waiting in one go, so rounds
+    coalesce whenever it is busy.
+    """
+
+    def __init__(self, reply_id: int, outbox: "Outbox") -> None:
         super().__init__()
         self.reply_id = reply_id
-        self.event = event
+        self.outbox = outbox
+
+
+class Outbox:
+    """Rounds a reply worker has produced and the UI has not shown yet (thread-safe)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._events: list[ChatEvent] = []
+        self._waiting = False
+
+    def put(self, event: ChatEvent) -> bool:
+        """Add a round; True when the UI must be told (nothing was waiting for it)."""
+        with self._lock:
+            self._events.append(event)
+            if self._waiting:
+                return False
+            self._waiting = True
+            return True
+
+    def take(self) -> list[ChatEvent]:
+        """Every round waiting, oldest first; the next ``put`` tells the UI again."""
+        with self._lock:
+            events, self._events = self._events, []
+            self._waiting = False
+            return events
 
 
 class ReplyFinished(Message):

@@ -17,7 +17,7 @@ from textual import work
 
 from app.conversation import build_messages, chat_title, generation_params
 from app.history import Pieces, extend_pieces
-from app.messages import ReplyChunk, ReplyFinished
+from app.messages import Outbox, ReplyChunk, ReplyFinished
 from app.saver import HistoryLag, HistorySaver, ReplyRecord
 from app.widgets.chat_view import AssistantMessage, UserMessage
 from app.widgets.prompt import PromptArea
@@ -28,8 +28,14 @@ from engine.events import ChatMessage, FinishReason, GenerationParams, Stats
 if TYPE_CHECKING:
     from app.app import SpecChatApp
 
-SAVE_EVERY_S = 0.0
-"""Minimum time between saves of a streaming reply (0: every round)."""
+SAVE_EVERY_S = 0.1
+"""Minimum time between saves of a streaming reply; the final state is always written.
+
+Saving every round cost the engine a share of its speed (a JSON dump of the
+pieces and a SQLite write per round, competing for the same cores)."""
+
+PAINT_EVERY_S = 0.05
+"""Minimum time between two repaints of a streaming reply (at most 20 per second)."""
 
 SAVE_FLUSH_AT_EXIT_S = 10.0
 """How long quitting waits for a locked history to take the last reply."""
@@ -42,41 +48,73 @@ class ReplyMixin:
         self._reply_id = 0
         self._cancel: threading.Event | None = None
         self._reply_widget: AssistantMessage | None = None
+        self._outbox = Outbox()
+        self._last_paint = 0.0
+        self.queued: list[UserMessage] = []
+        """Prompts sent while the model loads or a reply streams, sent in turn when it is free."""
         self.saver: HistorySaver | None = None  # made on mount, once the history is open
 
     def on_prompt_area_submitted(self: "SpecChatApp", event: PromptArea.Submitted) -> None:
-        """Enter in the prompt box: send, unless a reply is running or no model is loaded."""
-        if self.generating:
-            self.notice("A reply is still streaming: wait, or press Esc to stop it.", severity="warning")
-            return
-        if self.backend is None or self.profile is None:
-            self.notice("The model is still loading…" if self.loading else
-                        "No model is loaded: press F2 to pick a profile.", severity="warning")
-            return
+        """Enter in the prompt box: send now, or queue while the model loads or a reply streams."""
         text = event.text.strip("\n")
-        event.prompt.clear()
+        event.prompt.remember(text)
+        if self.backend is None and not self.loading:
+            event.prompt.restore(text)
+            self.notice("No model is loaded: press F2 to pick a profile.", severity="warning")
+            return
+        if self.loading or self.generating or self.queued:
+            self.queue_prompt(text)
+            return
         self.send_prompt(text)
 
-    def send_prompt(self: "SpecChatApp", text: str) -> None:
-        """Show and save the prompt, then start the reply worker."""
+    def queue_prompt(self: "SpecChatApp", text: str) -> None:
+        """Show the prompt as waiting; it goes out when the model is free (:meth:`send_queued`)."""
+        widget = UserMessage(text)
+        widget.set_waiting("waiting for the model to load" if self.loading else "waiting for the reply above")
+        self.queued.append(widget)
+        self.hide_welcome()
+        self.chat_log.mount(widget)
+        self.chat_log.follow()
+
+    def send_queued(self: "SpecChatApp") -> None:
+        """Send the oldest waiting prompt, if the model is free."""
+        if self.queued and self.backend is not None and not self.loading and not self.generating:
+            widget = self.queued.pop(0)
+            widget.set_waiting(None)
+            self.send_prompt(widget.text, shown=widget)
+
+    def drop_queued(self: "SpecChatApp") -> list[str]:
+        """Take every waiting prompt off the transcript; returns their texts."""
+        texts = [w.text for w in self.queued]
+        for widget in self.queued:
+            widget.remove()
+        self.queued = []
+        return texts
+
+    def send_prompt(self: "SpecChatApp", text: str, shown: UserMessage | None = None) -> None:
+        """Show and save the prompt (``shown``: already on screen), then start the reply worker."""
         assert self.backend is not None and self.profile is not None
         profile_name = self.profile.name
         chat = self.ensure_chat(chat_title(text))
         self.turns.append(ChatMessage("user", text))
         record = self.saver.start_reply(chat, text, profile_name) if self.saver is not None else None
         self.hide_welcome()
-        self.chat_log.mount(UserMessage(text))
         reply = AssistantMessage(profile_name, show_sources=self.show_sources)
-        self.chat_log.mount(reply)
+        if shown is None:
+            self.chat_log.mount(UserMessage(text))
+            self.chat_log.mount(reply)
+        else:
+            self.chat_log.mount(reply, after=shown)
         self.chat_log.follow()
         self._reply_widget = reply
         self._reply_id += 1
         self._cancel = threading.Event()
+        self._outbox = Outbox()
         self.generating = True
         self.hud.start_reply()
         messages = build_messages(self.system_prompt, self.turns)
         self._reply_worker(self._reply_id, self.backend, messages, generation_params(self.profile),
-                           self._cancel, record)
+                           self._cancel, record, self._outbox)
 
     def stop_reply(self: "SpecChatApp") -> None:
         """Ask the engine to stop after the current round (Esc)."""
@@ -92,6 +130,7 @@ class ReplyMixin:
         params: GenerationParams,
         cancel: threading.Event,
         record: ReplyRecord | None,
+        outbox: Outbox,
     ) -> None:
         text = ""
         pieces: Pieces = []
@@ -107,7 +146,8 @@ class ReplyMixin:
                     stats = event.stats
                     finish = event.finish_reason or finish
                     saver.save(text, pieces, stats, None)
-                    self.post_message(ReplyChunk(reply_id, event))
+                    if outbox.put(event):
+                        self.post_message(ReplyChunk(reply_id, outbox))
             except SpecChatError as exc:
                 error, finish = str(exc), "error"
             except Exception as exc:  # shown as a notice, never a traceback
@@ -118,14 +158,28 @@ class ReplyMixin:
         self.post_message(ReplyFinished(reply_id, finish, stats, error))
 
     async def on_reply_chunk(self: "SpecChatApp", message: ReplyChunk) -> None:
-        if message.reply_id != self._reply_id or self._reply_widget is None:
+        """Rounds are waiting: show them now, or at the next paint slot (PAINT_EVERY_S)."""
+        if message.reply_id != self._reply_id:
             return
-        event = message.event
-        await self._reply_widget.append(event.text, [(p.text, p.source) for p in event.pieces])
-        self.hud.set_stats(event.stats, live=True)
-        if event.notice:
-            self.hud.set_notice(event.notice)
-            self.notice(event.notice, severity="warning", title="Engine")
+        wait = self._last_paint + PAINT_EVERY_S - time.monotonic()
+        if wait > 0:
+            self.set_timer(wait, lambda: self._paint_rounds(message.reply_id, message.outbox))
+        else:
+            await self._paint_rounds(message.reply_id, message.outbox)
+
+    async def _paint_rounds(self: "SpecChatApp", reply_id: int, outbox: Outbox) -> None:
+        """Append every waiting round to the reply at once; the HUD sees each round's statistics."""
+        events = outbox.take()
+        if reply_id != self._reply_id or self._reply_widget is None or not events:
+            return
+        self._last_paint = time.monotonic()
+        text = "".join(e.text for e in events)
+        await self._reply_widget.append(text, [(p.text, p.source) for e in events for p in e.pieces])
+        for event in events:
+            self.hud.set_stats(event.stats, live=True)
+            if event.notice:
+                self.hud.set_notice(event.notice)
+                self.notice(event.notice, severity="warning", title="Engine")
 
     def on_history_lag(self: "SpecChatApp", message: HistoryLag) -> None:
         """The saver is behind (a lock elsewhere) or has caught up: say so."""
@@ -137,6 +191,7 @@ class ReplyMixin:
     async def on_reply_finished(self: "SpecChatApp", message: ReplyFinished) -> None:
         if message.reply_id != self._reply_id:
             return
+        await self._paint_rounds(message.reply_id, self._outbox)  # rounds still waiting for a paint slot
         widget, self._reply_widget = self._reply_widget, None
         self._cancel = None
         self.generating = False
@@ -153,7 +208,9 @@ class ReplyMixin:
         self.hud.flush()
         if message.error:
             self.notice(message.error, severity="error", title="Generation failed")
-        self.query_one(PromptArea).focus()
+        if len(self.screen_stack) == 1 and self.focused is None:
+            self.prompt.focus()
+        self.send_queued()
 
 
 class _Saver:

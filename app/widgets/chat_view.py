@@ -51,6 +51,11 @@ class UserMessage(Static):
         self.text = text
         self.border_title = "you"
 
+    def set_waiting(self, why: str | None) -> None:
+        """Mark the prompt as queued (``why`` shown under it) or as sent (None)."""
+        self.set_class(why is not None, "-queued")
+        self.border_subtitle = f"⧗ {why}" if why else ""
+
 
 class AssistantMessage(Vertical):
     """A reply: Markdown while streaming and after, pieces in the colour view."""

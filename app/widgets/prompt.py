@@ -1,26 +1,46 @@
 """The prompt box: a TextArea where Enter sends and ctrl+j inserts a newline.
 
 ctrl+j is a plain line feed byte, so it works in every terminal (and inside
-tmux/screen); shift+enter and alt+enter are bound too for terminals that report
-them distinctly (kitty keyboard protocol, most terminals for alt+enter).
+tmux/screen); shift+enter and alt+enter are handled too for terminals that
+report them distinctly (kitty keyboard protocol, most terminals for alt+enter).
+
+Every key the box acts on is handled in the box's own key handler, in the
+order the keys arrived. An app-level (priority) binding would run as soon as
+the key reaches the app, before the box has inserted the characters queued
+ahead of it: "text" + Enter sent in one burst then went out cut off, or empty.
+The box takes its text out at the moment it sees Enter and posts it in
+:class:`PromptArea.Submitted`; whoever listens decides what to do with it.
+
+In an empty box, Up and Down walk through earlier prompts (like a shell);
+PageUp and PageDown scroll the transcript (``scroll_target``).
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
+
+from textual import events
 from textual.binding import Binding
 from textual.message import Message
+from textual.widget import Widget
 from textual.widgets import TextArea
+
+NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
 
 
 class PromptArea(TextArea):
     """Multi-line prompt input that grows with its text."""
 
     BINDINGS = [
-        Binding("enter", "submit", "Send", show=False, priority=True),
-        Binding("ctrl+j,shift+enter,alt+enter", "newline", "Newline", key_display="ctrl+j", priority=True),
+        # Listed for the help page; the keys themselves are handled in _on_key, in arrival order.
+        Binding("enter", "submit", "Send", show=False),
+        Binding("ctrl+j,shift+enter,alt+enter", "newline", "Newline", key_display="ctrl+j"),
+        Binding("pageup,pagedown", "scroll_chat", "Scroll the chat", show=False),
     ]
+    HELP_ONLY = [Binding("up,down", "recall", "Earlier prompts (in an empty box)")]
+    """Keys the box handles only sometimes: listed in help, never bound (a binding would always fire)."""
 
     class Submitted(Message):
-        """The user pressed Enter with ``text`` in the box."""
+        """The user pressed Enter with ``text`` in the box (the box is already empty)."""
 
         def __init__(self, prompt: "PromptArea", text: str) -> None:
             super().__init__()
@@ -41,13 +61,100 @@ class PromptArea(TextArea):
             highlight_cursor_line=False,
             placeholder=placeholder,
         )
+        self.prompts: list[str] = []
+        """Earlier prompts, oldest first (Up recalls the newest first)."""
+        self._recall: int | None = None
+        """Index into ``prompts`` of the prompt now shown, while browsing."""
+        self.scroll_target: Callable[[], Widget | None] = lambda: None
+        """The widget PageUp/PageDown scroll (the transcript)."""
+
+    # -- keys ----------------------------------------------------------------------
+
+    async def _on_key(self, event: events.Key) -> None:
+        """Enter, newline, history and page keys, in the order they arrived."""
+        key = event.key
+        handled = True
+        if key == "enter":
+            self.action_submit()
+        elif key in NEWLINE_KEYS:
+            self.action_newline()
+        elif key in ("up", "down") and self._browsing():
+            self.action_recall(-1 if key == "up" else 1)
+        elif key in ("pageup", "pagedown"):
+            self.action_scroll_chat(-1 if key == "pageup" else 1)
+        else:
+            handled = False
+        if handled:
+            event.stop()
+            event.prevent_default()
+            return
+        if self._recall is not None and (event.is_printable or key in ("backspace", "delete")):
+            self._recall = None  # editing a recalled prompt makes it a new one
+        await super()._on_key(event)
+
+    def _browsing(self) -> bool:
+        """Up/Down recall prompts when the box is empty or shows an unedited recalled prompt."""
+        if not self.prompts:
+            return False
+        if not self.text:
+            return True
+        return self._recall is not None and self.text == self.prompts[self._recall]
 
     def action_submit(self) -> None:
-        """Send the text (if any) to whoever listens; the app clears the box."""
+        """Take the text out of the box and post it (whitespace-only text stays)."""
         text = self.text
-        if text.strip():
-            self.post_message(self.Submitted(self, text))
+        if not text.strip():
+            return
+        self.clear()
+        self._recall = None
+        self.post_message(self.Submitted(self, text))
 
     def action_newline(self) -> None:
         """Insert a line break at the cursor."""
         self.insert("\n")
+
+    def action_recall(self, step: int = -1) -> None:
+        """Show the previous (``step=-1``) or next earlier prompt; past the newest, an empty box."""
+        if not self.prompts:
+            return
+        if self._recall is None:
+            index = len(self.prompts) - 1 if step < 0 else None
+        else:
+            index = self._recall + step
+            if index < 0:
+                index = 0
+            elif index >= len(self.prompts):
+                index = None
+        self._recall = index
+        self.load_text(self.prompts[index] if index is not None else "")
+        self.move_cursor(self.document.end)
+
+    def action_scroll_chat(self, pages: int = 1) -> None:
+        """Scroll the transcript by whole pages without leaving the box."""
+        target = self.scroll_target()
+        if target is None:
+            return
+        if pages < 0:
+            target.scroll_page_up(animate=False)
+        else:
+            target.scroll_page_down(animate=False)
+
+    # -- prompt history --------------------------------------------------------------
+
+    def remember(self, text: str) -> None:
+        """Add a sent prompt to the history (a repeat of the newest is kept once)."""
+        if text.strip() and (not self.prompts or self.prompts[-1] != text):
+            self.prompts.append(text)
+        self._recall = None
+
+    def set_history(self, prompts: Iterable[str]) -> None:
+        """Replace the history (a reopened chat brings its own prompts)."""
+        self.prompts = []
+        for text in prompts:
+            self.remember(text)
+
+    def restore(self, text: str) -> None:
+        """Put refused text back, ahead of anything typed since."""
+        current = self.text
+        self.load_text(text if not current else f"{text}\n{current}")
+        self.move_cursor(self.document.end)

@@ -52,6 +52,7 @@ class FakeBackend:
         hold_after: int | None = None,
         fallback_reason: str | None = None,
         notice_round: tuple[int, str] | None = None,
+        auto_off_round: int | None = None,
     ) -> None:
         self.profile = profile
         self.script = script
@@ -62,6 +63,9 @@ class FakeBackend:
         self.held = threading.Event()
         self.fallback_reason = fallback_reason
         self.notice_round = notice_round
+        self.auto_off_round = auto_off_round
+        """After this round the engine switches speculation off by itself (with a notice)."""
+        self.auto_off_reason: str | None = None
         self.speculation = True
         self.closed = False
         self.calls: list[list[ChatMessage]] = []
@@ -80,13 +84,14 @@ class FakeBackend:
             device="fake:0",
             quantization=self.profile.target.quantization,
             plan={"summary": "target nf4 + draft fp16 fit with 5.2 GiB to spare", "budget_bytes": 8 * 2**30},
-            fallback_reason=self.fallback_reason,
+            fallback_reason=self.fallback_reason or self.auto_off_reason,
             target_bytes=1200 * 2**20,
             draft_bytes=None if self.fallback_reason else 270 * 2**20,
             free_bytes=5 * 2**30,
         )
 
-    def _stats(self, rounds: int, tokens: int, accepted: int) -> Stats:
+    def _stats(self, rounds: int, tokens: int, accepted: int,
+               mode_tokens: tuple[tuple[str, int], ...] = ()) -> Stats:
         proposed = 4 * rounds
         info = self.info
         return Stats(
@@ -98,7 +103,8 @@ class FakeBackend:
             elapsed_s=0.1 * rounds, tokens_per_s=40.0 + rounds, itl_ms=25.0 - rounds,
             plain_tokens_per_s=20.0 if rounds >= 2 else None,
             speedup=(40.0 + rounds) / 20.0 if rounds >= 2 else None,
-            speculation_off_reason=None if self.speculation else "switched off",
+            speculation_off_reason=None if self.speculation else (self.auto_off_reason or "switched off"),
+            mode_tokens=mode_tokens or ((info.mode, tokens),),  # type: ignore[arg-type]
         )
 
     def chat(
@@ -111,6 +117,7 @@ class FakeBackend:
         self.calls.append(list(messages))
         self.params.append(params)
         tokens = accepted = 0
+        modes: dict[str, int] = {}
         for i, round_pieces in enumerate(self.script, start=1):
             if cancel is not None and cancel.is_set():
                 yield ChatEvent("", (), (), self._stats(i - 1, tokens, accepted), finish_reason="cancelled")
@@ -119,11 +126,16 @@ class FakeBackend:
             pieces = tuple(TextPiece(t, s) for t, s in round_pieces)  # type: ignore[arg-type]
             tokens += len(pieces)
             accepted += sum(1 for p in pieces if p.source == "draft")
+            modes[self.info.mode] = modes.get(self.info.mode, 0) + len(pieces)
             last = i == len(self.script)
             notice = self.notice_round[1] if self.notice_round and self.notice_round[0] == i else None
+            if self.auto_off_round == i and self.speculation:
+                self.speculation = False
+                self.auto_off_reason = notice = "speculation switched off: 0.60x over the last 32 rounds"
             yield ChatEvent(
                 "".join(p.text for p in pieces), pieces, tuple(range(len(pieces))),
-                self._stats(i, tokens, accepted), finish_reason="eos" if last else None, notice=notice,
+                self._stats(i, tokens, accepted, tuple(modes.items())), finish_reason="eos" if last else None,
+                notice=notice,
             )
             if self.hold_after == i and not last:
                 self.held.set()
@@ -132,6 +144,7 @@ class FakeBackend:
 
     def set_speculation(self, enabled: bool) -> None:
         self.speculation = enabled
+        self.auto_off_reason = None
 
     def close(self) -> None:
         self.closed = True
@@ -145,11 +158,15 @@ class FakeLoader:
         self.backends: list[FakeBackend] = []
         self.error: Exception | None = None
         self.budgets: list[int | None] = []
+        self.gate: threading.Event | None = None
+        """When set to an Event, loading waits for it (a model still loading)."""
 
     def __call__(self, profile: ModelProfile, memory_budget: int | None, progress: ProgressFn) -> FakeBackend:
         self.budgets.append(memory_budget)
         progress("reading config", 0.0)
         progress("loading target weights", 0.5)
+        if self.gate is not None:
+            self.gate.wait(10)
         if self.error is not None:
             raise self.error
         progress("loading draft weights", 1.0)

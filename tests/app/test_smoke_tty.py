@@ -86,6 +86,40 @@ def test_real_terminal_keys(tmux: Tmux) -> None:
     assert "fake:0" not in tmux.screen()
 
 
+def saved_messages(data_dir: Path) -> list[tuple[str, str, str | None]]:
+    """(role, content, finish_reason) of every saved message, in order."""
+    import sqlite3
+
+    path = data_dir / "history.db"
+    if not path.exists():
+        return []
+    conn = sqlite3.connect(path, timeout=5)
+    try:
+        return conn.execute("SELECT role, content, finish_reason FROM messages ORDER BY id").fetchall()
+    except sqlite3.OperationalError:  # the app has not created the tables yet
+        return []
+    finally:
+        conn.close()
+
+
+def test_text_and_enter_in_one_burst_send_whole_messages(tmux: Tmux, tmp_path: Path) -> None:
+    """Ten bursts of text + Enter, back to back (a script, or a fast typist on a busy machine)."""
+    prompts = [f"Now shorten the text number {i} please" for i in range(10)]
+    tmux.wait_for("fake:0")
+    for text in prompts:
+        tmux.run("send-keys", "-t", tmux.session, text, "Enter")  # one write to the terminal each
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        rows = saved_messages(tmp_path / "data")
+        if sum(1 for role, _, finish in rows if role == "assistant" and finish == "eos") == 10:
+            break
+        time.sleep(0.2)
+    rows = saved_messages(tmp_path / "data")
+    assert [content for role, content, _ in rows if role == "user"] == prompts, tmux.screen()
+    assert [finish for role, _, finish in rows if role == "assistant"] == ["eos"] * 10
+    assert "Now shorten" not in tmux.screen().split("╭")[-1]  # nothing left behind in the prompt box
+
+
 @pytest.fixture
 def real_app(tmp_path: Path, pocket_dir: Path) -> Iterator[Tmux]:
     """The real `specchat` command on the real SmolLM2 weights, in tmux."""
