@@ -7,7 +7,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.formatting import fmt_float, fmt_rate, fmt_speedup
+from app.formatting import fmt_float, fmt_percent, fmt_rate, fmt_speedup, modes_label
 from app.history import History, HistoryError
 from app.paths import data_dir, ensure_private_dir
 
@@ -20,16 +20,20 @@ def default_export_path(chat_id: int, title: str) -> Path:
 
 def stats_line(stats: dict[str, Any]) -> str:
     """One line summarising a reply's statistics."""
-    parts = [f"mode {stats.get('mode', '?')}", f"drafter {stats.get('drafter', '?')}"]
+    parts = [f"mode {modes_label(stats)}", f"drafter {stats.get('drafter', '?')}"]
     k = stats.get("k")
     if k is not None:
         parts.append(f"K {k}{' (adaptive)' if stats.get('adaptive') else ''}")
     parts += [
-        f"α {fmt_float(stats.get('alpha'))}",
+        f"acceptance rate {fmt_percent(stats.get('alpha'))} (accepted ÷ proposed)",
+        f"α per token {fmt_float(stats.get('alpha_per_token'))}",
         f"τ {fmt_float(stats.get('tau'))}",
         f"{fmt_rate(stats.get('tokens_per_s'))} tok/s",
         f"ITL {fmt_float(stats.get('itl_ms'), 1)} ms",
         f"speedup {fmt_speedup(stats.get('speedup'))}",
+        f"plain estimate {fmt_rate(stats.get('plain_tokens_per_s'))} tok/s"
+        + (f" ({stats['plain_rounds']} K=0 rounds: {fmt_rate(stats.get('plain_measured_tokens_per_s'))} tok/s)"
+           if stats.get("plain_rounds") else ""),
         f"{stats.get('tokens', 0)} tokens",
     ]
     if stats.get("speculation_off_reason"):

@@ -14,6 +14,11 @@ def fmt_float(value: float | None, digits: int = 2) -> str:
     return DASH if value is None else f"{value:.{digits}f}"
 
 
+def fmt_percent(value: float | None) -> str:
+    """A fraction as a whole percentage: ``0.538 -> "54%"``."""
+    return DASH if value is None else f"{100 * value:.0f}%"
+
+
 def fmt_rate(value: float | None) -> str:
     """Tokens per second with one decimal."""
     return DASH if value is None else f"{value:.1f}"
@@ -48,6 +53,19 @@ def mode_label(mode: str | None) -> str:
     return MODE_LABELS.get(mode or "", mode or DASH)
 
 
+SHORT_MODE_LABELS = {"spec": "model draft", "ngram": "n-gram", "plain": "plain"}
+
+
+def modes_label(stats: dict[str, Any]) -> str:
+    """The modes a reply ran in with their share of its tokens, ``"n-gram 72% · plain 28%"``;
+    a reply that ran in one mode only gets that mode's full name."""
+    shares = {m: n for m, n in (stats.get("mode_tokens") or {}).items() if n}
+    if len(shares) < 2:
+        return mode_label(next(iter(shares), None) or stats.get("mode"))
+    total = sum(shares.values())
+    return " · ".join(f"{SHORT_MODE_LABELS.get(m, m)} {round(100 * n / total)}%" for m, n in shares.items())
+
+
 def bar(fraction: float | None, width: int = 10) -> str:
     """A horizontal bar of ``width`` cells using eighth blocks."""
     if fraction is None:
@@ -79,9 +97,10 @@ def reply_summary(stats: dict[str, Any] | None) -> str:
     """A reply's final figures on one short line (shown under the reply)."""
     if not stats:
         return ""
-    parts = [mode_label(stats.get("mode"))]
-    if stats.get("mode") in ("spec", "ngram"):
-        parts += [f"α {fmt_float(stats.get('alpha'))}", f"τ {fmt_float(stats.get('tau'))}"]
+    parts = [modes_label(stats)]
+    if stats.get("proposed"):
+        parts += [f"accepted {fmt_percent(stats.get('alpha'))}", f"α/token {fmt_float(stats.get('alpha_per_token'))}",
+                  f"τ {fmt_float(stats.get('tau'))}"]
     parts.append(f"{fmt_rate(stats.get('tokens_per_s'))} tok/s")
     if stats.get("speedup") is not None:
         parts.append(f"{fmt_speedup(stats.get('speedup'))} vs plain")

@@ -22,9 +22,11 @@ from app.formatting import (
     bar,
     fmt_bytes,
     fmt_float,
+    fmt_percent,
     fmt_rate,
     fmt_speedup,
     mode_label,
+    modes_label,
     plan_lines,
 )
 from app.widgets.chat_view import legend
@@ -62,6 +64,23 @@ def sparkline(values: Sequence[float], width: int) -> Content:
     recent = list(values)[-width:]
     cells = "".join(SPARK_CHARS[min(7, max(0, round(v * 7)))] for v in recent)
     return Content.styled(cells, "$text-success")
+
+
+def speedup_text(stats: Stats | None) -> str:
+    """The speedup, or "measuring…" while the plain-speed estimate is not sound yet."""
+    if stats is not None and stats.speedup is None and stats.tokens:
+        return "measuring…"
+    return fmt_speedup(stats.speedup if stats else None)
+
+
+def plain_text(stats: Stats | None) -> str:
+    """The estimated plain speed, and the K = 0 rounds that cross-check it."""
+    if stats is None or stats.plain_tokens_per_s is None:
+        return DASH
+    text = f"{fmt_rate(stats.plain_tokens_per_s)} est"
+    if stats.plain_rounds:
+        text += f" · {fmt_rate(stats.plain_measured_tokens_per_s)} in {stats.plain_rounds} K=0"
+    return text
 
 
 class Hud(VerticalScroll):
@@ -215,11 +234,15 @@ class Hud(VerticalScroll):
         return lines(
             Content.assemble((f"─ {title} ", "$text-muted"), ("─" * 20, "$text-muted")),
             row("K", k),
-            row("α", fmt_float(s.alpha if s else None)),
+            # Two different acceptance figures, named apart (engine.stats explains both).
+            row("accepted", DASH if s is None or s.alpha is None else f"{fmt_percent(s.alpha)} of proposed"),
+            row("α/token", fmt_float(s.alpha_per_token if s else None)),
             row("τ", fmt_float(s.tau if s else None)),
             row("tok/s", fmt_rate(s.tokens_per_s if s else None)),
             row("ITL", DASH if s is None or s.itl_ms is None else f"{s.itl_ms:.1f} ms"),
-            row("speedup", fmt_speedup(s.speedup if s else None), "bold"),
+            row("speedup", speedup_text(s), "bold"),
+            row("plain", plain_text(s)),
+            *([row("modes", modes_label(s.to_dict()))] if s is not None and len(s.mode_tokens) > 1 else []),
             row("tokens", str(s.tokens) if s else DASH),
         )
 
