@@ -27,7 +27,7 @@ from app.conversation import profile_pair
 from app.formatting import plan_lines
 from app.history import History
 from app.messages import EngineFailed, EngineReady, LoadProgress
-from app.replies import SAVE_FLUSH_AT_EXIT_S, ReplyMixin
+from app.replies import SAVE_FLUSH_AT_EXIT_S, WRITE_EVERY_S, ReplyMixin
 from app.saver import HistoryLag, HistorySaver
 from app.screens.help import HelpScreen
 from app.screens.profiles import ProfilePicker
@@ -95,6 +95,7 @@ class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
         memory_budget: int | None = None,
         target: str | None = None,
         draft: str | None = None,
+        server_profile: "ModelProfile | None" = None,
         loader: Loader | None = None,
         profiles_loader: "Callable[[], Profiles] | None" = None,
     ) -> None:
@@ -104,6 +105,7 @@ class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
         self._memory_budget = memory_budget
         self._target = target
         self._draft = draft
+        self._server_profile = server_profile  # from --server URL
         self._loader: Loader = loader or default_loader
         self._profiles_loader = profiles_loader or self._load_profiles_file
         self.profiles: "Profiles | None" = None
@@ -151,7 +153,8 @@ class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
         self.history = History.open()
         if self.history.notice:
             self.notice(self.history.notice, severity="error", title="History")
-        self.saver = HistorySaver(self.history, lambda text: self.post_message(HistoryLag(text)))
+        self.saver = HistorySaver(self.history, lambda text: self.post_message(HistoryLag(text)),
+                                  min_interval_s=WRITE_EVERY_S)
         self.show_welcome()
         prompt = self.prompt
         prompt.scroll_target = lambda: self.chat_log
@@ -165,7 +168,7 @@ class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
             self.hud.set_error("no profile loaded — F2 to pick one")
 
     def _initial_profile(self) -> "ModelProfile | None":
-        """The profile to load first: --target/--draft, the named one, or the default."""
+        """The profile to load first: --server, --target/--draft, the named one, or the default."""
         try:
             self.profiles = self._profiles_loader()
         except SpecChatError as exc:
@@ -173,6 +176,8 @@ class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
         except Exception as exc:  # never a traceback in the UI
             self.notice(f"Could not read profiles: {type(exc).__name__}: {exc}", severity="error")
         try:
+            if self._server_profile is not None:
+                return self._server_profile
             if self._target is not None:
                 from engine.profiles import profile_from_sources
 

@@ -28,11 +28,15 @@ from engine.events import ChatMessage, FinishReason, GenerationParams, Stats
 if TYPE_CHECKING:
     from app.app import SpecChatApp
 
-SAVE_EVERY_S = 0.1
-"""Minimum time between saves of a streaming reply; the final state is always written.
+SAVE_EVERY_S = 0.0
+"""Minimum time between hand-overs of a streaming reply to the saver (0: every round;
+handing over is cheap, the saver thread coalesces rounds and writes at most every
+:data:`WRITE_EVERY_S`, always ending with the final state)."""
 
-Saving every round cost the engine a share of its speed (a JSON dump of the
-pieces and a SQLite write per round, competing for the same cores)."""
+WRITE_EVERY_S = 0.1
+"""Minimum time between two history writes of a streaming reply. A SQLite write
+per round (and the JSON of every piece so far) competed with the engine for the
+same cores; a round still reaches the disk within this time."""
 
 PAINT_EVERY_S = 0.05
 """Minimum time between two repaints of a streaming reply (at most 20 per second)."""
