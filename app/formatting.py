@@ -77,19 +77,38 @@ def bar(fraction: float | None, width: int = 10) -> str:
     return ("█" * full + partial).ljust(width)
 
 
+PLAN_CHOICES = {
+    "target+draft": "target + draft model",
+    "target+ngram": "target + n-gram lookup",
+    "target": "target alone",
+}
+
+
 def plan_lines(plan: dict[str, Any]) -> list[str]:
-    """What a memory plan says, as short lines: its summary first, then scalar fields."""
+    """What a memory plan says, as a person would read it: what was chosen, the
+    memory it needs of what is available, the budget, headroom and context.
+
+    Only the fields named here are shown (a raw ``budget bytes: None`` says nothing);
+    a ``summary`` (or ``description``) given by the plan comes first.
+    """
     if not plan:
         return []
     lines: list[str] = []
-    summary = plan.get("summary") or plan.get("description") or plan.get("choice")
+    summary = plan.get("summary") or plan.get("description")
+    choice = plan.get("choice")
     if summary:
         lines.append(str(summary))
-    for key, value in plan.items():
-        if key in ("summary", "description", "choice") or isinstance(value, (dict, list, tuple)):
-            continue
-        shown = fmt_bytes(value) if key.endswith("bytes") and isinstance(value, int) else str(value)
-        lines.append(f"{key.replace('_', ' ')}: {shown}")
+    elif choice:
+        lines.append(PLAN_CHOICES.get(str(choice), str(choice).replace("+", " + ")))
+    planned, available = plan.get("planned_bytes"), plan.get("available_bytes")
+    if isinstance(planned, int) and isinstance(available, int):
+        lines.append(f"needs {fmt_bytes(planned)} of {fmt_bytes(available)}")
+    if isinstance(plan.get("budget_bytes"), int):
+        lines.append(f"budget {fmt_bytes(plan['budget_bytes'])}")
+    if isinstance(plan.get("headroom_bytes"), int):
+        lines.append(f"headroom {fmt_bytes(plan['headroom_bytes'])}")
+    if isinstance(plan.get("context_length"), int):
+        lines.append(f"context {plan['context_length']:,} tokens")
     return lines
 
 

@@ -18,10 +18,17 @@ def test_formatters_never_show_none() -> None:
     assert reply_summary(None) == ""
 
 
-def test_plan_lines_show_summary_then_scalars() -> None:
+def test_plan_lines_read_as_people_read_them() -> None:
     assert plan_lines({}) == []
     lines = plan_lines({"summary": "both fit", "budget_bytes": 2**30, "layers": [1, 2], "choice_note": "x"})
-    assert lines == ["both fit", "budget bytes: 1.0 GiB", "choice note: x"]
+    assert lines == ["both fit", "budget 1.0 GiB"]
+    # The engine's own plan (engine.memory.Plan.to_dict): no raw field names, no None.
+    engine_plan = {"choice": "target+draft", "reason": "both fit", "free_bytes": 6 * 2**30, "budget_bytes": None,
+                   "reserve_bytes": 2**29, "available_bytes": 5 * 2**30, "context_length": 8192,
+                   "target": {"weights_bytes": 1}, "draft": None, "planned_bytes": 3 * 2**29,
+                   "headroom_bytes": 7 * 2**29}
+    assert plan_lines(engine_plan) == ["target + draft model", "needs 1.5 GiB of 5.0 GiB", "headroom 3.5 GiB",
+                                       "context 8,192 tokens"]
 
 
 def test_generation_params_follow_profile() -> None:
