@@ -90,7 +90,11 @@ def load_for(profile: Any, mode: str = "spec", progress: "ProgressFn | None" = N
         profile = dataclasses.replace(profile, drafter="ngram", draft=None)
     elif mode == "plain":
         profile = dataclasses.replace(profile, drafter="none", draft=None)
-    return load_engine(profile, memory_budget=profile.memory_budget, progress=progress or no_progress)
+    from engine.hublog import hub_messages_as_progress
+
+    progress = progress or no_progress
+    with hub_messages_as_progress(progress):  # hub retries as progress lines, not log text
+        return load_engine(profile, memory_budget=profile.memory_budget, progress=progress)
 
 
 def generation_params(args: argparse.Namespace, profile: Any) -> Any:
@@ -160,12 +164,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
+    from engine.availability import cuda_present, unavailable_reason
     from engine.profiles import load_profiles
 
     profiles = load_profiles(args.models)
+    cuda = cuda_present()
     rows = []
     for name in profiles.names():
         p = profiles.get(name)
+        why_not = unavailable_reason(p, cuda=cuda)
         rows.append({
             "name": name,
             "default": name == profiles.default,
@@ -176,6 +183,8 @@ def cmd_profiles(args: argparse.Namespace) -> int:
             "draft_quantization": p.draft.quantization if p.draft else None,
             "source_file": str(p.source_file) if p.source_file else None,
             "description": p.description,
+            "available": why_not is None,
+            "unavailable_reason": why_not,
         })
     if args.json:
         print(json.dumps({"default": profiles.default, "files": [str(f) for f in profiles.files], "profiles": rows}, indent=2))
@@ -186,6 +195,8 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         print(f"{mark} {r['name']:<18} target {r['target']} [{r['target_quantization']}]")
         print(f"  {'':<18} draft  {draft}")
         print(f"  {'':<18} from   {r['source_file']}")
+        if r["unavailable_reason"]:
+            print(f"  {'':<18} unavailable here: {r['unavailable_reason']}")
     return 0
 
 

@@ -17,24 +17,29 @@ if TYPE_CHECKING:
     from engine.profiles import ModelProfile, Profiles
 
 
-def profile_option(profile: "ModelProfile", *, current: bool, default: bool) -> Option:
-    """One line with the name and badges, one with the pair, one with the description."""
+def profile_option(profile: "ModelProfile", *, current: bool, default: bool, unavailable: str | None = None) -> Option:
+    """One line with the name and badges, one with the pair, one with the description;
+    an unavailable profile says why and cannot be picked."""
     badges = []
     if current:
         badges.append(("  ● current", "$text-success"))
     if default:
         badges.append(("  default", "$text-muted"))
     k = "adaptive K" if profile.k is None else f"K={profile.k}"
+    if profile.backend == "server":
+        k = "drafting and K set by the server"
     prompt = Content.assemble(
         (profile.name, "bold"),
         *badges,
         "\n  ",
         profile_pair(profile),
-        (f"  · {profile.drafter} · {k}", "$text-muted"),
+        (f"  · {k}" if profile.backend == "server" else f"  · {profile.drafter} · {k}", "$text-muted"),
     )
     if profile.description:
         prompt = Content.assemble(prompt, "\n  ", (profile.description, "$text-muted italic"))
-    return Option(prompt, id=profile.name)
+    if unavailable:
+        prompt = Content.assemble(prompt, "\n  ", (f"unavailable: {unavailable}", "$text-error"))
+    return Option(prompt, id=profile.name, disabled=unavailable is not None)
 
 
 class ProfilePicker(ModalScreen["str | None"]):
@@ -42,21 +47,25 @@ class ProfilePicker(ModalScreen["str | None"]):
 
     BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
-    def __init__(self, profiles: "Profiles", current: str | None) -> None:
+    def __init__(self, profiles: "Profiles", current: str | None,
+                 unavailable: "dict[str, str] | None" = None) -> None:
         super().__init__(classes="dialog-screen")
         self._profiles = profiles
         self._current = current
+        self._unavailable = dict(unavailable or {})
+        """Profile name -> why it cannot run on this machine."""
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog picker-dialog"):
             yield Label("Switch profile", classes="dialog-title")
-            yield Label("Enter loads it (the current models are unloaded first) · Esc cancels",
+            yield Label("Enter loads it (the current models stay until it is ready, memory allowing) · Esc cancels",
                         classes="dialog-hint")
             options = [
                 profile_option(
                     self._profiles.get(name),
                     current=name == self._current,
                     default=name == self._profiles.default,
+                    unavailable=self._unavailable.get(name),
                 )
                 for name in self._profiles.names()
             ]

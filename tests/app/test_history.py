@@ -313,7 +313,8 @@ async def test_reply_is_saved_while_streaming(make_app: Callable[..., SpecChatAp
             finally:
                 probe.close()
 
-        await wait_for(pilot, lambda: rows() == [("user", "hi", None), ("assistant", "Hello there! Here is code", None)])
+        await wait_for(pilot, lambda: rows() == [("user", "hi", None), ("assistant", "Hello there! Here is code", None)],
+                       timeout=20)
         loader.backends[0].release.set()
         await wait_for(pilot, lambda: not app.generating)
 

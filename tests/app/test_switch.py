@@ -1,0 +1,146 @@
+"""Switching profiles never leaves the app without a model; unavailable profiles say why."""
+from __future__ import annotations
+
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+from textual.widgets import OptionList
+
+from app.app import SpecChatApp
+from app.cli import main
+from app.screens.profiles import ProfilePicker
+from engine.api import ProgressFn
+from engine.errors import MemoryPlanError, ModelSourceError
+from engine.hublog import describe, hub_messages_as_progress
+from engine.profiles import ModelProfile, Profiles
+from tests.app.fakes import FakeBackend, make_profiles
+from tests.app.helpers import ready, send, wait_for
+
+pytestmark = pytest.mark.anyio
+
+
+class ScriptedLoader:
+    """Hands out FakeBackends; ``failures[name]`` lists errors for that profile's next loads."""
+
+    def __init__(self, failures: dict[str, list[Exception]] | None = None) -> None:
+        self.failures = failures or {}
+        self.loads: list[tuple[str, list[str]]] = []  # (profile, backends open at that moment)
+        self.backends: list[FakeBackend] = []
+
+    def __call__(self, profile: ModelProfile, budget: int | None, progress: ProgressFn) -> FakeBackend:
+        self.loads.append((profile.name, [b.profile.name for b in self.backends if not b.closed]))
+        progress("loading", 0.5)
+        pending = self.failures.get(profile.name)
+        if pending:
+            raise pending.pop(0)
+        backend = FakeBackend(profile)
+        self.backends.append(backend)
+        return backend
+
+
+def with_cuda_profile() -> Profiles:
+    base = make_profiles()
+    big = replace(base.get("lookup"), name="gpu-big", device="cuda", description="needs a card")
+    return Profiles({**base.profiles, "gpu-big": big}, default="fast", files=())
+
+
+async def switch(pilot, app: SpecChatApp, name: str) -> None:  # type: ignore[no-untyped-def]
+    app.switch_profile(name)
+    await wait_for(pilot, lambda: not app.loading)
+
+
+async def test_a_failed_switch_keeps_the_old_model_loaded(make_app: Callable[..., SpecChatApp]) -> None:
+    loader = ScriptedLoader({"lookup": [ModelSourceError("org/Target-360M is not in the local cache and "
+                                                         "the hub could not be reached")]})
+    app = make_app(loader=loader)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        old = app.backend
+        await switch(pilot, app, "lookup")
+        assert loader.loads[-1] == ("lookup", ["fast"])  # loaded next to the old one
+        assert app.backend is old and not old.closed and app.profile.name == "fast"  # type: ignore[union-attr]
+        assert any("Still using fast" in n.message for n in app._notifications)
+        await send(pilot, "still there?")
+        await wait_for(pilot, lambda: not app.generating)
+        assert old.calls  # type: ignore[union-attr]
+
+
+async def test_a_switch_that_fits_closes_the_old_one_only_when_ready(make_app: Callable[..., SpecChatApp]) -> None:
+    loader = ScriptedLoader()
+    app = make_app(loader=loader)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        old = app.backend
+        await switch(pilot, app, "lookup")
+        assert loader.loads[-1] == ("lookup", ["fast"])
+        assert old.closed and app.backend is loader.backends[-1] and app.profile.name == "lookup"  # type: ignore[union-attr]
+
+
+async def test_no_room_unloads_first_then_reloads_the_old_profile(make_app: Callable[..., SpecChatApp]) -> None:
+    no_room = MemoryPlanError("the target does not fit: it needs about 9 GiB but only 4 GiB is available")
+    loader = ScriptedLoader({"lookup": [no_room, ModelSourceError("download failed")]})
+    app = make_app(loader=loader)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        first = app.backend
+        await switch(pilot, app, "lookup")
+        assert [name for name, _ in loader.loads] == ["fast", "lookup", "lookup", "fast"]
+        assert loader.loads[2] == ("lookup", [])  # the old one was closed before the second try
+        assert first.closed and app.backend is loader.backends[-1] and app.profile.name == "fast"  # type: ignore[union-attr]
+        assert any("download failed" in n.message and "Still using fast" in n.message for n in app._notifications)
+
+
+async def test_no_room_then_success_switches(make_app: Callable[..., SpecChatApp]) -> None:
+    loader = ScriptedLoader({"lookup": [MemoryPlanError("does not fit")]})
+    app = make_app(loader=loader)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await switch(pilot, app, "lookup")
+        assert app.profile.name == "lookup" and app.backend is loader.backends[-1]  # type: ignore[union-attr]
+        assert [b.closed for b in loader.backends] == [True, False]
+
+
+async def test_cuda_profiles_are_marked_unavailable_and_not_loaded(make_app: Callable[..., SpecChatApp],
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPECCHAT_DEVICE", raising=False)
+    loader = ScriptedLoader()
+    app = make_app(loader=loader, profiles_loader=with_cuda_profile)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: isinstance(app.screen, ProfilePicker))
+        options = app.screen.query_one(OptionList)
+        option = options.get_option("gpu-big")
+        assert option.disabled and "unavailable: needs a CUDA GPU" in str(option.prompt)
+        assert not options.get_option("lookup").disabled
+        await pilot.press("escape")
+        await switch(pilot, app, "gpu-big")
+        assert [name for name, _ in loader.loads] == ["fast"] and app.profile.name == "fast"  # type: ignore[union-attr]
+        assert any("gpu-big cannot run here" in n.message for n in app._notifications)
+
+
+def test_profiles_command_marks_cuda_profiles(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPECCHAT_DEVICE", raising=False)
+    assert main(["profiles", "--json"]) == 0
+    rows = {r["name"]: r for r in json.loads(capsys.readouterr().out)["profiles"]}
+    assert rows["pocket"]["available"] and rows["pocket"]["unavailable_reason"] is None
+    assert not rows["qwen2.5-7b"]["available"] and "CUDA" in rows["qwen2.5-7b"]["unavailable_reason"]
+    assert main(["profiles"]) == 0
+    assert "unavailable here: needs a CUDA GPU" in capsys.readouterr().out
+
+
+def test_hub_retries_become_progress_not_stderr(capfd: pytest.CaptureFixture[str]) -> None:
+    from huggingface_hub.utils import logging as hf_logging
+
+    logger = hf_logging.get_logger("huggingface_hub.utils._http")
+    stages: list[str] = []
+    with hub_messages_as_progress(lambda stage, fraction: stages.append(stage)):
+        logger.warning("'[Errno -3] Temporary failure in name resolution' thrown while requesting HEAD https://x")
+        logger.warning("Retrying in 4s [Retry 3/5].")
+    assert stages == ["hub request failed; retrying", "hub unreachable: retry 3 of 5 in 4 s"]
+    assert capfd.readouterr().err == ""
+    assert logging.getLogger("huggingface_hub").handlers  # its own handler is back afterwards
+    assert describe("Rate limited. Waiting 61.0s before retry [Retry 1/5].") == "hub rate limit: retry 1 of 5 in 61 s"
