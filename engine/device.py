@@ -11,6 +11,7 @@ import gc
 import os
 import time
 from dataclasses import dataclass
+from typing import Any
 
 import psutil
 import torch
@@ -42,6 +43,39 @@ class Device:
         if self.is_cuda:
             return f"cuda ({torch.cuda.get_device_name(self.torch_device)})"
         return f"cpu ({torch.get_num_threads()} threads)"
+
+    def compute_capability(self) -> tuple[int, int] | None:
+        """CUDA compute capability ``(major, minor)``: (7, 5) on a T4, (8, 6) on an RTX 3090;
+        None on the CPU."""
+        if not self.is_cuda:
+            return None
+        major, minor = torch.cuda.get_device_capability(self.torch_device)
+        return int(major), int(minor)
+
+    @property
+    def fast_bf16(self) -> bool:
+        """Whether bfloat16 runs at full speed: CUDA from compute capability 8.0
+        (Ampere) on. Older cards (T4, RTX 20xx, V100) have no bf16 tensor cores;
+        there float16 is the half-precision choice. False on the CPU (fp32 there)."""
+        capability = self.compute_capability()
+        return capability is not None and capability >= (8, 0)
+
+    def attention_implementation(self, dtype: str, config: Any = None) -> str | None:
+        """``flash_attention_2`` where it runs: CUDA from compute capability 8.0, a
+        half-precision dtype, the ``flash_attn`` package installed (the ``flash`` extra)
+        and a model class that supports it (``config``'s). None: transformers' default
+        (SDPA), which over a verify pass of K+1 tokens takes a masked path that
+        repeats K/V for every query head (docs/gpu.md)."""
+        capability = self.compute_capability()
+        if capability is None or capability < (8, 0) or dtype not in ("float16", "bfloat16"):
+            return None
+        from transformers import AutoModelForCausalLM
+        from transformers.utils import is_flash_attn_2_available
+
+        if not is_flash_attn_2_available():
+            return None
+        model_class = getattr(AutoModelForCausalLM, "_model_mapping", {}).get(type(config), None) if config else None
+        return "flash_attention_2" if getattr(model_class, "_supports_flash_attn", False) else None
 
     def synchronize(self) -> None:
         """Wait for queued kernels, so that a clock read after this is honest."""

@@ -73,7 +73,7 @@ def load_weights(resolved: ResolvedSource, spec: ModelSpec, device: Device, conf
     _warn_remote_code(spec)
     if not resolved.is_hub:
         check_model_dir(Path(resolved.location), spec.allow_pickle)  # names a truncated file
-    dtype_name = resolve_dtype(spec.dtype, spec.quantization, cuda=device.is_cuda, config=config)
+    dtype_name = resolve_dtype(spec.dtype, spec.quantization, cuda=device.is_cuda, config=config, bf16=device.fast_bf16)
     dtype = getattr(torch, dtype_name)
     kwargs: dict[str, Any] = dict(
         dtype=dtype,
@@ -88,6 +88,11 @@ def load_weights(resolved: ResolvedSource, spec: ModelSpec, device: Device, conf
     if device.is_cuda and not int4:  # int4 loads on the CPU, then packs straight onto the GPU
         index = device.torch_device.index
         kwargs["device_map"] = {"": index if index is not None else torch.cuda.current_device()}
+        attention = device.attention_implementation(dtype_name, None if spec.trust_remote_code else config)
+        if attention is not None:
+            kwargs["attn_implementation"] = attention
+    if spec.quantization == "int8":
+        _BNB_ONCE.install()
     try:
         model = AutoModelForCausalLM.from_pretrained(resolved.location, **kwargs)
     except OSError as exc:
@@ -107,6 +112,30 @@ def load_weights(resolved: ResolvedSource, spec: ModelSpec, device: Device, conf
         model.to(device.torch_device)
     model.eval()
     return model
+
+
+class _Once(logging.Filter):
+    """Lets a bitsandbytes warning through once per process, not once per linear layer
+    and forward pass (MatMul8bitLt logs its float16 cast on every call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = str(record.msg)
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+    def install(self) -> None:
+        logger = logging.getLogger("bitsandbytes.autograd._functions")
+        if self not in logger.filters:
+            logger.addFilter(self)
+
+
+_BNB_ONCE = _Once()
 
 
 def load_model(
@@ -140,6 +169,43 @@ def _footprint(model: Any) -> int | None:
         return int(model.get_memory_footprint())
     except (AttributeError, RuntimeError):
         return None
+
+
+def _free_after_warm_up(target_model: Any, device: Device, free_before: int) -> tuple[int, int] | None:
+    """``(free, used by the target)`` bytes, measured after one warm-up pass of the
+    target over 8 tokens (a verify pass's shape) has loaded the kernels and
+    workspaces a first pass allocates lazily, and its cache and activations were
+    freed again. None when even that pass ran out of memory."""
+    from engine.runner import ModelRunner
+
+    runner, failed = ModelRunner(target_model, device), False
+    try:
+        runner.forward([0] * 8, logits_to_keep=8)
+    except Exception as exc:  # noqa: BLE001 - only OOM is handled
+        if not device.is_out_of_memory(exc):
+            raise
+        failed = True
+    runner.release()
+    device.release_memory()  # outside the except block: the failed pass's frames are gone
+    if failed:
+        return None
+    free_now, _total = device.memory_free_total()
+    return free_now, max(0, free_before - free_now)
+
+
+def _load_draft(draft: _Side, device: Device) -> tuple[Any, str | None]:
+    """The draft's weights; or None and the reason when loading ran out of memory. The
+    memory is released after the ``except`` block is left: until then the
+    exception's traceback keeps the half-loaded model alive."""
+    error = ""
+    try:
+        return load_weights(draft.resolved, draft.spec, device, draft.config), None
+    except Exception as exc:  # noqa: BLE001 - only OOM is handled
+        if not device.is_out_of_memory(exc):
+            raise
+        error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    device.release_memory()
+    return None, f"draft model dropped: out of memory while loading it ({error}); using the n-gram drafter"
 
 
 def load_engine(
@@ -181,7 +247,7 @@ def load_engine(
     free, _total = device.memory_free_total()
     plan: Plan = plan_memory(
         target.config, draft.config if draft else None, profile, free,
-        memory_budget=memory_budget, cuda=device.is_cuda, draft_error=draft_error,
+        memory_budget=memory_budget, cuda=device.is_cuda, bf16=device.fast_bf16, draft_error=draft_error,
     )
     log.info("memory plan: %s", plan.summary())
     fallback = plan.reason if plan.choice == "target+ngram" and profile.drafter == "model" else None
@@ -200,9 +266,15 @@ def load_engine(
         except IncompatibleDraftError as exc:
             fallback = f"draft model dropped: {exc}"
         else:
-            progress(f"loading draft {draft.spec.label}", 0.7)
-            prepare(draft.resolved, progress)
-            draft_model = load_weights(draft.resolved, draft.spec, device, draft.config)
+            # Decide on the draft from memory measured now, then load it (an OOM there falls back too).
+            measured = _free_after_warm_up(target_model, device, free)
+            fallback = plan.draft_shortfall(*measured) if measured else (
+                "draft model dropped: the target's first pass ran out of memory; using the n-gram drafter")
+            if fallback is None:
+                progress(f"loading draft {draft.spec.label}", 0.7)
+                prepare(draft.resolved, progress)
+                draft_model, fallback = _load_draft(draft, device)
+        if draft_model is not None:
             drafter = ModelDrafter(draft_model, device, name=draft.spec.label)
     if drafter is None and profile.drafter != "none":
         drafter = NgramDrafter()

@@ -143,13 +143,21 @@ def config_dtype(config: Any) -> str:
     return name if name in DTYPE_BYTES else "float32"
 
 
-def resolve_dtype(dtype: str, quantization: str, *, cuda: bool, config: Any | None = None) -> str:
+def resolve_dtype(
+    dtype: str, quantization: str, *, cuda: bool, config: Any | None = None, bf16: bool = True
+) -> str:
     """The compute dtype a model will run in: explicit names win; ``auto`` is float32 on the
-    CPU and bfloat16 on CUDA (float16 when the checkpoint is float16 and unquantized)."""
+    CPU and bfloat16 on CUDA, except float16 when the card has no fast bf16 (``bf16``
+    False: compute capability below 8.0, see :attr:`engine.device.Device.fast_bf16`), for
+    bitsandbytes int8 (its matmul casts every input to float16, warning each time), and
+    for an unquantized float16 checkpoint. Qwen2.5 was trained in bf16 and its
+    activations can overflow float16 (inf/NaN logits); docs/gpu.md says what to do."""
     if dtype != "auto":
         return dtype
     if not cuda:
         return "float32"
+    if not bf16 or quantization == "int8":
+        return "float16"
     if quantization == "none" and config is not None and config_dtype(config) == "float16":
         return "float16"
     return "bfloat16"
@@ -287,6 +295,26 @@ class Plan:
             f"headroom {fmt_bytes(self.headroom_bytes)}"
         )
 
+    def draft_shortfall(self, free_now: int, used_by_target: int) -> str | None:
+        """Re-check the draft against memory measured after the target was loaded and
+        ran one pass (lazily loaded kernels, cuBLAS/bitsandbytes workspaces and
+        fragmentation are then counted, not guessed). The draft's weights and cache,
+        the target's KV cache (still to grow), the larger transient and the reserve
+        must fit in ``free_now`` (and in the budget left after ``used_by_target``).
+        Returns why the draft is dropped, or None when it fits."""
+        if self.draft is None:
+            return None
+        room = free_now if self.budget_bytes is None else min(free_now, self.budget_bytes - used_by_target)
+        need = (self.draft.resident_bytes + self.target.kv_bytes + self.reserve_bytes
+                + max(self.target.activation_bytes, self.draft.activation_bytes))
+        if need <= room:
+            return None
+        return (
+            f"draft model dropped: with the target loaded, {fmt_bytes(max(room, 0))} is free but the draft, "
+            f"the target's KV cache, working memory and the reserve need about {fmt_bytes(need)}; "
+            "using the n-gram drafter"
+        )
+
 
 def plan_memory(
     target_cfg: Any,
@@ -297,6 +325,7 @@ def plan_memory(
     *,
     memory_budget: int | None = None,
     cuda: bool = False,
+    bf16: bool = True,
     draft_error: str | None = None,
 ) -> Plan:
     """Choose target+draft, target+ngram or target alone; raise :class:`MemoryPlanError`
@@ -305,7 +334,8 @@ def plan_memory(
     ``memory_budget`` (else ``profile.memory_budget``) caps ``free_bytes``;
     ``reserve_bytes`` is kept back for the allocator and the runtime.
     ``draft_error`` says why a configured draft could not be found (then
-    ``draft_cfg`` is None).
+    ``draft_cfg`` is None). ``cuda`` and ``bf16`` pick the compute dtypes as
+    :func:`resolve_dtype` does.
     """
     budget = memory_budget if memory_budget is not None else profile.memory_budget
     usable = min(free_bytes, budget) if budget is not None else free_bytes
@@ -315,12 +345,12 @@ def plan_memory(
                          draft_cfg if profile.drafter == "model" else None) or profile.context_length
     rows = (profile.k if profile.k is not None else profile.k_max) + 1
     t_spec = profile.target
-    t_dtype = resolve_dtype(t_spec.dtype, t_spec.quantization, cuda=cuda, config=target_cfg)
+    t_dtype = resolve_dtype(t_spec.dtype, t_spec.quantization, cuda=cuda, config=target_cfg, bf16=bf16)
     target = estimate_model(target_cfg, t_spec.quantization, t_dtype, ctx, rows, t_spec.group_size, t_spec.quantize_head)
     draft: ModelEstimate | None = None
     if profile.drafter == "model" and draft_cfg is not None and profile.draft is not None:
         d_spec = profile.draft
-        d_dtype = resolve_dtype(d_spec.dtype, d_spec.quantization, cuda=cuda, config=draft_cfg)
+        d_dtype = resolve_dtype(d_spec.dtype, d_spec.quantization, cuda=cuda, config=draft_cfg, bf16=bf16)
         draft = estimate_model(draft_cfg, d_spec.quantization, d_dtype, ctx, rows, d_spec.group_size, d_spec.quantize_head)
 
     def make(choice: Choice, reason: str, planned: int) -> Plan:
