@@ -28,11 +28,11 @@ from engine.drafters import EMPTY_DRAFT, Draft, Drafter, ModelDrafter
 from engine.errors import ContextLengthError, EngineError
 from engine.events import GenerationParams, Mode, RoundEvent, TokenSource
 from engine.runner import ModelRunner
-from engine.sampling import make_generator, warp
+from engine.sampling import GumbelNoise, Randomness, make_randomness, warp
 from engine.costs import MIN_PLAIN
 from engine.stats import CostModel, ReplyStats
 from engine.switch import AutoSwitch
-from engine.verify import Verdict, verify_greedy, verify_sampled
+from engine.verify import Verdict, verify_coupled, verify_greedy, verify_sampled
 
 T = TypeVar("T")
 
@@ -140,7 +140,7 @@ class SpecDecoder:
         seq = list(prompt_ids)
         if self._switch.new_reply():  # re-probe after an automatic switch-off
             self.speculation_enabled, self.off_reason = True, None
-        generator = make_generator(params.sampling, self.device)
+        generator = make_randomness(params.sampling, len(seq), self.target.vocab_size, self.device)
         stats = ReplyStats(self.mode, self._drafter_name(), params.k is None, self.costs)
         stats.speculation_off_reason = self.off_reason or self.fallback_reason
         start = self.device.now()
@@ -162,7 +162,7 @@ class SpecDecoder:
         self,
         seq: list[int],
         params: GenerationParams,
-        generator: torch.Generator | None,
+        generator: Randomness,
         stats: ReplyStats,
         round_index: int,
         produced: int,
@@ -233,15 +233,21 @@ class SpecDecoder:
         seq: list[int],
         draft: Draft,
         params: GenerationParams,
-        generator: torch.Generator | None,
+        generator: Randomness,
     ) -> Verdict:
-        """Score ``[pending, *draft]`` in one target pass and decide."""
+        """Score ``[pending, *draft]`` in one target pass and decide.
+
+        Row ``r`` of the target's logits chooses the token at sequence index
+        ``len(seq) + r``: seeded sampling takes that position's Gumbel row.
+        """
         if len(self.target) != len(seq) - 1:
             raise AssertionError(f"target cache holds {len(self.target)} tokens, expected {len(seq) - 1}")
         fed = [seq[-1], *draft.tokens]
         logits = self.target.forward(fed, logits_to_keep=len(fed))
         if params.sampling.greedy:
             return verify_greedy(logits, draft.tokens)
+        if isinstance(generator, GumbelNoise):
+            return verify_coupled(logits, draft.tokens, params.sampling, generator.rows(len(seq), len(fed)))
         p = warp(logits, params.sampling)
         q = _pad_vocab(draft.probs, p.shape[-1]) if draft.probs is not None else None
         return verify_sampled(p, draft.tokens, q, generator, self.device)

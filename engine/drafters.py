@@ -21,7 +21,7 @@ from transformers import PreTrainedModel
 from engine.device import Device
 from engine.events import SamplingParams
 from engine.runner import ModelRunner
-from engine.sampling import sample, warp
+from engine.sampling import GumbelNoise, Randomness, gumbel_argmax, sample, warp
 
 
 @dataclass(frozen=True)
@@ -56,9 +56,15 @@ class Drafter(Protocol):
         context: Sequence[int],
         k: int,
         sampling: SamplingParams,
-        generator: torch.Generator | None,
+        generator: Randomness,
     ) -> Draft:
-        """Propose up to ``k`` tokens to follow ``context`` (``[L]`` ids)."""
+        """Propose up to ``k`` tokens to follow ``context`` (``[L]`` ids).
+
+        ``generator`` is the reply's randomness: a ``torch.Generator`` to sample
+        from, or (seeded) the reply's :class:`~engine.sampling.GumbelNoise`,
+        whose row for sequence index ``len(context) + i`` the ``i``-th proposed
+        token must be chosen with; None when greedy.
+        """
         ...
 
     def prefill(self, context: Sequence[int]) -> None:
@@ -90,9 +96,13 @@ class ModelDrafter:
         context: Sequence[int],
         k: int,
         sampling: SamplingParams,
-        generator: torch.Generator | None,
+        generator: Randomness,
     ) -> Draft:
         """Run the draft model ``k`` steps from ``context``.
+
+        Greedy: argmax. Seeded: the Gumbel-argmax with the target's noise for
+        each position (no probabilities returned: acceptance is by equality).
+        Otherwise sampled from the warped draft distribution.
 
         The draft's cache catches up here: tokens of ``context`` it has not seen
         (the target's last token, and the last drafted token when all K were
@@ -108,6 +118,8 @@ class ModelDrafter:
             logits = self._mask(logits)
             if sampling.greedy:
                 token = int(torch.argmax(logits))
+            elif isinstance(generator, GumbelNoise):
+                token = int(gumbel_argmax(logits, sampling, generator.row(len(context) + i)))
             else:
                 dist = warp(logits, sampling)
                 token = sample(dist, generator)
@@ -182,7 +194,7 @@ class NgramDrafter:
         context: Sequence[int],
         k: int,
         sampling: SamplingParams,
-        generator: torch.Generator | None,
+        generator: Randomness,
     ) -> Draft:
         """Up to ``k`` tokens that followed the longest matching suffix of ``context``
         (``[L]`` ids), keyed by the match length's bucket (may be empty)."""
