@@ -171,7 +171,7 @@ def _label(r: dict[str, Any]) -> str:
 
 def format_table(results: Sequence[dict[str, Any]], prompt_class: str = "all") -> str:
     """The summary of every method over the prompts of ``prompt_class``."""
-    head = (f"{'method':<26}{'tok/s':>7}{'min-max':>13}{'speedup':>9}{'e2e':>6}{'α':>6}{'τ':>6}"
+    head = (f"{'method':<26}{'tok/s':>7}{'min-max':>13}{'speedup':>9}{'self':>7}{'e2e':>6}{'α':>6}{'τ':>6}"
             f"{'pass/tok':>9}{'d/v/o %':>11}{'pred':>6}{'meas/pred':>10}{'peak MB':>9}  same")
     lines = [head, "-" * len(head)]
     for r in (x for x in results if x["prompt_class"] == prompt_class):
@@ -180,6 +180,7 @@ def format_table(results: Sequence[dict[str, Any]], prompt_class: str = "all") -
         peak = r["peak_memory_bytes"] / 2**20 if r["peak_memory_bytes"] else None
         lines.append(
             f"{_label(r):<26}{_fmt(r['tokens_per_s'], '7.1f'):>7}{spread:>13}{_x(r['speedup']):>9}"
+            f"{_x(r.get('engine_speedup')):>7}"
             f"{_fmt(r['speedup_e2e'], '.2f'):>6}{_fmt(r['alpha'], '.2f'):>6}{_fmt(r['tau'], '.2f'):>6}"
             f"{_fmt(r['target_passes_per_token'], '.2f'):>9}{_split(r):>11}{_fmt(pred['predicted_speedup'], '.2f'):>6}"
             f"{_fmt(pred.get('measured_over_predicted'), '.2f'):>10}{_fmt(peak, '.0f'):>9}  {'yes' if r['identical'] else 'NO'}"
@@ -280,8 +281,12 @@ def build_report(args: argparse.Namespace, profile: Any, engine: Any, models: An
             "tokens_per_s": "decode: tokens after the first emission over the time after it (the first emission "
                             "includes the prefill); tokens_per_s_e2e: all new tokens over the whole call",
             "speedup": "median over repeats of (method rate / plain rate in the same repeat and prompt class)",
+            "engine_speedup": "the engine's self-reported speedup (Stats.speedup, its own plain estimate; specchat "
+                              "methods only), combined per repeat as tokens / sum(tokens / speedup), median over "
+                              "repeats; engine_over_bench = engine_speedup / speedup (the cross-check: near 1)",
             "time_split": "draft / verify = time inside the draft / target forward passes (prefill included), other = the rest",
-            "adaptive_methods": "spec-adaptive and ngram run with the app's decoder defaults (calibration steps, auto switch-off)",
+            "adaptive_methods": "spec-adaptive and ngram run with the app's decoder defaults (rare calibration steps, "
+                                "auto switch-off); plain and fixed-K runs keep the calibration steps, never switch off",
             "hf_assisted": "the draft's own generation_config (transformers' defaults where unset)",
             "hf_confidence_threshold_adapts": _sklearn_available(),
             "hf_assisted_constant": "num_assistant_tokens=K, num_assistant_tokens_schedule='constant', assistant_confidence_threshold=0",

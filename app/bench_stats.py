@@ -116,6 +116,21 @@ def _speedups(group: _Group, plain: _Group | None, decode: bool) -> list[float]:
     return [mine[r] / ref[r] for r in sorted(mine) if r in ref and ref[r] > 0]
 
 
+def _engine_speedups(group: _Group) -> list[float]:
+    """The engine's own speedup per repeat (its ``Stats.speedup``, combined over the class's
+    prompts as tokens / sum(tokens / speedup)); a repeat where any reply had none is left out."""
+    out = []
+    for _, runs in sorted(group.by_repeat().items()):
+        figures = [(r.engine_stats.get("tokens") or 0, r.engine_stats.get("speedup")) for r in runs if r.engine_stats]
+        if len(figures) != len(runs) or any(not s for _, s in figures):
+            continue
+        tokens = sum(t for t, _ in figures)
+        plain = sum(t / s for t, s in figures)
+        if tokens and plain > 0:
+            out.append(tokens / plain)
+    return out
+
+
 def _mean_call(calls: Sequence[tuple[int, float]]) -> float | None:
     return sum(s for _, s in calls) / len(calls) if calls else None
 
@@ -209,6 +224,8 @@ def summarise_group(group: _Group, plain: _Group | None, bad: Sequence[dict[str,
         "speedup_min": min(speedups) if speedups else None,
         "speedup_max": max(speedups) if speedups else None,
         "speedup_e2e": _median(_speedups(group, plain, decode=False)),
+        "engine_speedup": (engine := _median(_engine_speedups(group))),
+        "engine_over_bench": engine / speedup if engine is not None and speedup else None,
         **acceptance,
         "alpha_source": _alpha_source(group.method) if acceptance["alpha"] is not None else None,
         "alpha_per_position": _per_position(group.runs),
