@@ -86,9 +86,16 @@ class ModelDrafter:
     kind: Literal["model"] = "model"
     free_proposals = False
 
-    def __init__(self, model: PreTrainedModel, device: Device, name: str = "draft model") -> None:
+    def __init__(
+        self, model: PreTrainedModel, device: Device, name: str = "draft model", vocab_subset: torch.Tensor | None = None
+    ) -> None:
+        """``vocab_subset``: token ids ``[n]`` the draft may propose (FR-Spec: a head over
+        frequent tokens costs a fraction of the full one; verification still uses
+        the target's full distribution, so output stays exact)."""
         self.runner = ModelRunner(model, device)
         self.name = name
+        if vocab_subset is not None and self.runner.restrict_vocab(vocab_subset):
+            self.name = f"{name}, {len(vocab_subset)}-token head"
         self.vocab_limit: int | None = None  # the target's vocabulary size, set by the decoder
 
     def propose(

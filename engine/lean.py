@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.quant.int4 import Int4Linear
+from engine.quant.int4 import Int4Linear, quantize_weight
 
 SUPPORTED = ("llama", "qwen2", "mistral")
 
@@ -153,6 +153,41 @@ class LeanForward:
             x = x + layer.down(F.silu(gate) * up)
         x = _rms_norm(x[:, -logits_to_keep:], self.final_norm, self.final_eps)
         return self.head(x)
+
+
+def _head_rows(head: nn.Module, ids: torch.Tensor, hidden: int) -> torch.Tensor:
+    """Rows ``ids`` of an output layer's weight ``[len(ids), H]``, whatever stores it:
+    a plain weight is indexed; an int4 layer is run on the identity, in chunks."""
+    if type(head) is nn.Linear:
+        return head.weight.detach()[ids].float()
+    probe = next(head.buffers()) if any(True for _ in head.buffers()) else next(head.parameters())
+    bias = head(torch.zeros(1, hidden, device=probe.device)).float()[0, ids]
+    rows = []
+    for start in range(0, hidden, 256):
+        eye = torch.eye(hidden, device=probe.device)[start : start + 256]
+        rows.append(head(eye).float()[:, ids] - bias)  # [chunk, n] = W[ids, chunk].T
+    return torch.cat(rows).T.contiguous()
+
+
+def subset_head(model: nn.Module, ids: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """An output layer over the vocabulary rows ``ids`` only (FR-Spec): ``f(h [..., H]) ->
+    [..., V]`` logits, ``-inf`` outside ``ids``. Int4 when the model's head is int4."""
+    head = model.get_output_embeddings()
+    hidden = int(model.config.get_text_config().hidden_size)
+    width = int(model.config.get_text_config().vocab_size)
+    weight = _head_rows(head, ids, hidden)
+    if isinstance(head, Int4Linear) and len(ids) % 16 == 0 and hidden % head.group_size == 0:
+        small = Int4Linear.fuse([Int4Linear(quantize_weight(weight, head.group_size), None, weight.device)])
+    else:
+        weight = weight.to(next(model.parameters()).dtype)
+        small = lambda h: F.linear(h, weight)  # noqa: E731
+
+    def f(h: torch.Tensor) -> torch.Tensor:
+        out = h.new_full((*h.shape[:-1], width), float("-inf"))
+        out[..., ids] = small(h).to(out.dtype)
+        return out
+
+    return f
 
 
 def lean_forward(model: nn.Module) -> LeanForward | None:

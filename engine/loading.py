@@ -25,11 +25,31 @@ from engine.sources import (
 )
 
 if TYPE_CHECKING:
+    import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
     from engine.session import ChatEngine
 
 log = logging.getLogger(__name__)
+
+
+def frequent_token_ids(tokenizer: "PreTrainedTokenizerBase", n: int) -> "torch.Tensor":
+    """The ``n`` token ids a frequent-token draft head keeps (FR-Spec), plus every special token.
+
+    A byte-level BPE vocabulary numbers its tokens in merge order, and merges are
+    made most-frequent first, so the lowest ids approximate the most frequent
+    tokens without a corpus to count them on.
+    """
+    import torch
+
+    ids = {int(i) for i in tokenizer.all_special_ids}
+    candidates = iter(range(len(tokenizer)))
+    while len(ids) < n or len(ids) % 16:  # the int4 kernel packs output rows in 16s
+        nxt = next(candidates, None)
+        if nxt is None:
+            break
+        ids.add(nxt)
+    return torch.tensor(sorted(ids), dtype=torch.long)
 
 
 def _warn_remote_code(spec: ModelSpec) -> None:
@@ -275,7 +295,8 @@ def load_engine(
                 prepare(draft.resolved, progress)
                 draft_model, fallback = _load_draft(draft, device)
         if draft_model is not None:
-            drafter = ModelDrafter(draft_model, device, name=draft.spec.label)
+            subset = frequent_token_ids(tokenizer, draft.spec.draft_vocab) if draft.spec.draft_vocab else None
+            drafter = ModelDrafter(draft_model, device, name=draft.spec.label, vocab_subset=subset)
     if drafter is None and profile.drafter != "none":
         drafter = NgramDrafter()
     if fallback:

@@ -62,6 +62,7 @@ class ModelSpec:
     allow_pickle: bool = False
     group_size: int = 32
     quantize_head: bool = True
+    draft_vocab: int = 0  # a draft proposes from this many most frequent tokens (0: all)
 
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source.strip():
@@ -72,6 +73,8 @@ class ModelSpec:
             )
         if self.dtype not in DTYPES:
             raise ProfileError(f"unknown dtype {self.dtype!r}: use one of {', '.join(DTYPES)}")
+        if self.draft_vocab and self.draft_vocab < 256:
+            raise ProfileError(f"draft_vocab must be 0 (the whole vocabulary) or at least 256, got {self.draft_vocab}")
         if self.group_size not in GROUP_SIZES:
             raise ProfileError(
                 f"group_size {self.group_size} is not supported: use one of {', '.join(map(str, GROUP_SIZES))}"
@@ -205,7 +208,8 @@ def parse_size(text: str | int) -> int:
 
 # ----------------------------------------------------------------------------- parsing
 
-_SPEC_KEYS = ("source", "quantization", "dtype", "trust_remote_code", "allow_pickle", "group_size", "quantize_head")
+_SPEC_KEYS = ("source", "quantization", "dtype", "trust_remote_code", "allow_pickle", "group_size", "quantize_head",
+              "draft_vocab")
 _PROFILE_KEYS = (
     "target", "drafter", "draft", "description", "k", "k_min", "k_max", "temperature",
     "top_p", "top_k", "system_prompt", "context_length", "memory_budget", "backend", "device",
@@ -216,7 +220,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "temperature": (int, float), "top_p": (int, float), "top_k": (int,), "system_prompt": (str,),
     "context_length": (int,), "memory_budget": (int, str), "device": (str,),
     "source": (str,), "quantization": (str,), "dtype": (str,),
-    "trust_remote_code": (bool,), "allow_pickle": (bool,), "group_size": (int,), "quantize_head": (bool,),
+    "trust_remote_code": (bool,), "allow_pickle": (bool,), "group_size": (int,), "quantize_head": (bool,), "draft_vocab": (int,),
 }
 
 

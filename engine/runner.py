@@ -45,6 +45,17 @@ class ModelRunner:
         # Width of the logits (may exceed the tokenizer's vocabulary: padding rows).
         self.vocab_size = int(model.config.get_text_config().vocab_size)
 
+    def restrict_vocab(self, ids: torch.Tensor) -> bool:
+        """Compute logits for the token ids ``ids`` only (``-inf`` elsewhere), for a
+        draft that proposes from frequent tokens (FR-Spec). False when this model
+        runs through transformers' forward, which cannot."""
+        if self._lean is None:
+            return False
+        from engine.lean import subset_head
+
+        self._lean.head = subset_head(self.model, ids.to(self.device.torch_device))
+        return True
+
     def __len__(self) -> int:
         return len(self.ids)
 
