@@ -144,3 +144,27 @@ def test_hub_retries_become_progress_not_stderr(capfd: pytest.CaptureFixture[str
     assert capfd.readouterr().err == ""
     assert logging.getLogger("huggingface_hub").handlers  # its own handler is back afterwards
     assert describe("Rate limited. Waiting 61.0s before retry [Retry 1/5].") == "hub rate limit: retry 1 of 5 in 61 s"
+
+
+async def test_an_over_long_chat_is_fitted_with_a_notice(make_app: Callable[..., SpecChatApp]) -> None:
+    """A real ChatEngine on a tiny model with a 96-token window, behind the app."""
+    from app.widgets.chat_view import AssistantMessage
+    from tests.engine.test_context import engine, make_tokenizer
+
+    engines: list[object] = []
+
+    def loader(profile: ModelProfile, budget: int | None, progress: ProgressFn):  # type: ignore[no-untyped-def]
+        engines.append(engine(make_tokenizer()))
+        return engines[-1]
+
+    app = make_app(loader=loader)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        for turn in range(3):
+            await send(pilot, " ".join(f"w{(turn * 7 + i) % 60}" for i in range(30)))
+            await wait_for(pilot, lambda: not app.generating, timeout=60)
+        replies = list(app.query(AssistantMessage))
+        assert replies[0].finish_reason in ("context", "eos")
+        assert any("earlier message" in n.message and "96-token context window" in n.message
+                   for n in app._notifications)
+        assert replies[-1].stats is not None and replies[-1].stats["truncated_turns"] >= 2
