@@ -53,6 +53,9 @@ def add_bench_parser(sub: Any, add_model_options: Callable[[argparse.ArgumentPar
     bench.add_argument("--k-range", default="1-6", help="fixed K values for spec and hf-assisted-constant, e.g. 1-6 or 2,4")
     bench.add_argument("--lookup-tokens", type=int, help="prompt_lookup_num_tokens for hf-prompt-lookup (default: the profile's k_max)")
     bench.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    bench.add_argument("--plain-server", metavar="URL",
+                       help="with --server: a second server, same model, speculation off, for the plain side "
+                            "(default: the same server with speculative.n_max = 0 per request, where it obeys)")
     bench.add_argument("--json", type=Path, dest="json_out", help="write every figure to this JSON file")
     bench.add_argument("--chart", type=Path, help="write a PNG chart of the speedups (needs matplotlib)")
 
@@ -307,6 +310,11 @@ def _sklearn_available() -> bool:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run the benchmark; exit status 1 when any greedy output differs from plain decoding."""
+    from app.bench_server import cmd_bench_server, server_bench_profile
+
+    server = server_bench_profile(args)
+    if server is not None:  # --server URL, or a backend = "server" profile
+        return cmd_bench_server(args, server)
     import torch
     from transformers.utils import logging as hf_logging
 

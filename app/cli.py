@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.bench_cli import add_bench_parser, cmd_bench
+from app.server_cli import load_server, server_profile_from_args
 from engine.errors import SpecChatError
 
 if TYPE_CHECKING:
@@ -34,6 +35,10 @@ def add_model_options(parser: argparse.ArgumentParser, subcommand: bool = True) 
     parser.add_argument("--memory-budget", default=default, help="cap the memory the pair may use, e.g. 2GiB or 800MB")
     parser.add_argument("--target", default=default, help="target model source (a save_pretrained dir, a .gguf, a hub id, wheel:...)")
     parser.add_argument("--draft", default=default, help="draft model source sharing the target's tokenizer (needs --target)")
+    parser.add_argument("--server", default=default, metavar="URL",
+                        help="chat with an OpenAI-compatible server (llama-server, vLLM) at URL instead of local models")
+    parser.add_argument("--server-model", default=default, metavar="NAME", help="model to ask the server for (default: its first)")
+    parser.add_argument("--api-key-env", default=default, metavar="VAR", help="environment variable holding the server's API key")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -72,7 +77,10 @@ def resolve_profile(args: argparse.Namespace) -> Any:
 
     if args.draft and not args.target:
         raise SpecChatError("--draft needs --target (or choose a profile with --profile)")
-    if args.target:
+    server = server_profile_from_args(args)
+    if server is not None:
+        profile = server
+    elif args.target:
         profile = profile_from_sources(args.target, args.draft)
     else:
         profile = load_profiles(args.models).get(args.profile)
@@ -84,6 +92,9 @@ def resolve_profile(args: argparse.Namespace) -> Any:
 def load_for(profile: Any, mode: str = "spec", progress: "ProgressFn | None" = None) -> Any:
     """Load the engine for ``profile``; ``mode`` may replace the drafter."""
     from engine.api import no_progress
+
+    if profile.backend == "server":
+        return load_server(profile, mode, progress or no_progress)
     from engine.loading import load_engine
 
     if mode == "ngram":
@@ -183,6 +194,8 @@ def cmd_profiles(args: argparse.Namespace) -> int:
             "draft_quantization": p.draft.quantization if p.draft else None,
             "source_file": str(p.source_file) if p.source_file else None,
             "description": p.description,
+            "backend": p.backend,
+            "url": p.server.url if p.server else None,
             "available": why_not is None,
             "unavailable_reason": why_not,
         })
@@ -192,8 +205,12 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     for r in rows:
         mark = "*" if r["default"] else " "
         draft = r["draft"] and f"{r['draft']} [{r['draft_quantization']}]" or r["drafter"]
-        print(f"{mark} {r['name']:<18} target {r['target']} [{r['target_quantization']}]")
-        print(f"  {'':<18} draft  {draft}")
+        if r["backend"] == "server":
+            print(f"{mark} {r['name']:<18} server {r['url']} (model {r['target']})")
+            print(f"  {'':<18} draft  chosen by the server")
+        else:
+            print(f"{mark} {r['name']:<18} target {r['target']} [{r['target_quantization']}]")
+            print(f"  {'':<18} draft  {draft}")
         print(f"  {'':<18} from   {r['source_file']}")
         if r["unavailable_reason"]:
             print(f"  {'':<18} unavailable here: {r['unavailable_reason']}")
@@ -208,7 +225,8 @@ def cmd_app(args: argparse.Namespace) -> int:
     budget = parse_size(args.memory_budget) if args.memory_budget else None
     if args.draft and not args.target:
         raise SpecChatError("--draft needs --target (or choose a profile with --profile)")
-    SpecChatApp(args.profile, models_file=args.models, memory_budget=budget, target=args.target, draft=args.draft).run()
+    SpecChatApp(args.profile, models_file=args.models, memory_budget=budget, target=args.target, draft=args.draft,
+                server_profile=server_profile_from_args(args)).run()
     return 0
 
 

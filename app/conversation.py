@@ -45,7 +45,11 @@ def spec_label(spec: "ModelSpec") -> str:
 
 
 def profile_pair(profile: "ModelProfile") -> str:
-    """``"target ← draft"`` with quantizations, or the n-gram/none drafter."""
+    """``"target ← draft"`` with quantizations, or the n-gram/none drafter;
+    for a server profile, the model and the server's address."""
+    server = getattr(profile, "server", None)
+    if server is not None:
+        return f"{server.model or 'its first model'} @ {server.root} (server)"
     target = spec_label(profile.target)
     if profile.drafter == "model" and profile.draft is not None:
         return f"{target} ← {spec_label(profile.draft)}"

@@ -29,6 +29,7 @@ from app.formatting import (
     modes_label,
     plan_lines,
 )
+from app.widgets import hud_server
 from app.widgets.chat_view import legend
 from engine.api import EngineInfo
 from engine.events import Stats
@@ -207,6 +208,10 @@ class Hud(VerticalScroll):
         return mode_label(mode) if mode else DASH, reason
 
     def _engine_content(self) -> Content:
+        if hud_server.is_server(self.profile):
+            return hud_server.engine_content(self.profile, self.info, name=self.profile_name, error=self.error,
+                                             loading=self.loading_stage is not None,
+                                             speculation_on=self.speculation_on, notice=self.notice)
         rows = [row("profile", self.profile_name or DASH, "bold")]
         if self.profile is not None:
             rows.append(row("target", spec_label(self.profile.target)))
@@ -229,6 +234,8 @@ class Hud(VerticalScroll):
 
     def _stats_content(self) -> Content:
         s = self.stats
+        if hud_server.is_server(self.profile, s):
+            return hud_server.stats_content(s, live=self.live)
         title = "live" if self.live else ("last reply" if s else "no reply yet")
         k = DASH if s is None else (f"{s.k} adaptive" if s.adaptive else str(s.k))
         return lines(
@@ -256,6 +263,8 @@ class Hud(VerticalScroll):
         return lines(*rows)
 
     def _memory_content(self) -> Content:
+        if hud_server.is_server(self.profile):
+            return hud_server.server_content(self.info)
         if self.info is None:
             return Content("")
         info = self.info

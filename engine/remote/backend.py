@@ -138,7 +138,7 @@ class ServerBackend:
         plan: dict[str, Any] = {"summary": f"served by {self.kind} at {self.spec.root}", "model": self.model}
         if self.build:
             plan["build"] = self.build
-        plan["speculation figures"] = figures or "none reported"
+        plan["figures"] = figures or "none reported"
         return EngineInfo(
             profile=self.profile_name, target=self.model or "?", drafter="the server's",
             mode="spec" if self.speculation_on else "plain", device=f"{self.kind} server", plan=plan,
@@ -207,6 +207,18 @@ class ServerBackend:
                     yield text
             if cancel.is_set():
                 return
+
+    def measure(self, messages: Sequence[ChatMessage], params: GenerationParams, *, speculate: bool,
+                cancel: threading.Event | None = None) -> tuple[str, ServerStats]:
+        """One reply with no calibration and no speedup: its text and the server's figures (the bench)."""
+        cancel = cancel or threading.Event()
+        before = self._scrape()
+        run = _Run()
+        for _ in self.stream_text(self.request_body(messages, params, speculate), cancel, run):
+            pass
+        figures = reply_figures(run.timings, self._delta(before, run), run.tokens,
+                                metrics_known=self.metrics_known, server=self.kind)
+        return "".join(run.text), self._stats(run, speculate, figures)
 
     def _reply(self, messages: list[ChatMessage], params: GenerationParams,
                cancel: threading.Event) -> Iterator[ChatEvent]:

@@ -1,0 +1,100 @@
+"""The HUD's panels for a server backend: what the server measured, and why a figure is unknown.
+
+A server reports α and τ only when a reply ends (llama-server's ``timings``,
+vLLM's counters), and a speedup only where a plain reply could be had from the
+same server; each missing figure shows "—" or "unknown" with the reason, never 0.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from textual.content import Content
+
+from app.formatting import DASH, fmt_float, fmt_rate, fmt_speedup
+from engine.api import EngineInfo
+from engine.events import Stats
+from engine.remote.figures import ServerStats
+
+if TYPE_CHECKING:
+    from engine.profiles import ModelProfile
+
+LABEL_WIDTH = 9
+
+
+def _row(label: str, value: str, style: str = "") -> Content:
+    return Content.assemble((label.ljust(LABEL_WIDTH), "$text-muted"), (value, style))
+
+
+def is_server(profile: "ModelProfile | None", stats: Stats | None = None) -> bool:
+    """Whether the HUD shows a server backend."""
+    return isinstance(stats, ServerStats) or getattr(profile, "backend", "local") == "server"
+
+
+def engine_content(profile: "ModelProfile | None", info: EngineInfo | None, *, name: str | None,
+                   error: str | None, loading: bool, speculation_on: bool, notice: str | None) -> Content:
+    """Profile, server, model and mode."""
+    server = getattr(profile, "server", None)
+    rows = [_row("profile", name or DASH, "bold")]
+    if server is not None:
+        rows.append(_row("server", server.root))
+    if error:
+        rows.append(_row("error", error, "$text-error"))
+    if info is None:
+        rows.append(_row("mode", "connecting…" if loading else "not connected", "$text-warning"))
+        return Content("\n").join(rows)
+    rows.append(_row("model", info.target))
+    rows.append(_row("kind", info.device))
+    if speculation_on and info.mode == "spec":
+        rows.append(_row("mode", "speculative · on the server", "bold $text-success"))
+    else:
+        rows.append(_row("mode", "plain (asked with speculative.n_max = 0)", "bold $text-warning"))
+    rows.append(_row("drafter", "chosen by the server"))
+    if notice:
+        rows.append(_row("why", notice, "$text-warning"))
+    return Content("\n").join(rows)
+
+
+def stats_content(stats: Stats | None, *, live: bool) -> Content:
+    """α, τ, tokens/s and the speedup as the server measured them."""
+    s = stats if isinstance(stats, ServerStats) else None
+    title = "live" if live else ("last reply" if stats else "no reply yet")
+    rows = [Content.assemble((f"─ {title} ", "$text-muted"), ("─" * 20, "$text-muted"))]
+    if s is None:
+        rows += [_row("α", DASH), _row("τ", DASH), _row("tok/s", DASH), _row("speedup", DASH)]
+        return Content("\n").join(rows)
+    if s.alpha is not None:
+        rows.append(_row("α", f"{fmt_float(s.alpha)}  ({s.accepted}/{s.proposed} drafted)"))
+        tau = fmt_float(s.tau)
+        if s.mean_accepted_len is not None:
+            tau += f"  (per draft {fmt_float(s.mean_accepted_len)})"
+        rows.append(_row("τ", tau))
+        rows.append(_row("from", f"the server's {s.figures_from}", "$text-muted"))
+    else:
+        rows += [_row("α", DASH), _row("τ", DASH)]
+        if s.figures_reason:
+            rows.append(_row("why", s.figures_reason, "$text-warning"))
+    rate = fmt_rate(s.tokens_per_s)
+    if s.client_tokens_per_s is not None and s.tokens_per_s != s.client_tokens_per_s:
+        rate += f" server · {fmt_rate(s.client_tokens_per_s)} here"
+    rows.append(_row("tok/s", rate))
+    if s.speedup is not None:
+        rows.append(_row("speedup", f"{fmt_speedup(s.speedup)} vs plain {fmt_rate(s.plain_tokens_per_s)} tok/s", "bold"))
+    elif live:
+        rows.append(_row("speedup", "after the reply", "$text-muted"))
+    else:
+        rows.append(_row("speedup", "unknown", "bold $text-warning"))
+        if s.speedup_reason:
+            rows.append(_row("why", s.speedup_reason.removeprefix("speedup unknown: "), "$text-warning"))
+    rows.append(_row("tokens", str(s.tokens)))
+    return Content("\n").join(rows)
+
+
+def server_content(info: EngineInfo | None) -> Content:
+    """The connection's facts where a local backend shows its memory."""
+    if info is None:
+        return Content("")
+    rows = [Content.assemble(("─ server ", "$text-muted"), ("─" * 18, "$text-muted"))]
+    for key, value in info.plan.items():
+        if value is not None and not isinstance(value, (dict, list, tuple)):
+            rows.append(Content(f" {value}") if key == "summary" else _row(f" {key}", str(value)))
+    return Content("\n").join(rows)

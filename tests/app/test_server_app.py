@@ -1,0 +1,136 @@
+"""The app against a loopback server playing recorded answers: HUD figures, failures kept in history."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from app.app import SpecChatApp
+from app.conversation import profile_pair
+from app.history import History
+from app.screens.profiles import profile_option
+from app.widgets.chat_view import AssistantMessage
+from app.widgets.hud import Hud
+from engine.profiles import Profiles
+from engine.remote.profile import profile_from_server
+from tests.app.fakes import make_profiles
+from tests.app.helpers import ready, send, wait_for
+from tests.engine.fake_server import FakeServer, chunk, llama_routes, reply_stream, start_sse, timings, write_events
+
+pytestmark = pytest.mark.anyio
+PIECES = ["Hel", "lo", " there", "!"]
+
+
+def llama(spec_timings: dict, plain_timings: dict) -> FakeServer:  # type: ignore[type-arg]
+    def chat(req, body):  # type: ignore[no-untyped-def]
+        start_sse(req)
+        plain = body.get("speculative.n_max") == 0
+        write_events(req, reply_stream(PIECES, plain_timings if plain else spec_timings))
+    return FakeServer(llama_routes(chat))
+
+
+def server_app(url: str) -> SpecChatApp:
+    return SpecChatApp(server_profile=profile_from_server(url), profiles_loader=make_profiles)
+
+
+def saved_reply() -> tuple[str, str | None, dict | None]:  # type: ignore[type-arg]
+    history = History.open()
+    try:
+        chat = history.list_chats()[0]
+        reply = history.messages(chat.id)[-1]
+        return reply.content, reply.finish_reason, reply.stats
+    finally:
+        history.close()
+
+
+def hud_text(app: SpecChatApp) -> str:
+    hud = app.query_one(Hud)
+    hud.flush(force=True)
+    return "\n".join(str(hud.query_one(f"#hud-{part}").render()) for part in ("engine", "stats", "memory"))
+
+
+async def test_reply_from_server_shows_its_figures_and_speedup() -> None:
+    with llama(timings(4, 50.0, draft_n=4, accepted=2), timings(4, 25.0)) as fake:
+        app = server_app(fake.url)
+        async with app.run_test(size=(130, 45)) as pilot:
+            await ready(pilot)
+            await send(pilot, "Say hi")
+            await wait_for(pilot, lambda: not app.generating and app.query(AssistantMessage))
+            assert app.query_one(AssistantMessage).text == "Hello there!"
+            text = hud_text(app)
+            assert fake.url in text and "llama.cpp server" in text and "chosen by the server" in text
+            assert "0.50  (2/4 drafted)" in text and "2.00" in text
+            assert "2.00× vs plain 25.0 tok/s" in text
+        content, finish, stats = saved_reply()
+        assert (content, finish) == ("Hello there!", "eos")
+        assert stats is not None and stats["alpha"] == 0.5 and stats["speedup"] == 2.0
+        assert stats["server"] == "llama.cpp" and stats["figures_from"] == "timings"
+
+
+async def test_unknown_speedup_and_missing_figures_are_said() -> None:
+    with llama(timings(4, 50.0), timings(4, 50.0)) as fake:
+        app = server_app(fake.url)
+        async with app.run_test(size=(130, 45)) as pilot:
+            await ready(pilot)
+            await send(pilot, "Say hi")
+            await wait_for(pilot, lambda: not app.generating and app.query(AssistantMessage))
+            text = hud_text(app)
+            assert "drafted no tokens" in text and "unknown" in text
+            assert "0.00" not in text
+
+
+async def test_stream_cut_mid_reply_keeps_the_partial_reply() -> None:
+    def chat(req, body):  # type: ignore[no-untyped-def]
+        start_sse(req)
+        write_events(req, [chunk("Hel"), chunk("lo")])  # then the connection closes: no [DONE]
+
+    with FakeServer(llama_routes(chat)) as fake:
+        app = server_app(fake.url)
+        async with app.run_test(size=(130, 45)) as pilot:
+            await ready(pilot)
+            await send(pilot, "Say hi")
+            await wait_for(pilot, lambda: not app.generating and app.query(AssistantMessage))
+            reply = app.query_one(AssistantMessage)
+            assert reply.text == "Hello" and reply.finish_reason == "error"
+            assert any("closed the stream before the reply ended" in n.message for n in app._notifications)
+        content, finish, _ = saved_reply()
+        assert (content, finish) == ("Hello", "error")
+
+
+async def test_escape_stops_a_silent_server() -> None:
+    def chat(req, body):  # type: ignore[no-untyped-def]
+        start_sse(req)
+        write_events(req, [chunk("Hel"), chunk("lo"), 30.0])
+
+    with FakeServer(llama_routes(chat)) as fake:
+        app = server_app(fake.url)
+        async with app.run_test(size=(130, 45)) as pilot:
+            await ready(pilot)
+            await send(pilot, "Say hi")
+            await wait_for(pilot, lambda: app.query(AssistantMessage) and app.query_one(AssistantMessage).text == "Hello")
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: not app.generating, timeout=5.0)
+            assert app.query_one(AssistantMessage).finish_reason == "cancelled"
+        content, finish, _ = saved_reply()
+        assert (content, finish) == ("Hello", "cancelled")
+
+
+async def test_server_down_at_start_is_a_notice() -> None:
+    fake = FakeServer()
+    url = fake.url
+    fake.httpd.server_close()  # nothing listens there now
+    app = server_app(url)
+    async with app.run_test(size=(130, 45)) as pilot:
+        await wait_for(pilot, lambda: not app.loading and app._notifications)
+        assert app.backend is None
+        assert any("connection refused" in n.message for n in app._notifications)
+
+
+def test_picker_lists_server_profiles() -> None:
+    server = profile_from_server("http://127.0.0.1:8080/v1", "smol")
+    base = make_profiles()
+    profiles = Profiles({**base.profiles, "remote": server}, default=base.default, files=())
+    assert profile_pair(server) == "smol @ http://127.0.0.1:8080 (server)"
+    option = profile_option(profiles.get("remote"), current=False, default=False)
+    text = str(option.prompt)
+    assert "smol @ http://127.0.0.1:8080" in text and "set by the server" in text
