@@ -14,15 +14,16 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from textual import work
-from textual.app import App, ComposeResult, SystemCommand
+from textual.app import App, ComposeResult
 from textual.binding import Binding
+from textual.css.query import NoMatches
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
 from app.chats import ChatMixin
-from app.commands import ProfileCommands
+from app.commands import ProfileCommands, unique_commands
 from app.conversation import profile_pair
 from app.formatting import plan_lines
 from app.history import History
@@ -31,6 +32,7 @@ from app.replies import SAVE_FLUSH_AT_EXIT_S, WRITE_EVERY_S, ReplyMixin
 from app.saver import HistoryLag, HistorySaver
 from app.screens.help import HelpScreen
 from app.screens.profiles import ProfilePicker
+from app.turns import TurnsMixin
 from app.widgets.chat_view import AssistantMessage, ChatLog
 from app.widgets.hud import Hud
 from app.widgets.prompt import PromptArea
@@ -65,7 +67,7 @@ def error_text(exc: BaseException) -> str:
     return str(exc) if isinstance(exc, SpecChatError) else f"{type(exc).__name__}: {exc}"
 
 
-class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
+class SpecChatApp(ReplyMixin, ChatMixin, TurnsMixin, App[None]):
     """The chat app. ``loader`` and ``profiles_loader`` are injectable for tests."""
 
     CSS_PATH = "specchat.tcss"
@@ -79,9 +81,21 @@ class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
         Binding("f4,ctrl+t", "toggle_sources", "Colours",
                 tooltip="colour each token: draft accepted vs target produced"),
         Binding("f5", "toggle_speculation", "Spec on/off", key_display="f5"),
+        # F6 and F7 are the prompt box's select-line/select-all too: priority makes them the app's.
+        Binding("f6", "toggle_hud", "HUD", priority=True, tooltip="the side panel, or one status line"),
+        Binding("f7", "copy", "Copy", priority=True, tooltip="the last reply, a message or a code block"),
         Binding("ctrl+n", "new_chat", "New chat"),
+        Binding("ctrl+q", "quit", "Quit", priority=True),
+        Binding("ctrl+r", "regenerate", "Regenerate", show=False,
+                tooltip="answer the last prompt again (the earlier reply stays)"),
+        Binding("ctrl+g", "edit_last_prompt", "Edit last prompt", show=False,
+                tooltip="change the last prompt and ask again (the earlier exchange stays)"),
         Binding("f8", "edit_system_prompt", "System prompt", show=False),
         Binding("f9", "export_chat", "Export", show=False, tooltip="the chat as Markdown with its statistics"),
+    ]
+    EXTRA_COMMANDS = [
+        ("Copy last reply", "the last reply to the clipboard", "copy_last_reply"),
+        ("Copy last code block", "the last code block of the replies to the clipboard", "copy_last_code"),
     ]
 
     generating: reactive[bool] = reactive(False, bindings=True)
@@ -161,6 +175,7 @@ class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
         prompt.set_history(self.db(self.history.recent_prompts) or [])
         prompt.focus()
         self.set_interval(HUD_REFRESH_S, self._flush_hud)
+        self.fit_hud()
         profile = self._initial_profile()
         if profile is not None:
             self._start_load(profile)
@@ -189,7 +204,10 @@ class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
         return None
 
     def _flush_hud(self) -> None:
-        self.hud.flush()
+        try:
+            self.hud.flush()
+        except NoMatches:  # the app is closing: its widgets are going away
+            pass
 
     def notice(self, message: str, *, severity: str = "information", title: str = "", timeout: float | None = None) -> None:
         """A toast whose text is shown literally (engine messages may contain brackets)."""
@@ -350,11 +368,7 @@ class SpecChatApp(ReplyMixin, ChatMixin, App[None]):
         return True
 
     def get_system_commands(self, screen: Screen[Any]) -> Any:
-        yield from super().get_system_commands(screen)
-        for binding in self.BINDINGS:
-            if isinstance(binding, Binding) and binding.action != "stop":
-                yield SystemCommand(binding.description, binding.tooltip or binding.description,
-                                    lambda a=binding.action: self.run_action(a))
+        yield from unique_commands(self, super().get_system_commands(screen))
 
     def action_help(self) -> None:
         self.push_screen(HelpScreen([("App", list(self.BINDINGS)), ("Prompt box", [*PromptArea.BINDINGS, *PromptArea.HELP_ONLY])]))

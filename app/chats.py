@@ -115,16 +115,19 @@ class ChatMixin:
         self.chat_id = chat.id
         self.chat_system_prompt = chat.system_prompt
         self.turns = []
-        widgets = []
-        for rec in records:
+        widgets: list[UserMessage | AssistantMessage] = []
+        for i, rec in enumerate(records):
             if rec.role == "user":
-                widgets.append(UserMessage(rec.content))
+                widgets.append(UserMessage(rec.content, message_id=rec.id))
             elif rec.role == "assistant":
                 widgets.append(AssistantMessage(
                     rec.profile, text=rec.content, pieces=rec.pieces,
                     finish_reason=rec.finish_reason or "cancelled", stats=rec.stats,
                     show_sources=self.show_sources,
                 ))
+                if i + 1 < len(records) and records[i + 1].role == "assistant":
+                    widgets[-1].set_superseded()  # regenerated: the next reply answers the same prompt
+                    continue
             if rec.role in ("user", "assistant") and rec.content:
                 self.turns.append(ChatMessage(rec.role, rec.content))  # type: ignore[arg-type]
         if widgets:
@@ -134,8 +137,12 @@ class ChatMixin:
         self.chat_log.follow()
         self.sub_title = f"{chat.title}"
         if chat.profile and self.profile is not None and chat.profile != self.profile.name:
-            self.notice(f"This chat was with {chat.profile}; it continues with {self.profile.name} "
-                        "(F2 switches).")
+            if self.profiles is not None and chat.profile in self.profiles.names():
+                self.notice(f"This chat continues with its own profile, {chat.profile}.")
+                self.switch_profile(chat.profile)
+            else:
+                self.notice(f"This chat was with {chat.profile}, which is not available; it continues with "
+                            f"{self.profile.name} (F2 switches).")
 
     def rename_chat(self: "SpecChatApp", chat_id: int, title: str) -> None:
         self.db(self.history.rename_chat, chat_id, title)

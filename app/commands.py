@@ -1,9 +1,16 @@
-"""Command palette entries: one "Switch to profile …" per profile."""
+"""Command palette entries: the app's keys, extra commands, and one "Switch to profile …" per profile.
+
+Every title appears once: an app binding whose title Textual already offers
+(Quit) is left out, and the loaded profile is not offered as a switch.
+"""
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from functools import partial
 from typing import TYPE_CHECKING, cast
 
+from textual.app import SystemCommand
+from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from app.conversation import profile_pair
@@ -20,7 +27,10 @@ class ProfileCommands(Provider):
         if app.profiles is None:
             return []
         out = []
+        current = app.profile.name if app.profile is not None and app.backend is not None else None
         for name in app.profiles.names():
+            if name == current:
+                continue
             profile = app.profiles.get(name)
             out.append((name, f"Switch to profile {name}", profile_pair(profile)))
         return out
@@ -37,3 +47,18 @@ class ProfileCommands(Provider):
             score = max(matcher.match(title), matcher.match(help_text))
             if score > 0:
                 yield Hit(score, matcher.highlight(title), partial(app.switch_profile, name), help=help_text)
+
+
+def unique_commands(app: "SpecChatApp", textual_commands: Iterable[SystemCommand]) -> Iterator[SystemCommand]:
+    """Textual's own system commands, then the app's bindings and extra commands, each title once."""
+    seen: set[str] = set()
+    for command in textual_commands:
+        seen.add(command.title)
+        yield command
+    entries = [(b.description, b.tooltip or b.description, b.action) for b in app.BINDINGS
+               if isinstance(b, Binding) and b.action != "stop"]
+    for title, help_text, action in [*entries, *app.EXTRA_COMMANDS]:
+        if title in seen:
+            continue
+        seen.add(title)
+        yield SystemCommand(title, help_text, lambda a=action: app.run_action(a))

@@ -14,6 +14,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from textual import work
+from textual.widget import Widget
 
 from app.conversation import build_messages, chat_title, generation_params
 from app.history import Pieces, extend_pieces
@@ -95,19 +96,30 @@ class ReplyMixin:
         self.queued = []
         return texts
 
-    def send_prompt(self: "SpecChatApp", text: str, shown: UserMessage | None = None) -> None:
-        """Show and save the prompt (``shown``: already on screen), then start the reply worker."""
+    def send_prompt(self: "SpecChatApp", text: str, shown: Widget | None = None,
+                    answers: UserMessage | None = None) -> None:
+        """Show and save the prompt, then start the reply worker.
+
+        ``shown``: the reply goes right after this widget (a queued prompt, or the
+        reply being regenerated); ``answers``: the prompt on screen (and saved)
+        that this reply answers again, so it is not saved twice.
+        """
         assert self.backend is not None and self.profile is not None
         profile_name = self.profile.name
         chat = self.ensure_chat(chat_title(text))
         self.turns.append(ChatMessage("user", text))
-        record = self.saver.start_reply(chat, text, profile_name) if self.saver is not None else None
+        user_id = answers.saved_id() if answers is not None else None
+        record = self.saver.start_reply(chat, text, profile_name, user_id) if self.saver is not None else None
         self.hide_welcome()
         reply = AssistantMessage(profile_name, show_sources=self.show_sources)
         if shown is None:
-            self.chat_log.mount(UserMessage(text))
+            user = UserMessage(text)
+            user.record = record
+            self.chat_log.mount(user)
             self.chat_log.mount(reply)
         else:
+            if isinstance(shown, UserMessage) and answers is None:
+                shown.record = record
             self.chat_log.mount(reply, after=shown)
         self.chat_log.follow()
         self._reply_widget = reply

@@ -81,9 +81,14 @@ class HistorySaver:
 
     # -- called by the app's threads ----------------------------------------------
 
-    def start_reply(self, chat: ChatRef, prompt: str, profile: str | None) -> ReplyRecord:
-        """Queue a prompt and its (empty, streaming) reply for saving."""
-        record = ReplyRecord(chat, prompt, profile)
+    def start_reply(self, chat: ChatRef, prompt: str, profile: str | None,
+                    user_id: int | None = None) -> ReplyRecord:
+        """Queue a prompt and its (empty, streaming) reply for saving.
+
+        ``user_id``: the prompt is already saved as that row (a regenerated reply
+        answers it again; the earlier reply stays in the history).
+        """
+        record = ReplyRecord(chat, prompt, profile, user_id=user_id)
         with self._cond:
             self._queue.append(record)
             self._start_thread()

@@ -46,10 +46,25 @@ def pieces_content(pieces: Iterable[tuple[str, str]]) -> Content:
 class UserMessage(Static):
     """A prompt the user sent (shown verbatim)."""
 
-    def __init__(self, text: str) -> None:
+    def __init__(self, text: str, message_id: int | None = None) -> None:
         super().__init__(Content(text), classes="message user")
         self.text = text
         self.border_title = "you"
+        self.message_id = message_id
+        """Its row in the history, when loaded from there."""
+        self.record: Any = None
+        """The saver's record (``app.saver.ReplyRecord``) when sent in this session."""
+
+    def saved_id(self) -> int | None:
+        """Its row id in the history, if it is saved (yet)."""
+        if self.message_id is None and self.record is not None:
+            return self.record.user_id
+        return self.message_id
+
+    def set_superseded(self) -> None:
+        """Asked again (edited): shown dimmed, no longer sent to the model."""
+        self.add_class("-superseded")
+        self.border_title = "you · earlier"
 
     def set_waiting(self, why: str | None) -> None:
         """Mark the prompt as queued (``why`` shown under it) or as sent (None)."""
@@ -143,6 +158,11 @@ class AssistantMessage(Vertical):
         await self.query_one(".body", Markdown).update(self.text)
         self.query_one(".sources", Static).update(pieces_content(self.pieces))
         self._update_state()
+
+    def set_superseded(self) -> None:
+        """Answered again: this earlier reply stays, dimmed, and is no longer sent to the model."""
+        self.add_class("-superseded")
+        self.border_title = f"{self.profile or 'assistant'} · earlier reply"
 
     def set_show_sources(self, show: bool) -> None:
         """Switch between Markdown and the token-source colour view."""

@@ -31,6 +31,7 @@ from app.formatting import (
 )
 from app.widgets import hud_server
 from app.widgets.chat_view import legend
+from app.widgets.hud_line import status_line
 from engine.api import EngineInfo
 from engine.events import Stats
 
@@ -104,6 +105,7 @@ class Hud(VerticalScroll):
         self._dirty = True
 
     def compose(self) -> ComposeResult:
+        yield Static(id="hud-line")  # the one-line HUD (shown instead of the rest below HUD_MIN_WIDTH)
         yield Static(id="hud-engine")
         yield Static(legend(), id="hud-legend")
         yield Static(id="hud-loading")
@@ -151,6 +153,7 @@ class Hud(VerticalScroll):
     def start_reply(self) -> None:
         """A new reply begins: per-reply counters restart."""
         self._last_counts = (0, 0)
+        self.round_alpha.clear()  # the sparkline shows this reply's rounds (none in a plain reply)
         self.live = True
         self._dirty = True
 
@@ -175,6 +178,7 @@ class Hud(VerticalScroll):
         if not (self._dirty or force):
             return
         self._dirty = False
+        self.query_one("#hud-line", Static).update(status_line(self))
         self.query_one("#hud-engine", Static).update(self._engine_content())
         loading = self.loading_stage is not None
         self.set_class(loading, "-loading")

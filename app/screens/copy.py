@@ -1,0 +1,87 @@
+"""Copy picker: the last reply, any message, or a code block, to the clipboard.
+
+The app copies with ``App.copy_to_clipboard`` (OSC 52: works over SSH and in
+tmux with ``set-clipboard on``, in most terminals).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from markdown_it import MarkdownIt
+from textual.app import ComposeResult
+from textual.binding import Binding
+from textual.containers import Vertical
+from textual.content import Content
+from textual.screen import ModalScreen
+from textual.widgets import Label, OptionList
+from textual.widgets.option_list import Option
+
+
+@dataclass(frozen=True)
+class CopyChoice:
+    """One thing that can be copied: ``label`` describes it, ``text`` is what goes to the clipboard."""
+
+    label: str
+    text: str
+
+
+def code_blocks(markdown: str) -> list[tuple[str, str]]:
+    """``(language, code)`` of every fenced or indented code block in ``markdown``, in order."""
+    tokens = MarkdownIt("commonmark").parse(markdown)
+    return [(t.info.strip().split(" ")[0] if t.info else "", t.content)
+            for t in tokens if t.type in ("fence", "code_block")]
+
+
+def preview(text: str, width: int = 60) -> str:
+    """The first non-empty line, shortened to ``width`` characters."""
+    line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")
+    return line if len(line) <= width else line[: width - 1] + "…"
+
+
+def copy_choices(messages: list[tuple[str, str]]) -> list[CopyChoice]:
+    """What the picker offers for ``(role, text)`` messages (oldest first): the last
+    reply, then the code blocks of every reply, then every message, newest first."""
+    choices: list[CopyChoice] = []
+    replies = [text for role, text in messages if role == "assistant" and text]
+    if replies:
+        choices.append(CopyChoice(f"Last reply · {preview(replies[-1])}", replies[-1]))
+    for n, reply in enumerate(reversed(replies)):
+        for lang, code in code_blocks(reply):
+            lines = code.count("\n") + (0 if code.endswith("\n") else 1)
+            where = "last reply" if n == 0 else f"reply −{n}"
+            choices.append(CopyChoice(f"Code · {lang or 'text'} · {lines} line{'s' if lines != 1 else ''}"
+                                      f" · {where} · {preview(code, 40)}", code))
+    for role, text in reversed(messages):
+        if text:
+            who = "You" if role == "user" else "Reply"
+            choices.append(CopyChoice(f"{who} · {preview(text)}", text))
+    return choices
+
+
+class CopyScreen(ModalScreen["CopyChoice | None"]):
+    """Pick what to copy; dismisses with the choice, or None."""
+
+    BINDINGS = [Binding("escape", "cancel", "Cancel")]
+
+    def __init__(self, choices: list[CopyChoice]) -> None:
+        super().__init__(classes="dialog-screen")
+        self._choices = choices
+
+    def compose(self) -> ComposeResult:
+        with Vertical(classes="dialog picker-dialog"):
+            yield Label("Copy to the clipboard", classes="dialog-title")
+            yield Label("Enter copies · Esc cancels", classes="dialog-hint")
+            yield OptionList(*[Option(Content(c.label), id=str(i)) for i, c in enumerate(self._choices)],
+                             id="copy-list")
+
+    def on_mount(self) -> None:
+        option_list = self.query_one(OptionList)
+        option_list.highlighted = 0
+        option_list.focus()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        self.dismiss(self._choices[int(event.option.id or 0)])
+
+    def action_cancel(self) -> None:
+        self.dismiss(None)

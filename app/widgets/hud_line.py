@@ -1,0 +1,48 @@
+"""The HUD folded to one status line, for terminals too narrow for the side panel.
+
+Below :data:`HUD_MIN_WIDTH` columns the HUD docks under the chat as one line
+(the chat keeps the whole width); a key toggles the full panel at any width.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from textual.content import Content
+
+from app.formatting import DASH, fmt_float, fmt_percent, fmt_rate, fmt_speedup, mode_label
+
+if TYPE_CHECKING:
+    from app.widgets.hud import Hud
+
+HUD_MIN_WIDTH = 110
+"""Narrower terminals get the one-line HUD (the side panel takes 40 columns)."""
+
+SEP = ("  ·  ", "$text-muted")
+
+
+def status_line(hud: "Hud", toggle_key: str = "F6") -> Content:
+    """Profile, mode and the live figures on one line; loading and errors take its place."""
+    name = hud.profile_name or DASH
+    hint = (f"  {toggle_key} HUD", "$text-muted")
+    if hud.error:
+        return Content.assemble((name, "bold"), SEP, (f"✗ {hud.error}", "$text-error"), hint)
+    if hud.loading_stage is not None:
+        pct = f" {hud.loading_fraction * 100:.0f}%" if hud.loading_fraction is not None else ""
+        return Content.assemble((name, "bold"), SEP, (f"loading: {hud.loading_stage}{pct}", "$text-warning"), hint)
+    if hud.info is None:
+        return Content.assemble((name, "bold"), SEP, ("not loaded", "$text-warning"), hint)
+    s = hud.stats if hud.live or hud.stats is not None else None
+    mode = (s.mode if (hud.live and s) else hud.info.mode) or ""
+    parts: list[tuple[str, str] | str] = [(name, "bold"), SEP,
+                                          (mode_label(mode), "$text-success" if mode in ("spec", "ngram") else "$text-warning")]
+    if s is not None:
+        if s.proposed:
+            parts += [SEP, f"accepted {fmt_percent(s.alpha)}", SEP, f"τ {fmt_float(s.tau)}"]
+        parts += [SEP, f"{fmt_rate(s.tokens_per_s)} tok/s"]
+        if s.speedup is not None:
+            parts += [SEP, (fmt_speedup(s.speedup), "bold")]
+        elif s.tokens and mode != "plain":
+            parts += [SEP, "measuring…"]
+    parts.append(("  live" if hud.live else "", "$text-success"))
+    parts.append(hint)
+    return Content.assemble(*parts)

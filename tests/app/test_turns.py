@@ -1,0 +1,175 @@
+"""Copy, regenerate, edit the last prompt, the HUD's fold, the palette, the footer."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from textual.widgets import Footer
+
+from app.app import SpecChatApp
+from app.commands import ProfileCommands
+from app.screens.copy import CopyScreen, code_blocks, copy_choices
+from app.screens.edit import EditScreen
+from app.screens.help import help_markdown
+from app.widgets.chat_view import AssistantMessage, UserMessage
+from app.widgets.hud import Hud
+from tests.app.fakes import FakeLoader
+from tests.app.helpers import ready, send, wait_for
+
+pytestmark = pytest.mark.anyio
+
+
+async def asked(pilot, text: str) -> SpecChatApp:  # type: ignore[no-untyped-def]
+    app = pilot.app
+    await send(pilot, text)
+    await wait_for(pilot, lambda: not app.generating and app.query(AssistantMessage).last().finish_reason)
+    return app
+
+
+def test_code_blocks_and_copy_choices() -> None:
+    reply = "Here:\n\n```python\nprint('hi')\n```\n\nand\n\n```\nls -l\n```\n"
+    assert code_blocks(reply) == [("python", "print('hi')\n"), ("", "ls -l\n")]
+    choices = copy_choices([("user", "show code"), ("assistant", reply)])
+    assert choices[0].text == reply and choices[0].label.startswith("Last reply")
+    assert [c.text for c in choices[1:3]] == ["print('hi')\n", "ls -l\n"]
+    assert "python · 1 line" in choices[1].label
+    assert [c.text for c in choices[3:]] == [reply, "show code"]
+    assert copy_choices([]) == []
+
+
+async def test_copy_last_reply_message_and_code_block(make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await asked(pilot, "Show me some code")
+        reply = app.query_one(AssistantMessage).text
+        await pilot.press("f7")
+        await wait_for(pilot, lambda: isinstance(app.screen, CopyScreen))
+        await pilot.press("enter")  # the first choice: the last reply
+        await wait_for(pilot, lambda: not isinstance(app.screen, CopyScreen))
+        assert app.clipboard == reply
+        await pilot.press("f7")
+        await wait_for(pilot, lambda: isinstance(app.screen, CopyScreen))
+        await pilot.press("down", "enter")  # the code block
+        await wait_for(pilot, lambda: not isinstance(app.screen, CopyScreen))
+        assert app.clipboard == "print('hi')\n"
+        await pilot.press("f7")
+        await wait_for(pilot, lambda: isinstance(app.screen, CopyScreen))
+        await pilot.press("end", "enter")  # the oldest message: the prompt
+        await wait_for(pilot, lambda: not isinstance(app.screen, CopyScreen))
+        assert app.clipboard == "Show me some code"
+        await app.run_action("copy_last_code")
+        assert app.clipboard == "print('hi')\n"
+
+
+async def test_regenerate_keeps_the_earlier_reply_and_sends_only_the_new_one(
+    make_app: Callable[..., SpecChatApp], loader: FakeLoader, specchat_dirs
+) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await asked(pilot, "first")
+        await asked(pilot, "second")
+        await pilot.press("ctrl+r")
+        await wait_for(pilot, lambda: len(loader.backends[0].calls) == 3 and not app.generating)
+        replies = list(app.query(AssistantMessage))
+        assert len(replies) == 3 and replies[1].has_class("-superseded") and not replies[2].has_class("-superseded")
+        assert len(app.query(UserMessage)) == 2
+        sent = [(m.role, m.content) for m in loader.backends[0].calls[2]][1:]
+        assert sent == [("user", "first"), ("assistant", replies[0].text), ("user", "second")]
+        chat_id = app.chat_id
+        assert app.saver is not None and app.saver.flush(5)
+    # Reopened: the prompt is saved once, the earlier reply dimmed and left out of the context.
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await app.open_chat(chat_id)
+        await pilot.pause()
+        assert [m.text for m in app.query(UserMessage)] == ["first", "second"]
+        assert [r.has_class("-superseded") for r in app.query(AssistantMessage)] == [False, True, False]
+        assert [t.role for t in app.turns] == ["user", "assistant", "user", "assistant"]
+
+
+async def test_edit_last_prompt_asks_again(make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await asked(pilot, "Now shorten th")
+        await pilot.press("ctrl+g")
+        await wait_for(pilot, lambda: isinstance(app.screen, EditScreen))
+        app.screen.query_one("#edit-value").load_text("Now shorten this text")
+        await pilot.press("ctrl+s")
+        await wait_for(pilot, lambda: len(loader.backends[0].calls) == 2 and not app.generating)
+        users = list(app.query(UserMessage))
+        assert [u.text for u in users] == ["Now shorten th", "Now shorten this text"]
+        assert users[0].has_class("-superseded")
+        assert [(m.role, m.content) for m in loader.backends[0].calls[1]][1:] == [("user", "Now shorten this text")]
+
+
+async def test_hud_folds_to_one_line_on_narrow_terminals_and_toggles(make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        hud = app.query_one(Hud)
+        await pilot.pause()
+        assert hud.has_class("-line") and hud.region.height == 1
+        assert app.chat_log.region.width >= 70
+        await asked(pilot, "hi")
+        hud.flush()
+        line = str(hud.query_one("#hud-line").render())
+        assert "fast" in line and "tok/s" in line and "F6 HUD" in line
+        await pilot.press("f6")
+        await pilot.pause()
+        assert not hud.has_class("-line") and hud.region.width == 40
+        await pilot.press("f6")
+        await pilot.pause()
+        assert hud.has_class("-line")
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        hud = app.query_one(Hud)
+        assert hud.has_class("-line")
+        await pilot.resize_terminal(140, 30)
+        await wait_for(pilot, lambda: not hud.has_class("-line"))
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await ready(pilot)
+        assert not app.query_one(Hud).has_class("-line")
+
+
+async def test_quit_is_in_the_footer_and_help(make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        footer_keys = {b.binding.action for b in app.screen.active_bindings.values() if b.binding.show}
+        assert {"quit", "copy", "toggle_hud"} <= footer_keys
+        assert app.query_one(Footer)
+        text = help_markdown([("App", app.BINDINGS)])
+        for needle in ("`ctrl+q` | Quit", "`f7` | Copy", "`ctrl+r` | Regenerate", "`f6` | HUD"):
+            assert needle in text
+
+
+async def test_palette_titles_are_unique_and_current_profile_is_not_offered(
+    make_app: Callable[..., SpecChatApp]
+) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        titles = [c.title for c in app.get_system_commands(app.screen)]
+        assert len(titles) == len(set(titles))
+        assert {"Copy last reply", "Regenerate", "Quit"} <= set(titles)
+        choices = ProfileCommands(app.screen)._choices()
+        assert [name for name, _, _ in choices] == ["lookup"]  # "fast" is loaded
+
+
+async def test_sparkline_is_cleared_for_a_plain_reply(make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await asked(pilot, "one")
+        hud = app.query_one(Hud)
+        assert len(hud.round_alpha) == 5
+        hud.start_reply()  # the next reply (a plain one proposes nothing): no stale α columns
+        hud.flush()
+        assert len(hud.round_alpha) == 0
+        assert "no rounds yet" in str(hud.query_one("#hud-spark").render())
