@@ -22,6 +22,7 @@ from engine.events import ChatMessage
 
 if TYPE_CHECKING:
     from app.bench import BenchPrompt
+    from app.bench_exact import Judge
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -210,6 +211,7 @@ def format_mismatches(found: Sequence[dict[str, Any]]) -> str:
         lines.append(
             f"!!!   {m['method']}{k} on {m['prompt']} (repeat {m['repeat']}): first difference at token "
             f"{m['first_difference']}: plain {m['expected']} vs {m['got']}"
+            + (f" (target's top-2 margin there {m['margin']:.3f} logits: not a near tie)" if "margin" in m else "")
         )
     return "\n".join(lines)
 
@@ -266,19 +268,24 @@ def bench_models(profile: Any, engine: Any, args: argparse.Namespace) -> Any:
     )
 
 
-def build_report(args: argparse.Namespace, profile: Any, engine: Any, models: Any, runs: Sequence[Any], notes: Sequence[str]) -> dict[str, Any]:
-    """The JSON document: machine, settings, results, mismatches and every run."""
+def build_report(args: argparse.Namespace, profile: Any, engine: Any, models: Any, runs: Sequence[Any],
+                 notes: Sequence[str], judge: "Judge | None" = None) -> dict[str, Any]:
+    """The JSON document: machine, settings, results, mismatches and every run.
+
+    ``judge`` (CUDA) sorts differing outputs into mismatches and near-tie flips."""
+    from app.bench_exact import counted, exactness, flips
     from app.bench_probes import PeakMemory, machine_info
     from app.bench_stats import mismatches, reference_outputs, run_record, summarise
 
     info = engine.info
+    found = mismatches(runs, reference_outputs(runs), judge)
     return {
         "machine": machine_info(models.device),
         "profile": {"name": profile.name, "target": info.target, "drafter": info.drafter, "mode": info.mode,
                     "quantization": info.quantization, "target_bytes": info.target_bytes, "draft_bytes": info.draft_bytes},
         "settings": {
             "argv": sys.argv[1:], "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "warmup": 1,
-            "greedy": True, "k_range": parse_k_range(args.k_range), "k_min": models.k_min, "k_max": models.k_max,
+            "greedy": True, "identical": exactness(judge is not None), "k_range": parse_k_range(args.k_range), "k_min": models.k_min, "k_max": models.k_max,
             "lookup_tokens": models.lookup_k, "stop_token_ids": list(models.stop_ids),
             "peak_memory": PeakMemory(models.device).kind,
             "tokens_per_s": "decode: tokens after the first emission over the time after it (the first emission "
@@ -295,8 +302,9 @@ def build_report(args: argparse.Namespace, profile: Any, engine: Any, models: An
             "hf_assisted_constant": "num_assistant_tokens=K, num_assistant_tokens_schedule='constant', assistant_confidence_threshold=0",
         },
         "notes": list(notes),
-        "results": summarise(runs),
-        "mismatches": mismatches(runs, reference_outputs(runs)),
+        "results": summarise(runs, judge),
+        "mismatches": counted(found),
+        "near_tie_flips": flips(found),
         "runs": [run_record(r) for r in runs],
     }
 
@@ -319,6 +327,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from transformers.utils import logging as hf_logging
 
     from app.bench import run_bench
+    from app.bench_exact import near_tie_judge
     from app.bench_methods import plan_methods
     from app.cli import stderr_progress
 
@@ -342,7 +351,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
             print(f"specchat bench: {note}", file=sys.stderr)
         prompts = render(specs, engine.prompt_ids)
         runs = run_bench(models, prompts, methods, args.repeats, ProgressBar())
-        report = build_report(args, profile, engine, models, runs, notes)
+        judge = near_tie_judge(models.target, models.device, {p.name: p.ids for p in prompts})
+        report = build_report(args, profile, engine, models, runs, notes, judge)
     finally:
         engine.close()
     return _output(report, args)
@@ -350,6 +360,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _output(report: dict[str, Any], args: argparse.Namespace) -> int:
     """Files first (a closed stdout must not lose them), then the table, then any mismatch, loudly."""
+    from app.bench_exact import format_flips
+
     results = report["results"]
     if args.json_out:
         args.json_out.write_text(json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
@@ -361,6 +373,8 @@ def _output(report: dict[str, Any], args: argparse.Namespace) -> int:
     print(format_table(results))
     print()
     print(format_class_speedups(results))
+    if report.get("near_tie_flips"):
+        print(format_flips(report["near_tie_flips"]), file=sys.stderr)
     if report["mismatches"]:
         print(format_mismatches(report["mismatches"]), file=sys.stderr)
         return 1

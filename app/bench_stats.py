@@ -14,6 +14,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from app.bench import Run
+from app.bench_exact import Judge, counted, flips
 
 ALL_CLASSES = "all"
 
@@ -62,8 +63,11 @@ def reference_outputs(runs: Sequence[Run]) -> dict[str, tuple[int, ...]]:
     return refs
 
 
-def mismatches(runs: Sequence[Run], refs: dict[str, tuple[int, ...]]) -> list[dict[str, Any]]:
-    """Every run whose output differs from plain's on the same prompt, with the first differing position."""
+def mismatches(runs: Sequence[Run], refs: dict[str, tuple[int, ...]], judge: Judge | None = None) -> list[dict[str, Any]]:
+    """Every run whose output differs from plain's on the same prompt, with the first differing position.
+
+    With a ``judge`` (CUDA: :func:`app.bench_exact.near_tie_judge`) each carries its
+    verdict: ``near_tie`` differences are floating-point flips, not mismatches."""
     found = []
     for run in runs:
         expected = refs.get(run.prompt)
@@ -74,6 +78,7 @@ def mismatches(runs: Sequence[Run], refs: dict[str, tuple[int, ...]]) -> list[di
                 "repeat": run.repeat, "first_difference": at,
                 "expected": list(expected[at : at + 5]), "got": list(run.tokens[at : at + 5]),
                 "expected_tokens": len(expected), "got_tokens": len(run.tokens),
+                **(judge(run.prompt, expected, run.tokens, at) if judge is not None else {}),
             })
     return found
 
@@ -231,8 +236,9 @@ def summarise_group(group: _Group, plain: _Group | None, bad: Sequence[dict[str,
         "alpha_per_position": _per_position(group.runs),
         **_time_split(group.runs),
         "peak_memory_bytes": max(peaks) if peaks else None,
-        "identical": not bad,
-        "mismatches": list(bad),
+        "identical": not counted(bad),
+        "mismatches": counted(bad),
+        "near_tie_flips": len(flips(bad)),
         "prediction": prediction(group, plain, speedup, acceptance["tau"]),
     }
 
@@ -256,10 +262,10 @@ def _groups(runs: Sequence[Run]) -> list[_Group]:
     return groups
 
 
-def summarise(runs: Sequence[Run]) -> list[dict[str, Any]]:
+def summarise(runs: Sequence[Run], judge: Judge | None = None) -> list[dict[str, Any]]:
     """One result per method (and K) and prompt class, plus class ``all``; plain first."""
     refs = reference_outputs(runs)
-    bad = mismatches(runs, refs)
+    bad = mismatches(runs, refs, judge)
     groups = _groups(runs)
     plain = {g.prompt_class: g for g in groups if g.method == "plain"}
     results = []

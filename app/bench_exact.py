@@ -1,0 +1,109 @@
+"""What "identical to plain decoding" means on each device, for ``specchat bench``.
+
+On the CPU in float32 a greedy reply must equal plain decoding token for
+token: any difference is a mismatch.
+
+On CUDA a verify pass over K+1 tokens runs other kernels than a one-token step
+(bitsandbytes' ``gemm_4bit`` picks its kernel by row count; SDPA takes a masked
+path over a non-empty cache), so the same logits can come out a few rounding
+steps apart, and where the target's two best tokens are nearly tied the argmax
+can flip. That is floating point, not the algorithm (vLLM says the same of its
+own speculative decoding). So on CUDA a difference counts as a mismatch only
+when, at the first differing token, the target's top-2 logit margin exceeds
+:data:`NEAR_TIE_LOGITS` or either token is not among the near-top ones; the
+others are reported as near-tie flips and do not fail the bench.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from functools import lru_cache
+from typing import Any
+
+import torch
+
+NEAR_TIE_LOGITS = 0.5
+"""The tolerance, in logits: four bf16 rounding steps at a logit of 16-32 (the
+bf16 spacing there is 0.125), which is the size of the differences two kernel
+orders leave in half-precision logits. A wrong acceptance rule shows up at
+ordinary positions, where the margin is several logits."""
+
+Judge = Callable[[str, Sequence[int], Sequence[int], int], dict[str, Any]]
+"""(prompt name, plain's tokens, the run's tokens, first differing index) -> the verdict."""
+
+
+def judge_difference(
+    logits: torch.Tensor, expected: int | None, got: int | None, *, cuda: bool,
+    tolerance: float = NEAR_TIE_LOGITS,
+) -> dict[str, Any]:
+    """Whether a differing token is a near-tie flip.
+
+    Args:
+        logits: ``[V]`` the target's logits at the first differing position
+            (after the prompt and the tokens both replies share).
+        expected: plain decoding's token there; got: the run's (None: that
+            reply had already ended).
+        cuda: the device the replies ran on; on the CPU nothing is a near tie.
+
+    Returns:
+        ``near_tie`` (True: not counted as a mismatch), ``margin`` (top-1 minus
+        top-2 logit) and ``gap`` (top-1 minus the lower of the two tokens' logits).
+    """
+    top = torch.topk(logits.float(), 2).values
+    margin = float(top[0] - top[1])
+    if expected is None or got is None:
+        return {"near_tie": False, "margin": margin, "gap": None}
+    gap = float(top[0] - torch.minimum(logits[expected], logits[got]).float())
+    near = cuda and margin <= tolerance and gap <= tolerance
+    return {"near_tie": bool(near), "margin": margin, "gap": gap}
+
+
+def near_tie_judge(target: Any, device: Any, prompts: Mapping[str, Sequence[int]]) -> Judge | None:
+    """A :data:`Judge` that reads the target's logits at the differing position with
+    one pass of its own; None on the CPU (exact: every difference counts)."""
+    if not device.is_cuda:
+        return None
+    from engine.runner import ModelRunner
+
+    @lru_cache(maxsize=256)
+    def logits_after(prompt: str, shared: tuple[int, ...]) -> torch.Tensor:
+        runner = ModelRunner(target, device)
+        try:
+            return runner.forward([*prompts[prompt], *shared], logits_to_keep=1)[-1].cpu()
+        finally:
+            runner.release()
+
+    def judge(prompt: str, expected: Sequence[int], got: Sequence[int], at: int) -> dict[str, Any]:
+        logits = logits_after(prompt, tuple(expected[:at]))
+        pick = lambda seq: int(seq[at]) if at < len(seq) else None  # noqa: E731
+        return judge_difference(logits, pick(expected), pick(got), cuda=True)
+
+    return judge
+
+
+def counted(found: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The differences that count as mismatches (near-tie flips left out)."""
+    return [m for m in found if not m.get("near_tie")]
+
+
+def flips(found: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The near-tie flips (CUDA only)."""
+    return [m for m in found if m.get("near_tie")]
+
+
+def exactness(cuda: bool, tolerance: float = NEAR_TIE_LOGITS) -> str:
+    """The JSON's statement of what ``identical`` was checked against on this device."""
+    if not cuda:
+        return "token for token equal to plain decoding (CPU: every difference is a mismatch)"
+    return (f"equal to plain decoding up to floating-point near-ties: a difference counts only when the "
+            f"target's top-2 logit margin at the first differing token exceeds {tolerance} (near_tie_flips lists the rest)")
+
+
+def format_flips(found: Sequence[dict[str, Any]]) -> str:
+    """The note on near-tie flips (they do not fail the bench)."""
+    lines = [f"note: {len(found)} greedy output(s) differ from plain decoding at a near tie "
+             f"(top-2 margin <= {NEAR_TIE_LOGITS} logits; floating point, not counted):"]
+    for m in found:
+        k = f" K={m['k']}" if m.get("k") is not None else ""
+        lines.append(f"  {m['method']}{k} on {m['prompt']} (repeat {m['repeat']}): token {m['first_difference']}, "
+                     f"margin {m['margin']:.3f}")
+    return "\n".join(lines)
