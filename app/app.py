@@ -32,6 +32,7 @@ from app.replies import SAVE_FLUSH_AT_EXIT_S, WRITE_EVERY_S, ReplyMixin
 from app.saver import HistoryLag, HistorySaver
 from app.screens.help import HelpScreen
 from app.screens.profiles import ProfilePicker
+from app.state import last_profile, remember_profile
 from app.turns import TurnsMixin
 from app.widgets.chat_view import AssistantMessage, ChatLog
 from app.widgets.hud import Hud
@@ -183,7 +184,8 @@ class SpecChatApp(ReplyMixin, ChatMixin, TurnsMixin, App[None]):
             self.hud.set_error("no profile loaded — F2 to pick one")
 
     def _initial_profile(self) -> "ModelProfile | None":
-        """The profile to load first: --server, --target/--draft, the named one, or the default."""
+        """The profile to load first: --server, --target/--draft, the named one, the one
+        used last (remembered in the user state dir), or the default."""
         try:
             self.profiles = self._profiles_loader()
         except SpecChatError as exc:
@@ -198,7 +200,10 @@ class SpecChatApp(ReplyMixin, ChatMixin, TurnsMixin, App[None]):
 
                 return profile_from_sources(self._target, self._draft)
             if self.profiles is not None:
-                return self.profiles.get(self._profile_name)
+                name = self._profile_name
+                if name is None and last_profile() in self.profiles.names():
+                    name = last_profile()
+                return self.profiles.get(name)
         except SpecChatError as exc:
             self.notice(str(exc), severity="error", title="Profile")
         return None
@@ -333,6 +338,8 @@ class SpecChatApp(ReplyMixin, ChatMixin, TurnsMixin, App[None]):
         self.hud.set_engine(info, message.profile)
         self.hud.flush()
         self.chat_profile_changed(message.profile.name)
+        if self.profiles is not None and message.profile.name in self.profiles.names():
+            remember_profile(message.profile.name)  # not a --target/--server pair made on the fly
         summary = plan_lines(info.plan)
         self.notice(f"{message.profile.name} ready" + (f": {summary[0]}" if summary else "."), title="Loaded")
         if info.fallback_reason:

@@ -10,6 +10,7 @@ function               override                holds
 :func:`config_dir`     ``SPECCHAT_CONFIG_DIR``  ``models.toml`` with the user's profiles
 :func:`data_dir`       ``SPECCHAT_DATA_DIR``    history and other state worth keeping
 :func:`cache_dir`      ``SPECCHAT_CACHE_DIR``   downloaded wheels, extracted and converted models
+:func:`state_dir`      ``SPECCHAT_STATE_DIR``   small state between runs (the last profile used)
 =====================  ======================  ======================================
 """
 from __future__ import annotations
@@ -44,3 +45,8 @@ def data_dir(create: bool = False) -> Path:
 def cache_dir(create: bool = False) -> Path:
     """The cache directory for downloads and converted models (``SPECCHAT_CACHE_DIR`` overrides it)."""
     return _dir("SPECCHAT_CACHE_DIR", platformdirs.user_cache_dir(APP_NAME, appauthor=False), create)
+
+
+def state_dir(create: bool = False) -> Path:
+    """The user's state directory (``SPECCHAT_STATE_DIR`` overrides it)."""
+    return _dir("SPECCHAT_STATE_DIR", platformdirs.user_state_dir(APP_NAME, appauthor=False), create)

@@ -17,6 +17,7 @@ def specchat_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("SPECCHAT_DATA_DIR", str(data))
     monkeypatch.setenv("SPECCHAT_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("SPECCHAT_STATE_DIR", str(tmp_path / "state"))
     return data
 
 

@@ -52,7 +52,7 @@ def tmux(tmp_path: Path) -> Iterator[Tmux]:
     socket = tmp_path / "tmux.sock"
     session = f"specchat-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "TERM": "xterm-256color", "SPECCHAT_DATA_DIR": str(tmp_path / "data"),
-           "PYTHONPATH": str(ROOT)}
+           "SPECCHAT_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT)}
     subprocess.run(["tmux", "-S", str(socket), "-f", "/dev/null", "new-session", "-d", "-s", session,
                     "-x", "120", "-y", "36", f"{sys.executable} -m tests.app.tty_app; sleep 30"],
                    check=True, cwd=ROOT, env=env)
@@ -126,7 +126,8 @@ def real_app(tmp_path: Path, pocket_dir: Path) -> Iterator[Tmux]:
     socket = tmp_path / "tmux.sock"
     session = f"specchat-real-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "TERM": "xterm-256color", "SPECCHAT_DATA_DIR": str(tmp_path / "data"),
-           "SPECCHAT_CONFIG_DIR": str(tmp_path / "config"), "SPECCHAT_CACHE_DIR": str(tmp_path / "cache")}
+           "SPECCHAT_CONFIG_DIR": str(tmp_path / "config"), "SPECCHAT_CACHE_DIR": str(tmp_path / "cache"),
+           "SPECCHAT_STATE_DIR": str(tmp_path / "state")}
     command = f"{sys.executable} -m app.cli --target {pocket_dir}; sleep 30"
     subprocess.run(["tmux", "-S", str(socket), "-f", "/dev/null", "new-session", "-d", "-s", session,
                     "-x", "140", "-y", "45", command], check=True, cwd=ROOT, env=env)

@@ -173,3 +173,45 @@ async def test_sparkline_is_cleared_for_a_plain_reply(make_app: Callable[..., Sp
         hud.flush()
         assert len(hud.round_alpha) == 0
         assert "no rounds yet" in str(hud.query_one("#hud-spark").render())
+
+
+async def test_last_profile_is_remembered(make_app: Callable[..., SpecChatApp], loader: FakeLoader,
+                                          tmp_path) -> None:
+    from app.state import last_profile, state_file
+
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert app.profile.name == "fast"
+        app.switch_profile("lookup")
+        await wait_for(pilot, lambda: app.backend is not None and app.profile.name == "lookup" and not app.loading)
+    assert last_profile() == "lookup" and state_file().is_relative_to(tmp_path / "state")
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert app.profile.name == "lookup"
+    app = make_app(profile="fast")  # --profile still wins
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert app.profile.name == "fast"
+    state_file().write_text("{not json")
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert app.profile.name == "fast"  # unreadable state: the default, no error
+
+
+async def test_reopened_chat_continues_with_its_own_profile(make_app: Callable[..., SpecChatApp],
+                                                             loader: FakeLoader) -> None:
+    app = make_app(profile="lookup")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await asked(pilot, "with lookup")
+        chat_id = app.chat_id
+        assert app.saver is not None and app.saver.flush(5)
+    app = make_app(profile="fast")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await app.open_chat(chat_id)
+        await wait_for(pilot, lambda: app.backend is not None and app.profile.name == "lookup" and not app.loading)
+        assert [m.text for m in app.query(UserMessage)] == ["with lookup"]
