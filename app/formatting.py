@@ -116,6 +116,8 @@ def reply_summary(stats: dict[str, Any] | None) -> str:
     """A reply's final figures on one short line (shown under the reply)."""
     if not stats:
         return ""
+    if stats.get("server"):  # engine.remote.figures.ServerStats: the server's own figures
+        return server_reply_summary(stats)
     parts = [modes_label(stats)]
     if stats.get("proposed"):
         parts += [f"accepted {fmt_percent(stats.get('alpha'))}", f"α/token {fmt_float(stats.get('alpha_per_token'))}",
@@ -123,5 +125,19 @@ def reply_summary(stats: dict[str, Any] | None) -> str:
     parts.append(f"{fmt_rate(stats.get('tokens_per_s'))} tok/s")
     if stats.get("speedup") is not None:
         parts.append(f"{fmt_speedup(stats.get('speedup'))} vs plain")
+    parts.append(f"{stats.get('tokens', 0)} tokens")
+    return " · ".join(parts)
+
+
+def server_reply_summary(stats: dict[str, Any]) -> str:
+    """The footer of a reply a server decoded: its α and τ, or that it reported none; the speedup or "unknown"."""
+    parts = [f"{stats['server']} server" + (" · plain" if stats.get("mode") == "plain" else "")]
+    if stats.get("alpha") is not None:
+        parts += [f"α {fmt_float(stats.get('alpha'))}", f"τ {fmt_float(stats.get('tau'))}"]
+    elif stats.get("mode") != "plain":
+        parts.append("no speculative figures")
+    parts.append(f"{fmt_rate(stats.get('tokens_per_s'))} tok/s")
+    speedup = stats.get("speedup")
+    parts.append(f"{fmt_speedup(speedup)} vs plain" if speedup is not None else "speedup unknown")
     parts.append(f"{stats.get('tokens', 0)} tokens")
     return " · ".join(parts)

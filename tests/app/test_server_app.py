@@ -14,7 +14,7 @@ from app.widgets.hud import Hud
 from engine.profiles import Profiles
 from engine.remote.profile import profile_from_server
 from tests.app.fakes import make_profiles
-from tests.app.helpers import ready, send, wait_for
+from tests.app.helpers import send, wait_for
 from tests.engine.fake_server import FakeServer, chunk, llama_routes, reply_stream, start_sse, timings, write_events
 
 pytestmark = pytest.mark.anyio
@@ -27,6 +27,17 @@ def llama(spec_timings: dict, plain_timings: dict) -> FakeServer:  # type: ignor
         plain = body.get("speculative.n_max") == 0
         write_events(req, reply_stream(PIECES, plain_timings if plain else spec_timings))
     return FakeServer(llama_routes(chat))
+
+
+async def ready(pilot) -> SpecChatApp:  # type: ignore[no-untyped-def]
+    """Connected (a loaded two-core machine can take seconds to start the app)."""
+    app = pilot.app
+    await wait_for(pilot, lambda: app.backend is not None and not app.loading, timeout=30.0)
+    return app
+
+
+async def replied(pilot, app: SpecChatApp) -> None:  # type: ignore[no-untyped-def]
+    await wait_for(pilot, lambda: not app.generating and app.query(AssistantMessage), timeout=30.0)
 
 
 def server_app(url: str) -> SpecChatApp:
@@ -55,12 +66,14 @@ async def test_reply_from_server_shows_its_figures_and_speedup() -> None:
         async with app.run_test(size=(130, 45)) as pilot:
             await ready(pilot)
             await send(pilot, "Say hi")
-            await wait_for(pilot, lambda: not app.generating and app.query(AssistantMessage))
+            await replied(pilot, app)
             assert app.query_one(AssistantMessage).text == "Hello there!"
             text = hud_text(app)
             assert fake.url in text and "llama.cpp server" in text and "chosen by the server" in text
             assert "0.50  (2/4 drafted)" in text and "2.00" in text
             assert "2.00× vs plain 25.0 tok/s" in text
+            footer = str(app.query_one(AssistantMessage).query_one(".reply-footer").render())
+            assert "llama.cpp server · α 0.50 · τ 2.00 · 50.0 tok/s · 2.00× vs plain · 4 tokens" in footer
         content, finish, stats = saved_reply()
         assert (content, finish) == ("Hello there!", "eos")
         assert stats is not None and stats["alpha"] == 0.5 and stats["speedup"] == 2.0
@@ -73,10 +86,12 @@ async def test_unknown_speedup_and_missing_figures_are_said() -> None:
         async with app.run_test(size=(130, 45)) as pilot:
             await ready(pilot)
             await send(pilot, "Say hi")
-            await wait_for(pilot, lambda: not app.generating and app.query(AssistantMessage))
+            await replied(pilot, app)
             text = hud_text(app)
             assert "drafted no tokens" in text and "unknown" in text
             assert "0.00" not in text
+            footer = str(app.query_one(AssistantMessage).query_one(".reply-footer").render())
+            assert "no speculative figures" in footer and "speedup unknown" in footer
 
 
 async def test_stream_cut_mid_reply_keeps_the_partial_reply() -> None:
@@ -89,7 +104,7 @@ async def test_stream_cut_mid_reply_keeps_the_partial_reply() -> None:
         async with app.run_test(size=(130, 45)) as pilot:
             await ready(pilot)
             await send(pilot, "Say hi")
-            await wait_for(pilot, lambda: not app.generating and app.query(AssistantMessage))
+            await replied(pilot, app)
             reply = app.query_one(AssistantMessage)
             assert reply.text == "Hello" and reply.finish_reason == "error"
             assert any("closed the stream before the reply ended" in n.message for n in app._notifications)
@@ -107,7 +122,8 @@ async def test_escape_stops_a_silent_server() -> None:
         async with app.run_test(size=(130, 45)) as pilot:
             await ready(pilot)
             await send(pilot, "Say hi")
-            await wait_for(pilot, lambda: app.query(AssistantMessage) and app.query_one(AssistantMessage).text == "Hello")
+            await wait_for(pilot, lambda: app.query(AssistantMessage) and app.query_one(AssistantMessage).text == "Hello",
+                           timeout=30.0)
             await pilot.press("escape")
             await wait_for(pilot, lambda: not app.generating, timeout=5.0)
             assert app.query_one(AssistantMessage).finish_reason == "cancelled"
@@ -121,7 +137,7 @@ async def test_server_down_at_start_is_a_notice() -> None:
     fake.httpd.server_close()  # nothing listens there now
     app = server_app(url)
     async with app.run_test(size=(130, 45)) as pilot:
-        await wait_for(pilot, lambda: not app.loading and app._notifications)
+        await wait_for(pilot, lambda: not app.loading and app._notifications, timeout=30.0)
         assert app.backend is None
         assert any("connection refused" in n.message for n in app._notifications)
 
