@@ -110,10 +110,11 @@ class ChatEngine:
 
         alone = ids_for(cuts[-1])
         if len(alone) >= window:
+            with_system = " with the system prompt" if head else ""
+            earlier = " (leaving out every earlier turn is not enough)" if len(body) > 1 else ""
             raise ContextLengthError(
-                f"the message is too long: {len(alone)} tokens with the system prompt, but the context "
-                f"window holds {window} tokens of prompt and reply; shorten it (earlier turns were "
-                "already left out)"
+                f"the message is too long: {len(alone)} tokens{with_system}, but the context window holds "
+                f"{window} tokens of prompt and reply{earlier}; shorten it"
             )
         lo, hi = 0, len(cuts) - 1  # smallest cut whose prompt leaves `room`
         while lo < hi:
