@@ -153,12 +153,18 @@ class CostModel:
 
     def acceptance(self, k: int, key: int = 0) -> list[float]:
         """Per-position acceptance estimates for positions ``1..k`` of drafts of
-        kind ``key``; a kind not measured yet borrows from all kinds pooled."""
+        kind ``key``. A kind not measured yet borrows from the nearest measured
+        kind below it (an n-gram match longer than any seen is at least as good
+        as the longest seen), else from all kinds pooled."""
         counts = self.positions.get(key)
         if counts is None or not counts.reached:
-            counts = PositionCounts()
-            for other in self.positions.values():
-                counts.add_counts(other)
+            lower = [other for other, c in self.positions.items() if other < key and c.reached]
+            if lower:
+                counts = self.positions[max(lower)]
+            else:
+                counts = PositionCounts()
+                for other_counts in self.positions.values():
+                    counts.add_counts(other_counts)
         return counts.smoothed(k)
 
     def pass_cost(self, fed: int) -> float | None:

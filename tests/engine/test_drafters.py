@@ -134,3 +134,13 @@ def test_the_index_grows_with_commits_and_prefill_notices_a_changed_prompt() -> 
     other = [9, 2, 3, 4, 1, 2, 7, 7, 1, 2]
     drafter.prefill(other)
     assert propose(drafter, other, 2) == (7, 7)
+
+
+def test_a_longer_match_than_any_seen_borrows_from_the_longest_seen() -> None:
+    costs = CostModel()
+    for _ in range(200):
+        costs.observe(4, 0, 0.0, 0.05, 0.0, key=1)  # chance matches: many, never accepted
+    for _ in range(10):
+        costs.observe(4, 4, 0.0, 0.05, 0.0, key=4)  # a few long ones: always accepted
+    assert costs.acceptance(2, key=16)[0] > 0.8  # like key 4, not like the pooled mass of key 1
+    assert costs.acceptance(2, key=2)[0] < 0.1  # key 1 is the nearest below
