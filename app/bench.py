@@ -8,7 +8,9 @@ on the same draft):
 * ``hf-plain``, ``hf-assisted`` (the draft's own generation config, i.e.
   transformers' default schedule), ``hf-assisted-constant`` (one per K:
   ``num_assistant_tokens=K``, constant schedule, no confidence cut-off) and
-  ``hf-prompt-lookup``: ``model.generate``.
+  ``hf-prompt-lookup``: ``model.generate``;
+* ``llama.cpp-*``: runners handed in through :attr:`BenchModels.external`
+  (:mod:`app.bench_llamacpp`), timed by the same clock on streamed tokens.
 
 Timing is the same for every method: a hook on each model times its forward
 passes, and the emission of tokens is time-stamped (round events for specchat,
@@ -42,6 +44,7 @@ SPECCHAT_METHODS = ("plain", "spec", "spec-adaptive", "ngram")
 FIXED_OPTIONS = {"auto_off_window": 0}
 
 ProgressFn = Callable[[int, int, str], None]  # (done, total, what runs next)
+ExternalRunner = Callable[[Sequence[int], Callable[[int], None]], "_Reply"]  # (prompt ids, on_emit) -> reply
 
 
 @dataclass(frozen=True)
@@ -65,6 +68,7 @@ class BenchModels:
     k_max: int = 8
     lookup_k: int = 8
     max_new_tokens: int = 128
+    external: dict[str, ExternalRunner] = field(default_factory=dict)  # method name -> runner (llama.cpp)
     _draft_config: Any = None
 
     def __post_init__(self) -> None:
@@ -94,6 +98,7 @@ class Run:
     per_position: tuple[float, ...] = ()
     peak_memory: int | None = None
     engine_stats: dict[str, Any] | None = None
+    extra: dict[str, Any] | None = None  # an external method's own figures (llama-server's timings)
 
     @property
     def decode_tokens(self) -> int:
@@ -106,10 +111,16 @@ class Run:
 
 @dataclass
 class _Reply:
-    """What a method's runner hands back: the ids and, for specchat, its stats."""
+    """What a method's runner hands back: the ids and, for specchat, its stats; an external
+    runner (no hooks see its passes) gives its own passes, proposed/accepted counts and peak memory."""
 
     tokens: list[int] = field(default_factory=list)
     stats: Stats | None = None
+    target_passes: int | None = None
+    proposed: int | None = None
+    accepted: int | None = None
+    peak_memory: int | None = None
+    extra: dict[str, Any] | None = None
 
 
 class _Streamer:
@@ -232,6 +243,8 @@ class Bench:
         )
 
     def _dispatch(self, method: Method, prompt: BenchPrompt, on_emit: Callable[[int], None]) -> _Reply:
+        if method.name in self.models.external:
+            return self.models.external[method.name](prompt.ids, on_emit)
         with torch.inference_mode():
             if method.name in SPECCHAT_METHODS:
                 costs = self._costs.setdefault(method, CostModel())
@@ -245,6 +258,8 @@ class Bench:
         stats = reply.stats
         if stats is not None:
             passes, proposed, accepted = stats.target_passes, stats.proposed, stats.accepted
+        elif reply.target_passes is not None:  # an external runner counted for itself
+            passes, proposed, accepted = reply.target_passes, reply.proposed, reply.accepted
         else:  # transformers: every target pass emits; a draft pass proposes one token
             passes = len(target.calls)
             proposed = len(draft.calls) if method.name in NEEDS_DRAFT else None
@@ -255,7 +270,8 @@ class Bench:
             first_s=first_s, first_tokens=first_n, target=target, draft=draft, target_passes=passes,
             proposed=proposed, accepted=accepted,
             per_position=stats.per_position if stats is not None else (),
-            peak_memory=self.memory.peak(), engine_stats=stats.to_dict() if stats is not None else None,
+            peak_memory=reply.peak_memory if reply.peak_memory is not None else self.memory.peak(),
+            engine_stats=stats.to_dict() if stats is not None else None, extra=reply.extra,
         )
 
 

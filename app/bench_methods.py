@@ -3,14 +3,18 @@
 specchat's decoder: ``plain`` (K = 0, the reference), ``spec`` (one per fixed
 K), ``spec-adaptive`` and ``ngram``; transformers' ``generate``: ``hf-plain``,
 ``hf-assisted`` (transformers' default schedule), ``hf-assisted-constant`` (one
-per K) and ``hf-prompt-lookup``.
+per K) and ``hf-prompt-lookup``; llama.cpp's ``llama-server`` on the same GGUF
+(:mod:`app.bench_llamacpp`): ``llama.cpp-plain``, ``llama.cpp-spec`` (the same
+draft GGUF) and ``llama.cpp-lookup`` (its n-gram drafter).
 """
 from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-ALL_METHODS = ("plain", "spec", "spec-adaptive", "ngram", "hf-plain", "hf-assisted", "hf-assisted-constant", "hf-prompt-lookup")
+LLAMA_METHODS = ("llama.cpp-plain", "llama.cpp-spec", "llama.cpp-lookup")
+ALL_METHODS = ("plain", "spec", "spec-adaptive", "ngram", "hf-plain", "hf-assisted", "hf-assisted-constant",
+               "hf-prompt-lookup", *LLAMA_METHODS)
 NEEDS_DRAFT = frozenset({"spec", "spec-adaptive", "hf-assisted", "hf-assisted-constant"})
 PER_K = frozenset({"spec", "hf-assisted-constant"})
 

@@ -15,6 +15,8 @@ from typing import Any
 
 from app.bench import Run
 from app.bench_exact import Judge, counted, flips
+from app.bench_llamacpp import llama_figures
+from app.bench_methods import LLAMA_METHODS
 
 ALL_CLASSES = "all"
 
@@ -67,9 +69,13 @@ def mismatches(runs: Sequence[Run], refs: dict[str, tuple[int, ...]], judge: Jud
     """Every run whose output differs from plain's on the same prompt, with the first differing position.
 
     With a ``judge`` (CUDA: :func:`app.bench_exact.near_tie_judge`) each carries its
-    verdict: ``near_tie`` differences are floating-point flips, not mismatches."""
+    verdict: ``near_tie`` differences are floating-point flips, not mismatches.
+
+    llama.cpp's runs are not checked: its numerics differ (see :func:`app.bench_llamacpp.agreement`)."""
     found = []
     for run in runs:
+        if run.method in LLAMA_METHODS:
+            continue
         expected = refs.get(run.prompt)
         at = first_difference(expected, run.tokens) if expected is not None else None
         if at is not None and expected is not None:
@@ -273,6 +279,8 @@ def summarise(runs: Sequence[Run], judge: Judge | None = None) -> list[dict[str,
         mine = [m for m in bad if (m["method"], m["k"]) == (group.method, group.k)
                 and (group.prompt_class == ALL_CLASSES or m["prompt_class"] == group.prompt_class)]
         results.append(summarise_group(group, plain.get(group.prompt_class), mine))
+        if group.method in LLAMA_METHODS:
+            results[-1].update(llama_figures(group.runs, refs))
     return results
 
 
@@ -287,4 +295,5 @@ def run_record(run: Run) -> dict[str, Any]:
         "target_forward_calls": len(run.target.calls), "draft_forward_s": run.draft.seconds,
         "draft_forward_calls": len(run.draft.calls), "proposed": run.proposed, "accepted": run.accepted,
         "peak_memory_bytes": run.peak_memory, "token_ids": list(run.tokens), "engine_stats": run.engine_stats,
+        "llama_cpp": run.extra,
     }
