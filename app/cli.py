@@ -31,10 +31,10 @@ def add_model_options(parser: argparse.ArgumentParser, subcommand: bool = True) 
     """
     default = argparse.SUPPRESS if subcommand else None
     parser.add_argument("--profile", default=default, help="profile name from models.toml (default: the file's default)")
-    parser.add_argument("--models", type=Path, default=default, help="an extra models.toml (also: SPECCHAT_MODELS)")
-    parser.add_argument("--memory-budget", default=default, help="cap the memory the pair may use, e.g. 2GiB or 800MB")
-    parser.add_argument("--target", default=default, help="target model source (a save_pretrained dir, a .gguf, a hub id, wheel:...)")
-    parser.add_argument("--draft", default=default, help="draft model source sharing the target's tokenizer (needs --target)")
+    parser.add_argument("--models", type=Path, default=default, help="an extra models.toml (also: SPECCHAT_MODELS; default: only the shipped and your own)")
+    parser.add_argument("--memory-budget", default=default, help="cap the memory the pair may use, e.g. 2GiB or 800MB (default: no cap beyond free memory)")
+    parser.add_argument("--target", default=default, help="target model source (a save_pretrained dir, a .gguf, a hub id, wheel:...; default: the profile's)")
+    parser.add_argument("--draft", default=default, help="draft model source sharing the target's tokenizer (needs --target; default: none)")
     parser.add_argument("--server", default=default, metavar="URL",
                         help="chat with an OpenAI-compatible server (llama-server, vLLM) at URL instead of local models")
     parser.add_argument("--server-model", default=default, metavar="NAME", help="model to ask the server for (default: its first)")
@@ -49,6 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_options(parser, subcommand=False)
     sub = parser.add_subparsers(dest="command")
 
+    parser.add_argument("--version", action="version", version=f"%(prog)s {specchat_version()}")
     gen = sub.add_parser("generate", help="answer one prompt headless (text, or one JSON object with --json)")
     gen.add_argument("prompt", help="the user message")
     add_model_options(gen)
@@ -56,19 +57,56 @@ def build_parser() -> argparse.ArgumentParser:
                      help="spec: the profile's drafter; ngram: prompt lookup; plain: the target alone")
     gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
     gen.add_argument("--system", help="system prompt (default: the profile's)")
-    gen.add_argument("--max-new-tokens", type=int, default=256)
+    gen.add_argument("--max-new-tokens", type=int, default=256, help="stop after this many new tokens")
     gen.add_argument("--temperature", type=float, help="0 = greedy (default: the profile's)")
-    gen.add_argument("--top-p", type=float)
-    gen.add_argument("--top-k", type=int)
-    gen.add_argument("--seed", type=int)
+    gen.add_argument("--top-p", type=float, help="nucleus sampling: keep the smallest set of tokens "
+                     "whose probabilities sum to this, 0 < p <= 1 (default: the profile's)")
+    gen.add_argument("--top-k", type=int, help="sample among the k most likely tokens, 0 = all (default: the profile's)")
+    gen.add_argument("--seed", type=int, help="random seed for sampling, for repeatable replies (default: none)")
     gen.add_argument("--k", type=int, help="fixed K (tokens drafted per round); default: adaptive")
 
     prof = sub.add_parser("profiles", help="list the model profiles and where each is defined")
-    prof.add_argument("--models", type=Path, default=argparse.SUPPRESS, help="an extra models.toml (also: SPECCHAT_MODELS)")
-    prof.add_argument("--json", action="store_true")
+    prof.add_argument("--models", type=Path, default=argparse.SUPPRESS, help="an extra models.toml (also: SPECCHAT_MODELS; default: only the shipped and your own)")
+    prof.add_argument("--json", action="store_true", help="print one JSON object: the default, files read, profiles")
 
     add_bench_parser(sub, add_model_options)
+    polish_help(parser)
     return parser
+
+
+def specchat_version() -> str:
+    """The installed package's version."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("specchat")
+    except PackageNotFoundError:
+        return "(not installed: run ./setup.sh)"
+
+
+class _HelpFormatter(argparse.HelpFormatter):
+    """Adds "(default: X)" to an option's help when it has a default its help does not name."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (default not in (None, False, argparse.SUPPRESS) and action.option_strings
+                and "default" not in text and not isinstance(action, argparse._VersionAction)):
+            text += " (default: %(default)s)"
+        return text
+
+
+def polish_help(parser: argparse.ArgumentParser) -> None:
+    """Every parser shows defaults; every subcommand's --help opens with its one-line summary."""
+    parser.formatter_class = _HelpFormatter
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            summaries = {a.dest: a.help for a in action._choices_actions}
+            for name, subparser in action.choices.items():
+                if not subparser.description and summaries.get(name):
+                    text = str(summaries[name])
+                    subparser.description = text[0].upper() + text[1:] + "."
+                polish_help(subparser)
 
 
 def resolve_profile(args: argparse.Namespace) -> Any:
@@ -165,6 +203,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             stats["plan"] = engine.info.plan
             stats["finish_reason"] = last.finish_reason
             stats["fallback_reason"] = engine.info.fallback_reason
+            stats["compat_note"] = engine.info.compat_note
             out = {"profile": profile.name, "text": "".join(text), "token_ids": ids, "stats": stats}
             print(json.dumps(out, ensure_ascii=False))
         else:
@@ -176,7 +215,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_profiles(args: argparse.Namespace) -> int:
     from engine.availability import cuda_present, unavailable_reason
-    from engine.profiles import load_profiles
+    from engine.profiles import load_profiles, user_models_file
 
     profiles = load_profiles(args.models)
     cuda = cuda_present()
@@ -199,8 +238,10 @@ def cmd_profiles(args: argparse.Namespace) -> int:
             "available": why_not is None,
             "unavailable_reason": why_not,
         })
+    user_file = user_models_file()
     if args.json:
-        print(json.dumps({"default": profiles.default, "files": [str(f) for f in profiles.files], "profiles": rows}, indent=2))
+        print(json.dumps({"default": profiles.default, "files": [str(f) for f in profiles.files],
+                          "user_models_file": str(user_file), "profiles": rows}, indent=2))
         return 0
     for r in rows:
         mark = "*" if r["default"] else " "
@@ -214,6 +255,8 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         print(f"  {'':<18} from   {r['source_file']}")
         if r["unavailable_reason"]:
             print(f"  {'':<18} unavailable here: {r['unavailable_reason']}")
+    state = "" if user_file.exists() else " (not created yet)"
+    print(f"\nYour own profiles go in {user_file}{state}; SPECCHAT_CONFIG_DIR moves it.")
     return 0
 
 
