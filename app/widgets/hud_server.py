@@ -44,7 +44,7 @@ def engine_content(profile: "ModelProfile | None", info: EngineInfo | None, *, n
         return Content("\n").join(rows)
     rows.append(_row("model", info.target))
     rows.append(_row("kind", info.device))
-    if speculation_on and info.mode == "spec":
+    if info.mode == "spec":  # the backend's own state: it turns speculation back on when the server ignored "off"
         rows.append(_row("mode", "speculative · on the server", "bold $text-success"))
     else:
         rows.append(_row("mode", "plain (asked with speculative.n_max = 0)", "bold $text-warning"))

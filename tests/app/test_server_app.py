@@ -1,8 +1,6 @@
 """The app against a loopback server playing recorded answers: HUD figures, failures kept in history."""
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import pytest
 
 from app.app import SpecChatApp
