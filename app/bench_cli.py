@@ -16,6 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TextIO
 
+from app.bench_llamacpp import TABLE_FOOTNOTE, same_cell
 from app.bench_methods import ALL_METHODS
 from engine.errors import SpecChatError
 from engine.events import ChatMessage
@@ -53,7 +54,10 @@ def add_bench_parser(sub: Any, add_model_options: Callable[[argparse.ArgumentPar
     bench.add_argument("--methods", help=f"comma-separated subset of {','.join(ALL_METHODS)} (plain always runs)")
     bench.add_argument("--k-range", default="1-6", help="fixed K values for spec and hf-assisted-constant, e.g. 1-6 or 2,4")
     bench.add_argument("--lookup-tokens", type=int, help="prompt_lookup_num_tokens for hf-prompt-lookup (default: the profile's k_max)")
-    bench.add_argument("--threads", type=int, help="torch threads (default: torch's choice)")
+    bench.add_argument("--threads", type=int, help="torch threads, and llama.cpp's -t (default: torch's choice)")
+    bench.add_argument("--llama-cpp", metavar="DIR", dest="llama_cpp",
+                       help="folder with llama.cpp's llama-server (default: SPECCHAT_LLAMA_CPP, the cache dir "
+                            "scripts/build-llama-cpp.sh builds into, then PATH)")
     bench.add_argument("--plain-server", metavar="URL",
                        help="with --server: a second server, same model, speculation off, for the plain side "
                             "(default: the same server with speculative.n_max = 0 per request, where it obeys)")
@@ -187,8 +191,10 @@ def format_table(results: Sequence[dict[str, Any]], prompt_class: str = "all") -
             f"{_x(r.get('engine_speedup')):>7}"
             f"{_fmt(r['speedup_e2e'], '.2f'):>6}{_fmt(r['alpha'], '.2f'):>6}{_fmt(r['tau'], '.2f'):>6}"
             f"{_fmt(r['target_passes_per_token'], '.2f'):>9}{_split(r):>11}{_fmt(pred['predicted_speedup'], '.2f'):>6}"
-            f"{_fmt(pred.get('measured_over_predicted'), '.2f'):>10}{_fmt(peak, '.0f'):>9}  {'yes' if r['identical'] else 'NO'}"
+            f"{_fmt(pred.get('measured_over_predicted'), '.2f'):>10}{_fmt(peak, '.0f'):>9}  {same_cell(r)}"
         )
+    if any(r.get("agreement") for r in results):
+        lines.append(TABLE_FOOTNOTE)
     return "\n".join(lines)
 
 
@@ -328,8 +334,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
     from app.bench import run_bench
     from app.bench_exact import near_tie_judge
+    from app.bench_llamacpp import llama_servers, plan_llama, plan_report
     from app.bench_methods import plan_methods
     from app.cli import stderr_progress
+    from engine.llamacpp import find_llama_cpp
 
     if args.repeats < 1 or args.max_new_tokens < 1:
         raise SpecChatError("--repeats and --max-new-tokens must be at least 1")
@@ -338,6 +346,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     hf_logging.set_verbosity_error()
+    if args.llama_cpp:  # a wrong --llama-cpp folder fails before the models load
+        find_llama_cpp(args.llama_cpp)
     profile, engine, notes = _load(args, stderr_progress if sys.stderr.isatty() else None)
     try:
         models = bench_models(profile, engine, args)
@@ -347,12 +357,19 @@ def cmd_bench(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise SpecChatError(f"--methods: {exc}") from None
         notes += skipped
+        prompts = render(specs, engine.prompt_ids)
+        threads = args.threads or torch.get_num_threads()
+        methods, llama = plan_llama(methods, profile, threads, prompts, args.max_new_tokens, args.llama_cpp)
+        notes += llama.notes
         for note in notes:
             print(f"specchat bench: {note}", file=sys.stderr)
-        prompts = render(specs, engine.prompt_ids)
-        runs = run_bench(models, prompts, methods, args.repeats, ProgressBar())
+        with llama_servers(llama, args.max_new_tokens) as models.external:
+            runs = run_bench(models, prompts, methods, args.repeats, ProgressBar())
         judge = near_tie_judge(models.target, models.device, {p.name: p.ids for p in prompts})
         report = build_report(args, profile, engine, models, runs, notes, judge)
+        report["llama_cpp"] = plan_report(llama, args.max_new_tokens)
+        if "llama_bench" in report["llama_cpp"]:
+            report["machine"]["llama_bench"] = report["llama_cpp"]["llama_bench"]
     finally:
         engine.close()
     return _output(report, args)
