@@ -104,13 +104,22 @@ class GumbelNoise:
     Keyed by reply position rather than sequence index: the same seed gives the
     same noise to every reply, as reseeding a generator per reply would.
 
-    Reproducible: the noise is a function of (seed, i, width) and the torch
-    version only: drawn on the CPU with the Mersenne Twister (serially, so not
-    the thread count either), then moved to ``device``; CUDA and CPU runs get
-    the same noise. Replies are identical wherever the target's warped scores
-    are; across machines, dtypes or devices the logits differ in the last bits,
-    and a token whose two best noised scores are that close may differ (greedy
-    decoding has the same limit).
+    Reproducible: the uniforms are a function of (seed, i, width) and the
+    torch version only: drawn on the CPU by the Mersenne Twister, serially (so
+    not the thread count either), and turned into Gumbel noise on the CPU, then
+    moved to ``device``: CUDA and CPU runs get the same noise. The float32
+    ``log`` is torch's vectorised one, which may differ in the last bit between
+    CPU instruction sets. So a seeded reply is the same token for token on one
+    machine and software stack whatever the drafter, K or load; across
+    machines, dtypes or devices the target's logits themselves differ in the
+    last bits, and a token whose two best noised scores are that close may
+    differ (greedy decoding has the same limit). The same holds within one run
+    between a one-token and a multi-token target pass, whose logits may differ
+    by rounding: a flip needs two noised scores within that rounding.
+
+    Cost: one row per reply position, ``width`` uniforms and two logs on the
+    CPU (a fraction of a millisecond for 50k-150k tokens), kept for ``keep``
+    positions so a rejected draft's positions are not drawn twice.
 
     Args:
         seed: the reply's seed.
@@ -151,8 +160,11 @@ def gumbel_row(seed: int, position: int, width: int) -> torch.Tensor:
     """``[width]`` float32 standard Gumbel noise on the CPU, a function of its arguments alone."""
     digest = hashlib.blake2b(f"{seed}:{position}".encode(), digest_size=8).digest()
     gen = torch.Generator(device="cpu").manual_seed(int.from_bytes(digest, "little") >> 1)
-    u = torch.rand(width, generator=gen, dtype=torch.float64)
-    return (-torch.log(-torch.log(u))).float()  # u = 0 gives -inf: that token is never chosen
+    # 53-bit uniforms keep the upper tail (u near 0) exact; float32 logs are
+    # several times cheaper than float64 ones. log1p keeps -log(u) accurate for
+    # u near 1 (there a cast that rounds u to 1 gives -inf: never chosen).
+    u = torch.rand(width, generator=gen, dtype=torch.float64).float().clamp_(min=torch.finfo(torch.float32).tiny)
+    return -torch.log(-torch.log1p(-u))
 
 
 def gumbel_argmax(logits: torch.Tensor, params: SamplingParams, noise: torch.Tensor) -> torch.Tensor:
