@@ -27,7 +27,9 @@ class EngineInfo:
 
     ``plan`` is the memory plan's plain-data form (``engine.memory.Plan.to_dict``):
     the choice made and the byte figures behind it. ``fallback_reason`` says why
-    the engine runs without its configured drafter, if it does.
+    the engine runs without its configured drafter, if it does. ``compat_note``
+    counts and names the reserved special tokens on which target and draft
+    tokenizers differ (allowed: :mod:`engine.compat`), if any.
     """
 
     profile: str
@@ -41,6 +43,7 @@ class EngineInfo:
     target_bytes: int | None = None
     draft_bytes: int | None = None
     free_bytes: int | None = None
+    compat_note: str | None = None
 
 
 class ChatBackend(Protocol):

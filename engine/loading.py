@@ -279,10 +279,11 @@ def load_engine(
 
     drafter: Any = None
     draft_model: Any = None
+    compat_note: str | None = None
     if plan.choice == "target+draft" and draft is not None:
         progress(f"checking draft {draft.spec.label}", 0.6)
         try:
-            check_pair(tokenizer, load_tokenizer(draft.resolved, draft.spec))
+            compat_note = check_pair(tokenizer, load_tokenizer(draft.resolved, draft.spec)).summary
         except IncompatibleDraftError as exc:
             fallback = f"draft model dropped: {exc}"
         else:
@@ -301,6 +302,8 @@ def load_engine(
         drafter = NgramDrafter()
     if fallback:
         log.warning("%s", fallback)
+    if compat_note:
+        log.info("%s", compat_note)
 
     mode = "plain" if drafter is None else ("spec" if draft_model is not None else "ngram")
     info = EngineInfo(
@@ -315,6 +318,7 @@ def load_engine(
         target_bytes=_footprint(target_model),
         draft_bytes=_footprint(draft_model) if draft_model is not None else None,
         free_bytes=free,
+        compat_note=compat_note,
     )
     progress("ready", 1.0)
     return ChatEngine(tokenizer=tokenizer, target_model=target_model, drafter=drafter, device=device, info=info)
