@@ -21,13 +21,16 @@ written outside :func:`engine.paths.cache_dir`.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
 import struct
+import threading
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -228,6 +231,40 @@ def _clean_stale(parent: Path, name: str) -> None:
             shutil.rmtree(tmp, ignore_errors=True)
 
 
+def _dir_bytes(path: Path) -> int:
+    """Bytes in the files directly inside ``path`` (0 while it does not exist)."""
+    try:
+        return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    except OSError:
+        return 0
+
+
+@contextlib.contextmanager
+def _ticking(progress: ProgressFn, stage: str, start: float, measure: Callable[[], int] | None = None,
+             total: int | None = None, end: float | None = None, every_s: float = 0.5) -> Iterator[None]:
+    """Report ``stage`` every ``every_s`` while the body runs: bytes done and the fraction between
+    ``start`` and ``end`` when ``measure``/``total`` are given, else the seconds it has taken."""
+    stop = threading.Event()
+    began = time.perf_counter()
+
+    def tick() -> None:
+        while not stop.wait(every_s):
+            if measure is not None and total and end is not None:
+                done = min(measure(), total)
+                progress(f"{stage}: {done / 1e6:.1f} of {total / 1e6:.1f} MB", start + (end - start) * done / total)
+            else:
+                progress(f"{stage}: {time.perf_counter() - began:.0f} s", start)
+
+    thread = threading.Thread(target=tick, name="progress-ticker", daemon=True)
+    progress(stage, start)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
 def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, verify: bool = True) -> Path:
     """Dequantize a GGUF once into a safetensors directory ``dest`` (model + tokenizer);
     with ``verify``, reload the copy and require identical logits."""
@@ -239,10 +276,12 @@ def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, ver
     dest.parent.mkdir(parents=True, exist_ok=True)
     _clean_stale(dest.parent, dest.name)
     started = time.perf_counter()
-    progress(f"converting {gguf.name} (once)", 0.0)
+    size = gguf.stat().st_size
+    progress(f"converting {gguf.name} ({size / 1e6:.1f} MB, once)", 0.0)
     try:
-        model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
-        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        with _ticking(progress, f"reading {gguf.name} ({size / 1e6:.1f} MB)", 0.0):
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     except Exception as exc:  # the gguf reader raises many kinds on a damaged file
         raise ModelSourceError(
             f"cannot read GGUF file {gguf}: {type(exc).__name__}: {exc}. It may be truncated or not a "
@@ -253,9 +292,10 @@ def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, ver
         del model.config.quantization_config
     tmp = tmp_name(dest)
     try:
-        progress(f"writing safetensors for {gguf.name}", 0.6)
-        model.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
+        total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        with _ticking(progress, "writing the safetensors copy", 0.6, lambda: _dir_bytes(tmp), total, 0.85):
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
         if verify:
             progress("checking the converted copy", 0.85)
             ids = torch.tensor([tokenizer("The quick brown fox").input_ids])

