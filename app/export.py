@@ -37,7 +37,8 @@ def stats_line(stats: dict[str, Any]) -> str:
         f"{stats.get('tokens', 0)} tokens",
     ]
     if stats.get("speculation_off_reason"):
-        parts.append(f"speculation off: {stats['speculation_off_reason']}")
+        reason = str(stats["speculation_off_reason"])
+        parts.append(reason if reason.startswith("speculation") else f"speculation off: {reason}")
     return " · ".join(parts)
 
 

@@ -63,8 +63,8 @@ class AutoSwitch:
         self._rounds.clear()
         self.off, self.plain_rounds = True, 0
         return (
-            f"speculation switched off: {speedup:.2f}x over the last {rounds} rounds "
-            f"(at most {upper:.2f}x within {self.z:g} standard errors); trying again after "
+            f"speculation switched off: {speedup:.2f}× over the last {rounds} rounds "
+            f"(at most {upper:.2f}× within {self.z:g} standard errors); trying again after "
             f"{self.reprobe_after} plain rounds or at the next reply"
         )
 

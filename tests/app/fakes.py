@@ -131,7 +131,7 @@ class FakeBackend:
             notice = self.notice_round[1] if self.notice_round and self.notice_round[0] == i else None
             if self.auto_off_round == i and self.speculation:
                 self.speculation = False
-                self.auto_off_reason = notice = "speculation switched off: 0.60x over the last 32 rounds"
+                self.auto_off_reason = notice = "speculation switched off: 0.60× over the last 32 rounds"
             yield ChatEvent(
                 "".join(p.text for p in pieces), pieces, tuple(range(len(pieces))),
                 self._stats(i, tokens, accepted, tuple(modes.items())), finish_reason="eos" if last else None,

@@ -63,3 +63,12 @@ def test_pieces_merge_by_source() -> None:
 def test_sparkline_uses_absolute_scale() -> None:
     assert str(sparkline([0.0, 1.0, 0.5], 10)) == "▁█▅"
     assert str(sparkline([1.0] * 20, 5)) == "█████"
+
+
+def test_export_stats_line_says_speculation_off_once_and_uses_times_sign() -> None:
+    from app.export import stats_line
+
+    line = stats_line({"mode": "plain", "tokens": 3, "speedup": 0.05,
+                       "speculation_off_reason": "speculation switched off: 0.05× over the last 32 rounds"})
+    assert line.count("speculation") == 1 and "0.05×" in line and "0.05x" not in line
+    assert "speculation off: switched off by you" in stats_line({"speculation_off_reason": "switched off by you"})

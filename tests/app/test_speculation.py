@@ -44,7 +44,7 @@ async def test_f5_after_an_automatic_switch_off_turns_speculation_on(make_app: C
         hud = app.query_one(Hud)
         hud.flush()
         engine = str(hud.query_one("#hud-engine").render())
-        assert "plain decoding" in engine and "switched off: 0.60x" in engine  # what the HUD shows
+        assert "plain decoding" in engine and "switched off: 0.60×" in engine  # what the HUD shows
         await pilot.press("f5")
         assert backend.speculation is True  # the first press turns it ON
         assert app._notifications and list(app._notifications)[-1].message == "Speculation on."

@@ -22,7 +22,7 @@ def test_a_full_window_of_consistent_evidence_switches_off() -> None:
     switch = AutoSwitch(window=8)
     assert all(switch.observe(1, 2.0) is None for _ in range(7))
     reason = switch.observe(1, 2.0)
-    assert reason is not None and "0.50x over the last 8 rounds" in reason and switch.off
+    assert reason is not None and "0.50× over the last 8 rounds" in reason and switch.off
 
 
 def test_noisy_or_marginal_evidence_does_not_switch_off() -> None:
