@@ -16,15 +16,18 @@ from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.widgets import Markdown, Static
 from textual.widgets.markdown import MarkdownStream
+from markdown_it import MarkdownIt
 
 from app.formatting import reply_summary
 from app.history import Pieces, extend_pieces, merge_pieces
 
 SOURCE_STYLES = {
     "draft": "$text on $success-muted",
-    "target": "$text on $primary-muted",
+    "target": "$text on $accent-muted",
 }
-"""Styles for the colour view; theme variables keep them readable in dark and light themes."""
+"""Styles for the colour view; theme variables keep them readable in dark and light themes.
+Green against the accent (orange in the dark themes, purple in the light one): two hues
+apart, where primary-muted and success-muted came out as neighbouring dark greens."""
 
 SOURCE_LABELS = {"draft": "draft accepted", "target": "target produced"}
 
@@ -39,8 +42,62 @@ def legend() -> Content:
 
 
 def pieces_content(pieces: Iterable[tuple[str, str]]) -> Content:
-    """Reply text with each run styled by its source."""
-    return Content.assemble(*[(text, SOURCE_STYLES.get(src, "")) for text, src in pieces])
+    """Reply text with each run styled by its source, its Markdown still read as Markdown:
+    code fences lose their ``` lines and are indented, headings lose their #s and are bold.
+    The characters of every token shown keep their source's colour."""
+    runs = list(pieces)
+    text = "".join(t for t, _ in runs)
+    sources: list[str] = []
+    for t, src in runs:
+        sources.extend([src] * len(t))
+    hidden = [False] * len(text)
+    bold = [False] * len(text)
+    code_lines: set[int] = set()
+    starts = [0]
+    for line in text.splitlines(keepends=True):
+        starts.append(starts[-1] + len(line))
+
+    def line_span(n: int) -> tuple[int, int]:
+        return starts[n], starts[n + 1] if n + 1 < len(starts) else len(text)
+
+    for tok in MarkdownIt("commonmark").parse(text):
+        if tok.map is None:
+            continue
+        first, end = tok.map
+        if tok.type == "fence":
+            a, b = line_span(first)
+            hidden[a:b] = [True] * (b - a)
+            last = end - 1
+            closing = last > first and last + 1 < len(starts) and text[slice(*line_span(last))].strip().startswith(
+                tok.markup)
+            if closing:
+                a, b = line_span(last)
+                hidden[a:b] = [True] * (b - a)
+            code_lines.update(range(first + 1, last if closing else end))
+        elif tok.type == "heading_open":
+            a, b = line_span(first)
+            marks = len(text[a:b]) - len(text[a:b].lstrip().lstrip("#").lstrip(" "))
+            hidden[a:a + marks] = [True] * marks
+            bold[a:b] = [True] * (b - a)
+    code_starts = {starts[n] for n in code_lines if n < len(starts) - 1}
+    parts: list[tuple[str, str] | str] = []
+    run, style = "", None
+    for i, ch in enumerate(text):
+        if i in code_starts:
+            if run:
+                parts.append((run, style or ""))
+            parts.append(("  ", ""))
+            run, style = "", None
+        if hidden[i]:
+            continue
+        st = SOURCE_STYLES.get(sources[i], "") + (" bold" if bold[i] else "")
+        if st != style and run:
+            parts.append((run, style or ""))
+            run = ""
+        run, style = run + ch, st
+    if run:
+        parts.append((run, style or ""))
+    return Content.assemble(*parts)
 
 
 class UserMessage(Static):

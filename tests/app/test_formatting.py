@@ -72,3 +72,21 @@ def test_export_stats_line_says_speculation_off_once_and_uses_times_sign() -> No
                        "speculation_off_reason": "speculation switched off: 0.05× over the last 32 rounds"})
     assert line.count("speculation") == 1 and "0.05×" in line and "0.05x" not in line
     assert "speculation off: switched off by you" in stats_line({"speculation_off_reason": "switched off by you"})
+
+
+def test_colour_view_reads_markdown_and_keeps_each_tokens_colour() -> None:
+    from app.widgets.chat_view import SOURCE_STYLES, pieces_content
+
+    pieces = [("## Plan\n", "draft"), ("Run:\n\n```sh\n", "target"), ("ls -l\n", "draft"), ("```\n", "target"),
+              ("done", "draft")]
+    content = pieces_content(pieces)
+    assert content.plain == "Plan\nRun:\n\n  ls -l\ndone"
+
+    def style_at(i: int) -> str:
+        return next(str(s.style) for s in content.spans if s.start <= i < s.end)
+
+    plain = content.plain
+    assert style_at(plain.index("ls")) == SOURCE_STYLES["draft"]
+    assert style_at(plain.index("Run")) == SOURCE_STYLES["target"]
+    assert style_at(plain.index("Plan")) == SOURCE_STYLES["draft"] + " bold"
+    assert SOURCE_STYLES["draft"] != SOURCE_STYLES["target"]
