@@ -293,8 +293,10 @@ class ServerBackend:
                                 "so there is no plain reply on the same server to compare with")
         if rate is None:
             return None, None, "speedup unknown: the reply was too short to time"
+        if figures.proposed == 0:
+            return None, None, "speedup unknown: the server drafted nothing in this reply, so there is nothing to compare"
         if self.switch_honoured is not False and (self.plain_tokens_per_s is None or self._plain_age >= CALIBRATE_EVERY):
-            self._calibrate(messages, params, run.tokens, figures, cancel)
+            self._calibrate(messages, params, run.tokens, cancel)
         if self.switch_honoured is False:
             return None, None, ("speedup unknown: this llama-server ignores per-request speculative options "
                                 "(speculative.n_max = 0 still drafted), so it cannot give a plain reply")
@@ -306,8 +308,9 @@ class ServerBackend:
                                      "speculative.n_max = 0)")
 
     def _calibrate(self, messages: list[ChatMessage], params: GenerationParams, tokens: int,
-                   figures: Figures, cancel: threading.Event) -> None:
-        """One short plain reply to the same conversation: the server's plain decode rate."""
+                   cancel: threading.Event) -> None:
+        """One short plain reply to the same conversation (after a reply that drafted): the server's
+        plain decode rate, or the finding that it ignores ``speculative.n_max = 0``."""
         short = dataclasses.replace(params, max_new_tokens=max(8, min(tokens, CALIBRATION_TOKENS)))
         run = _Run()
         try:
@@ -321,10 +324,6 @@ class ServerBackend:
             return
         if int((run.timings or {}).get("draft_n") or 0) > 0:
             self.switch_honoured = False
-            return
-        if figures.proposed == 0:
-            self._calibration_note = ("the server drafted nothing in this reply, so it cannot be told whether "
-                                      "it obeys speculative.n_max = 0")
             return
         rate = run.rate()
         if rate is None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -120,6 +121,7 @@ def test_no_drafts_in_reply_is_a_reason_not_zero() -> None:
         assert final.alpha is None and final.tau is None and final.proposed == 0
         assert "drafted no tokens" in final.figures_reason
         assert final.speedup is None and "drafted nothing" in final.speedup_reason
+        assert len(fake.posts()) == 1  # nothing drafted: no calibration reply either
 
 
 VLLM_METRICS = """# HELP vllm:spec_decode_num_drafts_total Number of spec decoding drafts.
@@ -346,3 +348,28 @@ def test_request_carries_the_reply_settings() -> None:
         assert body["max_tokens"] == 33 and body["stop"] == ["END"]
         assert events[-1].finish_reason == "stop"
         assert CALIBRATION_TOKENS >= 8
+
+
+RECORDED = Path(__file__).parent / "data" / "llama_server_0.3.36_draft_stream.sse"
+
+
+def test_a_recorded_llama_server_stream_replays() -> None:
+    """Bytes llama-server (llama-cpp-python 0.3.36's llama.cpp, -md itself --spec-type draft-simple)
+    sent for one greedy reply (its local model path cut out of the ``model`` field)."""
+    raw = RECORDED.read_bytes()
+
+    def chat(req, body):  # type: ignore[no-untyped-def]
+        start_sse(req)
+        req.wfile.write(raw)
+
+    with FakeServer(llama_routes(chat)) as fake:
+        b = backend(fake)
+        b.switch_honoured = False  # the real server ignored speculative.n_max = 0: no calibration
+        events = run(b)
+    text = "".join(e.text for e in events)
+    assert text.startswith("The committee met on Tuesday to review the budget for the new library")
+    final = events[-1].stats
+    assert (final.tokens, final.proposed, final.accepted) == (38, 30, 27)  # the server's log: 27 / 30, 38 tokens
+    assert final.alpha == pytest.approx(0.9) and final.tau == pytest.approx(38 / 11)
+    assert final.tokens_per_s == pytest.approx(8.082571550964653) and final.prompt_tokens == 78
+    assert events[-1].finish_reason == "eos" and len(events) > 30
