@@ -253,13 +253,8 @@ class SpecDecoder:
         return verify_sampled(p, draft.tokens, q, generator, self.device)
 
     def _prefill(self, seq: list[int]) -> str | None:
-        """Feed the uncached part of the prompt, all but its last token, to the
-        target and then to the drafter (so the drafter's prompt is not billed
-        as draft-step cost).
-
-        On an OOM with a drafter loaded, the drafter is freed and the target's
-        prefill tried once more; returns the notice saying so, if that happened.
-        """
+        """Feed the uncached part of the prompt, all but its last token, to the target and
+        then to the drafter (not billed as draft-step cost); returns an OOM fallback's notice."""
         def uncached() -> None:
             self.target.prefill(seq[self.target.sync(seq, leave=1) : -1])
 
@@ -274,17 +269,10 @@ class SpecDecoder:
         return notice
 
     def _guarded(self, step: Callable[[], T], reason: str, instead: Callable[[], T]) -> tuple[T, str | None]:
-        """Run ``step``; if it runs out of memory, drop the drafter and run ``instead``.
-
-        Returns the result and the notice (None when ``step`` succeeded). The
-        recovery runs only after the ``except`` block is left: until then the
-        exception's traceback keeps the failed pass's frames alive, and with
-        them its activations (and a failed draft model), so neither dropping
-        the draft nor ``empty_cache()`` could free that memory
-        (pytorch/pytorch#18853). With no drafter left to drop, the OOM was the
-        target's alone: an :class:`EngineError`, not chained to the OOM (whose
-        traceback would keep the failed pass alive in the caller).
-        """
+        """Run ``step``; on out-of-memory drop the drafter and run ``instead``. Returns the
+        result and the notice (None if ``step`` succeeded). Recovery runs after the ``except``
+        block: until then the traceback keeps the failed pass's frames and activations alive
+        (pytorch/pytorch#18853). With no drafter to drop, an unchained :class:`EngineError`."""
         try:
             return step(), None
         except Exception as exc:  # noqa: BLE001 - everything but OOM is re-raised as is
