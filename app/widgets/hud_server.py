@@ -42,7 +42,7 @@ def engine_content(profile: "ModelProfile | None", info: EngineInfo | None, *, n
     if info is None:
         rows.append(_row("mode", "connecting…" if loading else "not connected", "$text-warning"))
         return Content("\n").join(rows)
-    rows.append(_row("model", info.target))
+    rows.append(_row("model", info.target.rsplit("/", 1)[-1]))  # a GGUF path or org/name: its last part
     rows.append(_row("kind", info.device))
     if info.mode == "spec":  # the backend's own state: it turns speculation back on when the server ignored "off"
         rows.append(_row("mode", "speculative · on the server", "bold $text-success"))
@@ -80,7 +80,9 @@ def stats_content(stats: Stats | None, *, live: bool) -> Content:
     if s.speedup is not None:
         rows.append(_row("speedup", f"{fmt_speedup(s.speedup)} vs plain {fmt_rate(s.plain_tokens_per_s)} tok/s", "bold"))
     elif live:
-        rows.append(_row("speedup", "after the reply", "$text-muted"))
+        rows.append(_row("speedup", "measuring…" if s.speedup_reason else "after the reply", "$text-muted"))
+        if s.speedup_reason:
+            rows.append(_row("why", s.speedup_reason.removeprefix("measuring: "), "$text-muted"))
     else:
         rows.append(_row("speedup", "unknown", "bold $text-warning"))
         if s.speedup_reason:
@@ -95,6 +97,6 @@ def server_content(info: EngineInfo | None) -> Content:
         return Content("")
     rows = [Content.assemble(("─ server ", "$text-muted"), ("─" * 18, "$text-muted"))]
     for key, value in info.plan.items():
-        if value is not None and not isinstance(value, (dict, list, tuple)):
+        if value is not None and key != "model" and not isinstance(value, (dict, list, tuple)):
             rows.append(Content(f" {value}") if key == "summary" else _row(f" {key}", str(value)))
     return Content("\n").join(rows)

@@ -38,6 +38,7 @@ CALIBRATION_TOKENS = 64
 PROBE_TIMEOUT_S = 10.0
 METRICS_SETTLE_S = 0.2
 LLAMA_CPP, VLLM = "llama.cpp", "vLLM"
+CALIBRATING = "measuring: one short reply from the same server with speculation off"
 
 
 @dataclass
@@ -240,6 +241,8 @@ class ServerBackend:
             self.switch_honoured, self.speculation_on = False, True
             notice = ("the server ignored speculative.n_max = 0 and drafted anyway (this llama-server build "
                       "reads no per-request speculative options): speculation is back on")
+        if self._calibration_due(run, figures, spec_on):  # the text is complete: say what the wait is for
+            yield ChatEvent("", (), (), self._stats(run, spec_on, figures, speedup_reason=CALIBRATING))
         plain, speedup, why = self._speedup(messages, params, run, figures, spec_on, cancel)
         stats = dataclasses.replace(self._stats(run, spec_on, figures, speedup_reason=why),
                                     plain_tokens_per_s=plain, speedup=speedup)
@@ -295,7 +298,7 @@ class ServerBackend:
             return None, None, "speedup unknown: the reply was too short to time"
         if figures.proposed == 0:
             return None, None, "speedup unknown: the server drafted nothing in this reply, so there is nothing to compare"
-        if self.switch_honoured is not False and (self.plain_tokens_per_s is None or self._plain_age >= CALIBRATE_EVERY):
+        if self._calibration_due(run, figures, spec_on):
             self._calibrate(messages, params, run.tokens, cancel)
         if self.switch_honoured is False:
             return None, None, ("speedup unknown: this llama-server ignores per-request speculative options "
@@ -306,6 +309,12 @@ class ServerBackend:
         plain = self.plain_tokens_per_s
         return plain, rate / plain, (f"against a plain reply from the same server ({plain:.1f} tok/s, "
                                      "speculative.n_max = 0)")
+
+    def _calibration_due(self, run: _Run, figures: Figures, spec_on: bool) -> bool:
+        """Whether this reply is followed by a plain calibration reply."""
+        return (spec_on and self.kind == LLAMA_CPP and run.rate() is not None and figures.proposed > 0
+                and self.switch_honoured is not False
+                and (self.plain_tokens_per_s is None or self._plain_age >= CALIBRATE_EVERY))
 
     def _calibrate(self, messages: list[ChatMessage], params: GenerationParams, tokens: int,
                    cancel: threading.Event) -> None:

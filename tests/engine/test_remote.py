@@ -50,7 +50,10 @@ def test_llama_server_figures_and_calibrated_speedup() -> None:
         events = run(b)
         assert "".join(e.text for e in events) == "Hello there!"
         assert all(p.source == "target" for e in events for p in e.pieces)
-        assert [e.finish_reason for e in events] == [None] * 4 + ["eos"]
+        assert [e.finish_reason for e in events] == [None] * 5 + ["eos"]
+        # The text is complete before the calibration reply: an event says what the wait is for.
+        assert events[4].text == "" and events[4].stats.speedup_reason.startswith("measuring")
+        assert events[4].stats.alpha == pytest.approx(0.5)
         final = events[-1].stats
         assert isinstance(final, ServerStats)
         assert (final.proposed, final.accepted, final.alpha) == (4, 2, pytest.approx(0.5))
