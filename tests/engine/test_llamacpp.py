@@ -1,8 +1,6 @@
 """engine.llamacpp: finding llama.cpp's binaries, and the llama-server process's life (with a fake)."""
 from __future__ import annotations
 
-import json
-import os
 import stat
 import sys
 from pathlib import Path
