@@ -148,7 +148,7 @@ class SpecChatApp(ReplyMixin, ChatMixin, TurnsMixin, App[None]):
                 yield ChatLog(id="chat-log")
                 yield PromptArea(id="prompt", placeholder="Ask something · Enter sends · ctrl+j newline · F1 help")
             yield Hud(id="hud")
-        yield Footer()
+        yield Footer(compact=True)  # compact: the main keys, Quit included, fit in 80 columns
 
     # The main screen's widgets, found there even while a dialog is on top
     # (App.query_one searches the active screen).

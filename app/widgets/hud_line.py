@@ -17,13 +17,14 @@ if TYPE_CHECKING:
 HUD_MIN_WIDTH = 110
 """Narrower terminals get the one-line HUD (the side panel takes 40 columns)."""
 
-SEP = ("  ·  ", "$text-muted")
+SEP = (" · ", "$text-muted")
+SHORT_MODES = {"spec": "spec", "ngram": "n-gram", "plain": "plain"}
 
 
 def status_line(hud: "Hud", toggle_key: str = "F6") -> Content:
     """Profile, mode and the live figures on one line; loading and errors take its place."""
     name = hud.profile_name or DASH
-    hint = (f"  {toggle_key} HUD", "$text-muted")
+    hint = (f"  {toggle_key}: full HUD", "$text-muted")
     if hud.error:
         return Content.assemble((name, "bold"), SEP, (f"✗ {hud.error}", "$text-error"), hint)
     if hud.loading_stage is not None:
@@ -33,8 +34,8 @@ def status_line(hud: "Hud", toggle_key: str = "F6") -> Content:
         return Content.assemble((name, "bold"), SEP, ("not loaded", "$text-warning"), hint)
     s = hud.stats if hud.live or hud.stats is not None else None
     mode = (s.mode if (hud.live and s) else hud.info.mode) or ""
-    parts: list[tuple[str, str] | str] = [(name, "bold"), SEP,
-                                          (mode_label(mode), "$text-success" if mode in ("spec", "ngram") else "$text-warning")]
+    parts: list[tuple[str, str] | str] = [(name, "bold"), SEP, (SHORT_MODES.get(mode, mode_label(mode)),
+                                          "$text-success" if mode in ("spec", "ngram") else "$text-warning")]
     if s is not None:
         if s.proposed:
             parts += [SEP, f"accepted {fmt_percent(s.alpha)}", SEP, f"τ {fmt_float(s.tau)}"]

@@ -33,7 +33,7 @@ class PromptArea(TextArea):
     BINDINGS = [
         # Listed for the help page; the keys themselves are handled in _on_key, in arrival order.
         Binding("enter", "submit", "Send", show=False),
-        Binding("ctrl+j,shift+enter,alt+enter", "newline", "Newline", key_display="ctrl+j"),
+        Binding("ctrl+j,shift+enter,alt+enter", "newline", "Newline", key_display="ctrl+j", show=False),
         Binding("pageup,pagedown", "scroll_chat", "Scroll the chat", show=False),
     ]
     HELP_ONLY = [Binding("up,down", "recall", "Earlier prompts (in an empty box)")]

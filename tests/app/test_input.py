@@ -167,3 +167,29 @@ async def test_page_keys_scroll_the_chat_from_the_prompt_box(make_app: Callable[
         assert app.focused is app.prompt
         await pilot.press("pagedown")
         await wait_for(pilot, lambda: log.scroll_y == bottom)
+
+
+@pytest.mark.parametrize("key", ["f8", "f9"])
+async def test_dialog_opened_as_a_reply_finishes_keeps_the_keys(make_app: Callable[..., SpecChatApp], key: str) -> None:
+    """F8/F9 pressed just before the reply's end: the dialog opens and keeps focus (the end of
+    a reply used to pull focus back to the prompt box behind the dialog)."""
+    from textual.widgets import Input, TextArea
+
+    from app.screens.edit import EditScreen
+
+    loader = FakeLoader(hold_after=4)
+    app = make_app(loader=loader)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        await wait_for(pilot, loader.backends[0].held.is_set)
+        await pilot.press(key)
+        await wait_for(pilot, lambda: isinstance(app.screen, EditScreen))
+        loader.backends[0].release.set()
+        await wait_for(pilot, lambda: not app.generating)
+        await pilot.pause(0.1)
+        assert isinstance(app.screen, EditScreen)
+        assert isinstance(app.focused, (Input, TextArea)) and app.focused.screen is app.screen
+        await pilot.press("z")
+        value = app.focused.value if isinstance(app.focused, Input) else app.focused.text
+        assert "z" in value and "z" not in app.prompt.text

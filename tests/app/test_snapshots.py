@@ -76,3 +76,27 @@ def test_profile_picker(snap_compare: Callable[..., bool], make_app: Callable[..
         await pilot.pause()
 
     assert snap_compare(make_app(), terminal_size=SIZE, run_before=run_before)
+
+
+def test_narrow_80x24_after_a_reply(snap_compare: Callable[..., bool], make_app: Callable[..., SpecChatApp]) -> None:
+    """At 80×24 the HUD is one status line and the chat keeps the width."""
+    async def run_before(pilot: Pilot) -> None:
+        app = pilot.app
+        await ready(pilot)
+        await send(pilot, "Show me some code")
+        await wait_for(pilot, lambda: not app.generating)  # type: ignore[attr-defined]
+        await settle(pilot)
+
+    assert snap_compare(make_app(), terminal_size=(80, 24), run_before=run_before)
+
+
+def test_wide_160x48_after_a_reply(snap_compare: Callable[..., bool], make_app: Callable[..., SpecChatApp]) -> None:
+    """At 160×48 the full HUD sits beside the chat."""
+    async def run_before(pilot: Pilot) -> None:
+        app = pilot.app
+        await ready(pilot)
+        await send(pilot, "Show me some code")
+        await wait_for(pilot, lambda: not app.generating)  # type: ignore[attr-defined]
+        await settle(pilot)
+
+    assert snap_compare(make_app(), terminal_size=(160, 48), run_before=run_before)
