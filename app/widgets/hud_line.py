@@ -42,6 +42,8 @@ def status_line(hud: "Hud", toggle_key: str = "F6") -> Content:
         parts += [SEP, f"{fmt_rate(s.tokens_per_s)} tok/s"]
         if s.speedup is not None:
             parts += [SEP, (fmt_speedup(s.speedup), "bold")]
+        elif getattr(s, "server", "") and not hud.live:  # a server reply: no plain reply to compare with
+            parts += [SEP, "speedup unknown"]
         elif s.tokens and mode != "plain":
             parts += [SEP, "measuring…"]
     parts.append(("  live" if hud.live else "", "$text-success"))

@@ -9,6 +9,7 @@ from app.history import History
 from app.screens.profiles import profile_option
 from app.widgets.chat_view import AssistantMessage
 from app.widgets.hud import Hud
+from app.widgets.hud_line import status_line
 from engine.profiles import Profiles
 from engine.remote.profile import profile_from_server
 from tests.app.fakes import make_profiles
@@ -72,6 +73,8 @@ async def test_reply_from_server_shows_its_figures_and_speedup() -> None:
             assert "2.00× vs plain 25.0 tok/s" in text
             footer = str(app.query_one(AssistantMessage).query_one(".reply-footer").render())
             assert "llama.cpp server · α 0.50 · τ 2.00 · 50.0 tok/s · 2.00× vs plain · 4 tokens" in footer
+            line = str(status_line(app.query_one(Hud)))
+            assert "accepted 50%" in line and "τ 2.00" in line and "2.00×" in line
         content, finish, stats = saved_reply()
         assert (content, finish) == ("Hello there!", "eos")
         assert stats is not None and stats["alpha"] == 0.5 and stats["speedup"] == 2.0
@@ -90,6 +93,7 @@ async def test_unknown_speedup_and_missing_figures_are_said() -> None:
             assert "0.00" not in text
             footer = str(app.query_one(AssistantMessage).query_one(".reply-footer").render())
             assert "no speculative figures" in footer and "speedup unknown" in footer
+            assert "speedup unknown" in str(status_line(app.query_one(Hud)))
 
 
 async def test_stream_cut_mid_reply_keeps_the_partial_reply() -> None:
