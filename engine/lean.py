@@ -11,7 +11,7 @@ memory is duplicated):
     x = embed(ids)
     for each layer:
         h = rms_norm(x) ; q, k, v = h Wq, h Wk, h Wv ; rope(q, k)
-        k, v = cache.update(k, v)                      # the runner's DynamicCache
+        k, v = cache.update(k, v)                      # the runner's cache (GrowingKV)
         x = x + attention(q, k, v, causal from position ``start``) Wo
         h = rms_norm(x) ; x = x + (silu(h Wg) * h Wu) Wd
     logits = rms_norm(x[-keep:]) W_head
@@ -106,6 +106,32 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 class LeanForward:
     """Callable like the model (``input_ids``, ``past_key_values``, ``logits_to_keep``) for the runner."""
 
+    def _attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, start: int, row_exact: bool
+    ) -> torch.Tensor:
+        """Attention of ``q`` ``[1, heads, T, d]`` over the cache ``k``, ``v`` ``[1, kv_heads, start + T, d]``.
+
+        A verify pass must give each row the very numbers a one-token step at
+        that position would (greedy speculation is token-identical to plain
+        decoding only if it does). One masked SDPA call over T rows takes
+        another kernel path and differs in the last bits (~2e-7 here), enough
+        to flip a near-tie; so with ``row_exact`` row ``i`` attends through its
+        own one-row call over exactly ``start + i + 1`` keys. The int4 matmuls
+        are batch-invariant already (tests/engine/test_lean.py checks both).
+        A prefill, whose logits nobody compares, takes the one masked call.
+        """
+        gqa = self.n_kv != self.n_heads
+        t = q.shape[2]
+        if t == 1 or not row_exact:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=gqa)
+        rows = [F.scaled_dot_product_attention(q[:, :, i : i + 1], k[:, :, : start + i + 1], v[:, :, : start + i + 1],
+                                               scale=self.scale, enable_gqa=gqa) for i in range(t)]
+        return torch.cat(rows, dim=2)
+
+    def new_cache(self) -> GrowingKV:
+        """An empty cache for this model (the runner owns it)."""
+        return GrowingKV(len(self.layers))
+
     def __init__(self, model: nn.Module) -> None:
         cfg = model.config.get_text_config()
         inner = model.model
@@ -121,11 +147,16 @@ class LeanForward:
         self.scale = self.head_dim**-0.5
 
     @torch.inference_mode()
-    def __call__(self, input_ids: torch.Tensor, past_key_values: Any, start: int, logits_to_keep: int = 1) -> torch.Tensor:
+    def __call__(
+        self, input_ids: torch.Tensor, past_key_values: Any, start: int, logits_to_keep: int = 1,
+        row_exact: bool = True,
+    ) -> torch.Tensor:
         """Run ``input_ids`` ``[1, T]`` at positions ``start .. start + T - 1``.
 
         Appends their keys and values to ``past_key_values`` (which holds
         ``start`` tokens) and returns logits ``[1, logits_to_keep, V]``.
+        With ``row_exact`` each row's attention is computed exactly as a
+        one-token pass at its position would compute it (see :meth:`_attention`).
         """
         t = input_ids.shape[1]
         x = F.embedding(input_ids, self.embed)
@@ -145,14 +176,68 @@ class LeanForward:
             q = q * cos + _rotate_half(q) * sin
             k = k * cos + _rotate_half(k) * sin
             k, v = past_key_values.update(k, v, i)
-            a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale,
-                                               enable_gqa=self.n_kv != self.n_heads)
+            a = self._attention(q, k, v, mask, start, row_exact)
             x = x + layer.o(a.transpose(1, 2).reshape(1, t, -1))
             h = _rms_norm(x, layer.norm2, layer.eps2)
             gate, up = layer.gate_up(h).split((layer.inter, layer.inter), dim=-1)
             x = x + layer.down(F.silu(gate) * up)
         x = _rms_norm(x[:, -logits_to_keep:], self.final_norm, self.final_eps)
         return self.head(x)
+
+
+class GrowingKV:
+    """The lean path's KV cache: per-layer buffers that grow by doubling.
+
+    transformers' ``DynamicCache`` concatenates every step, copying the whole
+    cache (O(L) a token: ~45 MB a step for SmolLM2 at 1,000 tokens); here a
+    step writes only its new keys and values. It offers what the runner uses of
+    a cache: ``update``, ``get_seq_length`` and ``layers`` whose ``keys`` are
+    ``[1, kv_heads, length, head_dim]`` views and whose ``crop(-n)`` drops the
+    last ``n`` tokens (``crop(n)``, n >= 0, keeps the first ``n``).
+    """
+
+    class Layer:
+        def __init__(self) -> None:
+            self.k: torch.Tensor | None = None
+            self.v: torch.Tensor | None = None
+            self.length = 0
+
+        @property
+        def is_initialized(self) -> bool:
+            return self.k is not None
+
+        @property
+        def keys(self) -> torch.Tensor | None:
+            return self.k[:, :, : self.length] if self.k is not None else None
+
+        def crop(self, n: int) -> None:
+            self.length = max(self.length + n, 0) if n < 0 else min(n, self.length)
+
+        def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            end = self.length + k.shape[2]
+            if self.k is None or end > self.k.shape[2]:
+                capacity = max(256, 2 * end)
+                grown_k = k.new_empty((*k.shape[:2], capacity, k.shape[3]))
+                grown_v = v.new_empty((*v.shape[:2], capacity, v.shape[3]))
+                if self.k is not None and self.v is not None:
+                    grown_k[:, :, : self.length] = self.k[:, :, : self.length]
+                    grown_v[:, :, : self.length] = self.v[:, :, : self.length]
+                self.k, self.v = grown_k, grown_v
+            assert self.v is not None
+            self.k[:, :, self.length : end] = k
+            self.v[:, :, self.length : end] = v
+            self.length = end
+            return self.k[:, :, :end], self.v[:, :, :end]
+
+    def __init__(self, n_layers: int) -> None:
+        self.layers = [GrowingKV.Layer() for _ in range(n_layers)]
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``[1, kv_heads, T, head_dim]`` keys and values; return the layer's whole cache."""
+        return self.layers[layer_idx].append(k, v)
+
+    def get_seq_length(self) -> int:
+        return self.layers[0].length if self.layers else 0
 
 
 def _head_rows(head: nn.Module, ids: torch.Tensor, hidden: int) -> torch.Tensor:

@@ -1,8 +1,9 @@
 """One model and the one KV cache it owns.
 
-:class:`ModelRunner` is the only code that feeds a model or touches its
-``DynamicCache``, and :meth:`ModelRunner.truncate` is the only place a cache is
-cropped. It remembers which token ids the cache holds, so callers never track
+:class:`ModelRunner` is the only code that feeds a model or touches its KV
+cache (:class:`engine.lean.GrowingKV` on the lean path, transformers'
+``DynamicCache`` otherwise), and :meth:`ModelRunner.truncate` is the only place
+a cache is cropped. It remembers which token ids the cache holds, so callers never track
 cache lengths by hand: :meth:`sync` keeps the longest prefix the cache shares
 with a new context (rejected draft tokens, or the previous chat turn) and says
 what is left to feed.
@@ -15,7 +16,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from engine.device import Device
-from engine.lean import lean_forward
+from engine.lean import GrowingKV, lean_forward
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -41,9 +42,12 @@ class ModelRunner:
         # allows (engine/lean.py); transformers' own forward otherwise.
         self._lean = lean_forward(model) if lean else None
         self.ids: list[int] = []
-        self.cache: DynamicCache = DynamicCache(config=model.config)
+        self.cache = self._new_cache()
         # Width of the logits (may exceed the tokenizer's vocabulary: padding rows).
         self.vocab_size = int(model.config.get_text_config().vocab_size)
+
+    def _new_cache(self) -> "DynamicCache | GrowingKV":
+        return self._lean.new_cache() if self._lean is not None else DynamicCache(config=self.model.config)
 
     def restrict_vocab(self, ids: torch.Tensor) -> bool:
         """Compute logits for the token ids ``ids`` only (``-inf`` elsewhere), for a
@@ -78,7 +82,7 @@ class ModelRunner:
         keep = max(logits_to_keep, 1)
         try:
             if self._lean is not None:
-                logits = self._lean(input_ids, self.cache, len(self.ids), keep)
+                logits = self._lean(input_ids, self.cache, len(self.ids), keep, row_exact=logits_to_keep > 0)
             else:
                 logits = self.model(
                     input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep
@@ -136,12 +140,12 @@ class ModelRunner:
 
     def reset(self) -> None:
         """Forget everything cached."""
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = self._new_cache()
         self.ids = []
 
     def release(self) -> None:
         """Drop the cache and the model reference so their memory can be freed."""
-        self.cache = DynamicCache(config=self.model.config)
+        self.cache = self._new_cache()
         self.ids = []
         self.model = None  # type: ignore[assignment]
         self._lean = None

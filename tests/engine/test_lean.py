@@ -67,3 +67,71 @@ def test_int4_fusion_is_exact_where_it_is_allowed(rows: tuple[int, ...], fusable
         fused = Int4Linear.fuse(layers)
         assert torch.equal(fused(x), separate)
         assert torch.equal(torch.cat([layer(x) for layer in layers], dim=-1), separate)  # views still right
+
+
+def test_growing_cache_matches_dynamic_cache_through_crops_and_growth() -> None:
+    """The lean path's cache gives the same logits as transformers' through prefill, steps,
+    rejected drafts (crops) and growth past its first buffer."""
+    from engine.lean import GrowingKV
+
+    model = _model("llama")
+    lean = lean_forward(model)
+    assert lean is not None
+    ours, theirs = GrowingKV(2), DynamicCache(config=model.config)
+    gen = torch.Generator().manual_seed(0)
+    length = 0
+    with torch.no_grad():
+        for step in range(40):
+            n = 1 + step % 7 if step else 200  # a long prompt, then passes of 1..7 tokens
+            ids = torch.randint(0, 96, (1, n), generator=gen)
+            got = lean(ids, ours, length, logits_to_keep=n)
+            want = model(input_ids=ids, past_key_values=theirs, use_cache=True, logits_to_keep=n).logits
+            assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
+            length += n
+            drop = step % 3  # a rejected tail, as after a verify pass
+            if drop and length > drop:
+                for layer in ours.layers:
+                    layer.crop(-drop)
+                theirs.crop(-drop)
+                length -= drop
+            assert ours.get_seq_length() == theirs.get_seq_length() == length
+    assert ours.layers[0].k is not None and ours.layers[0].k.shape[2] > 256  # it grew
+
+
+@pytest.mark.parametrize("int4", [True, False])
+def test_a_verify_pass_gives_each_row_the_one_token_step_numbers(int4: bool) -> None:
+    """Greedy speculation is token-identical to plain decoding only if a K+1-token
+    pass computes every row bit for bit as one-token steps would. The int4 path
+    guarantees it (batch-invariant kernel, one-row attention); fp32 BLAS matmuls
+    pick kernels by row count, so there only near-ties can differ."""
+    model = _model("llama")
+    if int4:
+        quantize_model(model, group_size=32)
+    runner = ModelRunner(model, Device(torch.device("cpu")))
+    gen = torch.Generator().manual_seed(4)
+    prompt, tail = torch.randint(0, 96, (300,), generator=gen).tolist(), [6, 5, 3, 5, 8]
+    runner.prefill(prompt)
+    batch = runner.forward(tail, logits_to_keep=len(tail))
+    runner.truncate(len(prompt))
+    steps = torch.cat([runner.forward([t], logits_to_keep=1) for t in tail])
+    if int4:
+        assert torch.equal(batch, steps)
+    else:
+        assert torch.allclose(batch, steps, rtol=0, atol=1e-5 * float(steps.abs().max()))
+
+
+def test_row_exact_attention_equals_one_row_calls_where_one_masked_call_does_not() -> None:
+    model = _model("llama")
+    lean = lean_forward(model)
+    assert lean is not None
+    gen = torch.Generator().manual_seed(2)
+    start, t = 294, 6
+    q = torch.randn(1, 4, t, 16, generator=gen)
+    k, v = torch.randn(1, 2, start + t, 16, generator=gen), torch.randn(1, 2, start + t, 16, generator=gen)
+    mask = torch.ones(t, start + t, dtype=torch.bool).tril(diagonal=start)
+    one_row = [lean._attention(q[:, :, i : i + 1], k[:, :, : start + i + 1], v[:, :, : start + i + 1], None,
+                               start + i, True) for i in range(t)]
+    exact = lean._attention(q, k, v, mask, start, True)
+    assert all(torch.equal(exact[:, :, i : i + 1], one_row[i]) for i in range(t))
+    masked = lean._attention(q, k, v, mask, start, False)
+    assert not all(torch.equal(masked[:, :, i : i + 1], one_row[i]) for i in range(t))  # why row_exact exists
