@@ -17,6 +17,7 @@ import psutil
 import torch
 
 from engine.device import Device
+from engine.runner import watch_passes
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,9 @@ class ForwardTimer:
             model.register_forward_pre_hook(self._pre, with_kwargs=True),
             model.register_forward_hook(self._post, with_kwargs=True),
         ]
+        # specchat's runner feeds Llama-family models through its lean path,
+        # which no module hook sees: it reports those passes itself.
+        self._stop_watching = watch_passes(model, lambda n, seconds: self.calls.append((n, seconds)))
 
     def _pre(self, module: torch.nn.Module, args: tuple, kwargs: dict) -> None:
         ids = kwargs.get("input_ids", args[0] if args else None)
@@ -64,6 +68,7 @@ class ForwardTimer:
     def remove(self) -> None:
         for handle in self._handles:
             handle.remove()
+        self._stop_watching()
 
 
 class PeakMemory:

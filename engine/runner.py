@@ -10,13 +10,32 @@ what is left to feed.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+import weakref
+from collections.abc import Callable, Sequence
 
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from engine.device import Device
 from engine.lean import GrowingKV, lean_forward
+
+
+PassWatcher = Callable[[int, float], None]
+_PASS_WATCHERS: "weakref.WeakKeyDictionary[torch.nn.Module, list[PassWatcher]]" = weakref.WeakKeyDictionary()
+
+
+def watch_passes(model: torch.nn.Module, watcher: PassWatcher) -> Callable[[], None]:
+    """Call ``watcher(tokens_fed, seconds)`` after every lean-path pass of ``model``
+    (transformers' forward has module hooks for that; the lean path skips them).
+    Returns the function that stops watching. For the bench's timers."""
+    _PASS_WATCHERS.setdefault(model, []).append(watcher)
+
+    def stop() -> None:
+        watchers = _PASS_WATCHERS.get(model, [])
+        if watcher in watchers:
+            watchers.remove(watcher)
+
+    return stop
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -82,7 +101,11 @@ class ModelRunner:
         keep = max(logits_to_keep, 1)
         try:
             if self._lean is not None:
+                watchers = _PASS_WATCHERS.get(self.model)
+                start = self.device.now() if watchers else 0.0
                 logits = self._lean(input_ids, self.cache, len(self.ids), keep, row_exact=logits_to_keep > 0)
+                for watch in watchers or ():
+                    watch(len(new_ids), self.device.now() - start)
             else:
                 logits = self.model(
                     input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep
