@@ -279,7 +279,7 @@ def build_report(args: argparse.Namespace, profile: Any, engine: Any, models: An
     """The JSON document: machine, settings, results, mismatches and every run.
 
     ``judge`` (CUDA) sorts differing outputs into mismatches and near-tie flips."""
-    from app.bench_exact import counted, exactness, flips
+    from app.bench_exact import NEAR_TIE_LOGITS, counted, exactness, flips
     from app.bench_probes import PeakMemory, machine_info
     from app.bench_stats import mismatches, reference_outputs, run_record, summarise
 
@@ -291,7 +291,7 @@ def build_report(args: argparse.Namespace, profile: Any, engine: Any, models: An
                     "quantization": info.quantization, "target_bytes": info.target_bytes, "draft_bytes": info.draft_bytes},
         "settings": {
             "argv": sys.argv[1:], "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "warmup": 1,
-            "greedy": True, "identical": exactness(judge is not None), "k_range": parse_k_range(args.k_range), "k_min": models.k_min, "k_max": models.k_max,
+            "greedy": True, "identical": exactness(judge is not None, getattr(judge, "tolerance", NEAR_TIE_LOGITS)), "k_range": parse_k_range(args.k_range), "k_min": models.k_min, "k_max": models.k_max,
             "lookup_tokens": models.lookup_k, "stop_token_ids": list(models.stop_ids),
             "peak_memory": PeakMemory(models.device).kind,
             "tokens_per_s": "decode: tokens after the first emission over the time after it (the first emission "

@@ -57,10 +57,11 @@ def first_difference(expected: Sequence[int], got: Sequence[int]) -> int | None:
     return None if len(expected) == len(got) else min(len(expected), len(got))
 
 
-def reference_outputs(runs: Sequence[Run]) -> dict[str, tuple[int, ...]]:
-    """Plain decoding's output per prompt (its first measured repeat)."""
+def reference_outputs(runs: Sequence[Run], method: str = "plain") -> dict[str, tuple[int, ...]]:
+    """Plain decoding's output per prompt (its first measured repeat); ``method``
+    names whose plain decoding (``hf-plain``: transformers')."""
     refs: dict[str, tuple[int, ...]] = {}
-    for run in sorted((r for r in runs if r.method == "plain"), key=lambda r: r.repeat):
+    for run in sorted((r for r in runs if r.method == method), key=lambda r: r.repeat):
         refs.setdefault(run.prompt, run.tokens)
     return refs
 
@@ -71,12 +72,18 @@ def mismatches(runs: Sequence[Run], refs: dict[str, tuple[int, ...]], judge: Jud
     With a ``judge`` (CUDA: :func:`app.bench_exact.near_tie_judge`) each carries its
     verdict: ``near_tie`` differences are floating-point flips, not mismatches.
 
-    llama.cpp's runs are not checked: its numerics differ (see :func:`app.bench_llamacpp.agreement`)."""
+    transformers' speculative runs are checked against transformers' own plain
+    decoding (``hf-plain``; unchecked when it did not run): its forward pass is
+    not specchat's lean one, so the two engines' greedy texts may part at a near
+    tie, and ``hf-plain`` against ``plain`` shows whether they did. llama.cpp's
+    runs are not checked: its numerics differ (see :func:`app.bench_llamacpp.agreement`)."""
     found = []
+    hf_refs = reference_outputs(runs, "hf-plain")
     for run in runs:
         if run.method in LLAMA_METHODS:
             continue
-        expected = refs.get(run.prompt)
+        speculative_hf = run.method.startswith("hf-") and run.method != "hf-plain"
+        expected = (hf_refs if speculative_hf else refs).get(run.prompt)
         at = first_difference(expected, run.tokens) if expected is not None else None
         if at is not None and expected is not None:
             found.append({

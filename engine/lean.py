@@ -275,6 +275,17 @@ def subset_head(model: nn.Module, ids: torch.Tensor) -> Callable[[torch.Tensor],
     return f
 
 
+def batch_invariant(model: nn.Module) -> bool:
+    """Whether a K+1-token pass of ``model`` gives each row exactly a one-token step's
+    numbers: the lean path with every linear layer on the CPU int4 kernel (whose
+    rows do not depend on how many there are; attention is made row-exact).
+    BLAS float matmuls choose kernels by row count, so an fp32/bf16 model is not."""
+    if lean_forward(model) is None:
+        return False
+    linears = [m for m in model.modules() if isinstance(m, (nn.Linear, Int4Linear))]
+    return bool(linears) and all(isinstance(m, Int4Linear) and not m.is_cuda for m in linears)
+
+
 def lean_forward(model: nn.Module) -> LeanForward | None:
     """A :class:`LeanForward` over ``model``, or None when the model is not a plain
     Llama-family decoder (other architectures, sliding windows, accelerate hooks)."""
