@@ -319,3 +319,11 @@ def run_bench(
 def _report(progress: ProgressFn | None, done: int, total: int, what: str) -> None:
     if progress is not None:
         progress(done, total, what)
+
+
+def first_difference(expected: Sequence[int], got: Sequence[int]) -> int | None:
+    """The first position where two id sequences differ (or where the shorter ends); None if equal."""
+    for i, (a, b) in enumerate(zip(expected, got)):
+        if a != b:
+            return i
+    return None if len(expected) == len(got) else min(len(expected), len(got))

@@ -9,38 +9,19 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TextIO
+from typing import TYPE_CHECKING, Any
 
+from app.bench_inputs import PromptSpec, ProgressBar, load_prompt_set, render, select_prompts
 from app.bench_llamacpp import TABLE_FOOTNOTE, same_cell
 from app.bench_methods import ALL_METHODS
 from engine.errors import SpecChatError
-from engine.events import ChatMessage
 
 if TYPE_CHECKING:
-    from app.bench import BenchPrompt
     from app.bench_exact import Judge
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
-
-ROLES = ("system", "user", "assistant")
-
-
-@dataclass(frozen=True)
-class PromptSpec:
-    """A prompt of the set before rendering: name, class and messages."""
-
-    name: str
-    prompt_class: str
-    messages: tuple[ChatMessage, ...]
-
+__all__ = ["PromptSpec", "ProgressBar", "add_bench_parser", "cmd_bench", "load_prompt_set", "select_prompts"]
 
 def add_bench_parser(sub: Any, add_model_options: Callable[[argparse.ArgumentParser], None]) -> None:
     """Register ``bench`` on the CLI's subparsers."""
@@ -78,86 +59,6 @@ def parse_k_range(text: str) -> list[int]:
     if not values or min(values) < 1:
         raise SpecChatError(f"--k-range: need K values >= 1, got {text!r}")
     return sorted(set(values))
-
-
-def load_prompt_set(path: Path | None = None) -> list[PromptSpec]:
-    """The prompts of a set file (the shipped ``bench_prompts.toml`` by default)."""
-    where = str(path) if path else "the shipped bench_prompts.toml"
-    try:
-        text = path.read_text(encoding="utf-8") if path else resources.files("app").joinpath("bench_prompts.toml").read_text(encoding="utf-8")
-        data = tomllib.loads(text)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
-        raise SpecChatError(f"cannot read the prompt set {where}: {exc}") from None
-    specs = [_prompt_spec(entry, where) for entry in data.get("prompt", [])]
-    if not specs:
-        raise SpecChatError(f"{where} has no [[prompt]] entries")
-    names = [s.name for s in specs]
-    if len(set(names)) != len(names):
-        raise SpecChatError(f"{where}: prompt names must be unique")
-    return specs
-
-
-def _prompt_spec(entry: Any, where: str) -> PromptSpec:
-    name = entry.get("name") if isinstance(entry, dict) else None
-    cls = entry.get("class") if isinstance(entry, dict) else None
-    messages = entry.get("messages") if isinstance(entry, dict) else None
-    if not isinstance(name, str) or not isinstance(cls, str) or not isinstance(messages, list) or not messages:
-        raise SpecChatError(f"{where}: every [[prompt]] needs a name, a class and a non-empty messages list")
-    out = []
-    for m in messages:
-        if not isinstance(m, dict) or m.get("role") not in ROLES or not isinstance(m.get("content"), str):
-            raise SpecChatError(f"{where}: prompt {name!r} has a message without a valid role and content")
-        out.append(ChatMessage(m["role"], m["content"]))
-    if out[-1].role != "user":
-        raise SpecChatError(f"{where}: prompt {name!r} must end with a user message")
-    return PromptSpec(name, cls, tuple(out))
-
-
-def select_prompts(specs: Sequence[PromptSpec], classes: str | None, per_class: int | None) -> list[PromptSpec]:
-    """The prompts of the chosen classes, at most ``per_class`` of each."""
-    wanted = [c.strip() for c in classes.split(",")] if classes else None
-    known = {s.prompt_class for s in specs}
-    if wanted and not set(wanted) <= known:
-        raise SpecChatError(f"--classes: unknown class(es) {sorted(set(wanted) - known)}; the set has {sorted(known)}")
-    counts: dict[str, int] = {}
-    chosen = []
-    for spec in specs:
-        if wanted and spec.prompt_class not in wanted:
-            continue
-        counts[spec.prompt_class] = counts.get(spec.prompt_class, 0) + 1
-        if per_class is None or counts[spec.prompt_class] <= per_class:
-            chosen.append(spec)
-    return chosen
-
-
-def render(specs: Sequence[PromptSpec], to_ids: Callable[[Sequence[ChatMessage]], list[int]]) -> list["BenchPrompt"]:
-    """Token-id prompts through the target's chat template (``to_ids``)."""
-    from app.bench import BenchPrompt
-
-    return [BenchPrompt(s.name, s.prompt_class, tuple(to_ids(s.messages))) for s in specs]
-
-
-class ProgressBar:
-    """A one-line progress bar on a terminal; a line per tenth elsewhere."""
-
-    def __init__(self, stream: TextIO = sys.stderr, width: int = 28) -> None:
-        self.stream, self.width = stream, width
-        self.tty = stream.isatty()
-        self.start = time.perf_counter()
-        self._last_tenth = -1
-
-    def __call__(self, done: int, total: int, what: str) -> None:
-        frac = done / total if total else 1.0
-        elapsed = time.perf_counter() - self.start
-        eta = f" eta {elapsed / frac - elapsed:5.0f}s" if 0 < frac < 1 else ""
-        bar = "#" * int(frac * self.width) + "." * (self.width - int(frac * self.width))
-        line = f"[{bar}] {done}/{total}{eta}  {what}"
-        if self.tty:
-            end = "\n" if done >= total else ""
-            print(f"\r\033[K{line[:160]}", end=end, file=self.stream, flush=True)
-        elif int(frac * 10) > self._last_tenth:
-            self._last_tenth = int(frac * 10)
-            print(line, file=self.stream, flush=True)
 
 
 def _fmt(value: float | None, spec: str) -> str:
@@ -248,7 +149,7 @@ def write_chart(results: Sequence[dict[str, Any]], path: Path) -> str:
 
 def _load(args: argparse.Namespace, progress: Any) -> tuple[Any, Any, list[str]]:
     """The profile and its loaded engine, plus notes about what was not loaded."""
-    from app.cli import load_for, resolve_profile
+    from app.models_cli import load_for, resolve_profile
 
     profile = resolve_profile(args)
     engine = load_for(profile, "spec", progress)
@@ -336,7 +237,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from app.bench_exact import near_tie_judge
     from app.bench_llamacpp import llama_servers, plan_llama, plan_report
     from app.bench_methods import plan_methods
-    from app.cli import stderr_progress
+    from app.models_cli import stderr_progress
     from engine.llamacpp import find_llama_cpp
 
     if args.repeats < 1 or args.max_new_tokens < 1:

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.bench import BenchPrompt, ExternalRunner, Run, _Reply
+from app.bench import BenchPrompt, ExternalRunner, Run, _Reply, first_difference
 from app.bench_methods import LLAMA_METHODS, Method
 from engine.errors import LlamaCppError
 from engine.llamacpp import (LlamaCpp, LlamaServer, completion_payload, find_llama_cpp, gguf_for, how_to_get,
@@ -221,7 +221,6 @@ def _strip(tokens: Sequence[int], stop_ids: Sequence[int]) -> tuple[int, ...]:
 def agreement(runs: Sequence[Run], refs: dict[str, tuple[int, ...]], stop_ids: Sequence[int] = ()) -> dict[str, Any]:
     """How far llama.cpp's outputs agree with specchat plain's (a trailing stop token ignored):
     runs identical, and the mean length of the common prefix as a share of plain's reply."""
-    from app.bench_stats import first_difference
 
     same, shares, compared = 0, [], 0
     for run in runs:

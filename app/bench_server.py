@@ -21,14 +21,14 @@ from engine.errors import SpecChatError
 from engine.events import GenerationParams, SamplingParams
 
 if TYPE_CHECKING:
-    from app.bench_cli import PromptSpec
+    from app.bench_inputs import PromptSpec
     from engine.profiles import ModelProfile
     from engine.remote.backend import ServerBackend
 
 
 def server_bench_profile(args: argparse.Namespace) -> "ModelProfile | None":
     """The server profile the bench options name (``--server`` or a server ``--profile``), else None."""
-    from app.cli import resolve_profile
+    from app.models_cli import resolve_profile
 
     if getattr(args, "plain_server", None) and not getattr(args, "server", None):
         profile = resolve_profile(args)
@@ -188,7 +188,7 @@ def format_table(results: Sequence[dict[str, Any]]) -> str:
 
 def cmd_bench_server(args: argparse.Namespace, profile: "ModelProfile") -> int:
     """Run the server bench, print the table, write the JSON."""
-    from app.bench_cli import ProgressBar, load_prompt_set, select_prompts
+    from app.bench_inputs import ProgressBar, load_prompt_set, select_prompts
 
     if args.repeats < 1 or args.max_new_tokens < 1:
         raise SpecChatError("--repeats and --max-new-tokens must be at least 1")

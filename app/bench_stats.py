@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.bench import Run
+from app.bench import Run, first_difference
 from app.bench_exact import Judge, counted, flips
 from app.bench_llamacpp import llama_figures
 from app.bench_methods import LLAMA_METHODS
@@ -47,14 +47,6 @@ def _expected_tokens(alpha: float, k: int) -> float:
 def predicted_speedup(alpha: float, k: int, c: float, v: float) -> float:
     """(1 - α^(K+1)) / ((1 - α)(K·c + v)): ``c`` a draft step and ``v`` a verify pass, both in target steps."""
     return _expected_tokens(alpha, k) / (k * c + v)
-
-
-def first_difference(expected: Sequence[int], got: Sequence[int]) -> int | None:
-    """The first position where two id sequences differ (or where the shorter ends); None if equal."""
-    for i, (a, b) in enumerate(zip(expected, got)):
-        if a != b:
-            return i
-    return None if len(expected) == len(got) else min(len(expected), len(got))
 
 
 def reference_outputs(runs: Sequence[Run], method: str = "plain") -> dict[str, tuple[int, ...]]:

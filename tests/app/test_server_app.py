@@ -11,7 +11,7 @@ from app.widgets.chat_view import AssistantMessage
 from app.widgets.hud import Hud
 from app.widgets.hud_line import status_line
 from engine.profiles import Profiles
-from engine.remote.profile import profile_from_server
+from engine.profiles import profile_from_server
 from tests.app.fakes import make_profiles
 from tests.app.helpers import send, wait_for
 from tests.engine.fake_server import FakeServer, chunk, llama_routes, reply_stream, start_sse, timings, write_events
