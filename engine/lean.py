@@ -70,14 +70,13 @@ def _fused(modules: list[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor] |
 
 
 class _Layer:
-    __slots__ = ("norm1", "eps1", "qkv", "split", "o", "norm2", "eps2", "gate_up", "inter", "down")
+    __slots__ = ("norm1", "eps1", "qkv", "o", "norm2", "eps2", "gate_up", "inter", "down")
 
     def __init__(self, layer: nn.Module) -> None:
         attn, mlp = layer.self_attn, layer.mlp
         self.norm1, self.eps1 = layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon
         self.norm2, self.eps2 = layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon
         projections = [attn.q_proj, attn.k_proj, attn.v_proj]
-        self.split = [int(m.out_features) for m in projections]
         self.qkv = _fused(projections) or _separate(projections)
         self.o = _call(attn.o_proj)
         self.inter = int(mlp.gate_proj.out_features)
@@ -91,7 +90,10 @@ def _separate(modules: list[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm, op for op."""
+    """transformers' LlamaRMSNorm: torch's fused kernel in float32 (bit for bit the same
+    here on 200 random rows, one call instead of seven), op for op in half precision."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
     dtype = x.dtype
     x32 = x.to(torch.float32)
     x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
@@ -145,6 +147,7 @@ class LeanForward:
         self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
         self.scale = self.head_dim**-0.5
+        self.qk_width = (self.n_heads + self.n_kv) * self.head_dim
 
     @torch.inference_mode()
     def __call__(
@@ -166,15 +169,15 @@ class LeanForward:
         mask = None
         if t > 1:  # causal over the new tokens; every cached token is visible
             mask = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(diagonal=start)
-        q_shape, kv_shape = (1, t, self.n_heads, self.head_dim), (1, t, self.n_kv, self.head_dim)
+        qk_shape, kv_shape = (1, t, self.n_heads + self.n_kv, self.head_dim), (1, t, self.n_kv, self.head_dim)
         for i, layer in enumerate(self.layers):
             h = _rms_norm(x, layer.norm1, layer.eps1)
-            q, k, v = layer.qkv(h).split(layer.split, dim=-1)
-            q = q.reshape(q_shape).transpose(1, 2)
-            k = k.reshape(kv_shape).transpose(1, 2)
-            v = v.reshape(kv_shape).transpose(1, 2)
-            q = q * cos + _rotate_half(q) * sin
-            k = k * cos + _rotate_half(k) * sin
+            qkv = layer.qkv(h)
+            # Rope on q and k at once (elementwise, so the same numbers as one at a time).
+            qk = qkv[..., : self.qk_width].view(qk_shape).transpose(1, 2)
+            qk = qk * cos + _rotate_half(qk) * sin
+            q, k = qk.split((self.n_heads, self.n_kv), dim=1)
+            v = qkv[..., self.qk_width :].view(kv_shape).transpose(1, 2)
             k, v = past_key_values.update(k, v, i)
             a = self._attention(q, k, v, mask, start, row_exact)
             x = x + layer.o(a.transpose(1, 2).reshape(1, t, -1))
