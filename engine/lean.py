@@ -29,6 +29,7 @@ they stay token-identical to each other.
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 from typing import Any
 
@@ -36,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.quant.int4 import Int4Linear, quantize_weight
+from engine.quant.int4 import Int4Linear, joint_bias, quantize_weight
 
 SUPPORTED = ("llama", "qwen2", "mistral")
 
@@ -56,11 +57,7 @@ def _fused(modules: list[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor] |
     if not all(type(m) is nn.Linear for m in modules):
         return None
     weight = torch.cat([m.weight.detach() for m in modules])
-    biases = [m.bias for m in modules]
-    bias = None
-    if any(b is not None for b in biases):
-        bias = torch.cat([b.detach() if b is not None else weight.new_zeros(m.out_features)
-                          for b, m in zip(biases, modules)])
+    bias = joint_bias(modules)
     offset = 0
     for m in modules:  # the layers keep working, as views into the joint weight
         rows = m.out_features
@@ -248,11 +245,11 @@ def _head_rows(head: nn.Module, ids: torch.Tensor, hidden: int) -> torch.Tensor:
     a plain weight is indexed; an int4 layer is run on the identity, in chunks."""
     if type(head) is nn.Linear:
         return head.weight.detach()[ids].float()
-    probe = next(head.buffers()) if any(True for _ in head.buffers()) else next(head.parameters())
-    bias = head(torch.zeros(1, hidden, device=probe.device)).float()[0, ids]
+    device = next(itertools.chain(head.buffers(), head.parameters())).device
+    bias = head(torch.zeros(1, hidden, device=device)).float()[0, ids]
     rows = []
     for start in range(0, hidden, 256):
-        eye = torch.eye(hidden, device=probe.device)[start : start + 256]
+        eye = torch.eye(hidden, device=device)[start : start + 256]
         rows.append(head(eye).float()[:, ids] - bias)  # [chunk, n] = W[ids, chunk].T
     return torch.cat(rows).T.contiguous()
 

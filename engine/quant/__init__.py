@@ -134,24 +134,10 @@ def apply_int4(
         from engine.quant.gguf_blocks import carry_over
 
         carried = carry_over(gguf, model)
-    groups = _groups(model, quantize_head, group_size, carried)
-    report = quantize_model(model, group_size=group_size, quantize_head=quantize_head, groups=groups, device=device)
+    report = quantize_model(model, group_size=group_size, quantize_head=quantize_head, groups=carried, device=device)
     report.carried_over = [n for n in report.quantized if n in carried]
-    if cache is not None and groups:
-        _save(cache, {n: groups[n] for n in report.quantized}, report.carried_over)
+    if cache is not None and report.groups:
+        _save(cache, report.groups, report.carried_over)
     log.info("%s", report.summary())
     return report
 
-
-def _groups(model: nn.Module, quantize_head: bool, group_size: int, carried: dict[str, Int4Weights]) -> dict[str, Int4Weights]:
-    """Int4 groups for every linear layer that will be quantized: carried over, or quantized here."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    groups: dict[str, Int4Weights] = {}
-    for name, module in model.named_modules():
-        if not isinstance(module, nn.Linear) or (module is head and not quantize_head):
-            continue
-        if name in carried:
-            groups[name] = carried[name]
-        elif module.weight.shape[1] % group_size == 0:
-            groups[name] = quantize_weight(module.weight, group_size)
-    return groups

@@ -181,15 +181,21 @@ class Int4Linear(nn.Module):
             l.packed = packed[offset : offset + rows]
             offset += rows
         sz = torch.cat([l.scales_and_zeros for l in layers], dim=1).contiguous()
-        biases = [l.bias for l in layers]
-        bias = torch.cat([b.detach() for b in biases]) if all(b is not None for b in biases) else None
-        if bias is None and any(b is not None for b in biases):
-            bias = torch.cat([b.detach() if b is not None else torch.zeros(l.out_features, device=packed.device)
-                              for b, l in zip(biases, layers)])
-        return _int4_matmul(packed, sz, bias, first.group_size, first.in_features, first.is_cuda)
+        return _int4_matmul(packed, sz, joint_bias(layers), first.group_size, first.in_features, first.is_cuda)
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, int4"
+
+
+def joint_bias(layers: Sequence[nn.Module]) -> torch.Tensor | None:
+    """The biases of layers joined along the output dim ``[sum N]`` (zeros for a layer
+    without one), for a fused matmul; None when no layer has a bias."""
+    present = [l.bias for l in layers if l.bias is not None]
+    if not present:
+        return None
+    like = present[0].detach()
+    return torch.cat([l.bias.detach() if l.bias is not None else like.new_zeros(int(l.out_features))
+                      for l in layers])
 
 
 def _int4_matmul(
@@ -215,6 +221,7 @@ class QuantReport:
     carried_over: list[str] = field(default_factory=list)  # groups taken bit for bit from a GGUF
     kept: dict[str, str] = field(default_factory=dict)  # name -> why it stayed in full precision
     int4_bytes: int = 0
+    groups: dict[str, Int4Weights] = field(default_factory=dict)  # what each quantized layer holds (for the cache)
 
     def summary(self) -> str:
         kept = f", {len(self.kept)} kept ({'; '.join(f'{k}: {v}' for k, v in list(self.kept.items())[:3])})" if self.kept else ""
@@ -279,5 +286,6 @@ def quantize_model(
                 model.config.get_text_config().tie_word_embeddings = False
         setattr(parent, attr, new)
         report.quantized.append(name)
+        report.groups[name] = weights
         report.int4_bytes += new.packed.numel() * new.packed.element_size() + new.scales_and_zeros.numel() * 2
     return report
