@@ -6,6 +6,8 @@ equality then tests the algorithm, not floating point.
 """
 from __future__ import annotations
 
+import time
+
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -50,3 +52,21 @@ def noisy_copy(model: LlamaForCausalLM, noise: float, seed: int) -> LlamaForCaus
         for p in copy.parameters():
             p.add_(torch.randn(p.shape, generator=gen) * noise * p.std().clamp(min=1e-3))
     return copy.eval()
+
+
+class SlowDraft(torch.nn.Module):
+    """A draft whose every pass sleeps ``delay_s``: speculation with it never pays.
+
+    A wrapper, so the runner feeds it through its ``forward`` (transformers'
+    path; the lean forward does not recognise it)."""
+
+    def __init__(self, model: torch.nn.Module, delay_s: float) -> None:
+        super().__init__()
+        self.model, self.config, self.delay_s = model, model.config, delay_s
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.model.get_output_embeddings()
+
+    def forward(self, **kwargs):  # type: ignore[no-untyped-def]
+        time.sleep(self.delay_s)
+        return self.model(**kwargs)

@@ -1,7 +1,6 @@
 """Running out of memory mid-reply, and speculation switching itself off."""
 from __future__ import annotations
 
-import time
 
 import pytest
 import torch
@@ -11,7 +10,7 @@ from engine.device import Device
 from engine.drafters import ModelDrafter
 from engine.errors import EngineError
 from engine.events import GenerationParams
-from tests.tiny import noisy_copy, tiny_llama
+from tests.tiny import SlowDraft, noisy_copy, tiny_llama
 
 CPU = Device(torch.device("cpu"))
 PROMPT = [3, 5, 7, 11, 13]
@@ -90,21 +89,6 @@ def test_errors_other_than_oom_are_not_swallowed(target) -> None:
     decoder = SpecDecoder(target, CPU, ModelDrafter(draft, CPU))
     with pytest.raises(ValueError):
         run(decoder, PROMPT, GenerationParams(max_new_tokens=30, k=3))
-
-
-class SlowDraft(torch.nn.Module):
-    """An unrelated draft made slow: speculation cannot pay."""
-
-    def __init__(self, model: torch.nn.Module, delay_s: float) -> None:
-        super().__init__()
-        self.model, self.config, self.delay_s = model, model.config, delay_s
-
-    def get_output_embeddings(self) -> torch.nn.Module:
-        return self.model.get_output_embeddings()
-
-    def forward(self, **kwargs):  # type: ignore[no-untyped-def]
-        time.sleep(self.delay_s)
-        return self.model(**kwargs)
 
 
 def test_speculation_switches_itself_off_when_it_does_not_pay_and_back_on(target) -> None:

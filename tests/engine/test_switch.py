@@ -1,7 +1,6 @@
 """Speculation switches itself off only on strong evidence, and tries again later."""
 from __future__ import annotations
 
-import time
 
 import pytest
 import torch
@@ -11,7 +10,7 @@ from engine.device import Device
 from engine.drafters import ModelDrafter
 from engine.events import GenerationParams
 from engine.switch import AutoSwitch
-from tests.tiny import tiny_llama
+from tests.tiny import SlowDraft, tiny_llama
 
 CPU = Device(torch.device("cpu"))
 PROMPT = [3, 5, 7, 11, 13]
@@ -55,21 +54,6 @@ def test_reprobe_after_plain_rounds_with_backoff_and_at_the_next_reply() -> None
     assert switch.new_reply() is True and not switch.off  # a new reply tries again at once
     switch.reset()
     assert switch.reprobe_after == 3  # a switch by hand forgets the backoff
-
-
-class SlowDraft(torch.nn.Module):
-    """A draft whose every pass sleeps: speculation with it never pays."""
-
-    def __init__(self, model: torch.nn.Module, delay_s: float) -> None:
-        super().__init__()
-        self.model, self.config, self.delay_s = model, model.config, delay_s
-
-    def get_output_embeddings(self) -> torch.nn.Module:
-        return self.model.get_output_embeddings()
-
-    def forward(self, **kwargs):  # type: ignore[no-untyped-def]
-        time.sleep(self.delay_s)
-        return self.model(**kwargs)
 
 
 @pytest.fixture(scope="module")
