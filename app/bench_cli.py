@@ -14,7 +14,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from app.bench_inputs import PromptSpec, ProgressBar, load_prompt_set, render, select_prompts
-from app.bench_llamacpp import TABLE_FOOTNOTE, same_cell
 from app.bench_methods import ALL_METHODS
 from engine.errors import SpecChatError
 
@@ -80,6 +79,7 @@ def _label(r: dict[str, Any]) -> str:
 
 def format_table(results: Sequence[dict[str, Any]], prompt_class: str = "all") -> str:
     """The summary of every method over the prompts of ``prompt_class``."""
+    from app.bench_llamacpp import TABLE_FOOTNOTE, same_cell  # imports torch: not at the chat app's start
     head = (f"{'method':<26}{'tok/s':>7}{'min-max':>13}{'speedup':>9}{'self':>7}{'e2e':>6}{'α':>6}{'τ':>6}"
             f"{'pass/tok':>9}{'d/v/o %':>11}{'pred':>6}{'meas/pred':>10}{'peak MB':>9}  same")
     lines = [head, "-" * len(head)]

@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, help="sample among the k most likely tokens, 0 = all (default: the profile's)")
     gen.add_argument("--seed", type=int, help="random seed for sampling, for repeatable replies (default: none)")
     gen.add_argument("--k", type=int, help="fixed K (tokens drafted per round); default: adaptive")
+    gen.add_argument("--threads", type=int, help="torch threads (default: torch's choice, one per core)")
 
     prof = sub.add_parser("profiles", help="list the model profiles and where each is defined")
     prof.add_argument("--models", type=Path, default=argparse.SUPPRESS, help="an extra models.toml (also: SPECCHAT_MODELS; default: only the shipped and your own)")
@@ -96,6 +97,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         raise SpecChatError("the prompt is empty: give the message to answer, e.g. specchat generate \"Hello\"")
     profile = resolve_profile(args)
     params = generation_params(args, profile)
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     progress = stderr_progress if sys.stderr.isatty() else None
     engine = load_for(profile, args.mode, progress)
     if progress:

@@ -39,8 +39,9 @@ WRITE_EVERY_S = 0.1
 per round (and the JSON of every piece so far) competed with the engine for the
 same cores; a round still reaches the disk within this time."""
 
-PAINT_EVERY_S = 0.05
-"""Minimum time between two repaints of a streaming reply (at most 20 per second)."""
+PAINT_EVERY_S = 0.1
+"""Minimum time between two repaints of a streaming reply (at most 10 per second): each
+paint lays the screen out again, and the UI's CPU is taken from the engine's cores."""
 
 SAVE_FLUSH_AT_EXIT_S = 10.0
 """How long quitting waits for a locked history to take the last reply."""

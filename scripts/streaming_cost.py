@@ -38,6 +38,8 @@ def model_args(args: argparse.Namespace) -> list[str]:
 def headless(args: argparse.Namespace, env: dict[str, str]) -> dict:
     cmd = [sys.executable, "-m", "app.cli", "generate", args.prompt, *model_args(args), "--json",
            "--max-new-tokens", str(args.max_new_tokens)]
+    if args.threads:
+        cmd += ["--threads", str(args.threads)]
     out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
     stats = json.loads(out)["stats"]
     return {"tokens": stats["tokens"], "tok_s": stats["tokens_per_s"]}
@@ -49,6 +51,8 @@ def in_app(args: argparse.Namespace, env: dict[str, str], data: Path) -> dict:
     socket = data / "tmux.sock"
     session = f"cost-{uuid.uuid4().hex[:6]}"
     app_env = {**env, "TERM": "xterm-256color", "SPECCHAT_DATA_DIR": str(data)}
+    if args.app_threads:
+        app_env["SPECCHAT_THREADS"] = str(args.app_threads)
     cli = " ".join([sys.executable, "-m", "app.cli", *model_args(args)])
     subprocess.run(["tmux", "-S", str(socket), "-f", "/dev/null", "new-session", "-d", "-s", session,
                     "-x", str(args.width), "-y", str(args.height), cli], check=True, cwd=ROOT, env=app_env)
@@ -103,6 +107,9 @@ def main() -> int:
     parser.add_argument("--max-new-tokens", type=int, default=512,
                         help="headless reply length; the app's limit is 512 (default: 512)")
     parser.add_argument("--repeats", type=int, default=5, help="pairs of runs, in alternation (default: 5)")
+    parser.add_argument("--threads", type=int, help="torch threads for headless generate (default: torch's, one per core)")
+    parser.add_argument("--app-threads", type=int,
+                        help="the app's engine threads, as SPECCHAT_THREADS (default: the app's, every core but one)")
     parser.add_argument("--width", type=int, default=120, help="terminal columns for the app (default: 120)")
     parser.add_argument("--height", type=int, default=40, help="terminal rows for the app (default: 40)")
     parser.add_argument("--timeout", type=float, default=600, help="seconds per app run (default: 600)")

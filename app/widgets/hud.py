@@ -103,6 +103,7 @@ class Hud(VerticalScroll):
         self.round_alpha: deque[float] = deque(maxlen=SPARK_ROUNDS)
         self._last_counts = (0, 0)
         self._dirty = True
+        self._shown: dict[str, tuple[str, tuple[object, ...]]] = {}
 
     def compose(self) -> ComposeResult:
         yield Static(id="hud-line")  # the one-line HUD (shown instead of the rest below HUD_MIN_WIDTH)
@@ -178,23 +179,30 @@ class Hud(VerticalScroll):
         if not (self._dirty or force):
             return
         self._dirty = False
-        self.query_one("#hud-line", Static).update(status_line(self))
-        self.query_one("#hud-engine", Static).update(self._engine_content())
+        self._show("#hud-line", status_line(self))
+        self._show("#hud-engine", self._engine_content())
         loading = self.loading_stage is not None
         self.set_class(loading, "-loading")
-        self.query_one("#hud-loading", Static).update(
-            Content(f"Loading {self.profile_name or ''}: {self.loading_stage}") if loading else ""
-        )
+        self._show("#hud-loading", Content(f"Loading {self.profile_name or ''}: {self.loading_stage}")
+                   if loading else Content(""))
         progress = self.query_one("#hud-progress", ProgressBar)
         if loading:
             if self.loading_fraction is None:
                 progress.update(total=None)
             else:
                 progress.update(total=1.0, progress=self.loading_fraction)
-        self.query_one("#hud-stats", Static).update(self._stats_content())
-        self.query_one("#hud-spark", Static).update(sparkline(self.round_alpha, SPARK_ROUNDS - 12))
-        self.query_one("#hud-positions", Static).update(self._positions_content())
-        self.query_one("#hud-memory", Static).update(self._memory_content())
+        self._show("#hud-stats", self._stats_content())
+        self._show("#hud-spark", sparkline(self.round_alpha, SPARK_ROUNDS - 12))
+        self._show("#hud-positions", self._positions_content())
+        self._show("#hud-memory", self._memory_content())
+
+    def _show(self, selector: str, content: Content) -> None:
+        """Update one part only when its text changed: every update lays the whole screen
+        out again, and while a reply streams most parts stay the same."""
+        key = (content.plain, tuple(content.spans))  # Content's == compares the text alone
+        if self._shown.get(selector) != key:
+            self._shown[selector] = key
+            self.query_one(selector, Static).update(content)
 
     def _mode(self) -> tuple[str, str | None]:
         """The mode shown and why speculation is off, if it is."""

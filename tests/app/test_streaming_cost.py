@@ -1,0 +1,69 @@
+"""What keeps streaming cheap: the engine's threads, code-block highlighting, HUD updates."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from textual.widgets import Static
+
+from app.app import SpecChatApp, engine_threads
+from app.widgets.chat_view import AssistantMessage, ReplyFence, known_language
+from app.widgets.hud import Hud
+from tests.app.fakes import FakeLoader
+from tests.app.helpers import ready, send, wait_for
+
+pytestmark = pytest.mark.anyio
+
+
+def test_the_app_leaves_one_core_to_the_ui(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("SPECCHAT_THREADS", raising=False)
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert engine_threads() == 1
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert engine_threads() == 7
+    monkeypatch.setattr("os.cpu_count", lambda: 1)
+    assert engine_threads() is None  # torch's default
+    monkeypatch.setenv("SPECCHAT_THREADS", "3")
+    assert engine_threads() == 3
+
+
+def test_code_blocks_are_highlighted_by_name_never_by_guessing() -> None:
+    assert known_language("python") == "python"
+    assert known_language("") == "text"  # no guesser run over the code at every paint
+    assert known_language("no-such-language-at-all") == "text"  # no plugin search at every paint
+    highlighted = ReplyFence.highlight("def f():\n    return 1\n", "python")
+    assert highlighted.plain.startswith("def f()") and highlighted.spans  # still coloured
+
+
+async def test_a_streamed_code_block_of_an_unknown_language_renders(make_app: Callable[..., SpecChatApp],
+                                                                    loader: FakeLoader) -> None:
+    loader.backend_kwargs["script"] = [[("```weird-", "draft"), ("lang\nx", "target")], [(" = 1\n```\nDone.", "target")]]
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        await send(pilot, "code please")
+        await wait_for(pilot, lambda: not app.generating)
+        reply = app.query(AssistantMessage).last()
+        assert reply.text.startswith("```weird-lang") and reply.query_one(ReplyFence).code == "x = 1"
+
+
+async def test_the_hud_redraws_only_the_parts_that_changed(make_app: Callable[..., SpecChatApp],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await ready(pilot)
+        hud = app.query_one(Hud)
+        hud.flush(force=True)
+        updated: list[str | None] = []
+        original = Static.update
+
+        def spy(self: Static, *args: object, **kwargs: object) -> None:
+            updated.append(self.id)
+            original(self, *args, **kwargs)
+
+        monkeypatch.setattr(Static, "update", spy)
+        hud.flush(force=True)  # nothing changed
+        assert updated == []
+        hud.set_notice("draft dropped")
+        hud.flush()
+        assert set(updated) <= {"hud-line", "hud-engine"} and updated
