@@ -117,6 +117,13 @@ class ChatMixin:
         self.turns = []
         widgets: list[UserMessage | AssistantMessage] = []
         for i, rec in enumerate(records):
+            if rec.superseded:  # an edited prompt's earlier exchange: shown, never sent again
+                widget = UserMessage(rec.content, message_id=rec.id) if rec.role == "user" else AssistantMessage(
+                    rec.profile, text=rec.content, pieces=rec.pieces, finish_reason=rec.finish_reason or "cancelled",
+                    stats=rec.stats, show_sources=self.show_sources)
+                widget.set_superseded()
+                widgets.append(widget)
+                continue
             if rec.role == "user":
                 widgets.append(UserMessage(rec.content, message_id=rec.id))
             elif rec.role == "assistant":

@@ -68,6 +68,8 @@ CREATE INDEX IF NOT EXISTS messages_by_chat ON messages(chat_id, id);
 
 MIGRATIONS: tuple[tuple[int, str], ...] = (
     (1, _SCHEMA),
+    # An edited prompt's earlier exchange: kept and shown dimmed, never sent to the model again.
+    (2, "ALTER TABLE messages ADD COLUMN superseded INTEGER NOT NULL DEFAULT 0;"),
 )
 """``(version, SQL script)`` in order: the script upgrades a file at ``version - 1``
 to ``version``. Append a step (never edit a released one) to change the schema."""
@@ -178,6 +180,8 @@ class MessageRecord:
     pieces: Pieces | None
     finish_reason: str | None
     created: float
+    superseded: bool = False
+    """Replaced by an edited prompt: shown dimmed, left out of what the model reads."""
 
 
 def merge_pieces(pieces: Iterable[tuple[str, str]]) -> Pieces:
@@ -469,6 +473,11 @@ class History:
             (content, _dump(stats), _dump(pieces), finish_reason, message_id),
         )
 
+    def mark_superseded(self, chat_id: int, first_id: int) -> None:
+        """Mark message ``first_id`` and every later one of the chat as replaced (an edited
+        prompt is about to follow them); repeating it changes nothing."""
+        self._run("UPDATE messages SET superseded = 1 WHERE chat_id = ? AND id >= ?", (chat_id, first_id))
+
     def recent_prompts(self, limit: int = 200) -> list[str]:
         """The last ``limit`` prompts the user sent, in any chat, oldest first (for Up in the prompt box)."""
         rows = self._query("SELECT content FROM messages WHERE role = 'user' ORDER BY id DESC LIMIT ?", (limit,))
@@ -477,16 +486,16 @@ class History:
     def messages(self, chat_id: int) -> list[MessageRecord]:
         """A chat's messages in order."""
         rows = self._query(
-            "SELECT id, chat_id, role, content, profile, stats, pieces, finish_reason, created"
+            "SELECT id, chat_id, role, content, profile, stats, pieces, finish_reason, created, superseded"
             " FROM messages WHERE chat_id = ? ORDER BY id",
             (chat_id,),
         )
         out = []
-        for mid, cid, role, content, profile, stats, pieces, finish, created in rows:
+        for mid, cid, role, content, profile, stats, pieces, finish, created, superseded in rows:
             loaded = _load(pieces)
             out.append(MessageRecord(
                 mid, cid, role, content, profile, _load(stats),
-                [(str(t), str(s)) for t, s in loaded] if loaded else None, finish, created,
+                [(str(t), str(s)) for t, s in loaded] if loaded else None, finish, created, bool(superseded),
             ))
         return out
 

@@ -98,19 +98,22 @@ class ReplyMixin:
         return texts
 
     def send_prompt(self: "SpecChatApp", text: str, shown: Widget | None = None,
-                    answers: UserMessage | None = None) -> None:
+                    answers: UserMessage | None = None, supersedes: UserMessage | None = None) -> None:
         """Show and save the prompt, then start the reply worker.
 
         ``shown``: the reply goes right after this widget (a queued prompt, or the
         reply being regenerated); ``answers``: the prompt on screen (and saved)
-        that this reply answers again, so it is not saved twice.
+        that this reply answers again, so it is not saved twice; ``supersedes``:
+        the prompt an edited one replaces (its exchange is saved as replaced).
         """
         assert self.backend is not None and self.profile is not None
         profile_name = self.profile.name
         chat = self.ensure_chat(chat_title(text))
         self.turns.append(ChatMessage("user", text))
         user_id = answers.saved_id() if answers is not None else None
-        record = self.saver.start_reply(chat, text, profile_name, user_id) if self.saver is not None else None
+        earlier = None if supersedes is None else (
+            supersedes.message_id if supersedes.message_id is not None else supersedes.record)
+        record = self.saver.start_reply(chat, text, profile_name, user_id, earlier) if self.saver is not None else None
         self.hide_welcome()
         reply = AssistantMessage(profile_name, show_sources=self.show_sources)
         if shown is None:

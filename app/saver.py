@@ -59,6 +59,9 @@ class ReplyRecord:
     written: int = -1
     user_id: int | None = None
     assistant_id: int | None = None
+    supersedes: "ReplyRecord | int | None" = None
+    """The earlier exchange an edited prompt replaces: its prompt's row id, or its record
+    (whose rows are written first: the saver writes in order)."""
 
     @property
     def saved(self) -> bool:
@@ -82,13 +85,14 @@ class HistorySaver:
     # -- called by the app's threads ----------------------------------------------
 
     def start_reply(self, chat: ChatRef, prompt: str, profile: str | None,
-                    user_id: int | None = None) -> ReplyRecord:
+                    user_id: int | None = None, supersedes: "ReplyRecord | int | None" = None) -> ReplyRecord:
         """Queue a prompt and its (empty, streaming) reply for saving.
 
         ``user_id``: the prompt is already saved as that row (a regenerated reply
-        answers it again; the earlier reply stays in the history).
+        answers it again; the earlier reply stays in the history). ``supersedes``:
+        the exchange an edited prompt replaces, marked so before the new rows.
         """
-        record = ReplyRecord(chat, prompt, profile, user_id=user_id)
+        record = ReplyRecord(chat, prompt, profile, user_id=user_id, supersedes=supersedes)
         with self._cond:
             self._queue.append(record)
             self._start_thread()
@@ -194,6 +198,9 @@ class HistorySaver:
         if chat.id is None:
             chat.id = h.create_chat(chat.title, chat.profile, chat.system_prompt)
         if record.user_id is None:
+            first = record.supersedes.user_id if isinstance(record.supersedes, ReplyRecord) else record.supersedes
+            if first is not None:
+                h.mark_superseded(chat.id, first)
             record.user_id = h.add_message(chat.id, "user", record.prompt, profile=record.profile)
         if record.assistant_id is None:
             record.assistant_id = h.add_message(chat.id, "assistant", "", profile=record.profile)

@@ -140,7 +140,7 @@ class TurnsMixin:
             user.set_superseded()
             if reply is not None:
                 reply.set_superseded()
-            self.send_prompt(text.strip("\n"))
+            self.send_prompt(text.strip("\n"), supersedes=user)
 
         self.push_screen(EditScreen("Edit the last prompt", user.text, multiline=True,
                                     hint="ctrl+s asks it again (the earlier answer stays, dimmed) · Esc cancels"),

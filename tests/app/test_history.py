@@ -406,3 +406,17 @@ async def test_damaged_database_in_app_is_reported_and_app_works(
         await wait_for(pilot, lambda: not app.generating)
         assert [c.title for c in app.history.list_chats()] == ["works anyway"]
     assert len(list(specchat_dirs.glob("history.db.corrupt-*"))) == 1
+
+
+def test_a_version_1_file_gains_the_superseded_mark_and_keeps_its_messages(specchat_dirs: Path) -> None:
+    specchat_dirs.mkdir(parents=True)
+    conn = sqlite3.connect(specchat_dirs / "history.db", isolation_level=None)
+    assert migrate(conn, history_module.MIGRATIONS[:1]) == 1
+    conn.execute("INSERT INTO chats(title, created, updated) VALUES ('v1', 0, 0)")
+    conn.execute("INSERT INTO messages(chat_id, role, content, created) VALUES (1, 'user', 'hi', 0)")
+    conn.close()
+    history = History.open()
+    [message] = history.messages(1)
+    assert message.content == "hi" and message.superseded is False
+    history.mark_superseded(1, message.id)
+    assert history.messages(1)[0].superseded is True

@@ -94,16 +94,32 @@ async def test_edit_last_prompt_asks_again(make_app: Callable[..., SpecChatApp],
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
+        await asked(pilot, "Summarise this")
         await asked(pilot, "Now shorten th")
         await pilot.press("ctrl+g")
         await wait_for(pilot, lambda: isinstance(app.screen, EditScreen))
         app.screen.query_one("#edit-value").load_text("Now shorten this text")
         await pilot.press("ctrl+s")
-        await wait_for(pilot, lambda: len(loader.backends[0].calls) == 2 and not app.generating)
+        await wait_for(pilot, lambda: len(loader.backends[0].calls) == 3 and not app.generating)
         users = list(app.query(UserMessage))
-        assert [u.text for u in users] == ["Now shorten th", "Now shorten this text"]
-        assert users[0].has_class("-superseded")
-        assert [(m.role, m.content) for m in loader.backends[0].calls[1]][1:] == [("user", "Now shorten this text")]
+        assert [u.text for u in users] == ["Summarise this", "Now shorten th", "Now shorten this text"]
+        assert users[1].has_class("-superseded")
+        first_reply = app.query(AssistantMessage).first().text
+        expected = [("user", "Summarise this"), ("assistant", first_reply), ("user", "Now shorten this text")]
+        assert [(m.role, m.content) for m in loader.backends[0].calls[2]][1:] == expected
+        chat_id = app.chat_id
+        assert app.saver is not None and app.saver.flush(5)
+    # Reopened: the edited-away exchange is shown dimmed and never sent to the model again.
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await app.open_chat(chat_id)
+        await pilot.pause()
+        assert [u.has_class("-superseded") for u in app.query(UserMessage)] == [False, True, False]
+        assert [r.has_class("-superseded") for r in app.query(AssistantMessage)] == [False, True, False]
+        await asked(pilot, "And a title?")
+        sent = [m.content for m in loader.backends[-1].calls[-1] if m.role == "user"]
+        assert sent == ["Summarise this", "Now shorten this text", "And a title?"]
 
 
 async def test_hud_folds_to_one_line_on_narrow_terminals_and_toggles(make_app: Callable[..., SpecChatApp]) -> None:
