@@ -151,8 +151,7 @@ def _run_specchat(models: BenchModels, method: Method, ids: Sequence[int], costs
     """One reply through a fresh :class:`SpecDecoder` (fresh caches; ``costs`` persists per method)."""
     adaptive = method.k is None
     options = {} if adaptive else FIXED_OPTIONS  # adaptive methods run with the app's defaults
-    decoder = SpecDecoder(models.target, models.device, _drafter_for(models, method), **options)
-    decoder.costs = costs
+    decoder = SpecDecoder(models.target, models.device, _drafter_for(models, method), costs=costs, **options)
     params = GenerationParams(
         max_new_tokens=models.max_new_tokens, stop_token_ids=models.stop_ids,
         k=method.k, k_min=models.k_min, k_max=models.k_max,

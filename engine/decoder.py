@@ -20,21 +20,21 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
-import torch
 from transformers import PreTrainedModel
 
 from engine.device import Device
-from engine.drafters import EMPTY_DRAFT, Draft, Drafter, ModelDrafter
+from engine.drafters import EMPTY_DRAFT, Draft, Drafter
 from engine.errors import ContextLengthError, EngineError
 from engine.events import GenerationParams, Mode, RoundEvent, TokenSource
 from engine.runner import ModelRunner
 from engine.sampling import GumbelNoise, Randomness, make_randomness, warp
-from engine.costs import MIN_PLAIN
+from engine.schedule import Schedule
 from engine.stats import CostModel, ReplyStats
-from engine.switch import AutoSwitch
 from engine.verify import Verdict, verify_coupled, verify_greedy, verify_sampled
 
 T = TypeVar("T")
+TARGET_OOM = ("the target model ran out of memory; start a new chat (a shorter context), lower the "
+              "profile's context_length, or choose a smaller quantization or profile")
 
 
 class SpecDecoder:
@@ -60,6 +60,8 @@ class SpecDecoder:
             A prompt must leave room for one new token; a reply stops with
             finish reason ``context`` when the sequence fills the window, and
             no round feeds a position at or past it.
+        costs: the measured cost model to start from (the bench keeps one per
+            method across replies); None: a fresh one.
     """
 
     def __init__(
@@ -72,20 +74,19 @@ class SpecDecoder:
         auto_off_window: int = 32,
         reprobe_after: int = 64,
         window: int | None = None,
+        costs: CostModel | None = None,
     ) -> None:
         self.device = device
         self.target = ModelRunner(target_model, device)
         self.drafter = drafter
-        if isinstance(drafter, ModelDrafter):
-            drafter.vocab_limit = self.target.vocab_size
-        self.costs = CostModel()
-        self.calibrate_every = calibrate_every
-        self.auto_off_window = auto_off_window
+        self.costs = costs or CostModel()
+        self.schedule = Schedule(self.costs, calibrate_every, auto_off_window, reprobe_after)
         self.window = window
         self.speculation_enabled = True
         self.off_reason: str | None = None
+        """Why speculation is off for now (by hand, or switched off automatically)."""
         self.fallback_reason: str | None = None
-        self._switch = AutoSwitch(auto_off_window, reprobe_after)
+        """Why the drafter was dropped for good (out of memory)."""
 
     @property
     def mode(self) -> Mode:
@@ -94,27 +95,33 @@ class SpecDecoder:
             return "plain"
         return "spec" if self.drafter.kind == "model" else "ngram"
 
+    @property
+    def plain_reason(self) -> str | None:
+        """Why decoding is plain, if it is: the drafter dropped for good comes first."""
+        return self.fallback_reason or self.off_reason
+
     def set_speculation(self, enabled: bool) -> None:
         """Switch speculation on or off by hand (also undoes an automatic switch-off)."""
         self.speculation_enabled = enabled
         self.off_reason = None if enabled else "speculation switched off by the user"
-        self._switch.reset()
+        self.schedule.switch.reset()
 
     def drop_drafter(self, reason: str) -> str:
         """Free the drafter for good and go on with plain decoding; returns the notice."""
-        if self.drafter is not None:
-            self.drafter.release()
-            self.drafter = None
-            self.device.release_memory()
+        self._release(target=False)
         self.fallback_reason = reason
         return f"draft dropped ({reason}); continuing with plain decoding"
 
     def close(self) -> None:
         """Release both models' caches and references."""
+        self._release(target=True)
+
+    def _release(self, *, target: bool) -> None:
         if self.drafter is not None:
             self.drafter.release()
             self.drafter = None
-        self.target.release()
+        if target:
+            self.target.release()
         self.device.release_memory()
 
     def generate(
@@ -138,11 +145,12 @@ class SpecDecoder:
                 "(prompt and reply together); shorten it or start a new chat"
             )
         seq = list(prompt_ids)
-        if self._switch.new_reply():  # re-probe after an automatic switch-off
+        if self.schedule.switch.new_reply():  # re-probe after an automatic switch-off
             self.speculation_enabled, self.off_reason = True, None
         generator = make_randomness(params.sampling, len(seq), self.target.vocab_size, self.device)
-        stats = ReplyStats(self.mode, self._drafter_name(), params.k is None, self.costs)
-        stats.speculation_off_reason = self.off_reason or self.fallback_reason
+        drafter_name = self.drafter.name if self.drafter is not None else "none"
+        stats = ReplyStats(self.mode, drafter_name, params.k is None, self.costs)
+        stats.speculation_off_reason = self.plain_reason
         start = self.device.now()
         notice = self._prefill(seq)
         stats.prefill_s = self.device.now() - start
@@ -174,8 +182,8 @@ class SpecDecoder:
         # at or past the window is ever fed, and the reply ends when it is full.
         remaining = budget if self.window is None else min(budget, self.window - len(seq))
         round_mode = self.mode
-        policy_k = self._policy_k(params)
-        k = 0 if self._calibrating() else min(policy_k, remaining - 1)
+        policy_k = self.schedule.policy_k(self.drafter, self.speculation_enabled, params)
+        k = 0 if self.schedule.calibrating(round_mode) else min(policy_k, remaining - 1)
         t_start = self.device.now()
         draft = EMPTY_DRAFT
         free = self.drafter is not None and self.drafter.free_proposals and params.k is None
@@ -192,9 +200,8 @@ class SpecDecoder:
             )
             notice = dropped or notice
             if free and draft.tokens:
-                k = self.costs.choose_k(min(params.k_min, len(draft.tokens)), len(draft.tokens), draft.key,
-                                        draft_step_s=0.0, explore=self._explore())
-            draft = _trim(draft, k)
+                k = self.schedule.free_k(params, len(draft.tokens), draft.key)
+            draft = draft.first(k)
         t_draft = self.device.now()
         verdict, dropped = self._guarded(
             lambda: self._verify(seq, draft, params, generator),
@@ -207,7 +214,7 @@ class SpecDecoder:
 
         emitted = [*draft.tokens[: verdict.n_accepted], verdict.next_token]
         sources: list[TokenSource] = ["draft"] * verdict.n_accepted + ["target"]
-        emitted, finish = _apply_stops(emitted, params, remaining)
+        emitted, finish = params.cut(emitted, remaining)
         if finish == "length" and remaining < budget:
             finish = "context"
         seq.extend(emitted)
@@ -217,14 +224,21 @@ class SpecDecoder:
         t_end = self.device.now()
 
         draft_s, verify_s, other_s = t_draft - t_start, t_verify - t_draft, t_end - t_verify
-        self.costs.observe(len(draft.tokens), verdict.n_accepted, draft_s, verify_s, other_s, draft.key)
-        stats.record((k if draft.tokens else stats.k) if free else policy_k, len(draft.tokens), verdict.n_accepted,
-                     len(emitted), draft_s, verify_s, other_s, mode=round_mode)
-        plain_equivalent = self.costs.plain_equivalent(len(draft.tokens), verify_s, t_end - t_start)
-        notice = notice or self._check_speedup(params, round_mode, len(emitted), plain_equivalent)
+        drafted = len(draft.tokens)
+        self.costs.observe(drafted, verdict.n_accepted, draft_s, verify_s, other_s, draft.key)
+        # The K shown: the policy's, or for a free draft the K it was trimmed to (kept on a miss).
+        shown_k = policy_k if not free else (k if drafted else stats.k)
+        stats.record(shown_k, drafted, verdict.n_accepted, len(emitted), draft_s, verify_s, other_s,
+                     mode=round_mode)
+        plain_equivalent = self.costs.plain_equivalent(drafted, verify_s, t_end - t_start)
+        switched = self.schedule.verdict(params, round_mode, len(emitted), plain_equivalent)
+        if switched is not None:
+            on, reason = switched
+            self.speculation_enabled, self.off_reason = on, None if on else reason
+            notice = notice or reason
         stats.mode = self.mode
         if notice is not None:
-            stats.speculation_off_reason = self.off_reason or self.fallback_reason
+            stats.speculation_off_reason = self.plain_reason
         event = RoundEvent(tuple(emitted), tuple(sources[: len(emitted)]), stats.snapshot(), finish, notice)
         return event, len(emitted)
 
@@ -249,16 +263,13 @@ class SpecDecoder:
         if isinstance(generator, GumbelNoise):
             return verify_coupled(logits, draft.tokens, params.sampling, generator.rows(len(seq), len(fed)))
         p = warp(logits, params.sampling)
-        q = _pad_vocab(draft.probs, p.shape[-1]) if draft.probs is not None else None
-        return verify_sampled(p, draft.tokens, q, generator, self.device)
+        return verify_sampled(p, draft.tokens, draft.probs, generator, self.device)
 
     def _prefill(self, seq: list[int]) -> str | None:
         """Feed the uncached part of the prompt, all but its last token, to the target and
         then to the drafter (not billed as draft-step cost); returns an OOM fallback's notice."""
-        def uncached() -> None:
-            self.target.prefill(seq[self.target.sync(seq, leave=1) : -1])
-
-        _, notice = self._guarded(uncached, "out of memory while reading the prompt", uncached)
+        read = lambda: self.target.catch_up(seq)  # noqa: E731
+        _, notice = self._guarded(read, "out of memory while reading the prompt", read)
         if self.drafter is not None and self.speculation_enabled:
             _, dropped = self._guarded(
                 lambda: self.drafter.prefill(seq),  # type: ignore[union-attr]
@@ -279,87 +290,7 @@ class SpecDecoder:
             if not self.device.is_out_of_memory(exc):
                 raise
         if self.drafter is None:
-            raise _target_oom_error()
+            raise EngineError(TARGET_OOM)
         notice = self.drop_drafter(reason)  # releases memory: the failed frames are gone by now
         # The retry is guarded too: with the drafter gone, an OOM there is the EngineError.
         return self._guarded(instead, reason, instead)[0], notice
-
-    def _policy_k(self, params: GenerationParams) -> int:
-        """K for a drafting round: fixed, or chosen from the measured costs.
-
-        A drafter whose proposals are free is asked for ``k_max`` and trimmed
-        once its match is known. Calibration rounds are decided by the caller.
-        """
-        if self.drafter is None or not self.speculation_enabled:
-            return 0
-        if params.k is not None:
-            return params.k
-        if self.drafter.free_proposals:
-            return params.k_max
-        return self.costs.choose_k(params.k_min, params.k_max, explore=self._explore())
-
-    def _explore(self) -> bool:
-        """Every third round, while the pass-cost line is not sound, try one K more."""
-        return self.costs.passes.passes % 3 == 2
-
-    def _calibrating(self) -> bool:
-        """Whether this speculative round runs as a plain step to measure the plain step."""
-        if self.calibrate_every <= 0 or self.mode == "plain":
-            return False
-        since = self.costs.rounds_since_plain
-        return since >= (2 if self.costs.passes.plain_samples < MIN_PLAIN else self.calibrate_every)
-
-    def _check_speedup(
-        self, params: GenerationParams, round_mode: Mode, emitted: int, plain_equivalent: float | None
-    ) -> str | None:
-        """Switch speculation off on strong evidence that it does not pay (adaptive
-        K only), and back on for a re-probe after enough plain rounds; returns the notice."""
-        if self._switch.off:
-            waited = self._switch.plain_round() if round_mode == "plain" else None
-            if waited is None:
-                return None
-            self.speculation_enabled, self.off_reason = True, None
-            return f"speculation back on: trying again after {waited} plain rounds"
-        if params.k is not None or round_mode == "plain":
-            return None
-        reason = self._switch.observe(emitted, plain_equivalent)
-        if reason is not None:
-            self.speculation_enabled, self.off_reason = False, reason
-        return reason
-
-    def _drafter_name(self) -> str:
-        return self.drafter.name if self.drafter is not None else "none"
-
-
-def _target_oom_error() -> EngineError:
-    return EngineError(
-        "the target model ran out of memory; start a new chat (a shorter context), lower the "
-        "profile's context_length, or choose a smaller quantization or profile"
-    )
-
-
-def _trim(draft: Draft, k: int) -> Draft:
-    if len(draft.tokens) <= k:
-        return draft
-    return Draft(draft.tokens[:k], draft.probs[:k] if draft.probs is not None else None, draft.key)
-
-
-def _pad_vocab(q: torch.Tensor, vocab: int) -> torch.Tensor:
-    """Zero-pad (or cut) draft probabilities ``[n, V_draft]`` to ``[n, vocab]``."""
-    if q.shape[-1] == vocab:
-        return q
-    if q.shape[-1] > vocab:
-        return q[:, :vocab]
-    return torch.nn.functional.pad(q, (0, vocab - q.shape[-1]))
-
-
-def _apply_stops(
-    emitted: list[int], params: GenerationParams, remaining: int
-) -> tuple[list[int], str | None]:
-    """Cut ``emitted`` at the first stop token (kept) or at the token budget."""
-    for i, token in enumerate(emitted):
-        if token in params.stop_token_ids:
-            return emitted[: i + 1], "eos"
-    if len(emitted) >= remaining:
-        return emitted[:remaining], "length"
-    return emitted, None

@@ -27,7 +27,8 @@ from engine.sampling import GumbelNoise, Randomness, gumbel_argmax, sample, warp
 @dataclass(frozen=True)
 class Draft:
     """Proposed tokens ``[n]`` (``n <= K``) and, for a sampling model drafter,
-    the ``[n, V_draft]`` probabilities each was drawn from (None = deterministic).
+    the ``[n, V]`` probabilities each was drawn from (None = deterministic; ``V`` the
+    target's vocabulary, see :class:`ModelDrafter`'s ``vocab_limit``).
 
     ``key`` groups proposals whose acceptance behaves alike, so it is measured
     separately (the n-gram drafter uses the length of the matched suffix: a
@@ -37,6 +38,12 @@ class Draft:
     tokens: tuple[int, ...]
     probs: torch.Tensor | None = None
     key: int = 0
+
+    def first(self, k: int) -> "Draft":
+        """The first ``k`` proposals (the draft itself when it has no more)."""
+        if len(self.tokens) <= k:
+            return self
+        return Draft(self.tokens[:k], self.probs[:k] if self.probs is not None else None, self.key)
 
 
 EMPTY_DRAFT = Draft(())
@@ -87,16 +94,20 @@ class ModelDrafter:
     free_proposals = False
 
     def __init__(
-        self, model: PreTrainedModel, device: Device, name: str = "draft model", vocab_subset: torch.Tensor | None = None
+        self, model: PreTrainedModel, device: Device, name: str = "draft model",
+        vocab_subset: torch.Tensor | None = None, vocab_limit: int | None = None,
     ) -> None:
         """``vocab_subset``: token ids ``[n]`` the draft may propose (FR-Spec: a head over
         frequent tokens costs a fraction of the full one; verification still uses
-        the target's full distribution, so output stays exact)."""
+        the target's full distribution, so output stays exact). ``vocab_limit``: the
+        target's vocabulary size when it differs from the draft's (tokenizers with
+        padded heads): no id at or past it is proposed, and the draft's
+        probabilities come as ``[k, vocab_limit]``, cut or zero-padded."""
         self.runner = ModelRunner(model, device)
         self.name = name
         if vocab_subset is not None and self.runner.restrict_vocab(vocab_subset):
             self.name = f"{name}, {len(vocab_subset)}-token head"
-        self.vocab_limit: int | None = None  # the target's vocabulary size, set by the decoder
+        self.vocab_limit = vocab_limit
 
     def propose(
         self,
@@ -134,7 +145,7 @@ class ModelDrafter:
             tokens.append(token)
             if i + 1 < k:
                 logits = self.runner.forward([token], logits_to_keep=1)[-1]
-        return Draft(tuple(tokens), torch.stack(probs) if probs else None)
+        return Draft(tuple(tokens), self._fit_vocab(torch.stack(probs)) if probs else None)
 
     def _mask(self, logits: torch.Tensor) -> torch.Tensor:
         if self.vocab_limit is not None and logits.shape[-1] > self.vocab_limit:
@@ -142,9 +153,17 @@ class ModelDrafter:
             logits[self.vocab_limit :] = float("-inf")
         return logits
 
+    def _fit_vocab(self, q: torch.Tensor) -> torch.Tensor:
+        """Draft probabilities ``[k, V_draft]`` as ``[k, vocab_limit]`` (cut or zero-padded)."""
+        if self.vocab_limit is None or q.shape[-1] == self.vocab_limit:
+            return q
+        if q.shape[-1] > self.vocab_limit:
+            return q[:, : self.vocab_limit]
+        return torch.nn.functional.pad(q, (0, self.vocab_limit - q.shape[-1]))
+
     def prefill(self, context: Sequence[int]) -> None:
         """Feed the prompt (all but its last token) past what the cache shares with it."""
-        self.runner.prefill(context[self.runner.sync(context, leave=1) : -1])
+        self.runner.catch_up(context)
 
     def commit(self, context: Sequence[int]) -> None:
         """Crop the draft cache to what was accepted."""

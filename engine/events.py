@@ -66,6 +66,15 @@ class GenerationParams:
         if not 0 <= self.k_min <= self.k_max:
             raise ValueError(f"need 0 <= k_min <= k_max, got {self.k_min}, {self.k_max}")
 
+    def cut(self, emitted: list[int], remaining: int) -> "tuple[list[int], FinishReason | None]":
+        """Cut a round's tokens at the first stop token (kept) or after ``remaining`` tokens."""
+        for i, token in enumerate(emitted):
+            if token in self.stop_token_ids:
+                return emitted[: i + 1], "eos"
+        if len(emitted) >= remaining:
+            return emitted[:remaining], "length"
+        return emitted, None
+
 
 @dataclass(frozen=True)
 class Stats:

@@ -297,7 +297,8 @@ def load_engine(
                 draft_model, fallback = _load_draft(draft, device)
         if draft_model is not None:
             subset = frequent_token_ids(tokenizer, draft.spec.draft_vocab) if draft.spec.draft_vocab else None
-            drafter = ModelDrafter(draft_model, device, name=draft.spec.label, vocab_subset=subset)
+            drafter = ModelDrafter(draft_model, device, name=draft.spec.label, vocab_subset=subset,
+                                   vocab_limit=int(target_model.config.get_text_config().vocab_size))
     if drafter is None and profile.drafter != "none":
         drafter = NgramDrafter()
     if fallback:

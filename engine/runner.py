@@ -125,6 +125,11 @@ class ModelRunner:
         if ids:
             self.forward(ids, logits_to_keep=0)
 
+    def catch_up(self, context: Sequence[int]) -> None:
+        """Feed ``context`` (``[L]`` ids) past what the cache shares with it, all but its
+        last token: the caller's next pass feeds that one and reads its logits."""
+        self.prefill(context[self.sync(context, leave=1) : -1])
+
     def sync(self, context: Sequence[int], leave: int = 0) -> int:
         """Crop the cache to its longest common prefix with ``context``.
 

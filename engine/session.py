@@ -68,7 +68,7 @@ class ChatEngine:
     @property
     def info(self) -> EngineInfo:
         """The loaded state, with the live mode and any fallback reason."""
-        reason = self.decoder.fallback_reason or self.decoder.off_reason or self._info.fallback_reason
+        reason = self.decoder.plain_reason or self._info.fallback_reason
         changes: dict[str, object] = {"mode": self.decoder.mode, "fallback_reason": reason}
         if self.decoder.drafter is None and self._info.draft_bytes:
             changes["draft_bytes"] = 0

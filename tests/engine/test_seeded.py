@@ -78,8 +78,8 @@ def test_a_random_schedule_changes_nothing(target, drafts, kind, monkeypatch) ->
     expected = reply(SpecDecoder(target, CPU), PROMPTS[1], sampling, k=None, n=40)
     for schedule_seed in range(3):
         decoder = SpecDecoder(target, CPU, drafter_for(kind, drafts), calibrate_every=0)
-        schedule = random.Random(schedule_seed)
-        monkeypatch.setattr(decoder, "_policy_k", lambda params: schedule.randint(0, 8))
+        rng = random.Random(schedule_seed)
+        monkeypatch.setattr(decoder.schedule, "policy_k", lambda drafter, enabled, params: rng.randint(0, 8))
         assert reply(decoder, PROMPTS[1], sampling, k=None, n=40) == expected
 
 
