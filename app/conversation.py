@@ -4,7 +4,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from engine.events import ChatMessage, GenerationParams, SamplingParams
+from engine.events import ChatMessage, GenerationParams
+from engine.events import generation_params as params_for
 
 if TYPE_CHECKING:
     from engine.profiles import ModelProfile, ModelSpec
@@ -14,15 +15,7 @@ MAX_NEW_TOKENS = 512
 
 def generation_params(profile: "ModelProfile", max_new_tokens: int = MAX_NEW_TOKENS) -> GenerationParams:
     """Sampling and the K schedule from the profile (``k=None`` means adaptive)."""
-    return GenerationParams(
-        sampling=SamplingParams(
-            temperature=profile.temperature, top_p=profile.top_p, top_k=profile.top_k
-        ),
-        max_new_tokens=max_new_tokens,
-        k=profile.k,
-        k_min=profile.k_min,
-        k_max=profile.k_max,
-    )
+    return params_for(profile, max_new_tokens)
 
 
 def build_messages(system_prompt: str | None, turns: Sequence[ChatMessage]) -> list[ChatMessage]:

@@ -76,19 +76,11 @@ def generation_params(args: argparse.Namespace, profile: Any) -> Any:
 
     Checked before any model loads, so a bad value costs no waiting.
     """
-    from engine.events import GenerationParams, SamplingParams
+    from engine.events import generation_params as params_for
 
     try:
-        sampling = SamplingParams(
-            temperature=profile.temperature if args.temperature is None else args.temperature,
-            top_p=profile.top_p if args.top_p is None else args.top_p,
-            top_k=profile.top_k if args.top_k is None else args.top_k,
-            seed=args.seed,
-        )
-        return GenerationParams(
-            sampling=sampling, max_new_tokens=args.max_new_tokens,
-            k=args.k if args.k is not None else profile.k, k_min=profile.k_min, k_max=profile.k_max,
-        )
+        return params_for(profile, args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
+                          top_k=args.top_k, seed=args.seed, k=args.k)
     except ValueError as exc:
         raise SpecChatError(f"{exc} (check the options, or the profile's sampling keys)") from None
 

@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    from engine.profiles import ModelProfile
 
 Mode = Literal["spec", "ngram", "plain"]
 TokenSource = Literal["draft", "target"]
@@ -74,6 +77,21 @@ class GenerationParams:
         if len(emitted) >= remaining:
             return emitted[:remaining], "length"
         return emitted, None
+
+
+def generation_params(profile: "ModelProfile", max_new_tokens: int, *, temperature: float | None = None,
+                      top_p: float | None = None, top_k: int | None = None, seed: int | None = None,
+                      k: int | None = None) -> GenerationParams:
+    """A reply's settings: each override given, else the profile's (``k`` None: the profile's,
+    which may be adaptive). Raises ValueError on a bad value, before any model reads a token."""
+    sampling = SamplingParams(
+        temperature=profile.temperature if temperature is None else temperature,
+        top_p=profile.top_p if top_p is None else top_p,
+        top_k=profile.top_k if top_k is None else top_k,
+        seed=seed,
+    )
+    return GenerationParams(sampling=sampling, max_new_tokens=max_new_tokens, k=profile.k if k is None else k,
+                            k_min=profile.k_min, k_max=profile.k_max)
 
 
 @dataclass(frozen=True)
