@@ -13,7 +13,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from app.bench_cli import add_bench_parser, cmd_bench
+from app.bench.cli import add_bench_parser, cmd_bench
 from app.models_cli import add_model_options, generation_params, load_for, resolve_profile, stderr_progress
 
 __all__ = ["add_model_options", "generation_params", "load_for", "main", "resolve_profile", "stderr_progress"]
@@ -181,9 +181,9 @@ def cmd_profiles(args: argparse.Namespace) -> int:
 
 
 def cmd_app(args: argparse.Namespace) -> int:
-    from engine.profiles import parse_size
+    from engine.sizes import parse_size
 
-    from app.app import SpecChatApp
+    from app.ui.app import SpecChatApp
 
     budget = parse_size(args.memory_budget) if args.memory_budget else None
     if args.draft and not args.target:

@@ -36,7 +36,8 @@ def add_model_options(parser: argparse.ArgumentParser, subcommand: bool = True) 
 
 def resolve_profile(args: argparse.Namespace) -> Any:
     """The profile named by the model options (``--target`` builds one on the fly)."""
-    from engine.profiles import load_profiles, parse_size, profile_from_sources
+    from engine.profiles import load_profiles, profile_from_sources
+    from engine.sizes import parse_size
 
     if args.draft and not args.target:
         raise SpecChatError("--draft needs --target (or choose a profile with --profile)")

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from app.bench_inputs import load_prompt_set
+from app.bench.inputs import load_prompt_set
 from engine.chat import render_prompt
 from engine.device import Device
 from engine.loading import load_tokenizer, load_weights

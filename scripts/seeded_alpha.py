@@ -34,7 +34,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from app.bench_inputs import load_prompt_set  # noqa: E402
+from app.bench.inputs import load_prompt_set  # noqa: E402
 from app.models_cli import load_for  # noqa: E402
 from engine.events import ChatEvent, ChatMessage, GenerationParams, SamplingParams  # noqa: E402
 from engine.profiles import load_profiles  # noqa: E402

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from app.app import SpecChatApp
+from app.ui.app import SpecChatApp
 from tests.app.fakes import FakeLoader, make_profiles
 
 

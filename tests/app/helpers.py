@@ -6,8 +6,8 @@ from collections.abc import Callable
 
 from textual.pilot import Pilot
 
-from app.app import SpecChatApp
-from app.widgets.prompt import PromptArea
+from app.ui.app import SpecChatApp
+from app.ui.widgets.prompt import PromptArea
 
 
 async def wait_for(pilot: Pilot, predicate: Callable[[], object], timeout: float = 5.0) -> None:

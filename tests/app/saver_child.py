@@ -6,10 +6,10 @@ import sys
 import time
 from pathlib import Path
 
-import app.history as history_module
-import app.saver as saver_module
-from app.history import History
-from app.saver import ChatRef, HistorySaver
+import app.store.history as history_module
+import app.store.saver as saver_module
+from app.store.history import History
+from app.store.saver import ChatRef, HistorySaver
 
 
 def main(path: str, rounds: int, finish: bool) -> None:

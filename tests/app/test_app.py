@@ -5,15 +5,15 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from app.app import SpecChatApp
-from app.commands import ProfileCommands
-from app.screens.help import HelpScreen, help_markdown
-from app.screens.profiles import ProfilePicker
-from app.widgets.prompt import PromptArea
+from app.ui.app import SpecChatApp
+from app.ui.commands import ProfileCommands
+from app.ui.screens.help import HelpScreen, help_markdown
+from app.ui.screens.profiles import ProfilePicker
+from app.ui.widgets.prompt import PromptArea
 from engine.errors import EngineError, ModelSourceError
 from engine.events import ChatEvent
-from app.widgets.chat_view import AssistantMessage, UserMessage
-from app.widgets.hud import Hud
+from app.ui.widgets.chat_view import AssistantMessage, UserMessage
+from app.ui.widgets.hud import Hud
 from tests.app.fakes import FakeLoader
 from tests.app.helpers import ready, send, wait_for
 

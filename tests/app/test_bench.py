@@ -12,11 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import app.bench as bench
-from app.bench_cli import load_prompt_set, parse_k_range, select_prompts, write_chart
-from app.bench_methods import ALL_METHODS, LLAMA_METHODS, Method, plan_methods
-from app.bench_probes import ForwardLog
-from app.bench_stats import alpha_from_tau, first_difference, predicted_speedup, summarise
+import app.bench.run as bench
+from app.bench.cli import load_prompt_set, parse_k_range, select_prompts, write_chart
+from app.bench.methods import ALL_METHODS, LLAMA_METHODS, Method, plan_methods
+from app.bench.probes import ForwardLog
+from app.bench.stats import alpha_from_tau, first_difference, predicted_speedup, summarise
 from app.cli import main
 from engine.errors import SpecChatError
 from tests.engine.tinymodels import make_tokenizer

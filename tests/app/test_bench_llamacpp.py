@@ -7,11 +7,11 @@ from pathlib import Path
 import pytest
 import torch
 
-import app.bench as bench
-from app.bench_cli import format_table
-from app.bench_llamacpp import llama_servers, plan_llama, run_llama
-from app.bench_methods import Method
-from app.bench_stats import summarise
+import app.bench.run as bench
+from app.bench.cli import format_table
+from app.bench.llamacpp import llama_servers, plan_llama, run_llama
+from app.bench.methods import Method
+from app.bench.stats import summarise
 from app.cli import main
 from engine.device import Device
 from engine.errors import LlamaCppError

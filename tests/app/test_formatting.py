@@ -1,10 +1,10 @@
 """Formatters, request building and the HUD's small renderers."""
 from __future__ import annotations
 
-from app.conversation import build_messages, chat_title, generation_params, profile_pair
-from app.formatting import bar, fmt_bytes, fmt_speedup, plan_lines, reply_summary
-from app.history import extend_pieces, merge_pieces
-from app.widgets.hud import sparkline
+from app.ui.conversation import build_messages, chat_title, generation_params, profile_pair
+from app.ui.formatting import bar, fmt_bytes, fmt_speedup, plan_lines, reply_summary
+from app.store.pieces import extend_pieces, merge_pieces
+from app.ui.widgets.hud import sparkline
 from engine.events import ChatMessage
 from tests.app.fakes import make_profiles
 
@@ -66,7 +66,7 @@ def test_sparkline_uses_absolute_scale() -> None:
 
 
 def test_export_stats_line_says_speculation_off_once_and_uses_times_sign() -> None:
-    from app.export import stats_line
+    from app.ui.export import stats_line
 
     line = stats_line({"mode": "plain", "tokens": 3, "speedup": 0.05,
                        "speculation_off_reason": "speculation switched off: 0.05× over the last 32 rounds"})
@@ -75,7 +75,7 @@ def test_export_stats_line_says_speculation_off_once_and_uses_times_sign() -> No
 
 
 def test_colour_view_reads_markdown_and_keeps_each_tokens_colour() -> None:
-    from app.widgets.chat_view import SOURCE_STYLES, pieces_content
+    from app.ui.widgets.chat_view import SOURCE_STYLES, pieces_content
 
     pieces = [("## Plan\n", "draft"), ("Run:\n\n```sh\n", "target"), ("ls -l\n", "draft"), ("```\n", "target"),
               ("done", "draft")]

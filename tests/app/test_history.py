@@ -13,14 +13,16 @@ from pathlib import Path
 
 import pytest
 
-from app.app import SpecChatApp
-from app.export import export_chat
-import app.history as history_module
-import app.saver as saver_module
-from app.history import History, HistoryError, migrate
-from app.saver import ChatRef, HistorySaver
-from app.screens.chats import ChatsScreen
-from app.widgets.chat_view import AssistantMessage, UserMessage
+from app.ui.app import SpecChatApp
+from app.ui.export import export_chat
+import app.store.history as history_module
+import app.store.schema as schema_module
+import app.store.saver as saver_module
+from app.store.history import History, HistoryError
+from app.store.schema import migrate
+from app.store.saver import ChatRef, HistorySaver
+from app.ui.screens.chats import ChatsScreen
+from app.ui.widgets.chat_view import AssistantMessage, UserMessage
 from tests.app.fakes import FakeLoader
 from tests.conftest import REPO
 from tests.app.helpers import ready, send, wait_for
@@ -126,7 +128,7 @@ def test_unusable_or_newer_file_is_left_untouched(specchat_dirs: Path) -> None:
     first.create_chat("from the future", None)
     first.close()
     conn = sqlite3.connect(specchat_dirs / "history.db")
-    conn.execute(f"PRAGMA user_version = {history_module.SCHEMA_VERSION + 1}")
+    conn.execute(f"PRAGMA user_version = {schema_module.SCHEMA_VERSION + 1}")
     conn.close()
     before = (specchat_dirs / "history.db").read_bytes()
     history = History.open()
@@ -158,17 +160,17 @@ def test_malformed_database_is_confirmed_and_set_aside(specchat_dirs: Path) -> N
 
 def test_migrations_upgrade_in_steps_and_roll_back_a_failed_step(tmp_path: Path) -> None:
     conn = sqlite3.connect(tmp_path / "h.db", isolation_level=None)
-    assert migrate(conn) == history_module.SCHEMA_VERSION
+    assert migrate(conn) == schema_module.SCHEMA_VERSION
     conn.execute("INSERT INTO chats(title, created, updated) VALUES ('old', 0, 0)")
-    steps = (*history_module.MIGRATIONS, (history_module.SCHEMA_VERSION + 1,
+    steps = (*schema_module.MIGRATIONS, (schema_module.SCHEMA_VERSION + 1,
                                           "ALTER TABLE chats ADD COLUMN pinned INTEGER DEFAULT 0;"))
-    assert migrate(conn, steps) == history_module.SCHEMA_VERSION + 1
+    assert migrate(conn, steps) == schema_module.SCHEMA_VERSION + 1
     assert conn.execute("SELECT title, pinned FROM chats").fetchall() == [("old", 0)]
-    bad = (*steps, (history_module.SCHEMA_VERSION + 2,
+    bad = (*steps, (schema_module.SCHEMA_VERSION + 2,
                     "CREATE TABLE tags (name TEXT);\nINSERT INTO nowhere VALUES (1);"))
     with pytest.raises(sqlite3.OperationalError):
         migrate(conn, bad)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == history_module.SCHEMA_VERSION + 1
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == schema_module.SCHEMA_VERSION + 1
     assert conn.execute("SELECT name FROM sqlite_master WHERE name = 'tags'").fetchall() == []
     assert conn.execute("SELECT title FROM chats").fetchall() == [("old",)]
 
@@ -176,13 +178,13 @@ def test_migrations_upgrade_in_steps_and_roll_back_a_failed_step(tmp_path: Path)
 def test_file_without_version_is_upgraded(specchat_dirs: Path) -> None:
     specchat_dirs.mkdir(parents=True)
     conn = sqlite3.connect(specchat_dirs / "history.db")
-    conn.executescript(history_module._SCHEMA)
+    conn.executescript(schema_module._SCHEMA)
     conn.execute("INSERT INTO chats(title, created, updated) VALUES ('v0', 0, 0)")
     conn.commit()
     conn.close()
     history = History.open()
     assert history.notice is None and [c.title for c in history.list_chats()] == ["v0"]
-    assert history._conn.execute("PRAGMA user_version").fetchone()[0] == history_module.SCHEMA_VERSION
+    assert history._conn.execute("PRAGMA user_version").fetchone()[0] == schema_module.SCHEMA_VERSION
 
 
 def test_saver_keeps_rounds_while_locked_and_writes_the_final_state(specchat_dirs: Path, short_busy: None) -> None:
@@ -411,7 +413,7 @@ async def test_damaged_database_in_app_is_reported_and_app_works(
 def test_a_version_1_file_gains_the_superseded_mark_and_keeps_its_messages(specchat_dirs: Path) -> None:
     specchat_dirs.mkdir(parents=True)
     conn = sqlite3.connect(specchat_dirs / "history.db", isolation_level=None)
-    assert migrate(conn, history_module.MIGRATIONS[:1]) == 1
+    assert migrate(conn, schema_module.MIGRATIONS[:1]) == 1
     conn.execute("INSERT INTO chats(title, created, updated) VALUES ('v1', 0, 0)")
     conn.execute("INSERT INTO messages(chat_id, role, content, created) VALUES (1, 'user', 'hi', 0)")
     conn.close()

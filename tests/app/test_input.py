@@ -7,9 +7,8 @@ from collections.abc import Callable
 import pytest
 from textual import events
 
-from app.app import SpecChatApp
-from app.widgets.chat_view import AssistantMessage, UserMessage
-from app.widgets.prompt import PromptArea
+from app.ui.app import SpecChatApp
+from app.ui.widgets.chat_view import AssistantMessage, UserMessage
 from tests.app.fakes import FakeLoader
 from tests.app.helpers import ready, send, wait_for
 
@@ -175,7 +174,7 @@ async def test_dialog_opened_as_a_reply_finishes_keeps_the_keys(make_app: Callab
     a reply used to pull focus back to the prompt box behind the dialog)."""
     from textual.widgets import Input, TextArea
 
-    from app.screens.edit import EditScreen
+    from app.ui.screens.edit import EditScreen
 
     loader = FakeLoader(hold_after=4)
     app = make_app(loader=loader)

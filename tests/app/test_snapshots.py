@@ -11,10 +11,10 @@ from collections.abc import Callable
 
 from textual.pilot import Pilot
 
-from app.app import SpecChatApp
-from app.screens.profiles import ProfilePicker
-from app.widgets.hud import Hud
-from app.widgets.prompt import PromptArea
+from app.ui.app import SpecChatApp
+from app.ui.screens.profiles import ProfilePicker
+from app.ui.widgets.hud import Hud
+from app.ui.widgets.prompt import PromptArea
 from tests.app.fakes import FakeLoader
 from tests.app.helpers import ready, send, wait_for
 

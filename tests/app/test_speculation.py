@@ -5,9 +5,9 @@ from collections.abc import Callable
 
 import pytest
 
-from app.app import SpecChatApp
-from app.widgets.chat_view import AssistantMessage
-from app.widgets.hud import Hud
+from app.ui.app import SpecChatApp
+from app.ui.widgets.chat_view import AssistantMessage
+from app.ui.widgets.hud import Hud
 from tests.app.fakes import FakeLoader
 from tests.app.helpers import ready, send, wait_for
 
@@ -67,7 +67,7 @@ async def test_f5_says_why_speculation_cannot_come_on(make_app: Callable[..., Sp
 
 
 def test_hud_says_measuring_until_the_estimate_is_sound_and_shows_its_cross_check() -> None:
-    from app.widgets.hud import plain_text, speedup_text
+    from app.ui.widgets.hud import plain_text, speedup_text
     from engine.events import Stats
 
     assert speedup_text(None) == "—" and speedup_text(Stats()) == "—"  # no tokens yet

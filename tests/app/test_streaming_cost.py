@@ -6,9 +6,10 @@ from collections.abc import Callable
 import pytest
 from textual.widgets import Static
 
-from app.app import SpecChatApp, engine_threads
-from app.widgets.chat_view import AssistantMessage, ReplyFence, known_language
-from app.widgets.hud import Hud
+from app.ui.app import SpecChatApp
+from app.ui.loading import engine_threads
+from app.ui.widgets.chat_view import AssistantMessage, ReplyFence, known_language
+from app.ui.widgets.hud import Hud
 from tests.app.fakes import FakeLoader
 from tests.app.helpers import ready, send, wait_for
 

@@ -9,9 +9,9 @@ from dataclasses import replace
 import pytest
 from textual.widgets import OptionList
 
-from app.app import SpecChatApp
+from app.ui.app import SpecChatApp
 from app.cli import main
-from app.screens.profiles import ProfilePicker
+from app.ui.screens.profiles import ProfilePicker
 from engine.api import ProgressFn
 from engine.errors import MemoryPlanError, ModelSourceError
 from engine.hublog import describe, hub_messages_as_progress
@@ -148,7 +148,7 @@ def test_hub_retries_become_progress_not_stderr(capfd: pytest.CaptureFixture[str
 
 async def test_an_over_long_chat_is_fitted_with_a_notice(make_app: Callable[..., SpecChatApp]) -> None:
     """A real ChatEngine on a tiny model with a 96-token window, behind the app."""
-    from app.widgets.chat_view import AssistantMessage
+    from app.ui.widgets.chat_view import AssistantMessage
     from tests.engine.test_context import engine, make_tokenizer
 
     engines: list[object] = []

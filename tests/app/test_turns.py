@@ -6,13 +6,13 @@ from collections.abc import Callable
 import pytest
 from textual.widgets import Footer
 
-from app.app import SpecChatApp
-from app.commands import ProfileCommands
-from app.screens.copy import CopyScreen, code_blocks, copy_choices
-from app.screens.edit import EditScreen
-from app.screens.help import help_markdown
-from app.widgets.chat_view import AssistantMessage, UserMessage
-from app.widgets.hud import Hud
+from app.ui.app import SpecChatApp
+from app.ui.commands import ProfileCommands
+from app.ui.screens.copy import CopyScreen, code_blocks, copy_choices
+from app.ui.screens.edit import EditScreen
+from app.ui.screens.help import help_markdown
+from app.ui.widgets.chat_view import AssistantMessage, UserMessage
+from app.ui.widgets.hud import Hud
 from tests.app.fakes import FakeLoader
 from tests.app.helpers import ready, send, wait_for
 
@@ -193,7 +193,7 @@ async def test_sparkline_is_cleared_for_a_plain_reply(make_app: Callable[..., Sp
 
 async def test_last_profile_is_remembered(make_app: Callable[..., SpecChatApp], loader: FakeLoader,
                                           tmp_path) -> None:
-    from app.state import last_profile, state_file
+    from app.store.state import last_profile, state_file
 
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:

@@ -1,7 +1,7 @@
 """Runs the app on the fake backend in a real terminal (driven by test_smoke_tty)."""
 from __future__ import annotations
 
-from app.app import SpecChatApp
+from app.ui.app import SpecChatApp
 from tests.app.fakes import FakeLoader, make_profiles
 
 if __name__ == "__main__":

@@ -6,11 +6,11 @@ from pathlib import Path
 import pytest
 
 from engine.errors import ProfileError
+from engine.sizes import parse_size
 from engine.profiles import (
     ModelProfile,
     ModelSpec,
     load_profiles,
-    parse_size,
     profile_from_sources,
     shipped_models_file,
 )

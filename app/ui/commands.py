@@ -13,10 +13,10 @@ from textual.app import SystemCommand
 from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from app.conversation import profile_pair
+from app.ui.conversation import profile_pair
 
 if TYPE_CHECKING:
-    from app.app import SpecChatApp
+    from app.ui.app import SpecChatApp
 
 
 class ProfileCommands(Provider):

@@ -20,7 +20,8 @@ from typing import Any
 
 from textual.message import Message
 
-from app.history import History, HistoryError, Pieces
+from app.store.history import History, HistoryError
+from app.store.pieces import Pieces
 
 BACKOFF_S = (0.25, 4.0)
 """First and largest wait between retries of a failed write (doubling in between)."""

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from textual.content import Content
 
-from app.formatting import DASH, fmt_float, fmt_rate, fmt_speedup
+from app.ui.formatting import DASH, fmt_float, fmt_rate, fmt_speedup
 from engine.api import EngineInfo
 from engine.events import Stats
 from engine.remote.figures import ServerStats

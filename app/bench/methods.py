@@ -4,7 +4,7 @@ specchat's decoder: ``plain`` (K = 0, the reference), ``spec`` (one per fixed
 K), ``spec-adaptive`` and ``ngram``; transformers' ``generate``: ``hf-plain``,
 ``hf-assisted`` (transformers' default schedule), ``hf-assisted-constant`` (one
 per K) and ``hf-prompt-lookup``; llama.cpp's ``llama-server`` on the same GGUF
-(:mod:`app.bench_llamacpp`): ``llama.cpp-plain``, ``llama.cpp-spec`` (the same
+(:mod:`app.bench.llamacpp`): ``llama.cpp-plain``, ``llama.cpp-spec`` (the same
 draft GGUF) and ``llama.cpp-lookup`` (its n-gram drafter).
 """
 from __future__ import annotations

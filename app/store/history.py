@@ -1,6 +1,6 @@
 """Conversations saved in SQLite as they happen.
 
-One file, ``history.db`` in :func:`app.paths.data_dir` (mode 0600, its
+One file, ``history.db`` in :func:`app.store.paths.data_dir` (mode 0600, its
 directory 0700). Each chat has a title, the profile it was last used with and
 an optional system prompt; each message keeps its role, text, the profile that
 produced it, its final :class:`~engine.events.Stats` as JSON and, for replies,
@@ -8,7 +8,7 @@ the text pieces with their token source (draft/target) so the colour view
 survives a restart.
 
 The assistant row is written when a reply starts and rewritten every round (by
-:class:`app.saver.HistorySaver`, which keeps unsaved rounds in memory while the
+:class:`app.store.saver.HistorySaver`, which keeps unsaved rounds in memory while the
 file is locked), so killing the app loses at most the tokens not yet written.
 
 Locks are not damage: every connection waits :data:`BUSY_TIMEOUT_S` for another
@@ -18,9 +18,7 @@ image is malformed", "file is not a database"), confirmed by ``PRAGMA
 integrity_check``, make it set the file aside as ``history.db.corrupt-<timestamp>``
 and start a fresh one; :attr:`History.notice` says so and the app shows it.
 
-The schema carries a version (``PRAGMA user_version``); :data:`MIGRATIONS` upgrades
-an older file step by step, each step in one transaction, so a later release
-can change the schema without losing chats (the same scheme as oterm's store).
+The schema and its versioned upgrades are in :mod:`app.store.schema`.
 """
 from __future__ import annotations
 
@@ -29,70 +27,21 @@ import os
 import sqlite3
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from engine.errors import SpecChatError
 
-from app.paths import data_dir, ensure_private_dir
+from app.store.paths import data_dir, ensure_private_dir
+from app.store.pieces import Pieces
+from app.store.schema import NewerSchema, is_corruption_error, is_lock_error, migrate
 
 BUSY_TIMEOUT_S = 5.0
 """How long one statement waits for another connection's lock before failing."""
 OPEN_ATTEMPTS = 2
 """Tries (each waiting BUSY_TIMEOUT_S) before :meth:`History.open` gives up on a lock."""
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS chats (
-    id            INTEGER PRIMARY KEY,
-    title         TEXT NOT NULL,
-    profile       TEXT,
-    system_prompt TEXT,
-    created       REAL NOT NULL,
-    updated       REAL NOT NULL
-);
-CREATE TABLE IF NOT EXISTS messages (
-    id            INTEGER PRIMARY KEY,
-    chat_id       INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
-    role          TEXT NOT NULL,
-    content       TEXT NOT NULL,
-    profile       TEXT,
-    stats         TEXT,
-    pieces        TEXT,
-    finish_reason TEXT,
-    created       REAL NOT NULL
-);
-CREATE INDEX IF NOT EXISTS messages_by_chat ON messages(chat_id, id);
-"""
-
-MIGRATIONS: tuple[tuple[int, str], ...] = (
-    (1, _SCHEMA),
-    # An edited prompt's earlier exchange: kept and shown dimmed, never sent to the model again.
-    (2, "ALTER TABLE messages ADD COLUMN superseded INTEGER NOT NULL DEFAULT 0;"),
-)
-"""``(version, SQL script)`` in order: the script upgrades a file at ``version - 1``
-to ``version``. Append a step (never edit a released one) to change the schema."""
-
-SCHEMA_VERSION = MIGRATIONS[-1][0]
-
-_CORRUPTION = ("malformed", "not a database", "file is encrypted", "integrity check failed")
-
-
-def is_lock_error(exc: BaseException) -> bool:
-    """True for "database is locked" / "database table is locked" / busy errors."""
-    text = str(exc).lower()
-    return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
-
-
-def is_corruption_error(exc: BaseException) -> bool:
-    """True only for SQLite's own reports that the file is damaged or not a database."""
-    return (isinstance(exc, sqlite3.DatabaseError) and not is_lock_error(exc)
-            and any(word in str(exc).lower() for word in _CORRUPTION))
-
-Pieces = list[tuple[str, str]]
-"""Reply text as ``(text, source)`` runs, adjacent runs of one source merged."""
-
 
 class HistoryError(SpecChatError):
     """Reading or writing the history database failed."""
@@ -101,51 +50,6 @@ class HistoryError(SpecChatError):
         super().__init__(message)
         self.locked = locked
         """True when another program's lock was the cause: trying again later may work."""
-
-
-class _NewerSchema(sqlite3.DatabaseError):
-    """The file was written by a newer specchat (its user_version is above ours)."""
-
-
-def migrate(conn: sqlite3.Connection, migrations: Sequence[tuple[int, str]] = MIGRATIONS) -> int:
-    """Bring the schema up to the last step of ``migrations``; returns the version.
-
-    Each step runs in its own transaction together with its ``user_version``
-    bump, so a failed step leaves the file at the previous version, data intact.
-    """
-    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
-    latest = migrations[-1][0] if migrations else 0
-    if version > latest:
-        raise _NewerSchema(f"History database was written by a newer specchat (schema {version}, "
-                           f"this one knows up to {latest}).")
-    for step, script in migrations:
-        if step <= version:
-            continue
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            for statement in _statements(script):
-                conn.execute(statement)
-            conn.execute(f"PRAGMA user_version = {int(step)}")
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        version = step
-    return version
-
-
-def _statements(script: str) -> list[str]:
-    """Split a migration script into statements (executescript would commit on its own)."""
-    out, buf = [], ""
-    for line in script.splitlines(keepends=True):
-        buf += line
-        if sqlite3.complete_statement(buf):
-            if buf.strip():
-                out.append(buf.strip())
-            buf = ""
-    if buf.strip():
-        out.append(buf.strip())
-    return out
 
 
 def _describe(what: str, exc: sqlite3.Error) -> str:
@@ -182,30 +86,6 @@ class MessageRecord:
     created: float
     superseded: bool = False
     """Replaced by an edited prompt: shown dimmed, left out of what the model reads."""
-
-
-def merge_pieces(pieces: Iterable[tuple[str, str]]) -> Pieces:
-    """Merge adjacent runs that share a source, dropping empty ones."""
-    merged: Pieces = []
-    for text, source in pieces:
-        if not text:
-            continue
-        if merged and merged[-1][1] == source:
-            merged[-1] = (merged[-1][0] + text, source)
-        else:
-            merged.append((text, source))
-    return merged
-
-
-def extend_pieces(pieces: Pieces, new: Iterable[tuple[str, str]]) -> None:
-    """Append ``new`` runs to ``pieces`` in place, merging with the last run (O(new))."""
-    for text, source in new:
-        if not text:
-            continue
-        if pieces and pieces[-1][1] == source:
-            pieces[-1] = (pieces[-1][0] + text, source)
-        else:
-            pieces.append((text, source))
 
 
 def _private_file(path: Path) -> None:
@@ -254,7 +134,7 @@ class History:
         assert error is not None
         if is_lock_error(error):
             return cls._locked(path, error)
-        if isinstance(error, _NewerSchema):
+        if isinstance(error, NewerSchema):
             return cls._in_memory(f"{error} It was left untouched; this session's chats are not saved. "
                                   "Upgrade specchat, or set SPECCHAT_DATA_DIR to use another history.")
         if not (is_corruption_error(error) and cls._confirm_corrupt(path)):

@@ -1,6 +1,6 @@
 """Acting on the last exchange and on the layout: copy, regenerate, edit the last prompt, fold the HUD.
 
-Mixed into :class:`app.app.SpecChatApp`. A regenerated (or re-asked) reply does
+Mixed into :class:`app.ui.app.SpecChatApp`. A regenerated (or re-asked) reply does
 not replace the earlier one: that stays on screen, dimmed, and in the history;
 only the newest answer goes to the model as context.
 """
@@ -10,13 +10,13 @@ from typing import TYPE_CHECKING
 
 from textual import events
 
-from app.screens.copy import CopyChoice, CopyScreen, code_blocks, copy_choices
-from app.screens.edit import EditScreen
-from app.widgets.chat_view import AssistantMessage, UserMessage
-from app.widgets.hud_line import HUD_MIN_WIDTH
+from app.ui.screens.copy import CopyChoice, CopyScreen, code_blocks, copy_choices
+from app.ui.screens.edit import EditScreen
+from app.ui.widgets.chat_view import AssistantMessage, UserMessage
+from app.ui.widgets.hud_line import HUD_MIN_WIDTH
 
 if TYPE_CHECKING:
-    from app.app import SpecChatApp
+    from app.ui.app import SpecChatApp
 
 
 class TurnsMixin:

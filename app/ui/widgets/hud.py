@@ -16,8 +16,8 @@ from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.widgets import Label, ProgressBar, Static
 
-from app.conversation import spec_label
-from app.formatting import (
+from app.ui.conversation import spec_label
+from app.ui.formatting import (
     DASH,
     bar,
     fmt_bytes,
@@ -29,9 +29,9 @@ from app.formatting import (
     modes_label,
     plan_lines,
 )
-from app.widgets import hud_server
-from app.widgets.chat_view import legend
-from app.widgets.hud_line import status_line
+from app.ui.widgets import hud_server
+from app.ui.widgets.chat_view import legend
+from app.ui.widgets.hud_line import status_line
 from engine.api import EngineInfo
 from engine.events import Stats
 

@@ -9,10 +9,10 @@ from typing import TYPE_CHECKING
 
 from textual.content import Content
 
-from app.formatting import DASH, fmt_float, fmt_percent, fmt_rate, fmt_speedup, mode_label
+from app.ui.formatting import DASH, fmt_float, fmt_percent, fmt_rate, fmt_speedup, mode_label
 
 if TYPE_CHECKING:
-    from app.widgets.hud import Hud
+    from app.ui.widgets.hud import Hud
 
 HUD_MIN_WIDTH = 110
 """Narrower terminals get the one-line HUD (the side panel takes 40 columns)."""

@@ -10,14 +10,14 @@ on the same draft):
   ``num_assistant_tokens=K``, constant schedule, no confidence cut-off) and
   ``hf-prompt-lookup``: ``model.generate``;
 * ``llama.cpp-*``: runners handed in through :attr:`BenchModels.external`
-  (:mod:`app.bench_llamacpp`), timed by the same clock on streamed tokens.
+  (:mod:`app.bench.llamacpp`), timed by the same clock on streamed tokens.
 
 Timing is the same for every method: a hook on each model times its forward
 passes, and the emission of tokens is time-stamped (round events for specchat,
 a streamer for transformers). The first emission includes reading the prompt
 (prefill), so decode speed counts only the tokens after it, over the time after
 it; end-to-end speed counts everything. Prompts are token ids here; turning
-chat messages into ids is the caller's business (:mod:`app.bench_cli`).
+chat messages into ids is the caller's business (:mod:`app.bench.cli`).
 """
 from __future__ import annotations
 
@@ -30,8 +30,8 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from app.bench_methods import NEEDS_DRAFT, Method
-from app.bench_probes import ForwardLog, ForwardTimer, PeakMemory
+from app.bench.methods import NEEDS_DRAFT, Method
+from app.bench.probes import ForwardLog, ForwardTimer, PeakMemory
 from engine.decoder import SpecDecoder
 from engine.device import Device
 from engine.drafters import Drafter, ModelDrafter, NgramDrafter

@@ -28,8 +28,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from app.bench import BenchPrompt, ExternalRunner, Run, _Reply, first_difference
-from app.bench_methods import LLAMA_METHODS, Method
+from app.bench.run import BenchPrompt, ExternalRunner, Run, _Reply, first_difference
+from app.bench.methods import LLAMA_METHODS, Method
 from engine.errors import LlamaCppError
 from engine.llamacpp import (LlamaCpp, LlamaServer, completion_payload, find_llama_cpp, gguf_for, how_to_get,
                              request_json, run_llama_bench, stream_completion)

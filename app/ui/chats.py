@@ -1,6 +1,6 @@
 """The current conversation and the saved ones: new, open, rename, delete, export.
 
-Mixed into :class:`app.app.SpecChatApp`. ``turns`` is what the backend sees
+Mixed into :class:`app.ui.app.SpecChatApp`. ``turns`` is what the backend sees
 each turn (after the system prompt); ``chat_id`` is the saved chat, created
 lazily with the first prompt so empty chats never clutter the history.
 """
@@ -12,16 +12,16 @@ from typing import TYPE_CHECKING, TypeVar
 
 from textual.widgets import Static
 
-from app.export import default_export_path, export_chat
-from app.history import HistoryError
-from app.saver import ChatRef
-from app.screens.chats import ChatsResult, ChatsScreen
-from app.screens.edit import EditScreen
-from app.widgets.chat_view import AssistantMessage, UserMessage
+from app.ui.export import default_export_path, export_chat
+from app.store.history import HistoryError
+from app.store.saver import ChatRef
+from app.ui.screens.chats import ChatsResult, ChatsScreen
+from app.ui.screens.edit import EditScreen
+from app.ui.widgets.chat_view import AssistantMessage, UserMessage
 from engine.events import ChatMessage
 
 if TYPE_CHECKING:
-    from app.app import SpecChatApp
+    from app.ui.app import SpecChatApp
 
 T = TypeVar("T")
 

@@ -21,8 +21,8 @@ from markdown_it import MarkdownIt
 from pygments.lexers import get_lexer_by_name
 from pygments.util import ClassNotFound
 
-from app.formatting import reply_summary
-from app.history import Pieces, extend_pieces, merge_pieces
+from app.ui.formatting import reply_summary
+from app.store.pieces import Pieces, extend_pieces, merge_pieces
 
 SOURCE_STYLES = {
     "draft": "$text on $success-muted",
@@ -146,7 +146,7 @@ class UserMessage(Static):
         self.message_id = message_id
         """Its row in the history, when loaded from there."""
         self.record: Any = None
-        """The saver's record (``app.saver.ReplyRecord``) when sent in this session."""
+        """The saver's record (``app.store.saver.ReplyRecord``) when sent in this session."""
 
     def saved_id(self) -> int | None:
         """Its row id in the history, if it is saved (yet)."""

@@ -7,9 +7,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from app.formatting import fmt_float, fmt_percent, fmt_rate, fmt_speedup, modes_label
-from app.history import History, HistoryError
-from app.paths import data_dir, ensure_private_dir
+from app.ui.formatting import fmt_float, fmt_percent, fmt_rate, fmt_speedup, modes_label
+from app.store.history import History, HistoryError
+from app.store.paths import data_dir, ensure_private_dir
 
 
 def default_export_path(chat_id: int, title: str) -> Path:

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from app.bench import Run, first_difference
-from app.bench_exact import Judge, counted, flips
-from app.bench_llamacpp import llama_figures
-from app.bench_methods import LLAMA_METHODS
+from app.bench.run import Run, first_difference
+from app.bench.exact import Judge, counted, flips
+from app.bench.llamacpp import llama_figures
+from app.bench.methods import LLAMA_METHODS
 
 ALL_CLASSES = "all"
 
@@ -61,14 +61,14 @@ def reference_outputs(runs: Sequence[Run], method: str = "plain") -> dict[str, t
 def mismatches(runs: Sequence[Run], refs: dict[str, tuple[int, ...]], judge: Judge | None = None) -> list[dict[str, Any]]:
     """Every run whose output differs from plain's on the same prompt, with the first differing position.
 
-    With a ``judge`` (CUDA: :func:`app.bench_exact.near_tie_judge`) each carries its
+    With a ``judge`` (CUDA: :func:`app.bench.exact.near_tie_judge`) each carries its
     verdict: ``near_tie`` differences are floating-point flips, not mismatches.
 
     transformers' speculative runs are checked against transformers' own plain
     decoding (``hf-plain``; unchecked when it did not run): its forward pass is
     not specchat's lean one, so the two engines' greedy texts may part at a near
     tie, and ``hf-plain`` against ``plain`` shows whether they did. llama.cpp's
-    runs are not checked: its numerics differ (see :func:`app.bench_llamacpp.agreement`)."""
+    runs are not checked: its numerics differ (see :func:`app.bench.llamacpp.agreement`)."""
     found = []
     hf_refs = reference_outputs(runs, "hf-plain")
     for run in runs:

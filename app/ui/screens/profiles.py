@@ -11,7 +11,7 @@ from textual.screen import ModalScreen
 from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
-from app.conversation import profile_pair
+from app.ui.conversation import profile_pair
 
 if TYPE_CHECKING:
     from engine.profiles import ModelProfile, Profiles

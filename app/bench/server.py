@@ -21,7 +21,7 @@ from engine.errors import SpecChatError
 from engine.events import GenerationParams, SamplingParams
 
 if TYPE_CHECKING:
-    from app.bench_inputs import PromptSpec
+    from app.bench.inputs import PromptSpec
     from engine.profiles import ModelProfile
     from engine.remote.backend import ServerBackend
 
@@ -188,7 +188,7 @@ def format_table(results: Sequence[dict[str, Any]]) -> str:
 
 def cmd_bench_server(args: argparse.Namespace, profile: "ModelProfile") -> int:
     """Run the server bench, print the table, write the JSON."""
-    from app.bench_inputs import ProgressBar, load_prompt_set, select_prompts
+    from app.bench.inputs import ProgressBar, load_prompt_set, select_prompts
 
     if args.repeats < 1 or args.max_new_tokens < 1:
         raise SpecChatError("--repeats and --max-new-tokens must be at least 1")

@@ -2,7 +2,7 @@
 
 The worker holds the backend lock while it iterates ``backend.chat`` (so a
 profile switch closes the backend only after the reply stopped), hands the
-reply's state to the app's :class:`app.saver.HistorySaver` after every round
+reply's state to the app's :class:`app.store.saver.HistorySaver` after every round
 (it writes in the background and keeps unsaved rounds while the database is
 locked), and posts each round to the UI. Esc sets the
 ``cancel`` event; the engine stops between rounds and the partial reply stays.
@@ -16,18 +16,18 @@ from typing import TYPE_CHECKING, Any
 from textual import work
 from textual.widget import Widget
 
-from app.conversation import build_messages, chat_title, generation_params
-from app.history import Pieces, extend_pieces
-from app.messages import Outbox, ReplyChunk, ReplyFinished
-from app.saver import HistoryLag, HistorySaver, ReplyRecord
-from app.widgets.chat_view import AssistantMessage, UserMessage
-from app.widgets.prompt import PromptArea
+from app.ui.conversation import build_messages, chat_title, generation_params
+from app.store.pieces import Pieces, extend_pieces
+from app.ui.messages import Outbox, ReplyChunk, ReplyFinished
+from app.store.saver import HistoryLag, HistorySaver, ReplyRecord
+from app.ui.widgets.chat_view import AssistantMessage, UserMessage
+from app.ui.widgets.prompt import PromptArea
 from engine.api import ChatBackend
 from engine.errors import SpecChatError
 from engine.events import ChatMessage, FinishReason, GenerationParams, Stats
 
 if TYPE_CHECKING:
-    from app.app import SpecChatApp
+    from app.ui.app import SpecChatApp
 
 SAVE_EVERY_S = 0.0
 """Minimum time between hand-overs of a streaming reply to the saver (0: every round;
@@ -48,7 +48,7 @@ SAVE_FLUSH_AT_EXIT_S = 10.0
 
 
 class ReplyMixin:
-    """Prompt → worker → streamed reply. Mixed into :class:`app.app.SpecChatApp`."""
+    """Prompt → worker → streamed reply. Mixed into :class:`app.ui.app.SpecChatApp`."""
 
     def init_reply_state(self) -> None:
         self._reply_id = 0

@@ -1,4 +1,4 @@
-"""``specchat bench``: the command line around :mod:`app.bench`.
+"""``specchat bench``: the command line around :mod:`app.bench.run`.
 
 Loads the profile's models once, renders the prompt set with the target's
 chat template, runs every method in alternation (progress on stderr), prints
@@ -13,12 +13,12 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.bench_inputs import PromptSpec, ProgressBar, load_prompt_set, render, select_prompts
-from app.bench_methods import ALL_METHODS
+from app.bench.inputs import PromptSpec, ProgressBar, load_prompt_set, render, select_prompts
+from app.bench.methods import ALL_METHODS
 from engine.errors import SpecChatError
 
 if TYPE_CHECKING:
-    from app.bench_exact import Judge
+    from app.bench.exact import Judge
 
 __all__ = ["PromptSpec", "ProgressBar", "add_bench_parser", "cmd_bench", "load_prompt_set", "select_prompts"]
 
@@ -79,7 +79,7 @@ def _label(r: dict[str, Any]) -> str:
 
 def format_table(results: Sequence[dict[str, Any]], prompt_class: str = "all") -> str:
     """The summary of every method over the prompts of ``prompt_class``."""
-    from app.bench_llamacpp import TABLE_FOOTNOTE, same_cell  # imports torch: not at the chat app's start
+    from app.bench.llamacpp import TABLE_FOOTNOTE, same_cell  # imports torch: not at the chat app's start
     head = (f"{'method':<26}{'tok/s':>7}{'min-max':>13}{'speedup':>9}{'self':>7}{'e2e':>6}{'α':>6}{'τ':>6}"
             f"{'pass/tok':>9}{'d/v/o %':>11}{'pred':>6}{'meas/pred':>10}{'peak MB':>9}  same")
     lines = [head, "-" * len(head)]
@@ -159,7 +159,7 @@ def _load(args: argparse.Namespace, progress: Any) -> tuple[Any, Any, list[str]]
 
 def bench_models(profile: Any, engine: Any, args: argparse.Namespace) -> Any:
     """The target, the draft (if the engine holds a model draft) and the reply settings."""
-    from app.bench import BenchModels
+    from app.bench.run import BenchModels
     from engine.drafters import ModelDrafter
 
     drafter = engine.decoder.drafter
@@ -180,9 +180,9 @@ def build_report(args: argparse.Namespace, profile: Any, engine: Any, models: An
     """The JSON document: machine, settings, results, mismatches and every run.
 
     ``judge`` (CUDA) sorts differing outputs into mismatches and near-tie flips."""
-    from app.bench_exact import NEAR_TIE_LOGITS, counted, exactness, flips
-    from app.bench_probes import PeakMemory, machine_info
-    from app.bench_stats import mismatches, reference_outputs, run_record, summarise
+    from app.bench.exact import NEAR_TIE_LOGITS, counted, exactness, flips
+    from app.bench.probes import PeakMemory, machine_info
+    from app.bench.stats import mismatches, reference_outputs, run_record, summarise
 
     info = engine.info
     found = mismatches(runs, reference_outputs(runs), judge)
@@ -225,7 +225,7 @@ def _sklearn_available() -> bool:
 
 def cmd_bench(args: argparse.Namespace) -> int:
     """Run the benchmark; exit status 1 when any greedy output differs from plain decoding."""
-    from app.bench_server import cmd_bench_server, server_bench_profile
+    from app.bench.server import cmd_bench_server, server_bench_profile
 
     server = server_bench_profile(args)
     if server is not None:  # --server URL, or a backend = "server" profile
@@ -233,10 +233,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from app.bench import run_bench
-    from app.bench_exact import near_tie_judge
-    from app.bench_llamacpp import llama_servers, plan_llama, plan_report
-    from app.bench_methods import plan_methods
+    from app.bench.run import run_bench
+    from app.bench.exact import near_tie_judge
+    from app.bench.llamacpp import llama_servers, plan_llama, plan_report
+    from app.bench.methods import plan_methods
     from app.models_cli import stderr_progress
     from engine.llamacpp import find_llama_cpp
 
@@ -278,7 +278,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
 
 def _output(report: dict[str, Any], args: argparse.Namespace) -> int:
     """Files first (a closed stdout must not lose them), then the table, then any mismatch, loudly."""
-    from app.bench_exact import format_flips
+    from app.bench.exact import format_flips
 
     results = report["results"]
     if args.json_out:

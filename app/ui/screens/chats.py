@@ -13,12 +13,12 @@ from textual.screen import ModalScreen
 from textual.widgets import Footer, Label, OptionList
 from textual.widgets.option_list import Option
 
-from app.export import default_export_path, export_chat
-from app.history import ChatRecord, HistoryError
-from app.screens.edit import ConfirmScreen, EditScreen
+from app.ui.export import default_export_path, export_chat
+from app.store.history import ChatRecord, HistoryError
+from app.ui.screens.edit import ConfirmScreen, EditScreen
 
 if TYPE_CHECKING:
-    from app.app import SpecChatApp
+    from app.ui.app import SpecChatApp
 
 ChatsResult = tuple[str, "int | None"]
 """``("open", chat_id)`` or ``("new", None)``."""

@@ -1,4 +1,4 @@
-"""The bench's inputs and its progress line: the prompt set (``bench_prompts.toml``
+"""The bench's inputs and its progress line: the prompt set (``prompts.toml``
 or ``--prompts FILE``), the choice by class, rendering with the target's chat
 template, and the progress bar on stderr. Shared by the local and the server bench."""
 from __future__ import annotations
@@ -15,7 +15,7 @@ from engine.errors import SpecChatError
 from engine.events import ChatMessage
 
 if TYPE_CHECKING:
-    from app.bench import BenchPrompt
+    from app.bench.run import BenchPrompt
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -35,10 +35,10 @@ class PromptSpec:
 
 
 def load_prompt_set(path: Path | None = None) -> list[PromptSpec]:
-    """The prompts of a set file (the shipped ``bench_prompts.toml`` by default)."""
-    where = str(path) if path else "the shipped bench_prompts.toml"
+    """The prompts of a set file (the shipped ``prompts.toml`` by default)."""
+    where = str(path) if path else "the shipped prompts.toml"
     try:
-        text = path.read_text(encoding="utf-8") if path else resources.files("app").joinpath("bench_prompts.toml").read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8") if path else resources.files("app.bench").joinpath("prompts.toml").read_text(encoding="utf-8")
         data = tomllib.loads(text)
     except (OSError, tomllib.TOMLDecodeError) as exc:
         raise SpecChatError(f"cannot read the prompt set {where}: {exc}") from None
@@ -86,7 +86,7 @@ def select_prompts(specs: Sequence[PromptSpec], classes: str | None, per_class: 
 
 def render(specs: Sequence[PromptSpec], to_ids: Callable[[Sequence[ChatMessage]], list[int]]) -> list["BenchPrompt"]:
     """Token-id prompts through the target's chat template (``to_ids``)."""
-    from app.bench import BenchPrompt
+    from app.bench.run import BenchPrompt
 
     return [BenchPrompt(s.name, s.prompt_class, tuple(to_ids(s.messages))) for s in specs]
 

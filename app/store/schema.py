@@ -1,0 +1,103 @@
+"""The history database's schema and its versioned upgrades.
+
+The schema carries a version (``PRAGMA user_version``); :data:`MIGRATIONS` upgrades
+an older file step by step, each step in one transaction, so a later release
+can change the schema without losing chats (the same scheme as oterm's store).
+Also here: telling a lock (wait and retry) from damage (set the file aside).
+"""
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Sequence
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS chats (
+    id            INTEGER PRIMARY KEY,
+    title         TEXT NOT NULL,
+    profile       TEXT,
+    system_prompt TEXT,
+    created       REAL NOT NULL,
+    updated       REAL NOT NULL
+);
+CREATE TABLE IF NOT EXISTS messages (
+    id            INTEGER PRIMARY KEY,
+    chat_id       INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+    role          TEXT NOT NULL,
+    content       TEXT NOT NULL,
+    profile       TEXT,
+    stats         TEXT,
+    pieces        TEXT,
+    finish_reason TEXT,
+    created       REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS messages_by_chat ON messages(chat_id, id);
+"""
+
+MIGRATIONS: tuple[tuple[int, str], ...] = (
+    (1, _SCHEMA),
+    # An edited prompt's earlier exchange: kept and shown dimmed, never sent to the model again.
+    (2, "ALTER TABLE messages ADD COLUMN superseded INTEGER NOT NULL DEFAULT 0;"),
+)
+"""``(version, SQL script)`` in order: the script upgrades a file at ``version - 1``
+to ``version``. Append a step (never edit a released one) to change the schema."""
+
+SCHEMA_VERSION = MIGRATIONS[-1][0]
+
+_CORRUPTION = ("malformed", "not a database", "file is encrypted", "integrity check failed")
+
+
+def is_lock_error(exc: BaseException) -> bool:
+    """True for "database is locked" / "database table is locked" / busy errors."""
+    text = str(exc).lower()
+    return isinstance(exc, sqlite3.OperationalError) and ("locked" in text or "busy" in text)
+
+
+def is_corruption_error(exc: BaseException) -> bool:
+    """True only for SQLite's own reports that the file is damaged or not a database."""
+    return (isinstance(exc, sqlite3.DatabaseError) and not is_lock_error(exc)
+            and any(word in str(exc).lower() for word in _CORRUPTION))
+
+
+class NewerSchema(sqlite3.DatabaseError):
+    """The file was written by a newer specchat (its user_version is above ours)."""
+
+
+def migrate(conn: sqlite3.Connection, migrations: Sequence[tuple[int, str]] = MIGRATIONS) -> int:
+    """Bring the schema up to the last step of ``migrations``; returns the version.
+
+    Each step runs in its own transaction together with its ``user_version``
+    bump, so a failed step leaves the file at the previous version, data intact.
+    """
+    version = int(conn.execute("PRAGMA user_version").fetchone()[0])
+    latest = migrations[-1][0] if migrations else 0
+    if version > latest:
+        raise NewerSchema(f"History database was written by a newer specchat (schema {version}, "
+                           f"this one knows up to {latest}).")
+    for step, script in migrations:
+        if step <= version:
+            continue
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in _statements(script):
+                conn.execute(statement)
+            conn.execute(f"PRAGMA user_version = {int(step)}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+        version = step
+    return version
+
+
+def _statements(script: str) -> list[str]:
+    """Split a migration script into statements (executescript would commit on its own)."""
+    out, buf = [], ""
+    for line in script.splitlines(keepends=True):
+        buf += line
+        if sqlite3.complete_statement(buf):
+            if buf.strip():
+                out.append(buf.strip())
+            buf = ""
+    if buf.strip():
+        out.append(buf.strip())
+    return out
