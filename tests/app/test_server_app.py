@@ -3,13 +3,13 @@ from __future__ import annotations
 
 import pytest
 
-from app.app import SpecChatApp
-from app.conversation import profile_pair
-from app.history import History
-from app.screens.profiles import profile_option
-from app.widgets.chat_view import AssistantMessage
-from app.widgets.hud import Hud
-from app.widgets.hud_line import status_line
+from app.ui.app import SpecChatApp
+from app.ui.conversation import profile_pair
+from app.store.history import History
+from app.ui.screens.profiles import profile_option
+from app.ui.widgets.chat_view import AssistantMessage
+from app.ui.widgets.hud import Hud
+from app.ui.widgets.hud_line import status_line
 from engine.profiles import Profiles
 from engine.profiles import profile_from_server
 from tests.app.fakes import make_profiles
