@@ -23,13 +23,6 @@ from engine.errors import IncompatibleDraftError
 
 SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
 
-# Used only when a target tokenizer has no chat template of its own.
-FALLBACK_CHAT_TEMPLATE = (
-    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
-    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
-)
-
-
 def vocab_differences(target_vocab: dict[str, int], draft_vocab: dict[str, int]) -> list[tuple[str, int | None, int | None]]:
     """``(token, target_id, draft_id)`` for every token whose id differs or that only one side has,
     in target id order, then draft-only tokens in draft id order."""
@@ -120,11 +113,3 @@ def check_pair(target_tok: Any, draft_tok: Any) -> PairReport:
             + ". Pick a draft from the same model family (same tokenizer), or use the n-gram drafter."
         )
     return PairReport(tuple(ignored))
-
-
-def chat_template(target_tok: Any) -> str:
-    """The target's chat template (the draft's is never used), or a plain ChatML fallback."""
-    template = getattr(target_tok, "chat_template", None)
-    if isinstance(template, dict):  # several named templates: the default one
-        template = template.get("default") or next(iter(template.values()), None)
-    return template or FALLBACK_CHAT_TEMPLATE

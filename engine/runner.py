@@ -166,11 +166,6 @@ class ModelRunner:
             raise AssertionError(f"cache layers disagree on length: {sorted(lengths)}")
         return lengths.pop() if lengths else 0
 
-    def reset(self) -> None:
-        """Forget everything cached."""
-        self.cache = self._new_cache()
-        self.ids = []
-
     def release(self) -> None:
         """Drop the cache and the model reference so their memory can be freed."""
         self.cache = self._new_cache()

@@ -51,14 +51,13 @@ class ChatEngine:
         drafter: Drafter | None,
         device: Device,
         info: EngineInfo,
-        decoder_options: dict[str, int] | None = None,
     ) -> None:
         self.tokenizer = tokenizer
         self.device = device
         draft_config = drafter.runner.model.config if isinstance(drafter, ModelDrafter) else None
         self.window: int | None = context_window(info.plan.get("context_length"), target_model.config, draft_config)
         """Tokens of prompt + reply: min(profile context_length, each model's max_position_embeddings)."""
-        self.decoder = SpecDecoder(target_model, device, drafter, window=self.window, **(decoder_options or {}))
+        self.decoder = SpecDecoder(target_model, device, drafter, window=self.window)
         self._info = info
         self.stop_ids = stop_token_ids(tokenizer, getattr(target_model, "generation_config", None))
         self._claims = threading.Lock()

@@ -16,7 +16,6 @@ import io
 import os
 import re
 import subprocess
-import sys
 import tempfile
 import zipfile
 from pathlib import Path, PurePosixPath

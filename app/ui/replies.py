@@ -29,11 +29,6 @@ from engine.events import ChatMessage, FinishReason, GenerationParams, Stats
 if TYPE_CHECKING:
     from app.ui.app import SpecChatApp
 
-SAVE_EVERY_S = 0.0
-"""Minimum time between hand-overs of a streaming reply to the saver (0: every round;
-handing over is cheap, the saver thread coalesces rounds and writes at most every
-:data:`WRITE_EVERY_S`, always ending with the final state)."""
-
 WRITE_EVERY_S = 0.1
 """Minimum time between two history writes of a streaming reply. A SQLite write
 per round (and the JSON of every piece so far) competed with the engine for the
@@ -174,7 +169,7 @@ class ReplyMixin:
                 error, finish = f"{type(exc).__name__}: {exc}", "error"
         if finish is None or (cancel.is_set() and finish == "stop"):
             finish = "cancelled" if cancel.is_set() else "stop"
-        saver.save(text, pieces, stats, finish, force=True)
+        saver.save(text, pieces, stats, finish)
         self.post_message(ReplyFinished(reply_id, finish, stats, error))
 
     async def on_reply_chunk(self: "SpecChatApp", message: ReplyChunk) -> None:
@@ -234,20 +229,16 @@ class ReplyMixin:
 
 
 class _Saver:
-    """Hands the streaming reply's state to the app's saver, at most every SAVE_EVERY_S."""
+    """Hands the streaming reply's state to the app's saver every round: handing over is
+    cheap, and the saver thread coalesces rounds and writes at most every
+    :data:`WRITE_EVERY_S`, always ending with the final state."""
 
     def __init__(self, saver: HistorySaver | None, record: ReplyRecord | None) -> None:
         self._saver = saver
         self._record = record
-        self._last = 0.0
 
-    def save(self, text: str, pieces: Pieces, stats: Stats | None, finish: str | None,
-             force: bool = False) -> None:
+    def save(self, text: str, pieces: Pieces, stats: Stats | None, finish: str | None) -> None:
         if self._saver is None or self._record is None:
             return
-        now = time.monotonic()
-        if not force and now - self._last < SAVE_EVERY_S:
-            return
-        self._last = now
         stats_dict: dict[str, Any] | None = stats.to_dict() if stats else None
         self._saver.update(self._record, text, pieces, stats_dict, finish)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from engine.compat import FALLBACK_CHAT_TEMPLATE, chat_template, check_pair
+from engine.compat import check_pair
 from engine.errors import IncompatibleDraftError
 from tests.engine.tinymodels import CHAT_TEMPLATE, WORDS, make_tokenizer
 
@@ -43,13 +43,6 @@ def test_special_ids_must_agree() -> None:
     msg = str(err.value)
     assert "EOS id differs (target 2, draft 0)" in msg and "PAD id differs" in msg
     assert "token ids differ" not in msg
-
-
-def test_chat_template_comes_from_the_target() -> None:
-    tok = make_tokenizer()
-    assert chat_template(tok) == CHAT_TEMPLATE
-    tok.chat_template = None
-    assert chat_template(tok) == FALLBACK_CHAT_TEMPLATE
 
 
 def with_reserved(names: list[str], **kw: object) -> object:
