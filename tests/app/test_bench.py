@@ -19,7 +19,7 @@ from app.bench.probes import ForwardLog
 from app.bench.stats import alpha_from_tau, first_difference, predicted_speedup, summarise
 from app.cli import main
 from engine.errors import SpecChatError
-from tests.engine.tinymodels import make_tokenizer
+from tests.tiny import make_tokenizer
 from tests.tiny import noisy_copy, tiny_llama
 
 RESULT_KEYS = {

@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 from app.cli import main
-from tests.engine.fake_server import (
+from tests.fake_server import (
     FakeServer, llama_routes, models_route, reply_stream, start_sse, timings, write_events,
 )
 

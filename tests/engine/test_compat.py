@@ -5,7 +5,7 @@ import pytest
 
 from engine.compat import check_pair
 from engine.errors import IncompatibleDraftError
-from tests.engine.tinymodels import CHAT_TEMPLATE, WORDS, make_tokenizer
+from tests.tiny import CHAT_TEMPLATE, WORDS, make_tokenizer
 
 
 def test_identical_tokenizers_pass() -> None:
@@ -105,7 +105,7 @@ def test_an_engine_pairs_models_that_differ_only_in_reserved_tokens_and_says_so(
     from engine.device import Device
     from engine.loading import load_engine
     from engine.profiles import ModelProfile, ModelSpec
-    from tests.engine.tinymodels import save_tiny
+    from tests.tiny import save_tiny
 
     monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
     target = save_tiny(tmp_path / "target", seed=1, tokenizer=with_reserved(RESERVED))  # type: ignore[arg-type]

