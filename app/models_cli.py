@@ -7,13 +7,15 @@ import argparse
 import dataclasses
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from app.server_cli import load_server, server_profile_from_args
 from engine.errors import SpecChatError
 
 if TYPE_CHECKING:
-    from engine.api import ProgressFn
+    from engine.api import ChatBackend, ProgressFn
+    from engine.events import GenerationParams
+    from engine.profiles import ModelProfile
 
 
 def add_model_options(parser: argparse.ArgumentParser, subcommand: bool = True) -> None:
@@ -34,7 +36,7 @@ def add_model_options(parser: argparse.ArgumentParser, subcommand: bool = True) 
     parser.add_argument("--api-key-env", default=default, metavar="VAR", help="environment variable holding the server's API key")
 
 
-def resolve_profile(args: argparse.Namespace) -> Any:
+def resolve_profile(args: argparse.Namespace) -> "ModelProfile":
     """The profile named by the model options (``--target`` builds one on the fly)."""
     from engine.profiles import load_profiles, profile_from_sources
     from engine.sizes import parse_size
@@ -53,7 +55,7 @@ def resolve_profile(args: argparse.Namespace) -> Any:
     return profile
 
 
-def load_for(profile: Any, mode: str = "spec", progress: "ProgressFn | None" = None) -> Any:
+def load_for(profile: "ModelProfile", mode: str = "spec", progress: "ProgressFn | None" = None) -> "ChatBackend":
     """Load the engine for ``profile``; ``mode`` may replace the drafter."""
     from engine.api import no_progress
 
@@ -72,7 +74,7 @@ def load_for(profile: Any, mode: str = "spec", progress: "ProgressFn | None" = N
         return load_engine(profile, memory_budget=profile.memory_budget, progress=progress)
 
 
-def generation_params(args: argparse.Namespace, profile: Any) -> Any:
+def generation_params(args: argparse.Namespace, profile: "ModelProfile") -> "GenerationParams":
     """The reply settings: options given on the command line, else the profile's.
 
     Checked before any model loads, so a bad value costs no waiting.

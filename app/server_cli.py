@@ -2,12 +2,13 @@
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from engine.errors import SpecChatError
 
 if TYPE_CHECKING:
     from engine.api import ProgressFn
+    from engine.remote.backend import ServerBackend
     from engine.profiles import ModelProfile
 
 
@@ -27,7 +28,7 @@ def server_profile_from_args(args: argparse.Namespace) -> "ModelProfile | None":
     return profile_from_server(server, model, key_env)
 
 
-def load_server(profile: "ModelProfile", mode: str, progress: "ProgressFn") -> Any:
+def load_server(profile: "ModelProfile", mode: str, progress: "ProgressFn") -> "ServerBackend":
     """Connect to a server profile's server; ``mode`` plain asks it not to speculate."""
     from engine.remote import connect
 

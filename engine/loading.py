@@ -21,7 +21,7 @@ from engine.errors import IncompatibleDraftError, ModelSourceError, ProfileError
 from engine.memory import Plan, plan_memory, resolve_dtype
 from engine.profiles import ModelProfile, ModelSpec
 from engine.sources import (
-    ResolvedSource, check_model_dir, gguf_origin, hub_error, hub_offline, locate, prepare, read_config,
+    ResolvedSource, check_model_dir, gguf_origin, hub_offline, locate, prepare, read_config, source_error,
 )
 
 if TYPE_CHECKING:
@@ -76,9 +76,7 @@ def load_tokenizer(resolved: ResolvedSource, spec: ModelSpec) -> "PreTrainedToke
             resolved.location, trust_remote_code=spec.trust_remote_code, local_files_only=_local_only(resolved)
         )
     except OSError as exc:
-        if resolved.is_hub:
-            raise hub_error(resolved.location, exc) from None
-        raise ModelSourceError(f"cannot load the tokenizer of {resolved.location}: {exc}") from None
+        raise source_error(resolved, "load the tokenizer of", exc) from None
     except (ValueError, KeyError, TypeError) as exc:
         raise ModelSourceError(f"cannot load the tokenizer of {spec.source}: {exc}") from None
 
@@ -116,9 +114,7 @@ def load_weights(resolved: ResolvedSource, spec: ModelSpec, device: Device, conf
     try:
         model = AutoModelForCausalLM.from_pretrained(resolved.location, **kwargs)
     except OSError as exc:
-        if resolved.is_hub:
-            raise hub_error(resolved.location, exc) from None
-        raise ModelSourceError(f"cannot load the weights in {resolved.location}: {exc}") from None
+        raise source_error(resolved, "load the weights in", exc) from None
     except Exception as exc:  # safetensors and torch raise their own kinds on damaged files
         if device.is_out_of_memory(exc):
             raise

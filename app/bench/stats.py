@@ -18,6 +18,8 @@ from app.bench.exact import Judge, counted, flips
 from app.bench.llamacpp import llama_figures
 from app.bench.methods import LLAMA_METHODS
 
+from engine.stats import expected_tokens
+
 ALL_CLASSES = "all"
 
 
@@ -41,7 +43,8 @@ def alpha_from_tau(tau: float, k: int) -> float:
 
 
 def _expected_tokens(alpha: float, k: int) -> float:
-    return sum(alpha**i for i in range(k + 1))
+    """With one α at every position: the engine's own formula (:func:`engine.stats.expected_tokens`)."""
+    return expected_tokens([alpha] * k, k)
 
 
 def predicted_speedup(alpha: float, k: int, c: float, v: float) -> float:

@@ -1,7 +1,9 @@
 """Copy, regenerate, edit the last prompt, the HUD's fold, the palette, the footer."""
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+from typing import Any
 
 import pytest
 from textual.widgets import Footer
@@ -24,6 +26,23 @@ async def asked(pilot, text: str) -> SpecChatApp:  # type: ignore[no-untyped-def
     await send(pilot, text)
     await wait_for(pilot, lambda: not app.generating and app.query(AssistantMessage).last().finish_reason)
     return app
+
+
+def saved_chat_id(app: SpecChatApp) -> int:
+    """The chat's id once everything in it is written."""
+    assert app.saver is not None and app.saver.flush(5) and app.chat_id is not None
+    return app.chat_id
+
+
+@asynccontextmanager
+async def reopened(make_app: Callable[..., SpecChatApp], chat_id: int) -> AsyncIterator[tuple[SpecChatApp, Any]]:
+    """A fresh app (a restart) with chat ``chat_id`` opened from the history."""
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await app.open_chat(chat_id)
+        await pilot.pause()
+        yield app, pilot
 
 
 def test_code_blocks_and_copy_choices() -> None:
@@ -77,14 +96,9 @@ async def test_regenerate_keeps_the_earlier_reply_and_sends_only_the_new_one(
         assert len(app.query(UserMessage)) == 2
         sent = [(m.role, m.content) for m in loader.backends[0].calls[2]][1:]
         assert sent == [("user", "first"), ("assistant", replies[0].text), ("user", "second")]
-        chat_id = app.chat_id
-        assert app.saver is not None and app.saver.flush(5)
+        chat_id = saved_chat_id(app)
     # Reopened: the prompt is saved once, the earlier reply dimmed and left out of the context.
-    app = make_app()
-    async with app.run_test(size=(120, 40)) as pilot:
-        await ready(pilot)
-        await app.open_chat(chat_id)
-        await pilot.pause()
+    async with reopened(make_app, chat_id) as (app, pilot):
         assert [m.text for m in app.query(UserMessage)] == ["first", "second"]
         assert [r.has_class("-superseded") for r in app.query(AssistantMessage)] == [False, True, False]
         assert [t.role for t in app.turns] == ["user", "assistant", "user", "assistant"]
@@ -107,14 +121,9 @@ async def test_edit_last_prompt_asks_again(make_app: Callable[..., SpecChatApp],
         first_reply = app.query(AssistantMessage).first().text
         expected = [("user", "Summarise this"), ("assistant", first_reply), ("user", "Now shorten this text")]
         assert [(m.role, m.content) for m in loader.backends[0].calls[2]][1:] == expected
-        chat_id = app.chat_id
-        assert app.saver is not None and app.saver.flush(5)
+        chat_id = saved_chat_id(app)
     # Reopened: the edited-away exchange is shown dimmed and never sent to the model again.
-    app = make_app()
-    async with app.run_test(size=(120, 40)) as pilot:
-        await ready(pilot)
-        await app.open_chat(chat_id)
-        await pilot.pause()
+    async with reopened(make_app, chat_id) as (app, pilot):
         assert [u.has_class("-superseded") for u in app.query(UserMessage)] == [False, True, False]
         assert [r.has_class("-superseded") for r in app.query(AssistantMessage)] == [False, True, False]
         await asked(pilot, "And a title?")
