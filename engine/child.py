@@ -26,10 +26,11 @@ from __future__ import annotations
 import multiprocessing
 import os
 import pickle
+import queue
 import signal
 import sys
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -82,7 +83,7 @@ class ProcessBackend:
             cancel = ctx.Event()  # its semaphore starts multiprocessing's resource tracker
             process = ctx.Process(target=serve, args=(child_conn, cancel, profile, memory_budget, log, threads),
                                   name=f"specchat-engine-{profile.name}", daemon=True)
-            process.start()
+            _LAUNCHER.run(process.start)
         child_conn.close()
         backend = cls(process, conn, cancel, EngineInfo(profile.name, "", "", "plain", ""))
         try:
@@ -199,6 +200,73 @@ class ProcessBackend:
         how = "was killed" if code is not None and code < 0 else f"exited (code {code})"
         return EngineError(f"the engine process {how}; the conversation is kept: pick the profile again (F2) "
                            "to reload the models")
+
+
+class _Launcher:
+    """Starts the children from one long-lived thread.
+
+    Linux gives a new process the scheduling priority (nice value) of the
+    *thread* that started it, and a new thread that of its creator. A UI that
+    lowers its own threads' priority, so that the engine's threads win the
+    cores while a reply streams (:func:`lower_priority_except_launcher`), would
+    otherwise pass its lowered priority on to the next engine it loads. The
+    launcher thread is made by the first start and is never lowered.
+    """
+
+    def __init__(self) -> None:
+        self._jobs: queue.Queue[tuple[Callable[[], None], threading.Event, list[BaseException]]] = queue.Queue()
+        self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def native_id(self) -> int | None:
+        """The launcher thread's id for the OS (None until the first start)."""
+        return self._thread.native_id if self._thread is not None else None
+
+    def run(self, job: Callable[[], None]) -> None:
+        """Run ``job`` on the launcher thread and wait for it; its exception is raised here."""
+        with self._lock:
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._serve, name="specchat-engine-launcher", daemon=True)
+                self._thread.start()
+        done, errors = threading.Event(), []
+        self._jobs.put((job, done, errors))
+        done.wait()
+        if errors:
+            raise errors[0]
+
+    def _serve(self) -> None:
+        while True:
+            job, done, errors = self._jobs.get()
+            try:
+                job()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                errors.append(exc)
+            done.set()
+
+
+_LAUNCHER = _Launcher()
+
+
+def lower_priority_except_launcher(nice: int) -> int:
+    """Raise the nice value of every thread of this process to at least ``nice``, except the
+    thread that starts engine children; returns how many threads were changed. Linux only
+    (elsewhere nothing happens). Raising one's own nice value needs no privilege."""
+    tasks = Path("/proc/self/task")
+    if not hasattr(os, "setpriority") or not tasks.is_dir():
+        return 0
+    changed = 0
+    for entry in tasks.iterdir():
+        tid = int(entry.name)
+        if tid == _LAUNCHER.native_id:
+            continue
+        try:
+            if os.getpriority(os.PRIO_PROCESS, tid) < nice:
+                os.setpriority(os.PRIO_PROCESS, tid, nice)
+                changed += 1
+        except OSError:  # the thread ended meanwhile
+            continue
+    return changed
 
 
 def serve(conn: Connection, cancel: "ProcessEvent", profile: "ModelProfile", memory_budget: int | None,

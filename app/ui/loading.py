@@ -44,20 +44,30 @@ def default_loader(profile: "ModelProfile", memory_budget: int | None, progress:
         return load_engine(profile, memory_budget=memory_budget, progress=progress)
 
 
-def engine_threads() -> int | None:
-    """Torch threads for the app's engine: ``SPECCHAT_THREADS``, else every core but one.
+UI_NICE = 10
+"""The UI's threads run at this nice value once a local engine is loaded (Linux), so the
+engine's threads win the cores while a reply streams and the UI paints in what they
+leave; ``SPECCHAT_UI_NICE=0`` keeps the UI at normal priority."""
 
-    The UI needs CPU while a reply streams (layout, Markdown, the terminal). On a
-    small machine a decode step spread over every core waits for whichever core
-    the UI holds: measured on 2 cores, the engine ran at 0.5-0.9x of its speed,
-    varying run to run, where one thread ran a steady 0.8x of two threads alone.
-    None (torch's default) on a single core."""
+
+def engine_threads() -> int | None:
+    """Torch threads for the app's engine: ``SPECCHAT_THREADS``, else torch's default (one per core).
+
+    Measured on 2 cores (app in tmux, 512 tokens, medians of 4): 2 engine threads
+    with the UI at nice 10 ran 205-218 tok/s, 1 engine thread 168-202, 2 threads
+    with the UI at normal priority 152-162 (the step waited for the core the UI held)."""
     import os
 
     if os.environ.get("SPECCHAT_THREADS"):
         return max(1, int(os.environ["SPECCHAT_THREADS"]))
-    cores = os.cpu_count() or 1
-    return cores - 1 if cores > 1 else None
+    return None
+
+
+def ui_nice() -> int:
+    """:data:`UI_NICE`, or ``SPECCHAT_UI_NICE``."""
+    import os
+
+    return int(os.environ.get("SPECCHAT_UI_NICE", UI_NICE))
 
 
 def needs_room(exc: BaseException) -> bool:
@@ -182,6 +192,10 @@ class LoadingMixin:
             self.hud.set_loading(None, message.stage, message.fraction)
 
     def on_engine_ready(self: "SpecChatApp", message: EngineReady) -> None:
+        from engine.child import ProcessBackend, lower_priority_except_launcher
+
+        if isinstance(message.backend, ProcessBackend) and ui_nice() > 0:
+            lower_priority_except_launcher(ui_nice())  # the engine's threads first (see UI_NICE)
         self.loading = False
         self.backend = message.backend
         self.profile = message.profile

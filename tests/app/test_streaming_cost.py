@@ -7,7 +7,7 @@ import pytest
 from textual.widgets import Static
 
 from app.ui.app import SpecChatApp
-from app.ui.loading import engine_threads
+from app.ui.loading import UI_NICE, engine_threads, ui_nice
 from app.ui.widgets.chat_view import AssistantMessage, ReplyFence, known_language
 from app.ui.widgets.hud import Hud
 from tests.app.fakes import FakeLoader
@@ -16,16 +16,15 @@ from tests.app.helpers import ready, send, wait_for
 pytestmark = pytest.mark.anyio
 
 
-def test_the_app_leaves_one_core_to_the_ui(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_engine_takes_every_core_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SPECCHAT_THREADS", raising=False)
-    monkeypatch.setattr("os.cpu_count", lambda: 2)
-    assert engine_threads() == 1
-    monkeypatch.setattr("os.cpu_count", lambda: 8)
-    assert engine_threads() == 7
-    monkeypatch.setattr("os.cpu_count", lambda: 1)
-    assert engine_threads() is None  # torch's default
+    assert engine_threads() is None  # torch's default: one per core
     monkeypatch.setenv("SPECCHAT_THREADS", "3")
     assert engine_threads() == 3
+    monkeypatch.setenv("SPECCHAT_UI_NICE", "0")
+    assert ui_nice() == 0
+    monkeypatch.delenv("SPECCHAT_UI_NICE")
+    assert ui_nice() == UI_NICE > 0
 
 
 def test_code_blocks_are_highlighted_by_name_never_by_guessing() -> None:
