@@ -1,4 +1,4 @@
-"""The context window: fitted chats, refused messages, finish reason "context",
+"""ChatEngine (engine.session): the context window, fitted chats, refused messages, finish reason "context",
 and one engine asked for two replies at once."""
 from __future__ import annotations
 
