@@ -15,7 +15,9 @@ The protocol (parent → child, child → parent), one message at a time:
 * ``("chat", messages, params)`` → ``("event", ChatEvent, info)`` per round, then
   ``("end", None, info)``, or ``("error", exception)``; the shared ``cancel``
   event stops the reply between rounds, as in-process;
-* ``("speculation", enabled)`` → ``("info", info)`` or ``("error", exception)``;
+* on a second pipe, answered by a thread of the child even while a reply
+  streams (F5 mid-reply): ``("speculation", enabled)`` → ``("info", info)`` or
+  ``("error", exception)``;
 * ``("close",)`` → the child frees the models and exits.
 
 A child that dies (killed, crashed) ends the reply with an :class:`EngineError`
@@ -59,12 +61,15 @@ class ProcessBackend:
     :meth:`chat` while one streams raises :class:`EngineBusyError`.
     """
 
-    def __init__(self, process: Any, conn: Connection, cancel: "ProcessEvent", info: EngineInfo) -> None:
+    def __init__(self, process: Any, conn: Connection, control: Connection, cancel: "ProcessEvent",
+                 info: EngineInfo) -> None:
         self._process = process
         self._conn = conn
+        self._control = control
         self._cancel = cancel
         self._info = info
         self._busy = threading.Lock()
+        self._control_lock = threading.Lock()
 
     @classmethod
     def start(cls, profile: "ModelProfile", memory_budget: int | None = None,
@@ -79,13 +84,15 @@ class ProcessBackend:
         intra-op threads in the child (None: torch's default, one per core)."""
         ctx = multiprocessing.get_context("spawn")  # never fork a process that runs threads (the UI)
         conn, child_conn = ctx.Pipe()
+        control, child_control = ctx.Pipe()
         with _real_stderr():
             cancel = ctx.Event()  # its semaphore starts multiprocessing's resource tracker
-            process = ctx.Process(target=serve, args=(child_conn, cancel, profile, memory_budget, log, threads),
+            process = ctx.Process(target=serve, args=(child_conn, child_control, cancel, profile, memory_budget, log, threads),
                                   name=f"specchat-engine-{profile.name}", daemon=True)
             _LAUNCHER.run(process.start)
         child_conn.close()
-        backend = cls(process, conn, cancel, EngineInfo(profile.name, "", "", "plain", ""))
+        child_control.close()
+        backend = cls(process, conn, control, cancel, EngineInfo(profile.name, "", "", "plain", ""))
         try:
             while True:
                 kind, *rest = backend._receive()
@@ -152,9 +159,10 @@ class ProcessBackend:
             return
 
     def set_speculation(self, enabled: bool) -> None:
-        with self._busy:
-            self._send(("speculation", enabled))
-            kind, payload = self._receive()
+        """Switch speculation in the child, at once, even while a reply streams."""
+        with self._control_lock:
+            self._send(("speculation", enabled), self._control)
+            kind, payload = self._receive(conn=self._control)
         if kind == "error":
             raise payload
         self._info = payload
@@ -174,22 +182,24 @@ class ProcessBackend:
             self._process.kill()
             self._process.join()
         self._conn.close()
+        self._control.close()
 
-    def _send(self, message: tuple[Any, ...]) -> None:
+    def _send(self, message: tuple[Any, ...], conn: Connection | None = None) -> None:
         try:
-            self._conn.send(message)
+            (conn or self._conn).send(message)
         except (OSError, ValueError) as exc:
             raise self._died() from exc
 
-    def _receive(self, cancel: threading.Event | None = None) -> tuple[Any, ...]:
-        """The child's next message; forwards ``cancel`` while waiting."""
+    def _receive(self, cancel: threading.Event | None = None, conn: Connection | None = None) -> tuple[Any, ...]:
+        """The child's next message on ``conn`` (the reply pipe by default); forwards ``cancel``."""
+        conn = conn or self._conn
         try:
             while True:
                 if cancel is not None and cancel.is_set():
                     self._cancel.set()
-                if self._conn.poll(POLL_S):
-                    return self._conn.recv()
-                if not self._process.is_alive() and not self._conn.poll():
+                if conn.poll(POLL_S):
+                    return conn.recv()
+                if not self._process.is_alive() and not conn.poll():
                     raise self._died()
         except (EOFError, OSError) as exc:
             raise self._died() from exc
@@ -269,8 +279,8 @@ def lower_priority_except_launcher(nice: int) -> int:
     return changed
 
 
-def serve(conn: Connection, cancel: "ProcessEvent", profile: "ModelProfile", memory_budget: int | None,
-          log: Path | None, threads: int | None = None) -> None:
+def serve(conn: Connection, control: Connection, cancel: "ProcessEvent", profile: "ModelProfile",
+          memory_budget: int | None, log: Path | None, threads: int | None = None) -> None:
     """The child's main loop: load, then answer requests until ``close`` or the pipe ends."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when the engine stops
     if threads is not None:
@@ -297,6 +307,7 @@ def serve(conn: Connection, cancel: "ProcessEvent", profile: "ModelProfile", mem
         _send_error(conn, exc)
         return
     conn.send(("ready", engine.info))
+    threading.Thread(target=_answer_control, args=(engine, control), name="control", daemon=True).start()
     try:
         while True:
             try:
@@ -308,15 +319,27 @@ def serve(conn: Connection, cancel: "ProcessEvent", profile: "ModelProfile", mem
                     for event in engine.chat(request[1], request[2], cancel):
                         conn.send(("event", event, engine.info))
                     conn.send(("end", None, engine.info))
-                elif request[0] == "speculation":
-                    engine.set_speculation(request[1])
-                    conn.send(("info", engine.info))
                 else:
                     return
             except Exception as exc:  # noqa: BLE001 - the parent raises it in its thread
                 _send_error(conn, exc)
     finally:
         engine.close()
+
+
+def _answer_control(engine: Any, control: Connection) -> None:
+    """The child's control thread: switch speculation when asked, replies streaming or not
+    (the decoder reads its switch between rounds, as in one process)."""
+    while True:
+        try:
+            request = control.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            engine.set_speculation(request[1])
+            control.send(("info", engine.info))
+        except Exception as exc:  # noqa: BLE001 - the parent raises it
+            _send_error(control, exc)
 
 
 @contextmanager

@@ -80,6 +80,17 @@ def test_speculation_switches_in_the_child(backend) -> None:
     assert backend.info.mode == "ngram" and backend.info.fallback_reason is None
 
 
+def test_speculation_switches_while_a_reply_streams(backend) -> None:
+    """F5 mid-reply: answered by the child's control thread, not after the reply."""
+    events = backend.chat(MESSAGES, GenerationParams(max_new_tokens=200, stop_token_ids=(10_000,)))
+    next(events)
+    backend.set_speculation(False)  # would wait for the whole reply on the reply pipe
+    assert backend.info.mode == "plain"
+    rest = list(events)
+    assert rest and rest[-1].stats.mode == "plain"
+    backend.set_speculation(True)
+
+
 def test_a_load_error_is_raised_as_the_child_raised_it(tmp_path: Path) -> None:
     with pytest.raises(ModelSourceError) as err:
         ProcessBackend.start(profile_from_sources(str(tmp_path / "missing")), None, threads=1)
