@@ -44,23 +44,25 @@ def default_loader(profile: "ModelProfile", memory_budget: int | None, progress:
         return load_engine(profile, memory_budget=memory_budget, progress=progress)
 
 
-UI_NICE = 10
-"""The UI's threads run at this nice value once a local engine is loaded (Linux), so the
-engine's threads win the cores while a reply streams and the UI paints in what they
-leave; ``SPECCHAT_UI_NICE=0`` keeps the UI at normal priority."""
+UI_NICE = 0
+"""Nice value the UI's threads take once a local engine is loaded (Linux; 0: unchanged).
+``SPECCHAT_UI_NICE=10`` trades keys for speed: measured on 2 cores (app in tmux, 512
+tokens, medians of 4), the engine on both cores ran 207 tok/s with the UI at nice 10
+against 171 at nice 0 (and 170 at nice 5), but Esc took 0.6-1.8 s to stop a reply instead
+of 0.2 s, since every paint queued before the key ran on what the engine left."""
 
 
 def engine_threads() -> int | None:
-    """Torch threads for the app's engine: ``SPECCHAT_THREADS``, else torch's default (one per core).
-
-    Measured on 2 cores (app in tmux, 512 tokens, medians of 4): 2 engine threads
-    with the UI at nice 10 ran 205-218 tok/s, 1 engine thread 168-202, 2 threads
-    with the UI at normal priority 152-162 (the step waited for the core the UI held)."""
+    """Torch threads for the app's engine: ``SPECCHAT_THREADS``; else every core but one while
+    the UI runs at normal priority (it needs a core while a reply streams: on 2 cores a step
+    spread over both waited for the one the UI held), or torch's default (every core) when
+    the UI yields (:data:`UI_NICE`). None also on a single core."""
     import os
 
     if os.environ.get("SPECCHAT_THREADS"):
         return max(1, int(os.environ["SPECCHAT_THREADS"]))
-    return None
+    cores = os.cpu_count() or 1
+    return cores - 1 if cores > 1 and ui_nice() == 0 else None
 
 
 def ui_nice() -> int:

@@ -16,15 +16,21 @@ from tests.app.helpers import ready, send, wait_for
 pytestmark = pytest.mark.anyio
 
 
-def test_the_engine_takes_every_core_unless_told(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_engine_leaves_the_ui_a_core_unless_the_ui_yields(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv("SPECCHAT_THREADS", raising=False)
-    assert engine_threads() is None  # torch's default: one per core
+    monkeypatch.delenv("SPECCHAT_UI_NICE", raising=False)
+    assert ui_nice() == UI_NICE == 0
+    monkeypatch.setattr("os.cpu_count", lambda: 2)
+    assert engine_threads() == 1
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    assert engine_threads() == 7
+    monkeypatch.setattr("os.cpu_count", lambda: 1)
+    assert engine_threads() is None  # torch's default
+    monkeypatch.setattr("os.cpu_count", lambda: 8)
+    monkeypatch.setenv("SPECCHAT_UI_NICE", "10")
+    assert ui_nice() == 10 and engine_threads() is None  # the UI yields: every core
     monkeypatch.setenv("SPECCHAT_THREADS", "3")
     assert engine_threads() == 3
-    monkeypatch.setenv("SPECCHAT_UI_NICE", "0")
-    assert ui_nice() == 0
-    monkeypatch.delenv("SPECCHAT_UI_NICE")
-    assert ui_nice() == UI_NICE > 0
 
 
 def test_code_blocks_are_highlighted_by_name_never_by_guessing() -> None:
