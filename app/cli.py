@@ -193,20 +193,12 @@ def cmd_app(args: argparse.Namespace) -> int:
     return 0
 
 
-def quiet_library_output() -> None:
-    """Silence transformers' own tqdm bars and info logs: specchat reports
-    loading progress itself (a stderr line, or the app's HUD, which raw bars
-    written to the terminal would garble)."""
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()
-    hf_logging.set_verbosity_error()
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    if args.command != "profiles":
-        quiet_library_output()
+    if args.command in ("generate", "bench"):  # the app loads its models in the engine's child
+        from engine.hublog import quiet_transformers
+
+        quiet_transformers()
     handlers = {"generate": cmd_generate, "profiles": cmd_profiles, "bench": cmd_bench, None: cmd_app}
     try:
         return handlers[args.command](args)

@@ -289,13 +289,10 @@ def serve(conn: Connection, control: Connection, cancel: "ProcessEvent", profile
         torch.set_num_threads(threads)
     if log is not None:
         _redirect_output(log)
-    from transformers.utils import logging as hf_logging
-
-    from engine.hublog import hub_messages_as_progress
+    from engine.hublog import hub_messages_as_progress, quiet_transformers
     from engine.loading import load_engine
 
-    hf_logging.disable_progress_bar()  # progress goes to the parent, as messages
-    hf_logging.set_verbosity_error()
+    quiet_transformers()  # progress goes to the parent, as messages
 
     def progress(stage: str, fraction: float | None) -> None:
         conn.send(("progress", stage, fraction))

@@ -61,3 +61,13 @@ def hub_messages_as_progress(progress: ProgressFn) -> Iterator[None]:
     finally:
         with _LOCK:
             logger.handlers, logger.propagate = saved
+
+
+def quiet_transformers() -> None:
+    """Silence transformers' own tqdm bars and info logs: specchat reports loading
+    progress itself (a stderr line, the app's HUD, or messages from the engine's
+    child process), which raw bars written to the terminal would garble."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
