@@ -129,16 +129,24 @@ class SpecChatApp(LoadingMixin, ReplyMixin, ChatMixin, TurnsMixin, App[None]):
     # The main screen's widgets, found there even while a dialog is on top
     # (App.query_one searches the active screen).
     @property
+    def main_screen(self) -> Screen:
+        """The chat screen; NoMatches once the app has closed its screens (a timer
+        or a message may still run in that moment)."""
+        if not self.screen_stack:
+            raise NoMatches("the app is closing: it has no screens left")
+        return self.screen_stack[0]
+
+    @property
     def hud(self) -> Hud:
-        return self.screen_stack[0].query_one(Hud)
+        return self.main_screen.query_one(Hud)
 
     @property
     def chat_log(self) -> ChatLog:
-        return self.screen_stack[0].query_one(ChatLog)
+        return self.main_screen.query_one(ChatLog)
 
     @property
     def prompt(self) -> PromptArea:
-        return self.screen_stack[0].query_one(PromptArea)
+        return self.main_screen.query_one(PromptArea)
 
     def on_mount(self) -> None:
         self.history = History.open()

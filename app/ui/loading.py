@@ -190,12 +190,15 @@ class LoadingMixin:
         self.post_message(EngineReady(backend, profile))
 
     def on_load_progress(self: "SpecChatApp", message: LoadProgress) -> None:
-        if self.loading:
+        if self.loading and self.screen_stack:
             self.hud.set_loading(None, message.stage, message.fraction)
 
     def on_engine_ready(self: "SpecChatApp", message: EngineReady) -> None:
         from engine.child import ProcessBackend, lower_priority_except_launcher
 
+        if not self.screen_stack:  # loaded while the app was closing: nobody will use it
+            message.backend.close()
+            return
         if isinstance(message.backend, ProcessBackend) and ui_nice() > 0:
             lower_priority_except_launcher(ui_nice())  # the engine's threads first (see UI_NICE)
         self.loading = False
@@ -219,6 +222,8 @@ class LoadingMixin:
 
     def on_engine_failed(self: "SpecChatApp", message: EngineFailed) -> None:
         self.loading = False
+        if not self.screen_stack:
+            return
         title = f"Could not load {message.profile_name or 'profile'}"
         if message.restored is not None:
             backend, profile = message.restored

@@ -185,8 +185,8 @@ class ReplyMixin:
     async def _paint_rounds(self: "SpecChatApp", reply_id: int, outbox: Outbox) -> None:
         """Append every waiting round to the reply at once; the HUD sees each round's statistics."""
         events = outbox.take()
-        if reply_id != self._reply_id or self._reply_widget is None or not events:
-            return
+        if reply_id != self._reply_id or self._reply_widget is None or not events or not self.screen_stack:
+            return  # a later reply, or the app is closing (a paint timer may still fire)
         self._last_paint = time.monotonic()
         text = "".join(e.text for e in events)
         await self._reply_widget.append(text, [(p.text, p.source) for e in events for p in e.pieces])
@@ -204,8 +204,8 @@ class ReplyMixin:
             self.notice("The history database is free again: everything is saved.", title="History saved")
 
     async def on_reply_finished(self: "SpecChatApp", message: ReplyFinished) -> None:
-        if message.reply_id != self._reply_id:
-            return
+        if message.reply_id != self._reply_id or not self.screen_stack:
+            return  # a stale reply, or the app closed its screens (the saver has the reply)
         await self._paint_rounds(message.reply_id, self._outbox)  # rounds still waiting for a paint slot
         widget, self._reply_widget = self._reply_widget, None
         self._cancel = None

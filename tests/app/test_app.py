@@ -14,6 +14,7 @@ from engine.errors import EngineError, ModelSourceError
 from engine.events import ChatEvent
 from app.ui.widgets.chat_view import AssistantMessage, UserMessage
 from app.ui.widgets.hud import Hud
+from app.ui.messages import ReplyFinished
 from tests.app.fakes import FakeLoader
 from tests.app.helpers import ready, send, wait_for
 
@@ -235,3 +236,36 @@ async def test_newline_key_does_not_send(make_app: Callable[..., SpecChatApp]) -
         await pilot.press("enter")
         await wait_for(pilot, lambda: not app.generating and app.query(UserMessage))
         assert app.query_one(UserMessage).text == "a\nb" and prompt.text == ""
+
+
+async def test_callbacks_after_the_screens_close_do_nothing(make_app: Callable[..., SpecChatApp]) -> None:
+    """Timers and messages may still run while the app shuts down (CI once saw the HUD
+    timer fire with no screen left): they must not raise."""
+    loader = FakeLoader(hold_after=1)
+    app = make_app(loader=loader)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        await wait_for(pilot, loader.backends[0].held.is_set)
+        await wait_for(pilot, lambda: app.query_one(AssistantMessage).text == "Hello there!")
+        widget, reply_id = app._reply_widget, app._reply_id
+        widget_stats = app.query_one(Hud).stats
+    assert app.screen_stack == [] and widget is not None
+    app._flush_hud()
+    app._reply_widget = widget  # as if the last round were still waiting to be painted
+    app._outbox.put(ChatEvent(text="late", pieces=(), token_ids=(), stats=widget_stats))
+    await app._paint_rounds(reply_id, app._outbox)
+    await app.on_reply_finished(ReplyFinished(reply_id, "stop", None, None))
+
+
+async def test_a_load_that_ends_after_the_screens_close_is_closed(make_app: Callable[..., SpecChatApp]) -> None:
+    from app.ui.messages import EngineReady, LoadProgress
+    from tests.app.fakes import FakeBackend, make_profiles
+
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+    late = FakeBackend(make_profiles().get("lookup"))
+    app.on_load_progress(LoadProgress("loading target weights", 0.5))
+    app.on_engine_ready(EngineReady(late, make_profiles().get("lookup")))
+    assert late.closed and app.backend is not late
