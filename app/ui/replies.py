@@ -10,7 +10,6 @@ locked), and posts each round to the UI. Esc sets the
 from __future__ import annotations
 
 import threading
-import time
 from typing import TYPE_CHECKING, Any
 
 from textual import work
@@ -19,6 +18,7 @@ from textual.widget import Widget
 from app.ui.conversation import build_messages, chat_title, generation_params
 from app.store.pieces import Pieces, extend_pieces
 from app.ui.messages import Outbox, ReplyChunk, ReplyFinished
+from app.ui.pacing import PaintPacer
 from app.store.saver import HistoryLag, HistorySaver, ReplyRecord
 from app.ui.widgets.chat_view import AssistantMessage, UserMessage
 from app.ui.widgets.prompt import PromptArea
@@ -34,10 +34,6 @@ WRITE_EVERY_S = 0.1
 per round (and the JSON of every piece so far) competed with the engine for the
 same cores; a round still reaches the disk within this time."""
 
-PAINT_EVERY_S = 0.1
-"""Minimum time between two repaints of a streaming reply (at most 10 per second): each
-paint lays the screen out again, and the UI's CPU is taken from the engine's cores."""
-
 SAVE_FLUSH_AT_EXIT_S = 10.0
 """How long quitting waits for a locked history to take the last reply."""
 
@@ -50,7 +46,8 @@ class ReplyMixin:
         self._cancel: threading.Event | None = None
         self._reply_widget: AssistantMessage | None = None
         self._outbox = Outbox()
-        self._last_paint = 0.0
+        self.pacer = PaintPacer()
+        """When the next rounds of the streaming reply are painted (app.ui.pacing)."""
         self.queued: list[UserMessage] = []
         """Prompts sent while the model loads or a reply streams, sent in turn when it is free."""
         self.saver: HistorySaver | None = None  # made on mount, once the history is open
@@ -125,6 +122,7 @@ class ReplyMixin:
         self._reply_id += 1
         self._cancel = threading.Event()
         self._outbox = Outbox()
+        self.pacer.start()
         self.generating = True
         self.hud.start_reply()
         messages = build_messages(self.system_prompt, self.turns)
@@ -173,10 +171,10 @@ class ReplyMixin:
         self.post_message(ReplyFinished(reply_id, finish, stats, error))
 
     async def on_reply_chunk(self: "SpecChatApp", message: ReplyChunk) -> None:
-        """Rounds are waiting: show them now, or at the next paint slot (PAINT_EVERY_S)."""
+        """Rounds are waiting: show them now, or when the pacer allows the next paint."""
         if message.reply_id != self._reply_id:
             return
-        wait = self._last_paint + PAINT_EVERY_S - time.monotonic()
+        wait = self.pacer.wait()
         if wait > 0:
             self.set_timer(wait, lambda: self._paint_rounds(message.reply_id, message.outbox))
         else:
@@ -187,14 +185,17 @@ class ReplyMixin:
         events = outbox.take()
         if reply_id != self._reply_id or self._reply_widget is None or not events or not self.screen_stack:
             return  # a later reply, or the app is closing (a paint timer may still fire)
-        self._last_paint = time.monotonic()
+        self.pacer.painting()
         text = "".join(e.text for e in events)
-        await self._reply_widget.append(text, [(p.text, p.source) for e in events for p in e.pieces])
-        for event in events:
-            self.hud.set_stats(event.stats, live=True)
-            if event.notice:
-                self.hud.set_notice(event.notice)
-                self.notice(event.notice, severity="warning", title="Engine")
+        hud = self.hud
+        with self.batch_update():  # the reply and the HUD in one layout of the screen
+            await self._reply_widget.append(text, [(p.text, p.source) for e in events for p in e.pieces])
+            for event in events:
+                hud.set_stats(event.stats, live=True)
+                if event.notice:
+                    hud.set_notice(event.notice)
+                    self.notice(event.notice, severity="warning", title="Engine")
+            hud.flush()
 
     def on_history_lag(self: "SpecChatApp", message: HistoryLag) -> None:
         """The saver is behind (a lock elsewhere) or has caught up: say so."""

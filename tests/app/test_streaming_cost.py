@@ -4,11 +4,14 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import pytest
-from textual.widgets import Static
+from textual.app import App, ComposeResult
+from textual.widgets import Markdown, Static
+from textual.widgets._markdown import MarkdownBlock, MarkdownBullet
 
 from app.ui.app import SpecChatApp
 from app.ui.loading import UI_NICE, engine_threads, ui_nice
-from app.ui.widgets.chat_view import AssistantMessage, ReplyFence, known_language
+from app.ui.widgets.chat_view import AssistantMessage
+from app.ui.widgets.reply_markdown import ReplyFence, ReplyMarkdown, known_language
 from app.ui.widgets.hud import Hud
 from tests.app.fakes import FakeLoader
 from tests.app.helpers import ready, send, wait_for
@@ -73,3 +76,47 @@ async def test_the_hud_redraws_only_the_parts_that_changed(make_app: Callable[..
         hud.set_notice("draft dropped")
         hud.flush()
         assert set(updated) <= {"hud-line", "hud-engine"} and updated
+
+
+def shape(markdown: Markdown) -> list[tuple[str, str]]:
+    """What a Markdown widget shows: each block's kind and text, bullets included."""
+    out = []
+    for widget in markdown.query("*"):
+        if isinstance(widget, MarkdownBullet):
+            out.append(("bullet", widget.symbol))
+        elif isinstance(widget, Static):
+            out.append((type(widget).__name__.removeprefix("Reply"), widget.render().plain))
+        elif isinstance(widget, MarkdownBlock):
+            out.append((type(widget).__name__.removeprefix("Reply"), ""))
+    return out
+
+
+LISTS = (
+    "Steps:\n\n" + "".join(f"{i}. Step number {i}, with **bold** and `code`.\n" for i in range(1, 13))
+    + "\nThen:\n\n- one\n- two\n  - nested a\n  - nested b\n- three, which goes on\n  for a second line\n\n"
+    + "* a\n* b\n\nDone.\n"
+)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 40])
+async def test_a_list_streamed_in_pieces_shows_what_a_fresh_parse_shows(chunk: int) -> None:
+    """Lists keep their rows while they stream (only the last row is rebuilt); at
+    every paint the result must equal rendering the text so far from scratch."""
+
+    class Two(App[None]):
+        def compose(self) -> ComposeResult:
+            yield ReplyMarkdown(id="streamed")
+            yield ReplyMarkdown(id="fresh")
+
+    app = Two()
+    async with app.run_test(size=(100, 200)) as pilot:
+        streamed, fresh = app.query_one("#streamed", ReplyMarkdown), app.query_one("#fresh", ReplyMarkdown)
+        checked = 0
+        for end in range(chunk, len(LISTS) + chunk, chunk):
+            await streamed.append(LISTS[end - chunk:end])
+            if end % (chunk * 5) == 0 or end >= len(LISTS):
+                await fresh.update(LISTS[:end])
+                await pilot.pause()
+                assert shape(streamed) == shape(fresh), LISTS[:end]
+                checked += 1
+        assert checked >= 3 and ("bullet", " 12. ") in shape(streamed)

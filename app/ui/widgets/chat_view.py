@@ -1,7 +1,8 @@
 """The transcript: user prompts, streamed Markdown replies, and their token sources.
 
-A reply is rendered as Markdown while it streams (``Markdown.get_stream`` folds
-bursts together, so a fast engine never outruns the renderer). The same text is
+A reply is rendered as Markdown while it streams: the app hands it everything that
+arrived since the last paint in one :meth:`AssistantMessage.append`, which
+re-parses only the last block and lays out once. The same text is
 kept as ``(text, source)`` pieces; the colour view shows those pieces tinted by
 where each token came from: a draft token the target accepted, or one the
 target produced itself.
@@ -9,19 +10,16 @@ target produced itself.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from functools import lru_cache
 from typing import Any
 
 from textual.app import ComposeResult
 from textual.containers import Vertical, VerticalScroll
 from textual.content import Content
 from textual.widgets import Markdown, Static
-from textual.widgets.markdown import MarkdownFence, MarkdownStream
 from markdown_it import MarkdownIt
-from pygments.lexers import get_lexer_by_name
-from pygments.util import ClassNotFound
 
 from app.ui.formatting import reply_summary
+from app.ui.widgets.reply_markdown import ReplyMarkdown
 from app.store.pieces import Pieces, extend_pieces, merge_pieces
 
 SOURCE_STYLES = {
@@ -103,39 +101,6 @@ def pieces_content(pieces: Iterable[tuple[str, str]]) -> Content:
     return Content.assemble(*parts)
 
 
-@lru_cache(maxsize=256)
-def known_language(language: str) -> str:
-    """The fence's language if pygments has a lexer for it, else ``text``.
-
-    A streaming code block is highlighted again at every paint. For a name that
-    is not built in, pygments searches every installed package's entry points
-    (importlib.metadata) on each call, and a fence without a name runs every
-    lexer's guesser over the code: that was a third of the UI's time while a
-    code block streamed. Asked once per name here; unnamed fences are plain text.
-    """
-    if not language:
-        return "text"
-    try:
-        get_lexer_by_name(language)
-    except ClassNotFound:
-        return "text"
-    return language
-
-
-class ReplyFence(MarkdownFence):
-    """A code block highlighted as its (known) language says, never by guessing."""
-
-    @classmethod
-    def highlight(cls, code: str, language: str, ansi: bool = False, dark: bool = False) -> Content:
-        return super().highlight(code, known_language(language), ansi, dark)
-
-
-class ReplyMarkdown(Markdown):
-    """Markdown for replies: :class:`ReplyFence` for code blocks."""
-
-    BLOCKS = {**Markdown.BLOCKS, "fence": ReplyFence, "code_block": ReplyFence}
-
-
 class UserMessage(Static):
     """A prompt the user sent (shown verbatim)."""
 
@@ -184,7 +149,6 @@ class AssistantMessage(Vertical):
         self.pieces: Pieces = merge_pieces(pieces) if pieces else ([(text, "target")] if text else [])
         self.finish_reason = finish_reason
         self.stats = stats
-        self._stream: MarkdownStream | None = None
         self._show_sources = show_sources
         self.border_title = profile or "assistant"
         self.set_class(show_sources, "-sources")
@@ -226,26 +190,26 @@ class AssistantMessage(Vertical):
         self.query_one(".reply-footer", Static).update(self._footer_text())
 
     async def append(self, text: str, pieces: Iterable[tuple[str, str]]) -> None:
-        """Add one round's text; the Markdown stream batches rendering."""
+        """Add the text of the rounds since the last paint, and render it before returning.
+
+        Awaiting the Markdown here (not through ``Markdown.get_stream``, whose task
+        would append a moment later) puts the text, the HUD and the scroll of one
+        paint into one layout of the screen; the app's paint slots already fold
+        rounds together, as the stream would."""
         if not text:
             return
         self.text += text
         extend_pieces(self.pieces, pieces)
         if self._show_sources:
             self.query_one(".sources", Static).update(pieces_content(self.pieces))
-        if self._stream is None:
-            self._stream = Markdown.get_stream(self.query_one(".body", Markdown))
-        await self._stream.write(text)
+        await self.query_one(".body", Markdown).append(text)
 
     async def finish(self, finish_reason: str, stats: dict[str, Any] | None) -> None:
-        """End the reply: flush the stream and re-render the whole text once.
+        """End the reply: re-render the whole text once.
 
         The final full render makes a reply that ends inside a code fence (or was
         stopped mid-table) come out exactly as a fresh parse would show it.
         """
-        if self._stream is not None:
-            await self._stream.stop()
-            self._stream = None
         self.finish_reason = finish_reason
         self.stats = stats
         await self.query_one(".body", Markdown).update(self.text)

@@ -1,0 +1,68 @@
+"""How often a streaming reply is painted: as often as the UI's CPU budget allows.
+
+Every paint lays the whole screen out again and composes it (Textual), and on a
+machine with few cores the UI's CPU is taken from the engine's. A paint's cost
+depends on the terminal's size, the reply's blocks and the machine, so it is
+measured, not assumed: the UI thread's CPU time from one paint to the next
+(everything it did in between: the layout the paint caused, keys, timers) sets
+the next interval so that painting stays near :data:`UI_BUDGET` of one core.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+PAINT_EVERY_S = 0.1
+"""The shortest time between two paints (at most 10 a second): smooth enough to read."""
+
+PAINT_MAX_S = 0.5
+"""The longest: however costly a paint is, a reply visibly moves twice a second."""
+
+UI_BUDGET = 0.15
+"""The share of one core the UI thread may use while a reply streams."""
+
+
+class PaintPacer:
+    """Decides when the next paint of a streaming reply may start.
+
+    ``interval = cost / budget``, clamped to [``fastest``, ``slowest``], where
+    ``cost`` is the UI thread's CPU seconds over the last paint-to-paint span,
+    averaged with the interval before (one slow paint does not stall the stream).
+    """
+
+    def __init__(
+        self,
+        budget: float = UI_BUDGET,
+        fastest: float = PAINT_EVERY_S,
+        slowest: float = PAINT_MAX_S,
+        clock: Callable[[], float] = time.monotonic,
+        cpu_clock: Callable[[], float] = time.thread_time,
+    ) -> None:
+        self.budget = budget
+        self.fastest = fastest
+        self.slowest = slowest
+        self._clock = clock
+        self._cpu_clock = cpu_clock
+        self.interval = fastest
+        """Seconds from one paint's start to the next one's."""
+        self._last: tuple[float, float] | None = None  # (wall, UI thread CPU) at the last paint
+
+    def start(self) -> None:
+        """A new reply: paint its first rounds at once, at the fastest pace."""
+        self.interval = self.fastest
+        self._last = None
+
+    def wait(self) -> float:
+        """Seconds until the next paint may start (≤ 0: now)."""
+        if self._last is None:
+            return 0.0
+        return self._last[0] + self.interval - self._clock()
+
+    def painting(self) -> None:
+        """A paint starts now (call from the UI thread): measure the span since the last."""
+        now, cpu = self._clock(), self._cpu_clock()
+        if self._last is not None:
+            cost = cpu - self._last[1]
+            wanted = min(max(cost / self.budget, self.fastest), self.slowest)
+            self.interval = min(max((self.interval + wanted) / 2, self.fastest), self.slowest)
+        self._last = (now, cpu)
