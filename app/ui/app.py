@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.css.query import NoMatches
+from textual.driver import Driver
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
 from textual.screen import Screen
@@ -24,6 +25,7 @@ from textual.widgets import Footer, Header
 from app.ui.chats import ChatMixin
 from app.ui.commands import ProfileCommands, unique_commands
 from app.store.history import History
+from app.ui.early_stop import early_stop_driver
 from app.ui.loading import LoadingMixin, default_loader
 from app.ui.replies import SAVE_FLUSH_AT_EXIT_S, WRITE_EVERY_S, ReplyMixin
 from app.store.saver import HistoryLag, HistorySaver
@@ -207,8 +209,20 @@ class SpecChatApp(LoadingMixin, ReplyMixin, ChatMixin, TurnsMixin, App[None]):
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "stop":
-            return self.generating and len(self.screen_stack) == 1
+            return self.can_stop()
         return True
+
+    def can_stop(self) -> bool:
+        """Esc stops the reply: one streams and no dialog is open (safe from any thread)."""
+        return self.generating and len(self.screen_stack) == 1
+
+    def get_driver_class(self) -> type[Driver]:
+        return early_stop_driver(super().get_driver_class(), self._stop_early)
+
+    def _stop_early(self) -> None:
+        """Esc, seen on the terminal's input thread (app.ui.early_stop)."""
+        if self.can_stop():
+            self.stop_reply()
 
     def get_system_commands(self, screen: Screen[Any]) -> Any:
         yield from unique_commands(self, super().get_system_commands(screen))

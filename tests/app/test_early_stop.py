@@ -1,0 +1,84 @@
+"""Esc stops a reply from the terminal's input thread (app.ui.early_stop)."""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+from textual import events
+from textual.driver import Driver
+from textual.message import Message
+
+from app.ui.app import SpecChatApp
+from app.ui.early_stop import early_stop_driver
+from app.ui.screens.help import HelpScreen
+from app.ui.widgets.chat_view import AssistantMessage
+from tests.app.fakes import FakeLoader
+from tests.app.helpers import ready, send, wait_for
+
+
+class RecordingDriver(Driver):
+    """A driver stand-in: records what it would queue for the app."""
+
+    def __init__(self) -> None:  # no app, no terminal
+        self.sent: list[Message] = []
+
+    def process_message(self, message: Message) -> None:
+        self.sent.append(message)
+
+    def write(self, data: str) -> None: ...
+    def start_application_mode(self) -> None: ...
+    def disable_input(self) -> None: ...
+    def stop_application_mode(self) -> None: ...
+
+
+def test_the_driver_tells_of_esc_at_once_and_still_queues_every_key() -> None:
+    seen: list[str] = []
+    driver = early_stop_driver(RecordingDriver, lambda: seen.append("stop"))()
+    keys = [events.Key("a", "a"), events.Key("escape", None), events.Key("enter", "\r")]
+    for key in keys:
+        driver.process_message(key)
+    assert seen == ["stop"] and driver.sent == keys
+
+
+def test_a_failing_hook_never_loses_the_key() -> None:
+    def broken() -> None:
+        raise RuntimeError("boom")
+
+    driver = early_stop_driver(RecordingDriver, broken)()
+    key = events.Key("escape", None)
+    driver.process_message(key)
+    assert driver.sent == [key]
+
+
+def test_the_app_reads_keys_through_the_early_stop_driver(make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app()
+    assert issubclass(app.driver_class, Driver) and app.driver_class.__name__.startswith("EarlyStop")
+
+
+@pytest.mark.anyio
+async def test_esc_from_the_input_thread_stops_the_reply_unless_a_dialog_is_open(
+        make_app: Callable[..., SpecChatApp]) -> None:
+    loader = FakeLoader(hold_after=1)
+    app = make_app(loader=loader)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "first")
+        await wait_for(pilot, loader.backends[0].held.is_set)
+        app.push_screen(HelpScreen([]))
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
+        from_input_thread(app._stop_early)  # Esc closes the dialog: the reply goes on
+        assert app._cancel is not None and not app._cancel.is_set()
+        app.pop_screen()
+        await wait_for(pilot, lambda: len(app.screen_stack) == 1)
+        from_input_thread(app._stop_early)
+        assert app._cancel.is_set()  # at once, before the UI's queue sees the key
+        await wait_for(pilot, lambda: not app.generating)
+        assert app.query_one(AssistantMessage).finish_reason == "cancelled"
+        from_input_thread(app._stop_early)  # nothing streams: nothing to stop, no error
+
+
+def from_input_thread(fn: Callable[[], None]) -> None:
+    thread = threading.Thread(target=fn)
+    thread.start()
+    thread.join(5)
