@@ -54,6 +54,30 @@ CLOSE_WAIT_S = 10.0
 """How long :meth:`ProcessBackend.close` waits for the child to exit before killing it."""
 
 
+class _Reply(Iterator[ChatEvent]):
+    """A reply's events. A generator's ``finally`` runs only once it has started, so a
+    reply dropped (or closed) before its first event is let go of here instead: the
+    child is stopped and the engine freed for the next :meth:`ProcessBackend.chat`."""
+
+    def __init__(self, events: Iterator[ChatEvent], abandon: Callable[[], None]) -> None:
+        self._events = events
+        self._abandon: Callable[[], None] | None = abandon  # until the first event is asked for
+
+    def __next__(self) -> ChatEvent:
+        self._abandon = None  # from here the generator's own finally cleans up
+        return next(self._events)
+
+    def close(self) -> None:
+        abandon, self._abandon = self._abandon, None
+        if abandon is not None:
+            abandon()
+        else:
+            self._events.close()  # type: ignore[attr-defined]
+
+    def __del__(self) -> None:
+        self.close()
+
+
 class ProcessBackend:
     """A :class:`~engine.api.ChatBackend` whose engine runs in a spawned child process.
 
@@ -128,7 +152,13 @@ class ProcessBackend:
         except BaseException:
             self._busy.release()
             raise
-        return self._events(cancel)
+        return _Reply(self._events(cancel), self._abandon)
+
+    def _abandon(self) -> None:
+        """The reply's reader went away before reading anything: stop the child, free the engine."""
+        self._cancel.set()
+        self._drain()
+        self._busy.release()
 
     def _events(self, cancel: threading.Event | None) -> Iterator[ChatEvent]:
         ended = False
@@ -145,9 +175,9 @@ class ProcessBackend:
                 yield rest[0]
         finally:
             if not ended:  # the caller stopped reading: stop the child and wait for its end
-                self._cancel.set()
-                self._drain()
-            self._busy.release()
+                self._abandon()
+            else:
+                self._busy.release()
 
     def _drain(self) -> None:
         try:

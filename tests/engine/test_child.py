@@ -1,6 +1,7 @@
 """The engine in a child process (engine.child): the same replies, cancel, errors, a dead child."""
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import sys
@@ -68,6 +69,16 @@ def test_a_reply_left_unread_frees_the_engine(backend) -> None:
     with pytest.raises(EngineBusyError):
         backend.chat(MESSAGES, PARAMS)
     events.close()  # the reader went away: the child is stopped and drained
+    assert reply_ids(backend.chat(MESSAGES, PARAMS))
+
+
+def test_a_reply_never_read_frees_the_engine(backend) -> None:
+    unread = backend.chat(MESSAGES, PARAMS)
+    del unread  # dropped before its first event: no generator cleanup ran for it
+    gc.collect()
+    assert reply_ids(backend.chat(MESSAGES, PARAMS))
+    closed = backend.chat(MESSAGES, PARAMS)
+    closed.close()
     assert reply_ids(backend.chat(MESSAGES, PARAMS))
 
 
