@@ -68,7 +68,7 @@ class _GrowingList:
     async def _update_from_block(self, block: MarkdownBlock) -> None:
         rows = [child for child in self.children if isinstance(child, Horizontal)]  # type: ignore[attr-defined]
         items = [b for b in getattr(block, "_blocks", ()) if isinstance(b, MarkdownListItem)]
-        if (MarkdownBullet is None or type(block) is not type(self) or not rows or len(items) < len(rows)
+        if (type(block) is not type(self) or not rows or len(items) < len(rows)
                 or len(rows) != len(self.children)):  # type: ignore[attr-defined]
             await super()._update_from_block(block)  # type: ignore[misc]
             return
