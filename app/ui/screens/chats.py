@@ -9,10 +9,10 @@ from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.content import Content
-from textual.screen import ModalScreen
 from textual.widgets import Footer, Label, OptionList
 from textual.widgets.option_list import Option
 
+from app.ui.screens.dialog import Dialog
 from app.ui.export import default_export_path, export_chat
 from app.store.history import ChatRecord, HistoryError
 from app.ui.screens.edit import ConfirmScreen, EditScreen
@@ -37,11 +37,10 @@ def chat_option(chat: ChatRecord, current: bool) -> Option:
     )
 
 
-class ChatsScreen(ModalScreen["ChatsResult | None"]):
+class ChatsScreen(Dialog["ChatsResult | None"]):
     """The list of saved chats."""
 
     BINDINGS = [
-        Binding("escape", "close", "Close"),
         Binding("n", "new", "New chat"),
         Binding("r", "rename", "Rename"),
         Binding("d,delete", "delete", "Delete"),
@@ -49,7 +48,7 @@ class ChatsScreen(ModalScreen["ChatsResult | None"]):
     ]
 
     def __init__(self, current: int | None) -> None:
-        super().__init__(classes="dialog-screen")
+        super().__init__()
         self._current = current
 
     @property
@@ -94,9 +93,6 @@ class ChatsScreen(ModalScreen["ChatsResult | None"]):
         event.stop()
         if event.option.id:
             self.dismiss(("open", int(event.option.id)))
-
-    def action_close(self) -> None:
-        self.dismiss(None)
 
     def action_new(self) -> None:
         self.dismiss(("new", None))

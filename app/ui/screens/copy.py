@@ -9,12 +9,12 @@ from dataclasses import dataclass
 
 from markdown_it import MarkdownIt
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Vertical
 from textual.content import Content
-from textual.screen import ModalScreen
 from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
+
+from app.ui.screens.dialog import Dialog
 
 
 @dataclass(frozen=True)
@@ -58,13 +58,11 @@ def copy_choices(messages: list[tuple[str, str]]) -> list[CopyChoice]:
     return choices
 
 
-class CopyScreen(ModalScreen["CopyChoice | None"]):
+class CopyScreen(Dialog["CopyChoice | None"]):
     """Pick what to copy; dismisses with the choice, or None."""
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
-
     def __init__(self, choices: list[CopyChoice]) -> None:
-        super().__init__(classes="dialog-screen")
+        super().__init__()
         self._choices = choices
 
     def compose(self) -> ComposeResult:
@@ -83,5 +81,3 @@ class CopyScreen(ModalScreen["CopyChoice | None"]):
         event.stop()
         self.dismiss(self._choices[int(event.option.id or 0)])
 
-    def action_cancel(self) -> None:
-        self.dismiss(None)

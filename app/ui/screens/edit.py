@@ -4,20 +4,18 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.screen import ModalScreen
 from textual.widgets import Button, Input, Label, TextArea
 
+from app.ui.screens.dialog import Dialog
 
-class EditScreen(ModalScreen["str | None"]):
+
+class EditScreen(Dialog["str | None"]):
     """Ask for text; dismisses with the text, or None when cancelled."""
 
-    BINDINGS = [
-        Binding("escape", "cancel", "Cancel"),
-        Binding("ctrl+s", "save", "Save", priority=True),
-    ]
+    BINDINGS = [Binding("ctrl+s", "save", "Save", priority=True)]
 
     def __init__(self, title: str, value: str = "", *, multiline: bool = False, hint: str = "") -> None:
-        super().__init__(classes="dialog-screen")
+        super().__init__()
         self._title = title
         self._value = value
         self._multiline = multiline
@@ -51,20 +49,19 @@ class EditScreen(ModalScreen["str | None"]):
     def action_save(self) -> None:
         self.dismiss(self._value_now())
 
-    def action_cancel(self) -> None:
-        self.dismiss(None)
 
-
-class ConfirmScreen(ModalScreen[bool]):
+class ConfirmScreen(Dialog[bool]):
     """A yes/no question; Enter or y confirms, Escape or n declines."""
 
     BINDINGS = [
         Binding("y", "answer(True)", "Yes"),
-        Binding("n,escape", "answer(False)", "No"),
+        Binding("n", "answer(False)", "No"),
     ]
 
+    CANCELLED = False
+
     def __init__(self, question: str) -> None:
-        super().__init__(classes="dialog-screen")
+        super().__init__()
         self._question = question
 
     def compose(self) -> ComposeResult:

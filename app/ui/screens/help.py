@@ -6,8 +6,9 @@ from collections.abc import Iterable
 from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
 from textual.containers import VerticalScroll
-from textual.screen import ModalScreen
 from textual.widgets import Markdown
+
+from app.ui.screens.dialog import Dialog
 
 INTRO = """\
 # specchat keys
@@ -43,18 +44,15 @@ def help_markdown(sections: Iterable[tuple[str, Iterable[BindingType]]]) -> str:
     return "\n".join(parts) + "\n"
 
 
-class HelpScreen(ModalScreen[None]):
+class HelpScreen(Dialog[None]):
     """A dismissable page of key bindings."""
 
-    BINDINGS = [Binding("escape,f1,q", "dismiss", "Close")]
+    BINDINGS = [Binding("f1,q", "cancel", "Close")]
 
     def __init__(self, sections: list[tuple[str, list[BindingType]]]) -> None:
-        super().__init__(classes="dialog-screen")
+        super().__init__()
         self._sections = sections
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help-body", classes="dialog"):
             yield Markdown(help_markdown(self._sections))
-
-    def action_dismiss(self) -> None:  # type: ignore[override]
-        self.dismiss(None)

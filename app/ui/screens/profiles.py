@@ -4,13 +4,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from textual.app import ComposeResult
-from textual.binding import Binding
 from textual.containers import Vertical
 from textual.content import Content
-from textual.screen import ModalScreen
 from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
+from app.ui.screens.dialog import Dialog
 from app.ui.conversation import profile_pair
 
 if TYPE_CHECKING:
@@ -42,14 +41,12 @@ def profile_option(profile: "ModelProfile", *, current: bool, default: bool, una
     return Option(prompt, id=profile.name, disabled=unavailable is not None)
 
 
-class ProfilePicker(ModalScreen["str | None"]):
+class ProfilePicker(Dialog["str | None"]):
     """Pick a profile; dismisses with its name, or None."""
-
-    BINDINGS = [Binding("escape", "cancel", "Cancel")]
 
     def __init__(self, profiles: "Profiles", current: str | None,
                  unavailable: "dict[str, str] | None" = None) -> None:
-        super().__init__(classes="dialog-screen")
+        super().__init__()
         self._profiles = profiles
         self._current = current
         self._unavailable = dict(unavailable or {})
@@ -81,5 +78,3 @@ class ProfilePicker(ModalScreen["str | None"]):
         event.stop()
         self.dismiss(event.option.id)
 
-    def action_cancel(self) -> None:
-        self.dismiss(None)
