@@ -11,7 +11,7 @@ from textual.driver import Driver
 from textual.message import Message
 
 from app.ui.app import SpecChatApp
-from app.ui.early_stop import early_stop_driver
+from app.ui.early_stop import early_stop_driver, split_esc_prefix
 from app.ui.screens.edit import ConfirmScreen, EditScreen
 from app.ui.screens.help import HelpScreen
 from app.ui.widgets.chat_view import AssistantMessage
@@ -51,6 +51,22 @@ def test_a_failing_hook_never_loses_the_key() -> None:
     key = events.Key("escape", None)
     driver.process_message(key)
     assert driver.sent == [key]
+
+
+def test_alt_and_a_character_is_read_as_esc_then_the_character() -> None:
+    """The terminal sends Esc-then-t and Alt+t as the same bytes; Textual names them alt+t."""
+    assert [(k.key, k.character) for k in split_esc_prefix(events.Key("alt+t", "t"))] == [("escape", "\x1b"), ("t", "t")]
+    assert [(k.key, k.character) for k in split_esc_prefix(events.Key("alt+shift+t", "T"))] == [("escape", "\x1b"), ("T", "T")]
+    assert [(k.key, k.character) for k in split_esc_prefix(events.Key("alt+full_stop", "."))] == [("escape", "\x1b"), ("full_stop", ".")]
+    for kept in (events.Key("alt+enter", "\r"), events.Key("alt+left", None), events.Key("t", "t"), events.Key("escape", "\x1b")):
+        assert split_esc_prefix(kept) == [kept]
+
+
+def test_the_driver_stops_the_reply_on_esc_before_a_character() -> None:
+    seen: list[str] = []
+    driver = early_stop_driver(RecordingDriver, lambda: seen.append("stop"))()
+    driver.process_message(events.Key("alt+n", "n"))
+    assert seen == ["stop"] and [key.key for key in driver.sent] == ["escape", "n"]  # type: ignore[attr-defined]
 
 
 @pytest.mark.anyio

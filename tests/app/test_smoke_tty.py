@@ -150,3 +150,27 @@ def test_real_specchat_answers_and_shows_the_hud(real_app: Tmux) -> None:
     assert hud_alpha and hud_tps, screen  # measured values, not the "—" shown before a reply
     assert float(hud_tps.group(1)) > 0
     real_app.keys("C-q")
+
+
+def test_keys_right_after_a_reply_and_after_a_dialog_closes(tmux: Tmux) -> None:
+    """Issue 11's report: F8/F9 pressed as a reply finished did nothing, and keys typed right
+    after Esc closed a dialog went missing. Each key here goes out the moment the footer shows;
+    Esc and the next word go in one write, as a fast typist's keys arrive on a busy machine."""
+    tmux.wait_for("fake:0")
+    dialogs = {"F9": "Export chat to Markdown", "F8": "System prompt for this chat"}
+    for round_, key in enumerate(["F9", "F8", "F9"]):
+        tmux.run("send-keys", "-t", tmux.session, f"question {round_}", "Enter")
+        deadline = time.monotonic() + 15
+        while "12 tokens" not in tmux.screen().split(f"question {round_}")[-1]:  # this reply's footer
+            assert time.monotonic() < deadline, tmux.screen()
+            time.sleep(0.02)
+        tmux.run("send-keys", "-t", tmux.session, key)
+        tmux.wait_for(dialogs[key], timeout=5)
+        tmux.run("send-keys", "-t", tmux.session, "Escape", f"typed{round_}")
+        screen = tmux.wait_for(f"typed{round_}", timeout=5)
+        assert dialogs[key] not in screen
+        prompt_box = screen.split("╭")[-1]
+        assert f"typed{round_}" in prompt_box, screen
+        tmux.run("send-keys", "-t", tmux.session, *["BSpace"] * len(f"typed{round_}"))
+        tmux.wait_for("Ask something", timeout=5)  # the empty box's placeholder
+    tmux.keys("C-q")
