@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
 from textual.css.query import NoMatches
@@ -26,6 +27,7 @@ from app.ui.chats import ChatMixin
 from app.ui.commands import ProfileCommands, unique_commands
 from app.store.history import History
 from app.ui.early_stop import early_stop_driver
+from app.ui.key_hold import KeyHold
 from app.ui.loading import LoadingMixin, default_loader
 from app.ui.replies import SAVE_FLUSH_AT_EXIT_S, WRITE_EVERY_S, ReplyMixin
 from app.store.saver import HistoryLag, HistorySaver
@@ -111,6 +113,12 @@ class SpecChatApp(LoadingMixin, ReplyMixin, ChatMixin, TurnsMixin, App[None]):
         self._cuda: bool | None = None
         self.init_chat_state()
         self.init_reply_state()
+        self.key_hold = KeyHold(super().on_event, self.call_later, self.set_timer)
+
+    async def on_event(self, event: events.Event) -> None:
+        if isinstance(event, events.Key) and not event.is_forwarded and self.key_hold.take(event):
+            return  # a dialog is answering: the key waits its turn (app.ui.key_hold)
+        await super().on_event(event)
 
     def _load_profiles_file(self) -> "Profiles":
         from engine.profiles import load_profiles

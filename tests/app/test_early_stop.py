@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import Any
 
 import pytest
 from textual import events
@@ -12,7 +11,6 @@ from textual.message import Message
 
 from app.ui.app import SpecChatApp
 from app.ui.early_stop import early_stop_driver, split_esc_prefix
-from app.ui.screens.edit import ConfirmScreen, EditScreen
 from app.ui.screens.help import HelpScreen
 from app.ui.widgets.chat_view import AssistantMessage
 from tests.app.fakes import FakeLoader
@@ -67,25 +65,6 @@ def test_the_driver_stops_the_reply_on_esc_before_a_character() -> None:
     driver = early_stop_driver(RecordingDriver, lambda: seen.append("stop"))()
     driver.process_message(events.Key("alt+n", "n"))
     assert seen == ["stop"] and [key.key for key in driver.sent] == ["escape", "n"]  # type: ignore[attr-defined]
-
-
-@pytest.mark.anyio
-@pytest.mark.parametrize("dialog", [lambda: EditScreen("Export chat to Markdown", "/tmp/chat.md"),
-                                    lambda: ConfirmScreen("Delete?"), lambda: HelpScreen([])],
-                         ids=["edit", "confirm", "help"])
-async def test_keys_right_after_esc_reach_the_prompt_box_not_the_closing_dialog(
-        make_app: Callable[..., SpecChatApp], dialog: Callable[[], Any]) -> None:
-    """Esc and the keys after it, queued before the UI handles any of them (a fast typist)."""
-    app = make_app()
-    async with app.run_test(size=(120, 40)) as pilot:
-        await ready(pilot)
-        app.push_screen(dialog())
-        await wait_for(pilot, lambda: len(app.screen_stack) == 2)
-        await pilot.pause(0.1)
-        for key in [events.Key("escape", "\x1b"), *(events.Key(c, c) for c in "typed")]:
-            app.post_message(key)
-        await wait_for(pilot, lambda: app.prompt.text == "typed")
-        assert len(app.screen_stack) == 1
 
 
 def test_the_app_reads_keys_through_the_early_stop_driver(make_app: Callable[..., SpecChatApp]) -> None:

@@ -89,10 +89,9 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
         option = option_list.get_option_at_index(option_list.highlighted)
         return int(option.id) if option.id else None
 
-    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
-        event.stop()
-        if event.option.id:
-            self.dismiss(("open", int(event.option.id)))
+    def picked(self, option: Option) -> None:
+        if option.id:
+            self.dismiss(("open", int(option.id)))
 
     def action_new(self) -> None:
         self.dismiss(("new", None))

@@ -77,7 +77,6 @@ class CopyScreen(Dialog["CopyChoice | None"]):
         option_list.highlighted = 0
         option_list.focus()
 
-    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
-        event.stop()
-        self.dismiss(self._choices[int(event.option.id or 0)])
+    def picked(self, option: Option) -> None:
+        self.dismiss(self._choices[int(option.id or 0)])
 

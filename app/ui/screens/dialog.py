@@ -1,27 +1,54 @@
-"""The base of the app's dialogs: Esc closes them before the next key is read.
+"""The base of the app's dialogs: Esc and Enter answer them before the next key is read.
 
 Textual hands each key to the widget focused at the moment the app reads it,
-and a dialog's own Esc binding runs later, when the focused widget has passed the
-key up. Keys typed right after Esc (a fast typist, or keys that arrive in one
-read) were therefore handed to the dialog's input box as it closed, and lost.
-A *priority* binding runs in the app's own key handler, so the dialog is off
-the screen stack before the next key is dispatched, and that key reaches the
-prompt box.
+and a dialog's own bindings run later, once the focused widget has passed the
+key on (an Input posts ``Submitted``, an OptionList ``OptionSelected``). Keys
+typed right after Esc or Enter (a fast typist, or keys that arrive in one read)
+were therefore handed to the dialog as it closed: after Esc they were lost, and
+after Enter in the rename or export box they were *added to the answer* (a chat
+renamed "Notesabc" when "abc" was the start of the next prompt).
+
+Here Esc and Enter are *priority* bindings, which run in the app's own key
+handler, in the order the keys were read. Esc dismisses the dialog there and
+then: it is off the screen stack before the next key is dispatched, so that key
+reaches the prompt box. Enter holds the keys read after it
+(:mod:`app.ui.key_hold`) and asks for the answer once the keys typed before
+Enter have been handled: through the focused widget's queue and each of its
+parents' up to the app's, the path those keys take; the dialog answers, and the
+held keys go on to whatever is focused then. Mouse clicks come as the
+widgets' messages and end in the same three answers: :meth:`Dialog.picked`
+(an option list), :meth:`Dialog.entered` (a one-line input) and
+:meth:`Dialog.pressed` (a button).
 """
 from __future__ import annotations
 
-from typing import ClassVar, TypeVar
+from collections.abc import Callable
+from typing import TYPE_CHECKING, ClassVar, TypeVar, cast
 
+from textual.actions import SkipAction
 from textual.binding import Binding
+from textual.message_pump import MessagePump
 from textual.screen import ModalScreen
+from textual.widgets import Button, Input, OptionList
+from textual.widgets.option_list import Option
+
+if TYPE_CHECKING:
+    from app.ui.app import SpecChatApp
 
 ResultType = TypeVar("ResultType")
 
 
 class Dialog(ModalScreen[ResultType]):
-    """A modal dialog that Esc dismisses with :attr:`CANCELLED` (at once: see the module)."""
+    """A modal dialog that Esc dismisses with :attr:`CANCELLED` and Enter answers (see the module).
 
-    BINDINGS = [Binding("escape", "cancel", "Cancel", priority=True)]
+    Subclasses say what an answer means by overriding :meth:`picked`,
+    :meth:`entered` or :meth:`pressed`; Enter on any other widget (a multi-line
+    text box) goes to that widget."""
+
+    BINDINGS = [
+        Binding("escape", "cancel", "Cancel", priority=True),
+        Binding("enter", "answer", "Choose", show=False, priority=True),
+    ]
     CANCELLED: ClassVar[object] = None
     """What the dialog returns when cancelled."""
 
@@ -30,3 +57,71 @@ class Dialog(ModalScreen[ResultType]):
 
     def action_cancel(self) -> None:
         self.dismiss(self.CANCELLED)  # type: ignore[arg-type]
+
+    def action_answer(self) -> None:
+        """Enter: answer for the focused widget once it has taken the keys typed before
+        Enter, holding the keys after it meanwhile; on a multi-line text box (or
+        nothing to answer) Enter goes to the widget (SkipAction)."""
+        focused = self.focused
+        if not isinstance(focused, (OptionList, Input, Button)):
+            raise SkipAction()
+        release = cast("SpecChatApp", self.app).key_hold.hold()
+        self._after_queued_keys(focused, lambda: self._answer_for(focused, release))
+
+    def _after_queued_keys(self, node: MessagePump, then: Callable[[], None]) -> None:
+        """``then``, once the keys read before now have gone through ``node`` and up to the
+        app, as a key bubbles (an OptionList's Down is a binding the app runs when the key
+        gets there): hop by hop through the same queues, behind those keys."""
+        if node is self.app:
+            node.call_later(then)
+        else:
+            node.call_later(self._after_queued_keys, node.parent or self.app, then)
+
+    def _answer_for(self, widget: OptionList | Input | Button, release: Callable[[], None]) -> None:
+        try:
+            if not self.is_active:  # closed meanwhile
+                return
+            if isinstance(widget, OptionList):
+                option = widget.highlighted_option
+                if option is not None and not option.disabled:
+                    self.picked(option)
+            elif isinstance(widget, Input):
+                self.entered(widget.value)
+            else:
+                self.pressed(widget.id)
+        except SkipAction:
+            pass
+        finally:
+            release()
+
+    def picked(self, option: Option) -> None:
+        """An option was chosen (Enter or a click)."""
+        raise SkipAction()
+
+    def entered(self, value: str) -> None:
+        """Enter in a one-line input."""
+        raise SkipAction()
+
+    def pressed(self, button_id: str | None) -> None:
+        """A button was pressed (Enter or a click)."""
+        raise SkipAction()
+
+    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
+        event.stop()
+        self._answer_or_ignore(lambda: self.picked(event.option))
+
+    def on_input_submitted(self, event: Input.Submitted) -> None:
+        event.stop()
+        self._answer_or_ignore(lambda: self.entered(event.value))
+
+    def on_button_pressed(self, event: Button.Pressed) -> None:
+        event.stop()
+        self._answer_or_ignore(lambda: self.pressed(event.button.id))
+
+    def _answer_or_ignore(self, answer: Callable[[], None]) -> None:
+        if not self.is_active:  # answered already (Enter, then the widget's own message)
+            return
+        try:
+            answer()
+        except SkipAction:
+            pass

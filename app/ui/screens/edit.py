@@ -38,13 +38,11 @@ class EditScreen(Dialog["str | None"]):
         widget = self.query_one("#edit-value")
         return widget.text if isinstance(widget, TextArea) else widget.value  # type: ignore[attr-defined]
 
-    def on_input_submitted(self, event: Input.Submitted) -> None:
-        event.stop()
-        self.dismiss(self._value_now())
+    def entered(self, value: str) -> None:
+        self.dismiss(value)
 
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        event.stop()
-        self.dismiss(self._value_now() if event.button.id == "save" else None)
+    def pressed(self, button_id: str | None) -> None:
+        self.dismiss(self._value_now() if button_id == "save" else None)
 
     def action_save(self) -> None:
         self.dismiss(self._value_now())
@@ -54,8 +52,8 @@ class ConfirmScreen(Dialog[bool]):
     """A yes/no question; Enter or y confirms, Escape or n declines."""
 
     BINDINGS = [
-        Binding("y", "answer(True)", "Yes"),
-        Binding("n", "answer(False)", "No"),
+        Binding("y", "reply(True)", "Yes", priority=True),  # priority: see app.ui.screens.dialog
+        Binding("n", "reply(False)", "No", priority=True),
     ]
 
     CANCELLED = False
@@ -74,9 +72,8 @@ class ConfirmScreen(Dialog[bool]):
     def on_mount(self) -> None:
         self.query_one("#no", Button).focus()
 
-    def on_button_pressed(self, event: Button.Pressed) -> None:
-        event.stop()
-        self.dismiss(event.button.id == "yes")
+    def pressed(self, button_id: str | None) -> None:
+        self.dismiss(button_id == "yes")
 
-    def action_answer(self, yes: bool) -> None:
+    def action_reply(self, yes: bool) -> None:
         self.dismiss(yes)

@@ -74,7 +74,6 @@ class ProfilePicker(Dialog["str | None"]):
             option_list.highlighted = self._profiles.names().index(self._current)
         option_list.focus()
 
-    def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
-        event.stop()
-        self.dismiss(event.option.id)
+    def picked(self, option: Option) -> None:
+        self.dismiss(option.id)
 
