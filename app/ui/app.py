@@ -31,6 +31,7 @@ from app.ui.key_hold import KeyHold
 from app.ui.loading import LoadingMixin, default_loader
 from app.ui.replies import SAVE_FLUSH_AT_EXIT_S, WRITE_EVERY_S, ReplyMixin
 from app.store.saver import HistoryLag, HistorySaver
+from app.ui.screens.dialog import Dialog
 from app.ui.screens.help import HelpScreen
 from app.ui.screens.profiles import ProfilePicker
 from app.store.state import last_profile
@@ -56,24 +57,29 @@ class SpecChatApp(LoadingMixin, ReplyMixin, ChatMixin, TurnsMixin, App[None]):
     COMMANDS = App.COMMANDS | {ProfileCommands}
     BINDINGS = [
         Binding("escape", "stop", "Stop", tooltip="stop the reply, keeping what was written"),
-        Binding("f1", "help", "Help"),
-        Binding("f2", "pick_profile", "Profile"),
-        Binding("f3", "chats", "Chats"),
-        Binding("f4,ctrl+t", "toggle_sources", "Colours",
+        # All but Esc are priority keys: the app runs them as it reads them, before the
+        # keys typed after them, which then reach the dialog they open (F2 Enter picks a
+        # profile instead of sending the prompt; see app.ui.screens.dialog). F6 and F7 are
+        # the prompt box's select-line/select-all too: priority makes them the app's.
+        Binding("f1", "help", "Help", priority=True),
+        Binding("f2", "pick_profile", "Profile", priority=True),
+        Binding("f3", "chats", "Chats", priority=True),
+        Binding("f4,ctrl+t", "toggle_sources", "Colours", priority=True,
                 tooltip="colour each token: draft accepted vs target produced"),
-        Binding("f5", "toggle_speculation", "Spec on/off", key_display="f5"),
-        # F6 and F7 are the prompt box's select-line/select-all too: priority makes them the app's.
+        Binding("f5", "toggle_speculation", "Spec on/off", key_display="f5", priority=True),
         Binding("f6", "toggle_hud", "HUD", priority=True, tooltip="the side panel, or one status line"),
         Binding("f7", "copy", "Copy", priority=True, tooltip="the last reply, a message or a code block"),
-        Binding("ctrl+n", "new_chat", "New chat"),
+        Binding("ctrl+n", "new_chat", "New chat", priority=True),
         Binding("ctrl+q", "quit", "Quit", priority=True),
-        Binding("ctrl+r", "regenerate", "Regenerate", show=False,
+        Binding("ctrl+r", "regenerate", "Regenerate", show=False, priority=True,
                 tooltip="answer the last prompt again (the earlier reply stays)"),
-        Binding("ctrl+g", "edit_last_prompt", "Edit last prompt", show=False,
+        Binding("ctrl+g", "edit_last_prompt", "Edit last prompt", show=False, priority=True,
                 tooltip="change the last prompt and ask again (the earlier exchange stays)"),
-        Binding("f8", "edit_system_prompt", "System prompt", show=False),
-        Binding("f9", "export_chat", "Export", show=False, tooltip="the chat as Markdown with its statistics"),
+        Binding("f8", "edit_system_prompt", "System prompt", show=False, priority=True),
+        Binding("f9", "export_chat", "Export", show=False, priority=True,
+                tooltip="the chat as Markdown with its statistics"),
     ]
+    _MAIN_SCREEN_ACTIONS = frozenset(b.action for b in BINDINGS) - {"quit", "stop"}
     EXTRA_COMMANDS = [
         ("Copy last reply", "the last reply to the clipboard", "copy_last_reply"),
         ("Copy last code block", "the last code block of the replies to the clipboard", "copy_last_code"),
@@ -218,6 +224,9 @@ class SpecChatApp(LoadingMixin, ReplyMixin, ChatMixin, TurnsMixin, App[None]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "stop":
             return self.can_stop()
+        if action in self._MAIN_SCREEN_ACTIONS and len(self.screen_stack) > 1:
+            # A dialog is open: its keys are its own (F1 closes the help it opened).
+            return action == "help" and isinstance(self.screen, HelpScreen)
         return True
 
     def can_stop(self) -> bool:
@@ -235,7 +244,15 @@ class SpecChatApp(LoadingMixin, ReplyMixin, ChatMixin, TurnsMixin, App[None]):
     def get_system_commands(self, screen: Screen[Any]) -> Any:
         yield from unique_commands(self, super().get_system_commands(screen))
 
+    def push_screen(self, screen: Any, *args: Any, **kwargs: Any) -> Any:
+        if isinstance(screen, Dialog):  # keys typed after F9 (say) are the dialog's: app.ui.screens.dialog
+            screen.hold_keys_until_ready(self.key_hold.hold())
+        return super().push_screen(screen, *args, **kwargs)
+
     def action_help(self) -> None:
+        if isinstance(self.screen, HelpScreen):  # F1 is a priority key: it closes the help it opened
+            self.screen.dismiss(None)
+            return
         self.push_screen(HelpScreen([("App", list(self.BINDINGS)), ("Prompt box", [*PromptArea.BINDINGS, *PromptArea.HELP_ONLY])]))
 
     def action_pick_profile(self) -> None:

@@ -111,3 +111,44 @@ async def test_a_click_still_answers(make_app: Callable[..., SpecChatApp]) -> No
         await open_dialog(app, pilot, EditScreen("Rename chat", "Notes"), answers)
         await pilot.click("#cancel")
         await wait_for(pilot, lambda: answers == ["Notes", None])
+
+
+@pytest.mark.anyio
+async def test_keys_typed_after_the_key_that_opens_a_dialog_go_into_it(make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        type_at_once(app, ["f8", "x", "y"])  # the system prompt box, opened and typed into at once
+        await wait_for(pilot, lambda: isinstance(app.screen, EditScreen)
+                       and "xy" in app.screen.query_one("#edit-value").text)  # type: ignore[attr-defined]
+        assert app.prompt.text == ""
+
+
+@pytest.mark.anyio
+async def test_f2_then_enter_picks_a_profile_and_does_not_send_the_prompt(
+        make_app: Callable[..., SpecChatApp]) -> None:
+    """Before, Enter reached the prompt box ahead of the picker and sent the half-typed prompt."""
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        app.prompt.insert("half a thought")
+        switched: list[str] = []
+        app.switch_profile = switched.append  # type: ignore[method-assign]
+        type_at_once(app, ["f2", "down", "enter"])
+        await wait_for(pilot, lambda: switched != [])
+        assert switched == ["lookup"] and app.prompt.text == "half a thought"
+        assert len(app.screen_stack) == 1 and app.chat_id is None  # nothing was sent
+
+
+@pytest.mark.anyio
+async def test_the_apps_keys_are_the_dialogs_while_one_is_open(make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await pilot.press("f1")
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
+        await pilot.press("f2", "f9", "ctrl+n")
+        await pilot.pause(0.2)
+        assert len(app.screen_stack) == 2 and isinstance(app.screen, HelpScreen)
+        await pilot.press("f1")  # closes the help it opened
+        await wait_for(pilot, lambda: len(app.screen_stack) == 1)

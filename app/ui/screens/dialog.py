@@ -54,6 +54,16 @@ class Dialog(ModalScreen[ResultType]):
 
     def __init__(self) -> None:
         super().__init__(classes="dialog-screen")
+        self._release_when_ready: Callable[[], None] | None = None
+
+    def hold_keys_until_ready(self, release: Callable[[], None]) -> None:
+        """The app pushes this dialog holding the keys typed after the key that opened it;
+        they go on once the dialog's widget has the focus (so F9 then a path types the path)."""
+        self._release_when_ready = release
+
+    def on_mount(self) -> None:
+        if self._release_when_ready is not None:  # after the focus the subclass or Textual sets
+            self.call_after_refresh(self.app.call_later, self._release_when_ready)
 
     def action_cancel(self) -> None:
         self.dismiss(self.CANCELLED)  # type: ignore[arg-type]

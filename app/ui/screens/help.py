@@ -47,7 +47,7 @@ def help_markdown(sections: Iterable[tuple[str, Iterable[BindingType]]]) -> str:
 class HelpScreen(Dialog[None]):
     """A dismissable page of key bindings."""
 
-    BINDINGS = [Binding("f1,q", "cancel", "Close")]
+    BINDINGS = [Binding("q", "cancel", "Close")]  # F1 too: the app's F1 closes the help it opened
 
     def __init__(self, sections: list[tuple[str, list[BindingType]]]) -> None:
         super().__init__()
