@@ -2,12 +2,14 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 from textual.app import App, ComposeResult
 from textual.widgets import Markdown, Static
 from textual.widgets._markdown import MarkdownBlock, MarkdownBullet
 
+import app.ui.app as app_module
 from app.ui.app import SpecChatApp
 from app.ui.loading import UI_NICE, engine_threads, ui_nice
 from app.ui.widgets.chat_view import AssistantMessage
@@ -120,3 +122,39 @@ async def test_a_list_streamed_in_pieces_shows_what_a_fresh_parse_shows(chunk: i
                 assert shape(streamed) == shape(fresh), LISTS[:end]
                 checked += 1
         assert checked >= 3 and ("bullet", " 12. ") in shape(streamed)
+
+
+@pytest.mark.parametrize("finish_reason", ["eos", "cancelled", "error"])
+async def test_a_finished_reply_is_styled_as_a_full_restyle_would_style_it(finish_reason: str) -> None:
+    """The end of a reply (and F4) restyles the box and its children only, not every block
+    of the reply (app.ui.widgets.chat_view): nothing deeper may depend on those classes."""
+
+    class One(App[None]):
+        CSS_PATH = str(Path(app_module.__file__).with_name(SpecChatApp.CSS_PATH))
+
+        def compose(self) -> ComposeResult:
+            yield AssistantMessage("fast")
+
+    def look(message: AssistantMessage) -> list[tuple[str, str]]:
+        return [(repr(node), str(node.styles.base.css_lines)) for node in message.walk_children(with_self=True)]
+
+    app = One()
+    async with app.run_test(size=(100, 60)) as pilot:
+        message = app.query_one(AssistantMessage)
+        await message.append(LISTS, [])
+        await message.finish(finish_reason, None)
+        await pilot.pause()
+        cheap = look(message)
+        app.update_styles(message)  # what Textual does on a class change: every descendant
+        await pilot.pause()
+        assert look(message) == cheap
+        for show in (True, False):  # F4, the colour view: the same kind of class
+            message.set_show_sources(show)
+            await pilot.pause()
+            cheap = look(message)
+            app.update_styles(message)
+            await pilot.pause()
+            assert look(message) == cheap and message.query_one(".sources").display == show
+        assert not message.has_class("-streaming")
+        assert message.has_class("-stopped") == (finish_reason == "cancelled")
+        assert message.has_class("-error") == (finish_reason == "error")
