@@ -12,9 +12,9 @@ from textual.content import Content
 from textual.widgets import Footer, Label, OptionList
 from textual.widgets.option_list import Option
 
-from app.ui.screens.dialog import Dialog
 from app.ui.export import default_export_path, export_chat
 from app.store.history import ChatRecord, HistoryError
+from app.ui.screens.dialog import Dialog
 from app.ui.screens.edit import ConfirmScreen, EditScreen
 
 if TYPE_CHECKING:

@@ -79,4 +79,3 @@ class CopyScreen(Dialog["CopyChoice | None"]):
 
     def picked(self, option: Option) -> None:
         self.dismiss(self._choices[int(option.id or 0)])
-

@@ -88,50 +88,40 @@ class Dialog(ModalScreen[ResultType]):
             node.call_later(self._after_queued_keys, node.parent or self.app, then)
 
     def _answer_for(self, widget: OptionList | Input | Button, release: Callable[[], None]) -> None:
+        """Enter's answer, from the widget as it is now (the keys before Enter taken)."""
         try:
-            if not self.is_active:  # closed meanwhile
-                return
             if isinstance(widget, OptionList):
                 option = widget.highlighted_option
                 if option is not None and not option.disabled:
-                    self.picked(option)
+                    self._answer(lambda: self.picked(option))
             elif isinstance(widget, Input):
-                self.entered(widget.value)
+                self._answer(lambda: self.entered(widget.value))
             else:
-                self.pressed(widget.id)
-        except SkipAction:
-            pass
+                self._answer(lambda: self.pressed(widget.id))
         finally:
             release()
 
     def picked(self, option: Option) -> None:
-        """An option was chosen (Enter or a click)."""
-        raise SkipAction()
+        """An option was chosen (Enter or a click); nothing unless a subclass says."""
 
     def entered(self, value: str) -> None:
-        """Enter in a one-line input."""
-        raise SkipAction()
+        """Enter in a one-line input; nothing unless a subclass says."""
 
     def pressed(self, button_id: str | None) -> None:
-        """A button was pressed (Enter or a click)."""
-        raise SkipAction()
+        """A button was pressed (Enter or a click); nothing unless a subclass says."""
 
     def on_option_list_option_selected(self, event: OptionList.OptionSelected) -> None:
         event.stop()
-        self._answer_or_ignore(lambda: self.picked(event.option))
+        self._answer(lambda: self.picked(event.option))
 
     def on_input_submitted(self, event: Input.Submitted) -> None:
         event.stop()
-        self._answer_or_ignore(lambda: self.entered(event.value))
+        self._answer(lambda: self.entered(event.value))
 
     def on_button_pressed(self, event: Button.Pressed) -> None:
         event.stop()
-        self._answer_or_ignore(lambda: self.pressed(event.button.id))
+        self._answer(lambda: self.pressed(event.button.id))
 
-    def _answer_or_ignore(self, answer: Callable[[], None]) -> None:
-        if not self.is_active:  # answered already (Enter, then the widget's own message)
-            return
-        try:
+    def _answer(self, answer: Callable[[], None]) -> None:
+        if self.is_active:  # not closed, nor answered already
             answer()
-        except SkipAction:
-            pass

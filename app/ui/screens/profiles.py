@@ -9,8 +9,8 @@ from textual.content import Content
 from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
-from app.ui.screens.dialog import Dialog
 from app.ui.conversation import profile_pair
+from app.ui.screens.dialog import Dialog
 
 if TYPE_CHECKING:
     from engine.profiles import ModelProfile, Profiles
