@@ -234,7 +234,11 @@ class SpecChatApp(LoadingMixin, ReplyMixin, ChatMixin, TurnsMixin, App[None]):
         return self.generating and len(self.screen_stack) == 1
 
     def get_driver_class(self) -> type[Driver]:
-        return early_stop_driver(super().get_driver_class(), self._stop_early)
+        return early_stop_driver(super().get_driver_class(), self._stop_early, esc_prefix=self.dialog_open)
+
+    def dialog_open(self) -> bool:
+        """A dialog is over the chat (safe from any thread): Alt+letter is read as Esc, letter."""
+        return len(self.screen_stack) > 1
 
     def _stop_early(self) -> None:
         """Esc, seen on the terminal's input thread (app.ui.early_stop)."""

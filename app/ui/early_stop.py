@@ -13,17 +13,22 @@ The same driver undoes one guess of the terminal's key parser. Alt+letter and
 Esc-then-letter are the same bytes (``ESC t``) on most terminals; Textual reads
 an Esc followed within ``ESCDELAY`` (100 ms) by a letter as Alt+letter. So Esc
 typed quickly before a word, or arriving in one read with it (a loaded machine,
-SSH, a script), was lost: the dialog stayed open and the word went into it, or
-the reply went on. The app binds no Alt+character, so such a key is passed on as
-what the user most likely typed: Esc, then the character.
+SSH, a script), was lost: the dialog stayed open and the word went into it.
+While a dialog is open, such a key is passed on as what the user most likely
+typed: Esc, then the character (the dialogs bind no Alt+character). Elsewhere it
+stays Alt+character: macOS terminals send Option+Left/Right as Alt+b/f, which
+the prompt box reads as a word left/right, and must not stop a streaming reply.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypeVar
 
 from textual import events
 from textual.driver import Driver
 from textual.message import Message
+
+T = TypeVar("T")
 
 
 def split_esc_prefix(key: events.Key) -> list[events.Key]:
@@ -37,21 +42,27 @@ def split_esc_prefix(key: events.Key) -> list[events.Key]:
     return [events.Key("escape", "\x1b"), events.Key(name, character)]
 
 
-def early_stop_driver(base: type[Driver], on_escape: Callable[[], None]) -> type[Driver]:
+def _quietly(hook: Callable[[], T]) -> T | None:
+    """``hook()``, or None if it raised: a failing hook must never break the keyboard."""
+    try:
+        return hook()
+    except Exception:
+        return None
+
+
+def early_stop_driver(base: type[Driver], on_escape: Callable[[], None],
+                      esc_prefix: Callable[[], bool] = lambda: False) -> type[Driver]:
     """``base`` (the platform's driver) that calls ``on_escape`` on its input thread for each Esc,
-    and reads Alt+character as Esc then the character."""
+    and reads Alt+character as Esc then the character while ``esc_prefix()`` says so."""
 
     class EarlyStopDriver(base):  # type: ignore[valid-type,misc]
         def process_message(self, message: Message) -> None:
-            if not isinstance(message, events.Key):
-                super().process_message(message)
-                return
-            for key in split_esc_prefix(message):
-                if key.key == "escape":
-                    try:
-                        on_escape()
-                    except Exception:  # the key still goes through the queue; never break input
-                        pass
+            keys: list[Message] = [message]
+            if isinstance(message, events.Key) and message.key.startswith("alt+") and _quietly(esc_prefix):
+                keys = list(split_esc_prefix(message))
+            for key in keys:
+                if isinstance(key, events.Key) and key.key == "escape":
+                    _quietly(on_escape)  # the key still goes through the queue
                 super().process_message(key)
 
     EarlyStopDriver.__name__ = EarlyStopDriver.__qualname__ = f"EarlyStop{base.__name__}"

@@ -60,16 +60,55 @@ def test_alt_and_a_character_is_read_as_esc_then_the_character() -> None:
         assert split_esc_prefix(kept) == [kept]
 
 
-def test_the_driver_stops_the_reply_on_esc_before_a_character() -> None:
+def test_the_driver_reads_esc_before_a_character_as_esc_only_when_asked_to() -> None:
+    """In a dialog Esc-then-n is Esc, n; elsewhere alt+b stays itself (Option+Left on a Mac)."""
     seen: list[str] = []
-    driver = early_stop_driver(RecordingDriver, lambda: seen.append("stop"))()
+    in_dialog = [True]
+    driver = early_stop_driver(RecordingDriver, lambda: seen.append("stop"), esc_prefix=lambda: in_dialog[0])()
     driver.process_message(events.Key("alt+n", "n"))
     assert seen == ["stop"] and [key.key for key in driver.sent] == ["escape", "n"]  # type: ignore[attr-defined]
+    in_dialog[0] = False
+    driver.process_message(events.Key("alt+b", "b"))
+    assert seen == ["stop"] and [key.key for key in driver.sent][-1] == "alt+b"  # type: ignore[attr-defined]
+
+
+def test_a_failing_question_never_loses_the_key() -> None:
+    def broken() -> bool:
+        raise RuntimeError("boom")
+
+    driver = early_stop_driver(RecordingDriver, lambda: None, esc_prefix=broken)()
+    key = events.Key("alt+t", "t")
+    driver.process_message(key)
+    assert driver.sent == [key]
 
 
 def test_the_app_reads_keys_through_the_early_stop_driver(make_app: Callable[..., SpecChatApp]) -> None:
     app = make_app()
     assert issubclass(app.driver_class, Driver) and app.driver_class.__name__.startswith("EarlyStop")
+
+
+@pytest.mark.anyio
+async def test_the_app_asks_for_esc_then_a_letter_only_while_a_dialog_is_open(
+        make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert not app.dialog_open()
+        app.push_screen(HelpScreen([]))
+        await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
+        assert app.dialog_open()
+
+
+@pytest.mark.anyio
+async def test_alt_b_and_alt_f_move_a_word_in_the_prompt_box(make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        app.prompt.insert("hello big world")
+        await pilot.press("alt+b")
+        assert app.prompt.cursor_location == (0, 10)
+        await pilot.press("alt+b", "alt+f")
+        assert app.prompt.cursor_location == (0, 9) and app.prompt.text == "hello big world"
 
 
 @pytest.mark.anyio

@@ -35,6 +35,9 @@ class PromptArea(TextArea):
         Binding("enter", "submit", "Send", show=False),
         Binding("ctrl+j,shift+enter,alt+enter", "newline", "Newline", key_display="ctrl+j", show=False),
         Binding("pageup,pagedown", "scroll_chat", "Scroll the chat", show=False),
+        # readline's word moves; macOS terminals send Option+Left/Right as these
+        Binding("alt+b", "cursor_word_left", "Word left", show=False),
+        Binding("alt+f", "cursor_word_right", "Word right", show=False),
     ]
     HELP_ONLY = [Binding("up,down", "recall", "Earlier prompts (in an empty box)")]
     """Keys the box handles only sometimes: listed in help, never bound (a binding would always fire)."""
