@@ -82,12 +82,10 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
         option_list.add_options(chat_option(c, c.id == self._current) for c in chats)
         option_list.highlighted = 0 if highlighted is None else min(highlighted, len(chats) - 1)
 
-    def _selected(self) -> int | None:
-        option_list = self.query_one(OptionList)
-        if option_list.highlighted is None:
-            return None
-        option = option_list.get_option_at_index(option_list.highlighted)
-        return int(option.id) if option.id else None
+    def _selected_chat(self) -> ChatRecord | None:
+        """The highlighted chat, as saved now (None: no chat, or it is gone)."""
+        option = self.query_one(OptionList).highlighted_option
+        return self._app.history.get_chat(int(option.id)) if option is not None and option.id else None
 
     def picked(self, option: Option) -> None:
         if option.id:
@@ -97,8 +95,7 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
         self.dismiss(("new", None))
 
     def action_rename(self) -> None:
-        chat_id = self._selected()
-        chat = self._app.history.get_chat(chat_id) if chat_id is not None else None
+        chat = self._selected_chat()
         if chat is None:
             return
 
@@ -110,8 +107,7 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
         self.app.push_screen(EditScreen("Rename chat", chat.title), done)
 
     def action_delete(self) -> None:
-        chat_id = self._selected()
-        chat = self._app.history.get_chat(chat_id) if chat_id is not None else None
+        chat = self._selected_chat()
         if chat is None:
             return
 
@@ -123,8 +119,7 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
         self.app.push_screen(ConfirmScreen(f"Delete “{chat.title}” and its {chat.message_count} messages?"), done)
 
     def action_export(self) -> None:
-        chat_id = self._selected()
-        chat = self._app.history.get_chat(chat_id) if chat_id is not None else None
+        chat = self._selected_chat()
         if chat is None:
             return
 
