@@ -224,7 +224,7 @@ class SpecChatApp(LoadingMixin, ReplyMixin, ChatMixin, TurnsMixin, App[None]):
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "stop":
             return self.can_stop()
-        if action in self._MAIN_SCREEN_ACTIONS and len(self.screen_stack) > 1:
+        if action in self._MAIN_SCREEN_ACTIONS and self.dialog_open():
             # A dialog is open: its keys are its own (F1 closes the help it opened).
             return action == "help" and isinstance(self.screen, HelpScreen)
         return True
