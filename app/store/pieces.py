@@ -11,13 +11,7 @@ Pieces = list[tuple[str, str]]
 def merge_pieces(pieces: Iterable[tuple[str, str]]) -> Pieces:
     """Merge adjacent runs that share a source, dropping empty ones."""
     merged: Pieces = []
-    for text, source in pieces:
-        if not text:
-            continue
-        if merged and merged[-1][1] == source:
-            merged[-1] = (merged[-1][0] + text, source)
-        else:
-            merged.append((text, source))
+    extend_pieces(merged, pieces)
     return merged
 
 
