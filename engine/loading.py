@@ -123,7 +123,7 @@ def load_weights(resolved: ResolvedSource, spec: ModelSpec, device: Device, conf
         ) from None
     if int4:
         apply_int4(model, location=resolved.location, gguf=gguf_origin(resolved), group_size=spec.group_size,
-                   quantize_head=spec.quantize_head, device=device.torch_device)
+                   quantize_head=spec.quantize_head, device=device.torch_device, wide_planes=spec.wide_blocks == "planes")
     if qconf is None:
         model.to(device.torch_device)
     model.eval()

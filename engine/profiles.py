@@ -42,6 +42,7 @@ Backend = Literal["local", "server"]
 QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 DRAFTERS: tuple[str, ...] = get_args(Drafter)
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
+WIDE_BLOCKS: tuple[str, ...] = ("int4", "planes")
 GROUP_SIZES: tuple[int, ...] = (32, 64, 128)  # int4 groups (engine.quant.int4 checks the same set)
 MODELS_ENV = "SPECCHAT_MODELS"
 
@@ -64,10 +65,28 @@ class ModelSpec:
     group_size: int = 32
     quantize_head: bool = True
     draft_vocab: int = 0  # a draft proposes from this many most frequent tokens (0: all)
+    parts: tuple[str, ...] = ()
+    """``wheel:`` sources whose files, joined in order, make the GGUF named ``source`` (:mod:`engine.parts`)."""
+    sha256: str = ""
+    """The sha256 (hex) of the joined file, checked before it is used; empty: the parts' RECORD hashes only."""
+    wide_blocks: str = "int4"
+    """int4 from a GGUF: its blocks of more than 4 bits requantized to ``"int4"``, or kept as two int4 ``"planes"``."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source.strip():
             raise ProfileError("a model's source must be a non-empty string")
+        if self.parts:
+            from engine.errors import ModelSourceError
+            from engine.parts import check_parts
+
+            try:
+                check_parts(self.source, self.parts)
+            except ModelSourceError as exc:
+                raise ProfileError(str(exc)) from None
+        if self.wide_blocks not in WIDE_BLOCKS:
+            raise ProfileError(f"unknown wide_blocks {self.wide_blocks!r}: use one of {', '.join(WIDE_BLOCKS)}")
+        if self.sha256 and not re.fullmatch(r"[0-9a-fA-F]{64}", self.sha256):
+            raise ProfileError(f"sha256 must be 64 hex digits, got {self.sha256!r}")
         if self.quantization not in QUANTIZATIONS:
             raise ProfileError(
                 f"unknown quantization {self.quantization!r}: use one of {', '.join(QUANTIZATIONS)}"
@@ -179,7 +198,7 @@ class Profiles:
 # ----------------------------------------------------------------------------- parsing
 
 _SPEC_KEYS = ("source", "quantization", "dtype", "trust_remote_code", "allow_pickle", "group_size", "quantize_head",
-              "draft_vocab")
+              "draft_vocab", "parts", "sha256", "wide_blocks")
 _PROFILE_KEYS = (
     "target", "drafter", "draft", "description", "k", "k_min", "k_max", "temperature",
     "top_p", "top_k", "system_prompt", "context_length", "memory_budget", "backend", "device",
@@ -191,12 +210,14 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "context_length": (int,), "memory_budget": (int, str), "device": (str,),
     "source": (str,), "quantization": (str,), "dtype": (str,),
     "trust_remote_code": (bool,), "allow_pickle": (bool,), "group_size": (int,), "quantize_head": (bool,), "draft_vocab": (int,),
+    "parts": (list,), "sha256": (str,), "wide_blocks": (str,),
 }
 
 
 _TYPE_NAMES: dict[tuple[type, ...], str] = {
     (str,): "a string", (int,): "an integer", (int, float): "a number",
     (bool,): "true or false", (int, str): "a size (bytes, or a string like \"2GiB\")",
+    (list,): "a list of strings",
 }
 
 
@@ -220,6 +241,8 @@ def _parse_spec(raw: Any, field: str, where: str) -> ModelSpec:
         raise ProfileError(f"{where}: missing field {field}.source (a hub id, directory, .gguf file or wheel:...)")
     for key, value in raw.items():
         _check_type(value, key, f"{where}: {field}")
+    if "parts" in raw:
+        raw = {**raw, "parts": tuple(raw["parts"])}
     try:
         return ModelSpec(**raw)
     except ProfileError as exc:

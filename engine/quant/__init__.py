@@ -6,7 +6,7 @@ The loader asks two things of it:
   (bitsandbytes, applied by ``from_pretrained``, for GPU users who choose it);
 * :func:`apply_int4` — after a full-precision load, swap every linear layer for
   torch's own int4 kernels (:mod:`engine.quant.int4`), carrying a GGUF's
-  Q4_0/Q4_1 blocks over code for code (:mod:`engine.quant.gguf_blocks`), and
+  blocks over code for code (:mod:`engine.quant.gguf_blocks`), and
   cache the groups so a warm start does not redo the work.
 
 The cache is a safetensors file per (model, group size, head setting) under
@@ -32,7 +32,7 @@ from engine.quant.int4 import GROUP_SIZES, Int4Linear, Int4Weights, QuantReport,
 __all__ = ["GROUP_SIZES", "Int4Linear", "Int4Weights", "QuantReport", "apply_int4", "bnb_config", "quantize_weight"]
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = 1
+CACHE_VERSION = 2  # 2: two-plane (8-bit) groups
 
 
 def bnb_config(quantization: str, compute_dtype: torch.dtype) -> Any | None:
@@ -49,7 +49,7 @@ def bnb_config(quantization: str, compute_dtype: torch.dtype) -> Any | None:
     return BitsAndBytesConfig(load_in_8bit=True)
 
 
-def _cache_file(location: str, group_size: int, quantize_head: bool) -> Path | None:
+def _cache_file(location: str, group_size: int, quantize_head: bool, wide_planes: bool) -> Path | None:
     """Where the int4 groups of the weights in ``location`` are cached (None for hub ids)."""
     from engine.paths import cache_dir
 
@@ -61,7 +61,8 @@ def _cache_file(location: str, group_size: int, quantize_head: bool) -> Path | N
         st = f.stat()
         ident.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
     key = hashlib.sha256("|".join(ident).encode()).hexdigest()[:16]
-    return cache_dir(create=True) / "int4" / f"{root.name[:60]}-{key}-g{group_size}{'' if quantize_head else '-nohead'}.safetensors"
+    tags = f"g{group_size}{'' if quantize_head else '-nohead'}{'-planes' if wide_planes else ''}"
+    return cache_dir(create=True) / "int4" / f"{root.name[:60]}-{key}-{tags}.safetensors"
 
 
 def _save(path: Path, groups: dict[str, Int4Weights], carried: list[str]) -> None:
@@ -74,7 +75,8 @@ def _save(path: Path, groups: dict[str, Int4Weights], carried: list[str]) -> Non
         tensors[f"{name}.zero"] = w.zero.contiguous()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    meta = {"carried": json.dumps(carried), "group_size": str(next(iter(groups.values())).group_size)}
+    meta = {"carried": json.dumps(carried), "group_size": str(next(iter(groups.values())).group_size),
+            "planes": json.dumps({name: w.planes for name, w in groups.items() if w.planes != 1})}
     try:
         save_file(tensors, str(tmp), metadata=meta)
         os.replace(tmp, path)
@@ -90,11 +92,13 @@ def _load(path: Path) -> tuple[dict[str, Int4Weights], list[str]] | None:
             meta = f.metadata() or {}
             group_size = int(meta["group_size"])
             names = {k.rsplit(".", 1)[0] for k in f.keys()}
+            planes = json.loads(meta.get("planes", "{}"))
             groups = {}
             for name in names:
                 pairs = f.get_tensor(f"{name}.codes")
                 codes = torch.stack([pairs >> 4, pairs & 0x0F], dim=-1).reshape(pairs.shape[0], -1)
-                groups[name] = Int4Weights(codes, f.get_tensor(f"{name}.scale"), f.get_tensor(f"{name}.zero"), group_size)
+                groups[name] = Int4Weights(codes, f.get_tensor(f"{name}.scale"), f.get_tensor(f"{name}.zero"), group_size,
+                                           int(planes.get(name, 1)))
             return groups, json.loads(meta.get("carried", "[]"))
     except Exception as exc:  # noqa: BLE001 - a damaged cache is rebuilt, never fatal
         log.warning("int4 cache %s is unreadable (%s); quantizing again", path, exc)
@@ -109,6 +113,7 @@ def apply_int4(
     group_size: int = 32,
     quantize_head: bool = True,
     device: torch.device | None = None,
+    wide_planes: bool = False,
 ) -> QuantReport:
     """Quantize ``model`` (loaded in full precision) to int4 in place.
 
@@ -116,12 +121,15 @@ def apply_int4(
         model: the causal LM; its linear layers are replaced.
         location: the directory its weights came from (the cache key), or a hub id.
         gguf: the GGUF file ``location`` was converted from, if any: its
-            Q4_0/Q4_1 tensors are carried over when ``group_size`` is 32.
+            blocks are carried over when ``group_size`` is 32 (4-bit types as
+            int4, wider ones as two int4 planes; :mod:`engine.quant.gguf_blocks`).
         group_size: 32, 64 or 128 inputs per scale and zero.
         quantize_head: quantize the output layer too.
         device: where the packed weights go.
+        wide_planes: keep GGUF blocks of more than 4 bits as two int4 planes (8 bits);
+            otherwise they are requantized to int4 from their weights.
     """
-    cache = _cache_file(location, group_size, quantize_head)
+    cache = _cache_file(location, group_size, quantize_head, wide_planes)
     cached = _load(cache) if cache is not None and cache.is_file() else None
     if cached is not None:
         groups, carried_names = cached
@@ -133,7 +141,7 @@ def apply_int4(
     if gguf is not None and group_size == 32 and gguf.is_file():
         from engine.quant.gguf_blocks import carry_over
 
-        carried = carry_over(gguf, model)
+        carried = carry_over(gguf, model, wide_planes=wide_planes)
     report = quantize_model(model, group_size=group_size, quantize_head=quantize_head, groups=carried, device=device)
     report.carried_over = [n for n in report.quantized if n in carried]
     if cache is not None and report.groups:

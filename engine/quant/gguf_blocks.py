@@ -1,20 +1,34 @@
-"""Carry a GGUF's 4-bit blocks over to the int4 kernel's groups, code for code.
+"""Carry a GGUF's blocks over to the int4 kernel's groups, code for code.
 
-llama.cpp's Q4_0 and Q4_1 store each row in blocks of 32 weights:
+The kernel's groups (:mod:`engine.quant.int4`) read ``w = (q - 8) * scale + zero``
+over 32 consecutive inputs. llama.cpp's formats map onto them as follows (``d``,
+``m``, ``dmin`` fp16; codes as stored):
 
-* Q4_0: ``d`` (fp16) then 16 bytes of codes; ``w = d * (q - 8)``.
-* Q4_1: ``d``, ``m`` (fp16) then 16 bytes of codes; ``w = d * q + m``.
+* **Q4_0** (blocks of 32: ``d``, 16 bytes of codes): ``w = d (q - 8)``;
+  ``scale = d``, ``zero = 0``. Byte ``j`` holds element ``j`` in its low nibble
+  and element ``j + 16`` in its high nibble (Q4_1 and Q5_0 alike).
+* **Q4_1** (``d``, ``m``, codes): ``w = d q + m``; ``scale = d``, ``zero = m + 8 d``.
+* **Q4_K** (super-blocks of 256: ``d``, ``dmin``, 12 bytes packing eight 6-bit
+  scales ``sc`` and mins ``mn``, 128 bytes of codes): sub-block ``j`` of 32 is
+  ``w = d sc_j q - dmin mn_j``, so ``scale = d sc_j``, ``zero = 8 d sc_j - dmin mn_j``.
+  Bytes ``32 c .. 32 c + 31`` hold sub-block ``2 c`` in their low nibbles and
+  ``2 c + 1`` in their high ones.
 
-Byte ``j`` of the codes holds element ``j`` in its low nibble and element
-``j + 16`` in its high nibble. The kernel's groups (:mod:`engine.quant.int4`) read
-``w = (q - 8) * scale + zero``, so with group size 32 a block maps exactly:
-``scale = d`` and ``zero = 0`` (Q4_0) or ``zero = m + 8 d`` (Q4_1). The codes
-are kept bit for bit; the kernel then rounds ``scale`` and ``zero`` to bf16,
-which is the only error the carry-over adds (measured by
-:func:`bf16_rounding_error`).
+Formats with more than four bits become two int4 planes (``u = 16 h + l``,
+``w = (l - 8) s + z_lo + (h - 8) 16 s + z_hi``, see :func:`engine.quant.int4.two_planes`):
 
-Tensors of other types (Q8_0 embeddings, K-quants) are left to
-:func:`engine.quant.quantize_weight`, from their dequantized values.
+* **Q8_0** (``d``, 32 int8 ``q``): ``w = d q``; ``u = q + 128``, ``s = d``, ``z_lo = 8 d``, ``z_hi = 0``.
+* **Q5_0** (``d``, 4 bytes of fifth bits, 16 bytes of nibbles): ``w = d (q - 16)``; ``u = q``,
+  ``s = d``, ``z_lo = -8 d``, ``z_hi = 128 d``.
+* **Q6_K** and every other type: its scales come in sub-blocks of 16, finer than the
+  kernel's smallest group, so its dequantized weights are requantized to 8 bits per
+  group of 32 (:func:`engine.quant.int4.quantize_weight8`): at most half an 8-bit step
+  off, a quarter of Q6_K's own step.
+
+The codes are kept bit for bit; the kernel rounds each scale and zero to bf16,
+the only error the carry-over adds (:func:`bf16_rounding_error` measures it;
+every zero above is an exact multiple of a power of two times ``d``, so it rounds
+no worse than ``d``).
 
 The GGUF's tensor names and row order are mapped to the model's modules with
 transformers' own GGUF name map and tensor processor (llama.cpp permutes the
@@ -25,43 +39,110 @@ that does not dequantize to the very weight the model holds is not used.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
 from torch import nn
 
-from engine.quant.int4 import Int4Weights
+from engine.errors import QuantizationError
+from engine.quant.int4 import Int4Weights, quantize_weight8, two_planes
 
 log = logging.getLogger(__name__)
 
 BLOCK = 32
-Q4_TYPES = ("Q4_0", "Q4_1")
+QK_K = 256
+FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
+EXACT_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q8_0")
+"""Types carried over code for code; any other quantized type is requantized to 8 bits."""
+FLOAT_TYPES = ("F32", "F16", "BF16")
+
+
+def _f16(raw: np.ndarray) -> np.ndarray:
+    """Little-endian fp16 from the last axis of 2 bytes, as float32."""
+    return np.ascontiguousarray(raw).view(np.float16)[..., 0].astype(np.float32)
+
+
+def _nibbles(qs: np.ndarray) -> np.ndarray:
+    """``[..., 16]`` bytes -> ``[..., 32]`` codes: low nibbles first, then the high ones."""
+    return np.concatenate([qs & 0x0F, qs >> 4], axis=-1)
 
 
 def decode_q4_rows(data: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Split raw Q4_0/Q4_1 rows into codes and per-block scale and zero.
+    """Split raw Q4_0/Q4_1/Q4_K rows into codes and per-32 scale and zero.
 
     Args:
         data: uint8 ``[N, bytes_per_row]`` as stored in the GGUF.
-        kind: ``"Q4_0"`` or ``"Q4_1"``.
+        kind: ``"Q4_0"``, ``"Q4_1"`` or ``"Q4_K"``.
 
     Returns:
         codes uint8 ``[N, K]`` in 0..15, scale and zero float32 ``[N, K / 32]``,
         with ``w = (q - 8) * scale + zero`` exactly as the GGUF defines ``w``.
     """
-    head = {"Q4_0": 2, "Q4_1": 4}[kind]
     n = data.shape[0]
+    if kind == "Q4_K":
+        return _decode_q4_k(np.ascontiguousarray(data).reshape(n, -1, 144))
+    head = {"Q4_0": 2, "Q4_1": 4}[kind]
     blocks = np.ascontiguousarray(data).reshape(n, -1, head + BLOCK // 2)
-    d = blocks[..., 0:2].copy().view(np.float16)[..., 0].astype(np.float32)
-    qs = blocks[..., head:]
-    codes = np.concatenate([qs & 0x0F, qs >> 4], axis=-1).reshape(n, -1)
-    if kind == "Q4_0":
-        zero = np.zeros_like(d)
-    else:
-        m = blocks[..., 2:4].copy().view(np.float16)[..., 0].astype(np.float32)
-        zero = m + 8.0 * d
+    d = _f16(blocks[..., 0:2])
+    codes = _nibbles(blocks[..., head:]).reshape(n, -1)
+    zero = np.zeros_like(d) if kind == "Q4_0" else _f16(blocks[..., 2:4]) + 8.0 * d
     return codes.astype(np.uint8), d, zero
+
+
+def _decode_q4_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``[N, nb, 144]`` Q4_K super-blocks -> codes ``[N, 256 nb]``, scale and zero ``[N, 8 nb]``."""
+    from gguf.quants import Q4_K
+
+    n, nb, _ = blocks.shape
+    d = _f16(blocks[..., 0:2])[..., None]
+    dmin = _f16(blocks[..., 2:4])[..., None]
+    sc, mn = Q4_K.get_scale_min(blocks[..., 4:16].reshape(n * nb, 12))
+    sc = sc.reshape(n, nb, 8).astype(np.float32)
+    mn = mn.reshape(n, nb, 8).astype(np.float32)
+    qs = blocks[..., 16:].reshape(n, nb, 4, 32)
+    codes = np.stack([qs & 0x0F, qs >> 4], axis=3).reshape(n, nb * QK_K)  # sub-block 2c, then 2c + 1
+    scale = (d * sc).reshape(n, nb * 8)
+    zero = (8.0 * d * sc - dmin * mn).reshape(n, nb * 8)
+    return codes.astype(np.uint8), scale, zero
+
+
+def decode_8bit_rows(data: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Split raw Q8_0/Q5_0 rows into 8-bit codes ``u`` and the two planes' scale and zeros.
+
+    Returns:
+        u uint8 ``[N, K]``; scale, zero_lo, zero_hi float32 ``[N, K / 32]`` such that
+        ``w = s u + z_lo + z_hi - 136 s`` is the GGUF's ``w`` (see the module docstring).
+    """
+    n = data.shape[0]
+    if kind == "Q8_0":
+        blocks = np.ascontiguousarray(data).reshape(n, -1, 2 + BLOCK)
+        d = _f16(blocks[..., 0:2])
+        u = (blocks[..., 2:].view(np.int8).astype(np.int16) + 128).astype(np.uint8).reshape(n, -1)
+        return u, d, 8.0 * d, np.zeros_like(d)
+    if kind == "Q5_0":
+        blocks = np.ascontiguousarray(data).reshape(n, -1, 2 + 4 + BLOCK // 2)
+        d = _f16(blocks[..., 0:2])
+        high = np.unpackbits(blocks[..., 2:6], axis=-1, bitorder="little")  # bit j: fifth bit of element j
+        u = (_nibbles(blocks[..., 6:]) | (high << 4)).astype(np.uint8).reshape(n, -1)
+        return u, d, -8.0 * d, 128.0 * d
+    raise QuantizationError(f"no 8-bit decoding for GGUF type {kind}")
+
+
+def _carried(tensor_data: np.ndarray, kind: str, process: Callable[[np.ndarray], np.ndarray],
+             weight: torch.Tensor) -> Int4Weights:
+    """The int4 groups for one GGUF tensor of ``kind``, rows in the model's order."""
+    def rows(a: np.ndarray) -> torch.Tensor:
+        return torch.from_numpy(np.ascontiguousarray(process(a)))
+
+    if kind in ("Q4_0", "Q4_1", "Q4_K"):
+        codes, scale, zero = decode_q4_rows(tensor_data, kind)
+        return Int4Weights(rows(codes), rows(scale), rows(zero), BLOCK)
+    if kind in ("Q8_0", "Q5_0"):
+        u, scale, zero_lo, zero_hi = decode_8bit_rows(tensor_data, kind)
+        return two_planes(rows(u), rows(scale), rows(zero_lo), rows(zero_hi), BLOCK)
+    return quantize_weight8(weight, BLOCK)
 
 
 def _name_map(model: nn.Module, architecture: str) -> tuple[dict[str, str], object]:
@@ -72,13 +153,15 @@ def _name_map(model: nn.Module, architecture: str) -> tuple[dict[str, str], obje
     return get_gguf_hf_weights_map(model, processor), processor
 
 
-def carry_over(gguf_path: Path, model: nn.Module) -> dict[str, Int4Weights]:
-    """Int4 groups for every Linear of ``model`` stored as Q4_0/Q4_1 in ``gguf_path``.
+def carry_over(gguf_path: Path, model: nn.Module, *, wide_planes: bool = True) -> dict[str, Int4Weights]:
+    """Int4 groups for every Linear of ``model`` that ``gguf_path`` stores in blocks.
 
     ``model`` must hold the GGUF's dequantized weights (the converted copy);
-    each carried tensor is checked against them. Returns module name ->
-    :class:`Int4Weights` (group size 32); tensors that are not Q4 blocks, or
-    that fail the check, are left out.
+    each tensor carried code for code is checked against them. Returns module
+    name -> :class:`Int4Weights` (group size 32): one plane for 4-bit types, two
+    for wider ones (see the module docstring). Float tensors, wider ones unless
+    ``wide_planes``, and tensors that fail the check are left out (the caller
+    quantizes them to int4 from their weights).
     """
     from gguf import GGUFReader
 
@@ -90,18 +173,21 @@ def carry_over(gguf_path: Path, model: nn.Module) -> dict[str, Int4Weights]:
     found: dict[str, Int4Weights] = {}
     for tensor in reader.tensors:
         kind = tensor.tensor_type.name
-        if kind not in Q4_TYPES or tensor.name not in names:
+        if kind in FLOAT_TYPES or tensor.name not in names or (kind not in FOUR_BIT_TYPES and not wide_planes):
             continue
         module_name = names[tensor.name].removesuffix(".weight")
         linear = linears.get(module_name)
-        if linear is None:
+        if linear is None or linear.weight.shape[1] % BLOCK:
             continue
-        codes, scale, zero = decode_q4_rows(np.asarray(tensor.data), kind)
-        codes, scale, zero = (np.ascontiguousarray(processor.process(weights=a, name=tensor.name).weights)
-                              for a in (codes, scale, zero))
-        weights = Int4Weights(torch.from_numpy(codes), torch.from_numpy(scale), torch.from_numpy(zero), BLOCK)
-        if weights.shape != tuple(linear.weight.shape) or not _matches(weights, linear.weight):
-            log.warning("GGUF tensor %s does not match %s; quantizing it from its weights instead", tensor.name, module_name)
+
+        def process(a: np.ndarray, name: str = tensor.name) -> np.ndarray:
+            return processor.process(weights=a, name=name).weights  # type: ignore[attr-defined]
+
+        weights = _carried(np.asarray(tensor.data), kind, process, linear.weight)
+        exact = kind in EXACT_TYPES
+        if weights.shape != tuple(linear.weight.shape) or (exact and not _matches(weights, linear.weight)):
+            log.warning("GGUF tensor %s (%s) does not match %s; quantizing it from its weights instead",
+                        tensor.name, kind, module_name)
             continue
         found[module_name] = weights
     return found
@@ -118,12 +204,13 @@ def bf16_rounding_error(weights: Int4Weights) -> tuple[float, float]:
     """What rounding scale and zero to bf16 (as the kernel does) costs these groups.
 
     Returns the max abs error and the max error relative to the group's range
-    (``15 * scale``), against the exact fp32 dequantization.
+    (``15 * scale`` for one plane, ``255 * scale`` for two), against the exact fp32
+    dequantization.
     """
     exact = weights.dequantize()
     rounded = Int4Weights(weights.codes, weights.scale.to(torch.bfloat16).float(),
-                          weights.zero.to(torch.bfloat16).float(), weights.group_size).dequantize()
+                          weights.zero.to(torch.bfloat16).float(), weights.group_size, weights.planes).dequantize()
     n, k = weights.shape
     err = (rounded - exact).abs().view(n, k // weights.group_size, weights.group_size).amax(dim=-1)
-    span = (15.0 * weights.scale.abs()).clamp(min=1e-12)
+    span = 15.0 * sum(weights.scale.abs().chunk(weights.planes, dim=1)).clamp(min=1e-12)  # type: ignore[union-attr]
     return float(err.max()), float((err / span).max())

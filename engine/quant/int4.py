@@ -26,9 +26,21 @@ Activations are cast to bf16 for the matmul and back to the model's dtype, so
 norms, attention and embeddings keep their precision (fp32 on the CPU).
 
 Groups come from two places: :func:`quantize_weight` (asymmetric min/max per
-group, from full-precision weights) or GGUF Q4_0/Q4_1 blocks carried over
-bit for bit by :mod:`engine.quant.gguf_blocks`. Either way the kernel rounds each
-scale and zero to bf16; the codes are kept exactly.
+group, from full-precision weights) or GGUF blocks carried over code for code by
+:mod:`engine.quant.gguf_blocks`. Either way the kernel rounds each scale and
+zero to bf16; the codes are kept exactly.
+
+**Two planes: 8 bits through the same kernel.** Weights stored with more than
+4 bits (a GGUF's Q5_0, Q8_0 or Q6_K blocks) are split into two int4 planes over
+the same groups, a low nibble ``l`` and a high nibble ``h`` of an 8-bit code
+``u = 16 h + l``::
+
+    w = (l - 8) * s + z_lo  +  (h - 8) * 16 s + z_hi
+
+The planes sit side by side along the input dimension (codes ``[N, 2K]``) and
+the input is repeated (``[x, x]``, ``[M, 2K]``), so one kernel call sums both:
+twice the bytes of int4 (about what llama.cpp reads for Q8_0), at the int4
+kernel's speed and with its batch invariance.
 """
 from __future__ import annotations
 
@@ -54,28 +66,34 @@ class Int4Weights:
 
     ``codes``: uint8 ``[N, K]`` in 0..15; ``scale`` and ``zero``: float32
     ``[N, K / group_size]``.
+
+    With ``planes = 2`` codes are ``[N, 2K]`` and scale and zero ``[N, 2K / group_size]``:
+    the low plane first, then the high one (see the module docstring).
     """
 
     codes: torch.Tensor
     scale: torch.Tensor
     zero: torch.Tensor
     group_size: int
+    planes: int = 1
 
     @property
     def shape(self) -> tuple[int, int]:
-        return int(self.codes.shape[0]), int(self.codes.shape[1])
+        return int(self.codes.shape[0]), int(self.codes.shape[1]) // self.planes
 
     def dequantize(self, dtype: torch.dtype = torch.float32) -> torch.Tensor:
         """The weights ``[N, K]`` these groups stand for, in ``dtype`` (exact arithmetic in fp32)."""
         n, k = self.shape
         g = self.group_size
-        q = self.codes.to(torch.float32).view(n, k // g, g) - 8.0
-        w = q * self.scale.to(torch.float32).unsqueeze(-1) + self.zero.to(torch.float32).unsqueeze(-1)
-        return w.view(n, k).to(dtype)
+        q = self.codes.to(torch.float32).view(n, self.planes * k // g, g) - 8.0
+        w = (q * self.scale.to(torch.float32).unsqueeze(-1) + self.zero.to(torch.float32).unsqueeze(-1)).view(n, -1)
+        return sum(w[:, p * k : (p + 1) * k] for p in range(self.planes)).to(dtype)  # type: ignore[return-value]
 
 
-def check_shape(n: int, k: int, group_size: int, device: torch.device) -> None:
-    """Raise :class:`QuantizationError` when the kernel on ``device`` refuses an ``[n, k]`` weight."""
+def check_shape(n: int, k: int, group_size: int, device: torch.device, planes: int = 1) -> None:
+    """Raise :class:`QuantizationError` when the kernel on ``device`` refuses an ``[n, k]`` weight
+    (stored as ``planes`` int4 planes, so the kernel sees ``[n, planes * k]``)."""
+    k *= planes
     if group_size not in GROUP_SIZES:
         raise QuantizationError(f"group_size {group_size} is not supported: use one of {', '.join(map(str, GROUP_SIZES))}")
     if k % group_size:
@@ -112,6 +130,45 @@ def quantize_weight(weight: torch.Tensor, group_size: int = 32) -> Int4Weights:
     return Int4Weights(codes.view(n, k), scale, zero, group_size)
 
 
+def two_planes(u: torch.Tensor, scale: torch.Tensor, zero_lo: torch.Tensor, zero_hi: torch.Tensor,
+               group_size: int) -> Int4Weights:
+    """8-bit codes as two int4 planes: ``w = (l - 8) s + z_lo + (h - 8) 16 s + z_hi`` with ``u = 16 h + l``.
+
+    Args:
+        u: integer codes ``[N, K]`` in 0..255.
+        scale, zero_lo, zero_hi: float32 ``[N, K / group_size]``; choose them exact in bf16
+            (the kernel rounds to bf16) wherever the source format allows.
+    """
+    n, k = u.shape
+    u = u.to(torch.int32)
+    codes = torch.cat([u & 0x0F, u >> 4], dim=1).to(torch.uint8)
+    return Int4Weights(codes, torch.cat([scale, 16.0 * scale], dim=1), torch.cat([zero_lo, zero_hi], dim=1),
+                       group_size, planes=2)
+
+
+def quantize_weight8(weight: torch.Tensor, group_size: int = 32) -> Int4Weights:
+    """Asymmetric round-to-nearest 8-bit codes of ``weight`` ``[N, K]`` per group, as two int4 planes.
+
+    ``s = (max - min) / 255`` rounded up to bf16 (so 255 steps still span the group); the high
+    plane's zero is ``128 s`` (exact in bf16) and the low plane's ``min + 8 s`` (rounded to bf16),
+    and the codes are chosen against those rounded values: ``w ≈ s u + z_lo - 8 s``. The error is
+    at most half a step, ``s / 2``, plus the bf16 rounding of ``z_lo`` (``|z_lo| / 512``).
+    """
+    n, k = weight.shape
+    if k % group_size:
+        raise QuantizationError(f"a [{n}, {k}] weight cannot use group_size {group_size}: {k} is not a multiple of it")
+    w = weight.detach().to(torch.float32).reshape(n, k // group_size, group_size)
+    lo = w.amin(dim=-1)
+    exact = ((w.amax(dim=-1) - lo) / 255.0).clamp(min=1e-10)
+    scale = exact.to(torch.bfloat16).to(torch.float32)
+    short = scale < exact  # rounded down: one bf16 step up (8 significant bits)
+    scale[short] = (scale[short] * (1 + 2.0**-7)).to(torch.bfloat16).to(torch.float32)
+    zero_lo = (lo + 8.0 * scale).to(torch.bfloat16).to(torch.float32)
+    offset = (zero_lo - 8.0 * scale).unsqueeze(-1)
+    u = torch.round((w - offset) / scale.unsqueeze(-1)).clamp(0, 255).view(n, k)
+    return two_planes(u, scale, zero_lo, 128.0 * scale, group_size)
+
+
 def _scales_and_zeros(weights: Int4Weights) -> torch.Tensor:
     """bf16 ``[K / g, N, 2]``: the kernels' scale and zero table."""
     return torch.stack([weights.scale, weights.zero], dim=-1).transpose(0, 1).contiguous().to(torch.bfloat16)
@@ -126,8 +183,9 @@ class Int4Linear(nn.Module):
     def __init__(self, weights: Int4Weights, bias: torch.Tensor | None, device: torch.device) -> None:
         super().__init__()
         n, k = weights.shape
-        check_shape(n, k, weights.group_size, device)
+        check_shape(n, k, weights.group_size, device, weights.planes)
         self.in_features, self.out_features = k, n
+        self.planes = weights.planes
         self.group_size = weights.group_size
         self.is_cuda = device.type == "cuda"
         codes = weights.codes.to(device)
@@ -143,6 +201,8 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         shape = x.shape
         flat = x.reshape(-1, shape[-1]).to(torch.bfloat16)
+        if self.planes > 1:
+            flat = flat.repeat(1, self.planes)
         if self.is_cuda:
             y = torch._weight_int4pack_mm(flat, self.packed, self.group_size, self.scales_and_zeros)
         else:
@@ -157,7 +217,8 @@ class Int4Linear(nn.Module):
         if not layers or not all(isinstance(l, Int4Linear) and not l.is_cuda for l in layers):
             return False
         first = layers[0]
-        return (all(l.group_size == first.group_size and l.in_features == first.in_features for l in layers)
+        return (all(l.group_size == first.group_size and l.in_features == first.in_features
+                    and l.planes == first.planes for l in layers)
                 and all(l.out_features % FUSE_ROWS == 0 for l in layers[:-1]))
 
     @staticmethod
@@ -181,10 +242,12 @@ class Int4Linear(nn.Module):
             l.packed = packed[offset : offset + rows]
             offset += rows
         sz = torch.cat([l.scales_and_zeros for l in layers], dim=1).contiguous()
-        return _int4_matmul(packed, sz, joint_bias(layers), first.group_size, first.in_features, first.is_cuda)
+        return _int4_matmul(packed, sz, joint_bias(layers), first.group_size, first.in_features, first.is_cuda,
+                            first.planes)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, int4"
+        kind = "int4" if self.planes == 1 else f"int4 x {self.planes} planes"
+        return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, {kind}"
 
 
 def joint_bias(layers: Sequence[nn.Module]) -> torch.Tensor | None:
@@ -199,14 +262,18 @@ def joint_bias(layers: Sequence[nn.Module]) -> torch.Tensor | None:
 
 
 def _int4_matmul(
-    packed: torch.Tensor, sz: torch.Tensor, bias: torch.Tensor | None, group_size: int, k: int, cuda: bool
+    packed: torch.Tensor, sz: torch.Tensor, bias: torch.Tensor | None, group_size: int, k: int, cuda: bool,
+    planes: int = 1,
 ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``f(x [..., K]) -> [..., N]`` over packed int4 weights, with no module in between."""
+    """``f(x [..., K]) -> [..., N]`` over packed int4 weights (of ``planes`` planes), with no module in between."""
     mm = torch._weight_int4pack_mm if cuda else torch._weight_int4pack_mm_for_cpu
     n = sz.shape[1]
 
     def f(x: torch.Tensor) -> torch.Tensor:
-        y = mm(x.reshape(-1, k).to(torch.bfloat16), packed, group_size, sz).to(x.dtype)
+        flat = x.reshape(-1, k).to(torch.bfloat16)
+        if planes > 1:
+            flat = flat.repeat(1, planes)
+        y = mm(flat, packed, group_size, sz).to(x.dtype)
         y = y.view(*x.shape[:-1], n)
         return y + bias.to(y.dtype) if bias is not None else y
 
@@ -269,13 +336,15 @@ def quantize_model(
         linear = getattr(parent, attr)
         target = device or linear.weight.device
         n, k = linear.weight.shape
+        weights = groups.get(name)
+        if weights is not None and weights.group_size != group_size:
+            weights = None
         try:
-            check_shape(n, k, group_size, target)
+            check_shape(n, k, group_size, target, weights.planes if weights is not None else 1)
         except QuantizationError as exc:
             report.kept[name] = str(exc)
             continue
-        weights = groups.get(name)
-        if weights is None or weights.group_size != group_size:
+        if weights is None:
             weights = quantize_weight(linear.weight, group_size)
         new = Int4Linear(weights, linear.bias, target)
         if linear is head:

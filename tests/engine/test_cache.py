@@ -20,7 +20,8 @@ from engine.profiles import ModelSpec
 from engine.sources import DONE_MARKER, locate, prepare
 from engine.wheels import fetch_wheel_file, recheck_wheel_file
 from tests.conftest import REPO
-from tests.engine.test_sources import PAYLOAD, SOURCE, build_wheel
+from tests.engine.test_sources import PAYLOAD, SOURCE
+from tests.wheels import build_wheel
 from tests.tiny import save_tiny
 
 

