@@ -137,12 +137,17 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     from engine.availability import cuda_present, unavailable_reason
     from engine.profiles import load_profiles, user_models_file
 
+    from engine.sources import is_fetched
+
     profiles = load_profiles(args.models)
     cuda = cuda_present()
     rows = []
     for name in profiles.names():
         p = profiles.get(name)
         why_not = unavailable_reason(p, cuda=cuda)
+        specs = [s for s in (p.target, p.draft) if s is not None and p.backend == "local"]
+        by_source = {s.source: s for s in sorted(specs, key=lambda s: s.download_size or 0)}  # one per file
+        to_fetch = [s for s in by_source.values() if is_fetched(s) is False]
         rows.append({
             "name": name,
             "default": name == profiles.default,
@@ -157,6 +162,9 @@ def cmd_profiles(args: argparse.Namespace) -> int:
             "url": p.server.url if p.server else None,
             "available": why_not is None,
             "unavailable_reason": why_not,
+            "to_download": [s.source for s in to_fetch],
+            "download_bytes": (sum(s.download_size for s in to_fetch if s.download_size)
+                               if to_fetch and all(s.download_size for s in to_fetch) else None),
         })
     user_file = user_models_file()
     if args.json:
@@ -173,6 +181,10 @@ def cmd_profiles(args: argparse.Namespace) -> int:
             print(f"{mark} {r['name']:<18} target {r['target']} [{r['target_quantization']}]")
             print(f"  {'':<18} draft  {draft}")
         print(f"  {'':<18} from   {r['source_file']}")
+        if r["to_download"]:
+            n = r["download_bytes"]
+            size = (f"about {n / 1e9:.2f} GB" if n >= 1e9 else f"about {n / 1e6:.0f} MB") if n else "its models"
+            print(f"  {'':<18} first use downloads {size} ({len(r['to_download'])} model(s) not in the cache yet)")
         if r["unavailable_reason"]:
             print(f"  {'':<18} unavailable here: {r['unavailable_reason']}")
     state = "" if user_file.exists() else " (not created yet)"

@@ -18,7 +18,7 @@ import os
 import re
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from types import MappingProxyType
@@ -71,6 +71,9 @@ class ModelSpec:
     """The sha256 (hex) of the joined file, checked before it is used; empty: the parts' RECORD hashes only."""
     wide_blocks: str = "int4"
     """int4 from a GGUF: its blocks of more than 4 bits requantized to ``"int4"``, or kept as two int4 ``"planes"``."""
+    download_size: int | None = field(default=None, compare=False)
+    """Bytes the first use downloads (the profile says; ``specchat profiles`` shows it; not part of
+    what makes two specs the same model)."""
 
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source.strip():
@@ -198,7 +201,7 @@ class Profiles:
 # ----------------------------------------------------------------------------- parsing
 
 _SPEC_KEYS = ("source", "quantization", "dtype", "trust_remote_code", "allow_pickle", "group_size", "quantize_head",
-              "draft_vocab", "parts", "sha256", "wide_blocks")
+              "draft_vocab", "parts", "sha256", "wide_blocks", "download_size")
 _PROFILE_KEYS = (
     "target", "drafter", "draft", "description", "k", "k_min", "k_max", "temperature",
     "top_p", "top_k", "system_prompt", "context_length", "memory_budget", "backend", "device",
@@ -210,7 +213,7 @@ _TYPES: dict[str, tuple[type, ...]] = {
     "context_length": (int,), "memory_budget": (int, str), "device": (str,),
     "source": (str,), "quantization": (str,), "dtype": (str,),
     "trust_remote_code": (bool,), "allow_pickle": (bool,), "group_size": (int,), "quantize_head": (bool,), "draft_vocab": (int,),
-    "parts": (list,), "sha256": (str,), "wide_blocks": (str,),
+    "parts": (list,), "sha256": (str,), "wide_blocks": (str,), "download_size": (int, str),
 }
 
 
@@ -243,6 +246,11 @@ def _parse_spec(raw: Any, field: str, where: str) -> ModelSpec:
         _check_type(value, key, f"{where}: {field}")
     if "parts" in raw:
         raw = {**raw, "parts": tuple(raw["parts"])}
+    if "download_size" in raw:
+        try:
+            raw = {**raw, "download_size": parse_size(raw["download_size"])}
+        except ProfileError as exc:
+            raise ProfileError(f"{where}: {field}.download_size: {exc}") from None
     try:
         return ModelSpec(**raw)
     except ProfileError as exc:

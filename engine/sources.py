@@ -223,6 +223,22 @@ def locate(spec: ModelSpec, progress: ProgressFn = no_progress) -> ResolvedSourc
     return ResolvedSource(spec.source, kind, str(_converted_dir(kind, value, gguf)), gguf)
 
 
+def is_fetched(spec: ModelSpec) -> bool | None:
+    """Whether a source from the package index (a wheel or chunked parts) is in the cache
+    already, converted or not; None for sources that are not downloaded by specchat."""
+    if spec.parts:
+        joined = joined_path(spec.source, spec.parts)
+        return joined.is_file() or (_converted_dir("parts", spec.source, joined) / DONE_MARKER).is_file()
+    kind, value = classify(spec.source)
+    m = WHEEL_SOURCE.fullmatch(value) if kind == "wheel" else None
+    if m is None:
+        return None
+    dist, version, inner = m.groups()
+    root = cache_dir(create=True)
+    extracted = root / "files" / f"{norm_dist(dist)}-{version}" / safe_inner(inner)
+    return extracted.is_file() or (_converted_dir(kind, value, Path(inner)) / DONE_MARKER).is_file()
+
+
 def read_config(resolved: ResolvedSource, spec: ModelSpec) -> Any:
     """The model's transformers config (from the GGUF metadata when not converted yet)."""
     from transformers import AutoConfig

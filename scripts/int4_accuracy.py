@@ -1,10 +1,13 @@
-"""How close is an int4 model to the fp32 conversion of the same GGUF? (README figures)
+"""How close is an int4 model to the fp32 conversion of the same GGUF? (docs/performance.md)
 
     .venv/bin/python scripts/int4_accuracy.py [--profile pocket] [--new-tokens 256] [--json OUT]
 
-For the profile's target source, loads the fp32 conversion and the int4 model
-(with the output layer quantized, and with it kept in full precision), then on
-every prompt of the shipped bench set reports:
+For the profile's target source, loads the fp32 conversion (the GGUF's blocks
+dequantized by the ``gguf`` package, llama.cpp's reference arithmetic) and int4
+models: as the profile sets it, with every wider GGUF block requantized to int4
+(``wide_blocks = "int4"``), with wider blocks kept as two int4 planes
+(``"planes"``), and with the output layer kept in full precision. Then on every
+prompt of the shipped bench set it reports:
 
 * the max abs difference of the logits over the prompt's positions, and the
   largest fp32 logit for scale;
@@ -12,8 +15,8 @@ every prompt of the shipped bench set reports:
   come out before the first token the fp32 model would not have chosen, and
   the share of positions where fp32, teacher-forced on int4's text, picks the
   same token;
-* for a GGUF with Q4 blocks: the error that rounding each block's scale and
-  zero to bf16 adds, against the ``gguf`` package's dequantization.
+* for a GGUF: the error that rounding each block's scale and zero to bf16
+  adds, against the ``gguf`` package's dequantization, per kind of block.
 
 Timing-free: it can run on a busy machine.
 """
@@ -60,8 +63,9 @@ def main() -> int:
     tokenizer = load_tokenizer(resolved, spec)
     fp32 = ModelRunner(load_weights(resolved, dataclasses.replace(spec, quantization="none"), device), device)
     variants = {
-        "int4 (head int4)": dataclasses.replace(spec, quantization="int4", quantize_head=True),
-        "int4 (head fp32)": dataclasses.replace(spec, quantization="int4", quantize_head=False),
+        "int4, wider blocks requantized to int4": dataclasses.replace(spec, quantization="int4", wide_blocks="int4"),
+        "int4, wider blocks as two planes": dataclasses.replace(spec, quantization="int4", wide_blocks="planes"),
+        "int4, output layer fp32": dataclasses.replace(spec, quantization="int4", quantize_head=False),
     }
     report: dict[str, object] = {"source": spec.source, "new_tokens": args.new_tokens, "variants": {}}
     gguf = gguf_origin(resolved)
@@ -69,10 +73,12 @@ def main() -> int:
         from transformers import AutoModelForCausalLM
 
         reference = AutoModelForCausalLM.from_pretrained(resolved.location, dtype=torch.float32)
-        errs = [bf16_rounding_error(w) for w in carry_over(gguf, reference).values()]
-        if errs:
-            report["bf16_rounding"] = {"tensors": len(errs), "max_abs": max(e[0] for e in errs),
-                                       "max_of_range": max(e[1] for e in errs)}
+        by_planes: dict[str, list[tuple[float, float]]] = {}
+        for w in carry_over(gguf, reference).values():
+            by_planes.setdefault(f"{w.planes} plane(s)", []).append(bf16_rounding_error(w))
+        report["bf16_rounding"] = {kind: {"tensors": len(errs), "max_abs": max(e[0] for e in errs),
+                                          "max_of_range": max(e[1] for e in errs)}
+                                   for kind, errs in by_planes.items()}
         del reference
     prompts = [(p.name, render_prompt(tokenizer, p.messages)) for p in load_prompt_set()]
     for label, vspec in variants.items():

