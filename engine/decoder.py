@@ -187,7 +187,11 @@ class SpecDecoder:
         t_start = self.device.now()
         draft = EMPTY_DRAFT
         free = self.drafter is not None and self.drafter.free_proposals and params.k is None
-        if k > 0 and self.drafter is not None:
+        looked_up = EMPTY_DRAFT if free or k == 0 else self._lookup_first(seq, params, generator, remaining)
+        if looked_up.tokens:  # a copy that pays more than the draft model this round: trim it like a free draft
+            k = self.schedule.free_k(params, len(looked_up.tokens), looked_up.key)
+            draft = looked_up.first(k)
+        elif k > 0 and self.drafter is not None:
             # Free proposals (a lookup): ask for the most, then keep the K that
             # pays for this kind of draft: the match and the fitted verification
             # cost are the limit, not caution. (The lambda reads self.drafter when
@@ -225,9 +229,10 @@ class SpecDecoder:
 
         draft_s, verify_s, other_s = t_draft - t_start, t_verify - t_draft, t_end - t_verify
         drafted = len(draft.tokens)
-        self.costs.observe(drafted, verdict.n_accepted, draft_s, verify_s, other_s, draft.key)
+        copied = free or bool(looked_up.tokens)
+        self.costs.observe(drafted, verdict.n_accepted, draft_s, verify_s, other_s, draft.key, free=copied)
         # The K shown: the policy's, or for a free draft the K it was trimmed to (kept on a miss).
-        shown_k = policy_k if not free else (k if drafted else stats.k)
+        shown_k = policy_k if not copied else (k if drafted else stats.k)
         stats.record(shown_k, drafted, verdict.n_accepted, len(emitted), draft_s, verify_s, other_s,
                      mode=round_mode)
         plain_equivalent = self.costs.plain_equivalent(drafted, verify_s, t_end - t_start)
@@ -241,6 +246,17 @@ class SpecDecoder:
             stats.speculation_off_reason = self.plain_reason
         event = RoundEvent(tuple(emitted), tuple(sources[: len(emitted)]), stats.snapshot(), finish, notice)
         return event, len(emitted)
+
+    def _lookup_first(self, seq: list[int], params: GenerationParams, generator: Randomness, remaining: int) -> Draft:
+        """The model drafter's lookup's copy of what followed the context's last tokens, when
+        it has one and the measured costs say it beats the model this round; else empty."""
+        lookup = getattr(self.drafter, "lookup", None)
+        if lookup is None or params.k is not None:
+            return EMPTY_DRAFT
+        draft: Draft = lookup.propose(seq, min(params.k_max, remaining - 1), params.sampling, generator)
+        if draft.tokens and self.schedule.lookup_pays(params, len(draft.tokens), draft.key):
+            return draft
+        return EMPTY_DRAFT
 
     def _verify(
         self,

@@ -4,7 +4,10 @@ A :class:`Drafter` proposes up to K tokens (with the probabilities it drew them
 from) and is told afterwards which sequence was accepted. Two kinds:
 
 * :class:`ModelDrafter`: a small causal LM sharing the target's tokenizer; it
-  owns its own :class:`~engine.runner.ModelRunner` (and KV cache).
+  owns its own :class:`~engine.runner.ModelRunner` (and KV cache), and may hold
+  a :class:`NgramDrafter` as its ``lookup``: the decoder then takes the
+  lookup's free copy instead of the model's draft in rounds where the measured
+  costs say the copy pays (:meth:`engine.stats.CostModel.lookup_pays`).
 * :class:`NgramDrafter`: prompt-lookup decoding, no model at all: find the most
   recent earlier occurrence of the context's last few tokens and propose what
   followed it. Strong when the reply repeats its input (code edits, summaries).
@@ -96,18 +99,23 @@ class ModelDrafter:
     def __init__(
         self, model: PreTrainedModel, device: Device, name: str = "draft model",
         vocab_subset: torch.Tensor | None = None, vocab_limit: int | None = None,
+        lookup: "NgramDrafter | None" = None,
     ) -> None:
         """``vocab_subset``: token ids ``[n]`` the draft may propose (FR-Spec: a head over
         frequent tokens costs a fraction of the full one; verification still uses
         the target's full distribution, so output stays exact). ``vocab_limit``: the
         target's vocabulary size when it differs from the draft's (tokenizers with
         padded heads): no id at or past it is proposed, and the draft's
-        probabilities come as ``[k, vocab_limit]``, cut or zero-padded."""
+        probabilities come as ``[k, vocab_limit]``, cut or zero-padded. ``lookup``: an
+        n-gram drafter the decoder may ask first (it is fed with the model's context)."""
         self.runner = ModelRunner(model, device)
         self.name = name
         if vocab_subset is not None and self.runner.restrict_vocab(vocab_subset):
             self.name = f"{name}, {len(vocab_subset)}-token head"
         self.vocab_limit = vocab_limit
+        self.lookup = lookup
+        if lookup is not None:
+            self.name = f"{self.name}, n-gram lookup first"
 
     def propose(
         self,
@@ -164,13 +172,20 @@ class ModelDrafter:
     def prefill(self, context: Sequence[int]) -> None:
         """Feed the prompt (all but its last token) past what the cache shares with it."""
         self.runner.catch_up(context)
+        if self.lookup is not None:
+            self.lookup.prefill(context)
 
     def commit(self, context: Sequence[int]) -> None:
-        """Crop the draft cache to what was accepted."""
+        """Crop the draft cache to what was accepted (after a lookup's round the cache lags
+        behind; the next :meth:`propose` feeds what it missed in one pass)."""
         self.runner.sync(context, leave=0)
+        if self.lookup is not None:
+            self.lookup.commit(context)
 
     def release(self) -> None:
         self.runner.release()
+        if self.lookup is not None:
+            self.lookup.release()
 
 
 MATCH_BUCKETS = (1, 2, 3, 4, 8, 16)

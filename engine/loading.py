@@ -28,6 +28,8 @@ if TYPE_CHECKING:
     import torch
     from transformers import PreTrainedModel, PreTrainedTokenizerBase
 
+    from engine.drafters import ModelDrafter
+
     from engine.session import ChatEngine
 
 log = logging.getLogger(__name__)
@@ -50,6 +52,20 @@ def frequent_token_ids(tokenizer: "PreTrainedTokenizerBase", n: int) -> "torch.T
             break
         ids.add(nxt)
     return torch.tensor(sorted(ids), dtype=torch.long)
+
+
+def model_drafter(profile: ModelProfile, draft_model: "PreTrainedModel", target_model: "PreTrainedModel",
+                  tokenizer: "PreTrainedTokenizerBase", device: Device) -> "ModelDrafter":
+    """The drafter a profile's draft model makes: its frequent-token head (``draft_vocab``),
+    no id past the target's vocabulary, and an n-gram lookup asked first (``lookup``)."""
+    from engine.drafters import ModelDrafter, NgramDrafter
+
+    assert profile.draft is not None
+    spec = profile.draft
+    subset = frequent_token_ids(tokenizer, spec.draft_vocab) if spec.draft_vocab else None
+    return ModelDrafter(draft_model, device, name=spec.label, vocab_subset=subset,
+                        vocab_limit=int(target_model.config.get_text_config().vocab_size),
+                        lookup=NgramDrafter() if profile.lookup else None)
 
 
 def _warn_remote_code(spec: ModelSpec) -> None:
@@ -242,7 +258,7 @@ def load_engine(
 
         return connect(profile, progress)  # type: ignore[return-value]
     from engine.availability import unavailable_reason
-    from engine.drafters import ModelDrafter, NgramDrafter
+    from engine.drafters import NgramDrafter
     from engine.session import ChatEngine
 
     device = device or Device.auto()
@@ -292,9 +308,7 @@ def load_engine(
                 prepare(draft.resolved, progress)
                 draft_model, fallback = _load_draft(draft, device)
         if draft_model is not None:
-            subset = frequent_token_ids(tokenizer, draft.spec.draft_vocab) if draft.spec.draft_vocab else None
-            drafter = ModelDrafter(draft_model, device, name=draft.spec.label, vocab_subset=subset,
-                                   vocab_limit=int(target_model.config.get_text_config().vocab_size))
+            drafter = model_drafter(profile, draft_model, target_model, tokenizer, device)
     if drafter is None and profile.drafter != "none":
         drafter = NgramDrafter()
     if fallback:

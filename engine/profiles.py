@@ -143,6 +143,8 @@ class ModelProfile:
     memory_budget: int | None = None
     device: str = "any"
     """``"cuda"``: the profile needs a CUDA GPU and is listed as unavailable without one."""
+    lookup: bool = False
+    """With a model draft: copy from the conversation (n-gram lookup) instead, in rounds where that pays."""
     source_file: Path | None = None
     backend: Backend = "local"
     server: "ServerSpec | None" = None
@@ -204,13 +206,13 @@ _SPEC_KEYS = ("source", "quantization", "dtype", "trust_remote_code", "allow_pic
               "draft_vocab", "parts", "sha256", "wide_blocks", "download_size")
 _PROFILE_KEYS = (
     "target", "drafter", "draft", "description", "k", "k_min", "k_max", "temperature",
-    "top_p", "top_k", "system_prompt", "context_length", "memory_budget", "backend", "device",
+    "top_p", "top_k", "system_prompt", "context_length", "memory_budget", "backend", "device", "lookup",
 )
 _TOP_KEYS = ("default", "profiles")
 _TYPES: dict[str, tuple[type, ...]] = {
     "drafter": (str,), "backend": (str,), "description": (str,), "k": (int,), "k_min": (int,), "k_max": (int,),
     "temperature": (int, float), "top_p": (int, float), "top_k": (int,), "system_prompt": (str,),
-    "context_length": (int,), "memory_budget": (int, str), "device": (str,),
+    "context_length": (int,), "memory_budget": (int, str), "device": (str,), "lookup": (bool,),
     "source": (str,), "quantization": (str,), "dtype": (str,),
     "trust_remote_code": (bool,), "allow_pickle": (bool,), "group_size": (int,), "quantize_head": (bool,), "draft_vocab": (int,),
     "parts": (list,), "sha256": (str,), "wide_blocks": (str,), "download_size": (int, str),

@@ -47,6 +47,11 @@ class Schedule:
         return self.costs.choose_k(min(params.k_min, proposed), proposed, key, draft_step_s=0.0,
                                    explore=self.explore())
 
+    def lookup_pays(self, params: GenerationParams, proposed: int, key: int) -> bool:
+        """Whether a lookup draft of ``proposed`` tokens (match kind ``key``) should stand in for
+        the draft model this round (adaptive K only)."""
+        return params.k is None and self.costs.lookup_pays(params.k_min, params.k_max, proposed, key)
+
     def explore(self) -> bool:
         """Every third round, while the pass-cost line is not sound, try one K more."""
         return self.costs.passes.passes % 3 == 2

@@ -38,6 +38,11 @@ from engine.events import Mode, Stats
 EMA = 0.2  # weight of the newest sample in the running draft-step average
 
 
+LOOKUP_TRUSTED = 4
+"""Before anything is measured, a lookup match of at least this many tokens is taken over
+the draft model (a copy in progress is accepted nearly always)."""
+
+
 def expected_tokens(accept: list[float], k: int) -> float:
     """Expected tokens emitted by a round of K drafted tokens.
 
@@ -118,17 +123,20 @@ class CostModel:
     rounds_since_plain: int = 1 << 30  # rounds since the last one-token pass (calibration schedule)
 
     def observe(
-        self, proposed: int, n_accepted: int, draft_s: float, verify_s: float, other_s: float, key: int = 0
+        self, proposed: int, n_accepted: int, draft_s: float, verify_s: float, other_s: float, key: int = 0,
+        free: bool = False,
     ) -> None:
-        """Learn from one round that proposed ``proposed`` tokens of kind ``key``."""
+        """Learn from one round that proposed ``proposed`` tokens of kind ``key`` (``free``: from a
+        lookup, whose cost says nothing of the draft model's step)."""
         self.passes.add(proposed + 1, verify_s, draft_s + verify_s + other_s)
         self.overheads.append(other_s)
         if proposed == 0:
             self.rounds_since_plain = 0
             return
         self.rounds_since_plain += 1
-        per_step = draft_s / proposed
-        self.draft_step_s = per_step if self.draft_step_s is None else (1 - EMA) * self.draft_step_s + EMA * per_step
+        if not free:
+            per_step = draft_s / proposed
+            self.draft_step_s = per_step if self.draft_step_s is None else (1 - EMA) * self.draft_step_s + EMA * per_step
         self.positions.setdefault(key, PositionCounts()).add(proposed, n_accepted)
 
     @property
@@ -194,18 +202,38 @@ class CostModel:
         """
         if k_max <= k_min:
             return k_min
+        best = self._best(k_min, k_max, key, draft_step_s)
+        if best is None:
+            return max(k_min, min(k_max, 4))
+        best_k = best[0]
+        if explore and not self.passes.line_sound:
+            return min(best_k + 1, k_max)
+        return best_k
+
+    def _best(self, k_min: int, k_max: int, key: int, draft_step_s: float | None) -> tuple[int, float] | None:
+        """The K in ``[k_min, k_max]`` with the highest expected rate (tokens per second of a
+        round) and that rate; None until a draft step and a pass have been measured."""
         step = self.draft_step_s if draft_step_s is None else draft_step_s
         if step is None or self.passes.passes == 0:
-            return max(k_min, min(k_max, 4))
+            return None
         accept = self.acceptance(k_max, key)
         best_k, best_rate = k_min, -1.0
         for k in range(k_min, k_max + 1):
             rate = expected_tokens(accept, k) / max(self.round_cost(k, step), 1e-9)
             if rate > best_rate:
                 best_k, best_rate = k, rate
-        if explore and not self.passes.line_sound:
-            return min(best_k + 1, k_max)
-        return best_k
+        return best_k, best_rate
+
+    def lookup_pays(self, k_min: int, k_max: int, proposed: int, key: int) -> bool:
+        """Whether a free lookup draft of ``proposed`` tokens whose match is of kind ``key`` is
+        expected to emit tokens faster than the draft model would this round (kind 0, its
+        measured step). Until both can be estimated, only a long match (at least
+        ``LOOKUP_TRUSTED`` tokens) is taken."""
+        lookup = self._best(min(k_min, proposed), proposed, key, 0.0)
+        model = self._best(k_min, k_max, 0, None)
+        if lookup is None or model is None or 0 not in self.positions:
+            return key >= LOOKUP_TRUSTED
+        return lookup[1] >= model[1]
 
 
 @dataclass

@@ -165,11 +165,18 @@ def bench_models(profile: "ModelProfile", engine: "ChatEngine", args: argparse.N
     """The target, the draft (if the engine holds a model draft) and the reply settings."""
     from app.bench.run import BenchModels
 
+    from engine.loading import model_drafter
+
     target, draft = engine.models()
+    tokenizer = getattr(engine, "tokenizer", None)
+    make = None
+    if draft is not None and profile.draft is not None and tokenizer is not None:
+        make = lambda: model_drafter(profile, draft, target, tokenizer, engine.device)  # noqa: E731
     return BenchModels(
         target=target,
         device=engine.device,
         draft=draft,
+        make_drafter=make,
         stop_ids=tuple(engine.stop_ids),
         k_min=profile.k_min,
         k_max=profile.k_max,

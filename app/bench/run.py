@@ -69,6 +69,8 @@ class BenchModels:
     lookup_k: int = 8
     max_new_tokens: int = 128
     external: dict[str, ExternalRunner] = field(default_factory=dict)  # method name -> runner (llama.cpp)
+    make_drafter: Callable[[], Drafter] | None = None
+    """The model drafter as the profile makes it (frequent-token head, lookup); None: a plain one."""
     _draft_config: Any = None
 
     def __post_init__(self) -> None:
@@ -143,6 +145,8 @@ class _Streamer:
 def _drafter_for(models: BenchModels, method: Method) -> Drafter | None:
     if method.name in ("spec", "spec-adaptive"):
         assert models.draft is not None
+        if models.make_drafter is not None:
+            return models.make_drafter()
         return ModelDrafter(models.draft, models.device)
     return NgramDrafter() if method.name == "ngram" else None
 

@@ -154,3 +154,21 @@ def test_a_one_token_kernel_step_no_longer_holds_k_at_one() -> None:
     assert costs.choose_k(1, 16, 3, draft_step_s=0.0) > 1
     best = costs.choose_k(1, 16, 3, draft_step_s=0.0)
     assert costs.choose_k(1, 16, 3, draft_step_s=0.0, explore=True) == min(best + 1, 16)
+
+
+def test_a_lookup_copy_is_taken_only_when_it_beats_the_model_draft() -> None:
+    fresh = CostModel()
+    assert fresh.lookup_pays(1, 8, 5, key=8) and not fresh.lookup_pays(1, 8, 5, key=2)  # nothing measured: long matches only
+
+    def measured(model_accepts: int, model_step_s: float, copy_accepts: int) -> CostModel:
+        costs = CostModel()
+        for _ in range(12):
+            costs.observe(0, 0, 0.0, 0.010, 0.0)  # plain steps
+            costs.observe(3, model_accepts, 3 * model_step_s, 0.014, 0.0)  # the model's rounds
+            costs.observe(3, copy_accepts, 0.0, 0.014, 0.0, key=2, free=True)  # copies of 2-token matches
+        return costs
+
+    good_copies = measured(model_accepts=0, model_step_s=0.010, copy_accepts=3)
+    assert good_copies.lookup_pays(1, 8, 3, key=2)
+    assert good_copies.draft_step_s == pytest.approx(0.010)  # a copy's round does not move the model's step
+    assert not measured(model_accepts=3, model_step_s=0.002, copy_accepts=0).lookup_pays(1, 8, 3, key=2)

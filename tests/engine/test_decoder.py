@@ -10,7 +10,7 @@ import torch
 from engine.decoder import SpecDecoder
 from engine.device import Device
 from engine.drafters import ModelDrafter, NgramDrafter
-from engine.events import GenerationParams
+from engine.events import GenerationParams, SamplingParams
 from tests.tiny import noisy_copy, tiny_llama
 
 CPU = Device(torch.device("cpu"))
@@ -50,7 +50,7 @@ def decode(decoder: SpecDecoder, prompt: list[int], params: GenerationParams) ->
             # the target's bonus when all K were accepted).
             assert drafter.runner.ids == seq[: len(drafter.runner.ids)]
             assert drafter.runner.cached_length() == len(drafter.runner.ids)
-            if event.stats.proposed > proposed_before:
+            if event.stats.proposed > proposed_before and drafter.lookup is None:  # a lookup's round leaves it behind
                 assert len(seq) - len(drafter.runner.ids) <= 2
         proposed_before = event.stats.proposed
     return out, events
@@ -178,3 +178,38 @@ def test_stats_are_consistent(target, drafts) -> None:
     assert s.mode == "spec" and s.k == 3 and not s.adaptive
     assert s.tokens_per_s and s.plain_tokens_per_s and s.speedup == pytest.approx(s.tokens_per_s / s.plain_tokens_per_s)
     assert s.draft_s > 0 and s.verify_s > 0 and s.elapsed_s >= s.draft_s + s.verify_s
+
+
+@pytest.mark.parametrize("quality", ["unrelated", "close"])
+def test_a_lookup_first_copies_when_it_pays_and_stays_exact(target, drafts, quality) -> None:
+    """A model drafter with a lookup: rounds where the conversation's copy is expected to pay
+    more than the model's draft take the copy; every output is still plain decoding's."""
+    copied = 0
+    for prompt in PROMPTS:
+        expected = plain(target, prompt, max_new_tokens=60)
+        drafter = ModelDrafter(drafts[quality], CPU, lookup=NgramDrafter())
+        decoder = SpecDecoder(target, CPU, drafter, calibrate_every=7)
+        got, events = decode(decoder, prompt, GenerationParams(max_new_tokens=60))
+        assert got == expected
+        copied += sum(decoder.costs.positions[key].reached[0] for key in decoder.costs.positions if key != 0)
+        assert drafter.runner.ids == (prompt + got)[: len(drafter.runner.ids)]  # behind, never wrong
+    assert copied > 0  # the tiny target repeats itself: some rounds were copies
+
+
+def test_a_lookup_first_keeps_seeded_sampling_drafter_invariant(target, drafts) -> None:
+    sampling = SamplingParams(temperature=0.8, seed=3)
+    for prompt in PROMPTS:
+        expected = plain(target, prompt, max_new_tokens=40, sampling=sampling)
+        drafter = ModelDrafter(drafts["close"], CPU, lookup=NgramDrafter())
+        got, _ = decode(SpecDecoder(target, CPU, drafter), prompt, GenerationParams(max_new_tokens=40, sampling=sampling))
+        assert got == expected
+
+
+def test_a_fixed_k_never_asks_the_lookup(target, drafts) -> None:
+    lookup = NgramDrafter()
+    calls: list[int] = []
+    real = lookup.propose
+    lookup.propose = lambda *a, **kw: calls.append(1) or real(*a, **kw)  # type: ignore[method-assign]
+    decoder = SpecDecoder(target, CPU, ModelDrafter(drafts["close"], CPU, lookup=lookup))
+    decode(decoder, PROMPTS[1], GenerationParams(max_new_tokens=20, k=3))
+    assert calls == []
