@@ -136,7 +136,7 @@ def _carried(tensor_data: np.ndarray, kind: str, process: Callable[[np.ndarray],
     def rows(a: np.ndarray) -> torch.Tensor:
         return torch.from_numpy(np.ascontiguousarray(process(a)))
 
-    if kind in ("Q4_0", "Q4_1", "Q4_K"):
+    if kind in FOUR_BIT_TYPES:
         codes, scale, zero = decode_q4_rows(tensor_data, kind)
         return Int4Weights(rows(codes), rows(scale), rows(zero), BLOCK)
     if kind in ("Q8_0", "Q5_0"):
