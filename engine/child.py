@@ -147,7 +147,12 @@ class ProcessBackend:
         if not self._busy.acquire(blocking=False):
             raise EngineBusyError("this engine is already writing a reply; wait for it to finish or cancel it")
         try:
-            self._cancel.clear()
+            # A cancel already set reaches the child before the request does: forwarding it
+            # only once the reply is read let the child write a few rounds first.
+            if cancel is not None and cancel.is_set():
+                self._cancel.set()
+            else:
+                self._cancel.clear()
             self._send(("chat", list(messages), params))
         except BaseException:
             self._busy.release()

@@ -6,6 +6,7 @@ import os
 import signal
 import sys
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -58,7 +59,9 @@ def test_the_child_replies_with_the_tokens_the_in_process_engine_writes(backend,
 def test_cancel_stops_the_reply_and_the_engine_answers_again(backend) -> None:
     cancel = threading.Event()
     cancel.set()
-    events = list(backend.chat(MESSAGES, PARAMS, cancel))
+    reply = backend.chat(MESSAGES, PARAMS, cancel)
+    time.sleep(1.0)  # the child has the request before the reply is read: the cancel must be there already
+    events = list(reply)
     assert events[-1].finish_reason == "cancelled" and reply_ids(events) == []
     assert reply_ids(backend.chat(MESSAGES, PARAMS))
 
