@@ -13,7 +13,8 @@ from app.server_cli import load_server, server_profile_from_args
 from engine.errors import SpecChatError
 
 if TYPE_CHECKING:
-    from engine.api import ChatBackend, ProgressFn
+    from engine.api import ChatBackend
+    from engine.progress import ProgressFn
     from engine.events import GenerationParams
     from engine.profiles import ModelProfile
 
@@ -57,7 +58,7 @@ def resolve_profile(args: argparse.Namespace) -> "ModelProfile":
 
 def load_for(profile: "ModelProfile", mode: str = "spec", progress: "ProgressFn | None" = None) -> "ChatBackend":
     """Load the engine for ``profile``; ``mode`` may replace the drafter."""
-    from engine.api import no_progress
+    from engine.progress import no_progress
 
     if profile.backend == "server":
         return load_server(profile, mode, progress or no_progress)

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 from engine.errors import SpecChatError
 
 if TYPE_CHECKING:
-    from engine.api import ProgressFn
+    from engine.progress import ProgressFn
     from engine.remote.backend import ServerBackend
     from engine.profiles import ModelProfile
 

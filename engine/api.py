@@ -1,24 +1,16 @@
 """The small surface the app and the CLI program against.
 
 :class:`ChatBackend` is what a loaded engine offers; the app's tests implement
-it with a fast fake. :data:`ProgressFn` is how loading reports progress.
+it with a fast fake. :mod:`engine.progress` says how loading reports progress.
 """
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from engine.events import ChatEvent, ChatMessage, GenerationParams, Mode
-
-ProgressFn = Callable[[str, "float | None"], None]
-"""``progress(stage, fraction)``: a human-readable stage ("extracting GGUF",
-"loading target weights", ...) and a fraction in [0, 1], or None when unknown."""
-
-
-def no_progress(stage: str, fraction: float | None) -> None:
-    """The default progress callback: says nothing."""
 
 
 @dataclass(frozen=True)

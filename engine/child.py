@@ -38,7 +38,8 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.api import EngineInfo, ProgressFn, no_progress
+from engine.api import EngineInfo
+from engine.progress import ProgressFn, no_progress
 from engine.errors import EngineBusyError, EngineError
 from engine.events import ChatEvent, ChatMessage, GenerationParams
 

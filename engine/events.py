@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
-
-if TYPE_CHECKING:
-    from engine.profiles import ModelProfile
+from typing import Any, Literal, Protocol
 
 Mode = Literal["spec", "ngram", "plain"]
 TokenSource = Literal["draft", "target"]
@@ -79,7 +76,29 @@ class GenerationParams:
         return emitted, None
 
 
-def generation_params(profile: "ModelProfile", max_new_tokens: int, *, temperature: float | None = None,
+class ReplySettings(Protocol):
+    """A profile's sampling and K settings (``engine.profiles.ModelProfile`` has them)."""
+
+    @property
+    def temperature(self) -> float: ...
+
+    @property
+    def top_p(self) -> float: ...
+
+    @property
+    def top_k(self) -> int: ...
+
+    @property
+    def k(self) -> int | None: ...
+
+    @property
+    def k_min(self) -> int: ...
+
+    @property
+    def k_max(self) -> int: ...
+
+
+def generation_params(profile: ReplySettings, max_new_tokens: int, *, temperature: float | None = None,
                       top_p: float | None = None, top_k: int | None = None, seed: int | None = None,
                       k: int | None = None) -> GenerationParams:
     """A reply's settings: each override given, else the profile's (``k`` None: the profile's,

@@ -14,7 +14,7 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from engine.api import ProgressFn
+from engine.progress import ProgressFn
 
 _RETRY = re.compile(r"Retrying in (?P<wait>[\d.]+)s \[Retry (?P<n>\d+)/(?P<of>\d+)\]")
 _RATE = re.compile(r"Rate limited\. Waiting (?P<wait>[\d.]+)s before retry \[Retry (?P<n>\d+)/(?P<of>\d+)\]")

@@ -14,7 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from engine.api import EngineInfo, ProgressFn, no_progress
+from engine.api import EngineInfo
+from engine.progress import ProgressFn, no_progress
 from engine.compat import check_pair
 from engine.device import Device
 from engine.errors import IncompatibleDraftError, ModelSourceError, ProfileError

@@ -23,7 +23,7 @@ import re
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
-from engine.api import ProgressFn, no_progress
+from engine.progress import ProgressFn, no_progress
 from engine.cachefiles import clean_leftovers, forget_unless_intact, write_record
 from engine.errors import ModelSourceError
 from engine.paths import cache_dir

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from engine.api import ProgressFn, no_progress
+from engine.progress import ProgressFn, no_progress
 from engine.errors import ModelSourceError
 from engine.paths import cache_dir
 from engine.profiles import ModelSpec

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
-from engine.api import ProgressFn, no_progress
+from engine.progress import ProgressFn, no_progress
 from engine.cachefiles import clean_leftovers, die_with_parent_argv, forget_unless_intact, write_record
 from engine.errors import ModelSourceError
 from engine.paths import cache_dir

@@ -1,6 +1,7 @@
 """The layers stay layered: engine/ never imports app/, and no two modules import each other
-(directly or round a longer loop), counting imports inside functions too, but not those
-under ``if TYPE_CHECKING:`` (they never run)."""
+(directly or round a longer loop), counting imports inside functions and those under
+``if TYPE_CHECKING:`` too (a type-only loop is still a loop a reader must untangle).
+Only the command line imports the App; widgets never import screens."""
 from __future__ import annotations
 
 import ast
@@ -18,17 +19,15 @@ def _module_name(path: Path) -> str:
 
 
 def _imports(path: Path, modules: set[str]) -> set[str]:
-    tree = ast.parse(path.read_text(encoding="utf-8"))
-    skip: set[int] = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
-            skip.update(id(n) for n in ast.walk(node))
-    me = _module_name(path)
-    package = me if path.name == "__init__.py" else me.rpartition(".")[0]
+    return _imports_of(path.read_text(encoding="utf-8"), _module_name(path), path.name == "__init__.py", modules)
+
+
+def _imports_of(source: str, me: str, is_package: bool, modules: set[str]) -> set[str]:
+    """The modules of ``modules`` that module ``me`` (of text ``source``) imports."""
+    tree = ast.parse(source)
+    package = me if is_package else me.rpartition(".")[0]
     found: set[str] = set()
     for node in ast.walk(tree):
-        if id(node) in skip:
-            continue
         names: list[str] = []
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
@@ -103,3 +102,19 @@ def test_no_import_cycles() -> None:
 
 def test_the_cycle_finder_finds_a_cycle() -> None:
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+
+
+def test_the_import_reader_counts_type_only_imports() -> None:
+    source = "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .api import ChatBackend\n"
+    assert _imports_of(source, "engine.probe", False, {"engine.api"}) == {"engine.api"}
+
+
+def test_only_the_command_line_imports_the_app() -> None:
+    assert sorted(m for m, deps in graph().items() if "app.ui.app" in deps) == ["app.cli"]
+
+
+def test_widgets_never_import_screens() -> None:
+    g = graph()
+    bad = {m: sorted(d for d in deps if d.startswith("app.ui.screens")) for m, deps in g.items()
+           if m.startswith("app.ui.widgets")}
+    assert not {m: d for m, d in bad.items() if d}

@@ -20,7 +20,8 @@ from engine.errors import SpecChatError
 if TYPE_CHECKING:
     from app.bench.exact import Judge
     from app.bench.run import BenchModels, Run
-    from engine.api import ChatBackend, ProgressFn
+    from engine.api import ChatBackend
+    from engine.progress import ProgressFn
     from engine.profiles import ModelProfile
     from engine.session import ChatEngine
 

@@ -1,55 +1,52 @@
 """specchat's terminal UI: chat with a speculative-decoding engine and watch it work.
 
-Layout: the transcript and prompt box on the left, the HUD on the right, a
-Footer with the main keys. Loading and generation run in thread workers; they
-talk to the UI only through :mod:`app.ui.messages`. Reply bookkeeping (streaming,
-saving) lives in :class:`app.ui.replies.ReplyMixin`; chat management (new, open,
-rename, export) in :class:`app.ui.chats.ChatMixin`.
+The App is thin: the layout (a Header, the :class:`Conversation`, a Footer), the
+keys and their order, and the screen stack. It owns two plain objects, the
+:class:`EngineHost` (profiles and the loaded backend) and the :class:`Archive`
+(history and saver), and hands them to the Conversation, which owns the chat.
+Only the App opens dialogs; each takes its data in and answers with ``dismiss``.
 """
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from textual import events
 from textual.app import App, ComposeResult
 from textual.binding import Binding
-from textual.css.query import NoMatches
 from textual.driver import Driver
-from textual.containers import Horizontal, Vertical
-from textual.reactive import reactive
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from app.ui.chats import ChatMixin
+from app.store.saver import HistoryLag
+from app.ui.archive import Archive
 from app.ui.commands import ProfileCommands, unique_commands
-from app.store.history import History
 from app.ui.early_stop import early_stop_driver
+from app.ui.export import ask_export
+from app.ui.engine_host import EngineHost, ProfileChoice, Refusal
+from app.ui.formatting import plan_lines
 from app.ui.key_hold import KeyHold
-from app.ui.loading import LoadingMixin, default_loader
-from app.ui.replies import SAVE_FLUSH_AT_EXIT_S, WRITE_EVERY_S, ReplyMixin
-from app.store.saver import HistoryLag, HistorySaver
-from app.ui.screens.dialog import Dialog
+from app.ui.labels import profile_pair
+from app.ui.loading import Loader
+from app.ui.messages import EngineFailed, EngineReady, LoadProgress
+from app.ui.notices import notice
+from app.ui.screens.chats import ChatsResult, ChatsScreen
+from app.ui.screens.copy import CopyChoice, CopyScreen, code_blocks, copy_choices
+from app.ui.screens.dialog import AskDialog, Dialog
+from app.ui.screens.edit import EditScreen
 from app.ui.screens.help import HelpScreen
 from app.ui.screens.profiles import ProfilePicker
-from app.store.state import last_profile
-from app.ui.turns import TurnsMixin
-from app.ui.widgets.chat_view import AssistantMessage, ChatLog
-from app.ui.widgets.hud import Hud
+from app.ui.widgets.conversation import Conversation
 from app.ui.widgets.prompt import PromptArea
-from engine.api import ChatBackend, ProgressFn
 from engine.errors import SpecChatError
 
 if TYPE_CHECKING:
     from engine.profiles import ModelProfile, Profiles
 
-Loader = Callable[["ModelProfile", "int | None", ProgressFn], ChatBackend]
-HUD_REFRESH_S = 0.25
 
-
-class SpecChatApp(LoadingMixin, ReplyMixin, ChatMixin, TurnsMixin, App[None]):
+class SpecChatApp(App[None]):
     """The chat app. ``loader`` and ``profiles_loader`` are injectable for tests."""
 
     CSS_PATH = "specchat.tcss"
@@ -85,9 +82,6 @@ class SpecChatApp(LoadingMixin, ReplyMixin, ChatMixin, TurnsMixin, App[None]):
         ("Copy last code block", "the last code block of the replies to the clipboard", "copy_last_code"),
     ]
 
-    generating: reactive[bool] = reactive(False, bindings=True)
-    show_sources: reactive[bool] = reactive(False)
-
     def __init__(
         self,
         profile: str | None = None,
@@ -101,24 +95,10 @@ class SpecChatApp(LoadingMixin, ReplyMixin, ChatMixin, TurnsMixin, App[None]):
         profiles_loader: "Callable[[], Profiles] | None" = None,
     ) -> None:
         super().__init__()
-        self._profile_name = profile
-        self._models_file = models_file
-        self._memory_budget = memory_budget
-        self._target = target
-        self._draft = draft
-        self._server_profile = server_profile  # from --server URL
-        self._loader: Loader = loader or default_loader
-        self._profiles_loader = profiles_loader or self._load_profiles_file
-        self.profiles: "Profiles | None" = None
-        self.profile: "ModelProfile | None" = None
-        self.backend: ChatBackend | None = None
-        self.loading = False
-        self.speculation_on = True
-        self.history: History = None  # type: ignore[assignment]  # opened on mount
-        self._backend_lock = threading.Lock()
-        self._cuda: bool | None = None
-        self.init_chat_state()
-        self.init_reply_state()
+        self.engine = EngineHost(ProfileChoice(profile, models_file, target, draft, server_profile),
+                                 memory_budget=memory_budget, loader=loader, profiles_loader=profiles_loader)
+        self.archive = Archive(lambda text: notice(self, text, severity="error", title="History"))
+        self.conversation = Conversation(self.engine, self.archive, id="main")
         self.key_hold = KeyHold(super().on_event, self.call_later, self.set_timer)
 
     async def on_event(self, event: events.Event) -> None:
@@ -126,100 +106,27 @@ class SpecChatApp(LoadingMixin, ReplyMixin, ChatMixin, TurnsMixin, App[None]):
             return  # a dialog is answering: the key waits its turn (app.ui.key_hold)
         await super().on_event(event)
 
-    def _load_profiles_file(self) -> "Profiles":
-        from engine.profiles import load_profiles
-
-        return load_profiles(self._models_file)
-
-    # -- layout -----------------------------------------------------------------
-
     def compose(self) -> ComposeResult:
         yield Header(icon="≫")
-        with Horizontal(id="main"):
-            with Vertical(id="chat-column"):
-                yield ChatLog(id="chat-log")
-                yield PromptArea(id="prompt", placeholder="Ask something · Enter sends · ctrl+j newline · F1 help")
-            yield Hud(id="hud")
+        yield self.conversation
         yield Footer(compact=True)  # compact: the main keys, Quit included, fit in 80 columns
 
-    # The main screen's widgets, found there even while a dialog is on top
-    # (App.query_one searches the active screen).
-    @property
-    def main_screen(self) -> Screen:
-        """The chat screen; NoMatches once the app has closed its screens (a timer
-        or a message may still run in that moment)."""
-        if not self.screen_stack:
-            raise NoMatches("the app is closing: it has no screens left")
-        return self.screen_stack[0]
-
-    @property
-    def hud(self) -> Hud:
-        return self.main_screen.query_one(Hud)
-
-    @property
-    def chat_log(self) -> ChatLog:
-        return self.main_screen.query_one(ChatLog)
-
-    @property
-    def prompt(self) -> PromptArea:
-        return self.main_screen.query_one(PromptArea)
-
     def on_mount(self) -> None:
-        self.history = History.open()
-        if self.history.notice:
-            self.notice(self.history.notice, severity="error", title="History")
-        self.saver = HistorySaver(self.history, lambda text: self.post_message(HistoryLag(text)),
-                                  min_interval_s=WRITE_EVERY_S)
-        self.show_welcome()
-        prompt = self.prompt
-        prompt.scroll_target = lambda: self.chat_log
-        prompt.set_history(self.db(self.history.recent_prompts) or [])
-        prompt.focus()
-        self.set_interval(HUD_REFRESH_S, self._flush_hud)
-        self.fit_hud()
-        profile = self._initial_profile()
-        if profile is not None:
-            self._start_load(profile)
-        else:
-            self.hud.set_error("no profile loaded — F2 to pick one")
+        lag = self.archive.open(lambda text: self.post_message(HistoryLag(text)))
+        if lag:
+            notice(self, lag, severity="error", title="History")
+        history = self.archive.history
+        self.conversation.start((self.archive.db(history.recent_prompts) if history else None) or [])
+        self.conversation.fit_hud(self.size.width)
+        for step in (self.engine.read_profiles(), self.engine.initial_profile()):
+            if isinstance(step, Refusal):
+                notice(self, step.text, severity=step.severity, title=step.title)
+            elif step is not None:
+                self._start_load(step)
+                return
+        self.conversation.hud.set_error("no profile loaded — F2 to pick one")
 
-    def _initial_profile(self) -> "ModelProfile | None":
-        """The profile to load first: --server, --target/--draft, the named one, the one
-        used last (remembered in the user state dir), or the default."""
-        try:
-            self.profiles = self._profiles_loader()
-        except SpecChatError as exc:
-            self.notice(str(exc), severity="error", title="Profiles")
-        except Exception as exc:  # never a traceback in the UI
-            self.notice(f"Could not read profiles: {type(exc).__name__}: {exc}", severity="error")
-        try:
-            if self._server_profile is not None:
-                return self._server_profile
-            if self._target is not None:
-                from engine.profiles import profile_from_sources
-
-                return profile_from_sources(self._target, self._draft)
-            if self.profiles is not None:
-                name = self._profile_name
-                if name is None and last_profile() in self.profiles.names():
-                    name = last_profile()
-                return self.profiles.get(name)
-        except SpecChatError as exc:
-            self.notice(str(exc), severity="error", title="Profile")
-        return None
-
-    def _flush_hud(self) -> None:
-        try:
-            self.hud.flush()
-        except NoMatches:  # the app is closing: its widgets are going away
-            pass
-
-    def notice(self, message: str, *, severity: str = "information", title: str = "", timeout: float | None = None) -> None:
-        """A toast whose text is shown literally (engine messages may contain brackets)."""
-        self.notify(message, severity=severity, title=title, markup=False,  # type: ignore[arg-type]
-                    timeout=timeout if timeout is not None else (10 if severity == "error" else 5))
-
-    # -- actions ------------------------------------------------------------------
+    # -- keys and screens ---------------------------------------------------------------
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "stop":
@@ -231,7 +138,7 @@ class SpecChatApp(LoadingMixin, ReplyMixin, ChatMixin, TurnsMixin, App[None]):
 
     def can_stop(self) -> bool:
         """Esc stops the reply: one streams and no dialog is open (safe from any thread)."""
-        return self.generating and len(self.screen_stack) == 1
+        return self.conversation.generating and len(self.screen_stack) == 1
 
     def get_driver_class(self) -> type[Driver]:
         return early_stop_driver(super().get_driver_class(), self._stop_early, esc_prefix=self.dialog_open)
@@ -243,7 +150,7 @@ class SpecChatApp(LoadingMixin, ReplyMixin, ChatMixin, TurnsMixin, App[None]):
     def _stop_early(self) -> None:
         """Esc, seen on the terminal's input thread (app.ui.early_stop)."""
         if self.can_stop():
-            self.stop_reply()
+            self.conversation.stop_reply()
 
     def get_system_commands(self, screen: Screen[Any]) -> Any:
         yield from unique_commands(self, super().get_system_commands(screen))
@@ -253,70 +160,258 @@ class SpecChatApp(LoadingMixin, ReplyMixin, ChatMixin, TurnsMixin, App[None]):
             screen.hold_keys_until_ready(self.key_hold.hold())
         return super().push_screen(screen, *args, **kwargs)
 
+    def on_ask_dialog(self, message: AskDialog) -> None:
+        """A dialog asks for another over it (rename from the chats list): only the App opens screens."""
+        self.push_screen(message.dialog, message.answered)
+
+    def on_resize(self, event: events.Resize) -> None:
+        self.conversation.fit_hud(event.size.width)
+
+    def on_history_lag(self, message: HistoryLag) -> None:
+        """The saver is behind (a lock elsewhere) or has caught up: say so."""
+        if message.notice is not None:
+            notice(self, message.notice, severity="warning", title="History not saved yet", timeout=30)
+        else:
+            notice(self, "The history database is free again: everything is saved.", title="History saved")
+
+    # -- actions --------------------------------------------------------------------------
+
     def action_help(self) -> None:
         if isinstance(self.screen, HelpScreen):  # F1 is a priority key: it closes the help it opened
             self.screen.dismiss(None)
             return
-        self.push_screen(HelpScreen([("App", list(self.BINDINGS)), ("Prompt box", [*PromptArea.BINDINGS, *PromptArea.HELP_ONLY])]))
+        self.push_screen(HelpScreen([("App", list(self.BINDINGS)),
+                                     ("Prompt box", [*PromptArea.BINDINGS, *PromptArea.HELP_ONLY])]))
 
     def action_pick_profile(self) -> None:
-        if self.profiles is None:
-            self.notice("No profiles file could be read; start with --target to chat.", severity="warning")
+        engine = self.engine
+        if engine.profiles is None:
+            notice(self, "No profiles file could be read; start with --target to chat.", severity="warning")
             return
 
         def picked(name: str | None) -> None:
             if name:
                 self.switch_profile(name)
 
-        self.push_screen(ProfilePicker(self.profiles, self.profile.name if self.profile else None,
-                                       self.unavailable_profiles()), picked)
+        self.push_screen(ProfilePicker(engine.profiles, engine.profile.name if engine.profile else None,
+                                       engine.unavailable_profiles()), picked)
 
     def action_stop(self) -> None:
-        self.stop_reply()
-
-    def watch_show_sources(self, show: bool) -> None:
-        for message in self.query(AssistantMessage):
-            message.set_show_sources(show)
-        self.hud.set_class(show, "-legend")
+        self.conversation.stop_reply()
 
     def action_toggle_sources(self) -> None:
-        self.show_sources = not self.show_sources
+        self.conversation.show_sources = not self.conversation.show_sources
+
+    def action_toggle_hud(self) -> None:
+        self.conversation.toggle_hud(self.size.width)
+
+    async def action_new_chat(self) -> None:
+        await self.conversation.new_chat()
+
+    def action_regenerate(self) -> None:
+        self.conversation.regenerate()
+
+    def action_chats(self) -> None:
+        async def done(result: ChatsResult | None) -> None:
+            if result is not None and result[0] == "open" and result[1] is not None:
+                await self.open_chat(result[1])
+            elif result is not None and result[0] == "new":
+                await self.conversation.new_chat()
+
+        self.push_screen(ChatsScreen(self.archive, self.conversation.chat_id), done)
+
+    def on_chats_screen_deleted(self, message: ChatsScreen.Deleted) -> None:
+        self.conversation.chat_deleted(message.chat_id)
+
+    async def open_chat(self, chat_id: int) -> None:
+        """Show a saved chat and continue it with its own profile when that can be had."""
+        chat = await self.conversation.open_chat(chat_id)
+        if chat is None:
+            return
+        self.sub_title = chat.title
+        current = self.engine.profile
+        if chat.profile and current is not None and chat.profile != current.name:
+            if self.engine.profiles is not None and chat.profile in self.engine.profiles.names():
+                notice(self, f"This chat continues with its own profile, {chat.profile}.")
+                self.switch_profile(chat.profile)
+            else:
+                notice(self, f"This chat was with {chat.profile}, which is not available; it continues with "
+                             f"{current.name} (F2 switches).")
+
+    def action_copy(self) -> None:
+        """Pick a message or code block to copy."""
+        choices = copy_choices(self.conversation.messages())
+        if not choices:
+            notice(self, "Nothing to copy yet.", severity="warning")
+            return
+
+        def picked(choice: CopyChoice | None) -> None:
+            if choice is not None:
+                self.copy_text(choice.text, choice.label.split(" · ")[0].lower())
+
+        self.push_screen(CopyScreen(choices), picked)
+
+    def copy_text(self, text: str, what: str) -> None:
+        """Put ``text`` on the clipboard (OSC 52) and say what was copied."""
+        self.copy_to_clipboard(text)
+        lines = text.count("\n") + 1
+        notice(self, f"Copied {what}: {len(text):,} characters, {lines} line{'s' if lines != 1 else ''}.",
+               title="Copied")
+
+    def action_copy_last_reply(self) -> None:
+        replies = [text for role, text in self.conversation.messages() if role == "assistant" and text]
+        if not replies:
+            notice(self, "No reply to copy yet.", severity="warning")
+            return
+        self.copy_text(replies[-1], "the last reply")
+
+    def action_copy_last_code(self) -> None:
+        for role, text in reversed(self.conversation.messages()):
+            blocks = code_blocks(text) if role == "assistant" else []
+            if blocks:
+                self.copy_text(blocks[-1][1], "the last code block")
+                return
+        notice(self, "No code block in the replies yet.", severity="warning")
+
+    def action_edit_last_prompt(self) -> None:
+        """Edit the last prompt and ask it again; the earlier exchange stays (dimmed)."""
+        last = self.conversation.last_exchange()
+        if last is None:
+            return
+        user, reply = last
+
+        def done(text: str | None) -> None:
+            if text is not None and text.strip():
+                self.conversation.ask_edited(user, reply, text)
+
+        self.push_screen(EditScreen("Edit the last prompt", user.text, multiline=True,
+                                    hint="ctrl+s asks it again (the earlier answer stays, dimmed) · Esc cancels"),
+                         done)
+
+    def action_edit_system_prompt(self) -> None:
+        def done(value: str | None) -> None:
+            if value is not None:
+                self.conversation.set_system_prompt(value)
+
+        self.push_screen(EditScreen(
+            "System prompt for this chat", self.conversation.system_prompt or "", multiline=True,
+            hint="ctrl+s saves · Esc cancels · leave the profile's text to follow the profile, clear it for none",
+        ), done)
+
+    def action_export_chat(self) -> None:
+        chat_id = self.conversation.chat_id
+        if chat_id is None:
+            notice(self, "Nothing to export yet.", severity="warning")
+            return
+        history = self.archive.history
+        chat = self.archive.db(history.get_chat, chat_id) if history is not None else None
+        if history is not None:
+            self.push_screen(*ask_export(history, chat_id, chat.title if chat else "chat",
+                                         lambda text, severity: notice(self, text, severity=severity, title="Export")))
+
+    # -- the engine -----------------------------------------------------------------------
 
     def action_toggle_speculation(self) -> None:
-        if self.backend is None:
-            self.notice("No model is loaded yet.", severity="warning")
+        if self.engine.backend is None:
+            notice(self, "No model is loaded yet.", severity="warning")
             return
-        # F5 does what the HUD shows: it reads the engine's mode, so after an
-        # automatic switch-off (the HUD says plain) the first press turns it on.
-        was_on = self.backend.info.mode != "plain"
         try:
-            self.backend.set_speculation(not was_on)
+            was_on, info = self.engine.toggle_speculation()
         except SpecChatError as exc:
-            self.notice(str(exc), severity="error")
+            notice(self, str(exc), severity="error")
             return
-        info = self.backend.info
-        self.speculation_on = info.mode != "plain"
-        self.hud.set_speculation(not (was_on and not self.speculation_on))  # "switched off by you"
-        self.hud.set_engine(info, self.profile)
-        self.hud.flush()
-        if self.speculation_on:
-            self.notice("Speculation on.")
+        on = self.engine.speculation_on
+        hud = self.conversation.hud
+        hud.set_speculation(not (was_on and not on))  # "switched off by you"
+        hud.set_engine(info, self.engine.profile)
+        hud.flush()
+        if on:
+            notice(self, "Speculation on.")
         elif was_on:
-            self.notice("Speculation off: plain decoding.")
+            notice(self, "Speculation off: plain decoding.")
         else:
-            self.notice(f"Speculation cannot be switched on: {info.fallback_reason or 'no drafter is loaded'}.",
-                        severity="warning")
+            notice(self, f"Speculation cannot be switched on: {info.fallback_reason or 'no drafter is loaded'}.",
+                   severity="warning")
+
+    def switch_profile(self, name: str) -> None:
+        """Load profile ``name`` in place of the current pair; the conversation continues.
+
+        A profile that cannot run here (see :mod:`engine.availability`) is refused
+        with its reason, and the loaded models stay.
+        """
+        target = self.engine.switch_target(name)
+        if isinstance(target, Refusal):
+            notice(self, target.text, severity=target.severity, title=target.title)
+            return
+        self.conversation.stop_reply()
+        self._start_load(target)
+
+    def _start_load(self, profile: "ModelProfile") -> None:
+        old, old_profile = self.engine.begin_load(profile)
+        self.sub_title = f"{profile.name} · {profile_pair(profile)}"
+        hud = self.conversation.hud
+        hud.set_engine(None, profile)
+        hud.set_loading(profile.name, f"loading; {old_profile.name} stays until it is ready"
+                        if old_profile else "starting", None)
+        hud.flush()
+
+        def progress(stage: str, fraction: float | None) -> None:
+            self.post_message(LoadProgress(stage, fraction))
+
+        def load() -> None:
+            self.post_message(self.engine.load(profile, old, old_profile, progress))
+
+        self.run_worker(load, thread=True, group="load", exit_on_error=False)
+
+    def on_load_progress(self, message: LoadProgress) -> None:
+        if self.engine.loading and self.screen_stack:
+            self.conversation.hud.set_loading(None, message.stage, message.fraction)
+
+    def on_engine_ready(self, message: EngineReady) -> None:
+        from engine.child import ProcessBackend, lower_priority_except_launcher
+        from app.ui.loading import ui_nice
+
+        if not self.screen_stack:  # loaded while the app was closing: nobody will use it
+            message.backend.close()
+            return
+        if isinstance(message.backend, ProcessBackend) and ui_nice() > 0:
+            lower_priority_except_launcher(ui_nice())  # the engine's threads first (see UI_NICE)
+        self.engine.ready(message.backend, message.profile)
+        info = message.backend.info
+        hud = self.conversation.hud
+        hud.set_speculation(True)
+        hud.set_notice(None)
+        hud.set_engine(info, message.profile)
+        hud.flush()
+        self.conversation.profile_changed(message.profile.name)
+        summary = plan_lines(info.plan)
+        notice(self, f"{message.profile.name} ready" + (f": {summary[0]}" if summary else "."), title="Loaded")
+        if info.fallback_reason:
+            notice(self, f"Running without the draft model: {info.fallback_reason}", severity="warning",
+                   title="Draft refused")
+        self.conversation.send_queued()
+
+    def on_engine_failed(self, message: EngineFailed) -> None:
+        self.engine.failed(message.restored)
+        if not self.screen_stack:
+            return
+        title = f"Could not load {message.profile_name or 'profile'}"
+        hud = self.conversation.hud
+        if message.restored is not None:
+            backend, profile = message.restored
+            self.sub_title = f"{profile.name} · {profile_pair(profile)}"
+            hud.set_engine(backend.info, profile)
+            hud.flush()
+            notice(self, f"{message.error}\nStill using {profile.name}; F2 picks another profile.",
+                   severity="error", title=title)
+        else:
+            hud.set_error(message.error)
+            hud.flush()
+            notice(self, f"{message.error}\nNo model is loaded: F2 picks another profile.", severity="error",
+                   title=title)
+        self.conversation.drop_queued()
 
     def on_unmount(self) -> None:
-        self.stop_reply()
-        with self._backend_lock:
-            if self.backend is not None:
-                try:
-                    self.backend.close()
-                except Exception:  # exiting anyway
-                    pass
-                self.backend = None
-        if self.saver is not None:
-            self.saver.close(SAVE_FLUSH_AT_EXIT_S)
-        if self.history is not None:
-            self.history.close()
+        self.conversation.stop_reply()
+        self.engine.close()
+        self.archive.close()

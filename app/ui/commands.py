@@ -7,41 +7,51 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from functools import partial
-from typing import TYPE_CHECKING, cast
+from typing import Any, Protocol, cast
 
 from textual.app import SystemCommand
 from textual.binding import Binding
 from textual.command import DiscoveryHit, Hit, Hits, Provider
 
-from app.ui.conversation import profile_pair
+from app.ui.engine_host import EngineHost
+from app.ui.labels import profile_pair
 
-if TYPE_CHECKING:
-    from app.ui.app import SpecChatApp
+
+class CommandsApp(Protocol):
+    """What the commands need of the app they run in."""
+
+    engine: EngineHost
+    BINDINGS: Any
+    EXTRA_COMMANDS: list[tuple[str, str, str]]
+
+    def switch_profile(self, name: str) -> None: ...
+
+    def run_action(self, action: str) -> Any: ...
 
 
 class ProfileCommands(Provider):
     """Lets ctrl+p switch profiles by name."""
 
     def _choices(self) -> list[tuple[str, str, str]]:
-        app = cast("SpecChatApp", self.app)
-        if app.profiles is None:
+        engine = cast(CommandsApp, self.app).engine
+        if engine.profiles is None:
             return []
         out = []
-        current = app.profile.name if app.profile is not None and app.backend is not None else None
-        for name in app.profiles.names():
+        current = engine.profile.name if engine.profile is not None and engine.backend is not None else None
+        for name in engine.profiles.names():
             if name == current:
                 continue
-            profile = app.profiles.get(name)
+            profile = engine.profiles.get(name)
             out.append((name, f"Switch to profile {name}", profile_pair(profile)))
         return out
 
     async def discover(self) -> Hits:
-        app = cast("SpecChatApp", self.app)
+        app = cast(CommandsApp, self.app)
         for name, title, help_text in self._choices():
             yield DiscoveryHit(title, partial(app.switch_profile, name), help=help_text)
 
     async def search(self, query: str) -> Hits:
-        app = cast("SpecChatApp", self.app)
+        app = cast(CommandsApp, self.app)
         matcher = self.matcher(query)
         for name, title, help_text in self._choices():
             score = max(matcher.match(title), matcher.match(help_text))
@@ -49,7 +59,7 @@ class ProfileCommands(Provider):
                 yield Hit(score, matcher.highlight(title), partial(app.switch_profile, name), help=help_text)
 
 
-def unique_commands(app: "SpecChatApp", textual_commands: Iterable[SystemCommand]) -> Iterator[SystemCommand]:
+def unique_commands(app: CommandsApp, textual_commands: Iterable[SystemCommand]) -> Iterator[SystemCommand]:
     """Textual's own system commands, then the app's bindings and extra commands, each title once."""
     seen: set[str] = set()
     for command in textual_commands:

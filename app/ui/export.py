@@ -4,12 +4,14 @@ from __future__ import annotations
 import os
 import re
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from app.ui.formatting import fmt_float, fmt_percent, fmt_rate, fmt_speedup, modes_label
 from app.store.history import History, HistoryError
 from app.store.paths import data_dir, ensure_private_dir
+from app.ui.screens.edit import EditScreen
 
 
 def default_export_path(chat_id: int, title: str) -> Path:
@@ -88,3 +90,25 @@ def export_chat(history: History, chat_id: int, path: Path | None = None) -> Pat
     except OSError as exc:
         raise HistoryError(f"Could not write {path}: {exc}") from exc
     return path
+
+
+Tell = Callable[[str, str], None]
+"""Shows a one-line result: ``(text, severity)``."""
+
+
+def ask_export(history: History, chat_id: int, title: str,
+               tell: Tell) -> tuple[EditScreen, Callable[[str | None], None]]:
+    """The dialog that asks where to write chat ``chat_id`` as Markdown, and what to do with
+    its answer (write the file, then tell where, or why not). The caller opens it."""
+    def done(path: str | None) -> None:
+        if not path:
+            return
+        try:
+            written = export_chat(history, chat_id, Path(path))
+        except HistoryError as exc:
+            tell(str(exc), "error")
+            return
+        tell(f"Exported to {written}", "information")
+
+    return EditScreen("Export chat to Markdown", str(default_export_path(chat_id, title)),
+                      hint="File path (written with mode 0600)"), done

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from engine.api import ProgressFn, no_progress
+from engine.progress import ProgressFn, no_progress
 
 if TYPE_CHECKING:
     from engine.profiles import ModelProfile

@@ -23,7 +23,8 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.api import EngineInfo, ProgressFn, no_progress
+from engine.api import EngineInfo
+from engine.progress import ProgressFn, no_progress
 from engine.errors import EngineError
 from engine.events import ChatEvent, ChatMessage, FinishReason, GenerationParams, TextPiece
 from engine.remote.client import ServerClient, ServerError

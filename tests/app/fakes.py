@@ -6,7 +6,8 @@ import time
 from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
-from engine.api import EngineInfo, ProgressFn
+from engine.api import EngineInfo
+from engine.progress import ProgressFn
 from engine.events import ChatEvent, ChatMessage, GenerationParams, Stats, TextPiece
 from engine.profiles import ModelProfile, ModelSpec, Profiles
 

@@ -24,7 +24,7 @@ async def ready(pilot: Pilot) -> SpecChatApp:
     """Wait until the app's backend is loaded."""
     app = pilot.app
     assert isinstance(app, SpecChatApp)
-    await wait_for(pilot, lambda: app.backend is not None and not app.loading)
+    await wait_for(pilot, lambda: app.engine.backend is not None and not app.engine.loading)
     return app
 
 

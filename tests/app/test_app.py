@@ -28,7 +28,7 @@ async def test_prompt_streams_reply_and_updates_hud(make_app: Callable[..., Spec
         hud = app.query_one(Hud)
         assert hud.stats is None
         await send(pilot, "Say hello")
-        await wait_for(pilot, lambda: not app.generating and app.query(AssistantMessage))
+        await wait_for(pilot, lambda: not app.conversation.generating and app.query(AssistantMessage))
         reply = app.query_one(AssistantMessage)
         assert reply.text.startswith("Hello there! Here is code")
         assert reply.finish_reason == "eos"
@@ -51,13 +51,13 @@ async def test_hud_is_live_mid_reply(make_app: Callable[..., SpecChatApp]) -> No
         await wait_for(pilot, backend.held.is_set)
         await wait_for(pilot, lambda: app.query_one(Hud).stats is not None and app.query_one(Hud).stats.rounds == 2)
         hud = app.query_one(Hud)
-        assert hud.live and app.generating
+        assert hud.live and app.conversation.generating
         assert app.query_one(AssistantMessage).text == "Hello there! Here is code"
         hud.flush()
         stats_text = str(hud.query_one("#hud-stats").render())
         assert "live" in stats_text and "2.10×" in stats_text and "42.0" in stats_text
         backend.release.set()
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.conversation.generating)
         assert "last reply" in str(hud.query_one("#hud-stats").render())
 
 
@@ -71,7 +71,7 @@ async def test_escape_keeps_partial_reply_and_engine_stays_ready(make_app: Calla
         await wait_for(pilot, backend.held.is_set)
         await wait_for(pilot, lambda: app.query_one(AssistantMessage).text == "Hello there!")
         await pilot.press("escape")
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.conversation.generating)
         stopped = app.query_one(AssistantMessage)
         assert stopped.finish_reason == "cancelled" and stopped.has_class("-stopped")
         assert stopped.text == "Hello there!"
@@ -79,7 +79,7 @@ async def test_escape_keeps_partial_reply_and_engine_stays_ready(make_app: Calla
         # A second prompt works and the backend sees the partial reply as history.
         backend.hold_after = None
         await send(pilot, "second")
-        await wait_for(pilot, lambda: not app.generating and len(app.query(AssistantMessage)) == 2)
+        await wait_for(pilot, lambda: not app.conversation.generating and len(app.query(AssistantMessage)) == 2)
         assert app.query(AssistantMessage).last().finish_reason == "eos"
         assert [(m.role, m.content) for m in backend.calls[1]][1:] == [
             ("user", "first"), ("assistant", "Hello there!"), ("user", "second")]
@@ -91,7 +91,7 @@ async def test_escape_does_nothing_when_idle(make_app: Callable[..., SpecChatApp
         await ready(pilot)
         assert not app.check_action("stop", ())
         await pilot.press("escape")
-        assert app.backend is not None and not app.generating
+        assert app.engine.backend is not None and not app.conversation.generating
 
 
 async def test_switch_profile_closes_old_backend_and_keeps_conversation(
@@ -101,16 +101,16 @@ async def test_switch_profile_closes_old_backend_and_keeps_conversation(
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         await send(pilot, "question one")
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.conversation.generating)
         await pilot.press("f2")
         await wait_for(pilot, lambda: isinstance(app.screen, ProfilePicker))
         await pilot.press("down", "enter")  # "fast" is current and first; "lookup" is next
-        await wait_for(pilot, lambda: len(loader.backends) == 2 and app.backend is loader.backends[1])
+        await wait_for(pilot, lambda: len(loader.backends) == 2 and app.engine.backend is loader.backends[1])
         old, new = loader.backends
         assert old.closed and not new.closed
-        assert app.profile is not None and app.profile.name == "lookup"
+        assert app.engine.profile is not None and app.engine.profile.name == "lookup"
         await send(pilot, "question two")
-        await wait_for(pilot, lambda: not app.generating and len(new.calls) == 1)
+        await wait_for(pilot, lambda: not app.conversation.generating and len(new.calls) == 1)
         roles = [(m.role, m.content) for m in new.calls[0]]
         assert roles[0] == ("user", "question one") and roles[-1] == ("user", "question two")
         assert new.params[0].k == 4  # the lookup profile's fixed K
@@ -125,8 +125,8 @@ async def test_switch_profile_from_command_palette_provider(make_app: Callable[.
         hits = [hit async for hit in provider.search("lookup")]
         assert len(hits) == 1 and "n-gram" in (hits[0].help or "")
         hits[0].command()
-        await wait_for(pilot, lambda: len(loader.backends) == 2 and app.backend is not None)
-        assert app.profile is not None and app.profile.name == "lookup"
+        await wait_for(pilot, lambda: len(loader.backends) == 2 and app.engine.backend is not None)
+        assert app.engine.profile is not None and app.engine.profile.name == "lookup"
 
 
 async def test_refused_draft_shows_notice_and_reason(make_app: Callable[..., SpecChatApp]) -> None:
@@ -147,8 +147,8 @@ async def test_loader_error_is_a_notice_not_a_crash(make_app: Callable[..., Spec
     loader.error = ModelSourceError("model org/Target-1.7B not found [check the name]")
     app = make_app(loader=loader)
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: not app.loading)
-        assert app.backend is None
+        await wait_for(pilot, lambda: not app.engine.loading)
+        assert app.engine.backend is None
         assert any("[check the name]" in n.message for n in app._notifications)
         await send(pilot, "anyone there?")
         await pilot.pause()
@@ -164,14 +164,14 @@ async def test_unknown_profile_name_is_a_notice(make_app: Callable[..., SpecChat
     app = make_app(profile="nope")
     async with app.run_test() as pilot:
         await pilot.pause()
-        assert app.backend is None and not loader.backends
+        assert app.engine.backend is None and not loader.backends
         assert any("unknown profile 'nope'" in n.message for n in app._notifications)
 
 
 async def test_generation_error_marks_reply_failed(make_app: Callable[..., SpecChatApp]) -> None:
     app = make_app()
     async with app.run_test() as pilot:
-        backend = (await ready(pilot)).backend
+        backend = (await ready(pilot)).engine.backend
         assert backend is not None
 
         def boom(*args: object, **kwargs: object) -> Iterator[ChatEvent]:
@@ -180,7 +180,7 @@ async def test_generation_error_marks_reply_failed(make_app: Callable[..., SpecC
 
         backend.chat = boom  # type: ignore[method-assign]
         await send(pilot, "hi")
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.conversation.generating)
         assert app.query_one(AssistantMessage).finish_reason == "error"
         assert any("out of memory" in n.message for n in app._notifications)
 
@@ -190,7 +190,7 @@ async def test_toggles_speculation_and_token_colours(make_app: Callable[..., Spe
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         await send(pilot, "hi")
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.conversation.generating)
         reply = app.query_one(AssistantMessage)
         assert not reply.has_class("-sources")
         await pilot.press("f4")
@@ -209,7 +209,7 @@ async def test_engine_notice_is_shown(make_app: Callable[..., SpecChatApp]) -> N
     async with app.run_test() as pilot:
         await ready(pilot)
         await send(pilot, "hi")
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.conversation.generating)
         assert any("draft dropped" in n.message for n in app._notifications)
 
 
@@ -234,13 +234,14 @@ async def test_newline_key_does_not_send(make_app: Callable[..., SpecChatApp]) -
         await pilot.press("a", "ctrl+j", "b")
         assert prompt.text == "a\nb" and not app.query(UserMessage)
         await pilot.press("enter")
-        await wait_for(pilot, lambda: not app.generating and app.query(UserMessage))
+        await wait_for(pilot, lambda: not app.conversation.generating and app.query(UserMessage))
         assert app.query_one(UserMessage).text == "a\nb" and prompt.text == ""
 
 
 async def test_callbacks_after_the_screens_close_do_nothing(make_app: Callable[..., SpecChatApp]) -> None:
-    """Timers and messages may still run while the app shuts down (CI once saw the HUD
-    timer fire with no screen left): they must not raise."""
+    """Messages and paint timers may still run while the app shuts down: they must not raise.
+    (The HUD's refresh timer belongs to the Conversation and stops with it; CI once saw it
+    fire with no screen left when the App owned it.)"""
     loader = FakeLoader(hold_after=1)
     app = make_app(loader=loader)
     async with app.run_test(size=(120, 40)) as pilot:
@@ -248,14 +249,14 @@ async def test_callbacks_after_the_screens_close_do_nothing(make_app: Callable[.
         await send(pilot, "hi")
         await wait_for(pilot, loader.backends[0].held.is_set)
         await wait_for(pilot, lambda: app.query_one(AssistantMessage).text == "Hello there!")
-        widget, reply_id = app._reply_widget, app._reply_id
+        conversation = app.conversation
+        widget, reply_id = conversation.stream.widget, conversation.stream.reply_id
         widget_stats = app.query_one(Hud).stats
     assert app.screen_stack == [] and widget is not None
-    app._flush_hud()
-    app._reply_widget = widget  # as if the last round were still waiting to be painted
-    app._outbox.put(ChatEvent(text="late", pieces=(), token_ids=(), stats=widget_stats))
-    await app._paint_rounds(reply_id, app._outbox)
-    await app.on_reply_finished(ReplyFinished(reply_id, "stop", None, None))
+    conversation.stream.widget = widget  # as if the last round were still waiting to be painted
+    conversation.stream.outbox.put(ChatEvent(text="late", pieces=(), token_ids=(), stats=widget_stats))
+    await conversation.paint_rounds(reply_id)
+    await conversation.on_reply_finished(ReplyFinished(reply_id, "stop", None, None))
 
 
 async def test_a_load_that_ends_after_the_screens_close_is_closed(make_app: Callable[..., SpecChatApp]) -> None:
@@ -268,4 +269,4 @@ async def test_a_load_that_ends_after_the_screens_close_is_closed(make_app: Call
     late = FakeBackend(make_profiles().get("lookup"))
     app.on_load_progress(LoadProgress("loading target weights", 0.5))
     app.on_engine_ready(EngineReady(late, make_profiles().get("lookup")))
-    assert late.closed and app.backend is not late
+    assert late.closed and app.engine.backend is not late

@@ -48,7 +48,7 @@ async def test_keys_right_after_esc_reach_the_prompt_box_not_the_closing_dialog(
     async with app.run_test(size=(120, 40)) as pilot:
         await open_dialog(app, pilot, dialog())
         type_at_once(app, ["escape", *"typed"])
-        await wait_for(pilot, lambda: app.prompt.text == "typed")
+        await wait_for(pilot, lambda: app.conversation.prompt.text == "typed")
         assert len(app.screen_stack) == 1
 
 
@@ -60,7 +60,7 @@ async def test_enter_answers_with_the_text_typed_before_it_and_the_rest_goes_to_
     async with app.run_test(size=(120, 40)) as pilot:
         answers = await open_dialog(app, pilot, EditScreen("Rename chat", ""))
         type_at_once(app, ["a", "b", "enter", "c", "d"])
-        await wait_for(pilot, lambda: app.prompt.text == "cd")
+        await wait_for(pilot, lambda: app.conversation.prompt.text == "cd")
         assert answers == ["ab"] and len(app.screen_stack) == 1
 
 
@@ -71,7 +71,7 @@ async def test_enter_picks_the_option_the_keys_before_it_moved_to(make_app: Call
     async with app.run_test(size=(120, 40)) as pilot:
         answers = await open_dialog(app, pilot, CopyScreen(choices))
         type_at_once(app, ["down", "down", "enter", "x"])
-        await wait_for(pilot, lambda: app.prompt.text == "x")
+        await wait_for(pilot, lambda: app.conversation.prompt.text == "x")
         assert answers == [choices[2]]
 
 
@@ -81,10 +81,10 @@ async def test_enter_on_a_focused_button_and_y_answer_at_once(make_app: Callable
     async with app.run_test(size=(120, 40)) as pilot:
         answers = await open_dialog(app, pilot, ConfirmScreen("Delete?"))  # "No" has the focus
         type_at_once(app, ["enter", "z"])
-        await wait_for(pilot, lambda: app.prompt.text == "z")
+        await wait_for(pilot, lambda: app.conversation.prompt.text == "z")
         await open_dialog(app, pilot, ConfirmScreen("Delete?"), answers)
         type_at_once(app, ["y", "w"])
-        await wait_for(pilot, lambda: app.prompt.text == "zw")
+        await wait_for(pilot, lambda: app.conversation.prompt.text == "zw")
         assert answers == [False, True]
 
 
@@ -121,7 +121,7 @@ async def test_keys_typed_after_the_key_that_opens_a_dialog_go_into_it(make_app:
         type_at_once(app, ["f8", "x", "y"])  # the system prompt box, opened and typed into at once
         await wait_for(pilot, lambda: isinstance(app.screen, EditScreen)
                        and "xy" in app.screen.query_one("#edit-value").text)  # type: ignore[attr-defined]
-        assert app.prompt.text == ""
+        assert app.conversation.prompt.text == ""
 
 
 @pytest.mark.anyio
@@ -131,13 +131,13 @@ async def test_f2_then_enter_picks_a_profile_and_does_not_send_the_prompt(
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
-        app.prompt.insert("half a thought")
+        app.conversation.prompt.insert("half a thought")
         switched: list[str] = []
         app.switch_profile = switched.append  # type: ignore[method-assign]
         type_at_once(app, ["f2", "down", "enter"])
         await wait_for(pilot, lambda: switched != [])
-        assert switched == ["lookup"] and app.prompt.text == "half a thought"
-        assert len(app.screen_stack) == 1 and app.chat_id is None  # nothing was sent
+        assert switched == ["lookup"] and app.conversation.prompt.text == "half a thought"
+        assert len(app.screen_stack) == 1 and app.conversation.chat_id is None  # nothing was sent
 
 
 @pytest.mark.anyio

@@ -104,11 +104,11 @@ async def test_alt_b_and_alt_f_move_a_word_in_the_prompt_box(make_app: Callable[
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
-        app.prompt.insert("hello big world")
+        app.conversation.prompt.insert("hello big world")
         await pilot.press("alt+b")
-        assert app.prompt.cursor_location == (0, 10)
+        assert app.conversation.prompt.cursor_location == (0, 10)
         await pilot.press("alt+b", "alt+f")
-        assert app.prompt.cursor_location == (0, 9) and app.prompt.text == "hello big world"
+        assert app.conversation.prompt.cursor_location == (0, 9) and app.conversation.prompt.text == "hello big world"
 
 
 @pytest.mark.anyio
@@ -123,12 +123,12 @@ async def test_esc_from_the_input_thread_stops_the_reply_unless_a_dialog_is_open
         app.push_screen(HelpScreen([]))
         await wait_for(pilot, lambda: isinstance(app.screen, HelpScreen))
         from_input_thread(app._stop_early)  # Esc closes the dialog: the reply goes on
-        assert app._cancel is not None and not app._cancel.is_set()
+        assert app.conversation.stream.cancel is not None and not app.conversation.stream.cancel.is_set()
         app.pop_screen()
         await wait_for(pilot, lambda: len(app.screen_stack) == 1)
         from_input_thread(app._stop_early)
-        assert app._cancel.is_set()  # at once, before the UI's queue sees the key
-        await wait_for(pilot, lambda: not app.generating)
+        assert app.conversation.stream.cancel.is_set()  # at once, before the UI's queue sees the key
+        await wait_for(pilot, lambda: not app.conversation.generating)
         assert app.query_one(AssistantMessage).finish_reason == "cancelled"
         from_input_thread(app._stop_early)  # nothing streams: nothing to stop, no error
 

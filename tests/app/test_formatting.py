@@ -1,7 +1,8 @@
 """Formatters, request building and the HUD's small renderers."""
 from __future__ import annotations
 
-from app.ui.conversation import build_messages, chat_title, generation_params, profile_pair
+from app.ui.labels import chat_title, profile_pair
+from app.ui.requests import build_messages, generation_params
 from app.ui.formatting import bar, fmt_bytes, fmt_speedup, plan_lines, reply_summary
 from app.store.pieces import extend_pieces, merge_pieces
 from app.ui.widgets.hud import sparkline

@@ -318,7 +318,7 @@ async def test_reply_is_saved_while_streaming(make_app: Callable[..., SpecChatAp
         await wait_for(pilot, lambda: rows() == [("user", "hi", None), ("assistant", "Hello there! Here is code", None)],
                        timeout=20)
         loader.backends[0].release.set()
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.conversation.generating)
 
 
 @pytestmark_async
@@ -331,18 +331,18 @@ async def test_lock_during_reply_shows_notice_and_saves_everything_after(
         await ready(pilot)
         await send(pilot, "hi")
         await wait_for(pilot, loader.backends[0].held.is_set)
-        assert app.saver is not None
-        await wait_for(pilot, lambda: app.saver.unsaved() == 1 and app.chat_id is not None)
+        assert app.archive.saver is not None
+        await wait_for(pilot, lambda: app.archive.saver.unsaved() == 1 and app.conversation.chat_id is not None)
         thread, _ = hold_lock(specchat_dirs / "history.db", 1.5, exclusive=False)
         loader.backends[0].release.set()
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.conversation.generating)
         await wait_for(pilot, lambda: any("saved when the lock is released" in n.message
                                           for n in app._notifications))
-        assert app.saver.unsaved() == 1
+        assert app.archive.saver.unsaved() == 1
         thread.join()
-        await wait_for(pilot, lambda: app.saver.unsaved() == 0)
+        await wait_for(pilot, lambda: app.archive.saver.unsaved() == 0)
         assert any("everything is saved" in n.message for n in app._notifications)
-        (user, reply) = app.history.messages(app.chat_id)
+        (user, reply) = app.archive.history.messages(app.conversation.chat_id)
         assert reply.content == "Hello there! Here is code:\n\n```python\nprint('hi')\n```\nDone."
         assert reply.finish_reason == "eos" and reply.stats is not None and reply.stats["rounds"] == 5
 
@@ -353,7 +353,7 @@ async def test_reopen_chat_after_restart(make_app: Callable[..., SpecChatApp]) -
     async with app.run_test() as pilot:
         await ready(pilot)
         await send(pilot, "remember me")
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.conversation.generating)
         await pilot.press("f4")  # the colour view must survive the restart too
     loader = FakeLoader()
     again = make_app(loader=loader)
@@ -369,10 +369,10 @@ async def test_reopen_chat_after_restart(make_app: Callable[..., SpecChatApp]) -
         assert reply.text.startswith("Hello there!") and reply.finish_reason == "eos"
         assert ("Hello there", "draft") in reply.pieces
         await send(pilot, "and again")
-        await wait_for(pilot, lambda: not again.generating and len(again.query(UserMessage)) == 2)
+        await wait_for(pilot, lambda: not again.conversation.generating and len(again.query(UserMessage)) == 2)
         sent = [(m.role, m.content) for m in loader.backends[0].calls[0]]
         assert sent[1] == ("user", "remember me") and sent[2][0] == "assistant" and sent[3] == ("user", "and again")
-        assert len(again.history.list_chats()) == 1
+        assert len(again.archive.history.list_chats()) == 1
 
 
 @pytestmark_async
@@ -381,17 +381,17 @@ async def test_chats_screen_rename_and_delete(make_app: Callable[..., SpecChatAp
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         await send(pilot, "first chat")
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.conversation.generating)
         await pilot.press("f3")
         await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen))
         await pilot.press("r")
         await pilot.press(*"Renamed", "enter")
-        await wait_for(pilot, lambda: app.history.list_chats()[0].title == "Renamed")
+        await wait_for(pilot, lambda: app.archive.history.list_chats()[0].title == "Renamed")
         await pilot.press("d")
         await pilot.press("y")
-        await wait_for(pilot, lambda: app.history.list_chats() == [])
+        await wait_for(pilot, lambda: app.archive.history.list_chats() == [])
         await pilot.press("escape")
-        assert app.chat_id is None
+        assert app.conversation.chat_id is None
 
 
 @pytestmark_async
@@ -405,8 +405,8 @@ async def test_damaged_database_in_app_is_reported_and_app_works(
         await ready(pilot)
         assert any("corrupt-" in n.message for n in app._notifications)
         await send(pilot, "works anyway")
-        await wait_for(pilot, lambda: not app.generating)
-        assert [c.title for c in app.history.list_chats()] == ["works anyway"]
+        await wait_for(pilot, lambda: not app.conversation.generating)
+        assert [c.title for c in app.archive.history.list_chats()] == ["works anyway"]
     assert len(list(specchat_dirs.glob("history.db.corrupt-*"))) == 1
 
 

@@ -30,20 +30,20 @@ async def test_text_and_enter_in_one_burst_send_the_whole_text(make_app: Callabl
         texts = ["Now shorten the text", "second one", "third"]
         for text in texts:
             burst(app, text)
-        await wait_for(pilot, lambda: len(loader.backends[0].calls) == 3 and not app.generating)
+        await wait_for(pilot, lambda: len(loader.backends[0].calls) == 3 and not app.conversation.generating)
         assert [m.text for m in app.query(UserMessage)] == texts
         assert [c[-1].content for c in loader.backends[0].calls] == texts
-        assert app.prompt.text == ""
+        assert app.conversation.prompt.text == ""
 
 
 async def test_newline_keys_in_a_burst_land_where_typed(make_app: Callable[..., SpecChatApp]) -> None:
     app = make_app()
     async with app.run_test() as pilot:
         await ready(pilot)
-        app.prompt.focus()
+        app.conversation.prompt.focus()
         for key, ch in [("a", "a"), ("b", "b"), ("ctrl+j", "\n"), ("c", "c")]:
             app.post_message(events.Key(key, ch))
-        await wait_for(pilot, lambda: app.prompt.text == "ab\nc")
+        await wait_for(pilot, lambda: app.conversation.prompt.text == "ab\nc")
 
 
 async def test_paste_keeps_newlines_and_does_not_send(make_app: Callable[..., SpecChatApp],
@@ -51,9 +51,9 @@ async def test_paste_keeps_newlines_and_does_not_send(make_app: Callable[..., Sp
     app = make_app()
     async with app.run_test() as pilot:
         await ready(pilot)
-        app.prompt.focus()
+        app.conversation.prompt.focus()
         app.post_message(events.Paste("line one\nline two\n"))
-        await wait_for(pilot, lambda: app.prompt.text == "line one\nline two\n")
+        await wait_for(pilot, lambda: app.conversation.prompt.text == "line one\nline two\n")
         assert not loader.backends[0].calls and not app.query(UserMessage)
 
 
@@ -63,14 +63,14 @@ async def test_message_sent_while_loading_waits_and_goes_out_when_ready(
     loader.gate = threading.Event()
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:
-        await wait_for(pilot, lambda: app.loading)
+        await wait_for(pilot, lambda: app.engine.loading)
         await send(pilot, "early question")
         await pilot.pause()
         waiting = app.query_one(UserMessage)
         assert waiting.has_class("-queued") and "waiting for the model to load" in str(waiting.border_subtitle)
-        assert app.prompt.text == "" and not app.query(AssistantMessage)
+        assert app.conversation.prompt.text == "" and not app.query(AssistantMessage)
         loader.gate.set()
-        await wait_for(pilot, lambda: loader.backends and len(loader.backends[0].calls) == 1 and not app.generating)
+        await wait_for(pilot, lambda: loader.backends and len(loader.backends[0].calls) == 1 and not app.conversation.generating)
         assert not waiting.has_class("-queued") and not waiting.border_subtitle
         assert loader.backends[0].calls[0][-1].content == "early question"
         assert app.query_one(AssistantMessage).finish_reason == "eos"
@@ -89,9 +89,9 @@ async def test_prompt_sent_while_a_reply_streams_follows_it(make_app: Callable[.
         assert app.query(UserMessage).last().has_class("-queued") and len(backend.calls) == 1
         backend.hold_after = None
         backend.release.set()
-        await wait_for(pilot, lambda: len(backend.calls) == 2 and not app.generating)
+        await wait_for(pilot, lambda: len(backend.calls) == 2 and not app.conversation.generating)
         # The transcript keeps its order: you, reply, you, reply.
-        kinds = [type(w).__name__ for w in app.chat_log.children]
+        kinds = [type(w).__name__ for w in app.conversation.chat_log.children]
         assert kinds == ["UserMessage", "AssistantMessage", "UserMessage", "AssistantMessage"]
         assert [(m.role, m.content) for m in backend.calls[1]][-3:] == [
             ("user", "one"), ("assistant", app.query(AssistantMessage).first().text), ("user", "two")]
@@ -105,12 +105,12 @@ async def test_failed_load_returns_waiting_prompts_to_the_box(make_app: Callable
     loader.error = ModelSourceError("no such model")
     app = make_app()
     async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.loading)
+        await wait_for(pilot, lambda: app.engine.loading)
         await send(pilot, "keep me")
         loader.gate.set()
-        await wait_for(pilot, lambda: not app.loading)
+        await wait_for(pilot, lambda: not app.engine.loading)
         await pilot.pause()
-        assert app.prompt.text == "keep me" and not app.query(UserMessage)
+        assert app.conversation.prompt.text == "keep me" and not app.query(UserMessage)
 
 
 async def test_up_and_down_recall_earlier_prompts(make_app: Callable[..., SpecChatApp]) -> None:
@@ -119,8 +119,8 @@ async def test_up_and_down_recall_earlier_prompts(make_app: Callable[..., SpecCh
         await ready(pilot)
         for text in ("first prompt", "second prompt"):
             await send(pilot, text)
-            await wait_for(pilot, lambda: not app.generating)
-        prompt = app.prompt
+            await wait_for(pilot, lambda: not app.conversation.generating)
+        prompt = app.conversation.prompt
         await pilot.press("up")
         assert prompt.text == "second prompt"
         await pilot.press("up")
@@ -143,12 +143,12 @@ async def test_prompt_history_survives_a_restart(make_app: Callable[..., SpecCha
     async with app.run_test() as pilot:
         await ready(pilot)
         await send(pilot, "remember me")
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.conversation.generating)
     app = make_app()
     async with app.run_test() as pilot:
         await ready(pilot)
         await pilot.press("up")
-        assert app.prompt.text == "remember me"
+        assert app.conversation.prompt.text == "remember me"
 
 
 async def test_page_keys_scroll_the_chat_from_the_prompt_box(make_app: Callable[..., SpecChatApp]) -> None:
@@ -157,13 +157,13 @@ async def test_page_keys_scroll_the_chat_from_the_prompt_box(make_app: Callable[
         await ready(pilot)
         for i in range(4):
             await send(pilot, f"question {i}")
-            await wait_for(pilot, lambda: not app.generating)
-        log = app.chat_log
+            await wait_for(pilot, lambda: not app.conversation.generating)
+        log = app.conversation.chat_log
         await wait_for(pilot, lambda: log.max_scroll_y > 0 and log.scroll_y == log.max_scroll_y)
         bottom = log.scroll_y
         await pilot.press("pageup")
         await wait_for(pilot, lambda: log.scroll_y < bottom)
-        assert app.focused is app.prompt
+        assert app.focused is app.conversation.prompt
         await pilot.press("pagedown")
         await wait_for(pilot, lambda: log.scroll_y == bottom)
 
@@ -185,10 +185,10 @@ async def test_dialog_opened_as_a_reply_finishes_keeps_the_keys(make_app: Callab
         await pilot.press(key)
         await wait_for(pilot, lambda: isinstance(app.screen, EditScreen))
         loader.backends[0].release.set()
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.conversation.generating)
         await pilot.pause(0.1)
         assert isinstance(app.screen, EditScreen)
         assert isinstance(app.focused, (Input, TextArea)) and app.focused.screen is app.screen
         await pilot.press("z")
         value = app.focused.value if isinstance(app.focused, Input) else app.focused.text
-        assert "z" in value and "z" not in app.prompt.text
+        assert "z" in value and "z" not in app.conversation.prompt.text

@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 
 from app.ui.app import SpecChatApp
-from app.ui.conversation import profile_pair
+from app.ui.labels import profile_pair
 from app.store.history import History
 from app.ui.screens.profiles import profile_option
 from app.ui.widgets.chat_view import AssistantMessage
@@ -31,12 +31,12 @@ def llama(spec_timings: dict, plain_timings: dict) -> FakeServer:  # type: ignor
 async def ready(pilot) -> SpecChatApp:  # type: ignore[no-untyped-def]
     """Connected (a loaded two-core machine can take seconds to start the app)."""
     app = pilot.app
-    await wait_for(pilot, lambda: app.backend is not None and not app.loading, timeout=30.0)
+    await wait_for(pilot, lambda: app.engine.backend is not None and not app.engine.loading, timeout=30.0)
     return app
 
 
 async def replied(pilot, app: SpecChatApp) -> None:  # type: ignore[no-untyped-def]
-    await wait_for(pilot, lambda: not app.generating and app.query(AssistantMessage), timeout=30.0)
+    await wait_for(pilot, lambda: not app.conversation.generating and app.query(AssistantMessage), timeout=30.0)
 
 
 def server_app(url: str) -> SpecChatApp:
@@ -127,7 +127,7 @@ async def test_escape_stops_a_silent_server() -> None:
             await wait_for(pilot, lambda: app.query(AssistantMessage) and app.query_one(AssistantMessage).text == "Hello",
                            timeout=30.0)
             await pilot.press("escape")
-            await wait_for(pilot, lambda: not app.generating, timeout=5.0)
+            await wait_for(pilot, lambda: not app.conversation.generating, timeout=5.0)
             assert app.query_one(AssistantMessage).finish_reason == "cancelled"
         content, finish, _ = saved_reply()
         assert (content, finish) == ("Hello", "cancelled")
@@ -139,8 +139,8 @@ async def test_server_down_at_start_is_a_notice() -> None:
     fake.httpd.server_close()  # nothing listens there now
     app = server_app(url)
     async with app.run_test(size=(130, 45)) as pilot:
-        await wait_for(pilot, lambda: not app.loading and app._notifications, timeout=30.0)
-        assert app.backend is None
+        await wait_for(pilot, lambda: not app.engine.loading and app._notifications, timeout=30.0)
+        assert app.engine.backend is None
         assert any("connection refused" in n.message for n in app._notifications)
 
 

@@ -59,7 +59,7 @@ def test_finished_reply_in_colour_view(snap_compare: Callable[..., bool], make_a
         app = pilot.app
         await ready(pilot)
         await send(pilot, "Show me some code")
-        await wait_for(pilot, lambda: not app.generating)  # type: ignore[attr-defined]
+        await wait_for(pilot, lambda: not app.conversation.generating)  # type: ignore[attr-defined]
         await pilot.press("f4")
         await settle(pilot)
 
@@ -84,7 +84,7 @@ def test_narrow_80x24_after_a_reply(snap_compare: Callable[..., bool], make_app:
         app = pilot.app
         await ready(pilot)
         await send(pilot, "Show me some code")
-        await wait_for(pilot, lambda: not app.generating)  # type: ignore[attr-defined]
+        await wait_for(pilot, lambda: not app.conversation.generating)  # type: ignore[attr-defined]
         await settle(pilot)
 
     assert snap_compare(make_app(), terminal_size=(80, 24), run_before=run_before)
@@ -96,7 +96,7 @@ def test_wide_160x48_after_a_reply(snap_compare: Callable[..., bool], make_app: 
         app = pilot.app
         await ready(pilot)
         await send(pilot, "Show me some code")
-        await wait_for(pilot, lambda: not app.generating)  # type: ignore[attr-defined]
+        await wait_for(pilot, lambda: not app.conversation.generating)  # type: ignore[attr-defined]
         await settle(pilot)
 
     assert snap_compare(make_app(), terminal_size=(160, 48), run_before=run_before)

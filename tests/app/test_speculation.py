@@ -20,7 +20,7 @@ async def test_mixed_mode_reply_footer_gives_each_mode_its_share(make_app: Calla
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         await send(pilot, "hi")
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.conversation.generating)
         reply = app.query_one(AssistantMessage)
         footer = str(reply.query_one(".reply-footer").render())
         assert "model draft 67% · plain 33%" in footer
@@ -39,7 +39,7 @@ async def test_f5_after_an_automatic_switch_off_turns_speculation_on(make_app: C
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         await send(pilot, "hi")
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.conversation.generating)
         backend = loader.backends[0]
         hud = app.query_one(Hud)
         hud.flush()

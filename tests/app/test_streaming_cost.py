@@ -53,7 +53,7 @@ async def test_a_streamed_code_block_of_an_unknown_language_renders(make_app: Ca
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         await send(pilot, "code please")
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.conversation.generating)
         reply = app.query(AssistantMessage).last()
         assert reply.text.startswith("```weird-lang") and reply.query_one(ReplyFence).code == "x = 1"
 

@@ -12,7 +12,7 @@ from textual.widgets import OptionList
 from app.ui.app import SpecChatApp
 from app.cli import main
 from app.ui.screens.profiles import ProfilePicker
-from engine.api import ProgressFn
+from engine.progress import ProgressFn
 from engine.errors import MemoryPlanError, ModelSourceError
 from engine.hublog import describe, hub_messages_as_progress
 from engine.profiles import ModelProfile, Profiles
@@ -49,7 +49,7 @@ def with_cuda_profile() -> Profiles:
 
 async def switch(pilot, app: SpecChatApp, name: str) -> None:  # type: ignore[no-untyped-def]
     app.switch_profile(name)
-    await wait_for(pilot, lambda: not app.loading)
+    await wait_for(pilot, lambda: not app.engine.loading)
 
 
 async def test_a_failed_switch_keeps_the_old_model_loaded(make_app: Callable[..., SpecChatApp]) -> None:
@@ -58,13 +58,13 @@ async def test_a_failed_switch_keeps_the_old_model_loaded(make_app: Callable[...
     app = make_app(loader=loader)
     async with app.run_test() as pilot:
         await ready(pilot)
-        old = app.backend
+        old = app.engine.backend
         await switch(pilot, app, "lookup")
         assert loader.loads[-1] == ("lookup", ["fast"])  # loaded next to the old one
-        assert app.backend is old and not old.closed and app.profile.name == "fast"  # type: ignore[union-attr]
+        assert app.engine.backend is old and not old.closed and app.engine.profile.name == "fast"  # type: ignore[union-attr]
         assert any("Still using fast" in n.message for n in app._notifications)
         await send(pilot, "still there?")
-        await wait_for(pilot, lambda: not app.generating)
+        await wait_for(pilot, lambda: not app.conversation.generating)
         assert old.calls  # type: ignore[union-attr]
 
 
@@ -73,10 +73,10 @@ async def test_a_switch_that_fits_closes_the_old_one_only_when_ready(make_app: C
     app = make_app(loader=loader)
     async with app.run_test() as pilot:
         await ready(pilot)
-        old = app.backend
+        old = app.engine.backend
         await switch(pilot, app, "lookup")
         assert loader.loads[-1] == ("lookup", ["fast"])
-        assert old.closed and app.backend is loader.backends[-1] and app.profile.name == "lookup"  # type: ignore[union-attr]
+        assert old.closed and app.engine.backend is loader.backends[-1] and app.engine.profile.name == "lookup"  # type: ignore[union-attr]
 
 
 async def test_no_room_unloads_first_then_reloads_the_old_profile(make_app: Callable[..., SpecChatApp]) -> None:
@@ -85,11 +85,11 @@ async def test_no_room_unloads_first_then_reloads_the_old_profile(make_app: Call
     app = make_app(loader=loader)
     async with app.run_test() as pilot:
         await ready(pilot)
-        first = app.backend
+        first = app.engine.backend
         await switch(pilot, app, "lookup")
         assert [name for name, _ in loader.loads] == ["fast", "lookup", "lookup", "fast"]
         assert loader.loads[2] == ("lookup", [])  # the old one was closed before the second try
-        assert first.closed and app.backend is loader.backends[-1] and app.profile.name == "fast"  # type: ignore[union-attr]
+        assert first.closed and app.engine.backend is loader.backends[-1] and app.engine.profile.name == "fast"  # type: ignore[union-attr]
         assert any("download failed" in n.message and "Still using fast" in n.message for n in app._notifications)
 
 
@@ -99,7 +99,7 @@ async def test_no_room_then_success_switches(make_app: Callable[..., SpecChatApp
     async with app.run_test() as pilot:
         await ready(pilot)
         await switch(pilot, app, "lookup")
-        assert app.profile.name == "lookup" and app.backend is loader.backends[-1]  # type: ignore[union-attr]
+        assert app.engine.profile.name == "lookup" and app.engine.backend is loader.backends[-1]  # type: ignore[union-attr]
         assert [b.closed for b in loader.backends] == [True, False]
 
 
@@ -118,7 +118,7 @@ async def test_cuda_profiles_are_marked_unavailable_and_not_loaded(make_app: Cal
         assert not options.get_option("lookup").disabled
         await pilot.press("escape")
         await switch(pilot, app, "gpu-big")
-        assert [name for name, _ in loader.loads] == ["fast"] and app.profile.name == "fast"  # type: ignore[union-attr]
+        assert [name for name, _ in loader.loads] == ["fast"] and app.engine.profile.name == "fast"  # type: ignore[union-attr]
         assert any("gpu-big cannot run here" in n.message for n in app._notifications)
 
 
@@ -162,7 +162,7 @@ async def test_an_over_long_chat_is_fitted_with_a_notice(make_app: Callable[...,
         await ready(pilot)
         for turn in range(3):
             await send(pilot, " ".join(f"w{(turn * 7 + i) % 60}" for i in range(30)))
-            await wait_for(pilot, lambda: not app.generating, timeout=60)
+            await wait_for(pilot, lambda: not app.conversation.generating, timeout=60)
         replies = list(app.query(AssistantMessage))
         assert replies[0].finish_reason in ("context", "eos")
         assert any("earlier message" in n.message and "96-token context window" in n.message

@@ -24,14 +24,14 @@ pytestmark = pytest.mark.anyio
 async def asked(pilot, text: str) -> SpecChatApp:  # type: ignore[no-untyped-def]
     app = pilot.app
     await send(pilot, text)
-    await wait_for(pilot, lambda: not app.generating and app.query(AssistantMessage).last().finish_reason)
+    await wait_for(pilot, lambda: not app.conversation.generating and app.query(AssistantMessage).last().finish_reason)
     return app
 
 
 def saved_chat_id(app: SpecChatApp) -> int:
     """The chat's id once everything in it is written."""
-    assert app.saver is not None and app.saver.flush(5) and app.chat_id is not None
-    return app.chat_id
+    assert app.archive.saver is not None and app.archive.saver.flush(5) and app.conversation.chat_id is not None
+    return app.conversation.chat_id
 
 
 @asynccontextmanager
@@ -90,7 +90,7 @@ async def test_regenerate_keeps_the_earlier_reply_and_sends_only_the_new_one(
         await asked(pilot, "first")
         await asked(pilot, "second")
         await pilot.press("ctrl+r")
-        await wait_for(pilot, lambda: len(loader.backends[0].calls) == 3 and not app.generating)
+        await wait_for(pilot, lambda: len(loader.backends[0].calls) == 3 and not app.conversation.generating)
         replies = list(app.query(AssistantMessage))
         assert len(replies) == 3 and replies[1].has_class("-superseded") and not replies[2].has_class("-superseded")
         assert len(app.query(UserMessage)) == 2
@@ -101,7 +101,7 @@ async def test_regenerate_keeps_the_earlier_reply_and_sends_only_the_new_one(
     async with reopened(make_app, chat_id) as (app, pilot):
         assert [m.text for m in app.query(UserMessage)] == ["first", "second"]
         assert [r.has_class("-superseded") for r in app.query(AssistantMessage)] == [False, True, False]
-        assert [t.role for t in app.turns] == ["user", "assistant", "user", "assistant"]
+        assert [t.role for t in app.conversation.turns()] == ["user", "assistant", "user", "assistant"]
 
 
 async def test_edit_last_prompt_asks_again(make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
@@ -114,7 +114,7 @@ async def test_edit_last_prompt_asks_again(make_app: Callable[..., SpecChatApp],
         await wait_for(pilot, lambda: isinstance(app.screen, EditScreen))
         app.screen.query_one("#edit-value").load_text("Now shorten this text")
         await pilot.press("ctrl+s")
-        await wait_for(pilot, lambda: len(loader.backends[0].calls) == 3 and not app.generating)
+        await wait_for(pilot, lambda: len(loader.backends[0].calls) == 3 and not app.conversation.generating)
         users = list(app.query(UserMessage))
         assert [u.text for u in users] == ["Summarise this", "Now shorten th", "Now shorten this text"]
         assert users[1].has_class("-superseded")
@@ -138,7 +138,7 @@ async def test_hud_folds_to_one_line_on_narrow_terminals_and_toggles(make_app: C
         hud = app.query_one(Hud)
         await pilot.pause()
         assert hud.has_class("-line") and hud.region.height == 1
-        assert app.chat_log.region.width >= 70
+        assert app.conversation.chat_log.region.width >= 70
         await asked(pilot, "hi")
         hud.flush()
         line = str(hud.query_one("#hud-line").render())
@@ -207,23 +207,23 @@ async def test_last_profile_is_remembered(make_app: Callable[..., SpecChatApp], 
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
-        assert app.profile.name == "fast"
+        assert app.engine.profile.name == "fast"
         app.switch_profile("lookup")
-        await wait_for(pilot, lambda: app.backend is not None and app.profile.name == "lookup" and not app.loading)
+        await wait_for(pilot, lambda: app.engine.backend is not None and app.engine.profile.name == "lookup" and not app.engine.loading)
     assert last_profile() == "lookup" and state_file().is_relative_to(tmp_path / "state")
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
-        assert app.profile.name == "lookup"
+        assert app.engine.profile.name == "lookup"
     app = make_app(profile="fast")  # --profile still wins
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
-        assert app.profile.name == "fast"
+        assert app.engine.profile.name == "fast"
     state_file().write_text("{not json")
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
-        assert app.profile.name == "fast"  # unreadable state: the default, no error
+        assert app.engine.profile.name == "fast"  # unreadable state: the default, no error
 
 
 async def test_reopened_chat_continues_with_its_own_profile(make_app: Callable[..., SpecChatApp],
@@ -232,11 +232,11 @@ async def test_reopened_chat_continues_with_its_own_profile(make_app: Callable[.
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         await asked(pilot, "with lookup")
-        chat_id = app.chat_id
-        assert app.saver is not None and app.saver.flush(5)
+        chat_id = app.conversation.chat_id
+        assert app.archive.saver is not None and app.archive.saver.flush(5)
     app = make_app(profile="fast")
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         await app.open_chat(chat_id)
-        await wait_for(pilot, lambda: app.backend is not None and app.profile.name == "lookup" and not app.loading)
+        await wait_for(pilot, lambda: app.engine.backend is not None and app.engine.profile.name == "lookup" and not app.engine.loading)
         assert [m.text for m in app.query(UserMessage)] == ["with lookup"]

@@ -2,23 +2,20 @@
 from __future__ import annotations
 
 import time
-from pathlib import Path
-from typing import TYPE_CHECKING, cast
 
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.content import Content
+from textual.message import Message
 from textual.widgets import Footer, Label, OptionList
 from textual.widgets.option_list import Option
 
-from app.ui.export import default_export_path, export_chat
 from app.store.history import ChatRecord, HistoryError
+from app.ui.archive import Archive
+from app.ui.export import ask_export
 from app.ui.screens.dialog import Dialog
 from app.ui.screens.edit import ConfirmScreen, EditScreen
-
-if TYPE_CHECKING:
-    from app.ui.app import SpecChatApp
 
 ChatsResult = tuple[str, "int | None"]
 """``("open", chat_id)`` or ``("new", None)``."""
@@ -38,7 +35,14 @@ def chat_option(chat: ChatRecord, current: bool) -> Option:
 
 
 class ChatsScreen(Dialog["ChatsResult | None"]):
-    """The list of saved chats."""
+    """The list of saved chats, read from and changed in ``archive``; ``current`` is the open chat."""
+
+    class Deleted(Message):
+        """A chat was deleted here (the open one may be among them)."""
+
+        def __init__(self, chat_id: int) -> None:
+            super().__init__()
+            self.chat_id = chat_id
 
     BINDINGS = [
         Binding("n", "new", "New chat"),
@@ -47,13 +51,10 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
         Binding("e", "export", "Export"),
     ]
 
-    def __init__(self, current: int | None) -> None:
+    def __init__(self, archive: Archive, current: int | None) -> None:
         super().__init__()
+        self._archive = archive
         self._current = current
-
-    @property
-    def _app(self) -> "SpecChatApp":
-        return cast("SpecChatApp", self.app)
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog chats-dialog"):
@@ -71,10 +72,11 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
         option_list = self.query_one(OptionList)
         highlighted = option_list.highlighted
         option_list.clear_options()
+        history = self._archive.history
         try:
-            chats = self._app.history.list_chats()
+            chats = history.list_chats() if history is not None else []
         except HistoryError as exc:
-            self.notify(str(exc), severity="error")
+            self.notify(str(exc), severity="error", markup=False)
             chats = []
         if not chats:
             option_list.add_option(Option(Content.styled("No saved chats yet.", "$text-muted"), disabled=True))
@@ -85,7 +87,10 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
     def _selected_chat(self) -> ChatRecord | None:
         """The highlighted chat, as saved now (None: no chat, or it is gone)."""
         option = self.query_one(OptionList).highlighted_option
-        return self._app.history.get_chat(int(option.id)) if option is not None and option.id else None
+        history = self._archive.history
+        if option is None or not option.id or history is None:
+            return None
+        return self._archive.db(history.get_chat, int(option.id))
 
     def picked(self, option: Option) -> None:
         if option.id:
@@ -100,11 +105,11 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
             return
 
         def done(title: str | None) -> None:
-            if title and title.strip():
-                self._app.rename_chat(chat.id, title.strip())
+            if title and title.strip() and self._archive.history is not None:
+                self._archive.db(self._archive.history.rename_chat, chat.id, title.strip())
                 self._reload()
 
-        self.app.push_screen(EditScreen("Rename chat", chat.title), done)
+        self.ask(EditScreen("Rename chat", chat.title), done)
 
     def action_delete(self) -> None:
         chat = self._selected_chat()
@@ -112,29 +117,18 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
             return
 
         def done(yes: bool | None) -> None:
-            if yes:
-                self._app.delete_chat(chat.id)
+            if yes and self._archive.history is not None:
+                self._archive.db(self._archive.history.delete_chat, chat.id)
+                self.post_message(self.Deleted(chat.id))
                 self._reload()
 
-        self.app.push_screen(ConfirmScreen(f"Delete “{chat.title}” and its {chat.message_count} messages?"), done)
+        self.ask(ConfirmScreen(f"Delete “{chat.title}” and its {chat.message_count} messages?"), done)
 
     def action_export(self) -> None:
         chat = self._selected_chat()
-        if chat is None:
+        history = self._archive.history
+        if chat is None or history is None:
             return
-
-        def done(path: str | None) -> None:
-            if not path:
-                return
-            try:
-                written = export_chat(self._app.history, chat.id, Path(path))
-            except HistoryError as exc:
-                self.notify(str(exc), severity="error")
-                return
-            self.notify(f"Exported to {written}", title="Export")
-
-        self.app.push_screen(
-            EditScreen("Export chat to Markdown", str(default_export_path(chat.id, chat.title)),
-                       hint="File path (created with mode 0600)"),
-            done,
-        )
+        self.ask(*ask_export(history, chat.id, chat.title,
+                             lambda text, severity: self.notify(text, severity=severity,  # type: ignore[arg-type]
+                                                                title="Export", markup=False)))

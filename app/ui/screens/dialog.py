@@ -23,19 +23,35 @@ widgets' messages and end in the same three answers: :meth:`Dialog.picked`
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import TYPE_CHECKING, ClassVar, TypeVar, cast
+from typing import Any, ClassVar, Protocol, TypeVar, cast
 
 from textual.actions import SkipAction
 from textual.binding import Binding
+from textual.message import Message
 from textual.message_pump import MessagePump
 from textual.screen import ModalScreen
 from textual.widgets import Button, Input, OptionList
 from textual.widgets.option_list import Option
 
-if TYPE_CHECKING:
-    from app.ui.app import SpecChatApp
+from app.ui.key_hold import KeyHold
 
 ResultType = TypeVar("ResultType")
+
+
+class HoldsKeys(Protocol):
+    """The app a dialog runs in: it holds keys while the dialog answers (app.ui.key_hold)."""
+
+    key_hold: KeyHold
+
+
+class AskDialog(Message):
+    """A dialog asks for another dialog over it; the App opens it (only the App pushes screens)
+    and calls ``answered`` with the answer."""
+
+    def __init__(self, dialog: "Dialog[Any]", answered: Callable[[Any], Any]) -> None:
+        super().__init__()
+        self.dialog = dialog
+        self.answered = answered
 
 
 class Dialog(ModalScreen[ResultType]):
@@ -65,6 +81,10 @@ class Dialog(ModalScreen[ResultType]):
         if self._release_when_ready is not None:  # after the focus the subclass or Textual sets
             self.call_after_refresh(self.app.call_later, self._release_when_ready)
 
+    def ask(self, dialog: "Dialog[Any]", answered: Callable[[Any], Any]) -> None:
+        """Open ``dialog`` over this one (through the App); ``answered`` gets its answer."""
+        self.post_message(AskDialog(dialog, answered))
+
     def action_cancel(self) -> None:
         self.dismiss(self.CANCELLED)  # type: ignore[arg-type]
 
@@ -75,7 +95,7 @@ class Dialog(ModalScreen[ResultType]):
         focused = self.focused
         if not isinstance(focused, (OptionList, Input, Button)):
             raise SkipAction()
-        release = cast("SpecChatApp", self.app).key_hold.hold()
+        release = cast(HoldsKeys, self.app).key_hold.hold()
         self._after_queued_keys(focused, lambda: self._answer_for(focused, release))
 
     def _after_queued_keys(self, node: MessagePump, then: Callable[[], None]) -> None:

@@ -9,7 +9,7 @@ from textual.content import Content
 from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
-from app.ui.conversation import profile_pair
+from app.ui.labels import profile_pair
 from app.ui.screens.dialog import Dialog
 
 if TYPE_CHECKING:

@@ -104,6 +104,8 @@ def pieces_content(pieces: Iterable[tuple[str, str]]) -> Content:
 class UserMessage(Static):
     """A prompt the user sent (shown verbatim)."""
 
+    role = "user"
+
     def __init__(self, text: str, message_id: int | None = None) -> None:
         super().__init__(Content(text), classes="message user")
         self.text = text
@@ -129,9 +131,21 @@ class UserMessage(Static):
         self.set_class(why is not None, "-queued")
         self.border_subtitle = f"⧗ {why}" if why else ""
 
+    @property
+    def superseded(self) -> bool:
+        """Edited since: shown, never sent to the model again."""
+        return self.has_class("-superseded")
+
+    @property
+    def waiting(self) -> bool:
+        """Queued behind a reply or a load: not sent yet."""
+        return self.has_class("-queued")
+
 
 class AssistantMessage(Vertical):
     """A reply: Markdown while streaming and after, pieces in the colour view."""
+
+    role = "assistant"
 
     def __init__(
         self,
@@ -165,6 +179,16 @@ class AssistantMessage(Vertical):
     def streaming(self) -> bool:
         """True until :meth:`finish` has been called (or the message was loaded finished)."""
         return self.finish_reason is None
+
+    @property
+    def waiting(self) -> bool:
+        """Still being written: not part of the conversation the model sees yet."""
+        return self.streaming
+
+    @property
+    def superseded(self) -> bool:
+        """Answered again since (regenerated or edited): shown dimmed, never sent again."""
+        return self.has_class("-superseded")
 
     def _footer_text(self) -> Content:
         if self.finish_reason is None:

@@ -16,7 +16,7 @@ from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.widgets import Label, ProgressBar, Static
 
-from app.ui.conversation import spec_label
+from app.ui.labels import spec_label
 from app.ui.formatting import (
     DASH,
     bar,

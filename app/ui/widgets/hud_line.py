@@ -5,14 +5,25 @@ Below :data:`HUD_MIN_WIDTH` columns the HUD docks under the chat as one line
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from textual.content import Content
 
 from app.ui.formatting import DASH, fmt_float, fmt_percent, fmt_rate, fmt_speedup, mode_label
+from engine.api import EngineInfo
+from engine.events import Stats
 
-if TYPE_CHECKING:
-    from app.ui.widgets.hud import Hud
+
+class HudState(Protocol):
+    """What the status line shows (the HUD's state, :class:`app.ui.widgets.hud.Hud`)."""
+
+    profile_name: str | None
+    error: str | None
+    loading_stage: str | None
+    loading_fraction: float | None
+    info: EngineInfo | None
+    stats: Stats | None
+    live: bool
 
 HUD_MIN_WIDTH = 110
 """Narrower terminals get the one-line HUD (the side panel takes 40 columns)."""
@@ -21,7 +32,7 @@ SEP = (" · ", "$text-muted")
 SHORT_MODES = {"spec": "spec", "ngram": "n-gram", "plain": "plain"}
 
 
-def status_line(hud: "Hud", toggle_key: str = "F6") -> Content:
+def status_line(hud: HudState, toggle_key: str = "F6") -> Content:
     """Profile, mode and the live figures on one line; loading and errors take its place."""
     name = hud.profile_name or DASH
     hint = (f"  {toggle_key}: full HUD", "$text-muted")

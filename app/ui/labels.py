@@ -1,30 +1,11 @@
-"""What the app sends to the backend: the conversation and the generation parameters."""
+"""Short names the screens show: a model, a profile's pair, a chat's title."""
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from engine.events import ChatMessage, GenerationParams
-from engine.events import generation_params as params_for
 
 if TYPE_CHECKING:
     from engine.profiles import ModelProfile, ModelSpec
-
-MAX_NEW_TOKENS = 512
-
-
-def generation_params(profile: "ModelProfile", max_new_tokens: int = MAX_NEW_TOKENS) -> GenerationParams:
-    """Sampling and the K schedule from the profile (``k=None`` means adaptive)."""
-    return params_for(profile, max_new_tokens)
-
-
-def build_messages(system_prompt: str | None, turns: Sequence[ChatMessage]) -> list[ChatMessage]:
-    """The whole conversation, system prompt first when there is one."""
-    out: list[ChatMessage] = []
-    if system_prompt:
-        out.append(ChatMessage("system", system_prompt))
-    out.extend(turns)
-    return out
 
 
 def spec_label(spec: "ModelSpec") -> str:

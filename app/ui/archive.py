@@ -1,0 +1,61 @@
+"""The archive: the chat history and its saver, opened and closed together.
+
+One object the App owns and hands to whoever saves or reads chats (the
+conversation, the chats dialog). A history call that fails is reported through
+``report`` and answers None, so the chat goes on unsaved instead of breaking.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import TypeVar
+
+from app.store.history import History, HistoryError
+from app.store.saver import HistorySaver
+
+T = TypeVar("T")
+
+WRITE_EVERY_S = 0.1
+"""Minimum time between two history writes of a streaming reply. A SQLite write
+per round (and the JSON of every piece so far) competed with the engine for the
+same cores; a round still reaches the disk within this time."""
+
+SAVE_FLUSH_AT_EXIT_S = 10.0
+"""How long quitting waits for a locked history to take the last reply."""
+
+Report = Callable[[str], None]
+"""Shows a history error to the user (one line)."""
+
+
+class Archive:
+    """The history database and the one saver that writes replies to it.
+
+    ``history`` and ``saver`` are None until :meth:`open`; after :meth:`close` they stay,
+    closed, for whoever reads what was saved.
+    """
+
+    def __init__(self, report: Report) -> None:
+        self._report = report
+        self.history: History | None = None
+        self.saver: HistorySaver | None = None
+
+    def open(self, on_lag: Callable[[str | None], None]) -> str | None:
+        """Open the history and start the saver; returns the history's notice (a database
+        set aside, a lock) for the user, or None. ``on_lag`` hears from the saver thread."""
+        self.history = History.open()
+        self.saver = HistorySaver(self.history, on_lag, min_interval_s=WRITE_EVERY_S)
+        return self.history.notice
+
+    def db(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T | None:
+        """Run a history call; on failure report the error and answer None."""
+        try:
+            return fn(*args, **kwargs)
+        except HistoryError as exc:
+            self._report(str(exc))
+            return None
+
+    def close(self) -> None:
+        """Let the saver write what it holds (waiting up to :data:`SAVE_FLUSH_AT_EXIT_S`), then close."""
+        if self.saver is not None:
+            self.saver.close(SAVE_FLUSH_AT_EXIT_S)
+        if self.history is not None:
+            self.history.close()

@@ -1,0 +1,183 @@
+"""The engine host: which profiles there are, which one is loaded, and its backend.
+
+A plain object the App owns. It keeps the state of the loaded engine
+(``profiles``, ``profile``, ``backend``, ``loading``) and answers the questions
+the screens ask of it; the App runs :meth:`load` in a worker thread and posts
+its answer. ``lock`` is held while a reply iterates the backend and while a
+load replaces it, so a switch closes a backend only once its reply stopped.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from app.store.state import last_profile, remember_profile
+from app.ui.loading import Loader, default_loader, load_beside
+from app.ui.messages import EngineFailed, EngineReady
+from engine.api import ChatBackend, EngineInfo
+from engine.progress import ProgressFn
+from engine.errors import SpecChatError
+
+if TYPE_CHECKING:
+    from engine.profiles import ModelProfile, Profiles
+
+
+@dataclass(frozen=True)
+class Refusal:
+    """Why the host will not do what was asked, worded for a notice."""
+
+    text: str
+    severity: str = "warning"
+    title: str = ""
+
+
+@dataclass(frozen=True)
+class ProfileChoice:
+    """Where the first profile comes from: ``--server``, ``--target``/``--draft``, a name, or the default."""
+
+    name: str | None = None
+    models_file: Path | None = None
+    target: str | None = None
+    draft: str | None = None
+    server_profile: "ModelProfile | None" = None
+
+
+class EngineHost:
+    """Profiles, the loaded backend and the speculation toggle (used on the UI thread,
+    except :meth:`load`, which runs in a worker)."""
+
+    def __init__(self, choice: ProfileChoice, *, memory_budget: int | None = None, loader: Loader | None = None,
+                 profiles_loader: "Callable[[], Profiles] | None" = None) -> None:
+        self.choice = choice
+        self.memory_budget = memory_budget
+        self.loader: Loader = loader or default_loader
+        self._profiles_loader = profiles_loader or self._load_profiles_file
+        self.profiles: "Profiles | None" = None
+        self.profile: "ModelProfile | None" = None
+        self.backend: ChatBackend | None = None
+        self.loading = False
+        self.speculation_on = True
+        self.lock = threading.Lock()
+        self._cuda: bool | None = None
+
+    def _load_profiles_file(self) -> "Profiles":
+        from engine.profiles import load_profiles
+
+        return load_profiles(self.choice.models_file)
+
+    # -- which profile --------------------------------------------------------------
+
+    def read_profiles(self) -> Refusal | None:
+        """Read the profiles file(s); a Refusal says why they could not be read."""
+        try:
+            self.profiles = self._profiles_loader()
+        except SpecChatError as exc:
+            return Refusal(str(exc), "error", "Profiles")
+        except Exception as exc:  # never a traceback in the UI
+            return Refusal(f"Could not read profiles: {type(exc).__name__}: {exc}", "error")
+        return None
+
+    def initial_profile(self) -> "ModelProfile | Refusal | None":
+        """The profile to load first: --server, --target/--draft, the named one, the one
+        used last (remembered in the user state dir), or the default."""
+        choice = self.choice
+        try:
+            if choice.server_profile is not None:
+                return choice.server_profile
+            if choice.target is not None:
+                from engine.profiles import profile_from_sources
+
+                return profile_from_sources(choice.target, choice.draft)
+            if self.profiles is not None:
+                name = choice.name
+                if name is None and last_profile() in self.profiles.names():
+                    name = last_profile()
+                return self.profiles.get(name)
+        except SpecChatError as exc:
+            return Refusal(str(exc), "error", "Profile")
+        return None
+
+    def unavailable_profiles(self) -> dict[str, str]:
+        """Profile name -> why it cannot run on this machine (CUDA checked once)."""
+        if self.profiles is None:
+            return {}
+        from engine.availability import cuda_present, unavailable_reason
+
+        if self._cuda is None:
+            self._cuda = cuda_present()
+        reasons = {name: unavailable_reason(self.profiles.get(name), cuda=self._cuda) for name in self.profiles.names()}
+        return {name: why for name, why in reasons.items() if why}
+
+    def switch_target(self, name: str) -> "ModelProfile | Refusal":
+        """The profile ``name`` if a switch to it may start now, else why not."""
+        if self.profiles is None:
+            return Refusal("No profiles are available.")
+        if self.loading:
+            return Refusal("A profile is still loading; try again when it is ready.")
+        try:
+            profile = self.profiles.get(name)
+        except SpecChatError as exc:
+            return Refusal(str(exc), "error", "Profile")
+        why_not = self.unavailable_profiles().get(profile.name)
+        if why_not:
+            return Refusal(f"{profile.name} cannot run here: {why_not}.", title="Profile unavailable")
+        if self.profile is not None and profile.name == self.profile.name and self.backend is not None:
+            return Refusal(f"{name} is already loaded.", "information")
+        return profile
+
+    # -- loading ----------------------------------------------------------------------
+
+    def begin_load(self, profile: "ModelProfile") -> "tuple[ChatBackend | None, ModelProfile | None]":
+        """Mark ``profile`` as loading; answers the backend it replaces and that backend's profile."""
+        old, self.backend = self.backend, None
+        old_profile = self.profile if old is not None else None
+        self.profile = profile
+        self.loading = True
+        return old, old_profile
+
+    def load(self, profile: "ModelProfile", old: ChatBackend | None, old_profile: "ModelProfile | None",
+             progress: ProgressFn) -> EngineReady | EngineFailed:
+        """Load ``profile`` beside ``old`` (:func:`app.ui.loading.load_beside`), once any reply on the
+        old backend has stopped. Runs in a worker thread."""
+        with self.lock:
+            return load_beside(self.loader, self.memory_budget, profile, old, old_profile, progress)
+
+    def ready(self, backend: ChatBackend, profile: "ModelProfile") -> None:
+        """A load finished: ``backend`` serves ``profile`` with speculation on."""
+        self.loading = False
+        self.backend, self.profile = backend, profile
+        self.speculation_on = True
+        if self.profiles is not None and profile.name in self.profiles.names():
+            remember_profile(profile.name)  # not a --target/--server pair made on the fly
+
+    def failed(self, restored: "tuple[ChatBackend, ModelProfile] | None") -> None:
+        """A load failed; ``restored`` is the pair still (or again) loaded, if any."""
+        self.loading = False
+        if restored is not None:
+            self.backend, self.profile = restored
+
+    # -- the loaded engine ------------------------------------------------------------
+
+    def toggle_speculation(self) -> tuple[bool, EngineInfo]:
+        """Turn speculation off if the engine speculates, else on; answers whether it was on
+        and the engine's info after. Reads the engine's mode, so after an automatic
+        switch-off the first toggle turns it on. Raises SpecChatError from the backend."""
+        assert self.backend is not None
+        was_on = self.backend.info.mode != "plain"
+        self.backend.set_speculation(not was_on)
+        info = self.backend.info
+        self.speculation_on = info.mode != "plain"
+        return was_on, info
+
+    def close(self) -> None:
+        """Close the backend (waiting for a reply that still holds it)."""
+        with self.lock:
+            if self.backend is not None:
+                try:
+                    self.backend.close()
+                except Exception:  # exiting anyway
+                    pass
+                self.backend = None

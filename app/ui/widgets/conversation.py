@@ -1,0 +1,365 @@
+"""The Conversation widget: one chat, its transcript, the prompt box, the HUD and the reply stream.
+
+It owns everything about the chat on screen: the message widgets (the one source of
+the turns the model sees, :func:`app.ui.requests.turns_from`), the prompts waiting
+their turn, the reply being written (:class:`app.ui.reply_stream.ReplyStream`) and
+the saved chat it belongs to. The App owns the engine host and the archive and
+hands them in; it opens every dialog and calls the methods here with the answer.
+
+A token's way to the screen: the engine's ``ChatEvent`` → :func:`stream_reply`
+(worker thread) → :class:`Outbox` → :meth:`Conversation.on_reply_chunk` →
+:meth:`AssistantMessage.append` and the HUD.
+"""
+from __future__ import annotations
+
+from functools import partial
+
+from textual.app import ComposeResult
+from textual.containers import Horizontal, Vertical
+from textual.reactive import reactive
+from textual.widget import Widget
+from textual.widgets import Static
+
+from app.store.history import ChatRecord
+from app.store.saver import ChatRef
+from app.ui.archive import Archive
+from app.ui.engine_host import EngineHost
+from app.ui.labels import chat_title
+from app.ui.messages import ReplyChunk, ReplyFinished
+from app.ui.notices import notice
+from app.ui.reply_stream import ReplyJob, ReplyStream, stream_reply
+from app.ui.requests import build_messages, generation_params, turns_from
+from app.ui.widgets.chat_view import AssistantMessage, ChatLog, UserMessage
+from app.ui.widgets.hud import Hud
+from app.ui.widgets.hud_line import HUD_MIN_WIDTH
+from app.ui.widgets.prompt import PromptArea
+from app.ui.widgets.transcript import copyable, last_exchange, messages_of, widgets_for
+from engine.events import ChatMessage
+
+HUD_REFRESH_S = 0.25
+
+WELCOME = (
+    "Ask anything. [b]Enter[/b] sends, [b]ctrl+j[/b] adds a line, [b]Esc[/b] stops a reply.\n"
+    "[b]F4[/b] colours tokens by source · [b]F2[/b] switches profile · [b]F3[/b] past chats · [b]F1[/b] help"
+)
+
+
+class Conversation(Horizontal):
+    """One chat: the transcript and prompt box on the left, the HUD on the right."""
+
+    generating: reactive[bool] = reactive(False, bindings=True)
+    show_sources: reactive[bool] = reactive(False)
+    hud_folded: bool | None = None
+    """None: folded to one line below HUD_MIN_WIDTH columns; True/False: the user's choice (F6)."""
+
+    def __init__(self, host: EngineHost, archive: Archive, *, id: str | None = None) -> None:
+        super().__init__(id=id)
+        self.host = host
+        self.archive = archive
+        self.stream = ReplyStream()
+        self.queued: list[UserMessage] = []
+        """Prompts sent while the model loads or a reply streams, sent in turn when it is free."""
+        self._chat: ChatRef | None = None
+        self.chat_system_prompt: str | None = None
+        """The chat's own system prompt; None follows the profile's."""
+
+    def compose(self) -> ComposeResult:
+        with Vertical(id="chat-column"):
+            yield ChatLog(id="chat-log")
+            yield PromptArea(id="prompt", placeholder="Ask something · Enter sends · ctrl+j newline · F1 help")
+        yield Hud(id="hud")
+
+    @property
+    def chat_log(self) -> ChatLog:
+        return self.query_one(ChatLog)
+
+    @property
+    def prompt(self) -> PromptArea:
+        return self.query_one(PromptArea)
+
+    @property
+    def hud(self) -> Hud:
+        return self.query_one(Hud)
+
+    def on_mount(self) -> None:
+        self.show_welcome()
+        self.prompt.scroll_target = lambda: self.chat_log
+        self.prompt.focus()
+        self.set_interval(HUD_REFRESH_S, self.hud.flush)
+
+    def start(self, recent_prompts: list[str]) -> None:
+        """The archive is open: Up in the empty box recalls ``recent_prompts``."""
+        self.prompt.set_history(recent_prompts)
+
+    # -- the chat --------------------------------------------------------------------
+
+    @property
+    def chat_id(self) -> int | None:
+        """The saved chat's id; None before the saver wrote its first row."""
+        return self._chat.id if self._chat is not None else None
+
+    @property
+    def system_prompt(self) -> str | None:
+        """The system prompt sent first each turn."""
+        if self.chat_system_prompt is not None:
+            return self.chat_system_prompt or None
+        profile = self.host.profile
+        return profile.system_prompt if profile is not None else None
+
+    def turns(self) -> list[ChatMessage]:
+        """The turns the model sees, read off the transcript."""
+        return turns_from(messages_of(self.chat_log.children))
+
+    def messages(self) -> list[tuple[str, str]]:
+        """``(role, text)`` of every prompt and reply on screen."""
+        return copyable(self.chat_log.children)
+
+    def show_welcome(self) -> None:
+        if not self.chat_log.query("#welcome"):
+            self.chat_log.mount(Static(WELCOME, id="welcome"))
+
+    def hide_welcome(self) -> None:
+        self.chat_log.query("#welcome").remove()
+
+    async def _reset(self) -> None:
+        """Empty the transcript; prompts that never went out return to the box, not lost."""
+        self.stream.forget()
+        self.generating = False
+        waiting, self.queued = [w.text for w in self.queued], []
+        await self.chat_log.remove_children()
+        if waiting:
+            self.prompt.restore("\n".join(waiting))
+
+    async def new_chat(self) -> None:
+        """Start an empty conversation (the saved one stays in the history)."""
+        await self._reset()
+        self._chat = None
+        self.chat_system_prompt = None
+        self.show_welcome()
+        notice(self, "New chat.")
+
+    async def open_chat(self, chat_id: int) -> ChatRecord | None:
+        """Show a saved chat to continue it; answers its record (None: it is gone)."""
+        history = self.archive.history
+        chat = self.archive.db(history.get_chat, chat_id) if history is not None else None
+        records = self.archive.db(history.messages, chat_id) if history is not None else None
+        if chat is None or records is None:
+            notice(self, "That chat no longer exists.", severity="warning")
+            return None
+        await self._reset()
+        self._chat = ChatRef(chat.title, chat.profile, chat.system_prompt, id=chat.id)
+        self.chat_system_prompt = chat.system_prompt
+        widgets = widgets_for(records, self.show_sources)
+        if widgets:
+            await self.chat_log.mount_all(widgets)
+        else:
+            self.show_welcome()
+        self.chat_log.follow()
+        return chat
+
+    def chat_deleted(self, chat_id: int) -> None:
+        """A saved chat was deleted; if it is this one, the next prompt starts a new one."""
+        if chat_id == self.chat_id:
+            self._chat = None  # the transcript stays on screen
+            notice(self, "Deleted the open chat; the next prompt starts a new one.")
+
+    def set_system_prompt(self, value: str) -> None:
+        """The chat's system prompt; the profile's own text (or nothing) follows the profile."""
+        profile = self.host.profile
+        value = value.strip()
+        self.chat_system_prompt = None if value == ((profile.system_prompt if profile else None) or "") else value
+        if self.chat_id is not None and self.archive.history is not None:
+            self.archive.db(self.archive.history.set_system_prompt, self.chat_id, self.chat_system_prompt)
+        notice(self, "System prompt set." if value else "No system prompt for this chat.")
+
+    def profile_changed(self, name: str) -> None:
+        """A new profile is loaded: the chat continues with it."""
+        if self.chat_id is not None and self.archive.history is not None:
+            self.archive.db(self.archive.history.set_profile, self.chat_id, name)
+
+    # -- sending -----------------------------------------------------------------------
+
+    def on_prompt_area_submitted(self, event: PromptArea.Submitted) -> None:
+        """Enter in the prompt box: send now, or queue while the model loads or a reply streams."""
+        text = event.text.strip("\n")
+        event.prompt.remember(text)
+        if self.host.backend is None and not self.host.loading:
+            event.prompt.restore(text)
+            notice(self, "No model is loaded: press F2 to pick a profile.", severity="warning")
+            return
+        if self.host.loading or self.generating or self.queued:
+            self.queue_prompt(text)
+            return
+        self.send_prompt(text)
+
+    def queue_prompt(self, text: str) -> None:
+        """Show the prompt as waiting; it goes out when the model is free (:meth:`send_queued`)."""
+        widget = UserMessage(text)
+        widget.set_waiting("waiting for the model to load" if self.host.loading else "waiting for the reply above")
+        self.queued.append(widget)
+        self.hide_welcome()
+        self.chat_log.mount(widget)
+        self.chat_log.follow()
+
+    def send_queued(self) -> None:
+        """Send the oldest waiting prompt, if the model is free."""
+        if self.queued and self.host.backend is not None and not self.host.loading and not self.generating:
+            widget = self.queued.pop(0)
+            widget.set_waiting(None)
+            self.send_prompt(widget.text, shown=widget)
+
+    def drop_queued(self) -> None:
+        """Take every waiting prompt off the transcript and back into the box."""
+        texts = [w.text for w in self.queued]
+        for widget in self.queued:
+            widget.remove()
+        self.queued = []
+        if texts:
+            self.prompt.restore("\n".join(texts))
+
+    def send_prompt(self, text: str, shown: Widget | None = None,
+                    answers: UserMessage | None = None, supersedes: UserMessage | None = None) -> None:
+        """Show and save the prompt, then start the reply worker.
+
+        ``shown``: the reply goes right after this widget (a queued prompt, or the
+        reply being regenerated); ``answers``: the prompt on screen (and saved)
+        that this reply answers again, so it is not saved twice; ``supersedes``:
+        the prompt an edited one replaces (its exchange is saved as replaced).
+        """
+        backend, profile, saver = self.host.backend, self.host.profile, self.archive.saver
+        assert backend is not None and profile is not None
+        if self._chat is None:  # created in the database by the saver's first write
+            self._chat = ChatRef(chat_title(text), profile.name, self.chat_system_prompt)
+        user_id = answers.saved_id() if answers is not None else None
+        earlier = None if supersedes is None else (
+            supersedes.message_id if supersedes.message_id is not None else supersedes.record)
+        record = saver.start_reply(self._chat, text, profile.name, user_id, earlier) if saver is not None else None
+        self.hide_welcome()
+        reply = AssistantMessage(profile.name, show_sources=self.show_sources)
+        if shown is None:
+            user = UserMessage(text)
+            user.record = record
+            self.chat_log.mount(user)
+            self.chat_log.mount(reply)
+        else:
+            if isinstance(shown, UserMessage) and answers is None:
+                shown.record = record
+            self.chat_log.mount(reply, after=shown)
+        self.chat_log.follow()
+        self.stream.begin(reply)
+        assert self.stream.cancel is not None
+        self.generating = True
+        self.hud.start_reply()
+        job = ReplyJob(self.stream.reply_id, backend, self.host.lock, build_messages(self.system_prompt, self.turns()),
+                       generation_params(profile), self.stream.cancel, self.stream.outbox, saver, record)
+        self.run_worker(partial(stream_reply, job, self.post_message), thread=True, group="reply",
+                        exit_on_error=False)
+
+    def stop_reply(self) -> None:
+        """Ask the engine to stop after the current round (Esc; safe from any thread)."""
+        self.stream.stop()
+
+    # -- streaming ----------------------------------------------------------------------
+
+    async def on_reply_chunk(self, message: ReplyChunk) -> None:
+        """Rounds are waiting: show them now, or when the pacer allows the next paint."""
+        if message.reply_id != self.stream.reply_id:
+            return
+        wait = self.stream.pacer.wait()
+        if wait > 0:
+            self.set_timer(wait, partial(self.paint_rounds, message.reply_id))
+        else:
+            await self.paint_rounds(message.reply_id)
+
+    async def paint_rounds(self, reply_id: int) -> None:
+        """Append every waiting round to the reply at once; the HUD sees each round's statistics."""
+        stream = self.stream
+        widget = stream.widget
+        if not stream.is_current(reply_id) or widget is None or not self.is_attached:
+            return  # a later reply, or the app is closing (a paint timer may still fire)
+        events = stream.outbox.take()
+        if not events:
+            return
+        stream.pacer.painting()
+        hud = self.hud
+        with self.app.batch_update():  # the reply and the HUD in one layout of the screen
+            await widget.append("".join(e.text for e in events), [(p.text, p.source) for e in events for p in e.pieces])
+            for event in events:
+                hud.set_stats(event.stats, live=True)
+                if event.notice:
+                    hud.set_notice(event.notice)
+                    notice(self, event.notice, severity="warning", title="Engine")
+            hud.flush()
+
+    async def on_reply_finished(self, message: ReplyFinished) -> None:
+        if message.reply_id != self.stream.reply_id or not self.is_attached:
+            return  # a stale reply, or the app closed its screens (the saver has the reply)
+        await self.paint_rounds(message.reply_id)  # rounds still waiting for a paint slot
+        widget = self.stream.end()
+        self.generating = False
+        if widget is not None:
+            await widget.finish(message.finish_reason, message.stats.to_dict() if message.stats else None)
+        if message.stats is not None:
+            self.hud.set_stats(message.stats, live=False)
+        if self.host.backend is not None:
+            self.hud.set_engine(self.host.backend.info, self.host.profile)
+        self.hud.live = False
+        self.hud.flush()
+        if message.error:
+            notice(self, message.error, severity="error", title="Generation failed")
+        if self.screen.is_active and self.screen.focused is None:
+            self.prompt.focus()
+        self.send_queued()
+
+    # -- the last exchange --------------------------------------------------------------
+
+    def last_exchange(self) -> tuple[UserMessage, AssistantMessage | None] | None:
+        """The last prompt on screen and its reply; None (with a notice) while a reply
+        streams or a prompt waits, or when there is no prompt yet."""
+        if self.generating or self.queued:
+            notice(self, "Wait for the reply to finish (or press Esc to stop it).", severity="warning")
+            return None
+        last = last_exchange(list(self.chat_log.children))
+        if last is None:
+            notice(self, "No prompt yet.", severity="warning")
+        return last
+
+    def regenerate(self) -> None:
+        """Answer the last prompt again; the earlier reply stays (dimmed) and in the history."""
+        last = self.last_exchange()
+        if last is None:
+            return
+        if self.host.backend is None:
+            notice(self, "No model is loaded yet.", severity="warning")
+            return
+        user, reply = last
+        if reply is not None:
+            reply.set_superseded()
+        self.send_prompt(user.text, shown=reply or user, answers=user)
+
+    def ask_edited(self, user: UserMessage, reply: AssistantMessage | None, text: str) -> None:
+        """Ask ``text`` in place of the prompt ``user``; the earlier exchange stays (dimmed)."""
+        if self.generating or self.host.backend is None:
+            self.prompt.restore(text)
+            notice(self, "The model is busy: your edited prompt is back in the box.", severity="warning")
+            return
+        user.set_superseded()
+        if reply is not None:
+            reply.set_superseded()
+        self.send_prompt(text.strip("\n"), supersedes=user)
+
+    # -- the HUD ------------------------------------------------------------------------
+
+    def fit_hud(self, width: int) -> None:
+        """Show the side HUD or its one-line form, for ``width`` columns."""
+        folded = width < HUD_MIN_WIDTH if self.hud_folded is None else self.hud_folded
+        self.hud.set_class(folded, "-line")
+
+    def toggle_hud(self, width: int) -> None:
+        self.hud_folded = not self.hud.has_class("-line")
+        self.fit_hud(width)
+
+    def watch_show_sources(self, show: bool) -> None:
+        for message in self.query(AssistantMessage):
+            message.set_show_sources(show)
+        self.hud.set_class(show, "-legend")
