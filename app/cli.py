@@ -134,10 +134,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:
-    from engine.availability import cuda_present, unavailable_reason
-    from engine.profiles import load_profiles, user_models_file
+    from engine.load.availability import cuda_present, unavailable_reason
+    from engine.config.profiles import load_profiles, user_models_file
 
-    from engine.sources import is_fetched
+    from engine.fetch.sources import is_fetched
 
     profiles = load_profiles(args.models)
     cuda = cuda_present()
@@ -208,7 +208,7 @@ def cmd_app(args: argparse.Namespace) -> int:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if args.command in ("generate", "bench"):  # the app loads its models in the engine's child
-        from engine.hublog import quiet_transformers
+        from engine.fetch.hublog import quiet_transformers
 
         quiet_transformers()
     handlers = {"generate": cmd_generate, "profiles": cmd_profiles, "bench": cmd_bench, None: cmd_app}

@@ -16,7 +16,7 @@ if TYPE_CHECKING:
     from engine.api import ChatBackend
     from engine.progress import ProgressFn
     from engine.events import GenerationParams
-    from engine.profiles import ModelProfile
+    from engine.config.profiles import ModelProfile
 
 
 def add_model_options(parser: argparse.ArgumentParser, subcommand: bool = True) -> None:
@@ -39,7 +39,7 @@ def add_model_options(parser: argparse.ArgumentParser, subcommand: bool = True) 
 
 def resolve_profile(args: argparse.Namespace) -> "ModelProfile":
     """The profile named by the model options (``--target`` builds one on the fly)."""
-    from engine.profiles import load_profiles, profile_from_sources
+    from engine.config.profiles import load_profiles, profile_from_sources
     from engine.sizes import parse_size
 
     if args.draft and not args.target:
@@ -62,13 +62,13 @@ def load_for(profile: "ModelProfile", mode: str = "spec", progress: "ProgressFn 
 
     if profile.backend == "server":
         return load_server(profile, mode, progress or no_progress)
-    from engine.loading import load_engine
+    from engine.load.loader import load_engine
 
     if mode == "ngram":
         profile = dataclasses.replace(profile, drafter="ngram", draft=None)
     elif mode == "plain":
         profile = dataclasses.replace(profile, drafter="none", draft=None)
-    from engine.hublog import hub_messages_as_progress
+    from engine.fetch.hublog import hub_messages_as_progress
 
     progress = progress or no_progress
     with hub_messages_as_progress(progress):  # hub retries as progress lines, not log text

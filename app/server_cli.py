@@ -9,7 +9,7 @@ from engine.errors import SpecChatError
 if TYPE_CHECKING:
     from engine.progress import ProgressFn
     from engine.remote.backend import ServerBackend
-    from engine.profiles import ModelProfile
+    from engine.config.profiles import ModelProfile
 
 
 def server_profile_from_args(args: argparse.Namespace) -> "ModelProfile | None":
@@ -23,7 +23,7 @@ def server_profile_from_args(args: argparse.Namespace) -> "ModelProfile | None":
         return None
     if getattr(args, "target", None) or getattr(args, "draft", None):
         raise SpecChatError("--server and --target/--draft exclude each other: the server has its own models")
-    from engine.profiles import profile_from_server
+    from engine.config.profiles import profile_from_server
 
     return profile_from_server(server, model, key_env)
 

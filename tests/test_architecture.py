@@ -118,3 +118,20 @@ def test_widgets_never_import_screens() -> None:
     bad = {m: sorted(d for d in deps if d.startswith("app.ui.screens")) for m, deps in g.items()
            if m.startswith("app.ui.widgets")}
     assert not {m: d for m, d in bad.items() if d}
+
+
+ENGINE_ROOMS = ("config", "fetch", "quant", "model", "decode", "chat", "remote", "load", "child")
+"""The engine's subpackages, each depending only on those before it (and on the boundary
+modules at the top of ``engine/``: api, events, errors, progress, paths, sizes)."""
+
+
+def _room(module: str) -> int:
+    parts = module.split(".")
+    return ENGINE_ROOMS.index(parts[1]) + 1 if len(parts) > 2 or parts[-1] in ENGINE_ROOMS else 0
+
+
+def test_engine_rooms_depend_one_way() -> None:
+    g = graph()
+    backward = sorted(f"{m} -> {d}" for m, deps in g.items() if m.startswith("engine.")
+                      for d in deps if d.startswith("engine.") and _room(d) > _room(m))
+    assert backward == []

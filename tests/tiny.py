@@ -16,7 +16,7 @@ from tokenizers import Tokenizer, models, pre_tokenizers
 from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 if TYPE_CHECKING:
-    from engine.session import ChatEngine
+    from engine.chat.session import ChatEngine
 
 
 def tiny_llama(
@@ -144,9 +144,9 @@ def tiny_model(seed: int, mpe: int = MPE) -> LlamaForCausalLM:
 def tiny_chat_engine(tokenizer, *, draft: bool = False, context_length: int | None = None, mpe: int = MPE) -> "ChatEngine":  # type: ignore[no-untyped-def]
     """A real ChatEngine on a tiny model with an ``mpe``-token window (n-gram drafter, or a close draft)."""
     from engine.api import EngineInfo
-    from engine.device import Device
-    from engine.drafters import ModelDrafter, NgramDrafter
-    from engine.session import ChatEngine
+    from engine.model.device import Device
+    from engine.decode.drafters import ModelDrafter, NgramDrafter
+    from engine.chat.session import ChatEngine
 
     cpu = Device(torch.device("cpu"))
     target = tiny_model(1, mpe)

@@ -22,8 +22,8 @@ if TYPE_CHECKING:
     from app.bench.run import BenchModels, Run
     from engine.api import ChatBackend
     from engine.progress import ProgressFn
-    from engine.profiles import ModelProfile
-    from engine.session import ChatEngine
+    from engine.config.profiles import ModelProfile
+    from engine.chat.session import ChatEngine
 
 __all__ = ["PromptSpec", "ProgressBar", "add_bench_parser", "cmd_bench", "load_prompt_set", "select_prompts"]
 
@@ -166,7 +166,7 @@ def bench_models(profile: "ModelProfile", engine: "ChatEngine", args: argparse.N
     """The target, the draft (if the engine holds a model draft) and the reply settings."""
     from app.bench.run import BenchModels
 
-    from engine.loading import model_drafter
+    from engine.load.loader import model_drafter
 
     target, draft = engine.models()
     tokenizer = getattr(engine, "tokenizer", None)
@@ -250,7 +250,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from app.bench.llamacpp import llama_servers, plan_llama, plan_report
     from app.bench.methods import plan_methods
     from app.models_cli import stderr_progress
-    from engine.llamacpp import find_llama_cpp
+    from app.bench.llamacpp_tools import find_llama_cpp
 
     if args.repeats < 1 or args.max_new_tokens < 1:
         raise SpecChatError("--repeats and --max-new-tokens must be at least 1")

@@ -1,7 +1,7 @@
 """What "identical to plain decoding" means on each device, for ``specchat bench``.
 
 On the CPU with an int4 target (torch's int4 kernel and row-exact attention,
-:func:`engine.lean.batch_invariant`) a verify pass computes every row bit for
+:func:`engine.model.lean.batch_invariant`) a verify pass computes every row bit for
 bit as a one-token step does, so a greedy reply must equal plain decoding
 token for token: any difference is a mismatch. An fp32 target's BLAS matmuls
 pick their kernels by row count (one row: a matrix-vector product), so its
@@ -70,12 +70,12 @@ def near_tie_judge(target: Any, device: Any, prompts: Mapping[str, Sequence[int]
     """A :data:`Judge` that reads the target's logits at the differing position with
     one pass of its own; None where the target is batch-invariant (exact: every
     difference counts)."""
-    from engine.lean import batch_invariant
+    from engine.model.lean import batch_invariant
 
     if not device.is_cuda and batch_invariant(target):
         return None
     tolerance = NEAR_TIE_LOGITS if device.is_cuda else CPU_NEAR_TIE_LOGITS
-    from engine.runner import ModelRunner
+    from engine.decode.runner import ModelRunner
 
     @lru_cache(maxsize=256)
     def logits_after(prompt: str, shared: tuple[int, ...]) -> torch.Tensor:

@@ -1,6 +1,6 @@
 """llama.cpp side by side in ``specchat bench``: ``llama.cpp-plain``, ``llama.cpp-spec``, ``llama.cpp-lookup``.
 
-Each method is one ``llama-server`` (:class:`engine.llamacpp.LlamaServer`) on the very GGUF file the
+Each method is one ``llama-server`` (:class:`app.bench.llamacpp_tools.LlamaServer`) on the very GGUF file the
 profile's target source reads, started once before the bench and stopped after it:
 
 * ``llama.cpp-plain``: the GGUF alone;
@@ -31,7 +31,7 @@ from typing import Any
 from app.bench.run import BenchPrompt, ExternalRunner, Run, _Reply, first_difference
 from app.bench.methods import LLAMA_METHODS, Method
 from engine.errors import LlamaCppError
-from engine.llamacpp import (LlamaCpp, LlamaServer, completion_payload, find_llama_cpp, gguf_for, how_to_get,
+from app.bench.llamacpp_tools import (LlamaCpp, LlamaServer, completion_payload, find_llama_cpp, gguf_for, how_to_get,
                              request_json, run_llama_bench, stream_completion)
 
 SPEC_ARGS = ("--spec-type", "draft-simple")

@@ -16,8 +16,8 @@ from typing import Any
 import psutil
 import torch
 
-from engine.device import Device
-from engine.runner import watch_passes
+from engine.model.device import Device
+from engine.decode.runner import watch_passes
 
 
 @dataclass(frozen=True)

@@ -32,11 +32,11 @@ from transformers import PreTrainedModel
 
 from app.bench.methods import NEEDS_DRAFT, Method
 from app.bench.probes import ForwardLog, ForwardTimer, PeakMemory
-from engine.decoder import SpecDecoder
-from engine.device import Device
-from engine.drafters import Drafter, ModelDrafter, NgramDrafter
+from engine.decode.decoder import SpecDecoder
+from engine.model.device import Device
+from engine.decode.drafters import Drafter, ModelDrafter, NgramDrafter
 from engine.events import GenerationParams, Stats
-from engine.stats import CostModel
+from engine.decode.cost_model import CostModel
 
 SPECCHAT_METHODS = ("plain", "spec", "spec-adaptive", "ngram")
 # Fixed-K and plain runs: no switch-off (fixed K never has one anyway). They keep the

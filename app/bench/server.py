@@ -22,7 +22,7 @@ from engine.events import GenerationParams, SamplingParams
 
 if TYPE_CHECKING:
     from app.bench.inputs import PromptSpec
-    from engine.profiles import ModelProfile
+    from engine.config.profiles import ModelProfile
     from engine.remote.backend import ServerBackend
 
 
@@ -73,7 +73,7 @@ class Sides:
 
 def _connect(profile: "ModelProfile", args: argparse.Namespace) -> Sides:
     from engine.remote.backend import LLAMA_CPP, ServerBackend
-    from engine.remote.config import ServerSpec
+    from engine.config.server import ServerSpec
 
     assert profile.server is not None
     spec = ServerBackend.connect(profile.server, profile.name)

@@ -18,7 +18,7 @@ from app.bench.exact import Judge, counted, flips
 from app.bench.llamacpp import llama_figures
 from app.bench.methods import LLAMA_METHODS
 
-from engine.stats import expected_tokens
+from engine.decode.cost_model import expected_tokens
 
 ALL_CLASSES = "all"
 
@@ -43,7 +43,7 @@ def alpha_from_tau(tau: float, k: int) -> float:
 
 
 def _expected_tokens(alpha: float, k: int) -> float:
-    """With one α at every position: the engine's own formula (:func:`engine.stats.expected_tokens`)."""
+    """With one α at every position: the engine's own formula (:func:`engine.decode.cost_model.expected_tokens`)."""
     return expected_tokens([alpha] * k, k)
 
 

@@ -43,7 +43,7 @@ from app.ui.widgets.prompt import PromptArea
 from engine.errors import SpecChatError
 
 if TYPE_CHECKING:
-    from engine.profiles import ModelProfile, Profiles
+    from engine.config.profiles import ModelProfile, Profiles
 
 
 class SpecChatApp(App[None]):
@@ -336,7 +336,7 @@ class SpecChatApp(App[None]):
     def switch_profile(self, name: str) -> None:
         """Load profile ``name`` in place of the current pair; the conversation continues.
 
-        A profile that cannot run here (see :mod:`engine.availability`) is refused
+        A profile that cannot run here (see :mod:`engine.load.availability`) is refused
         with its reason, and the loaded models stay.
         """
         target = self.engine.switch_target(name)
@@ -368,7 +368,7 @@ class SpecChatApp(App[None]):
             self.conversation.hud.set_loading(None, message.stage, message.fraction)
 
     def on_engine_ready(self, message: EngineReady) -> None:
-        from engine.child import ProcessBackend, lower_priority_except_launcher
+        from engine.child.backend import ProcessBackend, lower_priority_except_launcher
         from app.ui.loading import ui_nice
 
         if not self.screen_stack:  # loaded while the app was closing: nobody will use it

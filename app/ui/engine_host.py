@@ -22,7 +22,7 @@ from engine.progress import ProgressFn
 from engine.errors import SpecChatError
 
 if TYPE_CHECKING:
-    from engine.profiles import ModelProfile, Profiles
+    from engine.config.profiles import ModelProfile, Profiles
 
 
 @dataclass(frozen=True)
@@ -64,7 +64,7 @@ class EngineHost:
         self._cuda: bool | None = None
 
     def _load_profiles_file(self) -> "Profiles":
-        from engine.profiles import load_profiles
+        from engine.config.profiles import load_profiles
 
         return load_profiles(self.choice.models_file)
 
@@ -88,7 +88,7 @@ class EngineHost:
             if choice.server_profile is not None:
                 return choice.server_profile
             if choice.target is not None:
-                from engine.profiles import profile_from_sources
+                from engine.config.profiles import profile_from_sources
 
                 return profile_from_sources(choice.target, choice.draft)
             if self.profiles is not None:
@@ -104,7 +104,7 @@ class EngineHost:
         """Profile name -> why it cannot run on this machine (CUDA checked once)."""
         if self.profiles is None:
             return {}
-        from engine.availability import cuda_present, unavailable_reason
+        from engine.load.availability import cuda_present, unavailable_reason
 
         if self._cuda is None:
             self._cuda = cuda_present()

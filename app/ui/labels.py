@@ -5,7 +5,7 @@ from typing import TYPE_CHECKING
 
 
 if TYPE_CHECKING:
-    from engine.profiles import ModelProfile, ModelSpec
+    from engine.config.profiles import ModelProfile, ModelSpec
 
 
 def spec_label(spec: "ModelSpec") -> str:

@@ -1,6 +1,6 @@
 """Loading a profile's models: the loader, the threads it may use, and a switch in place.
 
-Local profiles load in the engine's child process (:mod:`engine.child`), server
+Local profiles load in the engine's child process (:mod:`engine.child.backend`), server
 profiles connect here. A switch loads the new pair next to the old one and
 closes the old one only once the new one is ready (or first, when the memory
 plan says they do not fit together): :func:`load_beside`, run in a worker thread.
@@ -16,7 +16,7 @@ from engine.progress import ProgressFn
 from engine.errors import SpecChatError
 
 if TYPE_CHECKING:
-    from engine.profiles import ModelProfile
+    from engine.config.profiles import ModelProfile
 
 Loader = Callable[["ModelProfile", "int | None", ProgressFn], ChatBackend]
 """Loads a profile's backend (``default_loader``; tests pass fakes)."""
@@ -27,14 +27,14 @@ ENGINE_LOG = "engine.log"
 def default_loader(profile: "ModelProfile", memory_budget: int | None, progress: ProgressFn) -> ChatBackend:
     """Load the engine for real (seconds to minutes; runs in a worker thread).
 
-    Local models load in a child process (:mod:`engine.child`): the decode loop
+    Local models load in a child process (:mod:`engine.child.backend`): the decode loop
     then never waits for the UI's Python. Its output goes to ``engine.log`` in
     the user state dir. A server profile only talks HTTP and stays here."""
-    from engine.hublog import hub_messages_as_progress
-    from engine.loading import load_engine
+    from engine.fetch.hublog import hub_messages_as_progress
+    from engine.load.loader import load_engine
 
     if profile.backend != "server":
-        from engine.child import ProcessBackend
+        from engine.child.backend import ProcessBackend
         from engine.paths import state_dir
 
         return ProcessBackend.start(profile, memory_budget, progress, log=state_dir() / ENGINE_LOG,
@@ -73,7 +73,7 @@ def ui_nice() -> int:
 
 def needs_room(exc: BaseException) -> bool:
     """True when a load failed for lack of memory (planned, or a real out-of-memory error)."""
-    from engine.device import Device
+    from engine.model.device import Device
     from engine.errors import MemoryPlanError
 
     return isinstance(exc, MemoryPlanError) or Device.is_out_of_memory(exc)

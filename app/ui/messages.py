@@ -16,7 +16,7 @@ from engine.api import ChatBackend
 from engine.events import ChatEvent, FinishReason, Stats
 
 if TYPE_CHECKING:
-    from engine.profiles import ModelProfile
+    from engine.config.profiles import ModelProfile
 
 
 class LoadProgress(Message):

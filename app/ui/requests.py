@@ -15,7 +15,7 @@ from engine.events import ChatMessage, GenerationParams
 from engine.events import generation_params as params_for
 
 if TYPE_CHECKING:
-    from engine.profiles import ModelProfile
+    from engine.config.profiles import ModelProfile
 
 MAX_NEW_TOKENS = 512
 

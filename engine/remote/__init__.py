@@ -5,7 +5,7 @@
 :class:`~engine.api.ChatBackend` surface as the local engine, over the
 OpenAI-compatible ``/v1/chat/completions`` stream, standard library only.
 
-* :mod:`engine.remote.config`: the profile keys (url, model, api_key_env, timeout).
+* :mod:`engine.config.server`: the profile keys (url, model, api_key_env, timeout).
 * :mod:`engine.remote.client`: HTTP and server-sent events, every failure a named error.
 * :mod:`engine.remote.figures`: the server's own α, τ, per-position acceptance.
 * :mod:`engine.remote.backend`: replies, figures per reply, the plain calibration.
@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING
 from engine.progress import ProgressFn, no_progress
 
 if TYPE_CHECKING:
-    from engine.profiles import ModelProfile
+    from engine.config.profiles import ModelProfile
     from engine.remote.backend import ServerBackend
 
 

@@ -28,7 +28,7 @@ from engine.progress import ProgressFn, no_progress
 from engine.errors import EngineError
 from engine.events import ChatEvent, ChatMessage, FinishReason, GenerationParams, TextPiece
 from engine.remote.client import ServerClient, ServerError
-from engine.remote.config import ServerSpec
+from engine.config.server import ServerSpec
 from engine.remote.figures import Figures, ServerStats, SpecCounters, parse_spec_counters, reply_figures
 
 CHAT_PATH = "/v1/chat/completions"

@@ -22,7 +22,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from engine.errors import EngineError
-from engine.remote.config import ServerSpec
+from engine.config.server import ServerSpec
 
 CONNECT_TIMEOUT_S = 10.0
 CANCEL_POLL_S = 0.05

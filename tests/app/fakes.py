@@ -9,7 +9,7 @@ from dataclasses import replace
 from engine.api import EngineInfo
 from engine.progress import ProgressFn
 from engine.events import ChatEvent, ChatMessage, GenerationParams, Stats, TextPiece
-from engine.profiles import ModelProfile, ModelSpec, Profiles
+from engine.config.profiles import ModelProfile, ModelSpec, Profiles
 
 DEFAULT_SCRIPT: tuple[tuple[tuple[str, str], ...], ...] = (
     (("Hello", "draft"), (" there", "draft"), ("!", "target")),

@@ -10,9 +10,9 @@ from app.bench.run import Run
 from app.bench.exact import CPU_NEAR_TIE_LOGITS, NEAR_TIE_LOGITS, counted, flips, judge_difference, near_tie_judge
 from app.bench.probes import ForwardLog
 from app.bench.stats import mismatches, reference_outputs, summarise
-from engine.device import Device
+from engine.model.device import Device
 from engine.quant.int4 import quantize_model
-from engine.runner import ModelRunner
+from engine.decode.runner import ModelRunner
 from tests.tiny import tiny_llama
 
 

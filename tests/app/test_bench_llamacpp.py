@@ -13,10 +13,10 @@ from app.bench.llamacpp import llama_servers, plan_llama, run_llama
 from app.bench.methods import Method
 from app.bench.stats import summarise
 from app.cli import main
-from engine.device import Device
+from engine.model.device import Device
 from engine.errors import LlamaCppError
-from engine.llamacpp import ENV_VAR, LlamaCpp, find_llama_cpp, gguf_for
-from engine.profiles import ModelProfile, ModelSpec
+from app.bench.llamacpp_tools import ENV_VAR, LlamaCpp, find_llama_cpp, gguf_for
+from engine.config.profiles import ModelProfile, ModelSpec
 from tests.conftest import POCKET_SOURCE
 from tests.fake_llama import FakeLlamaServer, load_recorded, synthetic
 from tests.tiny import tiny_llama

@@ -102,7 +102,7 @@ def test_a_config_with_a_bad_value_is_one_line(tmp_path: Path, capsys) -> None:
 
 
 def test_a_message_longer_than_the_window_exits_2_before_prefill(pair, capsys, monkeypatch) -> None:
-    from engine.decoder import SpecDecoder
+    from engine.decode.decoder import SpecDecoder
 
     def no_prefill(*args: object, **kwargs: object) -> None:
         raise AssertionError("prefill ran")

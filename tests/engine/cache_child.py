@@ -6,8 +6,8 @@ import sys
 import time
 import zipfile
 
-import engine.cachefiles as cachefiles
-import engine.wheels as wheels
+import engine.fetch.cachefiles as cachefiles
+import engine.fetch.wheels as wheels
 
 if sys.argv[1] == "download":
     real = cachefiles.die_with_parent_argv

@@ -13,7 +13,7 @@ from app.ui.labels import profile_pair
 from app.ui.screens.dialog import Dialog
 
 if TYPE_CHECKING:
-    from engine.profiles import ModelProfile, Profiles
+    from engine.config.profiles import ModelProfile, Profiles
 
 
 def profile_option(profile: "ModelProfile", *, current: bool, default: bool, unavailable: str | None = None) -> Option:

@@ -16,7 +16,7 @@ from engine.events import Stats
 from engine.remote.figures import ServerStats
 
 if TYPE_CHECKING:
-    from engine.profiles import ModelProfile
+    from engine.config.profiles import ModelProfile
 
 LABEL_WIDTH = 9
 

@@ -1,0 +1,321 @@
+"""Measuring speculation, and choosing K from the measurements.
+
+:class:`CostModel` lives as long as the loaded pair: it learns what a draft
+step and a target pass of ``n`` tokens cost on this machine, how often each
+draft position is accepted, and how fast plain decoding is. :class:`ReplyStats`
+counts one reply and produces the :class:`~engine.events.Stats` snapshots.
+
+How the speedup is measured: from every round, not from a few plain ones.
+:class:`~engine.decode.pass_costs.PassCosts` fits the target's pass cost t(n) against the
+tokens fed robustly (per-size medians, a line through them, slow forgetting)
+and takes the plain step from the median one-token round; a round's own target
+pass tells the machine's load at that moment, so the plain speed is estimated
+for the same stretch of time as the measured one (the module docstring of
+:mod:`engine.decode.pass_costs` gives the estimator). Rounds with K = 0 (plain mode,
+n-gram misses, rare calibration rounds) are counted and timed separately as a
+cross-check (``Stats.plain_rounds``, ``Stats.plain_measured_tokens_per_s``).
+
+The two acceptance figures (Leviathan et al. 2022 call the per-token one α):
+
+* ``Stats.alpha``, the **acceptance rate**: accepted ÷ proposed draft tokens.
+  It depends on K: a per-token α of 0.8 at K = 5 accepts on average
+  0.8 + 0.8² + ... + 0.8⁵ = 2.69 of 5 proposed, an acceptance rate of 0.54.
+* ``Stats.alpha_per_token``, the **per-token α** of the paper's formula
+  τ = (1 - α^(K+1)) / (1 - α): the chance that a drafted token is accepted
+  given that the ones before it were, estimated from per-position counts as
+  (accepted) ÷ (positions reached), the maximum-likelihood α when every
+  position is accepted with the same chance.
+"""
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from dataclasses import dataclass, field
+
+from engine.decode.pass_costs import WINDOW, PassCosts, Stretch
+from engine.events import Mode, Stats
+
+EMA = 0.2  # weight of the newest sample in the running draft-step average
+
+
+LOOKUP_TRUSTED = 4
+"""Before anything is measured, a lookup match of at least this many tokens is taken over
+the draft model (a copy in progress is accepted nearly always)."""
+
+
+def expected_tokens(accept: list[float], k: int) -> float:
+    """Expected tokens emitted by a round of K drafted tokens.
+
+    ``accept[i]`` is the probability that position ``i + 1`` is accepted given
+    that the ones before it were. With a constant α this is the paper's
+    ``(1 - α^(K+1)) / (1 - α)``.
+    """
+    total, survive = 1.0, 1.0
+    for i in range(k):
+        survive *= accept[i]
+        total += survive
+    return total
+
+
+@dataclass
+class PositionCounts:
+    """How often each draft position was reached and accepted.
+
+    Position ``i + 1`` is *reached* when the ``i`` before it were accepted; its
+    conditional acceptance rate is ``accepted[i] / reached[i]``.
+    """
+
+    reached: list[int] = field(default_factory=list)
+    accepted: list[int] = field(default_factory=list)
+
+    def add(self, proposed: int, n_accepted: int) -> None:
+        while len(self.reached) < proposed:
+            self.reached.append(0)
+            self.accepted.append(0)
+        for i in range(min(n_accepted + 1, proposed)):
+            self.reached[i] += 1
+        for i in range(n_accepted):
+            self.accepted[i] += 1
+
+    def add_counts(self, other: "PositionCounts") -> None:
+        for i, (r, a) in enumerate(zip(other.reached, other.accepted)):
+            if i == len(self.reached):
+                self.reached.append(0)
+                self.accepted.append(0)
+            self.reached[i] += r
+            self.accepted[i] += a
+
+    def per_token(self) -> float | None:
+        """The per-token α: accepted ÷ reached over all positions (None before any draft)."""
+        reached = sum(self.reached)
+        return sum(self.accepted) / reached if reached else None
+
+    def rates(self) -> tuple[float, ...]:
+        """Measured conditional acceptance per position (positions never reached left out)."""
+        return tuple(a / r for a, r in zip(self.accepted, self.reached) if r)
+
+    def smoothed(self, k: int, prior_weight: float = 2.0) -> list[float]:
+        """Estimates for positions ``1..k``.
+
+        Each position's rate is shrunk towards the estimate of the position
+        before it (``prior_weight`` pseudo-observations; position 1 towards
+        0.5), so a deep position reached once or never follows the shallower
+        ones instead of jumping to 0 or 1 on a single round.
+        """
+        rates: list[float] = []
+        prior = 0.5
+        for i in range(k):
+            reached = self.reached[i] if i < len(self.reached) else 0
+            accepted = self.accepted[i] if i < len(self.accepted) else 0
+            prior = (accepted + prior_weight * prior) / (reached + prior_weight)
+            rates.append(prior)
+        return rates
+
+
+@dataclass
+class CostModel:
+    """Measured costs and acceptance for one loaded pair (seconds), for the whole session."""
+
+    draft_step_s: float | None = None
+    passes: PassCosts = field(default_factory=PassCosts)  # target pass cost by tokens fed, plain step
+    overheads: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))  # bookkeeping per round
+    positions: dict[int, PositionCounts] = field(default_factory=dict)  # by Draft.key
+    rounds_since_plain: int = 1 << 30  # rounds since the last one-token pass (calibration schedule)
+
+    def observe(
+        self, proposed: int, n_accepted: int, draft_s: float, verify_s: float, other_s: float, key: int = 0,
+        free: bool = False,
+    ) -> None:
+        """Learn from one round that proposed ``proposed`` tokens of kind ``key`` (``free``: from a
+        lookup, whose cost says nothing of the draft model's step)."""
+        self.passes.add(proposed + 1, verify_s, draft_s + verify_s + other_s)
+        self.overheads.append(other_s)
+        if proposed == 0:
+            self.rounds_since_plain = 0
+            return
+        self.rounds_since_plain += 1
+        if not free:
+            per_step = draft_s / proposed
+            self.draft_step_s = per_step if self.draft_step_s is None else (1 - EMA) * self.draft_step_s + EMA * per_step
+        self.positions.setdefault(key, PositionCounts()).add(proposed, n_accepted)
+
+    @property
+    def overhead_s(self) -> float:
+        """Median bookkeeping time of a round (0 before any round)."""
+        return statistics.median(self.overheads) if self.overheads else 0.0
+
+    @property
+    def plain_step_s(self) -> float | None:
+        """The typical plain step here (median one-token round); None until sound."""
+        return self.passes.plain_step_s
+
+    @property
+    def plain_tokens_per_s(self) -> float | None:
+        """Typical plain speed (not load-corrected; a reply's figure is in its Stats)."""
+        step = self.passes.plain_step_s
+        return 1.0 / step if step else None
+
+    def plain_equivalent(self, proposed: int, verify_s: float, round_s: float) -> float | None:
+        """Plain tokens a round's time would have bought at its own load (None while unsound)."""
+        return self.passes.plain_equivalent(proposed + 1, verify_s, round_s)
+
+    def acceptance(self, k: int, key: int = 0) -> list[float]:
+        """Per-position acceptance estimates for positions ``1..k`` of drafts of
+        kind ``key``. A kind not measured yet borrows from the nearest measured
+        kind below it (an n-gram match longer than any seen is at least as good
+        as the longest seen), else from all kinds pooled."""
+        counts = self.positions.get(key)
+        if counts is None or not counts.reached:
+            lower = [other for other, c in self.positions.items() if other < key and c.reached]
+            if lower:
+                counts = self.positions[max(lower)]
+            else:
+                counts = PositionCounts()
+                for other_counts in self.positions.values():
+                    counts.add_counts(other_counts)
+        return counts.smoothed(k)
+
+    def pass_cost(self, fed: int) -> float | None:
+        """Estimated cost of a target pass over ``fed`` tokens, for choosing K (None before any pass)."""
+        return self.passes.predict(fed)
+
+    def round_cost(self, k: int, step: float) -> float:
+        """Predicted seconds of a round of K drafted tokens: K draft steps, a pass of K + 1, bookkeeping."""
+        return k * step + (self.pass_cost(k + 1) or 0.0) + self.overhead_s
+
+    def choose_k(
+        self, k_min: int, k_max: int, key: int = 0, draft_step_s: float | None = None, explore: bool = False
+    ) -> int:
+        """K in ``[k_min, k_max]`` maximising expected tokens per second of a round.
+
+        Rate(K) = expected_tokens(K) / (K * draft_step + t(K + 1) + overhead),
+        with acceptance measured per draft position for drafts of kind ``key``
+        and t from the fitted line (:meth:`PassCosts.predict`; never the
+        one-token cost, which takes another kernel). ``draft_step_s``
+        overrides the measured draft cost (0 for a drafter whose proposals are
+        free: K is then bounded by the match and the verification cost only).
+        Before anything is measured, start in the middle of the range.
+        ``explore``: while the line is not sound, answer one more than the best
+        K, so that a second pass size gets measured (a line through one size
+        and one-token passes once held K at 1: the step from the one-token
+        kernel to the multi-token one read as a steep cost per token).
+        """
+        if k_max <= k_min:
+            return k_min
+        best = self._best(k_min, k_max, key, draft_step_s)
+        if best is None:
+            return max(k_min, min(k_max, 4))
+        best_k = best[0]
+        if explore and not self.passes.line_sound:
+            return min(best_k + 1, k_max)
+        return best_k
+
+    def _best(self, k_min: int, k_max: int, key: int, draft_step_s: float | None) -> tuple[int, float] | None:
+        """The K in ``[k_min, k_max]`` with the highest expected rate (tokens per second of a
+        round) and that rate; None until a draft step and a pass have been measured."""
+        step = self.draft_step_s if draft_step_s is None else draft_step_s
+        if step is None or self.passes.passes == 0:
+            return None
+        accept = self.acceptance(k_max, key)
+        best_k, best_rate = k_min, -1.0
+        for k in range(k_min, k_max + 1):
+            rate = expected_tokens(accept, k) / max(self.round_cost(k, step), 1e-9)
+            if rate > best_rate:
+                best_k, best_rate = k, rate
+        return best_k, best_rate
+
+    def lookup_pays(self, k_min: int, k_max: int, proposed: int, key: int) -> bool:
+        """Whether a free lookup draft of ``proposed`` tokens whose match is of kind ``key`` is
+        expected to emit tokens faster than the draft model would this round (kind 0, its
+        measured step). Until both can be estimated, only a long match (at least
+        ``LOOKUP_TRUSTED`` tokens) is taken."""
+        lookup = self._best(min(k_min, proposed), proposed, key, 0.0)
+        model = self._best(k_min, k_max, 0, None)
+        if lookup is None or model is None or 0 not in self.positions:
+            return key >= LOOKUP_TRUSTED
+        return lookup[1] >= model[1]
+
+
+@dataclass
+class ReplyStats:
+    """Counters for one reply; :meth:`snapshot` turns them into :class:`Stats`."""
+
+    mode: Mode
+    drafter: str
+    adaptive: bool
+    costs: CostModel
+    k: int = 0
+    rounds: int = 0
+    target_passes: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    tokens: int = 0
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    other_s: float = 0.0
+    prefill_s: float = 0.0
+    positions: PositionCounts = field(default_factory=PositionCounts)
+    speculation_off_reason: str | None = None
+    stretch: Stretch = field(default_factory=Stretch)
+    mode_tokens: dict[str, int] = field(default_factory=dict)
+    plain_rounds: int = 0
+    plain_rounds_s: float = 0.0
+
+    def record(
+        self, k: int, proposed: int, n_accepted: int, emitted: int, draft_s: float, verify_s: float,
+        other_s: float, mode: Mode | None = None,
+    ) -> None:
+        """Count one round: ``k`` is the K in force (shown even on a plain
+        calibration round), ``emitted`` the tokens kept after stop conditions,
+        ``mode`` the mode the round ran in (default: the reply's)."""
+        self.k = k
+        self.rounds += 1
+        self.target_passes += 1
+        self.proposed += proposed
+        self.accepted += n_accepted
+        self.tokens += emitted
+        self.draft_s += draft_s
+        self.verify_s += verify_s
+        self.other_s += other_s
+        self.positions.add(proposed, n_accepted)
+        wall = draft_s + verify_s + other_s
+        self.stretch.add(proposed + 1, verify_s, wall)
+        round_mode = mode or self.mode
+        self.mode_tokens[round_mode] = self.mode_tokens.get(round_mode, 0) + emitted
+        if proposed == 0:
+            self.plain_rounds += 1
+            self.plain_rounds_s += wall
+
+    def snapshot(self) -> Stats:
+        decode_s = self.draft_s + self.verify_s + self.other_s
+        tps = self.tokens / decode_s if decode_s > 0 and self.tokens else None
+        plain_tokens = self.stretch.plain_tokens(self.costs.passes) if self.tokens else None
+        sound = plain_tokens is not None and plain_tokens > 0 and decode_s > 0
+        return Stats(
+            mode=self.mode,
+            drafter=self.drafter,
+            k=self.k,
+            adaptive=self.adaptive,
+            rounds=self.rounds,
+            target_passes=self.target_passes,
+            proposed=self.proposed,
+            accepted=self.accepted,
+            tokens=self.tokens,
+            alpha=self.accepted / self.proposed if self.proposed else None,
+            alpha_per_token=self.positions.per_token(),
+            tau=self.tokens / self.target_passes if self.target_passes else None,
+            per_position=self.positions.rates(),
+            draft_s=self.draft_s,
+            verify_s=self.verify_s,
+            other_s=self.other_s,
+            prefill_s=self.prefill_s,
+            elapsed_s=decode_s + self.prefill_s,
+            tokens_per_s=tps,
+            itl_ms=1000 * decode_s / self.tokens if self.tokens else None,
+            plain_tokens_per_s=plain_tokens / decode_s if sound and plain_tokens else None,
+            speedup=self.tokens / plain_tokens if sound and plain_tokens else None,
+            plain_rounds=self.plain_rounds,
+            plain_measured_tokens_per_s=self.plain_rounds / self.plain_rounds_s if self.plain_rounds_s > 0 else None,
+            mode_tokens=tuple((m, n) for m, n in self.mode_tokens.items() if n),
+            speculation_off_reason=self.speculation_off_reason,
+        )

@@ -1,0 +1,312 @@
+"""The speculative decoding loop: draft, verify, crop, emit.
+
+Each round (Leviathan et al. 2022; Chen et al. 2023):
+
+1. choose K (fixed, or from the measured costs: :mod:`engine.decode.cost_model`);
+2. the drafter proposes up to K tokens;
+3. the target scores the pending token plus the draft in **one** forward pass;
+4. the longest accepted prefix is kept and the target adds one token of its
+   own (:mod:`engine.decode.verify`);
+5. stop conditions cut the emitted tokens; both caches are cropped to the
+   accepted sequence; an event is yielded.
+
+Plain decoding is the same loop with K = 0, so every comparison runs the same
+code. Cache invariant after every round: the target's cache holds the whole
+sequence except its last token (the pending one, fed at the next round).
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import TypeVar
+
+from transformers import PreTrainedModel
+
+from engine.model.device import Device
+from engine.decode.drafters import EMPTY_DRAFT, Draft, Drafter
+from engine.errors import ContextLengthError, EngineError
+from engine.events import GenerationParams, Mode, RoundEvent, TokenSource
+from engine.decode.runner import ModelRunner
+from engine.decode.sampling import GumbelNoise, Randomness, make_randomness, warp
+from engine.decode.schedule import Schedule
+from engine.decode.cost_model import CostModel, ReplyStats
+from engine.decode.verify import Verdict, verify_coupled, verify_greedy, verify_sampled
+
+T = TypeVar("T")
+TARGET_OOM = ("the target model ran out of memory; start a new chat (a shorter context), lower the "
+              "profile's context_length, or choose a smaller quantization or profile")
+
+
+class SpecDecoder:
+    """Owns the target's runner, the drafter, and the measured cost model.
+
+    Args:
+        target_model: the model whose output is reproduced exactly.
+        device: where both models live.
+        drafter: a :class:`~engine.decode.drafters.Drafter`, or None for plain decoding.
+        calibrate_every: while speculating, run a plain step (K = 0) when no
+            round of the session fed one token for this many rounds (every
+            other round until :data:`engine.decode.pass_costs.MIN_PLAIN` were seen): the
+            plain step is measured, never extrapolated (``engine.decode.pass_costs``).
+            0: never; the speedup then stays unknown unless the drafter
+            itself leaves rounds empty (an n-gram miss).
+        auto_off_window: with adaptive K, the rounds of evidence needed before
+            speculation switches itself off (:mod:`engine.decode.auto_switch`: speedup
+            below 0.95 and its upper confidence bound below 1.0); it is tried
+            again later (0 disables the check).
+        reprobe_after: plain rounds after an automatic switch-off before
+            speculation is tried again (doubling with each further switch-off).
+        window: the context window, tokens of prompt + reply (None: no limit).
+            A prompt must leave room for one new token; a reply stops with
+            finish reason ``context`` when the sequence fills the window, and
+            no round feeds a position at or past it.
+        costs: the measured cost model to start from (the bench keeps one per
+            method across replies); None: a fresh one.
+    """
+
+    def __init__(
+        self,
+        target_model: PreTrainedModel,
+        device: Device,
+        drafter: Drafter | None = None,
+        *,
+        calibrate_every: int = 32,
+        auto_off_window: int = 32,
+        reprobe_after: int = 64,
+        window: int | None = None,
+        costs: CostModel | None = None,
+    ) -> None:
+        self.device = device
+        self.target = ModelRunner(target_model, device)
+        self.drafter = drafter
+        self.costs = costs or CostModel()
+        self.schedule = Schedule(self.costs, calibrate_every, auto_off_window, reprobe_after)
+        self.window = window
+        self.speculation_enabled = True
+        self.off_reason: str | None = None
+        """Why speculation is off for now (by hand, or switched off automatically)."""
+        self.fallback_reason: str | None = None
+        """Why the drafter was dropped for good (out of memory)."""
+
+    @property
+    def mode(self) -> Mode:
+        """What runs now: ``spec`` (model draft), ``ngram`` or ``plain``."""
+        if self.drafter is None or not self.speculation_enabled:
+            return "plain"
+        return "spec" if self.drafter.kind == "model" else "ngram"
+
+    @property
+    def plain_reason(self) -> str | None:
+        """Why decoding is plain, if it is: the drafter dropped for good comes first."""
+        return self.fallback_reason or self.off_reason
+
+    def set_speculation(self, enabled: bool) -> None:
+        """Switch speculation on or off by hand (also undoes an automatic switch-off)."""
+        self.speculation_enabled = enabled
+        self.off_reason = None if enabled else "speculation switched off by the user"
+        self.schedule.switch.reset()
+
+    def drop_drafter(self, reason: str) -> str:
+        """Free the drafter for good and go on with plain decoding; returns the notice."""
+        self._release(target=False)
+        self.fallback_reason = reason
+        return f"draft dropped ({reason}); continuing with plain decoding"
+
+    def close(self) -> None:
+        """Release both models' caches and references."""
+        self._release(target=True)
+
+    def _release(self, *, target: bool) -> None:
+        if self.drafter is not None:
+            self.drafter.release()
+            self.drafter = None
+        if target:
+            self.target.release()
+        self.device.release_memory()
+
+    def generate(
+        self,
+        prompt_ids: Sequence[int],
+        params: GenerationParams,
+        cancel: threading.Event | None = None,
+    ) -> Iterator[RoundEvent]:
+        """Decode a reply to ``prompt_ids`` (``[L]`` ids, the whole conversation).
+
+        The part of the prompt already in the target's cache (a previous chat
+        turn) is reused; only the rest is prefilled. Yields one
+        :class:`RoundEvent` per round; the last one carries ``finish_reason``.
+        ``cancel`` is checked between rounds; caches stay consistent.
+        """
+        if not prompt_ids:
+            raise ValueError("the prompt is empty")
+        if self.window is not None and len(prompt_ids) >= self.window:
+            raise ContextLengthError(
+                f"the prompt is {len(prompt_ids)} tokens but the context window holds {self.window} "
+                "(prompt and reply together); shorten it or start a new chat"
+            )
+        seq = list(prompt_ids)
+        if self.schedule.switch.new_reply():  # re-probe after an automatic switch-off
+            self.speculation_enabled, self.off_reason = True, None
+        generator = make_randomness(params.sampling, len(seq), self.target.vocab_size, self.device)
+        drafter_name = self.drafter.name if self.drafter is not None else "none"
+        stats = ReplyStats(self.mode, drafter_name, params.k is None, self.costs)
+        stats.speculation_off_reason = self.plain_reason
+        start = self.device.now()
+        notice = self._prefill(seq)
+        stats.prefill_s = self.device.now() - start
+        produced = 0
+        for round_index in range(params.max_new_tokens):
+            if cancel is not None and cancel.is_set():
+                yield RoundEvent((), (), stats.snapshot(), "cancelled", notice)
+                return
+            event, n_emitted = self._round(seq, params, generator, stats, round_index, produced, notice)
+            notice = None
+            produced += n_emitted
+            yield event
+            if event.finish_reason is not None:
+                return
+
+    def _round(
+        self,
+        seq: list[int],
+        params: GenerationParams,
+        generator: Randomness,
+        stats: ReplyStats,
+        round_index: int,
+        produced: int,
+        notice: str | None = None,
+    ) -> tuple[RoundEvent, int]:
+        """One draft-verify round; extends ``seq`` in place."""
+        budget = params.max_new_tokens - produced
+        # Tokens the window still has room for: K is capped so that no position
+        # at or past the window is ever fed, and the reply ends when it is full.
+        remaining = budget if self.window is None else min(budget, self.window - len(seq))
+        round_mode = self.mode
+        policy_k = self.schedule.policy_k(self.drafter, self.speculation_enabled, params)
+        k = 0 if self.schedule.calibrating(round_mode) else min(policy_k, remaining - 1)
+        t_start = self.device.now()
+        draft = EMPTY_DRAFT
+        free = self.drafter is not None and self.drafter.free_proposals and params.k is None
+        looked_up = EMPTY_DRAFT if free or k == 0 else self._lookup_first(seq, params, generator, remaining)
+        if looked_up.tokens:  # a copy that pays more than the draft model this round: trim it like a free draft
+            k = self.schedule.free_k(params, len(looked_up.tokens), looked_up.key)
+            draft = looked_up.first(k)
+        elif k > 0 and self.drafter is not None:
+            # Free proposals (a lookup): ask for the most, then keep the K that
+            # pays for this kind of draft: the match and the fitted verification
+            # cost are the limit, not caution. (The lambda reads self.drafter when
+            # called, so no local reference keeps a failed draft alive.)
+            n = min(params.k_max, remaining - 1) if free else k
+            draft, dropped = self._guarded(
+                lambda: self.drafter.propose(seq, n, params.sampling, generator),  # type: ignore[union-attr]
+                "out of memory while drafting",
+                lambda: EMPTY_DRAFT,
+            )
+            notice = dropped or notice
+            if free and draft.tokens:
+                k = self.schedule.free_k(params, len(draft.tokens), draft.key)
+            draft = draft.first(k)
+        t_draft = self.device.now()
+        verdict, dropped = self._guarded(
+            lambda: self._verify(seq, draft, params, generator),
+            "out of memory while verifying a draft",
+            lambda: self._verify(seq, EMPTY_DRAFT, params, generator),
+        )
+        if dropped is not None:
+            notice, draft = dropped, EMPTY_DRAFT
+        t_verify = self.device.now()
+
+        emitted = [*draft.tokens[: verdict.n_accepted], verdict.next_token]
+        sources: list[TokenSource] = ["draft"] * verdict.n_accepted + ["target"]
+        emitted, finish = params.cut(emitted, remaining)
+        if finish == "length" and remaining < budget:
+            finish = "context"
+        seq.extend(emitted)
+        self.target.truncate(len(seq) - 1)
+        if self.drafter is not None:
+            self.drafter.commit(seq)
+        t_end = self.device.now()
+
+        draft_s, verify_s, other_s = t_draft - t_start, t_verify - t_draft, t_end - t_verify
+        drafted = len(draft.tokens)
+        copied = free or bool(looked_up.tokens)
+        self.costs.observe(drafted, verdict.n_accepted, draft_s, verify_s, other_s, draft.key, free=copied)
+        # The K shown: the policy's, or for a free draft the K it was trimmed to (kept on a miss).
+        shown_k = policy_k if not copied else (k if drafted else stats.k)
+        stats.record(shown_k, drafted, verdict.n_accepted, len(emitted), draft_s, verify_s, other_s,
+                     mode=round_mode)
+        plain_equivalent = self.costs.plain_equivalent(drafted, verify_s, t_end - t_start)
+        switched = self.schedule.verdict(params, round_mode, len(emitted), plain_equivalent)
+        if switched is not None:
+            on, reason = switched
+            self.speculation_enabled, self.off_reason = on, None if on else reason
+            notice = notice or reason
+        stats.mode = self.mode
+        if notice is not None:
+            stats.speculation_off_reason = self.plain_reason
+        event = RoundEvent(tuple(emitted), tuple(sources[: len(emitted)]), stats.snapshot(), finish, notice)
+        return event, len(emitted)
+
+    def _lookup_first(self, seq: list[int], params: GenerationParams, generator: Randomness, remaining: int) -> Draft:
+        """The model drafter's lookup's copy of what followed the context's last tokens, when
+        it has one and the measured costs say it beats the model this round; else empty."""
+        lookup = getattr(self.drafter, "lookup", None)
+        if lookup is None or params.k is not None:
+            return EMPTY_DRAFT
+        draft: Draft = lookup.propose(seq, min(params.k_max, remaining - 1), params.sampling, generator)
+        if draft.tokens and self.schedule.lookup_pays(params, len(draft.tokens), draft.key):
+            return draft
+        return EMPTY_DRAFT
+
+    def _verify(
+        self,
+        seq: list[int],
+        draft: Draft,
+        params: GenerationParams,
+        generator: Randomness,
+    ) -> Verdict:
+        """Score ``[pending, *draft]`` in one target pass and decide.
+
+        Row ``r`` of the target's logits chooses the token at sequence index
+        ``len(seq) + r``: seeded sampling takes that position's Gumbel row.
+        """
+        if len(self.target) != len(seq) - 1:
+            raise AssertionError(f"target cache holds {len(self.target)} tokens, expected {len(seq) - 1}")
+        fed = [seq[-1], *draft.tokens]
+        logits = self.target.forward(fed, logits_to_keep=len(fed))
+        if params.sampling.greedy:
+            return verify_greedy(logits, draft.tokens)
+        if isinstance(generator, GumbelNoise):
+            return verify_coupled(logits, draft.tokens, params.sampling, generator.rows(len(seq), len(fed)))
+        p = warp(logits, params.sampling)
+        return verify_sampled(p, draft.tokens, draft.probs, generator, self.device)
+
+    def _prefill(self, seq: list[int]) -> str | None:
+        """Feed the uncached part of the prompt, all but its last token, to the target and
+        then to the drafter (not billed as draft-step cost); returns an OOM fallback's notice."""
+        read = lambda: self.target.catch_up(seq)  # noqa: E731
+        _, notice = self._guarded(read, "out of memory while reading the prompt", read)
+        if self.drafter is not None and self.speculation_enabled:
+            _, dropped = self._guarded(
+                lambda: self.drafter.prefill(seq),  # type: ignore[union-attr]
+                "out of memory while the draft read the prompt",
+                lambda: None,
+            )
+            notice = dropped or notice
+        return notice
+
+    def _guarded(self, step: Callable[[], T], reason: str, instead: Callable[[], T]) -> tuple[T, str | None]:
+        """Run ``step``; on out-of-memory drop the drafter and run ``instead``. Returns the
+        result and the notice (None if ``step`` succeeded). Recovery runs after the ``except``
+        block: until then the traceback keeps the failed pass's frames and activations alive
+        (pytorch/pytorch#18853). With no drafter to drop, an unchained :class:`EngineError`."""
+        try:
+            return step(), None
+        except Exception as exc:  # noqa: BLE001 - everything but OOM is re-raised as is
+            if not self.device.is_out_of_memory(exc):
+                raise
+        if self.drafter is None:
+            raise EngineError(TARGET_OOM)
+        notice = self.drop_drafter(reason)  # releases memory: the failed frames are gone by now
+        # The retry is guarded too: with the drafter gone, an OOM there is the EngineError.
+        return self._guarded(instead, reason, instead)[0], notice

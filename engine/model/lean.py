@@ -1,0 +1,305 @@
+"""A lean forward pass for Llama-family decoders (Llama, Qwen2, Mistral, SmolLM).
+
+At batch size one on a CPU, a small model's step is mostly Python: transformers
+dispatches some 25 modules, hooks and wrappers per layer, which for SmolLM2
+(30 layers) costs more than its int4 matmuls. :class:`LeanForward` runs the
+same maths over the same modules' weights with a straight loop, the way
+gpt-fast's ``Transformer.forward`` does, with q/k/v and gate/up each joined
+into one matmul (the layers become views into the joint weights, so no
+memory is duplicated):
+
+    x = embed(ids)
+    for each layer:
+        h = rms_norm(x) ; q, k, v = h Wq, h Wk, h Wv ; rope(q, k)
+        k, v = cache.update(k, v)                      # the runner's cache (GrowingKV)
+        x = x + attention(q, k, v, causal from position ``start``) Wo
+        h = rms_norm(x) ; x = x + (silu(h Wg) * h Wu) Wd
+    logits = rms_norm(x[-keep:]) W_head
+
+It reuses the model's own weights (int4 or not) and rotary embedding (with
+its scaling), so transformers' forward, ``generate`` included, keeps working on
+the same model.
+Any model it does not recognise runs through transformers unchanged
+(:func:`lean_forward` returns None).
+
+The numbers are those of transformers' SDPA path up to the order of floating
+point operations, so a reply may differ from transformers' own ``generate`` at
+a near-tie; speculative and plain decoding in specchat both run this pass, so
+they stay token-identical to each other.
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from engine.quant.int4 import Int4Linear, joint_bias, quantize_weight
+
+SUPPORTED = ("llama", "qwen2", "mistral")
+
+
+def _call(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The module's forward without nn.Module's hook dispatch (the lean part)."""
+    if isinstance(module, Int4Linear):
+        return Int4Linear.fuse([module])
+    return module.forward
+
+
+def _fused(modules: list[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor] | None:
+    """One matmul for projections that read the same input, sharing their storage; None if the
+    layers are of a kind that cannot be joined (bitsandbytes)."""
+    if any(isinstance(m, Int4Linear) for m in modules):
+        return Int4Linear.fuse(modules) if Int4Linear.can_fuse(modules) else None  # type: ignore[arg-type]
+    if not all(type(m) is nn.Linear for m in modules):
+        return None
+    weight = torch.cat([m.weight.detach() for m in modules])
+    bias = joint_bias(modules)
+    offset = 0
+    for m in modules:  # the layers keep working, as views into the joint weight
+        rows = m.out_features
+        m.weight = nn.Parameter(weight[offset : offset + rows], requires_grad=False)
+        offset += rows
+    return lambda x: F.linear(x, weight, bias)
+
+
+class _Layer:
+    __slots__ = ("norm1", "eps1", "qkv", "o", "norm2", "eps2", "gate_up", "inter", "down")
+
+    def __init__(self, layer: nn.Module) -> None:
+        attn, mlp = layer.self_attn, layer.mlp
+        self.norm1, self.eps1 = layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon
+        self.norm2, self.eps2 = layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon
+        projections = [attn.q_proj, attn.k_proj, attn.v_proj]
+        self.qkv = _fused(projections) or _separate(projections)
+        self.o = _call(attn.o_proj)
+        self.inter = int(mlp.gate_proj.out_features)
+        self.gate_up = _fused([mlp.gate_proj, mlp.up_proj]) or _separate([mlp.gate_proj, mlp.up_proj])
+        self.down = _call(mlp.down_proj)
+
+
+def _separate(modules: list[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor]:
+    calls = [_call(m) for m in modules]
+    return lambda x: torch.cat([c(x) for c in calls], dim=-1)
+
+
+def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' LlamaRMSNorm: torch's fused kernel in float32 (bit for bit the same
+    here on 200 random rows, one call instead of seven), op for op in half precision."""
+    if x.dtype == torch.float32:
+        return F.rms_norm(x, (x.shape[-1],), weight, eps)
+    dtype = x.dtype
+    x32 = x.to(torch.float32)
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class LeanForward:
+    """Callable like the model (``input_ids``, ``past_key_values``, ``logits_to_keep``) for the runner."""
+
+    def _attention(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None, start: int, row_exact: bool
+    ) -> torch.Tensor:
+        """Attention of ``q`` ``[1, heads, T, d]`` over the cache ``k``, ``v`` ``[1, kv_heads, start + T, d]``.
+
+        A verify pass must give each row the very numbers a one-token step at
+        that position would (greedy speculation is token-identical to plain
+        decoding only if it does). One masked SDPA call over T rows takes
+        another kernel path and differs in the last bits (~2e-7 here), enough
+        to flip a near-tie; so with ``row_exact`` row ``i`` attends through its
+        own one-row call over exactly ``start + i + 1`` keys. The int4 matmuls
+        are batch-invariant already (tests/engine/model/test_lean.py checks both).
+        A prefill, whose logits nobody compares, takes the one masked call.
+        """
+        gqa = self.n_kv != self.n_heads
+        t = q.shape[2]
+        if t == 1 or not row_exact:
+            return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=gqa)
+        rows = [F.scaled_dot_product_attention(q[:, :, i : i + 1], k[:, :, : start + i + 1], v[:, :, : start + i + 1],
+                                               scale=self.scale, enable_gqa=gqa) for i in range(t)]
+        return torch.cat(rows, dim=2)
+
+    def new_cache(self) -> GrowingKV:
+        """An empty cache for this model (the runner owns it)."""
+        return GrowingKV(len(self.layers))
+
+    def __init__(self, model: nn.Module) -> None:
+        cfg = model.config.get_text_config()
+        inner = model.model
+        self.config = model.config
+        self.embed = inner.embed_tokens.weight
+        self.rotary = inner.rotary_emb
+        self.final_norm, self.final_eps = inner.norm.weight, inner.norm.variance_epsilon
+        self.head = _call(model.lm_head)
+        self.layers = [_Layer(layer) for layer in inner.layers]
+        self.n_heads = int(cfg.num_attention_heads)
+        self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
+        self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
+        self.scale = self.head_dim**-0.5
+        self.qk_width = (self.n_heads + self.n_kv) * self.head_dim
+
+    @torch.inference_mode()
+    def __call__(
+        self, input_ids: torch.Tensor, past_key_values: Any, start: int, logits_to_keep: int = 1,
+        row_exact: bool = True,
+    ) -> torch.Tensor:
+        """Run ``input_ids`` ``[1, T]`` at positions ``start .. start + T - 1``.
+
+        Appends their keys and values to ``past_key_values`` (which holds
+        ``start`` tokens) and returns logits ``[1, logits_to_keep, V]``.
+        With ``row_exact`` each row's attention is computed exactly as a
+        one-token pass at its position would compute it (see :meth:`_attention`).
+        """
+        t = input_ids.shape[1]
+        x = F.embedding(input_ids, self.embed)
+        positions = torch.arange(start, start + t, device=input_ids.device).unsqueeze(0)
+        cos, sin = self.rotary(x, positions)
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        mask = None
+        if t > 1:  # causal over the new tokens; every cached token is visible
+            mask = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(diagonal=start)
+        qk_shape, kv_shape = (1, t, self.n_heads + self.n_kv, self.head_dim), (1, t, self.n_kv, self.head_dim)
+        for i, layer in enumerate(self.layers):
+            h = _rms_norm(x, layer.norm1, layer.eps1)
+            qkv = layer.qkv(h)
+            # Rope on q and k at once (elementwise, so the same numbers as one at a time).
+            qk = qkv[..., : self.qk_width].view(qk_shape).transpose(1, 2)
+            qk = qk * cos + _rotate_half(qk) * sin
+            q, k = qk.split((self.n_heads, self.n_kv), dim=1)
+            v = qkv[..., self.qk_width :].view(kv_shape).transpose(1, 2)
+            k, v = past_key_values.update(k, v, i)
+            a = self._attention(q, k, v, mask, start, row_exact)
+            x = x + layer.o(a.transpose(1, 2).reshape(1, t, -1))
+            h = _rms_norm(x, layer.norm2, layer.eps2)
+            gate, up = layer.gate_up(h).split((layer.inter, layer.inter), dim=-1)
+            x = x + layer.down(F.silu(gate) * up)
+        x = _rms_norm(x[:, -logits_to_keep:], self.final_norm, self.final_eps)
+        return self.head(x)
+
+
+class GrowingKV:
+    """The lean path's KV cache: per-layer buffers that grow by doubling.
+
+    transformers' ``DynamicCache`` concatenates every step, copying the whole
+    cache (O(L) a token: ~45 MB a step for SmolLM2 at 1,000 tokens); here a
+    step writes only its new keys and values. It offers what the runner uses of
+    a cache: ``update``, ``get_seq_length`` and ``layers`` whose ``keys`` are
+    ``[1, kv_heads, length, head_dim]`` views and whose ``crop(-n)`` drops the
+    last ``n`` tokens (``crop(n)``, n >= 0, keeps the first ``n``).
+    """
+
+    class Layer:
+        def __init__(self) -> None:
+            self.k: torch.Tensor | None = None
+            self.v: torch.Tensor | None = None
+            self.length = 0
+
+        @property
+        def is_initialized(self) -> bool:
+            return self.k is not None
+
+        @property
+        def keys(self) -> torch.Tensor | None:
+            return self.k[:, :, : self.length] if self.k is not None else None
+
+        def crop(self, n: int) -> None:
+            self.length = max(self.length + n, 0) if n < 0 else min(n, self.length)
+
+        def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            end = self.length + k.shape[2]
+            if self.k is None or end > self.k.shape[2]:
+                capacity = max(256, 2 * end)
+                grown_k = k.new_empty((*k.shape[:2], capacity, k.shape[3]))
+                grown_v = v.new_empty((*v.shape[:2], capacity, v.shape[3]))
+                if self.k is not None and self.v is not None:
+                    grown_k[:, :, : self.length] = self.k[:, :, : self.length]
+                    grown_v[:, :, : self.length] = self.v[:, :, : self.length]
+                self.k, self.v = grown_k, grown_v
+            assert self.v is not None
+            self.k[:, :, self.length : end] = k
+            self.v[:, :, self.length : end] = v
+            self.length = end
+            return self.k[:, :, :end], self.v[:, :, :end]
+
+    def __init__(self, n_layers: int) -> None:
+        self.layers = [GrowingKV.Layer() for _ in range(n_layers)]
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Append ``[1, kv_heads, T, head_dim]`` keys and values; return the layer's whole cache."""
+        return self.layers[layer_idx].append(k, v)
+
+    def get_seq_length(self) -> int:
+        return self.layers[0].length if self.layers else 0
+
+
+def _head_rows(head: nn.Module, ids: torch.Tensor, hidden: int) -> torch.Tensor:
+    """Rows ``ids`` of an output layer's weight ``[len(ids), H]``, whatever stores it:
+    a plain weight is indexed; an int4 layer is run on the identity, in chunks."""
+    if type(head) is nn.Linear:
+        return head.weight.detach()[ids].float()
+    device = next(itertools.chain(head.buffers(), head.parameters())).device
+    bias = head(torch.zeros(1, hidden, device=device)).float()[0, ids]
+    rows = []
+    for start in range(0, hidden, 256):
+        eye = torch.eye(hidden, device=device)[start : start + 256]
+        rows.append(head(eye).float()[:, ids] - bias)  # [chunk, n] = W[ids, chunk].T
+    return torch.cat(rows).T.contiguous()
+
+
+def subset_head(model: nn.Module, ids: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
+    """An output layer over the vocabulary rows ``ids`` only (FR-Spec): ``f(h [..., H]) ->
+    [..., V]`` logits, ``-inf`` outside ``ids``. Int4 when the model's head is int4."""
+    head = model.get_output_embeddings()
+    hidden = int(model.config.get_text_config().hidden_size)
+    width = int(model.config.get_text_config().vocab_size)
+    weight = _head_rows(head, ids, hidden)
+    if isinstance(head, Int4Linear) and len(ids) % 16 == 0 and hidden % head.group_size == 0:
+        small = Int4Linear.fuse([Int4Linear(quantize_weight(weight, head.group_size), None, weight.device)])
+    else:
+        weight = weight.to(next(model.parameters()).dtype)
+        small = lambda h: F.linear(h, weight)  # noqa: E731
+
+    def f(h: torch.Tensor) -> torch.Tensor:
+        out = h.new_full((*h.shape[:-1], width), float("-inf"))
+        out[..., ids] = small(h).to(out.dtype)
+        return out
+
+    return f
+
+
+def batch_invariant(model: nn.Module) -> bool:
+    """Whether a K+1-token pass of ``model`` gives each row exactly a one-token step's
+    numbers: the lean path with every linear layer on the CPU int4 kernel (whose
+    rows do not depend on how many there are; attention is made row-exact).
+    BLAS float matmuls choose kernels by row count, so an fp32/bf16 model is not."""
+    if lean_forward(model) is None:
+        return False
+    linears = [m for m in model.modules() if isinstance(m, (nn.Linear, Int4Linear))]
+    return bool(linears) and all(isinstance(m, Int4Linear) and not m.is_cuda for m in linears)
+
+
+def lean_forward(model: nn.Module) -> LeanForward | None:
+    """A :class:`LeanForward` over ``model``, or None when the model is not a plain
+    Llama-family decoder (other architectures, sliding windows, accelerate hooks)."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "model_type", None) not in SUPPORTED:
+        return None
+    text = cfg.get_text_config()
+    if getattr(text, "hidden_act", "silu") != "silu" or getattr(text, "use_sliding_window", False):
+        return None
+    if text.model_type == "mistral" and getattr(text, "sliding_window", None):
+        return None
+    if any(hasattr(m, "_hf_hook") for m in model.modules()):  # accelerate offloading: keep its hooks
+        return None
+    try:
+        return LeanForward(model)
+    except AttributeError:
+        return None

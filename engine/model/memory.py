@@ -1,0 +1,387 @@
+"""The memory plan: will the target, and the draft, fit? Pure arithmetic on configs.
+
+Byte figures are estimates made from a model's config before any weight is
+read, so that :func:`engine.load.loader.load_engine` can drop the draft (or refuse
+to start) instead of running out of memory half way through loading.
+
+* Weights: embeddings, norms, biases and an untied ``lm_head`` stay in the
+  compute dtype (bitsandbytes does not quantize them); the linear layers of
+  the blocks take ``0.5`` byte/param plus absmax overhead (nf4, double quant:
+  one 8-bit absmax per 64 weights and one fp32 per 256 absmax) or ``1``
+  byte/param plus one fp32 scale per output row (int8).
+* KV cache: ``2 · layers · kv_heads · head_dim · context_length`` values.
+* Activations: one block's working set over the whole context (hidden states,
+  q/k/v, MLP intermediates; fused SDPA, so no ``L x L`` score matrix) plus fp32
+  logits for K + 1 rows (the runner passes ``logits_to_keep``). Target and
+  draft run one after the other, so a plan counts only the larger transient.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from engine.errors import MemoryPlanError
+
+if TYPE_CHECKING:
+    from engine.config.profiles import ModelProfile
+
+DTYPE_BYTES: dict[str, int] = {"float32": 4, "bfloat16": 2, "float16": 2}
+NF4_BYTES_PER_PARAM = 0.5 + 1 / 64 + 4 / (64 * 256)
+INT8_BYTES_PER_PARAM = 1.0
+
+
+def int4_bytes_per_param(group_size: int) -> float:
+    """torch's int4 kernels: half a byte a weight plus a bf16 scale and zero per group."""
+    return 0.5 + 4 / group_size
+
+DEFAULT_RESERVE_BYTES = 512 * 2**20
+GiB = 2**30
+
+Choice = Literal["target+draft", "target+ngram", "target"]
+
+# Published configs (config.json on the hub) of the models the shipped profiles name,
+# so the estimates in models.toml can be recomputed: see tests/engine/model/test_memory.py.
+PUBLISHED_CONFIGS: dict[str, dict[str, Any]] = {
+    "HuggingFaceTB/SmolLM2-135M-Instruct": dict(
+        max_position_embeddings=8192, model_type="llama", hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
+        num_key_value_heads=3, vocab_size=49152, intermediate_size=1536, tie_word_embeddings=True),
+    "Qwen/Qwen2.5-0.5B-Instruct": dict(
+        max_position_embeddings=32768, model_type="qwen2", hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+        num_key_value_heads=2, vocab_size=151936, intermediate_size=4864, tie_word_embeddings=True),
+    "Qwen/Qwen2.5-7B-Instruct": dict(
+        max_position_embeddings=32768, model_type="qwen2", hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
+        num_key_value_heads=4, vocab_size=152064, intermediate_size=18944, tie_word_embeddings=False),
+    "Qwen/Qwen2.5-14B-Instruct": dict(
+        max_position_embeddings=32768, model_type="qwen2", hidden_size=5120, num_hidden_layers=48, num_attention_heads=40,
+        num_key_value_heads=8, vocab_size=152064, intermediate_size=13824, tie_word_embeddings=False),
+    "meta-llama/Llama-3.1-8B-Instruct": dict(
+        max_position_embeddings=131072, model_type="llama", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
+        num_key_value_heads=8, vocab_size=128256, intermediate_size=14336, tie_word_embeddings=False),
+    "meta-llama/Llama-3.2-1B-Instruct": dict(
+        max_position_embeddings=131072, model_type="llama", hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=8, vocab_size=128256, intermediate_size=8192, tie_word_embeddings=True,
+        head_dim=64),
+}
+
+
+def published_config(repo_id: str) -> Any:
+    """A transformers config built from :data:`PUBLISHED_CONFIGS` (no hub access)."""
+    from transformers import AutoConfig
+
+    fields = dict(PUBLISHED_CONFIGS[repo_id])
+    return AutoConfig.for_model(fields.pop("model_type"), **fields)
+
+
+def fmt_bytes(n: int | float) -> str:
+    """``1.50 GiB``, ``512 MiB``, ``900 B``."""
+    for unit, size in (("GiB", GiB), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= size:
+            return f"{n / size:.2f} {unit}" if unit == "GiB" else f"{n / size:.0f} {unit}"
+    return f"{int(n)} B"
+
+
+@dataclass(frozen=True)
+class ParamCount:
+    """Parameters by how they are stored once loaded."""
+
+    embedding: int
+    lm_head: int
+    linear: int
+    linear_rows: int
+    other: int
+
+    @property
+    def total(self) -> int:
+        return self.embedding + self.lm_head + self.linear + self.other
+
+
+def _text_config(config: Any) -> Any:
+    get = getattr(config, "get_text_config", None)
+    return get() if callable(get) else config
+
+
+def _head_dim(cfg: Any) -> int:
+    head_dim = getattr(cfg, "head_dim", None)
+    return int(head_dim) if head_dim else cfg.hidden_size // cfg.num_attention_heads
+
+
+def _kv_heads(cfg: Any) -> int:
+    return int(getattr(cfg, "num_key_value_heads", None) or cfg.num_attention_heads)
+
+
+def count_params(config: Any) -> ParamCount:
+    """Parameter counts of a dense decoder-only model (Llama, Qwen2, Mistral-like) from its config."""
+    cfg = _text_config(config)
+    try:
+        h, n_layers, vocab = int(cfg.hidden_size), int(cfg.num_hidden_layers), int(cfg.vocab_size)
+        inter, n_heads = int(cfg.intermediate_size), int(cfg.num_attention_heads)
+    except (AttributeError, TypeError, ValueError) as exc:
+        raise MemoryPlanError(
+            f"cannot estimate memory for model type {getattr(cfg, 'model_type', '?')!r}: its config lacks {exc}; "
+            "set memory_budget generously or use a Llama/Qwen-style model"
+        ) from None
+    hd, kv = _head_dim(cfg), _kv_heads(cfg)
+    q_out, kv_out = n_heads * hd, kv * hd
+    qkv_bias = bool(getattr(cfg, "attention_bias", cfg.model_type == "qwen2"))
+    o_bias = bool(getattr(cfg, "attention_bias", False))
+    mlp_bias = bool(getattr(cfg, "mlp_bias", False))
+    linear = h * q_out + 2 * h * kv_out + q_out * h + 3 * h * inter
+    rows = q_out + 2 * kv_out + h + 2 * inter + h
+    biases = (q_out + 2 * kv_out) * qkv_bias + h * o_bias + (2 * inter + h) * mlp_bias
+    other = n_layers * (2 * h + biases) + h
+    tied = bool(getattr(config, "tie_word_embeddings", getattr(cfg, "tie_word_embeddings", False)))
+    return ParamCount(
+        embedding=vocab * h, lm_head=0 if tied else vocab * h,
+        linear=n_layers * linear, linear_rows=n_layers * rows, other=other,
+    )
+
+
+def config_dtype(config: Any) -> str:
+    """The dtype a checkpoint was saved in (``float32`` when it does not say)."""
+    dtype = getattr(config, "dtype", None)
+    name = str(dtype).replace("torch.", "") if dtype is not None else "float32"
+    return name if name in DTYPE_BYTES else "float32"
+
+
+def resolve_dtype(
+    dtype: str, quantization: str, *, cuda: bool, config: Any | None = None, bf16: bool = True
+) -> str:
+    """The compute dtype a model will run in: explicit names win; ``auto`` is float32 on the
+    CPU and bfloat16 on CUDA, except float16 when the card has no fast bf16 (``bf16``
+    False: compute capability below 8.0, see :attr:`engine.model.device.Device.fast_bf16`), for
+    bitsandbytes int8 (its matmul casts every input to float16, warning each time), and
+    for an unquantized float16 checkpoint. Qwen2.5 was trained in bf16 and its
+    activations can overflow float16 (inf/NaN logits); docs/gpu.md says what to do."""
+    if dtype != "auto":
+        return dtype
+    if not cuda:
+        return "float32"
+    if not bf16 or quantization == "int8":
+        return "float16"
+    if quantization == "none" and config is not None and config_dtype(config) == "float16":
+        return "float16"
+    return "bfloat16"
+
+
+def estimate_weights_bytes(
+    config: Any, quantization: str, dtype: str, group_size: int = 32, quantize_head: bool = True
+) -> int:
+    """Bytes of a model's weights once loaded with ``quantization`` in compute ``dtype``
+    (``auto`` = the checkpoint's dtype).
+
+    int4 (:mod:`engine.quant`) packs every block linear and, with
+    ``quantize_head``, the output layer; a tied output layer then becomes an
+    int4 copy beside the full-precision input embeddings.
+    """
+    name = config_dtype(config) if dtype == "auto" else dtype
+    wbytes = DTYPE_BYTES[name]
+    p = count_params(config)
+    if quantization == "int4":
+        per = int4_bytes_per_param(group_size)
+        head = (p.lm_head or p.embedding) * per if quantize_head else p.lm_head * wbytes
+        return int((p.embedding + p.other) * wbytes + p.linear * per + head)
+    dense = (p.embedding + p.lm_head + p.other) * wbytes
+    if quantization == "nf4":
+        return int(dense + p.linear * NF4_BYTES_PER_PARAM)
+    if quantization == "int8":
+        return int(dense + p.linear * INT8_BYTES_PER_PARAM + 4 * p.linear_rows)
+    return int(dense + p.linear * wbytes)
+
+
+def max_positions(config: Any) -> int | None:
+    """The model's ``max_position_embeddings`` (None when the config does not say)."""
+    value = getattr(_text_config(config), "max_position_embeddings", None)
+    try:
+        return int(value) if value is not None and int(value) > 0 else None
+    except (TypeError, ValueError):
+        return None
+
+
+def context_window(context_length: int | None, *configs: Any) -> int | None:
+    """Tokens of prompt + reply a pair can hold: the smallest of the profile's
+    ``context_length`` and each model's ``max_position_embeddings`` (None: no limit known)."""
+    limits = [n for n in (context_length, *(max_positions(c) for c in configs if c is not None)) if n]
+    return min(limits) if limits else None
+
+
+def estimate_kv_bytes(config: Any, context_length: int, dtype: str) -> int:
+    """Bytes of the KV cache for ``context_length`` tokens."""
+    cfg = _text_config(config)
+    name = config_dtype(config) if dtype == "auto" else dtype
+    return 2 * int(cfg.num_hidden_layers) * _kv_heads(cfg) * _head_dim(cfg) * context_length * DTYPE_BYTES[name]
+
+
+def estimate_activation_bytes(config: Any, context_length: int, dtype: str, logits_rows: int = 9) -> int:
+    """Transient memory of a prefill over ``context_length`` tokens: one block's
+    working set plus ``logits_rows`` rows of fp32 logits (the runner asks only for
+    the rows it needs via ``logits_to_keep``; a verify pass needs K + 1)."""
+    cfg = _text_config(config)
+    name = config_dtype(config) if dtype == "auto" else dtype
+    block = context_length * (4 * int(cfg.hidden_size) + 3 * int(cfg.intermediate_size)) * DTYPE_BYTES[name]
+    logits = min(logits_rows, context_length) * int(cfg.vocab_size) * 4
+    return block + logits
+
+
+@dataclass(frozen=True)
+class ModelEstimate:
+    """Estimated bytes of one model at the profile's context length."""
+
+    quantization: str
+    dtype: str
+    weights_bytes: int
+    kv_bytes: int
+    activation_bytes: int
+
+    @property
+    def resident_bytes(self) -> int:
+        """Weights and KV cache: held for as long as the model is loaded."""
+        return self.weights_bytes + self.kv_bytes
+
+    @property
+    def total_bytes(self) -> int:
+        return self.resident_bytes + self.activation_bytes
+
+
+def estimate_model(
+    config: Any, quantization: str, dtype: str, context_length: int, logits_rows: int = 9,
+    group_size: int = 32, quantize_head: bool = True,
+) -> ModelEstimate:
+    """Weights, KV cache and activations of one model (``dtype`` already resolved)."""
+    return ModelEstimate(
+        quantization=quantization,
+        dtype=dtype,
+        weights_bytes=estimate_weights_bytes(config, quantization, dtype, group_size, quantize_head),
+        kv_bytes=estimate_kv_bytes(config, context_length, dtype),
+        activation_bytes=estimate_activation_bytes(config, context_length, dtype, logits_rows),
+    )
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What will be loaded, why, and the byte figures behind the choice."""
+
+    choice: Choice
+    reason: str
+    free_bytes: int
+    budget_bytes: int | None
+    reserve_bytes: int
+    available_bytes: int
+    context_length: int
+    target: ModelEstimate
+    draft: ModelEstimate | None
+    planned_bytes: int
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.available_bytes - self.planned_bytes
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain JSON-able data (for ``EngineInfo.plan`` and ``--json``)."""
+        d = asdict(self)
+        for key, est in (("target", self.target), ("draft", self.draft)):
+            if est is not None:
+                d[key]["total_bytes"] = est.total_bytes
+        d["headroom_bytes"] = self.headroom_bytes
+        return d
+
+    def summary(self) -> str:
+        """One line for the HUD."""
+        parts = [f"target {fmt_bytes(self.target.total_bytes)}"]
+        if self.choice == "target+draft" and self.draft is not None:
+            parts.append(f"draft {fmt_bytes(self.draft.resident_bytes)}")
+        cap = f" (budget {fmt_bytes(self.budget_bytes)})" if self.budget_bytes is not None else ""
+        return (
+            f"{self.choice}: {' + '.join(parts)} of {fmt_bytes(self.available_bytes)} available{cap}, "
+            f"headroom {fmt_bytes(self.headroom_bytes)}"
+        )
+
+    def draft_shortfall(self, free_now: int, used_by_target: int) -> str | None:
+        """Re-check the draft against memory measured after the target was loaded and
+        ran one pass (lazily loaded kernels, cuBLAS/bitsandbytes workspaces and
+        fragmentation are then counted, not guessed). The draft's weights and cache,
+        the target's KV cache (still to grow), the larger transient and the reserve
+        must fit in ``free_now`` (and in the budget left after ``used_by_target``).
+        Returns why the draft is dropped, or None when it fits."""
+        if self.draft is None:
+            return None
+        room = free_now if self.budget_bytes is None else min(free_now, self.budget_bytes - used_by_target)
+        need = (self.draft.resident_bytes + self.target.kv_bytes + self.reserve_bytes
+                + max(self.target.activation_bytes, self.draft.activation_bytes))
+        if need <= room:
+            return None
+        return (
+            f"draft model dropped: with the target loaded, {fmt_bytes(max(room, 0))} is free but the draft, "
+            f"the target's KV cache, working memory and the reserve need about {fmt_bytes(need)}; "
+            "using the n-gram drafter"
+        )
+
+
+def plan_memory(
+    target_cfg: Any,
+    draft_cfg: Any | None,
+    profile: "ModelProfile",
+    free_bytes: int,
+    reserve_bytes: int = DEFAULT_RESERVE_BYTES,
+    *,
+    memory_budget: int | None = None,
+    cuda: bool = False,
+    bf16: bool = True,
+    draft_error: str | None = None,
+) -> Plan:
+    """Choose target+draft, target+ngram or target alone; raise :class:`MemoryPlanError`
+    when even the target does not fit.
+
+    ``memory_budget`` (else ``profile.memory_budget``) caps ``free_bytes``;
+    ``reserve_bytes`` is kept back for the allocator and the runtime.
+    ``draft_error`` says why a configured draft could not be found (then
+    ``draft_cfg`` is None). ``cuda`` and ``bf16`` pick the compute dtypes as
+    :func:`resolve_dtype` does.
+    """
+    budget = memory_budget if memory_budget is not None else profile.memory_budget
+    usable = min(free_bytes, budget) if budget is not None else free_bytes
+    available = max(0, usable - reserve_bytes)
+    # Reserve for the window actually used: a model's own limit may be below context_length.
+    ctx = context_window(profile.context_length, target_cfg,
+                         draft_cfg if profile.drafter == "model" else None) or profile.context_length
+    rows = (profile.k if profile.k is not None else profile.k_max) + 1
+    t_spec = profile.target
+    t_dtype = resolve_dtype(t_spec.dtype, t_spec.quantization, cuda=cuda, config=target_cfg, bf16=bf16)
+    target = estimate_model(target_cfg, t_spec.quantization, t_dtype, ctx, rows, t_spec.group_size, t_spec.quantize_head)
+    draft: ModelEstimate | None = None
+    if profile.drafter == "model" and draft_cfg is not None and profile.draft is not None:
+        d_spec = profile.draft
+        d_dtype = resolve_dtype(d_spec.dtype, d_spec.quantization, cuda=cuda, config=draft_cfg, bf16=bf16)
+        draft = estimate_model(draft_cfg, d_spec.quantization, d_dtype, ctx, rows, d_spec.group_size, d_spec.quantize_head)
+
+    def make(choice: Choice, reason: str, planned: int) -> Plan:
+        return Plan(choice, reason, free_bytes, budget, reserve_bytes, available, ctx, target, draft, planned)
+
+    if target.total_bytes > available:
+        limit = f"the memory budget of {fmt_bytes(budget)}" if budget is not None and budget < free_bytes else "free memory"
+        smaller = {"none": "quantization = \"int4\" or \"nf4\"", "int8": "quantization = \"int4\" or \"nf4\""}.get(
+            t_spec.quantization, "a smaller model")
+        raise MemoryPlanError(
+            f"the target {t_spec.label} does not fit: it needs about {fmt_bytes(target.total_bytes)} "
+            f"(weights {fmt_bytes(target.weights_bytes)} + KV cache {fmt_bytes(target.kv_bytes)} "
+            f"+ activations {fmt_bytes(target.activation_bytes)} for {ctx} tokens) but only "
+            f"{fmt_bytes(available)} is available ({fmt_bytes(usable)} of {limit} minus "
+            f"{fmt_bytes(reserve_bytes)} reserve). Try {smaller} in profile {profile.name!r}, a shorter "
+            f"context_length, a larger --memory-budget if the budget is what limits it, or another profile."
+        )
+    if profile.drafter == "none":
+        return make("target", "the profile has no drafter (plain decoding)", target.total_bytes)
+    if profile.drafter == "ngram":
+        return make("target+ngram", "the profile uses the n-gram drafter", target.total_bytes)
+    if draft is None:
+        why = draft_error or "the draft model's config could not be read"
+        return make("target+ngram", f"draft model dropped: {why}; using the n-gram drafter", target.total_bytes)
+    # Target and draft run one after the other, so only the larger transient counts.
+    both = target.resident_bytes + draft.resident_bytes + max(target.activation_bytes, draft.activation_bytes)
+    if both > available:
+        return make(
+            "target+ngram",
+            f"draft model dropped: target + draft need about {fmt_bytes(both)} but only "
+            f"{fmt_bytes(available)} is available; using the n-gram drafter",
+            target.total_bytes,
+        )
+    return make("target+draft", "target and draft model fit", both)

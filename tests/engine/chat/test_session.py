@@ -1,0 +1,189 @@
+"""ChatEngine (engine.chat.session): the context window, fitted chats, refused messages, finish reason "context",
+and one engine asked for two replies at once."""
+from __future__ import annotations
+
+import gc
+import threading
+
+import pytest
+import torch
+
+from engine.model.device import Device
+from engine.errors import ContextLengthError, EngineBusyError
+from engine.events import ChatMessage, GenerationParams
+from engine.model.memory import context_window, plan_memory
+from engine.config.profiles import ModelProfile, ModelSpec
+from engine.chat.session import ChatEngine
+from tests.tiny import MPE, WORDS, make_tokenizer, tiny_config
+from tests.tiny import tiny_chat_engine as engine
+
+CPU = Device(torch.device("cpu"))
+
+
+@pytest.fixture(scope="module")
+def tokenizer():  # type: ignore[no-untyped-def]
+    return make_tokenizer()
+
+
+# Stop ids that never occur: the random model may emit EOS early otherwise.
+PARAMS = GenerationParams(max_new_tokens=12, k=3, stop_token_ids=(10_000,))
+
+
+def words(n: int, start: int = 0) -> str:
+    return " ".join(WORDS[(start + i) % len(WORDS)] for i in range(n))
+
+
+def reply(eng: ChatEngine, messages: list[ChatMessage], params: GenerationParams = PARAMS) -> tuple[list[int], list]:  # type: ignore[type-arg]
+    events = list(eng.chat(messages, params))
+    return [t for e in events for t in e.token_ids], events
+
+
+def test_window_is_the_smaller_of_the_profile_and_the_model(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    assert engine(tokenizer).window == MPE
+    assert engine(tokenizer, context_length=40).window == 40
+    assert engine(tokenizer, context_length=4096).window == MPE
+    draft_limited = engine(tokenizer, draft=True)
+    assert draft_limited.decoder.window == MPE
+    assert context_window(None) is None and context_window(100, None) == 100
+
+
+def test_memory_plan_reserves_for_the_window_used() -> None:
+    cfg = tiny_config()
+    cfg.max_position_embeddings = 256
+    profile = ModelProfile(name="p", target=ModelSpec("x"), drafter="none", context_length=8192)
+    plan = plan_memory(cfg, None, profile, free_bytes=8 * 2**30)
+    assert plan.context_length == 256
+    longer = plan_memory(cfg, None, ModelProfile(name="p", target=ModelSpec("x"), drafter="none", context_length=256),
+                         free_bytes=8 * 2**30)
+    assert plan.target.kv_bytes == longer.target.kv_bytes
+
+
+def test_a_message_too_long_alone_is_refused_before_any_prefill(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    eng = engine(tokenizer)
+    with pytest.raises(ContextLengthError, match="too long"):
+        eng.chat([ChatMessage("system", "w1 w2"), ChatMessage("user", words(MPE))], PARAMS)
+    assert len(eng.decoder.target) == 0  # nothing was read by the model
+    with pytest.raises(ContextLengthError):  # token ids straight to the decoder: refused too
+        list(eng.generate_ids(list(range(3, 3 + MPE)), PARAMS))
+    ids, events = reply(eng, [ChatMessage("user", "w1 w2 w3")])  # the engine still works
+    assert events[-1].finish_reason == "length" and len(ids) == PARAMS.max_new_tokens
+
+
+def test_a_long_chat_drops_the_oldest_turns_and_says_so(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    eng = engine(tokenizer)
+    system = ChatMessage("system", "w0 w1 w2")
+    history: list[ChatMessage] = []
+    for turn in range(8):
+        history += [ChatMessage("user", words(8, turn)), ChatMessage("assistant", words(6, turn + 20))]
+    messages = [system, *history, ChatMessage("user", words(5, 40))]
+    assert len(eng.prompt_ids(messages)) > MPE
+    ids, dropped = eng.fit(messages, PARAMS)
+    assert dropped > 0 and dropped % 2 == 0  # whole turns: a kept history starts with a user message
+    kept = [system, *history[dropped:], messages[-1]]
+    assert ids == eng.prompt_ids(kept)
+    assert len(ids) + PARAMS.max_new_tokens <= MPE
+    assert len(eng.prompt_ids([system, *history[dropped - 2:], messages[-1]])) + PARAMS.max_new_tokens > MPE
+    out, events = reply(eng, messages)
+    assert events[0].notice is not None and f"{dropped} earlier messages left out" in events[0].notice
+    assert all(e.stats.truncated_turns == dropped for e in events)
+    assert events[-1].stats.to_dict()["truncated_turns"] == dropped
+    fresh_ids, _ = reply(engine(tokenizer), kept)
+    assert out == fresh_ids  # exactly the reply to the kept turns
+
+
+@pytest.mark.parametrize("draft", [False, True])
+def test_generation_stops_with_finish_reason_context(tokenizer, draft: bool) -> None:  # type: ignore[no-untyped-def]
+    eng = engine(tokenizer, draft=draft, context_length=48)
+    prompt = eng.prompt_ids([ChatMessage("user", words(30))])
+    params = GenerationParams(max_new_tokens=200, k=4, stop_token_ids=(10_000,))
+    events = list(eng.generate_ids(prompt, params))
+    produced = sum(len(e.token_ids) for e in events)
+    assert events[-1].finish_reason == "context"
+    assert len(prompt) + produced == 48
+    assert eng.decoder.target.cached_length() <= 47  # no position at or past the window was fed
+    plain = engine(tokenizer, context_length=48)
+    plain.set_speculation(False)
+    same = [t for e in plain.generate_ids(prompt, params) for t in e.token_ids]
+    assert [t for e in events for t in e.token_ids] == same
+
+
+def test_two_threads_on_one_engine_one_is_refused(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    eng = engine(tokenizer, draft=True)
+    messages = [ChatMessage("user", "w3 w4 w5 w6")]
+    expected, _ = reply(eng, messages)
+    first_round = threading.Event()
+    go_on = threading.Event()
+    result: dict[str, object] = {}
+
+    def first() -> None:
+        it = eng.chat(messages, PARAMS)
+        ids = list(next(it).token_ids)
+        first_round.set()
+        go_on.wait(10)
+        ids += [t for e in it for t in e.token_ids]
+        result["first"] = ids
+
+    def second() -> None:
+        try:
+            result["second"] = reply(eng, [ChatMessage("user", "w9 w8")])[0]
+        except EngineBusyError as exc:
+            result["second"] = exc
+
+    a = threading.Thread(target=first)
+    a.start()
+    assert first_round.wait(10)
+    b = threading.Thread(target=second)
+    b.start()
+    b.join(10)
+    go_on.set()
+    a.join(10)
+    assert isinstance(result["second"], EngineBusyError) and "another thread" in str(result["second"])
+    assert result["first"] == expected
+    assert reply(eng, messages)[0] == expected
+
+
+def test_free_running_threads_never_mix_their_replies(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    eng = engine(tokenizer, draft=True)
+    prompts = [[ChatMessage("user", words(4, 7 * i))] for i in range(4)]
+    expected = [reply(eng, p)[0] for p in prompts]
+    results: list[object] = [None] * 4
+
+    def run(i: int) -> None:
+        try:
+            results[i] = reply(eng, prompts[i])[0]
+        except EngineBusyError as exc:
+            results[i] = exc
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for i, got in enumerate(results):
+        assert isinstance(got, EngineBusyError) or got == expected[i]
+    assert reply(eng, prompts[0])[0] == expected[0]
+
+
+def test_an_abandoned_generator_leaves_the_engine_consistent(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    eng = engine(tokenizer, draft=True)
+    a = [ChatMessage("user", "w3 w4 w5 w6")]
+    b = [ChatMessage("user", "w20 w21 w22")]
+    expected_a, expected_b = reply(eng, a)[0], reply(eng, b)[0]
+    it = eng.chat(a, PARAMS)
+    next(it)
+    del it  # dropped mid-reply without close()
+    gc.collect()
+    assert reply(eng, b)[0] == expected_b
+    stale = eng.chat(a, PARAMS)
+    next(stale)
+    assert reply(eng, b)[0] == expected_b  # the same thread takes over an abandoned reply
+    with pytest.raises(EngineBusyError, match="abandoned"):
+        next(stale)
+    assert reply(eng, a)[0] == expected_a
+    never_started = eng.chat(a, PARAMS)
+    del never_started
+    done: dict[str, object] = {}
+    t = threading.Thread(target=lambda: done.setdefault("ids", reply(eng, b)[0]))
+    t.start()
+    t.join(10)
+    assert done["ids"] == expected_b

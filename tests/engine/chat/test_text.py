@@ -1,0 +1,133 @@
+"""Text layer: chat template, incremental detokenisation, stop strings, and
+ChatEngine over a tiny model that speaks SmolLM2's real vocabulary."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.api import EngineInfo
+from engine.chat.text import IncrementalDetokenizer, StopStringFilter, find_stop, render_prompt
+from engine.model.device import Device
+from engine.decode.drafters import ModelDrafter
+from engine.events import ChatMessage, GenerationParams, TextPiece
+from engine.chat.session import ChatEngine
+from tests.tiny import noisy_copy, tiny_llama
+
+CPU = Device(torch.device("cpu"))
+TEXTS = [
+    "Hello, world! Ça va? naïve café — 東京タワー 😀🚀 e=mc²",
+    "def f(x):\n    return x ** 2  # 平方\n",
+    "  leading spaces and\ttabs\n\nnew paragraphs ",
+    "🇫🇷🏳️‍🌈👩‍👩‍👧 emoji sequences",
+]
+
+
+@pytest.mark.parametrize("text", TEXTS)
+def test_streamed_text_equals_the_full_decode(smol_tokenizer, text: str) -> None:
+    ids = smol_tokenizer.encode(text, add_special_tokens=False)
+    detok = IncrementalDetokenizer(smol_tokenizer)
+    deltas = [detok.push(t) for t in ids]
+    deltas.append(detok.flush())
+    assert "".join(deltas) == smol_tokenizer.decode(ids) == detok.text
+    assert not any("\ufffd" in d for d in deltas)  # never a broken multi-byte character
+
+
+def test_held_back_bytes_are_released_at_the_end(smol_tokenizer) -> None:
+    ids = smol_tokenizer.encode("😀", add_special_tokens=False)
+    assert len(ids) > 1  # a byte-level tokenizer splits the emoji
+    detok = IncrementalDetokenizer(smol_tokenizer)
+    assert detok.push(ids[0]) == ""
+    assert detok.flush() == smol_tokenizer.decode(ids[:1])
+
+
+def test_chat_template_comes_from_the_tokenizer(smol_tokenizer) -> None:
+    ids = render_prompt(smol_tokenizer, [ChatMessage("system", "Be brief."), ChatMessage("user", "Hi")])
+    text = smol_tokenizer.decode(ids)
+    assert text.startswith("<|im_start|>system\nBe brief.<|im_end|>")
+    assert text.endswith("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+
+
+def test_find_stop_only_looks_at_new_text() -> None:
+    assert find_stop("abc\nUser:", ["\nUser:"], 0) == 3
+    assert find_stop("abc\nUs", ["\nUser:"], 0) is None
+    assert find_stop("abc\nUser:", ["\nUser:"], 6) == 3  # a match straddling old and new text
+    assert find_stop("xx STOP yy STOP", ["STOP"], 10) == 11
+    assert find_stop("anything", [], 0) is None
+
+
+@pytest.fixture(scope="module")
+def smol_sized_pair():  # type: ignore[no-untyped-def]
+    target = tiny_llama(seed=3, vocab_size=49152, hidden_size=32)
+    return target, noisy_copy(target, 0.05, seed=4)
+
+
+def make_engine(tokenizer, pair) -> ChatEngine:  # type: ignore[no-untyped-def]
+    target, draft = pair
+    info = EngineInfo(profile="test", target="tiny", drafter="draft model", mode="spec", device="cpu")
+    return ChatEngine(tokenizer=tokenizer, target_model=target, drafter=ModelDrafter(draft, CPU), device=CPU, info=info)
+
+
+def test_chat_engine_streams_text_attributed_to_draft_and_target(smol_tokenizer, smol_sized_pair) -> None:
+    engine = make_engine(smol_tokenizer, smol_sized_pair)
+    messages = [ChatMessage("user", "Say something.")]
+    events = list(engine.chat(messages, GenerationParams(max_new_tokens=24, k=3)))
+    ids = [t for e in events for t in e.token_ids]
+    text = "".join(e.text for e in events)
+    assert text == smol_tokenizer.decode(ids, skip_special_tokens=True)
+    assert "".join(p.text for e in events for p in e.pieces) == text
+    assert {p.source for e in events for p in e.pieces} <= {"draft", "target"}
+    assert events[-1].finish_reason in ("length", "eos")
+    assert engine.info.mode == "spec"
+
+
+def test_chat_engine_stops_at_a_stop_string(smol_tokenizer, smol_sized_pair) -> None:
+    engine = make_engine(smol_tokenizer, smol_sized_pair)
+    messages = [ChatMessage("user", "Say something.")]
+    full = "".join(e.text for e in engine.chat(messages, GenerationParams(max_new_tokens=40, k=3)))
+    word = full[len(full) // 2 : len(full) // 2 + 3]
+    assert word.strip(), full
+    events = list(engine.chat(messages, GenerationParams(max_new_tokens=40, k=3, stop_strings=(word,))))
+    text = "".join(e.text for e in events)
+    assert events[-1].finish_reason == "stop"
+    assert text == full[: full.index(word)]
+
+
+def test_follow_up_turn_continues_from_the_cache(smol_tokenizer, smol_sized_pair) -> None:
+    engine = make_engine(smol_tokenizer, smol_sized_pair)
+    first = [ChatMessage("user", "One.")]
+    reply = "".join(e.text for e in engine.chat(first, GenerationParams(max_new_tokens=10, k=2)))
+    cached = list(engine.decoder.target.ids)
+    second = first + [ChatMessage("assistant", reply), ChatMessage("user", "Two.")]
+    new_prompt = engine.prompt_ids(second)
+    shared = 0
+    while shared < min(len(cached), len(new_prompt)) and cached[shared] == new_prompt[shared]:
+        shared += 1
+    assert shared >= len(engine.prompt_ids(first))  # at least the whole first prompt is reused
+    list(engine.chat(second, GenerationParams(max_new_tokens=5, k=2)))
+    assert engine.decoder.target.ids[:shared] == cached[:shared]
+
+
+def test_stop_filter_holds_back_a_possible_stop_string_start() -> None:
+    stops = StopStringFilter(["\nUser:"])
+    shown, hit = stops.feed([TextPiece("Hello", "target"), TextPiece(" there\nUs", "draft")], final=False)
+    assert not hit and "".join(p.text for p in shown) == "Hello the"  # "re\nUs" held back
+    shown, hit = stops.feed([TextPiece("er: more", "target")], final=False)
+    assert hit and "".join(p.text for p in shown) == "re"
+    stops = StopStringFilter(["STOP"])
+    first, _ = stops.feed([TextPiece("abcdef", "draft")], final=False)
+    last, hit = stops.feed([TextPiece("gh", "target")], final=True)
+    assert not hit and [(p.text, p.source) for p in first + last] == [("abc", "draft"), ("def", "draft"), ("gh", "target")]
+
+
+def test_a_stop_string_split_across_rounds_never_shows_its_start(smol_tokenizer, smol_sized_pair) -> None:
+    engine = make_engine(smol_tokenizer, smol_sized_pair)
+    messages = [ChatMessage("user", "Say something.")]
+    params = GenerationParams(max_new_tokens=40, k=3)
+    texts = [e.text for e in engine.chat(messages, params)]
+    full = "".join(texts)
+    boundaries = [len("".join(texts[:i])) for i in range(1, len(texts))]
+    b = next(b for b in boundaries if 2 <= b <= len(full) - 2 and full.find(full[b - 2 : b + 2]) == b - 2)
+    stop = full[b - 2 : b + 2]  # half in one round's text, half in the next
+    events = list(engine.chat(messages, GenerationParams(max_new_tokens=40, k=3, stop_strings=(stop,))))
+    assert events[-1].finish_reason == "stop"
+    assert "".join(e.text for e in events) == full[: b - 2]

@@ -1,0 +1,156 @@
+"""The engine in a child process (engine.child.backend): the same replies, cancel, errors, a dead child."""
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.child.backend import ProcessBackend
+from engine.errors import EngineBusyError, EngineError, ModelSourceError
+from engine.events import ChatMessage, GenerationParams
+from engine.load.loader import load_engine
+from engine.config.profiles import profile_from_sources
+from tests.tiny import save_tiny
+
+MESSAGES = [ChatMessage("user", "w1 w2 w3 w4 w1 w2")]
+PARAMS = GenerationParams(max_new_tokens=24)
+
+
+@pytest.fixture(scope="module")
+def talker(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny(tmp_path_factory.mktemp("child") / "talker", seed=5)  # writes text before its EOS
+
+
+@pytest.fixture(scope="module")
+def backend(talker: Path) -> Iterator[ProcessBackend]:
+    stages: list[str] = []
+    started = ProcessBackend.start(profile_from_sources(str(talker)), None, lambda s, f: stages.append(s),
+                                   threads=1)
+    assert "ready" in stages  # the child's progress reached the parent
+    yield started
+    started.close()
+
+
+def reply_ids(events) -> list[int]:  # type: ignore[no-untyped-def]
+    return [t for e in events for t in e.token_ids]
+
+
+def test_the_child_replies_with_the_tokens_the_in_process_engine_writes(backend, talker) -> None:
+    local = load_engine(profile_from_sources(str(talker)))
+    try:
+        expected = reply_ids(local.chat(MESSAGES, PARAMS))
+    finally:
+        local.close()
+    assert expected
+    events = list(backend.chat(MESSAGES, PARAMS))
+    assert reply_ids(events) == expected
+    assert events[-1].finish_reason is not None
+    assert backend.info.mode == events[-1].stats.mode  # the info came back with the reply's end
+    assert backend.info.profile == "cli" and backend.info.target == local.info.target
+
+
+def test_cancel_stops_the_reply_and_the_engine_answers_again(backend) -> None:
+    cancel = threading.Event()
+    cancel.set()
+    reply = backend.chat(MESSAGES, PARAMS, cancel)
+    time.sleep(1.0)  # the child has the request before the reply is read: the cancel must be there already
+    events = list(reply)
+    assert events[-1].finish_reason == "cancelled" and reply_ids(events) == []
+    assert reply_ids(backend.chat(MESSAGES, PARAMS))
+
+
+def test_a_reply_left_unread_frees_the_engine(backend) -> None:
+    events = backend.chat(MESSAGES, PARAMS)
+    next(events)
+    with pytest.raises(EngineBusyError):
+        backend.chat(MESSAGES, PARAMS)
+    events.close()  # the reader went away: the child is stopped and drained
+    assert reply_ids(backend.chat(MESSAGES, PARAMS))
+
+
+def test_a_reply_never_read_frees_the_engine(backend) -> None:
+    unread = backend.chat(MESSAGES, PARAMS)
+    del unread  # dropped before its first event: no generator cleanup ran for it
+    gc.collect()
+    assert reply_ids(backend.chat(MESSAGES, PARAMS))
+    closed = backend.chat(MESSAGES, PARAMS)
+    closed.close()
+    assert reply_ids(backend.chat(MESSAGES, PARAMS))
+
+
+def test_speculation_switches_in_the_child(backend) -> None:
+    backend.set_speculation(False)
+    assert backend.info.mode == "plain"
+    plain = list(backend.chat(MESSAGES, PARAMS))
+    assert plain[-1].stats.mode == "plain"
+    backend.set_speculation(True)
+    assert backend.info.mode == "ngram" and backend.info.fallback_reason is None
+
+
+def test_speculation_switches_while_a_reply_streams(backend) -> None:
+    """F5 mid-reply: answered by the child's control thread, not after the reply."""
+    events = backend.chat(MESSAGES, GenerationParams(max_new_tokens=200, stop_token_ids=(10_000,)))
+    next(events)
+    backend.set_speculation(False)  # would wait for the whole reply on the reply pipe
+    assert backend.info.mode == "plain"
+    rest = list(events)
+    assert rest and rest[-1].stats.mode == "plain"
+    backend.set_speculation(True)
+
+
+def test_a_load_error_is_raised_as_the_child_raised_it(tmp_path: Path) -> None:
+    with pytest.raises(ModelSourceError) as err:
+        ProcessBackend.start(profile_from_sources(str(tmp_path / "missing")), None, threads=1)
+    assert "missing" in str(err.value)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
+def test_a_killed_child_ends_the_reply_with_an_engine_error(talker, tmp_path: Path) -> None:
+    log = tmp_path / "engine.log"
+    backend = ProcessBackend.start(profile_from_sources(str(talker)), None, log=log, threads=1)
+    try:
+        assert log.exists()  # the child's output goes to the log, not over a full-screen UI
+        assert backend.pid is not None
+        os.kill(backend.pid, signal.SIGKILL)
+        with pytest.raises(EngineError, match="engine process was killed"):
+            list(backend.chat(MESSAGES, PARAMS))
+    finally:
+        backend.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "setpriority") or not os.path.isdir("/proc/self/task"), reason="Linux threads")
+def test_a_ui_that_lowers_its_priority_still_starts_engines_at_the_old_one(talker) -> None:
+    """Linux hands a new process its creating thread's nice value: children start from the
+    launcher thread, which lower_priority_except_launcher leaves alone."""
+    from engine.child.backend import _LAUNCHER, lower_priority_except_launcher
+
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    _LAUNCHER.run(lambda: None)  # the launcher exists, at the process's priority
+    result: dict[str, object] = {}
+
+    def lowered_ui_thread() -> None:  # a thread of its own: raising nice cannot be undone unprivileged
+        lower_priority_except_launcher(before + 5)
+        result["ui"] = os.getpriority(os.PRIO_PROCESS, 0)
+        backend = ProcessBackend.start(profile_from_sources(str(talker)), None, threads=1)
+        try:
+            result["child"] = os.getpriority(os.PRIO_PROCESS, backend.pid)
+            result["reply"] = reply_ids(backend.chat(MESSAGES, PARAMS))
+        finally:
+            backend.close()
+
+    thread = threading.Thread(target=lowered_ui_thread)
+    thread.start()
+    thread.join()
+    for task in os.listdir("/proc/self/task"):  # put the test process back where allowed (root)
+        try:
+            os.setpriority(os.PRIO_PROCESS, int(task), before)
+        except OSError:
+            pass
+    assert result["ui"] == before + 5 and result["child"] == before and result["reply"]

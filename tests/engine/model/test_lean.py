@@ -1,0 +1,137 @@
+"""The lean forward pass computes what transformers computes, over the same weights and cache."""
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig, Qwen2Config
+
+from engine.model.device import Device
+from engine.model.lean import LeanForward, lean_forward
+from engine.quant.int4 import quantize_model
+from engine.decode.runner import ModelRunner
+
+
+def _model(kind: str) -> torch.nn.Module:
+    common = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                  num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    config = LlamaConfig(**common) if kind == "llama" else Qwen2Config(**common, tie_word_embeddings=False)
+    torch.manual_seed(5)
+    model = AutoModelForCausalLM.from_config(config).eval()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    return model
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])  # qwen2: q/k/v biases
+@pytest.mark.parametrize("int4", [False, True])
+def test_lean_forward_matches_transformers(kind: str, int4: bool) -> None:
+    model = _model(kind)
+    if int4:
+        quantize_model(model, group_size=32)
+    lean = lean_forward(model)
+    assert isinstance(lean, LeanForward)
+    ours, theirs = DynamicCache(config=model.config), DynamicCache(config=model.config)
+    chunks = [[3, 1, 4, 1, 5, 9, 2], [6], [5, 3, 5], [8]]  # a prefill, steps and a verify-sized pass
+    start = 0
+    with torch.no_grad():
+        for chunk in chunks:
+            ids = torch.tensor([chunk])
+            got = lean(ids, ours, start, logits_to_keep=len(chunk))
+            want = model(input_ids=ids, past_key_values=theirs, use_cache=True, logits_to_keep=len(chunk)).logits
+            start += len(chunk)
+            assert got.shape == want.shape
+            assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
+    assert ours.get_seq_length() == theirs.get_seq_length() == start
+
+
+def test_unsupported_models_keep_transformers_forward() -> None:
+    model = _model("llama")
+    model.config.hidden_act = "gelu"
+    assert lean_forward(model) is None
+    runner = ModelRunner(model, Device(torch.device("cpu")))
+    assert runner.forward([1, 2, 3]).shape == (1, 96)
+
+
+@pytest.mark.parametrize("rows, fusable", [((576, 192, 192), True), ((64, 32, 32), False), ((1536, 1536), True)])
+def test_int4_fusion_is_exact_where_it_is_allowed(rows: tuple[int, ...], fusable: bool) -> None:
+    from engine.quant import Int4Linear, quantize_weight
+
+    gen = torch.Generator().manual_seed(1)
+    layers = [Int4Linear(quantize_weight(torch.randn(n, 128, generator=gen), 32), None, torch.device("cpu"))
+              for n in rows]
+    x = torch.randn(3, 128, generator=gen)
+    separate = torch.cat([layer(x) for layer in layers], dim=-1)
+    assert Int4Linear.can_fuse(layers) is fusable
+    if fusable:
+        fused = Int4Linear.fuse(layers)
+        assert torch.equal(fused(x), separate)
+        assert torch.equal(torch.cat([layer(x) for layer in layers], dim=-1), separate)  # views still right
+
+
+def test_growing_cache_matches_dynamic_cache_through_crops_and_growth() -> None:
+    """The lean path's cache gives the same logits as transformers' through prefill, steps,
+    rejected drafts (crops) and growth past its first buffer."""
+    from engine.model.lean import GrowingKV
+
+    model = _model("llama")
+    lean = lean_forward(model)
+    assert lean is not None
+    ours, theirs = GrowingKV(2), DynamicCache(config=model.config)
+    gen = torch.Generator().manual_seed(0)
+    length = 0
+    with torch.no_grad():
+        for step in range(40):
+            n = 1 + step % 7 if step else 200  # a long prompt, then passes of 1..7 tokens
+            ids = torch.randint(0, 96, (1, n), generator=gen)
+            got = lean(ids, ours, length, logits_to_keep=n)
+            want = model(input_ids=ids, past_key_values=theirs, use_cache=True, logits_to_keep=n).logits
+            assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
+            length += n
+            drop = step % 3  # a rejected tail, as after a verify pass
+            if drop and length > drop:
+                for layer in ours.layers:
+                    layer.crop(-drop)
+                theirs.crop(-drop)
+                length -= drop
+            assert ours.get_seq_length() == theirs.get_seq_length() == length
+    assert ours.layers[0].k is not None and ours.layers[0].k.shape[2] > 256  # it grew
+
+
+@pytest.mark.parametrize("int4", [True, False])
+def test_a_verify_pass_gives_each_row_the_one_token_step_numbers(int4: bool) -> None:
+    """Greedy speculation is token-identical to plain decoding only if a K+1-token
+    pass computes every row bit for bit as one-token steps would. The int4 path
+    guarantees it (batch-invariant kernel, one-row attention); fp32 BLAS matmuls
+    pick kernels by row count, so there only near-ties can differ."""
+    model = _model("llama")
+    if int4:
+        quantize_model(model, group_size=32)
+    runner = ModelRunner(model, Device(torch.device("cpu")))
+    gen = torch.Generator().manual_seed(4)
+    prompt, tail = torch.randint(0, 96, (300,), generator=gen).tolist(), [6, 5, 3, 5, 8]
+    runner.prefill(prompt)
+    batch = runner.forward(tail, logits_to_keep=len(tail))
+    runner.truncate(len(prompt))
+    steps = torch.cat([runner.forward([t], logits_to_keep=1) for t in tail])
+    if int4:
+        assert torch.equal(batch, steps)
+    else:
+        assert torch.allclose(batch, steps, rtol=0, atol=1e-5 * float(steps.abs().max()))
+
+
+def test_row_exact_attention_equals_one_row_calls_where_one_masked_call_does_not() -> None:
+    model = _model("llama")
+    lean = lean_forward(model)
+    assert lean is not None
+    gen = torch.Generator().manual_seed(2)
+    start, t = 294, 6
+    q = torch.randn(1, 4, t, 16, generator=gen)
+    k, v = torch.randn(1, 2, start + t, 16, generator=gen), torch.randn(1, 2, start + t, 16, generator=gen)
+    mask = torch.ones(t, start + t, dtype=torch.bool).tril(diagonal=start)
+    one_row = [lean._attention(q[:, :, i : i + 1], k[:, :, : start + i + 1], v[:, :, : start + i + 1], None,
+                               start + i, True) for i in range(t)]
+    exact = lean._attention(q, k, v, mask, start, True)
+    assert all(torch.equal(exact[:, :, i : i + 1], one_row[i]) for i in range(t))
+    masked = lean._attention(q, k, v, mask, start, False)
+    assert not all(torch.equal(masked[:, :, i : i + 1], one_row[i]) for i in range(t))  # why row_exact exists
