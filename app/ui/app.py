@@ -368,7 +368,8 @@ class SpecChatApp(App[None]):
             self.conversation.hud.set_loading(None, message.stage, message.fraction)
 
     def on_engine_ready(self, message: EngineReady) -> None:
-        from engine.child.backend import ProcessBackend, lower_priority_except_launcher
+        from engine.child.backend import ProcessBackend
+        from engine.child.launcher import lower_priority_except_launcher
         from app.ui.loading import ui_nice
 
         if not self.screen_stack:  # loaded while the app was closing: nobody will use it

@@ -1,1 +1,1 @@
-"""The engine in a child process, so the decode loop never waits for the UI's Python: typed messages, the backend the app holds, the child's serve loop, and the thread that starts it. Depends on load."""
+"""The engine in a child process, so the decode loop never waits for the UI's Python: typed messages (protocol), the backend the app holds (backend), the child's loop (serve), and the thread that starts children (launcher). Depends on load."""

@@ -129,7 +129,7 @@ def test_a_killed_child_ends_the_reply_with_an_engine_error(talker, tmp_path: Pa
 def test_a_ui_that_lowers_its_priority_still_starts_engines_at_the_old_one(talker) -> None:
     """Linux hands a new process its creating thread's nice value: children start from the
     launcher thread, which lower_priority_except_launcher leaves alone."""
-    from engine.child.backend import _LAUNCHER, lower_priority_except_launcher
+    from engine.child.launcher import LAUNCHER as _LAUNCHER, lower_priority_except_launcher
 
     before = os.getpriority(os.PRIO_PROCESS, 0)
     _LAUNCHER.run(lambda: None)  # the launcher exists, at the process's priority
