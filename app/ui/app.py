@@ -15,7 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 from textual import events
 from textual.app import App, ComposeResult
-from textual.binding import Binding
 from textual.driver import Driver
 from textual.screen import Screen
 from textual.widgets import Footer, Header
@@ -28,12 +27,13 @@ from app.ui.export import ask_export
 from app.ui.engine_host import EngineHost, ProfileChoice, Refusal
 from app.ui.formatting import plan_lines
 from app.ui.key_hold import KeyHold
+from app.ui.keys import BINDINGS, EXTRA_COMMANDS, MAIN_SCREEN_ACTIONS
 from app.ui.labels import profile_pair
 from app.ui.loading import Loader
 from app.ui.messages import EngineFailed, EngineReady, LoadProgress
 from app.ui.notices import notice
 from app.ui.screens.chats import ChatsResult, ChatsScreen
-from app.ui.screens.copy import CopyChoice, CopyScreen, code_blocks, copy_choices
+from app.ui.screens.copy import CopyChoice, CopyScreen, copy_choices, last_code_block, last_reply
 from app.ui.screens.dialog import AskDialog, Dialog
 from app.ui.screens.edit import EditScreen
 from app.ui.screens.help import HelpScreen
@@ -52,35 +52,9 @@ class SpecChatApp(App[None]):
     CSS_PATH = "specchat.tcss"
     TITLE = "specchat"
     COMMANDS = App.COMMANDS | {ProfileCommands}
-    BINDINGS = [
-        Binding("escape", "stop", "Stop", tooltip="stop the reply, keeping what was written"),
-        # All but Esc are priority keys: the app runs them as it reads them, before the
-        # keys typed after them, which then reach the dialog they open (F2 Enter picks a
-        # profile instead of sending the prompt; see app.ui.screens.dialog). F6 and F7 are
-        # the prompt box's select-line/select-all too: priority makes them the app's.
-        Binding("f1", "help", "Help", priority=True),
-        Binding("f2", "pick_profile", "Profile", priority=True),
-        Binding("f3", "chats", "Chats", priority=True),
-        Binding("f4,ctrl+t", "toggle_sources", "Colours", priority=True,
-                tooltip="colour each token: draft accepted vs target produced"),
-        Binding("f5", "toggle_speculation", "Spec on/off", key_display="f5", priority=True),
-        Binding("f6", "toggle_hud", "HUD", priority=True, tooltip="the side panel, or one status line"),
-        Binding("f7", "copy", "Copy", priority=True, tooltip="the last reply, a message or a code block"),
-        Binding("ctrl+n", "new_chat", "New chat", priority=True),
-        Binding("ctrl+q", "quit", "Quit", priority=True),
-        Binding("ctrl+r", "regenerate", "Regenerate", show=False, priority=True,
-                tooltip="answer the last prompt again (the earlier reply stays)"),
-        Binding("ctrl+g", "edit_last_prompt", "Edit last prompt", show=False, priority=True,
-                tooltip="change the last prompt and ask again (the earlier exchange stays)"),
-        Binding("f8", "edit_system_prompt", "System prompt", show=False, priority=True),
-        Binding("f9", "export_chat", "Export", show=False, priority=True,
-                tooltip="the chat as Markdown with its statistics"),
-    ]
-    _MAIN_SCREEN_ACTIONS = frozenset(b.action for b in BINDINGS) - {"quit", "stop"}
-    EXTRA_COMMANDS = [
-        ("Copy last reply", "the last reply to the clipboard", "copy_last_reply"),
-        ("Copy last code block", "the last code block of the replies to the clipboard", "copy_last_code"),
-    ]
+    BINDINGS = BINDINGS
+    _MAIN_SCREEN_ACTIONS = MAIN_SCREEN_ACTIONS
+    EXTRA_COMMANDS = EXTRA_COMMANDS
 
     def __init__(
         self,
@@ -259,19 +233,18 @@ class SpecChatApp(App[None]):
                title="Copied")
 
     def action_copy_last_reply(self) -> None:
-        replies = [text for role, text in self.conversation.messages() if role == "assistant" and text]
-        if not replies:
+        text = last_reply(self.conversation.messages())
+        if text is None:
             notice(self, "No reply to copy yet.", severity="warning")
-            return
-        self.copy_text(replies[-1], "the last reply")
+        else:
+            self.copy_text(text, "the last reply")
 
     def action_copy_last_code(self) -> None:
-        for role, text in reversed(self.conversation.messages()):
-            blocks = code_blocks(text) if role == "assistant" else []
-            if blocks:
-                self.copy_text(blocks[-1][1], "the last code block")
-                return
-        notice(self, "No code block in the replies yet.", severity="warning")
+        code = last_code_block(self.conversation.messages())
+        if code is None:
+            notice(self, "No code block in the replies yet.", severity="warning")
+        else:
+            self.copy_text(code, "the last code block")
 
     def action_edit_last_prompt(self) -> None:
         """Edit the last prompt and ask it again; the earlier exchange stays (dimmed)."""
@@ -321,10 +294,9 @@ class SpecChatApp(App[None]):
             notice(self, str(exc), severity="error")
             return
         on = self.engine.speculation_on
-        hud = self.conversation.hud
-        hud.set_speculation(not (was_on and not on))  # "switched off by you"
-        hud.set_engine(info, self.engine.profile)
-        hud.flush()
+        self.conversation.hud.set_speculation(not (was_on and not on))  # "switched off by you"
+        if self.engine.profile is not None:
+            self.conversation.hud.show_engine(info, self.engine.profile)
         if on:
             notice(self, "Speculation on.")
         elif was_on:
@@ -349,11 +321,7 @@ class SpecChatApp(App[None]):
     def _start_load(self, profile: "ModelProfile") -> None:
         old, old_profile = self.engine.begin_load(profile)
         self.sub_title = f"{profile.name} · {profile_pair(profile)}"
-        hud = self.conversation.hud
-        hud.set_engine(None, profile)
-        hud.set_loading(profile.name, f"loading; {old_profile.name} stays until it is ready"
-                        if old_profile else "starting", None)
-        hud.flush()
+        self.conversation.hud.show_loading(profile, old_profile.name if old_profile else None)
 
         def progress(stage: str, fraction: float | None) -> None:
             self.post_message(LoadProgress(stage, fraction))
@@ -379,11 +347,7 @@ class SpecChatApp(App[None]):
             lower_priority_except_launcher(ui_nice())  # the engine's threads first (see UI_NICE)
         self.engine.ready(message.backend, message.profile)
         info = message.backend.info
-        hud = self.conversation.hud
-        hud.set_speculation(True)
-        hud.set_notice(None)
-        hud.set_engine(info, message.profile)
-        hud.flush()
+        self.conversation.hud.show_engine(info, message.profile, fresh=True)
         self.conversation.profile_changed(message.profile.name)
         summary = plan_lines(info.plan)
         notice(self, f"{message.profile.name} ready" + (f": {summary[0]}" if summary else "."), title="Loaded")
@@ -397,17 +361,14 @@ class SpecChatApp(App[None]):
         if not self.screen_stack:
             return
         title = f"Could not load {message.profile_name or 'profile'}"
-        hud = self.conversation.hud
         if message.restored is not None:
             backend, profile = message.restored
             self.sub_title = f"{profile.name} · {profile_pair(profile)}"
-            hud.set_engine(backend.info, profile)
-            hud.flush()
+            self.conversation.hud.show_engine(backend.info, profile)
             notice(self, f"{message.error}\nStill using {profile.name}; F2 picks another profile.",
                    severity="error", title=title)
         else:
-            hud.set_error(message.error)
-            hud.flush()
+            self.conversation.hud.show_failed(message.error)
             notice(self, f"{message.error}\nNo model is loaded: F2 picks another profile.", severity="error",
                    title=title)
         self.conversation.drop_queued()

@@ -32,6 +32,20 @@ def code_blocks(markdown: str) -> list[tuple[str, str]]:
             for t in tokens if t.type in ("fence", "code_block")]
 
 
+def last_reply(messages: list[tuple[str, str]]) -> str | None:
+    """The text of the last reply with any, among ``(role, text)`` messages."""
+    return next((text for role, text in reversed(messages) if role == "assistant" and text), None)
+
+
+def last_code_block(messages: list[tuple[str, str]]) -> str | None:
+    """The code of the last code block in the replies."""
+    for role, text in reversed(messages):
+        blocks = code_blocks(text) if role == "assistant" else []
+        if blocks:
+            return blocks[-1][1]
+    return None
+
+
 def preview(text: str, width: int = 60) -> str:
     """The first non-empty line, shortened to ``width`` characters."""
     line = next((ln.strip() for ln in text.splitlines() if ln.strip()), "")

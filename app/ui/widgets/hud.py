@@ -172,6 +172,28 @@ class Hud(VerticalScroll):
         self.speculation_on = on
         self._dirty = True
 
+    # -- the engine's state, shown at once ------------------------------------------
+
+    def show_loading(self, profile: "ModelProfile", replacing: str | None) -> None:
+        """``profile`` starts loading, beside the profile ``replacing`` (None: nothing loaded)."""
+        self.set_engine(None, profile)
+        self.set_loading(profile.name, f"loading; {replacing} stays until it is ready" if replacing else "starting",
+                         None)
+        self.flush()
+
+    def show_engine(self, info: EngineInfo, profile: "ModelProfile", *, fresh: bool = False) -> None:
+        """``profile`` is loaded; ``fresh``: just loaded (speculation on, no engine notice yet)."""
+        if fresh:
+            self.set_speculation(True)
+            self.set_notice(None)
+        self.set_engine(info, profile)
+        self.flush()
+
+    def show_failed(self, error: str) -> None:
+        """Loading failed and nothing is loaded."""
+        self.set_error(error)
+        self.flush()
+
     # -- rendering ---------------------------------------------------------------
 
     def flush(self, force: bool = False) -> None:

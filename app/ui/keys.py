@@ -1,0 +1,37 @@
+"""The App's keys, in one table: what the footer, the help screen and the command palette show."""
+from __future__ import annotations
+
+from textual.binding import Binding, BindingType
+
+BINDINGS: list[BindingType] = [
+    Binding("escape", "stop", "Stop", tooltip="stop the reply, keeping what was written"),
+    # All but Esc are priority keys: the app runs them as it reads them, before the
+    # keys typed after them, which then reach the dialog they open (F2 Enter picks a
+    # profile instead of sending the prompt; see app.ui.screens.dialog). F6 and F7 are
+    # the prompt box's select-line/select-all too: priority makes them the app's.
+    Binding("f1", "help", "Help", priority=True),
+    Binding("f2", "pick_profile", "Profile", priority=True),
+    Binding("f3", "chats", "Chats", priority=True),
+    Binding("f4,ctrl+t", "toggle_sources", "Colours", priority=True,
+            tooltip="colour each token: draft accepted vs target produced"),
+    Binding("f5", "toggle_speculation", "Spec on/off", key_display="f5", priority=True),
+    Binding("f6", "toggle_hud", "HUD", priority=True, tooltip="the side panel, or one status line"),
+    Binding("f7", "copy", "Copy", priority=True, tooltip="the last reply, a message or a code block"),
+    Binding("ctrl+n", "new_chat", "New chat", priority=True),
+    Binding("ctrl+q", "quit", "Quit", priority=True),
+    Binding("ctrl+r", "regenerate", "Regenerate", show=False, priority=True,
+            tooltip="answer the last prompt again (the earlier reply stays)"),
+    Binding("ctrl+g", "edit_last_prompt", "Edit last prompt", show=False, priority=True,
+            tooltip="change the last prompt and ask again (the earlier exchange stays)"),
+    Binding("f8", "edit_system_prompt", "System prompt", show=False, priority=True),
+    Binding("f9", "export_chat", "Export", show=False, priority=True,
+            tooltip="the chat as Markdown with its statistics"),
+]
+MAIN_SCREEN_ACTIONS = frozenset(b.action for b in BINDINGS if isinstance(b, Binding)) - {"quit", "stop"}
+"""The keys that act on the chat: a dialog on top takes them instead."""
+
+EXTRA_COMMANDS = [
+    ("Copy last reply", "the last reply to the clipboard", "copy_last_reply"),
+    ("Copy last code block", "the last code block of the replies to the clipboard", "copy_last_code"),
+]
+"""Commands only the palette offers: (title, help, action)."""
