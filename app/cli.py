@@ -135,7 +135,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_profiles(args: argparse.Namespace) -> int:
     from engine.load.availability import cuda_present, unavailable_reason
-    from engine.config.profiles import load_profiles, user_models_file
+    from engine.config.models_file import load_profiles, user_models_file
 
     from engine.fetch.sources import is_fetched
 

@@ -39,7 +39,8 @@ def add_model_options(parser: argparse.ArgumentParser, subcommand: bool = True) 
 
 def resolve_profile(args: argparse.Namespace) -> "ModelProfile":
     """The profile named by the model options (``--target`` builds one on the fly)."""
-    from engine.config.profiles import load_profiles, profile_from_sources
+    from engine.config.profiles import profile_from_sources
+    from engine.config.models_file import load_profiles
     from engine.sizes import parse_size
 
     if args.draft and not args.target:

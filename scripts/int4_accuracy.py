@@ -34,7 +34,7 @@ from app.bench.inputs import load_prompt_set
 from engine.chat.text import render_prompt
 from engine.model.device import Device
 from engine.load.loader import load_tokenizer, load_weights
-from engine.config.profiles import load_profiles
+from engine.config.models_file import load_profiles
 from engine.quant.gguf_blocks import bf16_rounding_error, carry_over
 from engine.decode.runner import ModelRunner
 from engine.fetch.sources import gguf_origin, locate, prepare

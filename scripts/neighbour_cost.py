@@ -49,7 +49,7 @@ def main() -> None:
 
     from engine.events import ChatMessage, generation_params
     from engine.load.loader import load_engine
-    from engine.config.profiles import load_profiles
+    from engine.config.models_file import load_profiles
 
     profile = load_profiles().get(args.profile)
     engine = load_engine(profile)

@@ -37,7 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from app.bench.inputs import load_prompt_set  # noqa: E402
 from app.models_cli import load_for  # noqa: E402
 from engine.events import ChatEvent, ChatMessage, GenerationParams, SamplingParams  # noqa: E402
-from engine.config.profiles import load_profiles  # noqa: E402
+from engine.config.models_file import load_profiles  # noqa: E402
 
 
 def counts(events: Iterable[ChatEvent]) -> tuple[list[int], dict[str, int]]:

@@ -9,7 +9,6 @@ Only the App opens dialogs; each takes its data in and answers with ``dismiss``.
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 

@@ -64,7 +64,7 @@ class EngineHost:
         self._cuda: bool | None = None
 
     def _load_profiles_file(self) -> "Profiles":
-        from engine.config.profiles import load_profiles
+        from engine.config.models_file import load_profiles
 
         return load_profiles(self.choice.models_file)
 

@@ -1,41 +1,21 @@
-"""Model profiles: which target, which drafter, which settings, read from ``models.toml``.
-
-Files are read in this order, each adding profiles or replacing whole profiles
-of the same name, and each free to change ``default``:
-
-1. the shipped ``models.toml`` (inside the ``engine`` package),
-2. the user's ``config_dir()/models.toml`` (skipped when absent),
-3. the file given to :func:`load_profiles` or else the one named by ``SPECCHAT_MODELS``.
-
-The keys are documented at the top of the shipped ``models.toml``. Every
-problem raises :class:`~engine.errors.ProfileError` naming the file, the profile
-and the key to fix.
+"""Model profiles: which target, which drafter, which settings (read from ``models.toml`` by
+:mod:`engine.config.models_file`). A profile that could not run is refused when it is made,
+with :class:`~engine.errors.ProfileError` naming the key to fix.
 """
 from __future__ import annotations
 
 import math
-import os
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from importlib import resources
 from pathlib import Path
-from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from engine.config.source_names import check_parts
 from engine.errors import ModelSourceError, ProfileError
-from engine.paths import config_dir
-from engine.sizes import parse_size
 
 if TYPE_CHECKING:
     from engine.config.server import ServerSpec
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # pragma: no cover
-    import tomli as tomllib
 
 Quantization = Literal["none", "int4", "nf4", "int8"]
 Drafter = Literal["model", "ngram", "none"]
@@ -45,7 +25,6 @@ DRAFTERS: tuple[str, ...] = get_args(Drafter)
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 WIDE_BLOCKS: tuple[str, ...] = ("int4", "planes")
 GROUP_SIZES: tuple[int, ...] = (32, 64, 128)  # int4 groups (engine.quant.int4 checks the same set)
-MODELS_ENV = "SPECCHAT_MODELS"
 
 
 @dataclass(frozen=True)
@@ -196,180 +175,6 @@ class Profiles:
                 f"unknown profile {key!r}: known profiles are {', '.join(self.names()) or '(none)'}"
                 f" (defined in {', '.join(str(f) for f in self.files) or 'no file'})"
             ) from None
-
-
-# ----------------------------------------------------------------------------- parsing
-
-_SPEC_KEYS = ("source", "quantization", "dtype", "trust_remote_code", "allow_pickle", "group_size", "quantize_head",
-              "draft_vocab", "parts", "sha256", "wide_blocks", "download_size")
-_PROFILE_KEYS = (
-    "target", "drafter", "draft", "description", "k", "k_min", "k_max", "temperature",
-    "top_p", "top_k", "system_prompt", "context_length", "memory_budget", "backend", "device", "lookup",
-)
-_TOP_KEYS = ("default", "profiles")
-_TYPES: dict[str, tuple[type, ...]] = {
-    "drafter": (str,), "backend": (str,), "description": (str,), "k": (int,), "k_min": (int,), "k_max": (int,),
-    "temperature": (int, float), "top_p": (int, float), "top_k": (int,), "system_prompt": (str,),
-    "context_length": (int,), "memory_budget": (int, str), "device": (str,), "lookup": (bool,),
-    "source": (str,), "quantization": (str,), "dtype": (str,),
-    "trust_remote_code": (bool,), "allow_pickle": (bool,), "group_size": (int,), "quantize_head": (bool,), "draft_vocab": (int,),
-    "parts": (list,), "sha256": (str,), "wide_blocks": (str,), "download_size": (int, str),
-}
-
-
-_TYPE_NAMES: dict[tuple[type, ...], str] = {
-    (str,): "a string", (int,): "an integer", (int, float): "a number",
-    (bool,): "true or false", (int, str): "a size (bytes, or a string like \"2GiB\")",
-    (list,): "a list of strings",
-}
-
-
-def _check_type(value: Any, key: str, where: str) -> None:
-    types = _TYPES[key]
-    if isinstance(value, bool) and bool not in types or not isinstance(value, types):
-        raise ProfileError(f"{where}: {key} must be {_TYPE_NAMES[types]}, got {value!r}")
-
-
-def _parse_spec(raw: Any, field: str, where: str) -> ModelSpec:
-    if isinstance(raw, str):
-        raw = {"source": raw}
-    if not isinstance(raw, dict):
-        raise ProfileError(f"{where}: {field} must be a table like {{ source = \"org/name\" }}, got {raw!r}")
-    unknown = sorted(set(raw) - set(_SPEC_KEYS))
-    if unknown:
-        raise ProfileError(
-            f"{where}: unknown key {field}.{unknown[0]}: allowed keys are {', '.join(_SPEC_KEYS)}"
-        )
-    if "source" not in raw:
-        raise ProfileError(f"{where}: missing field {field}.source (a hub id, directory, .gguf file or wheel:...)")
-    for key, value in raw.items():
-        _check_type(value, key, f"{where}: {field}")
-    if "parts" in raw:
-        raw = {**raw, "parts": tuple(raw["parts"])}
-    if "download_size" in raw:
-        try:
-            raw = {**raw, "download_size": parse_size(raw["download_size"])}
-        except ProfileError as exc:
-            raise ProfileError(f"{where}: {field}.download_size: {exc}") from None
-    try:
-        return ModelSpec(**raw)
-    except ProfileError as exc:
-        raise ProfileError(f"{where}: {field}: {exc}") from None
-
-
-def _parse_profile(name: str, raw: Any, path: Path) -> ModelProfile:
-    where = f"profile {name!r} in {path}"
-    if not isinstance(raw, dict):
-        raise ProfileError(f"{where}: [profiles.{name}] must be a table")
-    if raw.get("backend") == "server":
-        from engine.config.server_fields import parse_server_fields
-
-        server, reply = parse_server_fields(raw, where, _check_type)
-        try:
-            return server_profile(name, server, source_file=path, **reply)
-        except ProfileError as exc:
-            raise ProfileError(str(exc) if str(path) in str(exc) else f"{where}: {exc}") from None
-    if raw.get("backend", "local") != "local":
-        raise ProfileError(f"{where}: backend must be \"local\" (default) or \"server\", got {raw['backend']!r}")
-    unknown = sorted(set(raw) - set(_PROFILE_KEYS))
-    if unknown:
-        raise ProfileError(f"{where}: unknown key {unknown[0]!r}: allowed keys are {', '.join(_PROFILE_KEYS)}")
-    for required in ("target", "drafter"):
-        if required not in raw:
-            raise ProfileError(f"{where}: missing field {required!r}")
-    fields: dict[str, Any] = {}
-    for key, value in raw.items():
-        if key in ("target", "draft"):
-            fields[key] = _parse_spec(value, key, where)
-            continue
-        _check_type(value, key, where)
-        fields[key] = value
-    if fields["drafter"] not in DRAFTERS:
-        raise ProfileError(f"{where}: unknown drafter {fields['drafter']!r}: use one of {', '.join(DRAFTERS)}")
-    if fields["drafter"] == "model" and "draft" not in fields:
-        raise ProfileError(f"{where}: missing field 'draft' (drafter = \"model\" needs draft = {{ source = ... }})")
-    if fields["drafter"] != "model" and "draft" in fields:
-        raise ProfileError(f"{where}: 'draft' is only used with drafter = \"model\"; remove it or set drafter = \"model\"")
-    if "memory_budget" in fields:
-        try:
-            fields["memory_budget"] = parse_size(fields["memory_budget"])
-        except ProfileError as exc:
-            raise ProfileError(f"{where}: memory_budget: {exc}") from None
-    for key in ("temperature", "top_p"):
-        if key in fields:
-            fields[key] = float(fields[key])
-    try:
-        return ModelProfile(name=name, source_file=path, **fields)
-    except ProfileError as exc:
-        msg = str(exc)
-        raise ProfileError(msg if str(path) in msg else f"{where}: {msg}") from None
-
-
-def read_profiles_file(path: Path) -> tuple[dict[str, ModelProfile], str | None]:
-    """Parse one models.toml: its profiles and its ``default`` (or None)."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ProfileError(f"models file not found: {path}") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ProfileError(f"cannot read models file {path}: {exc}") from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise ProfileError(f"{path}: TOML syntax error: {exc}") from None
-    unknown = sorted(set(data) - set(_TOP_KEYS))
-    if unknown:
-        raise ProfileError(
-            f"{path}: unknown top-level key {unknown[0]!r}: allowed keys are {', '.join(_TOP_KEYS)}"
-            " (profiles go in [profiles.NAME] tables)"
-        )
-    default = data.get("default")
-    if default is not None and not isinstance(default, str):
-        raise ProfileError(f"{path}: default must be a profile name (a string), got {default!r}")
-    raw_profiles = data.get("profiles", {})
-    if not isinstance(raw_profiles, dict):
-        raise ProfileError(f"{path}: profiles must be tables written as [profiles.NAME]")
-    return {name: _parse_profile(name, raw, path) for name, raw in raw_profiles.items()}, default
-
-
-def shipped_models_file() -> Path:
-    """The ``models.toml`` that ships inside the ``engine`` package."""
-    return Path(str(resources.files("engine").joinpath("models.toml")))
-
-
-def user_models_file() -> Path:
-    """``config_dir()/models.toml``; it need not exist."""
-    return config_dir() / "models.toml"
-
-
-def load_profiles(models_file: Path | str | None = None) -> Profiles:
-    """Read and merge the shipped, the user's and the given (or ``$SPECCHAT_MODELS``) models files."""
-    paths: list[Path] = [shipped_models_file()]
-    user = user_models_file()
-    if user.is_file():
-        paths.append(user)
-    extra = models_file if models_file is not None else os.environ.get(MODELS_ENV) or None
-    if extra is not None:
-        extra_path = Path(extra).expanduser().absolute()
-        if not extra_path.is_file():
-            raise ProfileError(f"models file not found: {extra_path}")
-        paths.append(extra_path)
-    merged: dict[str, ModelProfile] = {}
-    default: str | None = None
-    default_from: Path | None = None
-    for path in paths:
-        profiles, file_default = read_profiles_file(path)
-        merged.update(profiles)
-        if file_default is not None:
-            default, default_from = file_default, path
-    if default is None:
-        raise ProfileError(f"no default profile: add default = \"NAME\" to {paths[-1]}")
-    if default not in merged:
-        raise ProfileError(
-            f"{default_from}: default = {default!r} names no profile; "
-            f"known profiles are {', '.join(sorted(merged)) or '(none)'}"
-        )
-    return Profiles(profiles=MappingProxyType(merged), default=default, files=tuple(paths))
 
 
 def server_profile(name: str, server: Any, *, source_file: Path | None = None, **fields: Any) -> ModelProfile:

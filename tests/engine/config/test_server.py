@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from engine.errors import EngineError, ProfileError
-from engine.config.profiles import load_profiles
+from engine.config.models_file import load_profiles
 from engine.config.server import ServerSpec
 
 

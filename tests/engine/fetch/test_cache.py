@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 import engine.fetch.sources as sources
-from engine.fetch.cachefiles import clean_leftovers, is_leftover, matches_record
+from engine.fetch.cachefiles import clean_leftovers, is_leftover, matches_record, sha256_file
 from engine.errors import ModelSourceError
 from engine.config.profiles import ModelSpec
 from engine.fetch.sources import DONE_MARKER, locate, prepare
@@ -144,7 +144,7 @@ def _fake_convert(calls: list[bytes]):  # type: ignore[no-untyped-def]
         if gguf.read_bytes() != PAYLOAD:
             raise ModelSourceError(f"cannot read GGUF file {gguf}: ValueError: cannot reshape array")
         save_tiny(dest)
-        marker = {"sha256": {f.name: sources.sha256_file(f) for f in dest.glob("*.safetensors")}}
+        marker = {"sha256": {f.name: sha256_file(f) for f in dest.glob("*.safetensors")}}
         (dest / DONE_MARKER).write_text(json.dumps(marker))
         return dest
     return convert

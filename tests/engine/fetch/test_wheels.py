@@ -62,7 +62,7 @@ def test_failed_download_is_one_clear_error(monkeypatch: pytest.MonkeyPatch, tmp
 def test_ticking_reports_bytes_and_fraction(tmp_path: Path) -> None:
     import time
 
-    from engine.fetch.sources import _dir_bytes, _ticking
+    from engine.fetch.convert import _dir_bytes, _ticking
 
     calls: list[tuple[str, float | None]] = []
     out = tmp_path / "out"

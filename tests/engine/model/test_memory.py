@@ -21,7 +21,8 @@ from engine.model.memory import (
     published_config,
     resolve_dtype,
 )
-from engine.config.profiles import ModelProfile, ModelSpec, load_profiles
+from engine.config.profiles import ModelProfile, ModelSpec
+from engine.config.models_file import load_profiles
 from tests.tiny import tiny_config
 
 MiB = 2**20

@@ -1,0 +1,133 @@
+"""A GGUF converted once into a safetensors directory (transformers dequantizes GGUF slowly on
+every load), written beside a marker that records the copy's hashes, with progress while it runs."""
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from engine.errors import ModelSourceError
+from engine.fetch.cachefiles import sha256_file
+from engine.fetch.wheels import tmp_name
+from engine.progress import ProgressFn, no_progress
+
+DONE_MARKER = "specchat-converted.json"
+"""The file a finished conversion writes last: its source, its time and its files' sha256."""
+
+
+def _clean_stale(parent: Path, name: str) -> None:
+    """Remove temporary directories left behind by killed conversions."""
+    import psutil
+
+    for tmp in parent.glob(f".{name}.tmp-*"):
+        pid = tmp.name.rsplit(".tmp-", 1)[-1].split("-")[0]
+        if not (pid.isdigit() and psutil.pid_exists(int(pid)) and int(pid) != os.getpid()):
+            shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _dir_bytes(path: Path) -> int:
+    """Bytes in the files directly inside ``path`` (0 while it does not exist)."""
+    try:
+        return sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    except OSError:
+        return 0
+
+
+@contextlib.contextmanager
+def _ticking(progress: ProgressFn, stage: str, start: float, measure: Callable[[], int] | None = None,
+             total: int | None = None, end: float | None = None, every_s: float = 0.5) -> Iterator[None]:
+    """Report ``stage`` every ``every_s`` while the body runs: bytes done and the fraction between
+    ``start`` and ``end`` when ``measure``/``total`` are given, else the seconds it has taken."""
+    stop = threading.Event()
+    began = time.perf_counter()
+
+    def tick() -> None:
+        while not stop.wait(every_s):
+            if measure is not None and total and end is not None:
+                done = min(measure(), total)
+                progress(f"{stage}: {done / 1e6:.1f} of {total / 1e6:.1f} MB", start + (end - start) * done / total)
+            else:
+                progress(f"{stage}: {time.perf_counter() - began:.0f} s", start)
+
+    thread = threading.Thread(target=tick, name="progress-ticker", daemon=True)
+    progress(stage, start)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, verify: bool = True) -> Path:
+    """Dequantize a GGUF once into a safetensors directory ``dest`` (model + tokenizer);
+    with ``verify``, reload the copy and require identical logits."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if (dest / DONE_MARKER).is_file():
+        return dest
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    _clean_stale(dest.parent, dest.name)
+    started = time.perf_counter()
+    size = gguf.stat().st_size
+    progress(f"converting {gguf.name} ({size / 1e6:.1f} MB, once)", 0.0)
+    try:
+        with _ticking(progress, f"reading {gguf.name} ({size / 1e6:.1f} MB)", 0.0):
+            model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
+            tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    except Exception as exc:  # the gguf reader raises many kinds on a damaged file
+        raise ModelSourceError(
+            f"cannot read GGUF file {gguf}: {type(exc).__name__}: {exc}. It may be truncated or not a "
+            "model the transformers GGUF loader supports; delete it and try again"
+        ) from None
+    model.hf_quantizer = None  # save_pretrained refuses a GGUF-quantized model otherwise
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
+    tmp = tmp_name(dest)
+    try:
+        total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+        with _ticking(progress, "writing the safetensors copy", 0.6, lambda: _dir_bytes(tmp), total, 0.85):
+            model.save_pretrained(tmp)
+            tokenizer.save_pretrained(tmp)
+        if verify:
+            progress("checking the converted copy", 0.85)
+            ids = torch.tensor([tokenizer("The quick brown fox").input_ids])
+            copy = AutoModelForCausalLM.from_pretrained(str(tmp), use_safetensors=True, dtype=torch.float32)
+            with torch.no_grad():
+                same = torch.equal(model(ids).logits, copy(ids).logits)
+            del copy
+            if not same:
+                raise ModelSourceError(f"the safetensors copy of {gguf} gives different logits; not using it")
+        marker = {"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size,
+                  "seconds": round(time.perf_counter() - started, 2), "verified": verify,
+                  "sha256": {f.name: sha256_file(f) for f in sorted(tmp.glob("*.safetensors"))}}
+        (tmp / DONE_MARKER).write_text(json.dumps(marker, indent=2))
+        try:
+            os.rename(tmp, dest)
+        except OSError:
+            if not (dest / DONE_MARKER).is_file():  # another process won the race
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    progress(f"converted {gguf.name}", 1.0)
+    return dest
+
+
+def converted_copy_intact(path: Path) -> bool:
+    """True when every safetensors file of a converted copy still has the sha256 its marker recorded."""
+    try:
+        recorded = json.loads((path / DONE_MARKER).read_text()).get("sha256")
+    except (OSError, ValueError, AttributeError):
+        return False
+    if not isinstance(recorded, dict) or not recorded:
+        return False
+    try:
+        return all(sha256_file(path / name) == want for name, want in recorded.items())
+    except OSError:
+        return False
