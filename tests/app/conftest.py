@@ -6,6 +6,8 @@ from pathlib import Path
 
 import pytest
 
+import app.store.history as history_module
+import app.store.saver as saver_module
 from app.ui.app import SpecChatApp
 from tests.app.fakes import FakeLoader, make_profiles
 
@@ -40,3 +42,11 @@ def make_app(loader: FakeLoader) -> Callable[..., SpecChatApp]:
 def anyio_backend() -> str:
     """Run async tests on asyncio (Textual's loop) through anyio's pytest plugin."""
     return "asyncio"
+
+
+@pytest.fixture
+def short_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """History locks time out in a fraction of a second, and the saver retries quickly."""
+    monkeypatch.setattr(history_module, "BUSY_TIMEOUT_S", 0.2)
+    monkeypatch.setattr(history_module, "OPEN_ATTEMPTS", 2)
+    monkeypatch.setattr(saver_module, "BACKOFF_S", (0.05, 0.2))

@@ -194,7 +194,7 @@ def test_real_bench_cli_with_llama_rows(pocket_dir: Path, model_cache: Path, tmp
 
 def test_bench_without_llama_cpp_says_how_to_get_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                     capsys: pytest.CaptureFixture[str]) -> None:
-    from tests.app.test_bench import PROMPTS_TOML
+    from tests.app.bench.test_run import PROMPTS_TOML
     from tests.tiny import make_tokenizer
 
     monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))

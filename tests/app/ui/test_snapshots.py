@@ -2,7 +2,7 @@
 
 Deterministic by construction: fixed terminal size, the scripted fake backend
 (fixed statistics, no clocks), the prompt's cursor blink off and toasts cleared.
-Update with ``pytest tests/app/test_snapshots.py --snapshot-update`` after a
+Update with ``pytest tests/app/ui/test_snapshots.py --snapshot-update`` after a
 deliberate visual change, and look at the report before committing.
 """
 from __future__ import annotations

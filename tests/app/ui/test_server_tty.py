@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.app.test_smoke_tty import ROOT, Tmux
+from tests.app.ui.test_smoke_tty import ROOT, Tmux
 from tests.conftest import POCKET_SOURCE
 
 pytestmark = [pytest.mark.slow, pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")]

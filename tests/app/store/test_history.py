@@ -1,0 +1,111 @@
+"""history.db: private file modes, damaged, locked or newer files set aside, never overwritten."""
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+import app.store.history as history_module
+import app.store.schema as schema_module
+from app.store.history import History, HistoryError
+from tests.app.store.locking import hold_lock, mode
+
+
+def test_roundtrip_and_private_modes(specchat_dirs: Path) -> None:
+    history = History.open()
+    assert history.notice is None and history.path == specchat_dirs / "history.db"
+    chat = history.create_chat("Greeting", "fast", None)
+    history.add_message(chat, "user", "hi", profile="fast")
+    reply = history.add_message(chat, "assistant", "", profile="fast")
+    history.update_message(reply, "Hello!", stats={"alpha": 0.5, "mode": "spec"},
+                           pieces=[("Hello", "draft"), ("!", "target")], finish_reason="eos")
+    (rec_user, rec_reply) = history.messages(chat)
+    assert (rec_user.role, rec_user.content) == ("user", "hi")
+    assert rec_reply.pieces == [("Hello", "draft"), ("!", "target")] and rec_reply.stats == {"alpha": 0.5, "mode": "spec"}
+    history.rename_chat(chat, "Renamed")
+    assert [c.title for c in history.list_chats()] == ["Renamed"]
+    assert history.list_chats()[0].message_count == 2
+    assert mode(specchat_dirs) == 0o700
+    for path in specchat_dirs.glob("history.db*"):
+        assert mode(path) == 0o600, path
+    history.delete_chat(chat)
+    assert history.list_chats() == [] and history.messages(chat) == []
+    history.close()
+
+
+def test_damaged_database_is_set_aside_not_overwritten(specchat_dirs: Path) -> None:
+    specchat_dirs.mkdir(parents=True)
+    garbage = b"this is not sqlite" * 100
+    (specchat_dirs / "history.db").write_bytes(garbage)
+    history = History.open()
+    assert history.notice is not None and "corrupt-" in history.notice
+    (aside,) = specchat_dirs.glob("history.db.corrupt-*")
+    assert aside.read_bytes() == garbage
+    history.create_chat("still works", None)
+    assert [c.title for c in history.list_chats()] == ["still works"]
+    history.close()
+
+
+def test_lock_at_start_is_not_corruption(specchat_dirs: Path, short_busy: None) -> None:
+    first = History.open()
+    first.create_chat("kept", None)
+    first.close()
+    thread, _ = hold_lock(specchat_dirs / "history.db", 1.0)
+    history = History.open()
+    assert history.notice is not None and "locked" in history.notice
+    assert not list(specchat_dirs.glob("history.db.corrupt-*"))
+    with pytest.raises(HistoryError) as err:
+        history.create_chat("while locked", None)
+    assert err.value.locked
+    thread.join()
+    history.create_chat("after the lock", None)  # the same file, not a fresh one
+    assert [c.title for c in history.list_chats()] == ["after the lock", "kept"]
+    history.close()
+    assert not list(specchat_dirs.glob("history.db.corrupt-*"))
+
+
+def test_lock_released_during_open_is_waited_for(specchat_dirs: Path, short_busy: None) -> None:
+    first = History.open()
+    first.create_chat("kept", None)
+    first.close()
+    thread, _ = hold_lock(specchat_dirs / "history.db", 0.3)  # longer than one busy timeout
+    history = History.open()
+    thread.join()
+    assert history.notice is None
+    assert [c.title for c in history.list_chats()] == ["kept"]
+
+
+def test_unusable_or_newer_file_is_left_untouched(specchat_dirs: Path) -> None:
+    first = History.open()
+    first.create_chat("from the future", None)
+    first.close()
+    conn = sqlite3.connect(specchat_dirs / "history.db")
+    conn.execute(f"PRAGMA user_version = {schema_module.SCHEMA_VERSION + 1}")
+    conn.close()
+    before = (specchat_dirs / "history.db").read_bytes()
+    history = History.open()
+    assert history.path is None and history.notice is not None and "newer specchat" in history.notice
+    history.create_chat("in memory", None)
+    assert (specchat_dirs / "history.db").read_bytes() == before
+    assert not list(specchat_dirs.glob("history.db.corrupt-*"))
+
+
+def test_malformed_database_is_confirmed_and_set_aside(specchat_dirs: Path) -> None:
+    first = History.open()
+    for i in range(200):
+        first.add_message(first.create_chat(f"chat {i}", None), "user", "x" * 500)
+    first.close()
+    conn = sqlite3.connect(specchat_dirs / "history.db")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    path = specchat_dirs / "history.db"
+    data = bytearray(path.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    for off in range(2 * page, len(data), page):  # scribble over every b-tree page after the first
+        data[off:off + 8] = b"\xff" * 8
+    path.write_bytes(bytes(data))
+    assert history_module.History._confirm_corrupt(path)
+    history = History.open()
+    assert history.notice is not None and "damaged" in history.notice
+    assert len(list(specchat_dirs.glob("history.db.corrupt-*"))) == 1

@@ -1,0 +1,92 @@
+"""The saver: rounds kept while the database is locked, nothing confirmed lost to kill -9."""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+from app.store.history import History
+from app.store.saver import ChatRef, HistorySaver
+from tests.conftest import REPO
+from tests.app.store.locking import hold_lock
+
+
+def test_saver_keeps_rounds_while_locked_and_writes_the_final_state(specchat_dirs: Path, short_busy: None) -> None:
+    history = History.open()
+    lags: list[str | None] = []
+    saver = HistorySaver(history, lags.append)
+    chat = ChatRef("locked reply", "fast")
+    first = saver.start_reply(chat, "hello", "fast")
+    saver.update(first, "Hi", [("Hi", "target")], None)
+    assert saver.flush(5)
+    thread, _ = hold_lock(specchat_dirs / "history.db", 1.0, exclusive=False)
+    for i in range(5):
+        saver.update(first, "Hi" + " there" * (i + 1), [("Hi" + " there" * (i + 1), "target")], {"tokens": i})
+    saver.update(first, "Hi there, done.", [("Hi there, done.", "draft")], {"tokens": 9}, "eos")
+    second = saver.start_reply(chat, "again", "fast")
+    saver.update(second, "Yes.", [("Yes.", "target")], None, "eos")
+    time.sleep(0.5)
+    assert saver.lagging and saver.unsaved() == 2 and lags and lags[0] and "locked" in lags[0]
+    thread.join()
+    assert saver.close(5)
+    assert lags[-1] is None and not saver.lagging
+    rows = [(m.role, m.content, m.finish_reason) for m in history.messages(chat.id)]  # type: ignore[arg-type]
+    assert rows == [("user", "hello", None), ("assistant", "Hi there, done.", "eos"),
+                    ("user", "again", None), ("assistant", "Yes.", "eos")]
+    assert history.messages(chat.id)[1].stats == {"tokens": 9}  # type: ignore[arg-type]
+
+
+def _child(db: Path, rounds: int, finish: bool) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.app.saver_child", str(db), str(rounds), "1" if finish else "0"],
+        cwd=REPO, stdout=subprocess.PIPE, text=True,
+    )
+
+
+def _saved_reply(db: Path) -> tuple[str, str | None]:
+    history = History.open(db)
+    assert history.notice is None  # a killed writer leaves no damage and no lock
+    (chat,) = history.list_chats()
+    (_user, reply) = history.messages(chat.id)
+    history.close()
+    return reply.content, reply.finish_reason
+
+
+def test_kill_9_mid_reply_loses_nothing_confirmed(tmp_path: Path) -> None:
+    db = tmp_path / "history.db"
+    child = _child(db, 10_000, finish=False)
+    assert child.stdout is not None
+    confirmed = 0
+    for line in child.stdout:
+        if line.startswith("saved "):
+            confirmed = int(line.split()[1])
+        if confirmed >= 50:
+            break
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    text, finish = _saved_reply(db)
+    assert text.startswith("".join(f" r{i}" for i in range(confirmed)))
+    assert finish is None
+
+
+def test_kill_9_after_a_lock_clears_keeps_the_final_state(tmp_path: Path) -> None:
+    db = tmp_path / "history.db"
+    first = History.open(db)
+    first.close()
+    thread, _ = hold_lock(db, 1.5, exclusive=False)
+    child = _child(db, 40, finish=True)
+    assert child.stdout is not None
+    lines = []
+    for line in child.stdout:
+        lines.append(line.strip())
+        if line.startswith("all saved"):
+            break
+    child.send_signal(signal.SIGKILL)
+    child.wait()
+    thread.join()
+    assert lines[0] == "pending 1"  # the first rounds waited in memory while the lock was held
+    text, finish = _saved_reply(db)
+    assert text == "".join(f" r{i}" for i in range(40)) and finish == "length"

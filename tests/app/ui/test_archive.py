@@ -1,0 +1,129 @@
+"""The archive in the app: replies saved as they stream, locks reported, chats reopened, renamed, deleted."""
+from __future__ import annotations
+
+import sqlite3
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from app.ui.app import SpecChatApp
+from app.ui.screens.chats import ChatsScreen
+from app.ui.widgets.chat_view import AssistantMessage, UserMessage
+from tests.app.fakes import FakeLoader
+from tests.app.helpers import ready, send, wait_for
+from tests.app.store.locking import hold_lock
+
+
+pytestmark_async = pytest.mark.anyio
+
+
+@pytestmark_async
+async def test_reply_is_saved_while_streaming(make_app: Callable[..., SpecChatApp], specchat_dirs: Path) -> None:
+    loader = FakeLoader(hold_after=2)
+    app = make_app(loader=loader)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        await wait_for(pilot, loader.backends[0].held.is_set)
+
+        def rows() -> list[tuple[object, ...]]:
+            probe = sqlite3.connect(specchat_dirs / "history.db")
+            try:
+                return probe.execute("SELECT role, content, finish_reason FROM messages ORDER BY id").fetchall()
+            finally:
+                probe.close()
+
+        await wait_for(pilot, lambda: rows() == [("user", "hi", None), ("assistant", "Hello there! Here is code", None)],
+                       timeout=20)
+        loader.backends[0].release.set()
+        await wait_for(pilot, lambda: not app.conversation.generating)
+
+
+@pytestmark_async
+async def test_lock_during_reply_shows_notice_and_saves_everything_after(
+    make_app: Callable[..., SpecChatApp], specchat_dirs: Path, short_busy: None
+) -> None:
+    loader = FakeLoader(hold_after=1)
+    app = make_app(loader=loader)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        await wait_for(pilot, loader.backends[0].held.is_set)
+        assert app.archive.saver is not None
+        await wait_for(pilot, lambda: app.archive.saver.unsaved() == 1 and app.conversation.chat_id is not None)
+        thread, _ = hold_lock(specchat_dirs / "history.db", 1.5, exclusive=False)
+        loader.backends[0].release.set()
+        await wait_for(pilot, lambda: not app.conversation.generating)
+        await wait_for(pilot, lambda: any("saved when the lock is released" in n.message
+                                          for n in app._notifications))
+        assert app.archive.saver.unsaved() == 1
+        thread.join()
+        await wait_for(pilot, lambda: app.archive.saver.unsaved() == 0)
+        assert any("everything is saved" in n.message for n in app._notifications)
+        (user, reply) = app.archive.history.messages(app.conversation.chat_id)
+        assert reply.content == "Hello there! Here is code:\n\n```python\nprint('hi')\n```\nDone."
+        assert reply.finish_reason == "eos" and reply.stats is not None and reply.stats["rounds"] == 5
+
+
+@pytestmark_async
+async def test_reopen_chat_after_restart(make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "remember me")
+        await wait_for(pilot, lambda: not app.conversation.generating)
+        await pilot.press("f4")  # the colour view must survive the restart too
+    loader = FakeLoader()
+    again = make_app(loader=loader)
+    async with again.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert not again.query(UserMessage)
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(again.screen, ChatsScreen))
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: bool(again.query(UserMessage)))
+        assert again.query_one(UserMessage).text == "remember me"
+        reply = again.query_one(AssistantMessage)
+        assert reply.text.startswith("Hello there!") and reply.finish_reason == "eos"
+        assert ("Hello there", "draft") in reply.pieces
+        await send(pilot, "and again")
+        await wait_for(pilot, lambda: not again.conversation.generating and len(again.query(UserMessage)) == 2)
+        sent = [(m.role, m.content) for m in loader.backends[0].calls[0]]
+        assert sent[1] == ("user", "remember me") and sent[2][0] == "assistant" and sent[3] == ("user", "and again")
+        assert len(again.archive.history.list_chats()) == 1
+
+
+@pytestmark_async
+async def test_chats_screen_rename_and_delete(make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "first chat")
+        await wait_for(pilot, lambda: not app.conversation.generating)
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen))
+        await pilot.press("r")
+        await pilot.press(*"Renamed", "enter")
+        await wait_for(pilot, lambda: app.archive.history.list_chats()[0].title == "Renamed")
+        await pilot.press("d")
+        await pilot.press("y")
+        await wait_for(pilot, lambda: app.archive.history.list_chats() == [])
+        await pilot.press("escape")
+        assert app.conversation.chat_id is None
+
+
+@pytestmark_async
+async def test_damaged_database_in_app_is_reported_and_app_works(
+    make_app: Callable[..., SpecChatApp], specchat_dirs: Path
+) -> None:
+    specchat_dirs.mkdir(parents=True)
+    (specchat_dirs / "history.db").write_bytes(b"\x00garbage" * 64)
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        assert any("corrupt-" in n.message for n in app._notifications)
+        await send(pilot, "works anyway")
+        await wait_for(pilot, lambda: not app.conversation.generating)
+        assert [c.title for c in app.archive.history.list_chats()] == ["works anyway"]
+    assert len(list(specchat_dirs.glob("history.db.corrupt-*"))) == 1

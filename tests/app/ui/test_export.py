@@ -1,0 +1,40 @@
+"""A chat exported to Markdown, with its statistics."""
+from __future__ import annotations
+
+from pathlib import Path
+
+
+from app.ui.export import export_chat
+from app.store.history import History
+from tests.app.store.locking import mode
+
+
+def test_export_markdown_with_stats(specchat_dirs: Path, tmp_path: Path) -> None:
+    history = History.open()
+    chat = history.create_chat("Code please", "fast", "Be brief.")
+    history.add_message(chat, "user", "show code", profile="fast")
+    history.add_message(chat, "assistant", "```python\nprint(1)\n```", profile="fast", finish_reason="cancelled",
+                        stats={"mode": "spec", "drafter": "model", "k": 4, "adaptive": True, "alpha": 0.8,
+                               "tau": 3.2, "tokens_per_s": 50.0, "itl_ms": 20.0, "speedup": 2.5, "tokens": 9})
+    path = export_chat(history, chat)
+    assert path.parent == specchat_dirs / "exports" and mode(path) == 0o600 and mode(path.parent) == 0o700
+    text = path.read_text()
+    assert text.startswith("# Code please") and "Be brief." in text and "```python\nprint(1)\n```" in text
+    assert "acceptance rate 80% (accepted ÷ proposed)" in text and "2.50×" in text
+    assert "K 4 (adaptive)" in text and "*(stopped)*" in text
+    custom = export_chat(history, chat, tmp_path / "out" / "chat.md")
+    assert custom.read_text() == text and mode(custom) == 0o600
+
+
+def test_export_gives_each_mode_its_share_of_the_tokens(specchat_dirs: Path) -> None:
+    history = History.open()
+    chat = history.create_chat("Summary", "pocket", None)
+    history.add_message(chat, "user", "summarise", profile="pocket")
+    history.add_message(chat, "assistant", "text", profile="pocket", finish_reason="eos",
+                        stats={"mode": "plain", "drafter": "n-gram lookup", "alpha": 0.54, "alpha_per_token": 0.8,
+                               "proposed": 50, "tokens": 100, "mode_tokens": {"ngram": 72, "plain": 28},
+                               "plain_rounds": 31, "plain_tokens_per_s": 95.0, "plain_measured_tokens_per_s": 97.0})
+    text = export_chat(history, chat).read_text()
+    assert "mode n-gram 72% · plain 28%" in text and "plain decoding" not in text
+    assert "α per token 0.80" in text and "acceptance rate 54%" in text
+    assert "31 K=0 rounds: 97.0 tok/s" in text
