@@ -127,3 +127,32 @@ async def test_damaged_database_in_app_is_reported_and_app_works(
         await wait_for(pilot, lambda: not app.conversation.generating)
         assert [c.title for c in app.archive.history.list_chats()] == ["works anyway"]
     assert len(list(specchat_dirs.glob("history.db.corrupt-*"))) == 1
+
+
+def test_a_failing_history_call_is_reported_and_answers_none() -> None:
+    from app.store.history import HistoryError
+    from app.ui.archive import Archive
+
+    reported: list[str] = []
+    archive = Archive(reported.append)
+
+    def locked() -> int:
+        raise HistoryError("history.db is locked by another program")
+
+    assert archive.db(locked) is None and reported == ["history.db is locked by another program"]
+    assert archive.db(lambda a, b=0: a + b, 2, b=3) == 5
+
+
+def test_open_and_close_go_together(specchat_dirs: Path) -> None:
+    from app.ui.archive import Archive
+
+    archive = Archive(lambda text: None)
+    assert archive.open(lambda notice: None) is None
+    assert archive.history is not None and archive.saver is not None
+    chat = archive.history.create_chat("kept", "fast")
+    archive.close()
+    from app.store.history import History
+
+    again = History.open()
+    assert [c.title for c in again.list_chats()] == ["kept"] and chat
+    again.close()

@@ -1,13 +1,9 @@
-"""Formatters, request building and the HUD's small renderers."""
+"""The formatters behind the HUD, the footers and the export: never "None", always the units people read."""
 from __future__ import annotations
 
-from app.ui.labels import chat_title, profile_pair
-from app.ui.requests import build_messages, generation_params
 from app.ui.formatting import bar, fmt_bytes, fmt_speedup, plan_lines, reply_summary
 from app.store.pieces import extend_pieces, merge_pieces
 from app.ui.widgets.hud import sparkline
-from engine.events import ChatMessage
-from tests.app.fakes import make_profiles
 
 
 def test_formatters_never_show_none() -> None:
@@ -30,28 +26,6 @@ def test_plan_lines_read_as_people_read_them() -> None:
                    "headroom_bytes": 7 * 2**29}
     assert plan_lines(engine_plan) == ["target + draft model", "needs 1.5 GiB of 5.0 GiB", "headroom 3.5 GiB",
                                        "context 8,192 tokens"]
-
-
-def test_generation_params_follow_profile() -> None:
-    profiles = make_profiles()
-    adaptive = generation_params(profiles.get("fast"))
-    assert adaptive.k is None and (adaptive.k_min, adaptive.k_max) == (1, 8) and adaptive.max_new_tokens == 512
-    fixed = generation_params(profiles.get("lookup"), max_new_tokens=64)
-    assert fixed.k == 4 and fixed.max_new_tokens == 64 and fixed.sampling.greedy
-
-
-def test_messages_put_system_prompt_first() -> None:
-    turns = [ChatMessage("user", "hi")]
-    assert build_messages(None, turns) == turns
-    assert build_messages("Be brief.", turns)[0] == ChatMessage("system", "Be brief.")
-
-
-def test_profile_pair_and_titles() -> None:
-    profiles = make_profiles()
-    assert profile_pair(profiles.get("fast")) == "Target-1.7B (nf4) ← Draft-135M"
-    assert profile_pair(profiles.get("lookup")) == "Target-360M ← n-gram lookup"
-    assert chat_title("\n  first line\nsecond") == "first line"
-    assert len(chat_title("x" * 100)) == 48
 
 
 def test_pieces_merge_by_source() -> None:

@@ -1,0 +1,70 @@
+"""A switch in place (app.ui.loading.load_beside): never ends without a model unless even the old one fails."""
+from __future__ import annotations
+
+from app.ui.loading import load_beside
+from app.ui.messages import EngineFailed, EngineReady
+from engine.config.profiles import ModelProfile
+from engine.errors import MemoryPlanError, ModelSourceError
+from tests.app.fakes import FakeBackend, make_profiles
+
+FAST = make_profiles().get("fast")
+LOOKUP = make_profiles().get("lookup")
+
+
+class Loader:
+    """Fails for the profiles named in ``failing`` (each failure used once, in order)."""
+
+    def __init__(self, *failing: tuple[str, Exception]) -> None:
+        self.failing = list(failing)
+        self.loaded: list[str] = []
+        self.stages: list[str] = []
+
+    def __call__(self, profile: ModelProfile, budget: int | None, progress: object) -> FakeBackend:
+        self.loaded.append(profile.name)
+        if self.failing and self.failing[0][0] == profile.name:
+            raise self.failing.pop(0)[1]
+        return FakeBackend(profile)
+
+    def progress(self, stage: str, fraction: float | None) -> None:
+        self.stages.append(stage)
+
+
+def test_the_new_pair_loads_beside_the_old_which_is_closed_after() -> None:
+    loader, old = Loader(), FakeBackend(FAST)
+    answer = load_beside(loader, None, LOOKUP, old, FAST, loader.progress)
+    assert isinstance(answer, EngineReady) and answer.profile == LOOKUP and old.closed
+
+
+def test_a_failure_that_is_not_about_room_keeps_the_old_pair() -> None:
+    loader, old = Loader(("lookup", ModelSourceError("org/Target-360M: not found on the hub"))), FakeBackend(FAST)
+    answer = load_beside(loader, None, LOOKUP, old, FAST, loader.progress)
+    assert isinstance(answer, EngineFailed) and answer.restored == (old, FAST) and not old.closed
+    assert answer.error == "org/Target-360M: not found on the hub"
+
+
+def test_no_room_beside_the_old_pair_unloads_it_first() -> None:
+    loader, old = Loader(("lookup", MemoryPlanError("the pair needs 9 GiB, 6 GiB free"))), FakeBackend(FAST)
+    answer = load_beside(loader, None, LOOKUP, old, FAST, loader.progress)
+    assert isinstance(answer, EngineReady) and old.closed and loader.loaded == ["lookup", "lookup"]
+    assert "lookup does not fit next to fast: unloading it first" in loader.stages
+
+
+def test_no_room_even_alone_loads_the_old_pair_again() -> None:
+    loader = Loader(("lookup", MemoryPlanError("9 GiB needed")), ("lookup", MemoryPlanError("still 9 GiB needed")))
+    answer = load_beside(loader, None, LOOKUP, FakeBackend(FAST), FAST, loader.progress)
+    assert isinstance(answer, EngineFailed) and answer.error == "still 9 GiB needed"
+    assert answer.restored is not None and answer.restored[1] == FAST and loader.loaded == ["lookup", "lookup", "fast"]
+
+
+def test_when_even_the_old_pair_fails_the_message_says_both() -> None:
+    loader = Loader(("lookup", MemoryPlanError("9 GiB needed")), ("lookup", MemoryPlanError("still 9 GiB")),
+                    ("fast", RuntimeError("disk gone")))
+    answer = load_beside(loader, None, LOOKUP, FakeBackend(FAST), FAST, loader.progress)
+    assert isinstance(answer, EngineFailed) and answer.restored is None
+    assert answer.error == "still 9 GiB. Reloading fast failed too: RuntimeError: disk gone"
+
+
+def test_a_first_load_that_fails_leaves_nothing() -> None:
+    loader = Loader(("fast", ValueError("bad value")))
+    answer = load_beside(loader, None, FAST, None, None, loader.progress)
+    assert isinstance(answer, EngineFailed) and answer.restored is None and answer.error == "ValueError: bad value"
