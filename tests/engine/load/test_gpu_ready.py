@@ -23,7 +23,7 @@ import engine.load.loader as loading
 from engine.model.device import Device
 from engine.decode.drafters import NgramDrafter
 from engine.events import ChatMessage, GenerationParams
-from engine.model.memory import published_config, resolve_dtype
+from engine.model.memory import resolve_dtype
 from engine.config.profiles import ModelProfile, ModelSpec
 from engine.fetch.sources import ResolvedSource
 from tests.tiny import save_tiny, tiny_config
@@ -193,18 +193,6 @@ def test_load_weights_on_a_faked_card_picks_dtype_and_attention(
     loading.load_weights(resolved, ModelSpec(str(models["target"])), device, tiny_config())
     assert seen["dtype"] == dtype and seen["device_map"] == {"": 0}
     assert seen.get("attn_implementation") == attention
-
-
-def test_flash_attention_needs_a_supporting_model_class_and_half_precision(monkeypatch: pytest.MonkeyPatch) -> None:
-    import transformers.utils
-
-    device = fake_cuda(monkeypatch, (8, 9))
-    monkeypatch.setattr(transformers.utils, "is_flash_attn_2_available", lambda: True)
-    qwen = published_config("Qwen/Qwen2.5-7B-Instruct")
-    assert device.attention_implementation("bfloat16", qwen) == "flash_attention_2"
-    assert device.attention_implementation("float32", qwen) is None
-    assert device.attention_implementation("bfloat16", None) is None  # unknown class (remote code)
-    assert Device(torch.device("cpu")).attention_implementation("bfloat16", qwen) is None
 
 
 def test_the_int8_cast_warning_is_shown_once(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,7 +14,7 @@ from engine.events import ChatEvent, ChatMessage, GenerationParams, SamplingPara
 from engine.remote.backend import CALIBRATION_TOKENS, ServerBackend
 from engine.remote.client import ServerError
 from engine.config.server import ServerSpec
-from engine.remote.figures import ServerStats, conditional_rates, parse_spec_counters
+from engine.remote.figures import ServerStats
 from tests.fake_server import (
     FakeServer, chunk, llama_routes, models_route, reply_stream, send_json, send_text, start_sse, timings,
     write_events,
@@ -191,17 +191,6 @@ def test_server_without_figures_says_so() -> None:
         assert final.alpha is None and final.tau is None and final.per_position == ()
         assert "reports no speculative figures" in final.figures_reason
         assert final.speedup is None and "speedup unknown" in final.speedup_reason
-
-
-def test_prometheus_parsing_handles_llama_cpp_names_and_sums_engines() -> None:
-    text = ("llamacpp:spec_decode_num_draft_tokens_total 12\nllamacpp:spec_decode_num_accepted_tokens_total 6\n"
-            "llamacpp:spec_decode_num_drafts_total 4\n"
-            'llamacpp:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 3\n'
-            'vllm:spec_decode_num_draft_tokens{engine="1"} 8\nnot a sample line\n')
-    c = parse_spec_counters(text)
-    assert c is not None and (c.drafts, c.draft_tokens, c.accepted, c.per_position) == (4, 20, 6, {0: 3})
-    assert parse_spec_counters("vllm:num_requests_running 0\n") is None
-    assert conditional_rates({0: 8.0, 1: 4.0, 2: 0.0, 3: 0.0}, 10.0) == pytest.approx((0.8, 0.5, 0.0))
 
 
 # -- failures ------------------------------------------------------------------------------

@@ -1,0 +1,123 @@
+"""Device: which device is picked, what a card can do, memory figures and OOM errors (a card faked on the CPU)."""
+from __future__ import annotations
+
+import types
+
+import pytest
+import torch
+
+from engine.model import device as device_module
+from engine.model.device import Device
+from engine.model.memory import published_config
+
+CPU = Device(torch.device("cpu"))
+
+
+def fake_cuda(monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int]) -> Device:
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    return Device(torch.device("cuda:0"))
+
+
+def test_auto_takes_prefer_then_specchat_device_then_what_torch_sees(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setenv("SPECCHAT_DEVICE", "cpu")
+    assert Device.auto().torch_device == torch.device("cpu")
+    assert Device.auto(prefer="cuda:1").torch_device == torch.device("cuda:1")
+    monkeypatch.delenv("SPECCHAT_DEVICE")
+    assert Device.auto() == Device(torch.device("cuda"))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert Device.auto() == CPU and not Device.auto().is_cuda
+
+
+def test_description_names_the_threads_or_the_card(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert CPU.description == f"cpu ({torch.get_num_threads()} threads)"
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Tesla T4")
+    card = fake_cuda(monkeypatch, (7, 5))
+    assert card.is_cuda and card.description == "cuda (Tesla T4)"
+
+
+@pytest.mark.parametrize(("capability", "fast"), [((6, 1), False), ((7, 5), False), ((8, 0), True), ((12, 0), True)])
+def test_bf16_is_fast_from_compute_capability_8(monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int],
+                                                fast: bool) -> None:
+    card = fake_cuda(monkeypatch, capability)
+    assert card.compute_capability() == capability and card.fast_bf16 is fast
+    assert CPU.compute_capability() is None and CPU.fast_bf16 is False
+
+
+def test_flash_attention_needs_a_supporting_model_class_and_half_precision(monkeypatch: pytest.MonkeyPatch) -> None:
+    import transformers.utils
+
+    device = fake_cuda(monkeypatch, (8, 9))
+    monkeypatch.setattr(transformers.utils, "is_flash_attn_2_available", lambda: True)
+    qwen = published_config("Qwen/Qwen2.5-7B-Instruct")
+    assert device.attention_implementation("bfloat16", qwen) == "flash_attention_2"
+    assert device.attention_implementation("float32", qwen) is None
+    assert device.attention_implementation("bfloat16", None) is None  # unknown class (remote code)
+    assert Device(torch.device("cpu")).attention_implementation("bfloat16", qwen) is None
+
+
+def test_flash_attention_needs_ampere_and_the_package(monkeypatch: pytest.MonkeyPatch) -> None:
+    import transformers.utils
+
+    qwen = published_config("Qwen/Qwen2.5-7B-Instruct")
+    monkeypatch.setattr(transformers.utils, "is_flash_attn_2_available", lambda: True)
+    assert fake_cuda(monkeypatch, (7, 5)).attention_implementation("float16", qwen) is None
+    ampere = fake_cuda(monkeypatch, (8, 0))
+    assert ampere.attention_implementation("float16", qwen) == "flash_attention_2"
+    monkeypatch.setattr(transformers.utils, "is_flash_attn_2_available", lambda: False)
+    assert ampere.attention_implementation("float16", qwen) is None
+
+
+def test_memory_figures_on_the_cpu_come_from_psutil(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(device_module.psutil, "virtual_memory", lambda: types.SimpleNamespace(available=3, total=8))
+    rss = types.SimpleNamespace(memory_info=lambda: types.SimpleNamespace(rss=1234))
+    monkeypatch.setattr(device_module.psutil, "Process", lambda: rss)
+    assert CPU.memory_free_total() == (3, 8)
+    assert CPU.memory_used_by_process() == 1234
+
+
+def test_memory_figures_on_a_card_come_from_torch_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    card = fake_cuda(monkeypatch, (8, 6))
+    asked: list[torch.device] = []
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda d: (asked.append(d), (5 * 2**30, 24 * 2**30))[1])
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda d: 7 * 2**20)
+    assert card.memory_free_total() == (5 * 2**30, 24 * 2**30) and asked == [torch.device("cuda:0")]
+    assert card.memory_used_by_process() == 7 * 2**20
+
+
+def test_the_clock_is_read_after_the_card_is_synchronised(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: calls.append(f"sync {d}"))
+    monkeypatch.setattr(device_module, "time", types.SimpleNamespace(perf_counter=lambda: calls.append("clock") or 42.0))
+    assert fake_cuda(monkeypatch, (8, 0)).now() == 42.0
+    assert calls == ["sync cuda:0", "clock"]
+    calls.clear()
+    assert CPU.now() == 42.0 and calls == ["clock"]  # nothing to wait for on the CPU
+
+
+def test_release_memory_empties_the_cuda_cache_or_trims_the_heap(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: calls.append("empty_cache"))
+    monkeypatch.setattr(device_module, "_malloc_trim", lambda: calls.append("malloc_trim"))
+    fake_cuda(monkeypatch, (8, 0)).release_memory()
+    CPU.release_memory()
+    assert calls == ["empty_cache", "malloc_trim"]
+
+
+@pytest.mark.parametrize("exc, oom", [
+    (torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"), True),
+    (MemoryError(), True),
+    (RuntimeError("CUDA error: out of memory"), True),
+    (RuntimeError("HIP Out Of Memory"), True),
+    (RuntimeError("shape mismatch"), False),
+    (ValueError("out of memory"), False),  # only runtime errors are read for the words
+])
+def test_what_counts_as_out_of_memory(exc: BaseException, oom: bool) -> None:
+    assert Device.is_out_of_memory(exc) is oom
+
+
+@pytest.mark.xfail(strict=True, reason="bug: torch's own CPU allocation failure is not recognised as out of memory")
+def test_a_failed_host_allocation_in_torch_is_out_of_memory() -> None:
+    with pytest.raises(RuntimeError) as err:
+        torch.empty(2**50, dtype=torch.uint8)  # 1 PiB: refused at once by the CPU allocator
+    assert Device.is_out_of_memory(err.value)  # "DefaultCPUAllocator: can't allocate memory: ..."

@@ -1,0 +1,52 @@
+"""Where specchat keeps its files: each directory from platformdirs unless its variable moves it."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import platformdirs
+import pytest
+
+from engine import paths
+
+DIRS: list[tuple[Callable[..., Path], str, Callable[..., str]]] = [
+    (paths.config_dir, "SPECCHAT_CONFIG_DIR", platformdirs.user_config_dir),
+    (paths.data_dir, "SPECCHAT_DATA_DIR", platformdirs.user_data_dir),
+    (paths.cache_dir, "SPECCHAT_CACHE_DIR", platformdirs.user_cache_dir),
+    (paths.state_dir, "SPECCHAT_STATE_DIR", platformdirs.user_state_dir),
+]
+IDS = ["config", "data", "cache", "state"]
+
+
+@pytest.mark.parametrize("get, var, default", DIRS, ids=IDS)
+def test_the_variable_moves_the_directory_and_create_makes_it(
+    get: Callable[..., Path], var: str, default: Callable[..., str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv(var, str(tmp_path / "moved" / "here"))
+    assert get() == tmp_path / "moved" / "here"
+    assert not (tmp_path / "moved").exists()  # asking does not create it
+    assert get(create=True) == tmp_path / "moved" / "here"
+    assert (tmp_path / "moved" / "here").is_dir()
+    assert get(create=True) == tmp_path / "moved" / "here"  # a second time is fine
+
+
+@pytest.mark.parametrize("get, var, default", DIRS, ids=IDS)
+def test_unset_or_empty_gives_the_platform_directory(
+    get: Callable[..., Path], var: str, default: Callable[..., str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    expected = Path(default("specchat", appauthor=False)).absolute()
+    monkeypatch.delenv(var, raising=False)
+    assert get() == expected and expected.name == "specchat"
+    monkeypatch.setenv(var, "")
+    assert get() == expected
+
+
+def test_a_relative_override_is_made_absolute_and_home_is_expanded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", "rel/cache")
+    assert paths.cache_dir() == tmp_path / "rel" / "cache"
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("SPECCHAT_DATA_DIR", "~/specchat-data")
+    assert paths.data_dir() == tmp_path / "home" / "specchat-data"
