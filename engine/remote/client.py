@@ -250,11 +250,11 @@ def _checked(payload: Any, url: str) -> Any:
 
 def error_message(payload: Any) -> str:
     """The human part of an OpenAI-style ``{"error": {"message": ...}}`` body."""
+    if isinstance(payload, dict) and "error" not in payload and "detail" in payload:  # FastAPI-style bodies
+        return str(payload["detail"])
     err = payload.get("error", payload) if isinstance(payload, dict) else payload
     if isinstance(err, dict):
         return str(err.get("message") or err.get("msg") or err)
-    if isinstance(payload, dict) and "detail" in payload:  # FastAPI-style bodies
-        return str(payload["detail"])
     return str(err)
 
 

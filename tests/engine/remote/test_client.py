@@ -163,8 +163,6 @@ def test_an_http_error_status_carries_the_servers_message() -> None:
 
 
 SPEC = ServerSpec("http://h:1")
-FASTAPI_BUG = pytest.mark.xfail(strict=True, reason="bug: error_message never reaches its FastAPI branch: a "
-                                "{'detail': ...} body is shown as the whole dict")
 KEYED = ServerSpec("http://h:1", api_key_env="MY_KEY")
 
 
@@ -176,8 +174,8 @@ KEYED = ServerSpec("http://h:1", api_key_env="MY_KEY")
     (404, SPEC, b"File Not Found", "not_found",
      "u: 404 not found: check the url (the server's root, e.g. http://127.0.0.1:8080) and the model name "
      "(the server says: File Not Found)"),
-    pytest.param(422, SPEC, b'{"detail": "messages: field required"}', "http",
-                 "u: HTTP 422 (the server says: messages: field required)", marks=FASTAPI_BUG),
+    (422, SPEC, b'{"detail": "messages: field required"}', "http",
+     "u: HTTP 422 (the server says: messages: field required)"),
     (500, SPEC, b"x" * 300, "http", f"u: HTTP 500 (the server says: {'x' * 200})"),
 ])
 def test_http_errors_say_what_to_fix(status: int, spec: ServerSpec, raw: bytes, kind: str, message: str) -> None:
@@ -189,7 +187,7 @@ def test_http_errors_say_what_to_fix(status: int, spec: ServerSpec, raw: bytes, 
     ({"error": {"message": "bad"}}, "bad"),
     ({"error": {"msg": "worse"}}, "worse"),
     ({"error": "plain text"}, "plain text"),
-    pytest.param({"detail": "FastAPI says"}, "FastAPI says", marks=FASTAPI_BUG),
+    ({"detail": "FastAPI says"}, "FastAPI says"),
     ("just a string", "just a string"),
 ])
 def test_error_message_finds_the_human_part(payload: Any, said: str) -> None:
