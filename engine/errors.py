@@ -30,6 +30,14 @@ class EngineError(SpecChatError):
     """Generation failed at run time (for example the target ran out of memory)."""
 
 
+class NonFiniteLogitsError(EngineError):
+    """A model's logits came out NaN or inf (float16 overflow); ``role`` is ``"target"`` or ``"draft"``."""
+
+    def __init__(self, message: str, role: str = "target") -> None:
+        super().__init__(message)
+        self.role = role
+
+
 class EngineBusyError(EngineError):
     """A second reply was asked of an engine while another thread's reply is still running."""
 

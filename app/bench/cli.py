@@ -178,6 +178,7 @@ def bench_models(profile: "ModelProfile", engine: "ChatEngine", args: argparse.N
         device=engine.device,
         draft=draft,
         make_drafter=make,
+        tokenizer=tokenizer,
         stop_ids=tuple(engine.stop_ids),
         k_min=profile.k_min,
         k_max=profile.k_max,
@@ -245,7 +246,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     import torch
     from transformers.utils import logging as hf_logging
 
-    from app.bench.run import run_bench
+    from app.bench.run import plan_assisted, run_bench
     from app.bench.exact import near_tie_judge
     from app.bench.llamacpp import llama_servers, plan_llama, plan_report
     from app.bench.methods import plan_methods
@@ -270,6 +271,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         except ValueError as exc:
             raise SpecChatError(f"--methods: {exc}") from None
         notes += skipped
+        methods, assisted_notes = plan_assisted(models, methods)
+        notes += assisted_notes
         prompts = render(specs, engine.prompt_ids)
         threads = args.threads or torch.get_num_threads()
         methods, llama = plan_llama(methods, profile, threads, prompts, args.max_new_tokens, args.llama_cpp)

@@ -71,6 +71,9 @@ class BenchModels:
     external: dict[str, ExternalRunner] = field(default_factory=dict)  # method name -> runner (llama.cpp)
     make_drafter: Callable[[], Drafter] | None = None
     """The model drafter as the profile makes it (frequent-token head, lookup); None: a plain one."""
+    tokenizer: Any = None
+    """The target's tokenizer, which the draft shares (the loader checked): handed to transformers
+    as both ``tokenizer`` and ``assistant_tokenizer`` when the two heads differ in width."""
     _draft_config: Any = None
 
     def __post_init__(self) -> None:
@@ -195,9 +198,37 @@ def _hf_kwargs(models: BenchModels, method: Method) -> dict[str, Any]:
     }
     if method.name in ("hf-assisted", "hf-assisted-constant"):
         kwargs["assistant_model"] = models.draft
+        if models.draft is not None and heads_differ(models.target, models.draft) and models.tokenizer is not None:
+            kwargs["tokenizer"] = kwargs["assistant_tokenizer"] = models.tokenizer
     elif method.name == "hf-prompt-lookup":
         kwargs["prompt_lookup_num_tokens"] = method.k
     return kwargs
+
+
+def heads_differ(target: PreTrainedModel, draft: PreTrainedModel) -> bool:
+    """Whether the two models' output layers differ in width (Qwen2.5-7B's 152,064 rows against
+    0.5B's 151,936: the same tokenizer, padded differently). transformers then refuses
+    assisted generation unless it is given both tokenizers."""
+    width = lambda m: int(m.config.get_text_config().vocab_size)  # noqa: E731
+    return width(target) != width(draft)
+
+
+def plan_assisted(models: BenchModels, methods: Sequence[Method]) -> tuple[list[Method], list[str]]:
+    """The methods that can run, and notes: where the heads differ, transformers' assisted methods
+    run with both tokenizers (its universal assisted decoding, which re-tokenizes text between
+    the models: its speed includes that), or are skipped when no tokenizer is at hand."""
+    assisted = [m for m in methods if m.name in ("hf-assisted", "hf-assisted-constant")]
+    if not assisted or models.draft is None or not heads_differ(models.target, models.draft):
+        return list(methods), []
+    widths = f"{models.target.config.get_text_config().vocab_size} vs {models.draft.config.get_text_config().vocab_size}"
+    if models.tokenizer is None:
+        names = ", ".join(dict.fromkeys(m.name for m in assisted))
+        return [m for m in methods if m not in assisted], [
+            f"{names} skipped: the target's and the draft's output layers differ in width ({widths}) and "
+            "transformers then needs both tokenizers, which are not at hand"]
+    return list(methods), [
+        f"hf-assisted methods get tokenizer and assistant_tokenizer: the output layers differ in width ({widths}), "
+        "so transformers re-tokenizes between the models (universal assisted decoding), which its speed includes"]
 
 
 def _run_hf(models: BenchModels, method: Method, ids: Sequence[int], on_emit: Callable[[int], None]) -> _Reply:

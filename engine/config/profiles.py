@@ -24,6 +24,7 @@ QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 DRAFTERS: tuple[str, ...] = get_args(Drafter)
 DTYPES: tuple[str, ...] = ("auto", "float32", "bfloat16", "float16")
 WIDE_BLOCKS: tuple[str, ...] = ("int4", "planes")
+DEVICES: tuple[str, ...] = ("any", "cuda", "cpu")
 GROUP_SIZES: tuple[int, ...] = (32, 64, 128)  # int4 groups (engine.quant.int4 checks the same set)
 
 
@@ -119,7 +120,8 @@ class ModelProfile:
     context_length: int = 2048
     memory_budget: int | None = None
     device: str = "any"
-    """``"cuda"``: the profile needs a CUDA GPU and is listed as unavailable without one."""
+    """``"cuda"``: the profile needs a CUDA GPU and is listed as unavailable without one;
+    ``"cpu"``: it runs on the CPU even where a GPU is present (``"any"``: CUDA when present)."""
     lookup: bool = False
     """With a model draft: copy from the conversation (n-gram lookup) instead, in rounds where that pays."""
     source_file: Path | None = None
@@ -145,8 +147,8 @@ class ModelProfile:
             raise ProfileError(f"{where}: top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ProfileError(f"{where}: top_k must be >= 0 (0 disables it), got {self.top_k}")
-        if self.device not in ("any", "cuda"):
-            raise ProfileError(f"{where}: device must be \"any\" or \"cuda\", got {self.device!r}")
+        if self.device not in DEVICES:
+            raise ProfileError(f"{where}: device must be \"any\", \"cuda\" or \"cpu\", got {self.device!r}")
         if self.context_length < 1:
             raise ProfileError(f"{where}: context_length must be >= 1, got {self.context_length}")
         if self.memory_budget is not None and self.memory_budget <= 0:

@@ -24,7 +24,7 @@ from transformers import PreTrainedModel
 
 from engine.model.device import Device
 from engine.decode.drafters import EMPTY_DRAFT, Draft, Drafter
-from engine.errors import ContextLengthError, EngineError
+from engine.errors import ContextLengthError, EngineError, NonFiniteLogitsError
 from engine.events import GenerationParams, Mode, RoundEvent, TokenSource
 from engine.decode.runner import ModelRunner
 from engine.decode.sampling import GumbelNoise, Randomness, make_randomness, warp
@@ -77,8 +77,11 @@ class SpecDecoder:
         costs: CostModel | None = None,
     ) -> None:
         self.device = device
-        self.target = ModelRunner(target_model, device)
+        self.target = ModelRunner(target_model, device, window=window)
         self.drafter = drafter
+        draft_runner = getattr(drafter, "runner", None)
+        if isinstance(draft_runner, ModelRunner):  # the draft's cache is capped at the window too
+            draft_runner.set_window(window)
         self.costs = costs or CostModel()
         self.schedule = Schedule(self.costs, calibrate_every, auto_off_window, reprobe_after)
         self.window = window
@@ -151,9 +154,9 @@ class SpecDecoder:
         drafter_name = self.drafter.name if self.drafter is not None else "none"
         stats = ReplyStats(self.mode, drafter_name, params.k is None, self.costs)
         stats.speculation_off_reason = self.plain_reason
-        start = self.device.now()
+        start = self.device.mark()
         notice = self._prefill(seq)
-        stats.prefill_s = self.device.now() - start
+        stats.prefill_s = self.device.seconds_between([start, self.device.mark()])[0]
         produced = 0
         for round_index in range(params.max_new_tokens):
             if cancel is not None and cancel.is_set():
@@ -184,7 +187,9 @@ class SpecDecoder:
         round_mode = self.mode
         policy_k = self.schedule.policy_k(self.drafter, self.speculation_enabled, params)
         k = 0 if self.schedule.calibrating(round_mode) else min(policy_k, remaining - 1)
-        t_start = self.device.now()
+        # Marks, not clock reads: on CUDA each is an event, and the round waits for the card
+        # once (the verdict's transfer), not at every mark (Device.mark).
+        t_start = self.device.mark()
         draft = EMPTY_DRAFT
         free = self.drafter is not None and self.drafter.free_proposals and params.k is None
         looked_up = EMPTY_DRAFT if free or k == 0 else self._lookup_first(seq, params, generator, remaining)
@@ -206,7 +211,7 @@ class SpecDecoder:
             if free and draft.tokens:
                 k = self.schedule.free_k(params, len(draft.tokens), draft.key)
             draft = draft.first(k)
-        t_draft = self.device.now()
+        t_draft = self.device.mark()
         verdict, dropped = self._guarded(
             lambda: self._verify(seq, draft, params, generator),
             "out of memory while verifying a draft",
@@ -214,7 +219,7 @@ class SpecDecoder:
         )
         if dropped is not None:
             notice, draft = dropped, EMPTY_DRAFT
-        t_verify = self.device.now()
+        t_verify = self.device.mark()
 
         emitted = [*draft.tokens[: verdict.n_accepted], verdict.next_token]
         sources: list[TokenSource] = ["draft"] * verdict.n_accepted + ["target"]
@@ -225,9 +230,9 @@ class SpecDecoder:
         self.target.truncate(len(seq) - 1)
         if self.drafter is not None:
             self.drafter.commit(seq)
-        t_end = self.device.now()
+        t_end = self.device.mark()
 
-        draft_s, verify_s, other_s = t_draft - t_start, t_verify - t_draft, t_end - t_verify
+        draft_s, verify_s, other_s = self.device.seconds_between([t_start, t_draft, t_verify, t_end])
         drafted = len(draft.tokens)
         copied = free or bool(looked_up.tokens)
         self.costs.observe(drafted, verdict.n_accepted, draft_s, verify_s, other_s, draft.key, free=copied)
@@ -235,7 +240,7 @@ class SpecDecoder:
         shown_k = policy_k if not copied else (k if drafted else stats.k)
         stats.record(shown_k, drafted, verdict.n_accepted, len(emitted), draft_s, verify_s, other_s,
                      mode=round_mode)
-        plain_equivalent = self.costs.plain_equivalent(drafted, verify_s, t_end - t_start)
+        plain_equivalent = self.costs.plain_equivalent(drafted, verify_s, draft_s + verify_s + other_s)
         switched = self.schedule.verdict(params, round_mode, len(emitted), plain_equivalent)
         if switched is not None:
             on, reason = switched
@@ -296,12 +301,18 @@ class SpecDecoder:
         return notice
 
     def _guarded(self, step: Callable[[], T], reason: str, instead: Callable[[], T]) -> tuple[T, str | None]:
-        """Run ``step``; on out-of-memory drop the drafter and run ``instead``. Returns the
-        result and the notice (None if ``step`` succeeded). Recovery runs after the ``except``
-        block: until then the traceback keeps the failed pass's frames and activations alive
-        (pytorch/pytorch#18853). With no drafter to drop, an unchained :class:`EngineError`."""
+        """Run ``step``; on out-of-memory, or NaN/inf logits from the draft model, drop the
+        drafter and run ``instead``. Returns the result and the notice (None if ``step``
+        succeeded). Recovery runs after the ``except`` block: until then the traceback keeps
+        the failed pass's frames and activations alive (pytorch/pytorch#18853). With no
+        drafter to drop, an unchained :class:`EngineError`. The target's NaN/inf logits
+        raise :class:`~engine.errors.NonFiniteLogitsError` as they are."""
         try:
             return step(), None
+        except NonFiniteLogitsError as exc:
+            if exc.role != "draft" or self.drafter is None:
+                raise
+            reason = f"{reason.replace('out of memory', 'non-finite logits')}: {exc}"
         except Exception as exc:  # noqa: BLE001 - everything but OOM is re-raised as is
             if not self.device.is_out_of_memory(exc):
                 raise

@@ -24,7 +24,7 @@ from transformers import PreTrainedModel
 from engine.model.device import Device
 from engine.events import SamplingParams
 from engine.decode.runner import ModelRunner
-from engine.decode.sampling import GumbelNoise, Randomness, gumbel_argmax, sample, warp
+from engine.decode.sampling import GumbelNoise, Randomness, finite, gumbel_argmax, sample_on_device, to_host, warp
 
 
 @dataclass(frozen=True)
@@ -133,26 +133,36 @@ class ModelDrafter:
         The draft's cache catches up here: tokens of ``context`` it has not seen
         (the target's last token, and the last drafted token when all K were
         accepted) are fed in the first step.
+
+        The picks stay on the device and feed the next step there; they, and
+        whether every step's logits were finite, come to the host in one
+        transfer at the end (a CUDA draft would otherwise wait for the card at
+        every token). NaN or inf logits raise
+        :class:`~engine.errors.NonFiniteLogitsError` (role ``"draft"``).
         """
         if k <= 0:
             return EMPTY_DRAFT
         kept = self.runner.sync(context, leave=1)
         logits = self.runner.forward(context[kept:], logits_to_keep=1)[-1]
-        tokens: list[int] = []
+        picks: list[torch.Tensor] = []
         probs: list[torch.Tensor] = []
+        ok = finite(logits)
         for i in range(k):
             logits = self._mask(logits)
             if sampling.greedy:
-                token = int(torch.argmax(logits))
+                token = torch.argmax(logits)
             elif isinstance(generator, GumbelNoise):
-                token = int(gumbel_argmax(logits, sampling, generator.row(len(context) + i)))
+                token = gumbel_argmax(logits, sampling, generator.row(len(context) + i))
             else:
                 dist = warp(logits, sampling)
-                token = sample(dist, generator)
+                token = sample_on_device(dist, generator)  # never a device-side assert on NaN
                 probs.append(dist)
-            tokens.append(token)
+            picks.append(token)
             if i + 1 < k:
-                logits = self.runner.forward([token], logits_to_keep=1)[-1]
+                logits = self.runner.forward(token.reshape(1), logits_to_keep=1)[-1]
+                ok = ok & finite(logits)
+        tokens = to_host(torch.stack(picks), ok, role="draft")
+        self.runner.resolve_pending(tokens[: k - 1])  # the runner holds them as device ids
         return Draft(tuple(tokens), self._fit_vocab(torch.stack(probs)) if probs else None)
 
     def _mask(self, logits: torch.Tensor) -> torch.Tensor:

@@ -7,6 +7,13 @@ a cache is cropped. It remembers which token ids the cache holds, so callers nev
 cache lengths by hand: :meth:`sync` keeps the longest prefix the cache shares
 with a new context (rejected draft tokens, or the previous chat turn) and says
 what is left to feed.
+
+A long prefill is fed in chunks of :data:`engine.model.memory.PREFILL_CHUNK`
+tokens, so that attention's transient (a ``[1, heads, chunk, cached]`` score
+matrix where SDPA falls back to its math kernel) stays what the memory plan
+counts. Ids may also come as a device tensor (a draft's own picks), so that a
+drafting loop makes no host transfer per token; they are read back once
+(:meth:`ModelRunner.resolve_pending`).
 """
 from __future__ import annotations
 
@@ -16,8 +23,9 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
-from engine.model.device import Device
+from engine.model.device import Device, ids_tensor
 from engine.model.lean import GrowingKV, lean_forward
+from engine.model.memory import PREFILL_CHUNK, max_positions
 
 
 PassWatcher = Callable[[int, float], None]
@@ -52,21 +60,54 @@ class ModelRunner:
 
     Invariant: ``self.ids`` are exactly the tokens whose keys and values are in
     ``self.cache``, in order.
+
+    ``window``: the most tokens the cache will hold (the context window); the lean
+    path's cache never grows past it (default: the model's ``max_position_embeddings``).
     """
 
-    def __init__(self, model: PreTrainedModel, device: Device, lean: bool = True) -> None:
+    def __init__(self, model: PreTrainedModel, device: Device, lean: bool = True, window: int | None = None,
+                 prefill_chunk: int = PREFILL_CHUNK) -> None:
         self.model = model
         self.device = device
         # A straight-line forward over the same weights where the architecture
         # allows (engine/model/lean.py); transformers' own forward otherwise.
         self._lean = lean_forward(model) if lean else None
-        self.ids: list[int] = []
+        self.window = window or max_positions(model.config)
+        self.prefill_chunk = max(1, prefill_chunk)
+        self._ids: list[int] = []
+        self._pending: list[torch.Tensor] = []  # device ids fed but not yet read back, in order
+        self._pending_n = 0
         self.cache = self._new_cache()
         # Width of the logits (may exceed the tokenizer's vocabulary: padding rows).
         self.vocab_size = int(model.config.get_text_config().vocab_size)
 
     def _new_cache(self) -> "DynamicCache | GrowingKV":
-        return self._lean.new_cache() if self._lean is not None else DynamicCache(config=self.model.config)
+        return self._lean.new_cache(self.window) if self._lean is not None else DynamicCache(config=self.model.config)
+
+    def set_window(self, window: int | None) -> None:
+        """Cap the cache at ``window`` tokens (the decoder's context window), from the next growth on."""
+        if window:
+            self.window = window
+            if isinstance(self.cache, GrowingKV):
+                self.cache.limit = window
+
+    @property
+    def ids(self) -> list[int]:
+        """The cached token ids (reads back any fed as a device tensor first)."""
+        self.resolve_pending()
+        return self._ids
+
+    def resolve_pending(self, known: Sequence[int] | None = None) -> None:
+        """Append the ids fed as device tensors to :attr:`ids`: ``known`` when the caller already
+        holds them on the host (it read them back itself), else one transfer."""
+        if not self._pending:
+            return
+        if known is not None and len(known) != self._pending_n:
+            raise ValueError(f"{len(known)} ids given for {self._pending_n} pending")
+        values = list(known) if known is not None else torch.cat(self._pending).tolist()
+        self._ids.extend(int(t) for t in values)
+        self._pending.clear()
+        self._pending_n = 0
 
     def restrict_vocab(self, ids: torch.Tensor) -> bool:
         """Compute logits for the token ids ``ids`` only (``-inf`` elsewhere), for a
@@ -80,30 +121,50 @@ class ModelRunner:
         return True
 
     def __len__(self) -> int:
-        return len(self.ids)
+        return len(self._ids) + self._pending_n
 
     @torch.inference_mode()
-    def forward(self, new_ids: Sequence[int], logits_to_keep: int = 1) -> torch.Tensor:
+    def forward(self, new_ids: Sequence[int] | torch.Tensor, logits_to_keep: int = 1) -> torch.Tensor:
         """Append ``new_ids`` to the cache and return the last logits.
 
         Args:
-            new_ids: ``[n]`` token ids following ``self.ids``; ``n >= 1``.
+            new_ids: ``[n]`` token ids following ``self.ids``; ``n >= 1``: host ints, or a
+                long tensor on the device (read back later, see :meth:`resolve_pending`).
             logits_to_keep: how many trailing positions to return logits for
                 (``0`` returns none, saving the output layer during prefill).
 
         Returns:
             ``[logits_to_keep, V]`` float32 logits; row ``i`` predicts the token
             after ``new_ids[n - logits_to_keep + i]``.
+
+        More than ``prefill_chunk`` host ids are fed in chunks: all but the last
+        piece (at least ``logits_to_keep`` ids) without logits.
         """
+        if isinstance(new_ids, torch.Tensor):
+            if new_ids.numel() == 0:
+                raise ValueError("forward needs at least one new token")
+            return self._pass(new_ids.reshape(-1), logits_to_keep)
         if not new_ids:
             raise ValueError("forward needs at least one new token")
-        input_ids = torch.tensor([list(new_ids)], dtype=torch.long, device=self.device.torch_device)
+        n, chunk = len(new_ids), self.prefill_chunk
+        last = max(n - (n - 1) // chunk * chunk, min(logits_to_keep, n))
+        for begin in range(0, n - last, chunk):
+            self._pass(new_ids[begin : min(begin + chunk, n - last)], 0)
+        return self._pass(new_ids[n - last :], logits_to_keep)
+
+    def _pass(self, new_ids: Sequence[int] | torch.Tensor, logits_to_keep: int) -> torch.Tensor:
+        """One model pass over ``new_ids`` ``[n]`` (see :meth:`forward`)."""
+        on_device = isinstance(new_ids, torch.Tensor)
+        if on_device:
+            input_ids = new_ids.reshape(1, -1).to(self.device.torch_device)  # type: ignore[union-attr]
+        else:
+            input_ids = ids_tensor(new_ids, self.device.torch_device)  # type: ignore[arg-type]
         keep = max(logits_to_keep, 1)
         try:
             if self._lean is not None:
                 watchers = _PASS_WATCHERS.get(self.model)
                 start = self.device.now() if watchers else 0.0
-                logits = self._lean(input_ids, self.cache, len(self.ids), keep, row_exact=logits_to_keep > 0)
+                logits = self._lean(input_ids, self.cache, len(self), keep, row_exact=logits_to_keep > 0)
                 for watch in watchers or ():
                     watch(len(new_ids), self.device.now() - start)
             else:
@@ -113,9 +174,13 @@ class ModelRunner:
         except BaseException:
             # A failed pass (an OOM, say) may have extended some layers and not
             # others: put every layer back to the last consistent length.
-            self.truncate(len(self.ids))
+            self.truncate(len(self))
             raise
-        self.ids.extend(int(t) for t in new_ids)
+        if on_device:
+            self._pending.append(input_ids.reshape(-1))
+            self._pending_n += input_ids.shape[1]
+        else:
+            self._ids.extend(int(t) for t in new_ids)  # type: ignore[union-attr]
         if logits_to_keep == 0:
             return logits.new_empty((0, logits.shape[-1]))
         return logits[0, -logits_to_keep:].float()
@@ -157,7 +222,7 @@ class ModelRunner:
             length = _layer_length(layer)
             if length > n:
                 layer.crop(n - length)
-        del self.ids[n:]
+        del self.ids[n:]  # reads back pending ids first
 
     def cached_length(self) -> int:
         """Tokens held by the cache itself (for tests of the invariant)."""
@@ -169,7 +234,7 @@ class ModelRunner:
     def release(self) -> None:
         """Drop the cache and the model reference so their memory can be freed."""
         self.cache = self._new_cache()
-        self.ids = []
+        self._ids, self._pending, self._pending_n = [], [], 0
         self.model = None  # type: ignore[assignment]
         self._lean = None
 

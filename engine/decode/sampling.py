@@ -22,7 +22,10 @@ from collections import OrderedDict
 import torch
 
 from engine.model.device import Device
+from engine.errors import NonFiniteLogitsError
 from engine.events import SamplingParams
+
+Role = str  # "target" or "draft": which model's logits, for the error message
 
 
 def make_generator(params: SamplingParams, device: Device) -> torch.Generator | None:
@@ -83,6 +86,50 @@ def warp_scores(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> int:
     """Draw one token id from ``probs`` (``[V]``, summing to 1)."""
     return int(torch.multinomial(probs, 1, generator=generator).item())
+
+
+def sample_on_device(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
+    """One token id drawn from ``probs`` (``[V]``) as a 0-d long tensor on its device, with no
+    host transfer. Probabilities that are not a distribution (NaN from a model whose logits
+    overflowed) are swapped for a uniform one on the device first: ``multinomial`` would
+    otherwise stop the whole CUDA context with a device-side assert. The caller checks the
+    logits' finiteness with its one transfer (:func:`to_host`) and raises there."""
+    usable = torch.isfinite(probs).all() & (probs.sum() > 0)
+    safe = torch.where(usable, probs, torch.ones_like(probs))
+    return torch.multinomial(safe, 1, generator=generator)[0]
+
+
+def finite(logits: torch.Tensor) -> torch.Tensor:
+    """0-d bool tensor, on ``logits``' device: every row ``[..., V]`` has a finite maximum and
+    no NaN (``amax`` carries a NaN through). ``-inf`` entries are allowed (a frequent-token
+    head masks the rest of the vocabulary); one reduction, no host transfer."""
+    return torch.isfinite(logits.amax(dim=-1)).all()
+
+
+def non_finite_error(role: Role) -> NonFiniteLogitsError:
+    """The error for NaN or inf logits, saying what to change."""
+    return NonFiniteLogitsError(
+        f"the {role} model's logits are NaN or inf: its activations overflowed, as Qwen2.5's do in float16 "
+        f"(the dtype cards below compute capability 8.0 get). Set dtype = \"float32\" on the {role} in your "
+        f"models.toml (or dtype = \"bfloat16\" on a card of compute capability 8.0 or newer), or pick another "
+        "profile (docs/gpu.md, step 0)", role)
+
+
+def to_host(choices: torch.Tensor, ok: torch.Tensor, role: Role = "target") -> list[int]:
+    """Token ids ``[n]`` (a device tensor) as a list, and the finiteness flag ``ok`` (0-d bool from
+    :func:`finite`) checked, in one device-to-host transfer. Raises
+    :class:`~engine.errors.NonFiniteLogitsError` when ``ok`` is false."""
+    host = torch.cat([choices.reshape(-1).long(), ok.reshape(1).long()]).tolist()
+    if not host[-1]:
+        raise non_finite_error(role)
+    return [int(x) for x in host[:-1]]
+
+
+def check_finite(logits: torch.Tensor, role: Role = "target") -> None:
+    """Raise :class:`~engine.errors.NonFiniteLogitsError` unless ``logits`` ``[..., V]`` are
+    finite (one transfer: for the sampled path, before anything is drawn from them)."""
+    if not bool(finite(logits)):
+        raise non_finite_error(role)
 
 
 def uniform(generator: torch.Generator | None, device: Device) -> float:

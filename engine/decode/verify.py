@@ -42,7 +42,7 @@ import torch
 
 from engine.model.device import Device
 from engine.events import SamplingParams
-from engine.decode.sampling import gumbel_argmax, sample, uniform
+from engine.decode.sampling import check_finite, finite, gumbel_argmax, sample, to_host, uniform
 
 
 @dataclass(frozen=True)
@@ -60,8 +60,13 @@ def verify_greedy(target_logits: torch.Tensor, draft_tokens: Sequence[int]) -> V
         target_logits: ``[K + 1, V]`` target logits after the pending token and
             after each drafted token.
         draft_tokens: ``[K]`` drafted ids.
+
+    The argmax and the logits' finiteness come to the host in one transfer, from
+    one pass over the logits (a row's maximum is NaN or inf exactly when the row
+    is not usable); NaN or inf logits raise :class:`~engine.errors.NonFiniteLogitsError`.
     """
-    return _accept_matching(torch.argmax(target_logits, dim=-1).tolist(), draft_tokens)
+    best, choices = target_logits.max(dim=-1)
+    return _accept_matching(to_host(choices, torch.isfinite(best).all()), draft_tokens)
 
 
 def verify_coupled(
@@ -81,7 +86,8 @@ def verify_coupled(
         noise: ``[K + 1, V]`` the Gumbel rows of the positions the rows of
             ``target_logits`` choose.
     """
-    return _accept_matching(gumbel_argmax(target_logits, sampling, noise).tolist(), draft_tokens)
+    choices = to_host(gumbel_argmax(target_logits, sampling, noise), finite(target_logits))
+    return _accept_matching(choices, draft_tokens)
 
 
 def _accept_matching(choices: Sequence[int], draft_tokens: Sequence[int]) -> Verdict:
@@ -108,7 +114,10 @@ def verify_sampled(
             (warped the same way, zero-padded to ``V``), or None for a
             deterministic proposal (one-hot).
         generator: the reply's random generator.
+
+    ``p`` is checked for NaN first (one transfer), so that ``multinomial`` never sees it.
     """
+    check_finite(p)
     for i, x in enumerate(draft_tokens):
         p_x = float(p[i, x])
         q_x = float(q[i, x]) if q is not None else 1.0

@@ -4,7 +4,8 @@ A profile is unavailable when it sets ``device = "cuda"`` (the shipped GPU
 profiles do: their quantized 7-14B targets are sized for a card, and on a CPU
 they would download gigabytes to run at a fraction of a token per second) and
 no CUDA device is present, or when its quantization needs bitsandbytes and that
-package is not installed. The picker and ``specchat profiles`` show the reason;
+package is not installed. A ``device = "cpu"`` profile runs on the CPU wherever it is
+(:func:`engine.load.loader.profile_device`). The picker and ``specchat profiles`` show the reason;
 :func:`engine.load.loader.load_engine` refuses such a profile with it.
 """
 from __future__ import annotations

@@ -18,7 +18,7 @@ from engine.api import EngineInfo
 from engine.progress import ProgressFn, no_progress
 from engine.model.compat import check_pair
 from engine.model.device import Device
-from engine.errors import IncompatibleDraftError, ModelSourceError, ProfileError
+from engine.errors import IncompatibleDraftError, ModelSourceError, ProfileError, QuantizationError
 from engine.model.memory import Plan, plan_memory, resolve_dtype
 from engine.config.profiles import ModelProfile, ModelSpec
 from engine.fetch.sources import (
@@ -67,6 +67,29 @@ def model_drafter(profile: ModelProfile, draft_model: "PreTrainedModel", target_
     return ModelDrafter(draft_model, device, name=spec.label, vocab_subset=subset,
                         vocab_limit=int(target_model.config.get_text_config().vocab_size),
                         lookup=NgramDrafter() if profile.lookup else None)
+
+
+def profile_device(profile: ModelProfile) -> Device:
+    """Where a profile runs: the CPU for ``device = "cpu"``, else CUDA when present
+    (``SPECCHAT_DEVICE`` respected; :meth:`Device.auto`)."""
+    return Device.auto("cpu" if profile.device == "cpu" else None)
+
+
+def check_int4_device(profile: ModelProfile, device: Device) -> None:
+    """Raise :class:`QuantizationError` when an int4 model of ``profile`` would go to a card
+    whose torch int4 kernels do not run (below compute capability 8.0, or a torch built for
+    CUDA before 12), naming the two ways out."""
+    from engine.quant.int4 import cuda_int4_problem
+
+    problem = cuda_int4_problem(device.torch_device)
+    if problem is None:
+        return
+    for role, spec in (("target", profile.target), ("draft", profile.draft)):
+        if spec is not None and spec.quantization == "int4":
+            raise QuantizationError(
+                f"profile {profile.name!r}: its {role} {spec.label} uses quantization = \"int4\", but {problem}. "
+                f"Set device = \"cpu\" in the profile to run it on the CPU, or choose quantization = \"nf4\" "
+                "(bitsandbytes) or \"none\" for this card")
 
 
 def _warn_remote_code(spec: ModelSpec) -> None:
@@ -118,6 +141,13 @@ def load_weights(resolved: ResolvedSource, spec: ModelSpec, device: Device, conf
     )
     qconf = bnb_config(spec.quantization, dtype)
     int4 = spec.quantization == "int4"
+    if int4:
+        from engine.quant.int4 import cuda_int4_problem
+
+        problem = cuda_int4_problem(device.torch_device)
+        if problem is not None:  # before gigabytes are read for nothing
+            raise QuantizationError(f"{spec.label}: {problem}; run it on the CPU (device = \"cpu\" in the "
+                                    "profile) or choose quantization = \"nf4\" for this card")
     if qconf is not None:
         kwargs["quantization_config"] = qconf
     if device.is_cuda and not int4:  # int4 loads on the CPU, then packs straight onto the GPU
@@ -128,6 +158,9 @@ def load_weights(resolved: ResolvedSource, spec: ModelSpec, device: Device, conf
             kwargs["attn_implementation"] = attention
     if spec.quantization == "int8":
         _BNB_ONCE.install()
+    streamed = _int4_streamed(resolved, spec, device, config, dtype) if int4 else None
+    if streamed is not None:
+        return streamed
     try:
         model = AutoModelForCausalLM.from_pretrained(resolved.location, **kwargs)
     except OSError as exc:
@@ -145,6 +178,31 @@ def load_weights(resolved: ResolvedSource, spec: ModelSpec, device: Device, conf
         model.to(device.torch_device)
     model.eval()
     return model
+
+
+def _int4_streamed(resolved: ResolvedSource, spec: ModelSpec, device: Device, config: Any,
+                   dtype: "torch.dtype") -> "PreTrainedModel | None":
+    """An int4 model for a card built one weight at a time (:func:`engine.quant.load_int4_streamed`:
+    the host never holds the full-precision model), or None for the plain path: on the CPU
+    (unchanged there), for GGUF sources (their blocks are carried over from the full
+    weights), remote code, or a checkpoint the streamed path does not read."""
+    if not device.is_cuda or config is None or spec.trust_remote_code or gguf_origin(resolved) is not None:
+        return None
+    from engine.quant import load_int4_streamed
+
+    if resolved.is_hub and not _local_only(resolved):
+        try:
+            from huggingface_hub import snapshot_download
+
+            snapshot_download(resolved.location, allow_patterns=["*.json", "*.safetensors"])
+        except Exception as exc:  # noqa: BLE001 - from_pretrained will fetch and report it
+            log.info("int4: no snapshot of %s to stream from (%s); loading it whole", resolved.location, exc)
+            return None
+    try:
+        return load_int4_streamed(resolved.location, config, dtype=dtype, device=device.torch_device,
+                                  group_size=spec.group_size, quantize_head=spec.quantize_head)
+    except OSError as exc:
+        raise source_error(resolved, "load the weights in", exc) from None
 
 
 class _Once(logging.Filter):
@@ -262,12 +320,12 @@ def load_engine(
     from engine.decode.drafters import NgramDrafter
     from engine.chat.session import ChatEngine
 
-    device = device or Device.auto()
+    device = device or profile_device(profile)
     why_not = unavailable_reason(profile, cuda=device.is_cuda)
     if why_not:
         raise ProfileError(f"profile {profile.name!r} cannot run here: {why_not}; pick another profile")
+    check_int4_device(profile, device)  # before anything is downloaded
 
-    device = device or Device.auto()
     progress("locating models", None)
     target = _locate_side(profile.target, progress)
     draft: _Side | None = None

@@ -1,9 +1,11 @@
 """The one place that knows whether we run on CUDA or the CPU.
 
 Everything device-specific goes through :class:`Device`: where tensors live,
-how much memory is free, how to time a step honestly (CUDA kernels are
-asynchronous, so the clock is read only after ``torch.cuda.synchronize``), and
-what an out-of-memory error looks like.
+how token ids get there (:meth:`Device.ids_tensor`: pinned, non-blocking on
+CUDA), how much memory is free, how to time a step honestly (CUDA kernels are
+asynchronous: :meth:`Device.now` reads the clock after ``torch.cuda.synchronize``;
+:meth:`Device.mark` / :meth:`Device.seconds_between` time a decoding round with
+CUDA events and one wait instead), and what an out-of-memory error looks like.
 """
 from __future__ import annotations
 
@@ -11,10 +13,20 @@ import gc
 import os
 import time
 from dataclasses import dataclass
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Union
 
 import psutil
 import torch
+
+
+Mark = Union[float, "torch.cuda.Event"]
+"""A point in time from :meth:`Device.mark`: a ``perf_counter`` reading on the CPU, a
+recorded CUDA event on a card."""
+
+# Error texts that mean an allocation failed although torch raised a plain RuntimeError:
+# cuBLAS and cuDNN report a failed workspace allocation with these status names.
+OOM_WORDS = ("out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed")
 
 
 @dataclass(frozen=True)
@@ -87,6 +99,29 @@ class Device:
         self.synchronize()
         return time.perf_counter()
 
+    def ids_tensor(self, ids: Sequence[int]) -> torch.Tensor:
+        """Token ids ``[n]`` as a long tensor ``[1, n]`` on this device (:func:`ids_tensor`)."""
+        return ids_tensor(ids, self.torch_device)
+
+    def mark(self) -> Mark:
+        """Now, without waiting: a clock reading on the CPU; on CUDA an event recorded on the
+        current stream (it fires when the kernels queued before it have run). Pass the
+        marks of one round to :meth:`seconds_between`."""
+        if not self.is_cuda:
+            return time.perf_counter()
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def seconds_between(self, marks: Sequence[Mark]) -> list[float]:
+        """Seconds between consecutive marks ``[m0, m1, ..., mn]`` (``n`` figures). On CUDA
+        this waits once, for the last event; the round's host transfer has usually
+        waited for the same kernels already."""
+        if not self.is_cuda:
+            return [float(b) - float(a) for a, b in zip(marks, marks[1:])]  # type: ignore[arg-type]
+        marks[-1].synchronize()  # type: ignore[union-attr]
+        return [a.elapsed_time(b) / 1000.0 for a, b in zip(marks, marks[1:])]  # type: ignore[union-attr]
+
     def memory_free_total(self) -> tuple[int, int]:
         """(free, total) bytes: ``torch.cuda.mem_get_info`` on CUDA, available RAM on CPU."""
         if self.is_cuda:
@@ -111,12 +146,25 @@ class Device:
 
     @staticmethod
     def is_out_of_memory(exc: BaseException) -> bool:
-        """True for CUDA OOM and for host allocation failures."""
+        """True for CUDA OOM, for host allocation failures, and for cuBLAS/cuDNN failing to
+        allocate their workspace (``CUBLAS_STATUS_ALLOC_FAILED``: a full card seen from
+        inside a matmul, raised as a plain RuntimeError)."""
         if isinstance(exc, torch.cuda.OutOfMemoryError):
             return True
         if isinstance(exc, MemoryError):
             return True
-        return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+        text = str(exc).lower()
+        return isinstance(exc, RuntimeError) and any(word in text for word in OOM_WORDS)
+
+
+def ids_tensor(ids: Sequence[int], torch_device: torch.device) -> torch.Tensor:
+    """Token ids ``[n]`` as a long tensor ``[1, n]`` on ``torch_device``. For CUDA the ids are
+    built in pinned host memory and copied without blocking (a pageable copy makes the host
+    wait for the copy); on the CPU this is ``torch.tensor([ids])``."""
+    host = torch.tensor([list(ids)], dtype=torch.long)
+    if torch_device.type != "cuda":
+        return host
+    return host.pin_memory().to(torch_device, non_blocking=True)
 
 
 def _malloc_trim() -> None:

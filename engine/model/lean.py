@@ -30,7 +30,7 @@ they stay token-identical to each other.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -97,6 +97,14 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * x32.to(dtype)
 
 
+def rows_pay(tensors: Iterable[Any]) -> bool:
+    """Whether per-row attention in a verify pass buys exactness for a model holding ``tensors``:
+    on the CPU, where the int4 matmuls around it are batch-invariant. On CUDA a verify pass's
+    bf16/fp16 matmuls differ from a one-token step's anyway, so K+1 attention calls a layer
+    would be kernel launches for nothing."""
+    return not any(getattr(t, "is_cuda", False) for t in tensors)
+
+
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
@@ -117,19 +125,24 @@ class LeanForward:
         to flip a near-tie; so with ``row_exact`` row ``i`` attends through its
         own one-row call over exactly ``start + i + 1`` keys. The int4 matmuls
         are batch-invariant already (tests/engine/model/test_lean.py checks both).
-        A prefill, whose logits nobody compares, takes the one masked call.
+        A prefill, whose logits nobody compares, takes one call: with an empty
+        cache (``start == 0``) a causal one without a mask (``is_causal``: SDPA's
+        flash and memory-efficient kernels take it, none builds a ``[T, S]``
+        score matrix), else the masked one.
         """
         gqa = self.n_kv != self.n_heads
         t = q.shape[2]
+        if t > 1 and start == 0 and not row_exact:
+            return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=self.scale, enable_gqa=gqa)
         if t == 1 or not row_exact:
             return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scale, enable_gqa=gqa)
         rows = [F.scaled_dot_product_attention(q[:, :, i : i + 1], k[:, :, : start + i + 1], v[:, :, : start + i + 1],
                                                scale=self.scale, enable_gqa=gqa) for i in range(t)]
         return torch.cat(rows, dim=2)
 
-    def new_cache(self) -> GrowingKV:
-        """An empty cache for this model (the runner owns it)."""
-        return GrowingKV(len(self.layers))
+    def new_cache(self, limit: int | None = None) -> GrowingKV:
+        """An empty cache for this model (the runner owns it) of at most ``limit`` tokens' capacity."""
+        return GrowingKV(len(self.layers), limit)
 
     def __init__(self, model: nn.Module) -> None:
         cfg = model.config.get_text_config()
@@ -145,6 +158,7 @@ class LeanForward:
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
         self.scale = self.head_dim**-0.5
         self.qk_width = (self.n_heads + self.n_kv) * self.head_dim
+        self.rows_pay = rows_pay(itertools.chain(model.parameters(), model.buffers()))
 
     @torch.inference_mode()
     def __call__(
@@ -156,15 +170,17 @@ class LeanForward:
         Appends their keys and values to ``past_key_values`` (which holds
         ``start`` tokens) and returns logits ``[1, logits_to_keep, V]``.
         With ``row_exact`` each row's attention is computed exactly as a
-        one-token pass at its position would compute it (see :meth:`_attention`).
+        one-token pass at its position would compute it (see :meth:`_attention`),
+        where that pays (:attr:`rows_pay`: not on CUDA).
         """
         t = input_ids.shape[1]
+        row_exact = row_exact and self.rows_pay
         x = F.embedding(input_ids, self.embed)
         positions = torch.arange(start, start + t, device=input_ids.device).unsqueeze(0)
         cos, sin = self.rotary(x, positions)
         cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
         mask = None
-        if t > 1:  # causal over the new tokens; every cached token is visible
+        if t > 1 and start > 0 and not row_exact:  # causal over the new tokens; every cached token is visible
             mask = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(diagonal=start)
         qk_shape, kv_shape = (1, t, self.n_heads + self.n_kv, self.head_dim), (1, t, self.n_kv, self.head_dim)
         for i, layer in enumerate(self.layers):
@@ -186,7 +202,7 @@ class LeanForward:
 
 
 class GrowingKV:
-    """The lean path's KV cache: per-layer buffers that grow by doubling.
+    """The lean path's KV cache: per-layer buffers that grow by doubling, up to ``limit``.
 
     transformers' ``DynamicCache`` concatenates every step, copying the whole
     cache (O(L) a token: ~45 MB a step for SmolLM2 at 1,000 tokens); here a
@@ -197,10 +213,11 @@ class GrowingKV:
     """
 
     class Layer:
-        def __init__(self) -> None:
+        def __init__(self, owner: "GrowingKV | None" = None) -> None:
             self.k: torch.Tensor | None = None
             self.v: torch.Tensor | None = None
             self.length = 0
+            self.owner = owner
 
         @property
         def is_initialized(self) -> bool:
@@ -217,6 +234,9 @@ class GrowingKV:
             end = self.length + k.shape[2]
             if self.k is None or end > self.k.shape[2]:
                 capacity = max(256, 2 * end)
+                limit = self.owner.limit if self.owner is not None else None
+                if limit:  # never past the context window the plan reserved for
+                    capacity = max(end, min(capacity, limit))
                 grown_k = k.new_empty((*k.shape[:2], capacity, k.shape[3]))
                 grown_v = v.new_empty((*v.shape[:2], capacity, v.shape[3]))
                 if self.k is not None and self.v is not None:
@@ -229,8 +249,10 @@ class GrowingKV:
             self.length = end
             return self.k[:, :, :end], self.v[:, :, :end]
 
-    def __init__(self, n_layers: int) -> None:
-        self.layers = [GrowingKV.Layer() for _ in range(n_layers)]
+    def __init__(self, n_layers: int, limit: int | None = None) -> None:
+        self.limit = limit
+        """The most tokens a buffer is grown to (the context window); None: no cap."""
+        self.layers = [GrowingKV.Layer(self) for _ in range(n_layers)]
 
     def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
         """Append ``[1, kv_heads, T, head_dim]`` keys and values; return the layer's whole cache."""

@@ -10,10 +10,14 @@ to start) instead of running out of memory half way through loading.
   one 8-bit absmax per 64 weights and one fp32 per 256 absmax) or ``1``
   byte/param plus one fp32 scale per output row (int8).
 * KV cache: ``2 · layers · kv_heads · head_dim · context_length`` values.
-* Activations: one block's working set over the whole context (hidden states,
-  q/k/v, MLP intermediates; fused SDPA, so no ``L x L`` score matrix) plus fp32
-  logits for K + 1 rows (the runner passes ``logits_to_keep``). Target and
-  draft run one after the other, so a plan counts only the larger transient.
+* Activations: a prefill is fed in chunks of :data:`PREFILL_CHUNK` tokens
+  (:class:`engine.decode.runner.ModelRunner`), so one block's working set over a
+  chunk (hidden states, q/k/v, MLP intermediates), plus attention's worst case
+  over a chunk at the end of the window: SDPA's math kernel (where a masked or
+  GQA call falls to it) builds fp32 scores and probabilities ``[heads, chunk,
+  window]`` and repeats K and V to every query head. Plus fp32 logits for
+  K + 1 rows (the runner passes ``logits_to_keep``). Target and draft run one
+  after the other, so a plan counts only the larger transient.
 """
 from __future__ import annotations
 
@@ -21,6 +25,9 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from engine.errors import MemoryPlanError
+from engine.model.published import PUBLISHED_CONFIGS, published_config
+
+__all__ = ["PUBLISHED_CONFIGS", "published_config"]  # re-exported: the plan's figures are checked against them
 
 if TYPE_CHECKING:
     from engine.config.profiles import ModelProfile
@@ -35,42 +42,11 @@ def int4_bytes_per_param(group_size: int) -> float:
     return 0.5 + 4 / group_size
 
 DEFAULT_RESERVE_BYTES = 512 * 2**20
+PREFILL_CHUNK = 512
+"""Tokens a prefill pass feeds at most; longer prompts are fed in chunks of this size."""
 GiB = 2**30
 
 Choice = Literal["target+draft", "target+ngram", "target"]
-
-# Published configs (config.json on the hub) of the models the shipped profiles name,
-# so the estimates in models.toml can be recomputed: see tests/engine/model/test_memory.py.
-PUBLISHED_CONFIGS: dict[str, dict[str, Any]] = {
-    "HuggingFaceTB/SmolLM2-135M-Instruct": dict(
-        max_position_embeddings=8192, model_type="llama", hidden_size=576, num_hidden_layers=30, num_attention_heads=9,
-        num_key_value_heads=3, vocab_size=49152, intermediate_size=1536, tie_word_embeddings=True),
-    "Qwen/Qwen2.5-0.5B-Instruct": dict(
-        max_position_embeddings=32768, model_type="qwen2", hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
-        num_key_value_heads=2, vocab_size=151936, intermediate_size=4864, tie_word_embeddings=True),
-    "Qwen/Qwen2.5-7B-Instruct": dict(
-        max_position_embeddings=32768, model_type="qwen2", hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
-        num_key_value_heads=4, vocab_size=152064, intermediate_size=18944, tie_word_embeddings=False),
-    "Qwen/Qwen2.5-14B-Instruct": dict(
-        max_position_embeddings=32768, model_type="qwen2", hidden_size=5120, num_hidden_layers=48, num_attention_heads=40,
-        num_key_value_heads=8, vocab_size=152064, intermediate_size=13824, tie_word_embeddings=False),
-    "meta-llama/Llama-3.1-8B-Instruct": dict(
-        max_position_embeddings=131072, model_type="llama", hidden_size=4096, num_hidden_layers=32, num_attention_heads=32,
-        num_key_value_heads=8, vocab_size=128256, intermediate_size=14336, tie_word_embeddings=False),
-    "meta-llama/Llama-3.2-1B-Instruct": dict(
-        max_position_embeddings=131072, model_type="llama", hidden_size=2048, num_hidden_layers=16, num_attention_heads=32,
-        num_key_value_heads=8, vocab_size=128256, intermediate_size=8192, tie_word_embeddings=True,
-        head_dim=64),
-}
-
-
-def published_config(repo_id: str) -> Any:
-    """A transformers config built from :data:`PUBLISHED_CONFIGS` (no hub access)."""
-    from transformers import AutoConfig
-
-    fields = dict(PUBLISHED_CONFIGS[repo_id])
-    return AutoConfig.for_model(fields.pop("model_type"), **fields)
-
 
 def fmt_bytes(n: int | float) -> str:
     """``1.50 GiB``, ``512 MiB``, ``900 B``."""
@@ -211,15 +187,32 @@ def estimate_kv_bytes(config: Any, context_length: int, dtype: str) -> int:
     return 2 * int(cfg.num_hidden_layers) * _kv_heads(cfg) * _head_dim(cfg) * context_length * DTYPE_BYTES[name]
 
 
-def estimate_activation_bytes(config: Any, context_length: int, dtype: str, logits_rows: int = 9) -> int:
-    """Transient memory of a prefill over ``context_length`` tokens: one block's
-    working set plus ``logits_rows`` rows of fp32 logits (the runner asks only for
-    the rows it needs via ``logits_to_keep``; a verify pass needs K + 1)."""
+def estimate_attention_bytes(config: Any, context_length: int, dtype: str, chunk: int = PREFILL_CHUNK) -> int:
+    """Attention's transient for one prefill chunk at the end of a ``context_length`` window,
+    as SDPA's math kernel makes it: fp32 scores and probabilities ``[heads, chunk, window]``
+    and K and V repeated to every query head ``[heads, window, head_dim]`` in ``dtype``. The
+    flash and memory-efficient kernels need far less; this is the bound the plan keeps."""
     cfg = _text_config(config)
     name = config_dtype(config) if dtype == "auto" else dtype
-    block = context_length * (4 * int(cfg.hidden_size) + 3 * int(cfg.intermediate_size)) * DTYPE_BYTES[name]
+    rows = min(chunk, context_length)
+    heads = int(cfg.num_attention_heads)
+    scores = 2 * heads * rows * context_length * 4
+    repeated = 2 * heads * context_length * _head_dim(cfg) * DTYPE_BYTES[name] if _kv_heads(cfg) != heads else 0
+    return scores + repeated
+
+
+def estimate_activation_bytes(config: Any, context_length: int, dtype: str, logits_rows: int = 9,
+                              chunk: int = PREFILL_CHUNK) -> int:
+    """Transient memory of a prefill over ``context_length`` tokens fed in chunks of ``chunk``:
+    one block's working set over a chunk, attention's peak (:func:`estimate_attention_bytes`),
+    plus ``logits_rows`` rows of fp32 logits (the runner asks only for the rows it needs via
+    ``logits_to_keep``; a verify pass needs K + 1)."""
+    cfg = _text_config(config)
+    name = config_dtype(config) if dtype == "auto" else dtype
+    rows = min(chunk, context_length)
+    block = rows * (4 * int(cfg.hidden_size) + 3 * int(cfg.intermediate_size)) * DTYPE_BYTES[name]
     logits = min(logits_rows, context_length) * int(cfg.vocab_size) * 4
-    return block + logits
+    return block + estimate_attention_bytes(config, context_length, dtype, chunk) + logits
 
 
 @dataclass(frozen=True)

@@ -49,13 +49,32 @@ def bnb_config(quantization: str, compute_dtype: torch.dtype) -> Any | None:
     return BitsAndBytesConfig(load_in_8bit=True)
 
 
+def local_snapshot(location: str) -> Path | None:
+    """The directory holding the weights of ``location``: itself when it is one, else the hub
+    cache's snapshot of that repo when it is downloaded already (None otherwise: nothing is
+    fetched here)."""
+    root = Path(location)
+    if root.is_dir():
+        return root
+    try:
+        from huggingface_hub import snapshot_download
+
+        found = Path(snapshot_download(location, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not a hub id, or not downloaded: no cache then
+        return None
+    return found if found.is_dir() else None
+
+
 def _cache_file(location: str, group_size: int, quantize_head: bool, wide_planes: bool) -> Path | None:
-    """Where the int4 groups of the weights in ``location`` are cached (None for hub ids)."""
+    """Where the int4 groups of the weights in ``location`` are cached: a directory, or a hub
+    repo's downloaded snapshot (its directory names the commit); None when neither is at hand."""
     from engine.paths import cache_dir
 
-    root = Path(location)
-    if not root.is_dir():
+    root = local_snapshot(location)
+    if root is None:
         return None
+    if not Path(location).is_dir():
+        location = str(root)  # a hub snapshot: its path names the repo and the commit
     ident = [location, str(CACHE_VERSION)]
     for f in sorted(root.glob("*.safetensors")):
         st = f.stat()
@@ -65,12 +84,13 @@ def _cache_file(location: str, group_size: int, quantize_head: bool, wide_planes
     return cache_dir(create=True) / "int4" / f"{root.name[:60]}-{key}-{tags}.safetensors"
 
 
-def _save(path: Path, groups: dict[str, Int4Weights], carried: list[str]) -> None:
+def _save(path: Path, groups: dict[str, Int4Weights], carried: list[str], packed: bool = False) -> None:
+    """Write ``groups`` (codes two to a byte already when ``packed``: :func:`engine.quant.stream.pack_for_cache`)."""
     from safetensors.torch import save_file
 
     tensors: dict[str, torch.Tensor] = {}
     for name, w in groups.items():
-        tensors[f"{name}.codes"] = (w.codes[:, ::2] << 4 | w.codes[:, 1::2]).contiguous()
+        tensors[f"{name}.codes"] = w.codes.contiguous() if packed else (w.codes[:, ::2] << 4 | w.codes[:, 1::2]).contiguous()
         tensors[f"{name}.scale"] = w.scale.contiguous()
         tensors[f"{name}.zero"] = w.zero.contiguous()
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -103,6 +123,31 @@ def _load(path: Path) -> tuple[dict[str, Int4Weights], list[str]] | None:
     except Exception as exc:  # noqa: BLE001 - a damaged cache is rebuilt, never fatal
         log.warning("int4 cache %s is unreadable (%s); quantizing again", path, exc)
         return None
+
+
+def load_int4_streamed(
+    location: str, config: Any, *, dtype: torch.dtype, device: torch.device, group_size: int = 32,
+    quantize_head: bool = True,
+) -> nn.Module | None:
+    """An int4 model of the checkpoint at ``location`` (a directory or a downloaded hub snapshot),
+    built one weight at a time on ``device`` (:func:`engine.quant.stream.stream_int4`), with the
+    int4 cache read and written as :func:`apply_int4` does. None: take the plain path."""
+    from engine.quant.stream import stream_int4
+
+    root = local_snapshot(location)
+    if root is None:
+        return None
+    cache = _cache_file(location, group_size, quantize_head, False)
+    cached = _load(cache) if cache is not None and cache.is_file() else None
+    built = stream_int4(root, config, dtype=dtype, device=device, group_size=group_size,
+                        quantize_head=quantize_head, cached=cached[0] if cached else None)
+    if built is None:
+        return None
+    model, report = built
+    if cache is not None and report.groups and cached is None:
+        _save(cache, report.groups, [], packed=True)
+    log.info("%s%s", report.summary(), f" (from the cache {cache})" if cached else "")
+    return model
 
 
 def apply_int4(

@@ -20,7 +20,10 @@ no new dependency is needed:
   ``torch._weight_int4pack_mm(x: bf16 [M, K], packed, g, scales_and_zeros)``.
   Shape rules: ``N % 8 == 0``, ``K % (inner_k_tiles * 16) == 0``, ``g`` in
   32/64/128/256, bf16 activations, compute capability 8.0 or newer (tensor
-  core tiles). Written from the kernel's contract; not run here (no GPU).
+  core tiles) and a torch built for CUDA 12 or newer: on an older card the
+  kernel is not compiled in and the pack returns garbage instead of failing,
+  so :func:`cuda_int4_problem` refuses it first. Written from the kernel's
+  contract; not run here (no GPU).
 
 Activations are cast to bf16 for the matmul and back to the model's dtype, so
 norms, attention and embeddings keep their precision (fp32 on the CPU).
@@ -88,6 +91,22 @@ class Int4Weights:
         q = self.codes.to(torch.float32).view(n, self.planes * k // g, g) - 8.0
         w = (q * self.scale.to(torch.float32).unsqueeze(-1) + self.zero.to(torch.float32).unsqueeze(-1)).view(n, -1)
         return sum(w[:, p * k : (p + 1) * k] for p in range(self.planes)).to(dtype)  # type: ignore[return-value]
+
+
+def cuda_int4_problem(device: torch.device) -> str | None:
+    """Why torch's CUDA int4 kernels cannot run on ``device``, or None when they can (and on
+    the CPU). They are built for compute capability 8.0 and newer with CUDA 12 or newer;
+    on a Turing or Volta card ``_convert_weight_to_int4pack`` returns garbage silently."""
+    if device.type != "cuda":
+        return None
+    major, minor = (int(x) for x in torch.cuda.get_device_capability(device))
+    if (major, minor) < (8, 0):
+        return (f"torch's int4 kernels need a CUDA card of compute capability 8.0 or newer (Ampere), "
+                f"and this one is {major}.{minor}")
+    cuda = getattr(torch.version, "cuda", None)
+    if cuda is not None and int(str(cuda).split(".")[0]) < 12:
+        return f"torch's CUDA int4 kernels need a torch built for CUDA 12 or newer, and this one is built for CUDA {cuda}"
+    return None
 
 
 def check_shape(n: int, k: int, group_size: int, device: torch.device, planes: int = 1) -> None:
@@ -183,6 +202,10 @@ class Int4Linear(nn.Module):
     def __init__(self, weights: Int4Weights, bias: torch.Tensor | None, device: torch.device) -> None:
         super().__init__()
         n, k = weights.shape
+        problem = cuda_int4_problem(device)
+        if problem is not None:
+            raise QuantizationError(f"{problem}: run int4 on the CPU (device = \"cpu\" in the profile) or choose "
+                                    "quantization = \"nf4\" for this card")
         check_shape(n, k, weights.group_size, device, weights.planes)
         self.in_features, self.out_features = k, n
         self.planes = weights.planes

@@ -1,0 +1,159 @@
+"""int4 straight from the checkpoint, one weight at a time (for a card).
+
+The plain int4 path (:func:`engine.quant.apply_int4`) loads the whole model in
+full precision on the host first, then quantizes it: some 15 GiB of host RAM
+for a 7B model in bf16. :func:`stream_int4` builds the model empty (on the meta
+device), loads every tensor that stays in full precision (embeddings, norms,
+biases) straight onto ``device``, and then reads the linear layers' weights one
+at a time: each is moved to ``device``, quantized there (or taken from the int4
+cache, without reading it at all), packed into an :class:`Int4Linear` and
+dropped. The host holds one weight at a time plus, for the cache, the packed
+codes (half a byte a weight) and bf16 scales and zeros.
+
+It handles plain Llama-family checkpoints in safetensors whose tensor names
+are the model's own; anything else returns None and the caller takes the
+plain path.
+"""
+from __future__ import annotations
+
+import copy
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from engine.quant.int4 import Int4Linear, Int4Weights, QuantReport, check_shape, quantize_weight, _linear_names
+from engine.errors import QuantizationError
+
+log = logging.getLogger(__name__)
+STREAMED_TYPES = ("llama", "qwen2", "mistral")
+
+
+def pack_for_cache(weights: Int4Weights) -> Int4Weights:
+    """``weights`` as the cache keeps them on the host: codes two to a byte ``[N, K / 2]``
+    (:func:`engine.quant._save` writes them as they are) and bf16 scales and zeros (exact:
+    the kernel rounds them to bf16 anyway)."""
+    codes = weights.codes.to("cpu")
+    pairs = (codes[:, ::2] << 4 | codes[:, 1::2]).contiguous()
+    return Int4Weights(pairs, weights.scale.to("cpu", torch.bfloat16), weights.zero.to("cpu", torch.bfloat16),
+                       weights.group_size, weights.planes)
+
+
+def _open_all(files: list[Path]) -> dict[str, Path]:
+    from safetensors import safe_open
+
+    where: dict[str, Path] = {}
+    for path in files:
+        with safe_open(str(path), framework="pt") as f:
+            where.update({key: path for key in f.keys()})
+    return where
+
+
+def _read(path: Path, key: str) -> torch.Tensor:
+    from safetensors import safe_open
+
+    with safe_open(str(path), framework="pt") as f:
+        return f.get_tensor(key)
+
+
+def stream_int4(
+    directory: Path, config: Any, *, dtype: torch.dtype, device: torch.device, group_size: int = 32,
+    quantize_head: bool = True, cached: dict[str, Int4Weights] | None = None,
+) -> tuple[nn.Module, QuantReport] | None:
+    """An int4 model of the safetensors checkpoint in ``directory`` on ``device``, built one
+    weight at a time; None when this checkpoint needs the plain path (another architecture,
+    no safetensors, tensor names that are not the model's).
+
+    Args:
+        directory: the checkpoint (``config.json`` and ``*.safetensors``).
+        config: its transformers config.
+        dtype: the compute dtype of the tensors kept in full precision.
+        device: where everything goes.
+        group_size, quantize_head: as for :func:`engine.quant.int4.quantize_model`.
+        cached: int4 groups by module name (the int4 cache): used instead of reading those weights.
+
+    Returns:
+        The model in eval mode, and the report; ``report.groups`` holds what was quantized here,
+        packed for the cache (:func:`pack_for_cache`).
+    """
+    from accelerate import init_empty_weights
+    from accelerate.utils import set_module_tensor_to_device
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    files = sorted(directory.glob("*.safetensors"))
+    if not files or getattr(config, "model_type", None) not in STREAMED_TYPES:
+        return None
+    where = _open_all(files)
+    config = copy.deepcopy(config)  # untying the head below must not change the caller's config
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype)
+    linears = _linear_names(model, quantize_head)
+    weights_of = {f"{name}.weight": name for name in linears}
+    state = dict(model.named_parameters(remove_duplicate=False))
+    if any(key not in state for key in where) or any(f"{n}.weight" not in where for n in linears if not _tied_head(model, n)):
+        log.info("int4: %s does not name its tensors as the model does; loading it whole", directory)
+        return None
+    for key, path in where.items():  # everything that stays in full precision
+        if key not in weights_of:
+            set_module_tensor_to_device(model, key, device, value=_read(path, key).to(dtype))
+    report = QuantReport()
+    cached = cached or {}
+    for name in linears:
+        parent_name, _, attr = name.rpartition(".")
+        parent = model.get_submodule(parent_name) if parent_name else model
+        linear = getattr(parent, attr)
+        n, k = linear.weight.shape
+        weights = cached.get(name)
+        try:
+            check_shape(n, k, group_size, device, weights.planes if weights is not None else 1)
+        except QuantizationError as exc:  # kept in full precision
+            report.kept[name] = str(exc)
+            key = f"{name}.weight"
+            set_module_tensor_to_device(model, key, device, value=_source(model, where, name).to(dtype))
+            continue
+        if weights is None or weights.group_size != group_size:
+            weights = quantize_weight(_source(model, where, name).to(device), group_size)
+            report.groups[name] = pack_for_cache(weights)
+        bias = linear.bias if linear.bias is not None and not linear.bias.is_meta else None
+        new = Int4Linear(weights, bias, device)
+        if _tied_head(model, name):
+            model.config.tie_word_embeddings = False
+            model.config.get_text_config().tie_word_embeddings = False
+        setattr(parent, attr, new)
+        report.quantized.append(name)
+        report.int4_bytes += new.packed.numel() * new.packed.element_size() + new.scales_and_zeros.numel() * 2
+        del weights
+    if not quantize_head and getattr(config, "tie_word_embeddings", False):
+        model.tie_weights()
+    left = [n for n, p in _tensors(model) if p.is_meta]
+    if left:
+        raise QuantizationError(f"int4 loading left {len(left)} tensors unread ({left[0]}, ...) in {directory}")
+    model.to(device)
+    try:
+        model.generation_config = GenerationConfig.from_pretrained(str(directory))
+    except OSError:
+        pass
+    return model.eval(), report
+
+
+def _tied_head(model: nn.Module, name: str) -> bool:
+    """Whether module ``name`` is a head tied to the input embeddings (not stored in the checkpoint)."""
+    head = model.get_output_embeddings()
+    return head is not None and model.get_submodule(name) is head and bool(
+        getattr(model.config.get_text_config(), "tie_word_embeddings", False))
+
+
+def _source(model: nn.Module, where: dict[str, Path], name: str) -> torch.Tensor:
+    """Linear ``name``'s full-precision weight ``[N, K]``: read from its file, or for a tied head
+    the input embeddings already loaded."""
+    key = f"{name}.weight"
+    if key in where:
+        return _read(where[key], key)
+    return model.get_input_embeddings().weight.detach()
+
+
+def _tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    """Every parameter and buffer of ``model`` by name."""
+    return [*model.named_parameters(), *model.named_buffers()]

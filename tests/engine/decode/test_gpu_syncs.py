@@ -1,0 +1,161 @@
+"""Host syncs in the hot loop (issue 23, item 5): one device-to-host transfer per drafting call
+and per verify pass, token ids copied from pinned memory without blocking, and a round timed
+by device marks (CUDA events) with one wait instead of four ``torch.cuda.synchronize``.
+
+Stand-ins on the CPU: the tensor methods that read a value back to the host are counted
+(on CUDA each one waits for the card), and a card is faked for the device's own calls.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import pytest
+import torch
+
+from engine.decode.decoder import SpecDecoder
+from engine.decode.drafters import ModelDrafter
+from engine.events import GenerationParams, SamplingParams
+from engine.model import device as device_module
+from engine.model.device import Device
+from tests.tiny import noisy_copy, tiny_llama
+
+CPU = Device(torch.device("cpu"))
+READ_BACKS = ("item", "tolist", "__int__", "__float__", "__bool__", "__index__")
+
+
+class Transfers:
+    """Counts the calls that copy a tensor's value to the host."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.calls: list[str] = []
+        for name in READ_BACKS:
+            real = getattr(torch.Tensor, name)
+
+            def counted(self_: torch.Tensor, *a: object, _real=real, _name=name, **k: object) -> object:  # type: ignore[no-untyped-def]
+                self.calls.append(_name)
+                return _real(self_, *a, **k)
+
+            monkeypatch.setattr(torch.Tensor, name, counted)
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.7, seed=4),
+                                      SamplingParams(temperature=0.7)], ids=["greedy", "seeded", "sampled"])
+def test_drafting_k_tokens_reads_back_once(monkeypatch: pytest.MonkeyPatch, sampling: SamplingParams) -> None:
+    from engine.decode.sampling import make_randomness
+
+    target = tiny_llama(seed=1)
+    drafter = ModelDrafter(noisy_copy(target, 0.05, seed=2), CPU)
+    context = [5, 6, 7, 8, 9, 10]
+    generator = make_randomness(sampling, len(context), 96, CPU)
+    drafter.prefill(context)
+    transfers = Transfers(monkeypatch)
+    draft = drafter.propose(context, 6, sampling, generator)
+    assert transfers.calls == ["tolist"]  # not one per drafted token
+    assert len(draft.tokens) == 6 and all(isinstance(t, int) for t in draft.tokens)
+    monkeypatch.undo()
+    assert drafter.runner.ids == [*context, *draft.tokens[:-1]]  # the runner knows what it holds
+
+
+def test_a_greedy_draft_is_the_one_token_at_a_time_argmax() -> None:
+    target = tiny_llama(seed=1)
+    draft_model = noisy_copy(target, 0.05, seed=2)
+    drafter = ModelDrafter(draft_model, CPU)
+    context = [5, 6, 7, 8]
+    draft = drafter.propose(context, 5, SamplingParams(), None)
+    seq = list(context)
+    for _ in range(5):
+        with torch.no_grad():
+            seq.append(int(draft_model(torch.tensor([seq])).logits[0, -1].argmax()))
+    assert list(draft.tokens) == seq[len(context):]
+
+
+@dataclass(frozen=True)
+class CountingDevice(Device):
+    """The CPU, counting the clock and sync calls a decoding round makes."""
+
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def _count(self, name: str) -> None:
+        self.counts[name] = self.counts.get(name, 0) + 1
+
+    def synchronize(self) -> None:
+        self._count("synchronize")
+        super().synchronize()
+
+    def mark(self):  # type: ignore[no-untyped-def]
+        self._count("mark")
+        return super().mark()
+
+    def seconds_between(self, marks):  # type: ignore[no-untyped-def]
+        self._count("seconds_between")
+        return super().seconds_between(marks)
+
+
+def test_a_round_is_timed_by_marks_and_waits_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    target = tiny_llama(seed=1)
+    device = CountingDevice(torch.device("cpu"))
+    decoder = SpecDecoder(target, device, ModelDrafter(noisy_copy(target, 0.05, seed=2), device))
+    events = list(decoder.generate([5, 6, 7, 8, 9], GenerationParams(max_new_tokens=12, k=3)))
+    rounds = len(events)
+    assert device.counts.get("synchronize", 0) == 0  # was four a round (Device.now)
+    assert device.counts["mark"] == 4 * rounds + 2 and device.counts["seconds_between"] == rounds + 1
+    stats = events[-1].stats
+    assert stats.prefill_s >= 0 and stats.draft_s >= 0 and stats.verify_s > 0
+
+
+def test_a_plain_round_reads_back_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    decoder = SpecDecoder(tiny_llama(seed=1), CPU)
+    steps = decoder.generate([5, 6, 7, 8, 9], GenerationParams(max_new_tokens=3))
+    next(steps)  # the prefill and the first round
+    transfers = Transfers(monkeypatch)
+    next(steps)
+    assert transfers.calls == ["tolist"]
+
+
+class FakeEvent:
+    log: list[str] = []
+
+    def __init__(self, enable_timing: bool = False) -> None:
+        assert enable_timing
+        self.at = len(FakeEvent.log)
+
+    def record(self) -> None:
+        FakeEvent.log.append("record")
+
+    def synchronize(self) -> None:
+        FakeEvent.log.append("synchronize")
+
+    def elapsed_time(self, other: "FakeEvent") -> float:
+        return 1000.0 * (other.at - self.at)  # milliseconds
+
+
+def test_on_a_card_marks_are_events_and_only_the_last_is_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    FakeEvent.log = []
+    monkeypatch.setattr(torch.cuda, "Event", FakeEvent)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda d=None: pytest.fail("the whole card was synchronized"))
+    card = Device(torch.device("cuda:0"))
+    marks = [card.mark() for _ in range(4)]
+    assert FakeEvent.log == ["record"] * 4
+    assert card.seconds_between(marks) == [1.0, 1.0, 1.0]
+    assert FakeEvent.log == ["record"] * 4 + ["synchronize"]
+    a, b = CPU.mark(), CPU.mark()
+    assert isinstance(a, float) and CPU.seconds_between([a, b])[0] >= 0
+
+
+def test_ids_go_to_a_card_from_pinned_memory_without_blocking(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[object] = []
+
+    def pin_memory(self: torch.Tensor) -> torch.Tensor:
+        seen.append("pinned")
+        return self
+
+    def to(self: torch.Tensor, device: torch.device, non_blocking: bool = False) -> torch.Tensor:
+        seen.append((str(device), non_blocking))
+        return self
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    ids = device_module.ids_tensor([3, 4, 5], torch.device("cuda:0"))
+    assert seen == ["pinned", ("cuda:0", True)] and ids.tolist() == [[3, 4, 5]]
+    seen.clear()
+    assert CPU.ids_tensor([7]).tolist() == [[7]] and seen == []  # the CPU: a plain tensor, as before

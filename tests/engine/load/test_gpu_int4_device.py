@@ -1,0 +1,127 @@
+"""int4 on a card that cannot run torch's int4 kernels is refused before anything loads, and a
+profile can say ``device = "cpu"`` (issue 23, item 1). Cards are faked on the CPU: a patched
+compute capability and CUDA version."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+import engine.load.loader as loading
+from engine.config.models_file import read_profiles_file, shipped_models_file
+from engine.config.profiles import ModelProfile, ModelSpec
+from engine.errors import ProfileError, QuantizationError
+from engine.fetch.sources import ResolvedSource
+from engine.model.device import Device
+from engine.quant.int4 import Int4Linear, cuda_int4_problem, quantize_weight
+from tests.tiny import save_tiny
+
+
+def fake_card(monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int], cuda: str = "12.4") -> Device:
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.version, "cuda", cuda)
+    return Device(torch.device("cuda:0"))
+
+
+@pytest.mark.parametrize(("capability", "cuda", "words"), [
+    ((7, 5), "12.4", "compute capability 8.0 or newer (Ampere), and this one is 7.5"),
+    ((7, 0), "12.1", "this one is 7.0"),
+    ((8, 6), "11.8", "built for CUDA 11.8"),
+    ((8, 0), "12.1", None),
+    ((9, 0), "12.8", None),
+])
+def test_int4_kernels_need_compute_capability_8_and_cuda_12(
+    monkeypatch: pytest.MonkeyPatch, capability: tuple[int, int], cuda: str, words: str | None
+) -> None:
+    card = fake_card(monkeypatch, capability, cuda)
+    problem = cuda_int4_problem(card.torch_device)
+    assert problem is None if words is None else words in (problem or "")
+    assert cuda_int4_problem(torch.device("cpu")) is None
+
+
+def test_an_int4_layer_is_refused_on_a_turing_card_before_anything_is_packed(monkeypatch: pytest.MonkeyPatch) -> None:
+    card = fake_card(monkeypatch, (7, 5))
+    weights = quantize_weight(torch.randn(32, 64), 32)
+    with pytest.raises(QuantizationError, match=r'device = "cpu".*nf4'):
+        Int4Linear(weights, None, card.torch_device)  # a CPU build would fail at .to("cuda") were it reached
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny(tmp_path_factory.mktemp("int4-device") / "m", seed=3)
+
+
+def test_an_int4_profile_on_a_turing_card_is_refused_before_any_download(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    card = fake_card(monkeypatch, (7, 5))
+    located: list[Any] = []
+    monkeypatch.setattr(loading, "locate", lambda *a, **k: located.append(a) or pytest.fail("located"))
+    profile = ModelProfile(name="p", target=ModelSpec(str(tiny), quantization="int4"), drafter="ngram")
+    with pytest.raises(QuantizationError) as err:
+        loading.load_engine(profile, device=card)
+    msg = str(err.value)
+    assert "profile 'p'" in msg and "7.5" in msg and 'device = "cpu"' in msg and "nf4" in msg
+    assert located == []
+    nf4 = ModelProfile(name="p", target=ModelSpec(str(tiny), quantization="nf4"), drafter="ngram")
+    loading.check_int4_device(nf4, card)  # other quantizations are not the kernels' business
+
+
+def test_load_weights_refuses_int4_on_such_a_card_without_reading_weights(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import transformers
+
+    card = fake_card(monkeypatch, (7, 5))
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda *a, **k: pytest.fail("weights were read"))
+    resolved = ResolvedSource(str(tiny), "dir", str(tiny))
+    with pytest.raises(QuantizationError, match="compute capability 8.0"):
+        loading.load_weights(resolved, ModelSpec(str(tiny), quantization="int4"), card)
+
+
+def test_a_cpu_profile_runs_on_the_cpu_even_where_a_card_is_present(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.delenv("SPECCHAT_DEVICE", raising=False)
+    spec = ModelSpec("org/name", quantization="int4")
+    assert loading.profile_device(ModelProfile(name="c", target=spec, drafter="none", device="cpu")).torch_device.type == "cpu"
+    assert loading.profile_device(ModelProfile(name="a", target=spec, drafter="none")).is_cuda
+    with pytest.raises(ProfileError, match='"any", "cuda" or "cpu"'):
+        ModelProfile(name="g", target=spec, drafter="none", device="gpu")
+
+
+def test_the_shipped_cpu_profiles_say_device_cpu() -> None:
+    profiles, _default = read_profiles_file(shipped_models_file())
+    for name in ("pocket", "pocket-selfdraft", "coder"):
+        assert profiles[name].device == "cpu", name
+    # every shipped int4 profile is pinned to the CPU: none falls to a card by default
+    for name, p in profiles.items():
+        if any(s is not None and s.quantization == "int4" for s in (p.target, p.draft)):
+            assert p.device == "cpu", name
+
+
+def test_int4_for_a_card_is_built_one_weight_at_a_time_not_loaded_whole(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import transformers
+
+    import engine.quant as quant
+    from tests.tiny import tiny_config
+
+    card = fake_card(monkeypatch, (8, 6))
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained",
+                        lambda *a, **k: pytest.fail("the whole model was loaded on the host"))
+    seen: dict[str, Any] = {}
+
+    def streamed(location: str, config: Any, **kw: Any) -> str:
+        seen.update(kw, location=location)
+        return "the streamed model"
+
+    monkeypatch.setattr(quant, "load_int4_streamed", streamed)
+    resolved = ResolvedSource(str(tiny), "dir", str(tiny))
+    spec = ModelSpec(str(tiny), quantization="int4", group_size=64)
+    assert loading.load_weights(resolved, spec, card, tiny_config()) == "the streamed model"
+    assert seen["device"] == torch.device("cuda:0") and seen["dtype"] == torch.bfloat16 and seen["group_size"] == 64
+    assert seen["location"] == str(tiny)
