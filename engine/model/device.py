@@ -25,8 +25,9 @@ Mark = Union[float, "torch.cuda.Event"]
 recorded CUDA event on a card."""
 
 # Error texts that mean an allocation failed although torch raised a plain RuntimeError:
-# cuBLAS and cuDNN report a failed workspace allocation with these status names.
-OOM_WORDS = ("out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed")
+# cuBLAS and cuDNN report a failed workspace allocation with these status names, and
+# torch's CPU allocator says "DefaultCPUAllocator: can't allocate memory".
+OOM_WORDS = ("out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed", "can't allocate memory")
 
 
 @dataclass(frozen=True)

@@ -116,7 +116,6 @@ def test_what_counts_as_out_of_memory(exc: BaseException, oom: bool) -> None:
     assert Device.is_out_of_memory(exc) is oom
 
 
-@pytest.mark.xfail(strict=True, reason="bug: torch's own CPU allocation failure is not recognised as out of memory")
 def test_a_failed_host_allocation_in_torch_is_out_of_memory() -> None:
     with pytest.raises(RuntimeError) as err:
         torch.empty(2**50, dtype=torch.uint8)  # 1 PiB: refused at once by the CPU allocator
