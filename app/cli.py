@@ -33,8 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="answer one prompt headless (text, or one JSON object with --json)")
     gen.add_argument("prompt", help="the user message")
     add_model_options(gen)
-    gen.add_argument("--mode", choices=["spec", "ngram", "plain"], default="spec",
-                     help="spec: the profile's drafter; ngram: prompt lookup; plain: the target alone")
+    gen.add_argument("--mode", choices=["spec", "ngram", "suffix", "plain"], default="spec",
+                     help="spec: the profile's drafter; ngram: prompt lookup; suffix: lookup in this chat and "
+                          "earlier ones; plain: the target alone")
     gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
     gen.add_argument("--system", help="system prompt (default: the profile's)")
     gen.add_argument("--max-new-tokens", type=int, default=256, help="stop after this many new tokens")

@@ -65,8 +65,8 @@ def load_for(profile: "ModelProfile", mode: str = "spec", progress: "ProgressFn 
         return load_server(profile, mode, progress or no_progress)
     from engine.load.loader import load_engine
 
-    if mode == "ngram":
-        profile = dataclasses.replace(profile, drafter="ngram", draft=None)
+    if mode in ("ngram", "suffix"):
+        profile = dataclasses.replace(profile, drafter=mode, draft=None)
     elif mode == "plain":
         profile = dataclasses.replace(profile, drafter="none", draft=None)
     from engine.fetch.hublog import hub_messages_as_progress

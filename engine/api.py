@@ -59,6 +59,11 @@ class ChatBackend(Protocol):
         """
         ...
 
+    def learn(self, texts: Sequence[str]) -> None:
+        """Earlier chats' messages, oldest first, for a drafter that drafts from them (the
+        suffix drafter); replaces what it was given before. Nothing for other drafters."""
+        ...
+
     def set_speculation(self, enabled: bool) -> None:
         """Switch speculation off (plain decoding) or back on."""
         ...

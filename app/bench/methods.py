@@ -1,7 +1,8 @@
 """The methods ``specchat bench`` compares, by name (no torch here: the CLI's parser imports this).
 
 specchat's decoder: ``plain`` (K = 0, the reference), ``spec`` (one per fixed
-K), ``spec-adaptive`` and ``ngram``; transformers' ``generate``: ``hf-plain``,
+K), ``spec-adaptive``, ``ngram`` and ``suffix`` (drafting also from the prompts
+before it in the set, as from earlier chats); transformers' ``generate``: ``hf-plain``,
 ``hf-assisted`` (transformers' default schedule), ``hf-assisted-constant`` (one
 per K) and ``hf-prompt-lookup``; llama.cpp's ``llama-server`` on the same GGUF
 (:mod:`app.bench.llamacpp`): ``llama.cpp-plain``, ``llama.cpp-spec`` (the same
@@ -13,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 LLAMA_METHODS = ("llama.cpp-plain", "llama.cpp-spec", "llama.cpp-lookup")
-ALL_METHODS = ("plain", "spec", "spec-adaptive", "ngram", "hf-plain", "hf-assisted", "hf-assisted-constant",
+ALL_METHODS = ("plain", "spec", "spec-adaptive", "ngram", "suffix", "hf-plain", "hf-assisted", "hf-assisted-constant",
                "hf-prompt-lookup", *LLAMA_METHODS)
 NEEDS_DRAFT = frozenset({"spec", "spec-adaptive", "hf-assisted", "hf-assisted-constant"})
 PER_K = frozenset({"spec", "hf-assisted-constant"})

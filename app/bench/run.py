@@ -35,10 +35,11 @@ from app.bench.probes import ForwardLog, ForwardTimer, PeakMemory
 from engine.decode.decoder import SpecDecoder
 from engine.model.device import Device
 from engine.decode.drafters import Drafter, ModelDrafter, NgramDrafter
+from engine.decode.suffix import SuffixDrafter
 from engine.events import GenerationParams, Stats
 from engine.decode.cost_model import CostModel
 
-SPECCHAT_METHODS = ("plain", "spec", "spec-adaptive", "ngram")
+SPECCHAT_METHODS = ("plain", "spec", "spec-adaptive", "ngram", "suffix")
 # Fixed-K and plain runs: no switch-off (fixed K never has one anyway). They keep the
 # decoder's rare calibration steps, so that their self-reported speedup is sound.
 FIXED_OPTIONS = {"auto_off_window": 0}
@@ -145,20 +146,25 @@ class _Streamer:
         """Nothing to flush."""
 
 
-def _drafter_for(models: BenchModels, method: Method) -> Drafter | None:
+def _drafter_for(models: BenchModels, method: Method, earlier: Sequence[Sequence[int]]) -> Drafter | None:
     if method.name in ("spec", "spec-adaptive"):
         assert models.draft is not None
         if models.make_drafter is not None:
             return models.make_drafter()
         return ModelDrafter(models.draft, models.device)
+    if method.name == "suffix":
+        return SuffixDrafter(earlier)
     return NgramDrafter() if method.name == "ngram" else None
 
 
-def _run_specchat(models: BenchModels, method: Method, ids: Sequence[int], costs: CostModel, on_emit: Callable[[int], None]) -> _Reply:
-    """One reply through a fresh :class:`SpecDecoder` (fresh caches; ``costs`` persists per method)."""
+def _run_specchat(models: BenchModels, method: Method, ids: Sequence[int], costs: CostModel,
+                  on_emit: Callable[[int], None], earlier: Sequence[Sequence[int]] = ()) -> _Reply:
+    """One reply through a fresh :class:`SpecDecoder` (fresh caches; ``costs`` persists per method);
+    ``earlier``: the exchanges of the prompts before this one, for the suffix drafter."""
     adaptive = method.k is None
     options = {} if adaptive else FIXED_OPTIONS  # adaptive methods run with the app's defaults
-    decoder = SpecDecoder(models.target, models.device, _drafter_for(models, method), costs=costs, **options)
+    drafter = _drafter_for(models, method, earlier)  # built before the clock starts, as the app's is
+    decoder = SpecDecoder(models.target, models.device, drafter, costs=costs, **options)
     params = GenerationParams(
         max_new_tokens=models.max_new_tokens, stop_token_ids=models.stop_ids,
         k=method.k, k_min=models.k_min, k_max=models.k_max,
@@ -250,8 +256,11 @@ class Bench:
         self.memory = PeakMemory(models.device)
         self._costs: dict[Method, CostModel] = {}
 
-    def measure(self, method: Method, prompt: BenchPrompt, repeat: int) -> Run:
-        """One reply, timed; ``repeat`` is recorded as given (-1 for the warm-up)."""
+    def measure(self, method: Method, prompt: BenchPrompt, repeat: int,
+                earlier: Sequence[Sequence[int]] = ()) -> Run:
+        """One reply, timed; ``repeat`` is recorded as given (-1 for the warm-up). ``earlier``:
+        the exchanges (prompt and reply ids) of the prompts before this one, which the suffix
+        drafter drafts from as it would from earlier chats."""
         models = self.models
         target_timer = ForwardTimer(models.target, models.device)
         draft_timer = ForwardTimer(models.draft, models.device) if models.draft is not None else None
@@ -264,7 +273,7 @@ class Bench:
         try:
             self.memory.reset()
             start = models.device.now()
-            reply = self._dispatch(method, prompt, on_emit)
+            reply = self._dispatch(method, prompt, on_emit, earlier)
             total = models.device.now() - start
         finally:
             target_timer.remove()
@@ -276,13 +285,14 @@ class Bench:
             target_timer.take(), draft_timer.take() if draft_timer else ForwardLog(),
         )
 
-    def _dispatch(self, method: Method, prompt: BenchPrompt, on_emit: Callable[[int], None]) -> _Reply:
+    def _dispatch(self, method: Method, prompt: BenchPrompt, on_emit: Callable[[int], None],
+                  earlier: Sequence[Sequence[int]]) -> _Reply:
         if method.name in self.models.external:
             return self.models.external[method.name](prompt.ids, on_emit)
         with torch.inference_mode():
             if method.name in SPECCHAT_METHODS:
                 costs = self._costs.setdefault(method, CostModel())
-                return _run_specchat(self.models, method, prompt.ids, costs, on_emit)
+                return _run_specchat(self.models, method, prompt.ids, costs, on_emit, earlier)
             return _run_hf(self.models, method, prompt.ids, on_emit)
 
     def _record(
@@ -342,9 +352,14 @@ def run_bench(
         bench.measure(method, prompts[0], -1)
         done += 1
     runs: list[Run] = []
+    exchanges: dict[str, list[int]] = {}  # each prompt's ids and its (greedy, so common) reply
     for repeat, prompt, method in order:
         _report(progress, done, total, f"{method.label} · {prompt.prompt_class}/{prompt.name} · repeat {repeat + 1}")
-        runs.append(bench.measure(method, prompt, repeat))
+        # The prompts before this one in the set, as earlier chats: never this prompt's own
+        # reply from an earlier repeat, which would make a repeat a copy.
+        earlier = [exchanges[p.name] for p in prompts[:prompts.index(prompt)] if p.name in exchanges]
+        runs.append(bench.measure(method, prompt, repeat, earlier))
+        exchanges.setdefault(prompt.name, [*prompt.ids, *runs[-1].tokens])
         done += 1
     _report(progress, done, total, "done")
     return runs

@@ -1,11 +1,9 @@
 """Conversations saved in SQLite as they happen.
 
-One file, ``history.db`` in :func:`app.store.paths.data_dir` (mode 0600, its
-directory 0700). Each chat has a title, the profile it was last used with and
-an optional system prompt; each message keeps its role, text, the profile that
-produced it, its final :class:`~engine.events.Stats` as JSON and, for replies,
-the text pieces with their token source (draft/target) so the colour view
-survives a restart.
+One file, ``history.db`` in :func:`app.store.paths.data_dir` (mode 0600, its directory
+0700). A chat has a title, its last profile and a system prompt; a message its role,
+text, profile, final statistics (JSON) and, for replies, the pieces with their token
+source (draft/target), so the colour view survives a restart.
 
 The assistant row is written when a reply starts and rewritten every round (by
 :class:`app.store.saver.HistorySaver`, which keeps unsaved rounds in memory while the
@@ -42,6 +40,7 @@ BUSY_TIMEOUT_S = 5.0
 """How long one statement waits for another connection's lock before failing."""
 OPEN_ATTEMPTS = 2
 """Tries (each waiting BUSY_TIMEOUT_S) before :meth:`History.open` gives up on a lock."""
+
 
 class HistoryError(SpecChatError):
     """Reading or writing the history database failed."""
@@ -362,6 +361,14 @@ class History:
         """The last ``limit`` prompts the user sent, in any chat, oldest first (for Up in the prompt box)."""
         rows = self._query("SELECT content FROM messages WHERE role = 'user' ORDER BY id DESC LIMIT ?", (limit,))
         return [str(row[0]) for row in reversed(rows)]
+
+    def drafting_texts(self, max_chars: int) -> list[str]:
+        """Prompts and replies of every chat, oldest first: the newest up to ``max_chars``
+        characters in all (for the suffix drafter, which drafts from earlier chats)."""
+        rows = self._query("SELECT content FROM (SELECT id, content, SUM(LENGTH(content)) OVER (ORDER BY id DESC)"
+                           " AS seen FROM messages WHERE role IN ('user', 'assistant') AND content != '')"
+                           " WHERE seen <= ? ORDER BY id", (max_chars,))
+        return [str(row[0]) for row in rows]
 
     def messages(self, chat_id: int) -> list[MessageRecord]:
         """A chat's messages in order."""

@@ -23,7 +23,7 @@ from app.ui.archive import Archive
 from app.ui.commands import ProfileCommands, unique_commands
 from app.ui.early_stop import early_stop_driver
 from app.ui.export import ask_export
-from app.ui.engine_host import EngineHost, ProfileChoice, Refusal
+from app.ui.engine_host import DRAFTING_CHARS, EngineHost, ProfileChoice, Refusal
 from app.ui.formatting import plan_lines
 from app.ui.key_hold import KeyHold
 from app.ui.keys import BINDINGS, EXTRA_COMMANDS, MAIN_SCREEN_ACTIONS
@@ -195,6 +195,7 @@ class SpecChatApp(App[None]):
 
     def on_chats_screen_deleted(self, message: ChatsScreen.Deleted) -> None:
         self.conversation.chat_deleted(message.chat_id)
+        self._teach_drafter()  # what was deleted can no longer be proposed
 
     async def open_chat(self, chat_id: int) -> None:
         """Show a saved chat and continue it with its own profile when that can be had."""
@@ -348,12 +349,27 @@ class SpecChatApp(App[None]):
         info = message.backend.info
         self.conversation.hud.show_engine(info, message.profile, fresh=True)
         self.conversation.profile_changed(message.profile.name)
+        self._teach_drafter()
         summary = plan_lines(info.plan)
         notice(self, f"{message.profile.name} ready" + (f": {summary[0]}" if summary else "."), title="Loaded")
         if info.fallback_reason:
             notice(self, f"Running without the draft model: {info.fallback_reason}", severity="warning",
                    title="Draft refused")
         self.conversation.send_queued()
+
+    def _teach_drafter(self) -> None:
+        """A suffix-drafting profile drafts from earlier chats: hand it the history as it is now
+        (read here, where the database lives; tokenized and indexed in a worker)."""
+        history = self.archive.history
+        if self.engine.drafts_from_history and history is not None:
+            texts = self.archive.db(history.drafting_texts, DRAFTING_CHARS) or []
+
+            def learn() -> None:
+                failed = self.engine.learn(texts)
+                if failed:
+                    self.call_from_thread(notice, self, failed, severity="warning", title="Suffix drafter")
+
+            self.run_worker(learn, thread=True, group="learn", exit_on_error=False)
 
     def on_engine_failed(self, message: EngineFailed) -> None:
         self.engine.failed(message.restored)

@@ -25,6 +25,11 @@ if TYPE_CHECKING:
     from engine.config.profiles import ModelProfile, Profiles
 
 
+DRAFTING_CHARS = 3_000_000
+"""Characters of earlier chats the suffix drafter drafts from (about 750k tokens, within
+its index's bound, engine.decode.suffix.MAX_TOKENS)."""
+
+
 @dataclass(frozen=True)
 class Refusal:
     """Why the host will not do what was asked, worded for a notice."""
@@ -171,6 +176,23 @@ class EngineHost:
         info = self.backend.info
         self.speculation_on = info.mode != "plain"
         return was_on, info
+
+    @property
+    def drafts_from_history(self) -> bool:
+        """The loaded profile's drafter drafts from earlier chats (the suffix drafter)."""
+        return self.backend is not None and self.profile is not None and self.profile.drafter == "suffix"
+
+    def learn(self, texts: list[str]) -> str | None:
+        """Hand the backend earlier chats' messages (run in a worker: tokenizing and indexing
+        take up to a second); answers what went wrong, worded for a notice, or None."""
+        backend = self.backend
+        if backend is None:
+            return None
+        try:
+            backend.learn(texts)
+        except Exception as exc:  # noqa: BLE001 - drafting goes on from the open chat alone
+            return f"Earlier chats are not used for drafting: {exc}"
+        return None
 
     def close(self) -> None:
         """Close the backend (waiting for a reply that still holds it)."""

@@ -29,6 +29,8 @@ def profile_pair(profile: "ModelProfile") -> str:
         return f"{target} ← {spec_label(profile.draft)}"
     if profile.drafter == "ngram":
         return f"{target} ← n-gram lookup"
+    if profile.drafter == "suffix":
+        return f"{target} ← suffix lookup (this chat and earlier ones)"
     return f"{target} (no drafter)"
 
 

@@ -176,6 +176,7 @@ class ChatEngine:
             params = dataclasses.replace(params, stop_token_ids=self.stop_ids)
         detok = IncrementalDetokenizer(self.tokenizer)
         stops = StopStringFilter(params.stop_strings)
+        reply: list[int] = []
         events = self.decoder.generate(prompt_ids, params, cancel)
         try:
             while True:
@@ -194,8 +195,10 @@ class ChatEngine:
                     if notice:
                         event = dataclasses.replace(event, notice=f"{notice}; {event.notice}" if event.notice else notice)
                         notice = None
+                reply.extend(event.token_ids)
                 yield _chat_event(event, shown)
                 if event.finish_reason is not None:
+                    self._remember(reply)  # after the last event: the reply is on screen already
                     return
         finally:
             claim.done = True
@@ -217,6 +220,20 @@ class ChatEngine:
 
     def set_speculation(self, enabled: bool) -> None:
         self.decoder.set_speculation(enabled)
+
+    def learn(self, texts: Sequence[str]) -> None:
+        """Earlier chats' messages (oldest first), for a drafter that drafts from them
+        (:class:`~engine.decode.suffix.SuffixDrafter`); the history as it is now, so what
+        was deleted is forgotten. Nothing for other drafters."""
+        learn = getattr(self.decoder.drafter, "learn", None)
+        if learn is not None:
+            learn([self.tokenizer.encode(t, add_special_tokens=False) for t in texts if t])
+
+    def _remember(self, reply: Sequence[int]) -> None:
+        """A finished reply ``[n]`` joins what a suffix drafter drafts from in later chats."""
+        remember = getattr(self.decoder.drafter, "remember", None)
+        if remember is not None and reply:
+            remember(reply)
 
     def models(self) -> tuple[PreTrainedModel, PreTrainedModel | None]:
         """The loaded target and draft models (None: an n-gram or no drafter), for tools

@@ -27,8 +27,8 @@ from typing import TYPE_CHECKING, Any
 from engine.api import EngineInfo
 from engine.child.launcher import LAUNCHER, real_stderr
 from engine.child.protocol import (
-    ChatRequest, CloseRequest, ControlAnswer, Failure, FromChild, Progress, Ready, ReplyEnd, Round, SpeculationRequest,
-    ToChild,
+    ChatRequest, CloseRequest, ControlAnswer, ControlRequest, Failure, FromChild, LearnRequest, Progress, Ready,
+    ReplyEnd, Round, SpeculationRequest, ToChild,
 )
 from engine.child.serve import serve
 from engine.errors import EngineBusyError, EngineError
@@ -188,8 +188,15 @@ class ProcessBackend:
 
     def set_speculation(self, enabled: bool) -> None:
         """Switch speculation in the child, at once, even while a reply streams."""
+        self._control_request(SpeculationRequest(enabled))
+
+    def learn(self, texts: Sequence[str]) -> None:
+        """Hand the child's drafter earlier chats' messages (see :meth:`ChatBackend.learn`)."""
+        self._control_request(LearnRequest(list(texts)))
+
+    def _control_request(self, request: ControlRequest) -> None:
         with self._control_lock:
-            self._send(SpeculationRequest(enabled), self._control)
+            self._send(request, self._control)
             answer: ControlAnswer = self._receive(conn=self._control)  # type: ignore[assignment]
         if isinstance(answer, Failure):
             raise answer.error
@@ -212,7 +219,7 @@ class ProcessBackend:
         self._conn.close()
         self._control.close()
 
-    def _send(self, message: ToChild | SpeculationRequest, conn: Connection | None = None) -> None:
+    def _send(self, message: ToChild | ControlRequest, conn: Connection | None = None) -> None:
         try:
             (conn or self._conn).send(message)
         except (OSError, ValueError) as exc:

@@ -9,8 +9,8 @@ carries one conversation at a time:
   round, then :class:`ReplyEnd`, or :class:`Failure`; the shared ``cancel`` event
   stops the reply between rounds, as in one process;
 * **control** (second pipe, answered by a thread of the child even while a reply
-  streams, so F5 acts mid-reply): :class:`SpeculationRequest` → :class:`Info` or
-  :class:`Failure`;
+  streams, so F5 acts mid-reply): :class:`SpeculationRequest` or :class:`LearnRequest`
+  → :class:`Info` or :class:`Failure`;
 * :class:`CloseRequest` (reply pipe): the child frees the models and exits.
 
 Every answer carries the engine's :class:`~engine.api.EngineInfo` as it is after it,
@@ -44,6 +44,13 @@ class SpeculationRequest:
     """Switch speculation on or off, at once (parent → child, control pipe)."""
 
     enabled: bool
+
+
+@dataclass(frozen=True)
+class LearnRequest:
+    """Earlier chats' messages for the drafter to draft from (parent → child, control pipe)."""
+
+    texts: list[str]
 
 
 @dataclass(frozen=True)
@@ -92,6 +99,7 @@ class Failure:
 
 ToChild = ChatRequest | CloseRequest
 FromChild = Progress | Ready | Round | ReplyEnd | Failure
+ControlRequest = SpeculationRequest | LearnRequest
 ControlAnswer = Info | Failure
 
 

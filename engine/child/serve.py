@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 from engine.api import ChatBackend
 from engine.child.protocol import (
-    ChatRequest, Info, Progress, Ready, ReplyEnd, Round, SpeculationRequest, failure,
+    ChatRequest, ControlRequest, Info, LearnRequest, Progress, Ready, ReplyEnd, Round, failure,
 )
 
 if TYPE_CHECKING:
@@ -67,15 +67,19 @@ def serve(conn: Connection, control: Connection, cancel: "ProcessEvent", profile
 
 
 def _answer_control(engine: ChatBackend, control: Connection) -> None:
-    """The child's control thread: switch speculation when asked, replies streaming or not
-    (the decoder reads its switch between rounds, as in one process)."""
+    """The child's control thread: switch speculation, or hand the drafter earlier chats, when
+    asked, replies streaming or not (the decoder reads its switch between rounds, and the suffix
+    drafter swaps its index in whole, as in one process)."""
     while True:
         try:
-            request: SpeculationRequest = control.recv()
+            request: ControlRequest = control.recv()
         except (EOFError, OSError):
             return
         try:
-            engine.set_speculation(request.enabled)
+            if isinstance(request, LearnRequest):
+                engine.learn(request.texts)
+            else:
+                engine.set_speculation(request.enabled)
             control.send(Info(engine.info))
         except Exception as exc:  # noqa: BLE001 - the parent raises it
             control.send(failure(exc))

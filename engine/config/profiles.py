@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from engine.config.server import ServerSpec
 
 Quantization = Literal["none", "int4", "nf4", "int8"]
-Drafter = Literal["model", "ngram", "none"]
+Drafter = Literal["model", "ngram", "suffix", "none"]
 Backend = Literal["local", "server"]
 QUANTIZATIONS: tuple[str, ...] = get_args(Quantization)
 DRAFTERS: tuple[str, ...] = get_args(Drafter)
@@ -201,12 +201,13 @@ def profile_from_server(url: str, model: str | None = None, api_key_env: str | N
 def profile_from_sources(target: str, draft: str | None = None, *, name: str = "cli") -> ModelProfile:
     """A profile for ``--target SRC [--draft SRC]`` without a models.toml entry.
 
-    ``draft`` None (or ``"ngram"``) uses the n-gram drafter, ``"none"`` plain decoding.
+    ``draft`` None (or ``"ngram"``) uses the n-gram drafter, ``"suffix"`` the suffix drafter
+    (:mod:`engine.decode.suffix`), ``"none"`` plain decoding.
     """
     if draft is None or draft == "ngram":
         return ModelProfile(name=name, target=ModelSpec(target), drafter="ngram", description="from --target")
-    if draft == "none":
-        return ModelProfile(name=name, target=ModelSpec(target), drafter="none", description="from --target")
+    if draft in ("none", "suffix"):
+        return ModelProfile(name=name, target=ModelSpec(target), drafter=draft, description="from --target")
     return ModelProfile(
         name=name, target=ModelSpec(target), drafter="model", draft=ModelSpec(draft),
         description="from --target/--draft",

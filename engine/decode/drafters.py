@@ -239,6 +239,8 @@ class NgramDrafter:
         self._ids: list[int] = []
         self._index: dict[tuple[int, ...], int] = {}
         self._indexed = 0  # n-grams ending before this position are indexed
+        self.last_match = 0
+        """How many tokens the last proposal's match covered (0: none; counted to ``MATCH_BUCKETS[-1]``)."""
 
     def propose(
         self,
@@ -249,6 +251,7 @@ class NgramDrafter:
     ) -> Draft:
         """Up to ``k`` tokens that followed the longest matching suffix of ``context``
         (``[L]`` ids), keyed by the match length's bucket (may be empty)."""
+        self.last_match = 0
         if k <= 0:
             return EMPTY_DRAFT
         self._extend(context)
@@ -256,7 +259,8 @@ class NgramDrafter:
         for n in range(min(self.max_ngram, len(ids)), self.min_ngram - 1, -1):
             start = self._index.get(tuple(ids[-n:]))
             if start is not None:
-                return Draft(tuple(ids[start : start + k]), key=match_key(self._match_length(start, n)))
+                self.last_match = self._match_length(start, n)
+                return Draft(tuple(ids[start : start + k]), key=match_key(self.last_match))
         return EMPTY_DRAFT
 
     def _match_length(self, start: int, n: int) -> int:

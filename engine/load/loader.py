@@ -318,6 +318,7 @@ def load_engine(
         return connect(profile, progress)  # type: ignore[return-value]
     from engine.load.availability import unavailable_reason
     from engine.decode.drafters import NgramDrafter
+    from engine.decode.suffix import SuffixDrafter
     from engine.chat.session import ChatEngine
 
     device = device or profile_device(profile)
@@ -369,7 +370,7 @@ def load_engine(
         if draft_model is not None:
             drafter = model_drafter(profile, draft_model, target_model, tokenizer, device)
     if drafter is None and profile.drafter != "none":
-        drafter = NgramDrafter()
+        drafter = SuffixDrafter() if profile.drafter == "suffix" else NgramDrafter()
     if fallback:
         log.warning("%s", fallback)
     if compat_note:

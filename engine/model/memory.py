@@ -363,8 +363,8 @@ def plan_memory(
         )
     if profile.drafter == "none":
         return make("target", "the profile has no drafter (plain decoding)", target.total_bytes)
-    if profile.drafter == "ngram":
-        return make("target+ngram", "the profile uses the n-gram drafter", target.total_bytes)
+    if profile.drafter in ("ngram", "suffix"):  # the suffix drafter's indexes: at most 15 MiB (engine.decode.suffix)
+        return make("target+ngram", f"the profile uses the {profile.drafter} drafter", target.total_bytes)
     if draft is None:
         why = draft_error or "the draft model's config could not be read"
         return make("target+ngram", f"draft model dropped: {why}; using the n-gram drafter", target.total_bytes)

@@ -146,6 +146,9 @@ class ServerBackend:
             mode="spec" if self.speculation_on else "plain", device=f"{self.kind} server", plan=plan,
         )
 
+    def learn(self, texts: Sequence[str]) -> None:
+        """Nothing: the server drafts as it was started to."""
+
     def set_speculation(self, enabled: bool) -> None:
         """Ask for plain decoding (``speculative.n_max = 0`` on each request) or speculation again."""
         if not enabled and self.kind != LLAMA_CPP:

@@ -70,6 +70,8 @@ class FakeBackend:
         self.speculation = True
         self.closed = False
         self.calls: list[list[ChatMessage]] = []
+        self.learned: list[list[str]] = []
+        """What each learn() was given (the suffix drafter's earlier chats)."""
         self.params: list[GenerationParams] = []
 
     @property
@@ -146,6 +148,9 @@ class FakeBackend:
     def set_speculation(self, enabled: bool) -> None:
         self.speculation = enabled
         self.auto_off_reason = None
+
+    def learn(self, texts: Sequence[str]) -> None:
+        self.learned.append(list(texts))
 
     def close(self) -> None:
         self.closed = True

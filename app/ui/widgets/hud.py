@@ -252,7 +252,7 @@ class Hud(VerticalScroll):
             if self.profile.drafter == "model" and self.profile.draft is not None:
                 rows.append(row("draft", spec_label(self.profile.draft)))
             else:
-                rows.append(row("draft", "n-gram lookup" if self.profile.drafter == "ngram" else "none"))
+                rows.append(row("draft", {"ngram": "n-gram lookup", "suffix": "suffix lookup"}.get(self.profile.drafter, "none")))
         if self.error:
             rows.append(row("error", self.error, "$text-error"))
         if self.info is None:

@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import json
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -101,7 +103,7 @@ def test_bench_json_structure_and_identical_outputs(pair: tuple[Path, Path], tmp
     # The same greedy reply through both libraries: every method emits the same number of tokens.
     assert len({r["new_tokens"] for r in results if r["prompt_class"] == "all"}) == 1
     for run in report["runs"]:
-        if run["method"] in ("plain", "spec", "spec-adaptive", "ngram"):  # one prefill pass emits nothing
+        if run["method"] in ("plain", "spec", "spec-adaptive", "ngram", "suffix"):  # one prefill pass emits nothing
             assert run["target_forward_calls"] == run["target_passes"] + 1
         else:
             assert run["target_forward_calls"] == run["target_passes"]
@@ -174,7 +176,7 @@ def test_plan_methods() -> None:
     assert methods == [Method("plain", 0), Method("spec", 1), Method("spec", 3), Method("hf-prompt-lookup", 7)]
     assert notes == []
     methods, notes = plan_methods(list(ALL_METHODS), [2], has_draft=False, lookup_k=7)
-    assert {m.name for m in methods} == {"plain", "ngram", "hf-plain", "hf-prompt-lookup", *LLAMA_METHODS}
+    assert {m.name for m in methods} == {"plain", "ngram", "suffix", "hf-plain", "hf-prompt-lookup", *LLAMA_METHODS}
     assert len(notes) == 4
     with pytest.raises(ValueError, match="bogus"):
         plan_methods(["bogus"], [1], True, 4)
@@ -190,14 +192,16 @@ def test_schedule_alternates_and_rotates() -> None:
     assert all(p.name == "a" for _, p, _ in order[:3])
 
 
-def test_shipped_prompt_set_has_the_four_classes() -> None:
+def test_shipped_prompt_set_has_the_five_classes() -> None:
     specs = load_prompt_set()
-    assert {s.prompt_class for s in specs} == {"chat", "code", "grounded", "multi-turn"}
+    assert {s.prompt_class for s in specs} == {"chat", "code", "grounded", "multi-turn", "repeat-edit"}
     assert all(s.messages[-1].role == "user" for s in specs)
     long = [s for s in specs if s.prompt_class == "multi-turn"]
     assert all(sum(m.role == "user" for m in s.messages) >= 3 for s in long)
     one_each = select_prompts(specs, None, per_class=1)
-    assert len(one_each) == 4
+    assert len(one_each) == 5
+    again = [s for s in specs if s.prompt_class == "repeat-edit"]
+    assert again[0].messages == again[-1].messages and len(again[1].messages) == 3  # ask, edit, ask in a new chat
     assert {s.prompt_class for s in select_prompts(specs, "code,chat", None)} == {"code", "chat"}
     with pytest.raises(SpecChatError, match="unknown class"):
         select_prompts(specs, "poetry", None)
@@ -226,3 +230,19 @@ def test_chart_is_written_or_skipped_with_a_note(tmp_path: Path, monkeypatch: py
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if it were not installed
     assert "skipped" in write_chart([result], tmp_path / "other.png")
     assert not (tmp_path / "other.png").exists()
+
+
+def test_the_suffix_drafter_is_given_the_prompts_before_never_its_own_earlier_reply(monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: list[tuple[str, int, list[list[int]]]] = []
+
+    def measure(self: bench.Bench, method: Method, prompt: bench.BenchPrompt, repeat: int,
+                earlier: Sequence[Sequence[int]] = ()) -> object:
+        seen.append((prompt.name, repeat, [list(e) for e in earlier]))
+        return SimpleNamespace(tokens=(100 + len(seen),))
+
+    monkeypatch.setattr(bench.Bench, "measure", measure)
+    monkeypatch.setattr(bench, "PeakMemory", lambda device: None)
+    prompts = [bench.BenchPrompt("a", "c", (1, 2)), bench.BenchPrompt("b", "c", (3,))]
+    bench.run_bench(SimpleNamespace(device=None), prompts, [Method("suffix")], repeats=2)  # type: ignore[arg-type]
+    measured = [(name, repeat, earlier) for name, repeat, earlier in seen if repeat >= 0]
+    assert measured == [("a", 0, []), ("b", 0, [[1, 2, 102]]), ("a", 1, []), ("b", 1, [[1, 2, 102]])]

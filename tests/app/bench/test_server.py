@@ -37,11 +37,11 @@ def test_bench_side_by_side_on_one_server(tmp_path: Path, capsys: pytest.Capture
     assert report["plain_side"] == "the same server, speculative.n_max = 0 per request"
     assert report["rates_from"] == ["server"]
     every = {r["prompt_class"]: r for r in report["results"]}
-    assert set(every) == {"chat", "code", "grounded", "multi-turn", "all"}
+    assert set(every) == {"chat", "code", "grounded", "multi-turn", "repeat-edit", "all"}
     assert every["all"]["speedup"] == pytest.approx(2.0) and every["all"]["alpha"] == pytest.approx(0.5)
     assert every["all"]["tau"] == pytest.approx(3.0) and every["all"]["differing_prompts"] == []
     # 4 prompts x (1 warm-up + 2 repeats) x 2 sides, the plain ones with the switch.
-    assert len(bodies) == 24 and sum(b.get("speculative.n_max") == 0 for b in bodies) == 12
+    assert len(bodies) == 30 and sum(b.get("speculative.n_max") == 0 for b in bodies) == 15
     assert all(b["temperature"] == 0.0 and b["max_tokens"] == 8 for b in bodies)
     table = capsys.readouterr().out
     assert "2.00x" in table and "same text" in table

@@ -109,3 +109,16 @@ def test_malformed_database_is_confirmed_and_set_aside(specchat_dirs: Path) -> N
     history = History.open()
     assert history.notice is not None and "damaged" in history.notice
     assert len(list(specchat_dirs.glob("history.db.corrupt-*"))) == 1
+
+
+def test_drafting_texts_are_the_newest_messages_within_the_budget_oldest_first(specchat_dirs: Path) -> None:
+    history = History.open()
+    chat = history.create_chat("one", "fast")
+    for role, text in [("user", "aaaa"), ("assistant", "bbbbbb"), ("user", ""), ("user", "cc"), ("assistant", "ddd")]:
+        history.add_message(chat, role, text)  # type: ignore[arg-type]
+    assert history.drafting_texts(100) == ["aaaa", "bbbbbb", "cc", "ddd"]  # empty messages skipped
+    assert history.drafting_texts(11) == ["bbbbbb", "cc", "ddd"]  # the newest that fit
+    assert history.drafting_texts(2) == []
+    history.delete_chat(chat)
+    assert history.drafting_texts(100) == []
+    history.close()

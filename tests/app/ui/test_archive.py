@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sqlite3
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -10,7 +11,8 @@ import pytest
 from app.ui.app import SpecChatApp
 from app.ui.screens.chats import ChatsScreen
 from app.ui.widgets.chat_view import AssistantMessage, UserMessage
-from tests.app.fakes import FakeLoader
+from engine.config.profiles import Profiles
+from tests.app.fakes import FakeLoader, make_profiles
 from tests.app.helpers import ready, send, wait_for
 from tests.app.store.locking import hold_lock
 
@@ -111,6 +113,37 @@ async def test_chats_screen_rename_and_delete(make_app: Callable[..., SpecChatAp
         await wait_for(pilot, lambda: app.archive.history.list_chats() == [])
         await pilot.press("escape")
         assert app.conversation.chat_id is None
+
+
+def with_suffix_profile() -> Profiles:
+    base = make_profiles()
+    suffix = replace(base.get("lookup"), name="suffix", drafter="suffix")
+    return Profiles({**base.profiles, "suffix": suffix}, default="suffix", files=())
+
+
+@pytestmark_async
+async def test_the_suffix_drafter_is_given_the_history_and_forgets_a_deleted_chat(
+    make_app: Callable[..., SpecChatApp], loader: FakeLoader
+) -> None:
+    app = make_app(profiles_loader=with_suffix_profile)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        backend = loader.backends[0]
+        await wait_for(pilot, lambda: backend.learned == [[]])  # an empty history, on load
+        await send(pilot, "remember this")
+        await wait_for(pilot, lambda: not app.conversation.generating)
+        assert app.archive.saver is not None and app.archive.saver.flush(5)
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen))
+        await pilot.press("d", "y")
+        await wait_for(pilot, lambda: len(backend.learned) == 2)
+        assert backend.learned[1] == []  # the deleted chat's prompt and reply are gone
+        await pilot.press("escape")
+        await send(pilot, "a new one")
+        await wait_for(pilot, lambda: not app.conversation.generating)
+        assert app.archive.saver.flush(5)
+        texts = app.archive.history.drafting_texts(1000)  # type: ignore[union-attr]
+        assert texts[0] == "a new one" and texts[1].startswith("Hello there!")
 
 
 @pytestmark_async

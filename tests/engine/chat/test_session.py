@@ -187,3 +187,24 @@ def test_an_abandoned_generator_leaves_the_engine_consistent(tokenizer) -> None:
     t.start()
     t.join(10)
     assert done["ids"] == expected_b
+
+
+def test_a_suffix_drafter_learns_earlier_chats_and_remembers_each_reply(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    from engine.decode.suffix import SuffixDrafter
+
+    eng = engine(tokenizer)
+    drafter = SuffixDrafter()
+    eng.decoder.drafter = drafter  # the loader's choice for drafter = "suffix"
+    eng.learn([words(6), "", words(4, start=10)])
+    assert drafter.history.documents == 2  # empty messages are skipped
+    assert drafter.history.corpus.tolist()[:6] == tokenizer.encode(words(6), add_special_tokens=False)
+    ids, _ = reply(eng, [ChatMessage("user", words(5))])
+    assert drafter.recent.documents == 1 and drafter.recent.corpus.tolist()[:-1] == ids
+    eng.learn([])  # the history as it is now: empty
+    assert drafter.history.documents == 0 and drafter.recent.documents == 0
+
+
+def test_learning_is_nothing_for_other_drafters(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    eng = engine(tokenizer)
+    eng.learn([words(6)])  # the n-gram drafter keeps nothing across chats
+    assert reply(eng, [ChatMessage("user", words(5))])[0]

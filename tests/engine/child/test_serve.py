@@ -20,7 +20,7 @@ import engine.fetch.hublog as hublog
 import engine.load.loader as loader
 from engine.api import EngineInfo
 from engine.child.protocol import (
-    ChatRequest, CloseRequest, Failure, Info, Progress, Ready, ReplyEnd, Round, SpeculationRequest,
+    ChatRequest, CloseRequest, Failure, Info, LearnRequest, Progress, Ready, ReplyEnd, Round, SpeculationRequest,
 )
 from engine.config.profiles import ModelProfile, ModelSpec
 from engine.errors import EngineError, ModelSourceError
@@ -46,6 +46,7 @@ class FakeEngine:
     hold: threading.Event | None = None  # the reply waits on it after its first event
     refuse_switch: bool = False
     closed: bool = False
+    learned: list[list[str]] = field(default_factory=list)
 
     def chat(self, messages: Any, params: Any, cancel: Any = None) -> Iterator[ChatEvent]:
         self.asked.append((messages, params, cancel))
@@ -60,6 +61,9 @@ class FakeEngine:
         if self.refuse_switch:
             raise EngineError("speculation cannot be switched on this engine")
         self.info = replace(self.info, mode="ngram" if enabled else "plain")
+
+    def learn(self, texts: list[str]) -> None:
+        self.learned.append(texts)
 
     def close(self) -> None:
         self.closed = True
@@ -135,6 +139,9 @@ def test_load_reply_switch_and_close(monkeypatch: pytest.MonkeyPatch, signals: l
 
     answer = child.ask(False)
     assert isinstance(answer, Info) and answer.info.mode == "plain" and engine.info.mode == "plain"
+    child.control.send(LearnRequest(["an earlier prompt", "its reply"]))  # the suffix drafter's history
+    assert child.control.poll(10) and isinstance(child.control.recv(), Info)
+    assert engine.learned == [["an earlier prompt", "its reply"]]
 
     child.conn.send(CloseRequest())
     assert child.ended() and engine.closed

@@ -108,7 +108,7 @@ def test_env_models_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         ('[profiles.x]\ntarget = { source = "a/b", quant = "nf4" }\ndrafter = "ngram"\n',
          ["unknown key target.quant", "quantization"]),
         ('defualt = "x"\n', ["unknown top-level key 'defualt'", "default, profiles"]),
-        ('[profiles.x]\ntarget = "a/b"\ndrafter = "eagle"\n', ["unknown drafter 'eagle'", "model, ngram, none"]),
+        ('[profiles.x]\ntarget = "a/b"\ndrafter = "eagle"\n', ["unknown drafter 'eagle'", "model, ngram, suffix, none"]),
         ('[profiles.x]\ntarget = "a/b"\ndrafter = "ngram"\nk = "3"\n', ["k must be an integer", "'3'"]),
         ('[profiles.x]\ntarget = "a/b"\ndrafter = "ngram"\ntop_p = 0\n', ["top_p must be in (0, 1]"]),
         ('[profiles.x]\ntarget = "a/b"\ndrafter = "ngram"\nk_min = 5\nk_max = 2\n', ["k_min <= k_max"]),

@@ -142,6 +142,10 @@ def test_engine_plain_and_ngram(models: dict[str, Path]) -> None:
     ngram = load_engine(profile(models["target"], drafter="ngram"), device=CPU)
     assert ngram.info.mode == "ngram" and ngram.info.fallback_reason is None
     run_reply(ngram)
+    suffix = load_engine(profile(models["target"], drafter="suffix"), device=CPU)
+    assert suffix.info.drafter == "suffix lookup" and suffix.info.mode == "ngram"
+    assert suffix.info.plan["choice"] == "target+ngram"  # its indexes are small: no model to plan for
+    run_reply(suffix)
 
 
 def test_engine_with_nf4_draft(models: dict[str, Path]) -> None:
