@@ -17,7 +17,8 @@ after that, and so on, multiplying each step's share of its siblings; it stops
 when that product falls below :data:`MIN_SHARE`, when a step has fewer than
 :data:`MIN_COUNT` occurrences behind it, or at ``m`` tokens (a draft is at most as
 long as the match that supports it). No match, no draft. The longer of the two
-matches proposes; the conversation wins a tie (it is the fresher evidence).
+matches proposes; the conversation wins a tie (it is the fresher evidence), and while it
+copies a long run (a match of ``MATCH_BUCKETS[-1]`` tokens) earlier chats are not consulted.
 
 Drafts carry ``key`` = the match length's bucket (``engine.decode.drafters.MATCH_BUCKETS``),
 plus :data:`GLOBAL_KEY` for global ones, so the decoder measures their acceptance
@@ -35,7 +36,7 @@ from typing import Literal
 
 import numpy as np
 
-from engine.decode.drafters import EMPTY_DRAFT, Draft, NgramDrafter, match_key
+from engine.decode.drafters import EMPTY_DRAFT, MATCH_BUCKETS, Draft, NgramDrafter, match_key
 from engine.decode.sampling import Randomness
 from engine.events import SamplingParams
 
@@ -133,6 +134,15 @@ class SuffixIndex:
                 high = m - 1
         return best
 
+    def extend(self, m: int, lo: int, hi: int, token: int) -> tuple[int, int, int] | None:
+        """The suffixes of ``order[lo:hi]`` (which share their first ``m`` tokens) that go on with
+        ``token``: ``(m + 1, lo', hi')``, or None when none does. O(hi - lo) with numpy."""
+        n = len(self.corpus)
+        starts = self.order[lo:hi] + m
+        nxt = np.where(starts < n, self.corpus[np.minimum(starts, n - 1)], -1)  # sorted: they share m tokens
+        a, b = int(np.searchsorted(nxt, token, "left")), int(np.searchsorted(nxt, token, "right"))
+        return (m + 1, lo + a, lo + b) if b > a else None
+
     def continuation(self, m: int, lo: int, hi: int, limit: int) -> list[int]:
         """The most supported path of up to ``limit`` tokens after the suffixes ``order[lo:hi]``
         (which share their first ``m`` tokens), by the rules in the module docstring."""
@@ -200,6 +210,9 @@ class SuffixDrafter:
         self.history = SuffixIndex(docs, max_tokens)
         self._recent_docs: list[tuple[int, ...]] = []
         self.recent = SuffixIndex([])
+        self._matches: dict[int, tuple[SuffixIndex, int, tuple[int, ...], tuple[int, int, int]]] = {}
+        """Per index (by id): the index, the context's length and last tokens, and the match
+        ``(m, lo, hi)`` last found, carried forward as the context grows (:meth:`_match`)."""
 
     def learn(self, docs: Sequence[Sequence[int]]) -> None:
         """Rebuild the history index from ``docs`` (token ids ``[L_i]`` each, oldest first)."""
@@ -210,6 +223,28 @@ class SuffixDrafter:
         """Add one document (a reply just finished) to the recent index."""
         self._recent_docs.append(tuple(doc))
         self.recent = SuffixIndex(self._recent_docs, self.max_tokens // 4)
+
+    def _match(self, index: SuffixIndex, context: Sequence[int]) -> tuple[int, int, int]:
+        """The longest match of ``context``'s end in ``index``. Within a reply the context only
+        grows, so the last match is carried forward: each new token narrows its range (a
+        longest match plus one token is the longest possible), and only when a token
+        breaks it is the match searched for anew (:meth:`SuffixIndex.longest_match`)."""
+        kept = self._matches.get(id(index))
+        found: tuple[int, int, int] | None = None
+        longest = MAX_MATCH
+        if kept is not None and kept[0] is index and 0 < kept[1] <= len(context) \
+                and tuple(context[max(0, kept[1] - 8):kept[1]]) == kept[2]:  # the same context, grown
+            found = kept[3]
+            # A match now is at most the last one plus the tokens added since: that bounds the search.
+            longest = min(MAX_MATCH, found[0] + len(context) - kept[1])
+            for token in context[kept[1]:]:
+                found = index.extend(*found, token) if found[0] > 0 else None
+                if found is None:
+                    break
+        if found is None:
+            found = index.longest_match(context, longest)
+        self._matches[id(index)] = (index, len(context), tuple(context[-8:]), found)
+        return found
 
     @property
     def nbytes(self) -> int:
@@ -223,8 +258,10 @@ class SuffixDrafter:
             return EMPTY_DRAFT
         local = self.local.propose(context, k, sampling, generator)
         best, found = self.local.last_match, None
+        if best >= MATCH_BUCKETS[-1]:
+            return local  # a long copy from this chat is under way: it is the best evidence there is
         for index in (self.recent, self.history):  # the fresher index wins a tie
-            m, lo, hi = index.longest_match(context) if len(index) else (0, 0, 0)
+            m, lo, hi = self._match(index, context) if len(index) else (0, 0, 0)
             if m >= MIN_MATCH and m > best:
                 tokens = index.continuation(m, lo, hi, min(k, m))
                 if tokens:
@@ -233,6 +270,7 @@ class SuffixDrafter:
 
     def prefill(self, context: Sequence[int]) -> None:
         self.local.prefill(context)
+        self._matches.clear()  # a new prompt: matches are searched for anew
 
     def commit(self, context: Sequence[int]) -> None:
         self.local.commit(context)

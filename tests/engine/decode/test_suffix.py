@@ -126,3 +126,22 @@ def test_seeded_suffix_is_the_plain_reply(target: torch.nn.Module) -> None:
         expected = decode(SpecDecoder(target, CPU), prompt, params)[0]
         drafter = SuffixDrafter([expected])
         assert decode(SpecDecoder(target, CPU, drafter), prompt, params)[0] == expected
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_match_carried_forward_as_the_context_grows_is_the_longest_match(seed: int) -> None:
+    rng = random.Random(200 + seed)
+    docs = [[rng.randrange(3) for _ in range(60)] for _ in range(3)]
+    drafter = SuffixDrafter(docs)
+    context = [rng.randrange(3)]
+    while len(context) < 30:
+        context += [rng.randrange(3) for _ in range(rng.randrange(1, 4))]  # a round accepts a few tokens
+        assert drafter._match(drafter.history, context) == drafter.history.longest_match(context)
+
+
+def test_a_long_copy_from_this_chat_is_not_interrupted_by_an_earlier_chat() -> None:
+    run = list(range(40, 60))  # 20 tokens, copied here, and longer in an earlier chat with another ending
+    drafter = SuffixDrafter([[1, 2, *run, 7, 7, 7]])
+    context = [*run, 90, 91, 1, 2, *run]
+    drafter.prefill(context)
+    assert drafter.propose(context, 3, GREEDY, None).tokens == (90, 91, 1)
