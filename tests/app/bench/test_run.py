@@ -16,7 +16,7 @@ import torch
 
 import app.bench.run as bench
 from app.bench.cli import load_prompt_set, parse_k_range, select_prompts, write_chart
-from app.bench.methods import ALL_METHODS, LLAMA_METHODS, Method, plan_methods
+from app.bench.methods import ALL_METHODS, LLAMA_METHODS, Method
 from app.bench.probes import ForwardLog
 from app.bench.stats import alpha_from_tau, first_difference, predicted_speedup, summarise
 from app.cli import main
@@ -169,17 +169,6 @@ def test_speedup_is_paired_per_repeat_and_spread_is_reported() -> None:
     assert r["speedup_min"] == pytest.approx(1.0) and r["speedup_max"] == pytest.approx(2.0)
     assert r["speedup"] == pytest.approx(1.5)
     assert r["tokens_per_s_max"] == pytest.approx(3 / 0.45)
-
-
-def test_plan_methods() -> None:
-    methods, notes = plan_methods(["spec", "hf-prompt-lookup"], [1, 3], has_draft=True, lookup_k=7)
-    assert methods == [Method("plain", 0), Method("spec", 1), Method("spec", 3), Method("hf-prompt-lookup", 7)]
-    assert notes == []
-    methods, notes = plan_methods(list(ALL_METHODS), [2], has_draft=False, lookup_k=7)
-    assert {m.name for m in methods} == {"plain", "ngram", "suffix", "hf-plain", "hf-prompt-lookup", *LLAMA_METHODS}
-    assert len(notes) == 4
-    with pytest.raises(ValueError, match="bogus"):
-        plan_methods(["bogus"], [1], True, 4)
 
 
 def test_schedule_alternates_and_rotates() -> None:

@@ -38,3 +38,12 @@ def test_export_gives_each_mode_its_share_of_the_tokens(specchat_dirs: Path) -> 
     assert "mode n-gram 72% · plain 28%" in text and "plain decoding" not in text
     assert "α per token 0.80" in text and "acceptance rate 54%" in text
     assert "31 K=0 rounds: 97.0 tok/s" in text
+
+
+def test_export_stats_line_says_speculation_off_once_and_uses_times_sign() -> None:
+    from app.ui.export import stats_line
+
+    line = stats_line({"mode": "plain", "tokens": 3, "speedup": 0.05,
+                       "speculation_off_reason": "speculation switched off: 0.05× over the last 32 rounds"})
+    assert line.count("speculation") == 1 and "0.05×" in line and "0.05x" not in line
+    assert "speculation off: switched off by you" in stats_line({"speculation_off_reason": "switched off by you"})

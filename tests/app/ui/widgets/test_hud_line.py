@@ -1,0 +1,46 @@
+"""The HUD folded to one line: loading and errors take its place; the live figures when a reply streams."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from app.ui.widgets.hud_line import status_line
+from engine.api import EngineInfo
+from engine.events import Stats
+
+
+@dataclass
+class State:
+    """A HUD's state, as status_line reads it."""
+
+    profile_name: str | None = "pocket"
+    error: str | None = None
+    loading_stage: str | None = None
+    loading_fraction: float | None = None
+    info: EngineInfo | None = None
+    stats: Stats | None = None
+    live: bool = False
+
+
+INFO = EngineInfo("pocket", "SmolLM2", "n-gram lookup", "ngram", "cpu")
+
+
+def test_an_error_and_loading_take_the_line() -> None:
+    assert str(status_line(State(error="model not found"))) == "pocket · ✗ model not found  F6: full HUD"
+    assert str(status_line(State(loading_stage="converting", loading_fraction=0.25))) == \
+        "pocket · loading: converting 25%  F6: full HUD"
+    assert str(status_line(State(profile_name=None))) == "— · not loaded  F6: full HUD"
+
+
+def test_a_streaming_reply_shows_its_live_figures() -> None:
+    stats = Stats(mode="ngram", tokens=40, proposed=30, accepted=15, alpha=0.5, tau=2.0, tokens_per_s=120.0, speedup=1.4,  # type: ignore[call-arg]
+                  target_passes=20)
+    line = str(status_line(State(info=INFO, stats=stats, live=True), toggle_key="F9"))
+    assert line.startswith("pocket · n-gram · accepted 50% · τ 2.00 · 120.0 tok/s")
+    assert "1.40×" in line and line.endswith("  live  F9: full HUD")
+
+
+def test_plain_decoding_shows_no_acceptance_and_a_fresh_reply_measures() -> None:
+    plain = Stats(mode="plain", tokens=5, tokens_per_s=90.0)  # type: ignore[call-arg]
+    assert "accepted" not in str(status_line(State(info=INFO, stats=plain, live=True)))
+    early = Stats(mode="ngram", tokens=5, tokens_per_s=90.0, speedup=None)  # type: ignore[call-arg]
+    assert "measuring…" in str(status_line(State(info=INFO, stats=early, live=True)))
