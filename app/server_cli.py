@@ -32,7 +32,7 @@ def load_server(profile: "ModelProfile", mode: str, progress: "ProgressFn") -> "
     """Connect to a server profile's server; ``mode`` plain asks it not to speculate."""
     from engine.remote import connect
 
-    if mode == "ngram":
+    if mode in ("ngram", "suffix"):
         raise SpecChatError("with a server the server decides how it drafts: use --mode spec, or --mode plain "
                             "to ask it not to speculate")
     backend = connect(profile, progress)

@@ -6,7 +6,6 @@ from collections.abc import Callable, Iterator
 import pytest
 
 from app.ui.app import SpecChatApp
-from app.ui.commands import ProfileCommands
 from app.ui.screens.help import HelpScreen, help_markdown
 from app.ui.screens.profiles import ProfilePicker
 from app.ui.widgets.prompt import PromptArea
@@ -14,7 +13,6 @@ from engine.errors import EngineError, ModelSourceError
 from engine.events import ChatEvent
 from app.ui.widgets.chat_view import AssistantMessage, UserMessage
 from app.ui.widgets.hud import Hud
-from app.ui.messages import ReplyFinished
 from tests.app.fakes import FakeLoader
 from tests.app.helpers import ready, send, wait_for
 
@@ -117,18 +115,6 @@ async def test_switch_profile_closes_old_backend_and_keeps_conversation(
         assert len(app.query(UserMessage)) == 2
 
 
-async def test_switch_profile_from_command_palette_provider(make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
-    app = make_app()
-    async with app.run_test() as pilot:
-        await ready(pilot)
-        provider = ProfileCommands(app.screen)
-        hits = [hit async for hit in provider.search("lookup")]
-        assert len(hits) == 1 and "n-gram" in (hits[0].help or "")
-        hits[0].command()
-        await wait_for(pilot, lambda: len(loader.backends) == 2 and app.engine.backend is not None)
-        assert app.engine.profile is not None and app.engine.profile.name == "lookup"
-
-
 async def test_refused_draft_shows_notice_and_reason(make_app: Callable[..., SpecChatApp]) -> None:
     loader = FakeLoader(fallback_reason="draft tokenizer differs from the target's")
     app = make_app(loader=loader)
@@ -223,40 +209,6 @@ async def test_help_lists_bindings(make_app: Callable[..., SpecChatApp]) -> None
             assert key in text
         await pilot.press("escape")
         assert not isinstance(app.screen, HelpScreen)
-
-
-async def test_newline_key_does_not_send(make_app: Callable[..., SpecChatApp]) -> None:
-    app = make_app()
-    async with app.run_test() as pilot:
-        await ready(pilot)
-        prompt = app.query_one(PromptArea)
-        prompt.focus()
-        await pilot.press("a", "ctrl+j", "b")
-        assert prompt.text == "a\nb" and not app.query(UserMessage)
-        await pilot.press("enter")
-        await wait_for(pilot, lambda: not app.conversation.generating and app.query(UserMessage))
-        assert app.query_one(UserMessage).text == "a\nb" and prompt.text == ""
-
-
-async def test_callbacks_after_the_screens_close_do_nothing(make_app: Callable[..., SpecChatApp]) -> None:
-    """Messages and paint timers may still run while the app shuts down: they must not raise.
-    (The HUD's refresh timer belongs to the Conversation and stops with it; CI once saw it
-    fire with no screen left when the App owned it.)"""
-    loader = FakeLoader(hold_after=1)
-    app = make_app(loader=loader)
-    async with app.run_test(size=(120, 40)) as pilot:
-        await ready(pilot)
-        await send(pilot, "hi")
-        await wait_for(pilot, loader.backends[0].held.is_set)
-        await wait_for(pilot, lambda: app.query_one(AssistantMessage).text == "Hello there!")
-        conversation = app.conversation
-        widget, reply_id = conversation.stream.widget, conversation.stream.reply_id
-        widget_stats = app.query_one(Hud).stats
-    assert app.screen_stack == [] and widget is not None
-    conversation.stream.widget = widget  # as if the last round were still waiting to be painted
-    conversation.stream.outbox.put(ChatEvent(text="late", pieces=(), token_ids=(), stats=widget_stats))
-    await conversation.paint_rounds(reply_id)
-    await conversation.on_reply_finished(ReplyFinished(reply_id, "stop", None, None))
 
 
 async def test_a_load_that_ends_after_the_screens_close_is_closed(make_app: Callable[..., SpecChatApp]) -> None:

@@ -4,13 +4,10 @@ from __future__ import annotations
 import pytest
 
 from app.ui.app import SpecChatApp
-from app.ui.labels import profile_pair
 from app.store.history import History
-from app.ui.screens.profiles import profile_option
 from app.ui.widgets.chat_view import AssistantMessage
 from app.ui.widgets.hud import Hud
 from app.ui.widgets.hud_line import status_line
-from engine.config.profiles import Profiles
 from engine.config.profiles import profile_from_server
 from tests.app.fakes import make_profiles
 from tests.app.helpers import send, wait_for
@@ -142,13 +139,3 @@ async def test_server_down_at_start_is_a_notice() -> None:
         await wait_for(pilot, lambda: not app.engine.loading and app._notifications, timeout=30.0)
         assert app.engine.backend is None
         assert any("connection refused" in n.message for n in app._notifications)
-
-
-def test_picker_lists_server_profiles() -> None:
-    server = profile_from_server("http://127.0.0.1:8080/v1", "smol")
-    base = make_profiles()
-    profiles = Profiles({**base.profiles, "remote": server}, default=base.default, files=())
-    assert profile_pair(server) == "smol @ http://127.0.0.1:8080 (server)"
-    option = profile_option(profiles.get("remote"), current=False, default=False)
-    text = str(option.prompt)
-    assert "smol @ http://127.0.0.1:8080" in text and "set by the server" in text

@@ -64,16 +64,3 @@ async def test_f5_says_why_speculation_cannot_come_on(make_app: Callable[..., Sp
         await pilot.press("f5")
         message = list(app._notifications)[-1].message
         assert message == "Speculation cannot be switched on: the draft does not fit in memory."
-
-
-def test_hud_says_measuring_until_the_estimate_is_sound_and_shows_its_cross_check() -> None:
-    from app.ui.widgets.hud import plain_text, speedup_text
-    from engine.events import Stats
-
-    assert speedup_text(None) == "—" and speedup_text(Stats()) == "—"  # no tokens yet
-    assert speedup_text(Stats(tokens=3)) == "measuring…"
-    assert speedup_text(Stats(tokens=30, speedup=1.8)) == "1.80×"
-    assert plain_text(Stats(tokens=3)) == "—"
-    assert plain_text(Stats(plain_tokens_per_s=95.04)) == "95.0 est"
-    sound = Stats(plain_tokens_per_s=95.04, plain_rounds=3, plain_measured_tokens_per_s=97.0)
-    assert plain_text(sound) == "95.0 est · 97.0 in 3 K=0"

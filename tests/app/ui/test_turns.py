@@ -1,4 +1,4 @@
-"""Copy, regenerate, edit the last prompt, the HUD's fold, the palette, the footer."""
+"""Copy, regenerate, edit the last prompt, the HUD's fold, the footer, the last profile remembered."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable
@@ -9,7 +9,6 @@ import pytest
 from textual.widgets import Footer
 
 from app.ui.app import SpecChatApp
-from app.ui.commands import ProfileCommands
 from app.ui.screens.copy import CopyScreen, code_blocks, copy_choices
 from app.ui.screens.edit import EditScreen
 from app.ui.screens.help import help_markdown
@@ -172,32 +171,6 @@ async def test_quit_is_in_the_footer_and_help(make_app: Callable[..., SpecChatAp
         text = help_markdown([("App", app.BINDINGS)])
         for needle in ("`ctrl+q` | Quit", "`f7` | Copy", "`ctrl+r` | Regenerate", "`f6` | HUD"):
             assert needle in text
-
-
-async def test_palette_titles_are_unique_and_current_profile_is_not_offered(
-    make_app: Callable[..., SpecChatApp]
-) -> None:
-    app = make_app()
-    async with app.run_test(size=(120, 40)) as pilot:
-        await ready(pilot)
-        titles = [c.title for c in app.get_system_commands(app.screen)]
-        assert len(titles) == len(set(titles))
-        assert {"Copy last reply", "Regenerate", "Quit"} <= set(titles)
-        choices = ProfileCommands(app.screen)._choices()
-        assert [name for name, _, _ in choices] == ["lookup"]  # "fast" is loaded
-
-
-async def test_sparkline_is_cleared_for_a_plain_reply(make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
-    app = make_app()
-    async with app.run_test(size=(120, 40)) as pilot:
-        await ready(pilot)
-        await asked(pilot, "one")
-        hud = app.query_one(Hud)
-        assert len(hud.round_alpha) == 5
-        hud.start_reply()  # the next reply (a plain one proposes nothing): no stale α columns
-        hud.flush()
-        assert len(hud.round_alpha) == 0
-        assert "no rounds yet" in str(hud.query_one("#hud-spark").render())
 
 
 async def test_last_profile_is_remembered(make_app: Callable[..., SpecChatApp], loader: FakeLoader,

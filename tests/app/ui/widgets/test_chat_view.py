@@ -1,7 +1,19 @@
 """Messages on screen: the colour view of a reply's pieces, and the states a message shows."""
 from __future__ import annotations
 
-from app.ui.widgets.chat_view import AssistantMessage, UserMessage
+from pathlib import Path
+from typing import Any
+
+import pytest
+from textual.app import App, ComposeResult
+from textual.widgets import Static
+
+import app.ui.app as app_module
+from app.ui.app import SpecChatApp
+from app.ui.widgets.chat_view import AssistantMessage, ChatLog, UserMessage, legend
+from tests.app.ui.widgets.test_reply_markdown import LISTS
+
+pytestmark = pytest.mark.anyio
 
 
 def test_colour_view_reads_markdown_and_keeps_each_tokens_colour() -> None:
@@ -39,3 +51,115 @@ def test_a_reply_waits_until_it_is_finished_and_says_when_it_was_answered_again(
     assert not done.waiting
     done.set_superseded()
     assert done.superseded and done.border_title == "fast · earlier reply"
+
+
+@pytest.mark.parametrize("finish_reason", ["eos", "cancelled", "error"])
+async def test_a_finished_reply_is_styled_as_a_full_restyle_would_style_it(finish_reason: str) -> None:
+    """The end of a reply (and F4) restyles the box and its children only, not every block
+    of the reply (app.ui.widgets.chat_view): nothing deeper may depend on those classes."""
+
+    class One(App[None]):
+        CSS_PATH = str(Path(app_module.__file__).with_name(SpecChatApp.CSS_PATH))
+
+        def compose(self) -> ComposeResult:
+            yield AssistantMessage("fast")
+
+    def look(message: AssistantMessage) -> list[tuple[str, str]]:
+        return [(repr(node), str(node.styles.base.css_lines)) for node in message.walk_children(with_self=True)]
+
+    app = One()
+    async with app.run_test(size=(100, 60)) as pilot:
+        message = app.query_one(AssistantMessage)
+        await message.append(LISTS, [])
+        await message.finish(finish_reason, None)
+        await pilot.pause()
+        cheap = look(message)
+        app.update_styles(message)  # what Textual does on a class change: every descendant
+        await pilot.pause()
+        assert look(message) == cheap
+        for show in (True, False):  # F4, the colour view: the same kind of class
+            message.set_show_sources(show)
+            await pilot.pause()
+            cheap = look(message)
+            app.update_styles(message)
+            await pilot.pause()
+            assert look(message) == cheap and message.query_one(".sources").display == show
+        assert not message.has_class("-streaming")
+        assert message.has_class("-stopped") == (finish_reason == "cancelled")
+        assert message.has_class("-error") == (finish_reason == "error")
+
+
+class Log(App[None]):
+    CSS_PATH = str(Path(app_module.__file__).with_name(SpecChatApp.CSS_PATH))
+
+    def __init__(self, *messages: Any) -> None:
+        super().__init__()
+        self.messages = messages
+
+    def compose(self) -> ComposeResult:
+        yield ChatLog(*self.messages)
+
+
+def footer(message: AssistantMessage) -> str:
+    return str(message.query_one(".reply-footer", Static).render())
+
+
+def test_a_prompt_knows_its_saved_row() -> None:
+    class Record:
+        user_id = 12
+
+    assert UserMessage("hi").saved_id() is None
+    sent = UserMessage("hi")
+    sent.record = Record()
+    assert sent.saved_id() == 12  # saved by the saver in this session
+    assert UserMessage("hi", message_id=3).saved_id() == 3  # loaded from the history
+
+
+def test_a_reply_without_pieces_is_all_the_targets() -> None:
+    assert AssistantMessage("fast", text="ok", finish_reason="eos").pieces == [("ok", "target")]
+    assert AssistantMessage("fast").pieces == []
+    merged = AssistantMessage("fast", text="ab", pieces=[("a", "draft"), ("b", "draft")], finish_reason="eos")
+    assert merged.pieces == [("ab", "draft")] and AssistantMessage(None).border_title == "assistant"
+    assert legend().plain == " draft accepted    target produced "
+
+
+@pytest.mark.parametrize("finish_reason, shown", [
+    ("eos", ""), ("cancelled", "■ stopped"), ("error", "✗ failed"), ("length", "… length limit"),
+    ("context", "… context window full"),
+])
+async def test_the_footer_says_how_a_reply_ended(finish_reason: str, shown: str) -> None:
+    reply = AssistantMessage("fast", text="ok", finish_reason=finish_reason)
+    async with Log(reply).run_test(size=(80, 30)):
+        assert footer(reply) == shown
+
+
+async def test_a_reply_streams_then_finishes_with_its_figures() -> None:
+    reply = AssistantMessage("fast")
+    async with Log(reply).run_test(size=(80, 30)) as pilot:
+        assert footer(reply) == "generating…" and reply.has_class("-streaming")
+        await reply.append("Hello", [("Hel", "draft"), ("lo", "draft")])
+        await reply.append("", [("ignored", "target")])  # no text: nothing changes
+        await reply.append(" there", [(" there", "target")])
+        assert reply.text == "Hello there" and reply.pieces == [("Hello", "draft"), (" there", "target")]
+        stats = {"mode": "spec", "proposed": 4, "alpha": 0.5, "alpha_per_token": 0.6, "tau": 2.0,
+                 "tokens_per_s": 40.0, "speedup": 1.5, "tokens": 3}
+        await reply.finish("cancelled", stats)
+        await pilot.pause()
+        assert reply.finish_reason == "cancelled" and reply.stats == stats and not reply.streaming
+        assert footer(reply) == ("■ stopped · speculative · model draft · accepted 50% · α/token 0.60 · τ 2.00 · "
+                                 "40.0 tok/s · 1.50× vs plain · 3 tokens")
+        assert reply.has_class("-stopped") and not reply.has_class("-streaming")
+
+
+async def test_the_colour_view_is_built_when_switched_on_and_follows_the_stream() -> None:
+    reply = AssistantMessage("fast")
+    async with Log(reply).run_test(size=(80, 30)):
+        sources = reply.query_one(".sources", Static)
+        await reply.append("one", [("one", "draft")])
+        assert str(sources.render()) == ""  # Markdown only: the colour view is not kept up to date
+        reply.set_show_sources(True)
+        assert reply.has_class("-sources") and str(sources.render()) == "one"
+        await reply.append(" two", [(" two", "target")])
+        assert str(sources.render()) == "one two"
+        reply.set_show_sources(False)
+        assert not reply.has_class("-sources")

@@ -7,10 +7,12 @@ from collections.abc import Callable
 import pytest
 
 from app.ui.app import SpecChatApp
+from app.ui.messages import ReplyFinished
 from app.ui.widgets.chat_view import AssistantMessage, UserMessage
-from engine.events import ChatMessage
+from app.ui.widgets.hud import Hud
+from engine.events import ChatEvent, ChatMessage
 from tests.app.fakes import FakeLoader
-from tests.app.helpers import ready, wait_for
+from tests.app.helpers import ready, send, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -92,3 +94,297 @@ async def test_the_hud_folds_to_one_line_below_110_columns_unless_chosen(make_ap
         conversation.toggle_hud(140)  # the user's choice holds at any width
         conversation.fit_hud(200)
         assert conversation.hud.has_class("-line")
+
+
+async def test_message_sent_while_loading_waits_and_goes_out_when_ready(
+    make_app: Callable[..., SpecChatApp], loader: FakeLoader
+) -> None:
+    loader.gate = threading.Event()
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await wait_for(pilot, lambda: app.engine.loading)
+        await send(pilot, "early question")
+        await pilot.pause()
+        waiting = app.query_one(UserMessage)
+        assert waiting.has_class("-queued") and "waiting for the model to load" in str(waiting.border_subtitle)
+        assert app.conversation.prompt.text == "" and not app.query(AssistantMessage)
+        loader.gate.set()
+        await wait_for(pilot, lambda: loader.backends and len(loader.backends[0].calls) == 1 and not app.conversation.generating)
+        assert not waiting.has_class("-queued") and not waiting.border_subtitle
+        assert loader.backends[0].calls[0][-1].content == "early question"
+        assert app.query_one(AssistantMessage).finish_reason == "eos"
+
+
+async def test_prompt_sent_while_a_reply_streams_follows_it(make_app: Callable[..., SpecChatApp]) -> None:
+    loader = FakeLoader(hold_after=1)
+    app = make_app(loader=loader)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "one")
+        backend = loader.backends[0]
+        await wait_for(pilot, backend.held.is_set)
+        await send(pilot, "two")
+        await pilot.pause()
+        assert app.query(UserMessage).last().has_class("-queued") and len(backend.calls) == 1
+        backend.hold_after = None
+        backend.release.set()
+        await wait_for(pilot, lambda: len(backend.calls) == 2 and not app.conversation.generating)
+        # The transcript keeps its order: you, reply, you, reply.
+        kinds = [type(w).__name__ for w in app.conversation.chat_log.children]
+        assert kinds == ["UserMessage", "AssistantMessage", "UserMessage", "AssistantMessage"]
+        assert [(m.role, m.content) for m in backend.calls[1]][-3:] == [
+            ("user", "one"), ("assistant", app.query(AssistantMessage).first().text), ("user", "two")]
+
+
+async def test_failed_load_returns_waiting_prompts_to_the_box(make_app: Callable[..., SpecChatApp],
+                                                             loader: FakeLoader) -> None:
+    from engine.errors import ModelSourceError
+
+    loader.gate = threading.Event()
+    loader.error = ModelSourceError("no such model")
+    app = make_app()
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: app.engine.loading)
+        await send(pilot, "keep me")
+        loader.gate.set()
+        await wait_for(pilot, lambda: not app.engine.loading)
+        await pilot.pause()
+        assert app.conversation.prompt.text == "keep me" and not app.query(UserMessage)
+
+
+async def test_callbacks_after_the_screens_close_do_nothing(make_app: Callable[..., SpecChatApp]) -> None:
+    """Messages and paint timers may still run while the app shuts down: they must not raise.
+    (The HUD's refresh timer belongs to the Conversation and stops with it; CI once saw it
+    fire with no screen left when the App owned it.)"""
+    loader = FakeLoader(hold_after=1)
+    app = make_app(loader=loader)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        await wait_for(pilot, loader.backends[0].held.is_set)
+        await wait_for(pilot, lambda: app.query_one(AssistantMessage).text == "Hello there!")
+        conversation = app.conversation
+        widget, reply_id = conversation.stream.widget, conversation.stream.reply_id
+        widget_stats = app.query_one(Hud).stats
+    assert app.screen_stack == [] and widget is not None
+    conversation.stream.widget = widget  # as if the last round were still waiting to be painted
+    conversation.stream.outbox.put(ChatEvent(text="late", pieces=(), token_ids=(), stats=widget_stats))
+    await conversation.paint_rounds(reply_id)
+    await conversation.on_reply_finished(ReplyFinished(reply_id, "stop", None, None))
+
+
+async def notices(pilot) -> list[str]:  # type: ignore[no-untyped-def]
+    """The notices shown so far (a widget's notice reaches the app a message later)."""
+    await pilot.pause()
+    return [n.message for n in pilot.app._notifications]
+
+
+def kinds(app: SpecChatApp) -> list[str]:
+    return [type(w).__name__ for w in app.conversation.chat_log.children]
+
+
+async def replied(pilot, text: str) -> None:  # type: ignore[no-untyped-def]
+    await send(pilot, text)
+    await wait_for(pilot, lambda: not pilot.app.conversation.generating
+                   and pilot.app.query(AssistantMessage).last().finish_reason)
+
+
+def saved_chat(app: SpecChatApp) -> int:
+    assert app.archive.saver is not None and app.archive.saver.flush(5) and app.conversation.chat_id is not None
+    return app.conversation.chat_id
+
+
+async def test_a_prompt_is_shown_sent_with_the_system_prompt_and_saved_under_its_first_line(
+        make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        conversation = app.conversation
+        assert kinds(app) == ["Static"]  # the welcome text
+        conversation.prompt.insert("Plan a trip\nin May\n\n")
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: not conversation.generating and app.query(AssistantMessage))
+        assert kinds(app) == ["UserMessage", "AssistantMessage"]
+        assert loader.backends[0].calls[0] == [ChatMessage("system", "You are terse."),
+                                               ChatMessage("user", "Plan a trip\nin May")]
+        reply = app.query_one(AssistantMessage)
+        assert conversation.messages() == [("user", "Plan a trip\nin May"), ("assistant", reply.text)]
+        chat = app.archive.history.get_chat(saved_chat(app))  # type: ignore[union-attr]
+        assert chat is not None and (chat.title, chat.profile, chat.message_count) == ("Plan a trip", "fast", 2)
+
+
+async def test_with_no_model_the_prompt_goes_back_to_the_box(make_app: Callable[..., SpecChatApp],
+                                                             loader: FakeLoader) -> None:
+    from engine.errors import ModelSourceError
+
+    loader.error = ModelSourceError("no such model")
+    app = make_app()
+    async with app.run_test() as pilot:
+        await wait_for(pilot, lambda: not app.engine.loading)
+        await send(pilot, "anyone there?")
+        await pilot.pause()
+        assert app.conversation.prompt.text == "anyone there?" and not app.query(UserMessage)
+        assert "No model is loaded: press F2 to pick a profile." in (await notices(pilot))
+        assert app.conversation.prompt.prompts == ["anyone there?"]  # Up still recalls it
+
+
+async def test_a_stopped_reply_keeps_its_text_and_the_next_prompt_goes_out(
+        make_app: Callable[..., SpecChatApp]) -> None:
+    loader = FakeLoader(hold_after=1)
+    app = make_app(loader=loader)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        conversation = app.conversation
+        await send(pilot, "one")
+        backend = loader.backends[0]
+        await wait_for(pilot, backend.held.is_set)
+        backend.hold_after = None
+        await send(pilot, "two")
+        await wait_for(pilot, lambda: conversation.queued and app.query_one(AssistantMessage).text == "Hello there!")
+        conversation.stop_reply()
+        await wait_for(pilot, lambda: len(backend.calls) == 2 and not conversation.generating)
+        first = app.query(AssistantMessage).first()
+        assert first.finish_reason == "cancelled" and first.text == "Hello there!"
+        assert [(m.role, m.content) for m in backend.calls[1]][1:] == [
+            ("user", "one"), ("assistant", "Hello there!"), ("user", "two")]
+
+
+async def test_a_new_chat_drops_the_streaming_reply_and_returns_queued_prompts_before_the_draft(
+        make_app: Callable[..., SpecChatApp]) -> None:
+    loader = FakeLoader(hold_after=1)
+    app = make_app(loader=loader)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        conversation = app.conversation
+        await send(pilot, "one")
+        await wait_for(pilot, loader.backends[0].held.is_set)
+        await send(pilot, "two")
+        await send(pilot, "three")
+        conversation.prompt.insert("half typed")
+        await conversation.new_chat()
+        assert conversation.prompt.text == "two\nthree\nhalf typed" and conversation.queued == []
+        assert not conversation.generating and conversation.chat_id is None and kinds(app) == ["Static"]
+        assert "New chat." in (await notices(pilot))
+        await wait_for(pilot, lambda: not app.engine.lock.locked())  # the old reply was cancelled
+        await pilot.pause()
+        assert kinds(app) == ["Static"] and len(loader.backends[0].calls) == 1  # nothing of it came back
+
+
+async def test_a_saved_chat_opens_with_its_system_prompt_and_earlier_answers_dimmed(
+        make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        history = app.archive.history
+        assert history is not None
+        chat_id = history.create_chat("Formal", "fast", system_prompt="Be formal.")
+        history.add_message(chat_id, "user", "q1")
+        history.add_message(chat_id, "assistant", "a1", pieces=[("a", "draft"), ("1", "target")], finish_reason="eos")
+        edited = history.add_message(chat_id, "user", "q2")
+        history.add_message(chat_id, "assistant", "a2", finish_reason="eos")
+        history.mark_superseded(chat_id, edited)
+        history.add_message(chat_id, "user", "q2, better")
+        history.add_message(chat_id, "assistant", "first answer", finish_reason="eos")
+        history.add_message(chat_id, "assistant", "second answer", finish_reason=None)  # regenerated, then cut off
+        conversation = app.conversation
+        chat = await conversation.open_chat(chat_id)
+        assert chat is not None and chat.title == "Formal" and conversation.chat_id == chat_id
+        shown = [(w.text, w.superseded) for w in conversation.chat_log.children]  # type: ignore[attr-defined]
+        assert shown == [("q1", False), ("a1", False), ("q2", True), ("a2", True), ("q2, better", False),
+                         ("first answer", True), ("second answer", False)]
+        assert app.query(AssistantMessage).last().finish_reason == "cancelled"
+        assert app.query(AssistantMessage).first().pieces == [("a", "draft"), ("1", "target")]
+        assert conversation.system_prompt == "Be formal."
+        await replied(pilot, "q3")
+        assert [(m.role, m.content) for m in loader.backends[0].calls[-1]] == [
+            ("system", "Be formal."), ("user", "q1"), ("assistant", "a1"), ("user", "q2, better"),
+            ("assistant", "second answer"), ("user", "q3")]
+
+
+async def test_a_chat_that_is_gone_or_empty(make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        conversation = app.conversation
+        await replied(pilot, "keep this on screen")
+        assert await conversation.open_chat(999) is None
+        assert "That chat no longer exists." in (await notices(pilot))
+        assert kinds(app) == ["UserMessage", "AssistantMessage"]
+        empty = app.archive.history.create_chat("Empty", "fast")  # type: ignore[union-attr]
+        assert await conversation.open_chat(empty) is not None
+        assert kinds(app) == ["Static"] and conversation.chat_id == empty
+
+
+async def test_the_chats_system_prompt_follows_the_profile_or_replaces_it(make_app: Callable[..., SpecChatApp],
+                                                                          loader: FakeLoader) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        conversation = app.conversation
+        conversation.set_system_prompt("You are terse.\n")  # the profile's own text: follow the profile
+        assert conversation.chat_system_prompt is None and (await notices(pilot))[-1] == "System prompt set."
+        conversation.set_system_prompt("")
+        assert conversation.chat_system_prompt == "" and conversation.system_prompt is None
+        assert (await notices(pilot))[-1] == "No system prompt for this chat."
+        await replied(pilot, "hi")
+        assert [m.role for m in loader.backends[0].calls[0]] == ["user"]
+        chat_id = saved_chat(app)
+        conversation.set_system_prompt("  Be formal.  ")
+        assert conversation.system_prompt == "Be formal."
+        assert app.archive.history.get_chat(chat_id).system_prompt == "Be formal."  # type: ignore[union-attr]
+        await conversation.new_chat()
+        assert conversation.system_prompt == "You are terse."
+
+
+async def test_the_open_chat_deleted_elsewhere_and_a_profile_change(make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        conversation = app.conversation
+        await replied(pilot, "first")
+        chat_id = saved_chat(app)
+        conversation.profile_changed("lookup")
+        assert app.archive.history.get_chat(chat_id).profile == "lookup"  # type: ignore[union-attr]
+        conversation.chat_deleted(chat_id + 1)
+        assert conversation.chat_id == chat_id
+        conversation.chat_deleted(chat_id)
+        assert conversation.chat_id is None and kinds(app) == ["UserMessage", "AssistantMessage"]
+        assert (await notices(pilot))[-1] == "Deleted the open chat; the next prompt starts a new one."
+        await replied(pilot, "second")
+        assert saved_chat(app) != chat_id
+
+
+async def test_the_last_exchange_waits_for_the_reply_and_needs_a_prompt(make_app: Callable[..., SpecChatApp]) -> None:
+    loader = FakeLoader(hold_after=1)
+    app = make_app(loader=loader)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        conversation = app.conversation
+        assert conversation.last_exchange() is None and (await notices(pilot))[-1] == "No prompt yet."
+        await send(pilot, "hi")
+        await wait_for(pilot, loader.backends[0].held.is_set)
+        conversation.regenerate()
+        assert (await notices(pilot))[-1] == "Wait for the reply to finish (or press Esc to stop it)."
+        user = app.query_one(UserMessage)
+        conversation.ask_edited(user, None, "hello again")
+        assert conversation.prompt.text == "hello again" and not user.superseded
+        assert (await notices(pilot))[-1] == "The model is busy: your edited prompt is back in the box."
+        loader.backends[0].release.set()
+        await wait_for(pilot, lambda: not conversation.generating)
+        assert len(loader.backends[0].calls) == 1 and conversation.last_exchange() == (
+            user, app.query_one(AssistantMessage))
+
+
+async def test_the_colour_view_switches_every_reply_and_the_next_one(make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        conversation = app.conversation
+        await replied(pilot, "one")
+        conversation.show_sources = True
+        assert app.query_one(AssistantMessage).has_class("-sources") and conversation.hud.has_class("-legend")
+        await replied(pilot, "two")
+        assert all(r.has_class("-sources") for r in app.query(AssistantMessage))
+        conversation.show_sources = False
+        assert not any(r.has_class("-sources") for r in app.query(AssistantMessage))
+        assert not conversation.hud.has_class("-legend")

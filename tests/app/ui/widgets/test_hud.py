@@ -1,7 +1,20 @@
-"""The HUD's small renderers: the acceptance sparkline on a fixed scale, the speedup and plain-speed rows."""
+"""The HUD: what is loaded and why a mode, the live figures, memory; the sparkline on a fixed scale; cheap redraws."""
 from __future__ import annotations
 
-from app.ui.widgets.hud import plain_text, sparkline, speedup_text
+from collections.abc import Callable
+from dataclasses import replace
+
+import pytest
+from textual.app import App, ComposeResult
+from textual.widgets import Static
+
+from app.ui.app import SpecChatApp
+from app.ui.widgets.chat_view import AssistantMessage
+from app.ui.widgets.hud import Hud, plain_text, sparkline, speedup_text
+from tests.app.fakes import FakeBackend, FakeLoader, make_profiles
+from tests.app.helpers import ready, send, wait_for
+
+pytestmark = pytest.mark.anyio
 
 
 def test_sparkline_uses_absolute_scale() -> None:
@@ -10,11 +23,152 @@ def test_sparkline_uses_absolute_scale() -> None:
 
 
 def test_speedup_says_measuring_until_the_plain_estimate_is_sound() -> None:
-    from dataclasses import replace
-
     from engine.events import Stats
 
     base = Stats(mode="ngram", tokens=10, speedup=None)  # type: ignore[call-arg]
     assert speedup_text(base) == "measuring…"
     assert speedup_text(replace(base, speedup=1.5)) == "1.50×"
     assert speedup_text(None) == "—" and plain_text(None) == "—"
+
+
+def test_hud_says_measuring_until_the_estimate_is_sound_and_shows_its_cross_check() -> None:
+    from app.ui.widgets.hud import plain_text, speedup_text
+    from engine.events import Stats
+
+    assert speedup_text(None) == "—" and speedup_text(Stats()) == "—"  # no tokens yet
+    assert speedup_text(Stats(tokens=3)) == "measuring…"
+    assert speedup_text(Stats(tokens=30, speedup=1.8)) == "1.80×"
+    assert plain_text(Stats(tokens=3)) == "—"
+    assert plain_text(Stats(plain_tokens_per_s=95.04)) == "95.0 est"
+    sound = Stats(plain_tokens_per_s=95.04, plain_rounds=3, plain_measured_tokens_per_s=97.0)
+    assert plain_text(sound) == "95.0 est · 97.0 in 3 K=0"
+
+#----
+
+
+async def test_sparkline_is_cleared_for_a_plain_reply(make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "one")
+        await wait_for(pilot, lambda: not app.conversation.generating
+                       and app.query(AssistantMessage).last().finish_reason)
+        hud = app.query_one(Hud)
+        assert len(hud.round_alpha) == 5
+        hud.start_reply()  # the next reply (a plain one proposes nothing): no stale α columns
+        hud.flush()
+        assert len(hud.round_alpha) == 0
+        assert "no rounds yet" in str(hud.query_one("#hud-spark").render())
+
+#----
+
+
+async def test_the_hud_redraws_only_the_parts_that_changed(make_app: Callable[..., SpecChatApp],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await ready(pilot)
+        hud = app.query_one(Hud)
+        hud.flush(force=True)
+        updated: list[str | None] = []
+        original = Static.update
+
+        def spy(self: Static, *args: object, **kwargs: object) -> None:
+            updated.append(self.id)
+            original(self, *args, **kwargs)
+
+        monkeypatch.setattr(Static, "update", spy)
+        hud.flush(force=True)  # nothing changed
+        assert updated == []
+        hud.set_notice("draft dropped")
+        hud.flush()
+        assert set(updated) <= {"hud-line", "hud-engine"} and updated
+
+#----
+
+
+class HudApp(App[None]):
+    def compose(self) -> ComposeResult:
+        yield Hud(id="hud")
+
+
+def shown(hud: Hud, part: str) -> str:
+    hud.flush()
+    return str(hud.query_one(f"#hud-{part}", Static).render())
+
+
+FAST = make_profiles().get("fast")
+LOOKUP = make_profiles().get("lookup")
+
+
+async def test_nothing_loaded_yet_shows_dashes_never_none() -> None:
+    async with HudApp().run_test(size=(60, 60)) as pilot:
+        hud = pilot.app.query_one(Hud)
+        assert shown(hud, "engine") == "profile  —\nmode     not loaded"
+        assert shown(hud, "stats") == ("─ no reply yet ────────────────────\nK        —\naccepted —\nα/token  —\n"
+                                       "τ        —\ntok/s    —\nITL      —\nspeedup  —\nplain    —\ntokens   —")
+        assert shown(hud, "memory") == "" and shown(hud, "positions") == "acceptance by draft position: —"
+
+
+async def test_loading_then_loaded() -> None:
+    async with HudApp().run_test(size=(60, 60)) as pilot:
+        hud = pilot.app.query_one(Hud)
+        hud.show_loading(FAST, None)
+        assert shown(hud, "loading") == "Loading fast: starting" and hud.has_class("-loading")
+        assert shown(hud, "engine") == (
+            "profile  fast\ntarget   Target-1.7B (nf4)\ndraft    Draft-135M\nmode     loading…")
+        hud.show_loading(FAST, "lookup")
+        assert shown(hud, "loading") == "Loading fast: loading; lookup stays until it is ready"
+        hud.set_loading(None, "loading target weights", 0.5)  # no name: the loading profile's stays
+        assert shown(hud, "loading") == "Loading fast: loading target weights"
+        hud.show_engine(FakeBackend(FAST).info, FAST, fresh=True)
+        assert not hud.has_class("-loading") and shown(hud, "loading") == ""
+        assert shown(hud, "engine") == ("profile  fast\ntarget   Target-1.7B (nf4)\ndraft    Draft-135M\n"
+                                        "mode     speculative · model draft\ndrafter  model\ndevice   fake:0")
+        assert shown(hud, "memory") == ("─ memory ──────────────────\ntarget   1.2 GiB\ndraft    270.0 MiB\n"
+                                        "free     5.0 GiB\nplan\n target nf4 + draft fp16 fit with 5.2 GiB to spare\n"
+                                        " budget 8.0 GiB")
+
+
+async def test_the_sparkline_gets_each_rounds_own_acceptance() -> None:
+    async with HudApp().run_test(size=(60, 60)) as pilot:
+        hud = pilot.app.query_one(Hud)
+        backend = FakeBackend(FAST)
+        hud.show_engine(backend.info, FAST)
+        hud.start_reply()
+        hud.set_stats(backend._stats(1, 3, 2), live=True)  # 2 of 4 proposed
+        hud.set_stats(backend._stats(2, 6, 3), live=True)  # then 1 of the next 4
+        hud.set_stats(backend._stats(2, 6, 3), live=True)  # nothing new proposed: no column
+        assert list(hud.round_alpha) == [0.5, 0.25] and shown(hud, "spark") == "▅▃"
+        assert shown(hud, "stats") == ("─ live ────────────────────\nK        4 adaptive\naccepted 38% of proposed\n"
+                                       "α/token  —\nτ        3.00\ntok/s    42.0\nITL      23.0 ms\nspeedup  2.10×\n"
+                                       "plain    20.0 est\ntokens   6")
+        assert shown(hud, "positions") == ("acceptance by draft position\n 1 ██████████████▍  0.90\n"
+                                           " 2 ███████████▎     0.70\n 3 ████████         0.50")
+
+
+async def test_why_speculation_is_off_fallback_first_then_the_user_then_a_notice() -> None:
+    async with HudApp().run_test(size=(60, 60)) as pilot:
+        hud = pilot.app.query_one(Hud)
+        info = FakeBackend(FAST).info
+        hud.show_engine(info, FAST)
+        hud.set_notice("draft dropped after OOM")
+        assert "\nwhy      draft dropped after OOM\n" in shown(hud, "engine")
+        hud.set_speculation(False)
+        assert "\nwhy      switched off by you\n" in shown(hud, "engine")
+        hud.show_engine(replace(info, mode="plain", fallback_reason="tokenizers differ"), FAST)
+        assert "\nmode     plain decoding\nwhy      tokenizers differ\n" in shown(hud, "engine")
+        hud.show_engine(info, FAST, fresh=True)  # a fresh load: speculation on, the old notice gone
+        assert "why" not in shown(hud, "engine")
+
+
+async def test_a_failed_load_shows_its_error_until_the_next_load() -> None:
+    async with HudApp().run_test(size=(60, 60)) as pilot:
+        hud = pilot.app.query_one(Hud)
+        hud.show_loading(LOOKUP, None)
+        hud.show_failed("model not found")
+        assert shown(hud, "engine") == ("profile  lookup\ntarget   Target-360M\ndraft    n-gram lookup\n"
+                                        "error    model not found\nmode     not loaded")
+        assert not hud.has_class("-loading")
+        hud.show_loading(LOOKUP, None)
+        assert "error" not in shown(hud, "engine")

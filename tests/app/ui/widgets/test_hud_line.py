@@ -44,3 +44,33 @@ def test_plain_decoding_shows_no_acceptance_and_a_fresh_reply_measures() -> None
     assert "accepted" not in str(status_line(State(info=INFO, stats=plain, live=True)))
     early = Stats(mode="ngram", tokens=5, tokens_per_s=90.0, speedup=None)  # type: ignore[call-arg]
     assert "measuring…" in str(status_line(State(info=INFO, stats=early, live=True)))
+
+
+def test_an_error_outranks_loading_and_an_unknown_fraction_shows_no_percent() -> None:
+    assert str(status_line(State(error="out of memory", loading_stage="x"))) == "pocket · ✗ out of memory  F6: full HUD"
+    assert str(status_line(State(loading_stage="starting"))) == "pocket · loading: starting  F6: full HUD"
+
+
+def test_before_any_reply_the_engines_mode_alone() -> None:
+    assert str(status_line(State(info=INFO))) == "pocket · n-gram  F6: full HUD"
+    spec = EngineInfo("fast", "T", "model", "spec", "cpu")
+    assert str(status_line(State(info=spec))) == "pocket · spec  F6: full HUD"
+
+
+def test_a_finished_reply_keeps_its_figures_and_the_engines_mode() -> None:
+    stats = Stats(mode="plain", proposed=8, accepted=4, alpha=0.5, tau=2.0, tokens=12,  # type: ignore[call-arg]
+                  tokens_per_s=41.3, speedup=2.06)
+    assert str(status_line(State(info=INFO, stats=stats))) == \
+        "pocket · n-gram · accepted 50% · τ 2.00 · 41.3 tok/s · 2.06×  F6: full HUD"
+    assert str(status_line(State(info=INFO, stats=stats, live=True))).startswith("pocket · plain · accepted 50%")
+
+
+def test_a_finished_server_reply_without_a_speedup_says_unknown() -> None:
+    from engine.remote.figures import ServerStats
+
+    stats = ServerStats(mode="spec", server="llama.cpp", tokens=4, tokens_per_s=50.0)
+    spec = EngineInfo("remote", "smol", "server", "spec", "llama.cpp server")
+    assert str(status_line(State(info=spec, stats=stats))) == \
+        "pocket · spec · 50.0 tok/s · speedup unknown  F6: full HUD"
+    assert str(status_line(State(info=spec, stats=stats, live=True))) == \
+        "pocket · spec · 50.0 tok/s · measuring…  live  F6: full HUD"

@@ -1,0 +1,105 @@
+"""``specchat bench``'s command line: K ranges, the tables it prints, the loud mismatch report, its exit status."""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.bench.cli import _output, format_class_speedups, format_mismatches, format_table, parse_k_range
+from app.bench.stats import mismatches, reference_outputs, summarise
+from app.cli import main
+from engine.errors import SpecChatError
+from tests.app.bench.test_stats import run
+
+RUNS = [run(prompt="a", cls="chat"), run(prompt="b", cls="code"),
+        run("spec", k=2, prompt="a", cls="chat", total_s=0.55, proposed=4, accepted=3, target_passes=2,
+            peak_memory=50 * 2**20),
+        run("spec", k=2, prompt="b", cls="code", tokens=(1, 2, 9, 4), total_s=0.55, proposed=4, accepted=2,
+            target_passes=2)]
+HEAD = ("method                      tok/s      min-max  speedup   self   e2e     α     τ pass/tok    d/v/o %  pred "
+        "meas/pred  peak MB  same")
+
+
+def test_k_ranges() -> None:
+    assert parse_k_range("2-2") == [2] and parse_k_range(" 4, 2 ,4,") == [2, 4]
+    for text, says in (("3-1", "need K values >= 1"), ("1-x", "expected e.g. 1-6 or 2,4, got '1-x'")):
+        with pytest.raises(SpecChatError, match=says):
+            parse_k_range(text)
+
+
+def test_the_table_of_a_class() -> None:
+    results = summarise(RUNS)
+    assert format_table(results).splitlines() == [
+        HEAD, "-" * len(HEAD),
+        "plain                         3.3      3.3-3.3    1.00x      -  1.00     -  1.00     1.00    0/0/100     -"
+        "         -        -  yes",
+        "spec K=2                      6.7      6.7-6.7    2.00x      -  1.82  0.62  2.00     0.50    0/0/100     -"
+        "         -       50  NO",
+    ]
+    assert format_table(results, "chat").splitlines()[3].endswith("  yes")  # the difference was on a code prompt
+
+
+def test_speedups_by_class() -> None:
+    assert format_class_speedups(summarise(RUNS)).splitlines() == [
+        "speedup by class                  chat        code         all",
+        "plain                            1.00x       1.00x       1.00x",
+        "spec K=2                         2.00x       2.00x       2.00x",
+    ]
+
+
+def test_mismatches_are_reported_with_where_they_start() -> None:
+    (found,) = mismatches(RUNS, reference_outputs(RUNS))
+    assert format_mismatches([found]) == (
+        "!!! 1 greedy output(s) differ from plain decoding:\n"
+        "!!!   spec K=2 on b (repeat 0): first difference at token 2: plain [3, 4] vs [9, 4]")
+    judged = {**found, "k": None, "margin": 1.234}
+    assert format_mismatches([judged]).endswith(
+        "spec on b (repeat 0): first difference at token 2: plain [3, 4] vs [9, 4] "
+        "(target's top-2 margin there 1.234 logits: not a near tie)")
+
+
+def report(found: list[dict[str, Any]], flips: list[dict[str, Any]]) -> dict[str, Any]:
+    return {"results": summarise(RUNS), "profile": {"name": "tiny", "target": "org/T", "drafter": "model"},
+            "machine": {"device": "cpu (1 threads)"}, "mismatches": found, "near_tie_flips": flips}
+
+
+def test_output_writes_the_json_first_and_exits_1_on_a_mismatch(tmp_path: Path,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    found = mismatches(RUNS, reference_outputs(RUNS))
+    args = argparse.Namespace(json_out=tmp_path / "bench.json", chart=None, max_new_tokens=8, repeats=2)
+    assert _output(report(found, []), args) == 1
+    assert json.loads((tmp_path / "bench.json").read_text())["mismatches"][0]["first_difference"] == 2
+    out, err = capsys.readouterr()
+    assert out.startswith("tiny: org/T + model on cpu (1 threads), 8 new tokens, 2 repeat(s)\n" + HEAD)
+    assert "speedup by class" in out
+    assert f"JSON written to {tmp_path / 'bench.json'}" in err and "!!! 1 greedy output(s) differ" in err
+
+
+def test_near_tie_flips_are_a_note_and_do_not_fail(capsys: pytest.CaptureFixture[str]) -> None:
+    flip = {"method": "spec", "k": 2, "prompt": "b", "repeat": 0, "first_difference": 2, "margin": 0.125,
+            "near_tie": True}
+    args = argparse.Namespace(json_out=None, chart=None, max_new_tokens=8, repeats=2)
+    assert _output(report([], [flip]), args) == 0
+    err = capsys.readouterr().err
+    assert "note: 1 greedy output(s) differ from plain decoding at a near tie" in err
+    assert "  spec K=2 on b (repeat 0): token 2, margin 0.125" in err and "!!!" not in err
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--repeats", "0"], "--repeats and --max-new-tokens must be at least 1"),
+    (["--max-new-tokens", "0"], "--repeats and --max-new-tokens must be at least 1"),
+    (["--k-range", "0-2"], "--k-range: need K values >= 1, got '0-2'"),
+    (["--classes", "poetry"], "--classes: unknown class(es) ['poetry']"),
+])
+def test_bad_options_fail_before_any_model_loads(argv: list[str], says: str, capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    def no_loading(*args: object, **kwargs: object) -> None:
+        raise AssertionError("a model was loaded before the options were checked")
+
+    monkeypatch.setattr("app.models_cli.load_for", no_loading)
+    assert main(["bench", "--target", "/no/such/model", *argv]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specchat: error: ") and says in err

@@ -1,0 +1,55 @@
+"""The state file remembers the last profile; a missing, damaged or unwritable file is never an error."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from app.store.state import last_profile, remember_profile, state_file
+
+
+def test_the_state_file_lives_in_the_state_dir(tmp_path: Path) -> None:
+    assert state_file() == tmp_path / "state" / "state.json"
+
+
+def test_nothing_is_remembered_before_the_first_write() -> None:
+    assert not state_file().exists() and last_profile() is None
+
+
+def test_a_remembered_profile_is_read_back_and_other_keys_are_kept() -> None:
+    state_file().parent.mkdir(parents=True)
+    state_file().write_text(json.dumps({"other": 3}))
+    remember_profile("lookup")
+    assert last_profile() == "lookup"
+    assert json.loads(state_file().read_text()) == {"other": 3, "last_profile": "lookup"}
+    remember_profile("fast")
+    assert last_profile() == "fast" and not state_file().with_suffix(".tmp").exists()
+
+
+def test_the_same_profile_again_does_not_rewrite_the_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    remember_profile("fast")
+    written: list[str] = []
+    monkeypatch.setattr(Path, "write_text", lambda self, *a, **k: written.append(str(self)))
+    remember_profile("fast")
+    assert written == []
+
+
+@pytest.mark.parametrize("data", [b"{not json", b"[1, 2]", b'{"last_profile": 7}', b'{"last_profile": ""}', b"\xff"])
+def test_a_damaged_file_remembers_nothing(data: bytes) -> None:
+    state_file().parent.mkdir(parents=True)
+    state_file().write_bytes(data)
+    assert last_profile() is None
+
+
+def test_a_damaged_file_is_replaced_by_the_next_write() -> None:
+    state_file().parent.mkdir(parents=True)
+    state_file().write_text("{not json")
+    remember_profile("lookup")
+    assert json.loads(state_file().read_text()) == {"last_profile": "lookup"}
+
+
+def test_a_failed_write_is_ignored(tmp_path: Path) -> None:
+    (tmp_path / "state").write_text("a file where the state dir should be")
+    remember_profile("fast")  # no exception
+    assert last_profile() is None

@@ -1,0 +1,91 @@
+"""Replies' Markdown: code highlighted by its named language only; lists that grow in place while they stream."""
+from __future__ import annotations
+
+import pytest
+from textual.app import App, ComposeResult
+from textual.widgets import Markdown, Static
+from textual.widgets._markdown import MarkdownBlock, MarkdownBullet
+
+from app.ui.widgets.reply_markdown import ReplyFence, ReplyMarkdown, known_language
+
+pytestmark = pytest.mark.anyio
+
+
+def test_code_blocks_are_highlighted_by_name_never_by_guessing() -> None:
+    assert known_language("python") == "python"
+    assert known_language("") == "text"  # no guesser run over the code at every paint
+    assert known_language("no-such-language-at-all") == "text"  # no plugin search at every paint
+    highlighted = ReplyFence.highlight("def f():\n    return 1\n", "python")
+    assert highlighted.plain.startswith("def f()") and highlighted.spans  # still coloured
+
+
+def test_fenced_and_indented_code_both_use_the_reply_fence() -> None:
+    assert ReplyMarkdown.BLOCKS["fence"] is ReplyFence and ReplyMarkdown.BLOCKS["code_block"] is ReplyFence
+    assert known_language("Python") == "Python"  # pygments knows names case-insensitively
+
+
+def shape(markdown: Markdown) -> list[tuple[str, str]]:
+    """What a Markdown widget shows: each block's kind and text, bullets included."""
+    out = []
+    for widget in markdown.query("*"):
+        if isinstance(widget, MarkdownBullet):
+            out.append(("bullet", widget.symbol))
+        elif isinstance(widget, Static):
+            out.append((type(widget).__name__.removeprefix("Reply"), widget.render().plain))
+        elif isinstance(widget, MarkdownBlock):
+            out.append((type(widget).__name__.removeprefix("Reply"), ""))
+    return out
+
+
+LISTS = (
+    "Steps:\n\n" + "".join(f"{i}. Step number {i}, with **bold** and `code`.\n" for i in range(1, 13))
+    + "\nThen:\n\n- one\n- two\n  - nested a\n  - nested b\n- three, which goes on\n  for a second line\n\n"
+    + "* a\n* b\n\nDone.\n"
+)
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 40])
+async def test_a_list_streamed_in_pieces_shows_what_a_fresh_parse_shows(chunk: int) -> None:
+    """Lists keep their rows while they stream (only the last row is rebuilt); at
+    every paint the result must equal rendering the text so far from scratch."""
+
+    class Two(App[None]):
+        def compose(self) -> ComposeResult:
+            yield ReplyMarkdown(id="streamed")
+            yield ReplyMarkdown(id="fresh")
+
+    app = Two()
+    async with app.run_test(size=(100, 200)) as pilot:
+        streamed, fresh = app.query_one("#streamed", ReplyMarkdown), app.query_one("#fresh", ReplyMarkdown)
+        checked = 0
+        for end in range(chunk, len(LISTS) + chunk, chunk):
+            await streamed.append(LISTS[end - chunk:end])
+            if end % (chunk * 5) == 0 or end >= len(LISTS):
+                await fresh.update(LISTS[:end])
+                await pilot.pause()
+                assert shape(streamed) == shape(fresh), LISTS[:end]
+                checked += 1
+        assert checked >= 3 and ("bullet", " 12. ") in shape(streamed)
+
+
+class Two(App[None]):
+    def compose(self) -> ComposeResult:
+        yield ReplyMarkdown(id="streamed")
+        yield ReplyMarkdown(id="fresh")
+
+
+@pytest.mark.parametrize("text", [
+    "".join(f"{i}. item {i}\n" for i in range(7, 13)) + "\nafter\n",  # starts at 7, widens at 10
+    "- a\n- b\n\n1. one\n2. two\n\n- c\n",  # a bullet list, a numbered one, a bullet list again
+    "- a\n  1. inner\n  2. inner two\n- b\n",  # a numbered list inside a bullet item
+], ids=["numbers-widen", "lists-in-turn", "nested"])
+async def test_every_line_streamed_shows_what_a_fresh_parse_shows(text: str) -> None:
+    app = Two()
+    async with app.run_test(size=(100, 120)) as pilot:
+        streamed, fresh = app.query_one("#streamed", ReplyMarkdown), app.query_one("#fresh", ReplyMarkdown)
+        for line in text.splitlines(keepends=True):
+            await streamed.append(line)
+            await fresh.update(streamed.source)
+            await pilot.pause()
+            assert shape(streamed) == shape(fresh), streamed.source
+        assert streamed.source == text
