@@ -12,6 +12,10 @@ from typing import Any, Literal, Protocol
 
 Mode = Literal["spec", "ngram", "plain"]
 TokenSource = Literal["draft", "target"]
+DraftOrigin = Literal["model", "chat", "history"]
+"""Who proposed a round's draft: a draft ``model``; a copy of this ``chat``'s earlier text
+(the n-gram lookup, also a model drafter's lookup-first copy); or ``history``, an earlier
+chat's continuation (the suffix drafter's global index)."""
 FinishReason = Literal["eos", "stop", "length", "context", "cancelled", "error"]
 """``context``: the context window (prompt + reply) is full."""
 
@@ -114,7 +118,29 @@ def generation_params(profile: ReplySettings, max_new_tokens: int, *, temperatur
 
 
 @dataclass(frozen=True)
-class Stats:
+class OriginFigures:
+    """One draft origin's share of a reply: the rounds it drafted, its proposed and accepted
+    tokens and the tokens those rounds emitted (accepted plus the target's own one)."""
+
+    origin: DraftOrigin
+    rounds: int = 0
+    proposed: int = 0
+    accepted: int = 0
+    tokens: int = 0
+
+    @property
+    def alpha(self) -> float | None:
+        """Acceptance rate of this origin's drafts (accepted ÷ proposed)."""
+        return self.accepted / self.proposed if self.proposed else None
+
+    @property
+    def tau(self) -> float | None:
+        """Tokens per target pass in the rounds this origin drafted."""
+        return self.tokens / self.rounds if self.rounds else None
+
+
+@dataclass(frozen=True)
+class ReplyStats:
     """Running statistics of one reply (all times in seconds, wall clock).
 
     ``speedup`` is measured, not assumed: ``tokens_per_s`` divided by
@@ -131,7 +157,8 @@ class Stats:
     positions reached. A per-token α of 0.8 at K = 5 shows as an acceptance
     rate of 0.54. ``mode_tokens`` gives the tokens produced in each mode, as
     ``(mode, tokens)`` pairs in the order the modes first ran (a reply that
-    speculated until an automatic switch-off has two).
+    speculated until an automatic switch-off has two). ``by_origin`` splits the
+    drafted rounds by who proposed them (:data:`DraftOrigin`), in the order each first drafted.
     """
 
     mode: Mode = "plain"
@@ -162,11 +189,13 @@ class Stats:
     speculation_off_reason: str | None = None
     truncated_turns: int = 0
     """Earlier messages left out so the conversation fits the context window."""
+    by_origin: tuple[OriginFigures, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["per_position"] = list(self.per_position)
         d["mode_tokens"] = dict(self.mode_tokens)
+        d["by_origin"] = list(d["by_origin"])
         return d
 
 
@@ -177,23 +206,27 @@ class RoundEvent:
     ``token_ids`` are the newly emitted ids in order; ``sources[i]`` says whether
     ``token_ids[i]`` was a draft token the target accepted or a token the target
     chose itself (a correction after a rejection, or the bonus after all K were
-    accepted, or a plain step). ``finish_reason`` is set on the last event only.
+    accepted, or a plain step); ``origin`` says who proposed the round's draft (None:
+    nothing was proposed). ``finish_reason`` is set on the last event only.
     ``notice`` carries a one-line message for the user (fallback, switch-off).
     """
 
     token_ids: tuple[int, ...]
     sources: tuple[TokenSource, ...]
-    stats: Stats
+    stats: ReplyStats
     finish_reason: FinishReason | None = None
     notice: str | None = None
+    origin: DraftOrigin | None = None
 
 
 @dataclass(frozen=True)
 class TextPiece:
-    """A piece of reply text and where its token came from."""
+    """A piece of reply text and where its token came from (``origin``: who drafted an
+    accepted draft token; None for the target's own tokens)."""
 
     text: str
     source: TokenSource
+    origin: DraftOrigin | None = None
 
 
 @dataclass(frozen=True)
@@ -203,7 +236,7 @@ class ChatEvent:
     text: str
     pieces: tuple[TextPiece, ...]
     token_ids: tuple[int, ...]
-    stats: Stats
+    stats: ReplyStats
     finish_reason: FinishReason | None = None
     notice: str | None = None
 

@@ -211,7 +211,7 @@ def build_report(args: argparse.Namespace, profile: "ModelProfile", engine: "Cha
             "tokens_per_s": "decode: tokens after the first emission over the time after it (the first emission "
                             "includes the prefill); tokens_per_s_e2e: all new tokens over the whole call",
             "speedup": "median over repeats of (method rate / plain rate in the same repeat and prompt class)",
-            "engine_speedup": "the engine's self-reported speedup (Stats.speedup, its own plain estimate; specchat "
+            "engine_speedup": "the engine's self-reported speedup (ReplyStats.speedup, its own plain estimate; specchat "
                               "methods only), combined per repeat as tokens / sum(tokens / speedup), median over "
                               "repeats; engine_over_bench = engine_speedup / speedup (the cross-check: near 1)",
             "time_split": "draft / verify = time inside the draft / target forward passes (prefill included), other = the rest",

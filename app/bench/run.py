@@ -36,7 +36,7 @@ from engine.decode.decoder import SpecDecoder
 from engine.model.device import Device
 from engine.decode.drafters import Drafter, ModelDrafter, NgramDrafter
 from engine.decode.suffix import SuffixDrafter
-from engine.events import GenerationParams, Stats
+from engine.events import GenerationParams, ReplyStats
 from engine.decode.cost_model import CostModel
 
 SPECCHAT_METHODS = ("plain", "spec", "spec-adaptive", "ngram", "suffix")
@@ -121,7 +121,7 @@ class _Reply:
     runner (no hooks see its passes) gives its own passes, proposed/accepted counts and peak memory."""
 
     tokens: list[int] = field(default_factory=list)
-    stats: Stats | None = None
+    stats: ReplyStats | None = None
     target_passes: int | None = None
     proposed: int | None = None
     accepted: int | None = None

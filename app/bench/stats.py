@@ -130,7 +130,7 @@ def _speedups(group: _Group, plain: _Group | None, decode: bool) -> list[float]:
 
 
 def _engine_speedups(group: _Group) -> list[float]:
-    """The engine's own speedup per repeat (its ``Stats.speedup``, combined over the class's
+    """The engine's own speedup per repeat (its ``ReplyStats.speedup``, combined over the class's
     prompts as tokens / sum(tokens / speedup)); a repeat where any reply had none is left out."""
     out = []
     for _, runs in sorted(group.by_repeat().items()):

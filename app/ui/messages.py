@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from textual.message import Message
 
 from engine.api import ChatBackend
-from engine.events import ChatEvent, FinishReason, Stats
+from engine.events import ChatEvent, FinishReason, ReplyStats
 
 if TYPE_CHECKING:
     from engine.config.profiles import ModelProfile
@@ -98,7 +98,7 @@ class ReplyFinished(Message):
         self,
         reply_id: int,
         finish_reason: FinishReason,
-        stats: Stats | None,
+        stats: ReplyStats | None,
         error: str | None = None,
     ) -> None:
         super().__init__()

@@ -17,14 +17,14 @@ from typing import Any
 
 from textual.message import Message
 
-from app.store.pieces import Pieces, extend_pieces
+from app.store.pieces import Pieces, extend_pieces, piece_runs
 from app.store.saver import HistorySaver, ReplyRecord
 from app.ui.messages import Outbox, ReplyChunk, ReplyFinished
 from app.ui.pacing import PaintPacer
 from app.ui.widgets.chat_view import AssistantMessage
 from engine.api import ChatBackend
 from engine.errors import SpecChatError
-from engine.events import ChatMessage, FinishReason, GenerationParams, Stats
+from engine.events import ChatMessage, FinishReason, GenerationParams, ReplyStats
 
 
 class ReplyStream:
@@ -88,7 +88,7 @@ def stream_reply(job: ReplyJob, post: Callable[[Message], Any]) -> None:
     :class:`ReplyFinished` last. Never raises: a failure is the reply's ``error``."""
     text = ""
     pieces: Pieces = []
-    stats: Stats | None = None
+    stats: ReplyStats | None = None
     finish: FinishReason | None = None
     error: str | None = None
 
@@ -102,7 +102,7 @@ def stream_reply(job: ReplyJob, post: Callable[[Message], Any]) -> None:
         try:
             for event in job.backend.chat(job.messages, job.params, job.cancel):
                 text += event.text
-                extend_pieces(pieces, ((p.text, p.source) for p in event.pieces))
+                extend_pieces(pieces, piece_runs(event.pieces))
                 stats = event.stats
                 finish = event.finish_reason or finish
                 save(None)

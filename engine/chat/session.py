@@ -184,7 +184,8 @@ class ChatEngine:
                     event = next(events, None)
                     if event is None:
                         return
-                    pieces = [TextPiece(detok.push(t), src) for t, src in zip(event.token_ids, event.sources)]
+                    pieces = [TextPiece(detok.push(t), src, event.origin if src == "draft" else None)
+                              for t, src in zip(event.token_ids, event.sources)]
                     if event.finish_reason is not None:
                         pieces.append(TextPiece(detok.flush(), "target"))
                     shown, hit = stops.feed(pieces, final=event.finish_reason is not None)

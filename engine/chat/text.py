@@ -4,6 +4,8 @@ The only module of the engine that handles text; the decoder sees token ids.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Sequence
 
 from transformers import PreTrainedTokenizerBase
@@ -135,8 +137,8 @@ class StopStringFilter:
             if len(piece.text) <= n:
                 out.append(self.pending.pop(0))
             else:
-                out.append(TextPiece(piece.text[:n], piece.source))
-                self.pending[0] = TextPiece(piece.text[n:], piece.source)
+                out.append(dataclasses.replace(piece, text=piece.text[:n]))
+                self.pending[0] = dataclasses.replace(piece, text=piece.text[n:])
             n -= len(out[-1].text)
             self.released += len(out[-1].text)
         return out

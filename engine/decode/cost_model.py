@@ -2,8 +2,8 @@
 
 :class:`CostModel` lives as long as the loaded pair: it learns what a draft
 step and a target pass of ``n`` tokens cost on this machine, how often each
-draft position is accepted, and how fast plain decoding is. :class:`ReplyStats`
-counts one reply and produces the :class:`~engine.events.Stats` snapshots.
+draft position is accepted, and how fast plain decoding is. :class:`ReplyTally`
+counts one reply and produces the :class:`~engine.events.ReplyStats` snapshots.
 
 How the speedup is measured: from every round, not from a few plain ones.
 :class:`~engine.decode.pass_costs.PassCosts` fits the target's pass cost t(n) against the
@@ -13,14 +13,14 @@ pass tells the machine's load at that moment, so the plain speed is estimated
 for the same stretch of time as the measured one (the module docstring of
 :mod:`engine.decode.pass_costs` gives the estimator). Rounds with K = 0 (plain mode,
 n-gram misses, rare calibration rounds) are counted and timed separately as a
-cross-check (``Stats.plain_rounds``, ``Stats.plain_measured_tokens_per_s``).
+cross-check (``ReplyStats.plain_rounds``, ``ReplyStats.plain_measured_tokens_per_s``).
 
 The two acceptance figures (Leviathan et al. 2022 call the per-token one α):
 
-* ``Stats.alpha``, the **acceptance rate**: accepted ÷ proposed draft tokens.
+* ``ReplyStats.alpha``, the **acceptance rate**: accepted ÷ proposed draft tokens.
   It depends on K: a per-token α of 0.8 at K = 5 accepts on average
   0.8 + 0.8² + ... + 0.8⁵ = 2.69 of 5 proposed, an acceptance rate of 0.54.
-* ``Stats.alpha_per_token``, the **per-token α** of the paper's formula
+* ``ReplyStats.alpha_per_token``, the **per-token α** of the paper's formula
   τ = (1 - α^(K+1)) / (1 - α): the chance that a drafted token is accepted
   given that the ones before it were, estimated from per-position counts as
   (accepted) ÷ (positions reached), the maximum-likelihood α when every
@@ -33,7 +33,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from engine.decode.pass_costs import WINDOW, PassCosts, Stretch
-from engine.events import Mode, Stats
+from engine.events import DraftOrigin, Mode, OriginFigures, ReplyStats
 
 EMA = 0.2  # weight of the newest sample in the running draft-step average
 
@@ -151,7 +151,7 @@ class CostModel:
 
     @property
     def plain_tokens_per_s(self) -> float | None:
-        """Typical plain speed (not load-corrected; a reply's figure is in its Stats)."""
+        """Typical plain speed (not load-corrected; a reply's figure is in its ReplyStats)."""
         step = self.passes.plain_step_s
         return 1.0 / step if step else None
 
@@ -237,8 +237,8 @@ class CostModel:
 
 
 @dataclass
-class ReplyStats:
-    """Counters for one reply; :meth:`snapshot` turns them into :class:`Stats`."""
+class ReplyTally:
+    """Counters for one reply; :meth:`snapshot` turns them into :class:`ReplyStats`."""
 
     mode: Mode
     drafter: str
@@ -260,14 +260,17 @@ class ReplyStats:
     mode_tokens: dict[str, int] = field(default_factory=dict)
     plain_rounds: int = 0
     plain_rounds_s: float = 0.0
+    origins: dict[DraftOrigin, list[int]] = field(default_factory=dict)
+    """Per draft origin: rounds, proposed, accepted, emitted (the order they first drafted)."""
 
     def record(
         self, k: int, proposed: int, n_accepted: int, emitted: int, draft_s: float, verify_s: float,
-        other_s: float, mode: Mode | None = None,
+        other_s: float, mode: Mode | None = None, origin: DraftOrigin | None = None,
     ) -> None:
         """Count one round: ``k`` is the K in force (shown even on a plain
         calibration round), ``emitted`` the tokens kept after stop conditions,
-        ``mode`` the mode the round ran in (default: the reply's)."""
+        ``mode`` the mode the round ran in (default: the reply's), ``origin`` who
+        drafted it (None: nothing was proposed)."""
         self.k = k
         self.rounds += 1
         self.target_passes += 1
@@ -285,13 +288,17 @@ class ReplyStats:
         if proposed == 0:
             self.plain_rounds += 1
             self.plain_rounds_s += wall
+        elif origin is not None:
+            counts = self.origins.setdefault(origin, [0, 0, 0, 0])
+            for i, n in enumerate((1, proposed, n_accepted, emitted)):
+                counts[i] += n
 
-    def snapshot(self) -> Stats:
+    def snapshot(self) -> ReplyStats:
         decode_s = self.draft_s + self.verify_s + self.other_s
         tps = self.tokens / decode_s if decode_s > 0 and self.tokens else None
         plain_tokens = self.stretch.plain_tokens(self.costs.passes) if self.tokens else None
         sound = plain_tokens is not None and plain_tokens > 0 and decode_s > 0
-        return Stats(
+        return ReplyStats(
             mode=self.mode,
             drafter=self.drafter,
             k=self.k,
@@ -318,4 +325,5 @@ class ReplyStats:
             plain_measured_tokens_per_s=self.plain_rounds / self.plain_rounds_s if self.plain_rounds_s > 0 else None,
             mode_tokens=tuple((m, n) for m, n in self.mode_tokens.items() if n),
             speculation_off_reason=self.speculation_off_reason,
+            by_origin=tuple(OriginFigures(o, *counts) for o, counts in self.origins.items()),
         )

@@ -29,7 +29,7 @@ from engine.events import GenerationParams, Mode, RoundEvent, TokenSource
 from engine.decode.runner import ModelRunner
 from engine.decode.sampling import GumbelNoise, Randomness, make_randomness, warp
 from engine.decode.schedule import Schedule
-from engine.decode.cost_model import CostModel, ReplyStats
+from engine.decode.cost_model import CostModel, ReplyTally
 from engine.decode.verify import Verdict, verify_coupled, verify_greedy, verify_sampled
 
 T = TypeVar("T")
@@ -152,7 +152,7 @@ class SpecDecoder:
             self.speculation_enabled, self.off_reason = True, None
         generator = make_randomness(params.sampling, len(seq), self.target.vocab_size, self.device)
         drafter_name = self.drafter.name if self.drafter is not None else "none"
-        stats = ReplyStats(self.mode, drafter_name, params.k is None, self.costs)
+        stats = ReplyTally(self.mode, drafter_name, params.k is None, self.costs)
         stats.speculation_off_reason = self.plain_reason
         start = self.device.mark()
         notice = self._prefill(seq)
@@ -174,7 +174,7 @@ class SpecDecoder:
         seq: list[int],
         params: GenerationParams,
         generator: Randomness,
-        stats: ReplyStats,
+        stats: ReplyTally,
         round_index: int,
         produced: int,
         notice: str | None = None,
@@ -238,8 +238,9 @@ class SpecDecoder:
         self.costs.observe(drafted, verdict.n_accepted, draft_s, verify_s, other_s, draft.key, free=copied)
         # The K shown: the policy's, or for a free draft the K it was trimmed to (kept on a miss).
         shown_k = policy_k if not copied else (k if drafted else stats.k)
+        origin = draft.origin if drafted else None
         stats.record(shown_k, drafted, verdict.n_accepted, len(emitted), draft_s, verify_s, other_s,
-                     mode=round_mode)
+                     mode=round_mode, origin=origin)
         plain_equivalent = self.costs.plain_equivalent(drafted, verify_s, draft_s + verify_s + other_s)
         switched = self.schedule.verdict(params, round_mode, len(emitted), plain_equivalent)
         if switched is not None:
@@ -249,7 +250,7 @@ class SpecDecoder:
         stats.mode = self.mode
         if notice is not None:
             stats.speculation_off_reason = self.plain_reason
-        event = RoundEvent(tuple(emitted), tuple(sources[: len(emitted)]), stats.snapshot(), finish, notice)
+        event = RoundEvent(tuple(emitted), tuple(sources[: len(emitted)]), stats.snapshot(), finish, notice, origin)
         return event, len(emitted)
 
     def _lookup_first(self, seq: list[int], params: GenerationParams, generator: Randomness, remaining: int) -> Draft:

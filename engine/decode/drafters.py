@@ -22,7 +22,7 @@ import torch
 from transformers import PreTrainedModel
 
 from engine.model.device import Device
-from engine.events import SamplingParams
+from engine.events import DraftOrigin, SamplingParams
 from engine.decode.runner import ModelRunner
 from engine.decode.sampling import GumbelNoise, Randomness, finite, gumbel_argmax, sample_on_device, to_host, warp
 
@@ -35,18 +35,20 @@ class Draft:
 
     ``key`` groups proposals whose acceptance behaves alike, so it is measured
     separately (the n-gram drafter uses the length of the matched suffix: a
-    3-token match is accepted far more often than a 1-token one).
+    3-token match is accepted far more often than a 1-token one). ``origin`` says
+    who proposed it, for the HUD.
     """
 
     tokens: tuple[int, ...]
     probs: torch.Tensor | None = None
     key: int = 0
+    origin: DraftOrigin = "model"
 
     def first(self, k: int) -> "Draft":
         """The first ``k`` proposals (the draft itself when it has no more)."""
         if len(self.tokens) <= k:
             return self
-        return Draft(self.tokens[:k], self.probs[:k] if self.probs is not None else None, self.key)
+        return Draft(self.tokens[:k], self.probs[:k] if self.probs is not None else None, self.key, self.origin)
 
 
 EMPTY_DRAFT = Draft(())
@@ -260,7 +262,7 @@ class NgramDrafter:
             start = self._index.get(tuple(ids[-n:]))
             if start is not None:
                 self.last_match = self._match_length(start, n)
-                return Draft(tuple(ids[start : start + k]), key=match_key(self.last_match))
+                return Draft(tuple(ids[start : start + k]), key=match_key(self.last_match), origin="chat")
         return EMPTY_DRAFT
 
     def _match_length(self, start: int, n: int) -> int:

@@ -265,7 +265,7 @@ class SuffixDrafter:
             if m >= MIN_MATCH and m > best:
                 tokens = index.continuation(m, lo, hi, min(k, m))
                 if tokens:
-                    best, found = m, Draft(tuple(tokens), key=GLOBAL_KEY + match_key(m))
+                    best, found = m, Draft(tuple(tokens), key=GLOBAL_KEY + match_key(m), origin="history")
         return found if found is not None else local
 
     def prefill(self, context: Sequence[int]) -> None:

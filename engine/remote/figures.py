@@ -28,15 +28,15 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.events import Stats
+from engine.events import ReplyStats
 
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
 _POSITION = re.compile(r'position="(\d+)"')
 
 
 @dataclass(frozen=True)
-class ServerStats(Stats):
-    """:class:`~engine.events.Stats` of a reply decoded by a server.
+class ServerStats(ReplyStats):
+    """:class:`~engine.events.ReplyStats` of a reply decoded by a server.
 
     ``figures_from`` names where α and τ came from (``"timings"``,
     ``"metrics"``, or both joined by ``+``); ``figures_reason`` says why they

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from engine.api import EngineInfo
 from engine.progress import ProgressFn
-from engine.events import ChatEvent, ChatMessage, GenerationParams, Stats, TextPiece
+from engine.events import ChatEvent, ChatMessage, GenerationParams, ReplyStats, TextPiece
 from engine.config.profiles import ModelProfile, ModelSpec, Profiles
 
 DEFAULT_SCRIPT: tuple[tuple[tuple[str, str], ...], ...] = (
@@ -94,10 +94,10 @@ class FakeBackend:
         )
 
     def _stats(self, rounds: int, tokens: int, accepted: int,
-               mode_tokens: tuple[tuple[str, int], ...] = ()) -> Stats:
+               mode_tokens: tuple[tuple[str, int], ...] = ()) -> ReplyStats:
         proposed = 4 * rounds
         info = self.info
-        return Stats(
+        return ReplyStats(
             mode=info.mode, drafter=info.drafter, k=4, adaptive=self.profile.k is None,
             rounds=rounds, target_passes=rounds, proposed=proposed, accepted=accepted, tokens=tokens,
             alpha=accepted / proposed if proposed else None,

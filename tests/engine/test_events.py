@@ -1,4 +1,4 @@
-"""The boundary's plain data: request checks with their messages, stop cuts, a reply's settings, Stats as JSON."""
+"""The boundary's plain data: request checks with their messages, stop cuts, a reply's settings, ReplyStats as JSON."""
 from __future__ import annotations
 
 import json
@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from engine.config.profiles import ModelProfile, ModelSpec
-from engine.events import GenerationParams, SamplingParams, Stats, generation_params
+from engine.events import GenerationParams, SamplingParams, ReplyStats, generation_params
 
 EOS = 2
 
@@ -98,10 +98,10 @@ def test_a_bad_override_raises_before_anything_runs() -> None:
 
 
 def test_stats_to_dict_is_plain_json() -> None:
-    stats = Stats(mode="spec", drafter="d", k=4, tokens=5, alpha=0.5, per_position=(0.75, 0.5),
+    stats = ReplyStats(mode="spec", drafter="d", k=4, tokens=5, alpha=0.5, per_position=(0.75, 0.5),
                   mode_tokens=(("spec", 3), ("plain", 2)), truncated_turns=1)
     d = stats.to_dict()
     assert d["per_position"] == [0.75, 0.5] and d["mode_tokens"] == {"spec": 3, "plain": 2}
     assert (d["mode"], d["k"], d["tokens"], d["alpha"], d["speedup"], d["truncated_turns"]) == ("spec", 4, 5, 0.5, None, 1)
     assert json.loads(json.dumps(d)) == d
-    assert set(d) == set(Stats.__dataclass_fields__)
+    assert set(d) == set(ReplyStats.__dataclass_fields__)

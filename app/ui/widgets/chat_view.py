@@ -4,8 +4,9 @@ A reply is rendered as Markdown while it streams: the app hands it everything th
 arrived since the last paint in one :meth:`AssistantMessage.append`, which
 re-parses only the last block and lays out once. The same text is
 kept as ``(text, source)`` pieces; the colour view shows those pieces tinted by
-where each token came from: a draft token the target accepted, or one the
-target produced itself.
+where each token came from: a draft token the target accepted (coloured by who drafted
+it: a draft model, a copy from this chat, an earlier chat), or one the target produced
+itself.
 """
 from __future__ import annotations
 
@@ -24,22 +25,35 @@ from app.store.pieces import Pieces, extend_pieces, merge_pieces
 
 SOURCE_STYLES = {
     "draft": "$text on $success-muted",
+    "chat": "$text on $primary-muted",
+    "history": "$text on $error-muted",
     "target": "$text on $accent-muted",
 }
-"""Styles for the colour view; theme variables keep them readable in dark and light themes.
-Green against the accent (orange in the dark themes, purple in the light one): two hues
-apart, where primary-muted and success-muted came out as neighbouring dark greens."""
+"""Styles for the colour view (sources as in :mod:`app.store.pieces`); theme variables keep
+them readable in dark and light themes. Green, blue and red against the accent (orange in
+the dark themes, purple in the light one)."""
 
-SOURCE_LABELS = {"draft": "draft accepted", "target": "target produced"}
+SOURCE_LABELS = {"draft": "draft accepted", "chat": "copied from chat", "history": "from earlier chats",
+                 "target": "target produced"}
 
 
-def legend() -> Content:
-    """The colour view's legend."""
-    return Content.assemble(
-        (" draft accepted ", SOURCE_STYLES["draft"]),
-        "  ",
-        (" target produced ", SOURCE_STYLES["target"]),
-    )
+def legend(sources: Iterable[str] = ("draft", "target")) -> Content:
+    """The colour view's legend for ``sources`` (those the loaded drafter can produce, see
+    :func:`drafted_sources`)."""
+    parts: list[tuple[str, str] | str] = []
+    for source in sources:
+        if parts:
+            parts.append("  ")
+        parts.append((f" {SOURCE_LABELS[source]} ", SOURCE_STYLES[source]))
+    return Content.assemble(*parts)
+
+
+def drafted_sources(drafter: str | None, lookup: bool = False) -> tuple[str, ...]:
+    """The colour view's sources a profile's drafter (``model``, ``ngram``, ``suffix``) produces,
+    the target's last; ``lookup``: a model drafter that copies from the chat first."""
+    drafted = {"model": ("draft", "chat") if lookup else ("draft",), "ngram": ("chat",),
+               "suffix": ("chat", "history")}.get(drafter or "", ())
+    return (*drafted, "target")
 
 
 def pieces_content(pieces: Iterable[tuple[str, str]]) -> Content:

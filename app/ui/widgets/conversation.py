@@ -21,6 +21,7 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from app.store.history import ChatRecord
+from app.store.pieces import piece_runs
 from app.store.saver import ChatRef
 from app.ui.archive import Archive
 from app.ui.engine_host import EngineHost
@@ -283,7 +284,7 @@ class Conversation(Horizontal):
         stream.pacer.painting()
         hud = self.hud
         with self.app.batch_update():  # the reply and the HUD in one layout of the screen
-            await widget.append("".join(e.text for e in events), [(p.text, p.source) for e in events for p in e.pieces])
+            await widget.append("".join(e.text for e in events), [r for e in events for r in piece_runs(e.pieces)])
             for event in events:
                 hud.set_stats(event.stats, live=True)
                 if event.notice:

@@ -30,16 +30,21 @@ from app.ui.formatting import (
     plan_lines,
 )
 from app.ui.widgets import hud_server
-from app.ui.widgets.chat_view import legend
+from app.store.pieces import drafted_source
+from app.ui.widgets.chat_view import SOURCE_STYLES, drafted_sources, legend
 from app.ui.widgets.hud_line import status_line
 from engine.api import EngineInfo
-from engine.events import Stats
+from engine.events import ReplyStats
 
 if TYPE_CHECKING:
     from engine.config.profiles import ModelProfile
 
 LABEL_WIDTH = 9
 SPARK_ROUNDS = 48
+
+
+ORIGIN_LABELS = {"draft": "draft", "chat": "this chat", "history": "earlier"}
+"""HUD row labels of the drafters (sources of :mod:`app.store.pieces`)."""
 
 
 def row(label: str, value: str | Content, style: str = "") -> Content:
@@ -68,14 +73,14 @@ def sparkline(values: Sequence[float], width: int) -> Content:
     return Content.styled(cells, "$text-success")
 
 
-def speedup_text(stats: Stats | None) -> str:
+def speedup_text(stats: ReplyStats | None) -> str:
     """The speedup, or "measuring…" while the plain-speed estimate is not sound yet."""
     if stats is not None and stats.speedup is None and stats.tokens:
         return "measuring…"
     return fmt_speedup(stats.speedup if stats else None)
 
 
-def plain_text(stats: Stats | None) -> str:
+def plain_text(stats: ReplyStats | None) -> str:
     """The estimated plain speed, and the K = 0 rounds that cross-check it."""
     if stats is None or stats.plain_tokens_per_s is None:
         return DASH
@@ -93,7 +98,7 @@ class Hud(VerticalScroll):
         self.profile: "ModelProfile | None" = None
         self.profile_name: str | None = None
         self.info: EngineInfo | None = None
-        self.stats: Stats | None = None
+        self.stats: ReplyStats | None = None
         self.live = False
         self.speculation_on = True
         self.notice: str | None = None
@@ -158,7 +163,7 @@ class Hud(VerticalScroll):
         self.live = True
         self._dirty = True
 
-    def set_stats(self, stats: Stats, *, live: bool) -> None:
+    def set_stats(self, stats: ReplyStats, *, live: bool) -> None:
         """Latest statistics; also records this round's acceptance for the sparkline."""
         proposed, accepted = self._last_counts
         if stats.proposed > proposed:
@@ -203,6 +208,7 @@ class Hud(VerticalScroll):
         self._dirty = False
         self._show("#hud-line", status_line(self))
         self._show("#hud-engine", self._engine_content())
+        self._show("#hud-legend", self._legend())
         loading = self.loading_stage is not None
         self.set_class(loading, "-loading")
         self._show("#hud-loading", Content(f"Loading {self.profile_name or ''}: {self.loading_stage}")
@@ -240,6 +246,12 @@ class Hud(VerticalScroll):
         elif self.notice:
             reason = self.notice
         return mode_label(mode) if mode else DASH, reason
+
+    def _legend(self) -> Content:
+        """The colour view's legend, for the sources the loaded drafter produces."""
+        if self.profile is None or hud_server.is_server(self.profile):
+            return legend()
+        return legend(drafted_sources(self.profile.drafter, self.profile.lookup))
 
     def _engine_content(self) -> Content:
         if hud_server.is_server(self.profile):
@@ -279,6 +291,7 @@ class Hud(VerticalScroll):
             row("accepted", DASH if s is None or s.alpha is None else f"{fmt_percent(s.alpha)} of proposed"),
             row("α/token", fmt_float(s.alpha_per_token if s else None)),
             row("τ", fmt_float(s.tau if s else None)),
+            *self._origin_rows(s),
             row("tok/s", fmt_rate(s.tokens_per_s if s else None)),
             row("ITL", DASH if s is None or s.itl_ms is None else f"{s.itl_ms:.1f} ms"),
             row("speedup", speedup_text(s), "bold"),
@@ -286,6 +299,18 @@ class Hud(VerticalScroll):
             *([row("modes", modes_label(s.to_dict()))] if s is not None and len(s.mode_tokens) > 1 else []),
             row("tokens", str(s.tokens) if s else DASH),
         )
+
+    def _origin_rows(self, s: ReplyStats | None) -> list[Content]:
+        """Acceptance and τ per drafter, in its colour in the colour view, for a profile with
+        more than one (the suffix drafter: this chat and earlier chats; a model that copies first)."""
+        if s is None or self.profile is None or len(drafted_sources(self.profile.drafter, self.profile.lookup)) < 3:
+            return []
+        out = []
+        for o in s.by_origin:
+            source = drafted_source(o.origin)
+            value = f" {fmt_percent(o.alpha)} · τ {fmt_float(o.tau)} · {o.rounds} rounds "
+            out.append(row(ORIGIN_LABELS[source], Content.styled(value, SOURCE_STYLES[source])))
+        return out
 
     def _positions_content(self) -> Content:
         per_position: Sequence[float] = self.stats.per_position if self.stats else ()

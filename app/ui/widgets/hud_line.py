@@ -11,7 +11,7 @@ from textual.content import Content
 
 from app.ui.formatting import DASH, fmt_float, fmt_percent, fmt_rate, fmt_speedup, mode_label
 from engine.api import EngineInfo
-from engine.events import Stats
+from engine.events import ReplyStats
 
 
 class HudState(Protocol):
@@ -22,7 +22,7 @@ class HudState(Protocol):
     loading_stage: str | None
     loading_fraction: float | None
     info: EngineInfo | None
-    stats: Stats | None
+    stats: ReplyStats | None
     live: bool
 
 HUD_MIN_WIDTH = 110

@@ -12,7 +12,7 @@ from textual.content import Content
 
 from app.ui.formatting import DASH, fmt_float, fmt_rate, fmt_speedup
 from engine.api import EngineInfo
-from engine.events import Stats
+from engine.events import ReplyStats
 from engine.remote.figures import ServerStats
 
 if TYPE_CHECKING:
@@ -25,7 +25,7 @@ def _row(label: str, value: str, style: str = "") -> Content:
     return Content.assemble((label.ljust(LABEL_WIDTH), "$text-muted"), (value, style))
 
 
-def is_server(profile: "ModelProfile | None", stats: Stats | None = None) -> bool:
+def is_server(profile: "ModelProfile | None", stats: ReplyStats | None = None) -> bool:
     """Whether the HUD shows a server backend."""
     return isinstance(stats, ServerStats) or getattr(profile, "backend", "local") == "server"
 
@@ -54,7 +54,7 @@ def engine_content(profile: "ModelProfile | None", info: EngineInfo | None, *, n
     return Content("\n").join(rows)
 
 
-def stats_content(stats: Stats | None, *, live: bool) -> Content:
+def stats_content(stats: ReplyStats | None, *, live: bool) -> Content:
     """α, τ, tokens/s and the speedup as the server measured them."""
     s = stats if isinstance(stats, ServerStats) else None
     title = "live" if live else ("last reply" if stats else "no reply yet")

@@ -4,11 +4,11 @@ from __future__ import annotations
 import threading
 
 from app.ui.messages import Outbox
-from engine.events import ChatEvent, Stats
+from engine.events import ChatEvent, ReplyStats
 
 
 def event(text: str) -> ChatEvent:
-    return ChatEvent(text=text, pieces=(), token_ids=(), stats=Stats())
+    return ChatEvent(text=text, pieces=(), token_ids=(), stats=ReplyStats())
 
 
 def test_the_ui_is_told_once_until_it_takes_the_rounds() -> None:

@@ -76,6 +76,7 @@ def test_chat_engine_streams_text_attributed_to_draft_and_target(smol_tokenizer,
     assert text == smol_tokenizer.decode(ids, skip_special_tokens=True)
     assert "".join(p.text for e in events for p in e.pieces) == text
     assert {p.source for e in events for p in e.pieces} <= {"draft", "target"}
+    assert {(p.source, p.origin) for e in events for p in e.pieces if p.text} == {("draft", "model"), ("target", None)}
     assert events[-1].finish_reason in ("length", "eos")
     assert engine.info.mode == "spec"
 
@@ -117,6 +118,9 @@ def test_stop_filter_holds_back_a_possible_stop_string_start() -> None:
     first, _ = stops.feed([TextPiece("abcdef", "draft")], final=False)
     last, hit = stops.feed([TextPiece("gh", "target")], final=True)
     assert not hit and [(p.text, p.source) for p in first + last] == [("abc", "draft"), ("def", "draft"), ("gh", "target")]
+    stops = StopStringFilter(["STOP"])
+    first, _ = stops.feed([TextPiece("abcdef", "draft", "history")], final=False)  # split: who drafted it stays
+    assert [(p.text, p.origin) for p in first + stops.feed([], final=True)[0]] == [("abc", "history"), ("def", "history")]
 
 
 def test_a_stop_string_split_across_rounds_never_shows_its_start(smol_tokenizer, smol_sized_pair) -> None:

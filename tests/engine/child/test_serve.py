@@ -24,7 +24,7 @@ from engine.child.protocol import (
 )
 from engine.config.profiles import ModelProfile, ModelSpec
 from engine.errors import EngineError, ModelSourceError
-from engine.events import ChatEvent, ChatMessage, GenerationParams, Stats
+from engine.events import ChatEvent, ChatMessage, GenerationParams, ReplyStats
 from tests.conftest import REPO
 
 PROFILE = ModelProfile(name="fake", target=ModelSpec("org/fake"), drafter="ngram")
@@ -33,7 +33,7 @@ PARAMS = GenerationParams(max_new_tokens=3)
 
 
 def event(text: str, finish: str | None = None) -> ChatEvent:
-    return ChatEvent(text=text, pieces=(), token_ids=(len(text),), stats=Stats(), finish_reason=finish)  # type: ignore[arg-type]
+    return ChatEvent(text=text, pieces=(), token_ids=(len(text),), stats=ReplyStats(), finish_reason=finish)  # type: ignore[arg-type]
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""CostModel and ReplyStats: acceptance per draft position, K chosen from measured costs, a reply's counts.
+"""CostModel and ReplyTally: acceptance per draft position, K chosen from measured costs, a reply's counts.
 
 Rounds are fed with synthetic times (a fake clock), so every figure follows from the costs given.
 """
@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from engine.decode.cost_model import CostModel, PositionCounts, ReplyStats, expected_tokens
+from engine.decode.cost_model import CostModel, PositionCounts, ReplyTally, expected_tokens
 from engine.decode.pass_costs import MIN_PLAIN
 
 # The int4 pocket target as the lead measured it: 1 token 10 ms, 5 tokens 16 ms.
@@ -101,7 +101,7 @@ def test_a_longer_match_than_any_seen_borrows_from_the_longest_seen() -> None:
 def test_two_acceptance_figures() -> None:
     """A per-token α of 0.8 at K = 5 shows as an acceptance rate of 0.54."""
     costs = CostModel()
-    stats = ReplyStats("spec", "d", False, costs)
+    stats = ReplyTally("spec", "d", False, costs)
     rng = random.Random(1)
     for _ in range(20000):
         n = 0
@@ -228,7 +228,7 @@ def test_before_anything_is_measured_k_starts_in_the_middle() -> None:
 
 
 def test_a_reply_counts_its_rounds() -> None:
-    stats = ReplyStats("spec", "draft", True, CostModel())
+    stats = ReplyTally("spec", "draft", True, CostModel())
     stats.record(4, 4, 2, 3, 0.04, 0.05, 0.01)
     stats.record(4, 0, 0, 1, 0.0, 0.02, 0.0, mode="plain")  # a calibration round: K shown, nothing drafted
     stats.prefill_s = 0.5
@@ -245,7 +245,7 @@ def test_a_reply_counts_its_rounds() -> None:
 
 
 def test_a_reply_with_no_rounds_has_no_rates() -> None:
-    stats = ReplyStats("ngram", "n-gram lookup", False, CostModel())
+    stats = ReplyTally("ngram", "n-gram lookup", False, CostModel())
     stats.speculation_off_reason = "switched off"
     snap = stats.snapshot()
     assert (snap.alpha, snap.alpha_per_token, snap.tau, snap.tokens_per_s, snap.itl_ms) == (None,) * 5

@@ -178,6 +178,10 @@ def test_stats_are_consistent(target, drafts) -> None:
     assert s.mode == "spec" and s.k == 3 and not s.adaptive
     assert s.tokens_per_s and s.plain_tokens_per_s and s.speedup == pytest.approx(s.tokens_per_s / s.plain_tokens_per_s)
     assert s.draft_s > 0 and s.verify_s > 0 and s.elapsed_s >= s.draft_s + s.verify_s
+    # Every drafted round was the model's (the calibration rounds proposed nothing).
+    assert [(o.origin, o.proposed, o.accepted) for o in s.by_origin] == [("model", s.proposed, s.accepted)]
+    assert {e.origin for e in events if e.stats.proposed} <= {"model", None}
+    assert all(e.origin == "model" for e in events if "draft" in e.sources)
 
 
 @pytest.mark.parametrize("quality", ["unrelated", "close"])
@@ -192,6 +196,9 @@ def test_a_lookup_first_copies_when_it_pays_and_stays_exact(target, drafts, qual
         got, events = decode(decoder, prompt, GenerationParams(max_new_tokens=60))
         assert got == expected
         copied += sum(decoder.costs.positions[key].reached[0] for key in decoder.costs.positions if key != 0)
+        by_origin = {o.origin: o.rounds for o in events[-1].stats.by_origin}  # the copies' rounds
+        assert by_origin.get("chat", 0) == sum(decoder.costs.positions[key].reached[0]
+                                               for key in decoder.costs.positions if key != 0)
         assert drafter.runner.ids == (prompt + got)[: len(drafter.runner.ids)]  # behind, never wrong
     assert copied > 0  # the tiny target repeats itself: some rounds were copies
 

@@ -10,7 +10,7 @@ import random
 import pytest
 
 from engine.decode.pass_costs import MIN_PLAIN, PassCosts, speedup_upper_bound
-from engine.decode.cost_model import CostModel, ReplyStats
+from engine.decode.cost_model import CostModel, ReplyTally
 
 # The int4 pocket target as the lead measured it: 1 token 10 ms, 5 tokens 16 ms.
 ONE, SLOPE, BASE, OTHER = 0.010, 0.0015, 0.0085, 0.001
@@ -20,7 +20,7 @@ def verify_cost(n: int) -> float:
     return ONE if n == 1 else BASE + SLOPE * n
 
 
-def play(stats: ReplyStats, costs: CostModel, proposed: int, accepted: int, emitted: int, load: float,
+def play(stats: ReplyTally, costs: CostModel, proposed: int, accepted: int, emitted: int, load: float,
          stall: float = 0.0) -> None:
     """One round at ``load`` (every cost multiplied), its target pass delayed by ``stall`` seconds."""
     verify = verify_cost(proposed + 1) * load + stall
@@ -56,7 +56,7 @@ def test_line_through_sizes_two_up_ignores_outliers_and_never_gives_the_one_toke
 
 def test_plain_decoding_reads_one_under_changing_load_and_a_stall() -> None:
     costs = CostModel()
-    stats = ReplyStats("plain", "none", True, costs)
+    stats = ReplyTally("plain", "none", True, costs)
     for i in range(60):
         load = 1.0 if i < 20 else 3.0  # another process takes the core a third of the way in
         play(stats, costs, 0, 0, 1, load, stall=1.0 if i == 40 else 0.0)
@@ -69,7 +69,7 @@ def test_plain_decoding_reads_one_under_changing_load_and_a_stall() -> None:
 
 def test_speculative_speedup_follows_the_costs_not_the_load() -> None:
     costs = CostModel()
-    stats = ReplyStats("ngram", "n-gram lookup", True, costs)
+    stats = ReplyTally("ngram", "n-gram lookup", True, costs)
     for i in range(80):
         load = 1.0 if i < 30 else 2.5
         stall = 0.5 if i == 50 else 0.0

@@ -145,3 +145,40 @@ def test_a_long_copy_from_this_chat_is_not_interrupted_by_an_earlier_chat() -> N
     context = [*run, 90, 91, 1, 2, *run]
     drafter.prefill(context)
     assert drafter.propose(context, 3, GREEDY, None).tokens == (90, 91, 1)
+
+
+def test_drafts_say_who_proposed_them() -> None:
+    drafter = SuffixDrafter([[7, 8, 9, 50, 51, 52, 53]])
+    assert drafter.propose([1, 7, 8, 9, 50], 2, GREEDY, None).origin == "history"
+    context = [1, 2, 3, 4, 70, 71, 0, 1, 2, 3, 4]
+    drafter.prefill(context)
+    assert drafter.propose(context, 2, GREEDY, None).origin == "chat"
+
+
+def test_each_round_names_its_drafter_and_the_figures_split_by_it(target: torch.nn.Module) -> None:
+    """A reply that repeats an earlier chat's answer and then its own text: rounds drafted from
+    earlier chats and from this chat are counted apart, and the split adds up to the whole."""
+    prompt = PROMPTS[0]
+    answer = plain(target, prompt, max_new_tokens=40)
+    drafter = SuffixDrafter([prompt + answer])
+    got, events = decode(SpecDecoder(target, CPU, drafter), prompt, GenerationParams(max_new_tokens=40))
+    assert got == answer
+    stats = events[-1].stats
+    origins = {o.origin: o for o in stats.by_origin}
+    assert "history" in origins and origins["history"].accepted > 0
+    for event in events:
+        assert event.origin in (None, "chat", "history")
+        if "draft" in event.sources:  # an accepted draft token: its round names who drafted it
+            assert event.origin is not None
+    drafted = [e for e in events if e.origin is not None]
+    assert sum(o.rounds for o in stats.by_origin) == len(drafted) == stats.rounds - stats.plain_rounds
+    assert sum(o.proposed for o in stats.by_origin) == stats.proposed
+    assert sum(o.accepted for o in stats.by_origin) == stats.accepted
+    for origin, figures in origins.items():
+        mine = [e for e in drafted if e.origin == origin]
+        assert figures.tokens == sum(len(e.token_ids) for e in mine)
+        assert figures.tau == figures.tokens / len(mine)
+        assert figures.accepted == sum(s == "draft" for e in mine for s in e.sources)
+    assert stats.to_dict()["by_origin"] == [
+        {"origin": o.origin, "rounds": o.rounds, "proposed": o.proposed, "accepted": o.accepted, "tokens": o.tokens}
+        for o in stats.by_origin]

@@ -9,8 +9,9 @@ from textual.app import App, ComposeResult
 from textual.widgets import Static
 
 from app.ui.app import SpecChatApp
-from app.ui.widgets.chat_view import AssistantMessage
+from app.ui.widgets.chat_view import SOURCE_STYLES, AssistantMessage
 from app.ui.widgets.hud import Hud, plain_text, sparkline, speedup_text
+from engine.events import OriginFigures
 from tests.app.fakes import FakeBackend, FakeLoader, make_profiles
 from tests.app.helpers import ready, send, wait_for
 
@@ -23,9 +24,9 @@ def test_sparkline_uses_absolute_scale() -> None:
 
 
 def test_speedup_says_measuring_until_the_plain_estimate_is_sound() -> None:
-    from engine.events import Stats
+    from engine.events import ReplyStats
 
-    base = Stats(mode="ngram", tokens=10, speedup=None)  # type: ignore[call-arg]
+    base = ReplyStats(mode="ngram", tokens=10, speedup=None)  # type: ignore[call-arg]
     assert speedup_text(base) == "measuring…"
     assert speedup_text(replace(base, speedup=1.5)) == "1.50×"
     assert speedup_text(None) == "—" and plain_text(None) == "—"
@@ -33,14 +34,14 @@ def test_speedup_says_measuring_until_the_plain_estimate_is_sound() -> None:
 
 def test_hud_says_measuring_until_the_estimate_is_sound_and_shows_its_cross_check() -> None:
     from app.ui.widgets.hud import plain_text, speedup_text
-    from engine.events import Stats
+    from engine.events import ReplyStats
 
-    assert speedup_text(None) == "—" and speedup_text(Stats()) == "—"  # no tokens yet
-    assert speedup_text(Stats(tokens=3)) == "measuring…"
-    assert speedup_text(Stats(tokens=30, speedup=1.8)) == "1.80×"
-    assert plain_text(Stats(tokens=3)) == "—"
-    assert plain_text(Stats(plain_tokens_per_s=95.04)) == "95.0 est"
-    sound = Stats(plain_tokens_per_s=95.04, plain_rounds=3, plain_measured_tokens_per_s=97.0)
+    assert speedup_text(None) == "—" and speedup_text(ReplyStats()) == "—"  # no tokens yet
+    assert speedup_text(ReplyStats(tokens=3)) == "measuring…"
+    assert speedup_text(ReplyStats(tokens=30, speedup=1.8)) == "1.80×"
+    assert plain_text(ReplyStats(tokens=3)) == "—"
+    assert plain_text(ReplyStats(plain_tokens_per_s=95.04)) == "95.0 est"
+    sound = ReplyStats(plain_tokens_per_s=95.04, plain_rounds=3, plain_measured_tokens_per_s=97.0)
     assert plain_text(sound) == "95.0 est · 97.0 in 3 K=0"
 
 #----
@@ -172,3 +173,29 @@ async def test_a_failed_load_shows_its_error_until_the_next_load() -> None:
         assert not hud.has_class("-loading")
         hud.show_loading(LOOKUP, None)
         assert "error" not in shown(hud, "engine")
+
+
+async def test_the_legend_and_the_figures_name_the_drafters_the_profile_has() -> None:
+    """The legend lists the sources the loaded drafter can produce; with more than one drafter
+    (the suffix drafter: this chat and earlier chats) α and τ are split by who drafted."""
+    suffix = replace(LOOKUP, name="suffix", drafter="suffix")
+    async with HudApp().run_test(size=(60, 60)) as pilot:
+        hud = pilot.app.query_one(Hud)
+        assert shown(hud, "legend") == " draft accepted    target produced "  # nothing loaded
+        hud.show_engine(FakeBackend(FAST).info, FAST)
+        assert shown(hud, "legend") == " draft accepted    target produced "
+        hud.show_engine(FakeBackend(LOOKUP).info, LOOKUP)
+        assert shown(hud, "legend") == " copied from chat    target produced "
+        hud.start_reply()
+        stats = FakeBackend(LOOKUP)._stats(3, 9, 5)
+        hud.set_stats(replace(stats, by_origin=(OriginFigures("chat", 3, 12, 5, 9),)), live=True)
+        assert "this chat" not in shown(hud, "stats")  # one drafter: the figures above are its own
+        hud.show_engine(FakeBackend(suffix).info, suffix)
+        assert shown(hud, "legend") == " copied from chat    from earlier chats    target produced "
+        split = (OriginFigures("history", 2, 10, 8, 10), OriginFigures("chat", 1, 4, 1, 2))
+        hud.set_stats(replace(stats, by_origin=split), live=True)
+        rows = shown(hud, "stats").splitlines()
+        i = rows.index("τ        3.00")
+        assert rows[i + 1:i + 3] == ["earlier   80% · τ 5.00 · 2 rounds ", "this chat 25% · τ 2.00 · 1 rounds "]
+        styles = {str(span.style) for span in hud.query_one("#hud-stats", Static).render().spans}
+        assert SOURCE_STYLES["history"] in styles and SOURCE_STYLES["chat"] in styles

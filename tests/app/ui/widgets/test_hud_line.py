@@ -5,7 +5,7 @@ from dataclasses import dataclass
 
 from app.ui.widgets.hud_line import status_line
 from engine.api import EngineInfo
-from engine.events import Stats
+from engine.events import ReplyStats
 
 
 @dataclass
@@ -17,7 +17,7 @@ class State:
     loading_stage: str | None = None
     loading_fraction: float | None = None
     info: EngineInfo | None = None
-    stats: Stats | None = None
+    stats: ReplyStats | None = None
     live: bool = False
 
 
@@ -32,7 +32,7 @@ def test_an_error_and_loading_take_the_line() -> None:
 
 
 def test_a_streaming_reply_shows_its_live_figures() -> None:
-    stats = Stats(mode="ngram", tokens=40, proposed=30, accepted=15, alpha=0.5, tau=2.0, tokens_per_s=120.0, speedup=1.4,  # type: ignore[call-arg]
+    stats = ReplyStats(mode="ngram", tokens=40, proposed=30, accepted=15, alpha=0.5, tau=2.0, tokens_per_s=120.0, speedup=1.4,  # type: ignore[call-arg]
                   target_passes=20)
     line = str(status_line(State(info=INFO, stats=stats, live=True), toggle_key="F9"))
     assert line.startswith("pocket · n-gram · accepted 50% · τ 2.00 · 120.0 tok/s")
@@ -40,9 +40,9 @@ def test_a_streaming_reply_shows_its_live_figures() -> None:
 
 
 def test_plain_decoding_shows_no_acceptance_and_a_fresh_reply_measures() -> None:
-    plain = Stats(mode="plain", tokens=5, tokens_per_s=90.0)  # type: ignore[call-arg]
+    plain = ReplyStats(mode="plain", tokens=5, tokens_per_s=90.0)  # type: ignore[call-arg]
     assert "accepted" not in str(status_line(State(info=INFO, stats=plain, live=True)))
-    early = Stats(mode="ngram", tokens=5, tokens_per_s=90.0, speedup=None)  # type: ignore[call-arg]
+    early = ReplyStats(mode="ngram", tokens=5, tokens_per_s=90.0, speedup=None)  # type: ignore[call-arg]
     assert "measuring…" in str(status_line(State(info=INFO, stats=early, live=True)))
 
 
@@ -58,7 +58,7 @@ def test_before_any_reply_the_engines_mode_alone() -> None:
 
 
 def test_a_finished_reply_keeps_its_figures_and_the_engines_mode() -> None:
-    stats = Stats(mode="plain", proposed=8, accepted=4, alpha=0.5, tau=2.0, tokens=12,  # type: ignore[call-arg]
+    stats = ReplyStats(mode="plain", proposed=8, accepted=4, alpha=0.5, tau=2.0, tokens=12,  # type: ignore[call-arg]
                   tokens_per_s=41.3, speedup=2.06)
     assert str(status_line(State(info=INFO, stats=stats))) == \
         "pocket · n-gram · accepted 50% · τ 2.00 · 41.3 tok/s · 2.06×  F6: full HUD"

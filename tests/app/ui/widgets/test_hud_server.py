@@ -6,7 +6,7 @@ from dataclasses import replace
 from app.ui.widgets.hud_server import engine_content, is_server, server_content, stats_content
 from engine.api import EngineInfo
 from engine.config.profiles import profile_from_server
-from engine.events import Stats
+from engine.events import ReplyStats
 from engine.remote.figures import ServerStats
 
 PROFILE = profile_from_server("http://127.0.0.1:8080/v1", "smol")
@@ -28,7 +28,7 @@ def engine(info: EngineInfo | None, **kw: object) -> str:
 
 def test_a_server_profile_or_server_figures_make_the_server_panels() -> None:
     assert is_server(PROFILE) and is_server(None, MEASURED)
-    assert not is_server(None) and not is_server(None, Stats())
+    assert not is_server(None) and not is_server(None, ReplyStats())
 
 
 def test_connecting_and_failed_connections() -> None:
@@ -48,7 +48,7 @@ def test_a_connected_server_names_its_model_kind_and_mode() -> None:
 def test_no_figures_yet_are_dashes() -> None:
     assert stats_content(None, live=False).plain == (
         "─ no reply yet ────────────────────\nα        —\nτ        —\ntok/s    —\nspeedup  —")
-    assert stats_content(Stats(tokens=3), live=False).plain.startswith("─ last reply ──")  # a local reply's figures
+    assert stats_content(ReplyStats(tokens=3), live=False).plain.startswith("─ last reply ──")  # a local reply's figures
 
 
 def test_the_servers_measured_figures() -> None:
