@@ -71,8 +71,10 @@ class GenerationParams:
             raise ValueError(f"need 0 <= k_min <= k_max, got {self.k_min}, {self.k_max}")
 
     def cut(self, emitted: list[int], remaining: int) -> "tuple[list[int], FinishReason | None]":
-        """Cut a round's tokens at the first stop token (kept) or after ``remaining`` tokens."""
-        for i, token in enumerate(emitted):
+        """Cut a round's tokens at the first stop token (kept) or after ``remaining`` tokens,
+        whichever comes first: a stop token past the budget is never reached (plain decoding,
+        one token a round, would have ended at the budget)."""
+        for i, token in enumerate(emitted[:max(remaining, 0)]):
             if token in self.stop_token_ids:
                 return emitted[: i + 1], "eos"
         if len(emitted) >= remaining:

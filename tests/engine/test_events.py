@@ -58,6 +58,7 @@ def test_k_zero_and_equal_bounds_are_allowed() -> None:
     ([EOS], 1, ([EOS], "eos")),  # a stop on the last allowed token is an end of text, not of length
     ([5, 6, 7], 2, ([5, 6], "length")),
     ([5, 6], 2, ([5, 6], "length")),
+    ([5, 6, EOS], 2, ([5, 6], "length")),  # a stop past the budget is never reached
     ([], 3, ([], None)),
 ])
 def test_cut_at_the_first_stop_token_or_the_length(emitted: list[int], remaining: int,
