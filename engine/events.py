@@ -61,6 +61,9 @@ class GenerationParams:
     k: int | None = None
     k_min: int = 1
     k_max: int = 8
+    private: bool = False
+    """A private chat's reply: drafters that learn from earlier chats
+    (:class:`~engine.decode.suffix.SuffixDrafter`) do not keep it."""
 
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:

@@ -180,6 +180,11 @@ class SpecChatApp(App[None]):
 
     async def action_new_chat(self) -> None:
         await self.conversation.new_chat()
+        self.sub_title = ""
+
+    async def action_new_private_chat(self) -> None:
+        await self.conversation.new_chat(private=True)
+        self.sub_title = "private chat"
 
     def action_regenerate(self) -> None:
         self.conversation.regenerate()
@@ -189,7 +194,7 @@ class SpecChatApp(App[None]):
             if result is not None and result[0] == "open" and result[1] is not None:
                 await self.open_chat(result[1])
             elif result is not None and result[0] == "new":
-                await self.conversation.new_chat()
+                await self.action_new_chat()
 
         self.push_screen(ChatsScreen(self.archive, self.conversation.chat_id), done)
 

@@ -8,6 +8,7 @@ the reply that is streaming are not sent either.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
@@ -36,9 +37,12 @@ def turns_from(messages: Iterable[Turn]) -> list[ChatMessage]:
             if m.text and not m.superseded and not m.waiting]
 
 
-def generation_params(profile: "ModelProfile", max_new_tokens: int = MAX_NEW_TOKENS) -> GenerationParams:
-    """Sampling and the K schedule from the profile (``k=None`` means adaptive)."""
-    return params_for(profile, max_new_tokens)
+def generation_params(profile: "ModelProfile", max_new_tokens: int = MAX_NEW_TOKENS, *,
+                      private: bool = False) -> GenerationParams:
+    """Sampling and the K schedule from the profile (``k=None`` means adaptive); ``private``:
+    the engine keeps nothing of the reply for later chats."""
+    params = params_for(profile, max_new_tokens)
+    return dataclasses.replace(params, private=True) if private else params
 
 
 def build_messages(system_prompt: str | None, turns: Sequence[ChatMessage]) -> list[ChatMessage]:

@@ -199,7 +199,8 @@ class ChatEngine:
                 reply.extend(event.token_ids)
                 yield _chat_event(event, shown)
                 if event.finish_reason is not None:
-                    self._remember(reply)  # after the last event: the reply is on screen already
+                    if not params.private:  # after the last event: the reply is on screen already
+                        self._remember(reply)
                     return
         finally:
             claim.done = True

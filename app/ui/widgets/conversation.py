@@ -43,6 +43,8 @@ WELCOME = (
     "Ask anything. [b]Enter[/b] sends, [b]ctrl+j[/b] adds a line, [b]Esc[/b] stops a reply.\n"
     "[b]F4[/b] colours tokens by source · [b]F2[/b] switches profile · [b]F3[/b] past chats · [b]F1[/b] help"
 )
+PRIVATE = ("[b]Private chat[/b]: it is not saved to the history, and no later chat is drafted from it. "
+           "It ends with the next new chat or when the app closes.")
 
 
 class Conversation(Horizontal):
@@ -63,6 +65,9 @@ class Conversation(Horizontal):
         self._chat: ChatRef | None = None
         self.chat_system_prompt: str | None = None
         """The chat's own system prompt; None follows the profile's."""
+        self.private = False
+        """A private chat: nothing of it is saved, and the engine is told not to learn from
+        its replies (``GenerationParams.private``), so no later chat is drafted from it."""
 
     def compose(self) -> ComposeResult:
         with Vertical(id="chat-column"):
@@ -117,7 +122,7 @@ class Conversation(Horizontal):
 
     def show_welcome(self) -> None:
         if not self.chat_log.query("#welcome"):
-            self.chat_log.mount(Static(WELCOME, id="welcome"))
+            self.chat_log.mount(Static(f"{PRIVATE}\n{WELCOME}" if self.private else WELCOME, id="welcome"))
 
     def hide_welcome(self) -> None:
         self.chat_log.query("#welcome").remove()
@@ -131,13 +136,15 @@ class Conversation(Horizontal):
         if waiting:
             self.prompt.restore("\n".join(waiting))
 
-    async def new_chat(self) -> None:
-        """Start an empty conversation (the saved one stays in the history)."""
+    async def new_chat(self, private: bool = False) -> None:
+        """Start an empty conversation (the saved one stays in the history); a ``private``
+        one is never saved and teaches the drafter nothing."""
         await self._reset()
         self._chat = None
         self.chat_system_prompt = None
+        self.private = private
         self.show_welcome()
-        notice(self, "New chat.")
+        notice(self, "New private chat: not saved, not learned from." if private else "New chat.")
 
     async def open_chat(self, chat_id: int) -> ChatRecord | None:
         """Show a saved chat to continue it; answers its record (None: it is gone)."""
@@ -148,6 +155,7 @@ class Conversation(Horizontal):
             notice(self, "That chat no longer exists.", severity="warning")
             return None
         await self._reset()
+        self.private = False
         self._chat = ChatRef(chat.title, chat.profile, chat.system_prompt, id=chat.id)
         self.chat_system_prompt = chat.system_prompt
         widgets = widgets_for(records, self.show_sources)
@@ -227,7 +235,8 @@ class Conversation(Horizontal):
         that this reply answers again, so it is not saved twice; ``supersedes``:
         the prompt an edited one replaces (its exchange is saved as replaced).
         """
-        backend, profile, saver = self.host.backend, self.host.profile, self.archive.saver
+        backend, profile = self.host.backend, self.host.profile
+        saver = None if self.private else self.archive.saver
         assert backend is not None and profile is not None
         if self._chat is None:  # created in the database by the saver's first write
             self._chat = ChatRef(chat_title(text), profile.name, self.chat_system_prompt)
@@ -252,7 +261,8 @@ class Conversation(Horizontal):
         self.generating = True
         self.hud.start_reply()
         job = ReplyJob(self.stream.reply_id, backend, self.host.lock, build_messages(self.system_prompt, self.turns()),
-                       generation_params(profile), self.stream.cancel, self.stream.outbox, saver, record)
+                       generation_params(profile, private=self.private), self.stream.cancel, self.stream.outbox,
+                       saver, record)
         self.run_worker(partial(stream_reply, job, self.post_message), thread=True, group="reply",
                         exit_on_error=False)
 

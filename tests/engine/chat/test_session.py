@@ -2,6 +2,7 @@
 and one engine asked for two replies at once."""
 from __future__ import annotations
 
+import dataclasses
 import gc
 import threading
 
@@ -202,6 +203,19 @@ def test_a_suffix_drafter_learns_earlier_chats_and_remembers_each_reply(tokenize
     assert drafter.recent.documents == 1 and drafter.recent.corpus.tolist()[:-1] == ids
     eng.learn([])  # the history as it is now: empty
     assert drafter.history.documents == 0 and drafter.recent.documents == 0
+
+
+def test_a_private_reply_is_not_remembered(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    from engine.decode.suffix import SuffixDrafter
+
+    eng = engine(tokenizer)
+    drafter = SuffixDrafter()
+    eng.decoder.drafter = drafter
+    private = dataclasses.replace(PARAMS, private=True)
+    ids, _ = reply(eng, [ChatMessage("user", words(5))], private)
+    assert ids and drafter.recent.documents == 0  # nothing a later chat could be drafted from
+    assert reply(eng, [ChatMessage("user", words(5))])[0] == ids  # the same reply, private or not
+    assert drafter.recent.documents == 1
 
 
 def test_learning_is_nothing_for_other_drafters(tokenizer) -> None:  # type: ignore[no-untyped-def]

@@ -388,3 +388,27 @@ async def test_the_colour_view_switches_every_reply_and_the_next_one(make_app: C
         conversation.show_sources = False
         assert not any(r.has_class("-sources") for r in app.query(AssistantMessage))
         assert not conversation.hud.has_class("-legend")
+
+
+async def test_a_private_chat_is_not_saved_and_asks_the_engine_not_to_learn(
+        make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await app.run_action("new_private_chat")
+        await pilot.pause()
+        assert app.sub_title == "private chat" and "Private chat" in str(app.query_one("#welcome").render())
+        await replied(pilot, "a secret plan")
+        await replied(pilot, "and its second step")
+        backend = loader.backends[0]
+        assert [p.private for p in backend.params] == [True, True]
+        assert len(backend.calls[1]) == 4  # the private chat is still one conversation
+        assert app.archive.saver is not None and app.archive.saver.flush(5)
+        assert app.conversation.chat_id is None and app.archive.history.list_chats() == []  # type: ignore[union-attr]
+        await pilot.press("ctrl+n")  # an ordinary chat again
+        await pilot.pause()
+        assert app.sub_title == "" and "Private chat" not in str(app.query_one("#welcome").render())
+        await replied(pilot, "an open question")
+        assert backend.params[-1].private is False
+        chats = app.archive.history.list_chats()  # type: ignore[union-attr]
+        assert saved_chat(app) and [c.title for c in chats] == ["an open question"]
