@@ -12,8 +12,9 @@ torch.set_num_threads(1)
 
 @pytest.fixture(autouse=True)
 def isolated_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Config and data dirs in tmp; nothing is written to the real user dirs."""
-    for name in ("CONFIG", "DATA"):
+    """Config, data and state dirs in tmp; nothing is written to the real user dirs (the
+    cache is shared: tests that need the real model use :func:`model_cache`)."""
+    for name in ("CONFIG", "DATA", "STATE"):
         monkeypatch.setenv(f"SPECCHAT_{name}_DIR", str(tmp_path / name.lower()))
     monkeypatch.delenv("SPECCHAT_MODELS", raising=False)
 
