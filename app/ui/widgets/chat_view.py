@@ -39,11 +39,14 @@ SOURCE_LABELS = {"draft": "draft accepted", "chat": "copied from chat", "history
 
 def legend(sources: Iterable[str] = ("draft", "target")) -> Content:
     """The colour view's legend for ``sources`` (those the loaded drafter can produce, see
-    :func:`drafted_sources`)."""
+    :func:`drafted_sources`): on one line for two, one a line for more (a narrow panel
+    would otherwise wrap inside a label)."""
+    sources = tuple(sources)
+    gap = "  " if len(sources) <= 2 else "\n"
     parts: list[tuple[str, str] | str] = []
     for source in sources:
         if parts:
-            parts.append("  ")
+            parts.append(gap)
         parts.append((f" {SOURCE_LABELS[source]} ", SOURCE_STYLES[source]))
     return Content.assemble(*parts)
 

@@ -189,13 +189,16 @@ async def test_the_legend_and_the_figures_name_the_drafters_the_profile_has() ->
         hud.start_reply()
         stats = FakeBackend(LOOKUP)._stats(3, 9, 5)
         hud.set_stats(replace(stats, by_origin=(OriginFigures("chat", 3, 12, 5, 9),)), live=True)
-        assert "this chat" not in shown(hud, "stats")  # one drafter: the figures above are its own
+        assert "round" not in shown(hud, "stats")  # one drafter: the figures above are its own
         hud.show_engine(FakeBackend(suffix).info, suffix)
-        assert shown(hud, "legend") == " copied from chat    from earlier chats    target produced "
+        assert shown(hud, "legend") == " copied from chat \n from earlier chats \n target produced "
         split = (OriginFigures("history", 2, 10, 8, 10), OriginFigures("chat", 1, 4, 1, 2))
         hud.set_stats(replace(stats, by_origin=split), live=True)
         rows = shown(hud, "stats").splitlines()
         i = rows.index("τ        3.00")
-        assert rows[i + 1:i + 3] == ["earlier   80% · τ 5.00 · 2 rounds ", "this chat 25% · τ 2.00 · 1 rounds "]
+        assert rows[i + 1:i + 3] == ["earlier   80% τ 5.00 (2 rounds) ", "chat      25% τ 2.00 (1 round) "]
         styles = {str(span.style) for span in hud.query_one("#hud-stats", Static).render().spans}
         assert SOURCE_STYLES["history"] in styles and SOURCE_STYLES["chat"] in styles
+        worst = (OriginFigures("history", 999, 15_984, 15_984, 16_983),)  # 100%, τ 17.00, 999 rounds
+        hud.set_stats(replace(stats, by_origin=worst), live=True)
+        assert max(len(r) for r in shown(hud, "stats").splitlines()) <= 37  # the panel's text width
