@@ -183,10 +183,10 @@ def load_weights(resolved: ResolvedSource, spec: ModelSpec, device: Device, conf
 def _int4_streamed(resolved: ResolvedSource, spec: ModelSpec, device: Device, config: Any,
                    dtype: "torch.dtype") -> "PreTrainedModel | None":
     """An int4 model for a card built one weight at a time (:func:`engine.quant.load_int4_streamed`:
-    the host never holds the full-precision model), or None for the plain path: on the CPU
-    (unchanged there), for GGUF sources (their blocks are carried over from the full
-    weights), remote code, or a checkpoint the streamed path does not read."""
-    if not device.is_cuda or config is None or spec.trust_remote_code or gguf_origin(resolved) is not None:
+    the host never holds the full-precision model; a GGUF source's blocks are carried over as
+    each weight is read), or None for the plain path: on the CPU (unchanged there), remote
+    code, or a checkpoint the streamed path does not read."""
+    if not device.is_cuda or config is None or spec.trust_remote_code:
         return None
     from engine.quant import load_int4_streamed
 
@@ -200,7 +200,8 @@ def _int4_streamed(resolved: ResolvedSource, spec: ModelSpec, device: Device, co
             return None
     try:
         return load_int4_streamed(resolved.location, config, dtype=dtype, device=device.torch_device,
-                                  group_size=spec.group_size, quantize_head=spec.quantize_head)
+                                  group_size=spec.group_size, quantize_head=spec.quantize_head,
+                                  gguf=gguf_origin(resolved), wide_planes=spec.wide_blocks == "planes")
     except OSError as exc:
         raise source_error(resolved, "load the weights in", exc) from None
 

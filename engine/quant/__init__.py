@@ -127,25 +127,30 @@ def _load(path: Path) -> tuple[dict[str, Int4Weights], list[str]] | None:
 
 def load_int4_streamed(
     location: str, config: Any, *, dtype: torch.dtype, device: torch.device, group_size: int = 32,
-    quantize_head: bool = True,
+    quantize_head: bool = True, gguf: Path | None = None, wide_planes: bool = False,
 ) -> nn.Module | None:
-    """An int4 model of the checkpoint at ``location`` (a directory or a downloaded hub snapshot),
-    built one weight at a time on ``device`` (:func:`engine.quant.stream.stream_int4`), with the
-    int4 cache read and written as :func:`apply_int4` does. None: take the plain path."""
+    """An int4 model of the checkpoint at ``location`` (a directory, a GGUF's converted copy or a
+    downloaded hub snapshot), built one weight at a time on ``device``
+    (:func:`engine.quant.stream.stream_int4`; ``gguf`` and ``wide_planes`` as for
+    :func:`apply_int4`), with the int4 cache read and written as :func:`apply_int4` does.
+    None: take the plain path."""
     from engine.quant.stream import stream_int4
 
     root = local_snapshot(location)
     if root is None:
         return None
-    cache = _cache_file(location, group_size, quantize_head, False)
+    cache = _cache_file(location, group_size, quantize_head, wide_planes)
     cached = _load(cache) if cache is not None and cache.is_file() else None
     built = stream_int4(root, config, dtype=dtype, device=device, group_size=group_size,
-                        quantize_head=quantize_head, cached=cached[0] if cached else None)
+                        quantize_head=quantize_head, cached=cached[0] if cached else None,
+                        gguf=gguf, wide_planes=wide_planes)
     if built is None:
         return None
     model, report = built
+    if cached is not None:
+        report.carried_over = [n for n in report.quantized if n in cached[1]]
     if cache is not None and report.groups and cached is None:
-        _save(cache, report.groups, [], packed=True)
+        _save(cache, report.groups, report.carried_over, packed=True)
     log.info("%s%s", report.summary(), f" (from the cache {cache})" if cached else "")
     return model
 

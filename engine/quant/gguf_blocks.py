@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from typing import Any
 from pathlib import Path
 
 import numpy as np
@@ -153,6 +154,54 @@ def _name_map(model: nn.Module, architecture: str) -> tuple[dict[str, str], obje
     return get_gguf_hf_weights_map(model, processor), processor
 
 
+class GgufCarrier:
+    """A GGUF's blocks for a model's Linear layers, one layer at a time.
+
+    ``model`` gives the names and the row processor (it may be empty, on the meta
+    device); :meth:`carry` takes each layer's full-precision weight (the converted
+    copy's, ``[N, K]``) and answers the layer's int4 groups, checked against it, or
+    None. :func:`carry_over` runs it over a loaded model; the streamed int4 build
+    (:mod:`engine.quant.stream`) runs it as it reads each weight.
+    """
+
+    def __init__(self, gguf_path: Path, model: nn.Module, *, wide_planes: bool = True) -> None:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(str(gguf_path))
+        arch_field = reader.get_field("general.architecture")
+        architecture = bytes(arch_field.parts[arch_field.data[0]]).decode() if arch_field is not None else ""
+        names, self._processor = _name_map(model, architecture)
+        self.wide_planes = wide_planes
+        self._tensors: dict[str, Any] = {}  # module name -> the GGUF tensor (ReaderTensor) holding its weight
+        for tensor in reader.tensors:
+            kind = tensor.tensor_type.name
+            if kind in FLOAT_TYPES or tensor.name not in names or (kind not in FOUR_BIT_TYPES and not wide_planes):
+                continue
+            self._tensors[names[tensor.name].removesuffix(".weight")] = tensor
+
+    def __contains__(self, module_name: str) -> bool:
+        return module_name in self._tensors
+
+    def carry(self, module_name: str, weight: torch.Tensor) -> Int4Weights | None:
+        """The int4 groups of ``module_name`` whose full-precision weight is ``weight`` ``[N, K]``;
+        None when the GGUF stores it as floats, in a wide type without ``wide_planes``, or in
+        blocks that do not dequantize to ``weight`` (the caller quantizes it from ``weight``)."""
+        tensor = self._tensors.get(module_name)
+        if tensor is None or weight.shape[1] % BLOCK:
+            return None
+        kind = tensor.tensor_type.name
+
+        def process(a: np.ndarray, name: str = tensor.name) -> np.ndarray:
+            return self._processor.process(weights=a, name=name).weights  # type: ignore[attr-defined]
+
+        weights = _carried(np.asarray(tensor.data), kind, process, weight)
+        if weights.shape != tuple(weight.shape) or (kind in EXACT_TYPES and not _matches(weights, weight)):
+            log.warning("GGUF tensor %s (%s) does not match %s; quantizing it from its weights instead",
+                        tensor.name, kind, module_name)
+            return None
+        return weights
+
+
 def carry_over(gguf_path: Path, model: nn.Module, *, wide_planes: bool = True) -> dict[str, Int4Weights]:
     """Int4 groups for every Linear of ``model`` that ``gguf_path`` stores in blocks.
 
@@ -163,33 +212,13 @@ def carry_over(gguf_path: Path, model: nn.Module, *, wide_planes: bool = True) -
     ``wide_planes``, and tensors that fail the check are left out (the caller
     quantizes them to int4 from their weights).
     """
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(gguf_path))
-    arch_field = reader.get_field("general.architecture")
-    architecture = bytes(arch_field.parts[arch_field.data[0]]).decode() if arch_field is not None else ""
-    names, processor = _name_map(model, architecture)
-    linears = {name: m for name, m in model.named_modules() if isinstance(m, nn.Linear)}
+    carrier = GgufCarrier(gguf_path, model, wide_planes=wide_planes)
     found: dict[str, Int4Weights] = {}
-    for tensor in reader.tensors:
-        kind = tensor.tensor_type.name
-        if kind in FLOAT_TYPES or tensor.name not in names or (kind not in FOUR_BIT_TYPES and not wide_planes):
-            continue
-        module_name = names[tensor.name].removesuffix(".weight")
-        linear = linears.get(module_name)
-        if linear is None or linear.weight.shape[1] % BLOCK:
-            continue
-
-        def process(a: np.ndarray, name: str = tensor.name) -> np.ndarray:
-            return processor.process(weights=a, name=name).weights  # type: ignore[attr-defined]
-
-        weights = _carried(np.asarray(tensor.data), kind, process, linear.weight)
-        exact = kind in EXACT_TYPES
-        if weights.shape != tuple(linear.weight.shape) or (exact and not _matches(weights, linear.weight)):
-            log.warning("GGUF tensor %s (%s) does not match %s; quantizing it from its weights instead",
-                        tensor.name, kind, module_name)
-            continue
-        found[module_name] = weights
+    for name, module in model.named_modules():
+        if isinstance(module, nn.Linear) and name in carrier:
+            weights = carrier.carry(name, module.weight)
+            if weights is not None:
+                found[name] = weights
     return found
 
 

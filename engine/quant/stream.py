@@ -10,6 +10,12 @@ cache, without reading it at all), packed into an :class:`Int4Linear` and
 dropped. The host holds one weight at a time plus, for the cache, the packed
 codes (half a byte a weight) and bf16 scales and zeros.
 
+A GGUF source's converted copy streams the same way: each linear layer whose
+GGUF blocks map onto the kernel's groups is carried over code for code
+(:class:`engine.quant.gguf_blocks.GgufCarrier`, checked against the weight just
+read), the rest quantized from their weights, as :func:`engine.quant.apply_int4`
+does for a model loaded whole.
+
 It handles plain Llama-family checkpoints in safetensors whose tensor names
 are the model's own; anything else returns None and the caller takes the
 plain path.
@@ -60,7 +66,8 @@ def _read(path: Path, key: str) -> torch.Tensor:
 
 def stream_int4(
     directory: Path, config: Any, *, dtype: torch.dtype, device: torch.device, group_size: int = 32,
-    quantize_head: bool = True, cached: dict[str, Int4Weights] | None = None,
+    quantize_head: bool = True, cached: dict[str, Int4Weights] | None = None, gguf: Path | None = None,
+    wide_planes: bool = False,
 ) -> tuple[nn.Module, QuantReport] | None:
     """An int4 model of the safetensors checkpoint in ``directory`` on ``device``, built one
     weight at a time; None when this checkpoint needs the plain path (another architecture,
@@ -73,6 +80,8 @@ def stream_int4(
         device: where everything goes.
         group_size, quantize_head: as for :func:`engine.quant.int4.quantize_model`.
         cached: int4 groups by module name (the int4 cache): used instead of reading those weights.
+        gguf: the GGUF file ``directory`` was converted from: its blocks are carried over where
+            they map (group size 32 only), wider types as two planes when ``wide_planes``.
 
     Returns:
         The model in eval mode, and the report; ``report.groups`` holds what was quantized here,
@@ -100,21 +109,40 @@ def stream_int4(
             set_module_tensor_to_device(model, key, device, value=_read(path, key).to(dtype))
     report = QuantReport()
     cached = cached or {}
+    carrier = None
+    if gguf is not None and group_size == 32 and gguf.is_file():
+        from engine.quant.gguf_blocks import GgufCarrier
+
+        carrier = GgufCarrier(gguf, model, wide_planes=wide_planes)
     for name in linears:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         linear = getattr(parent, attr)
         n, k = linear.weight.shape
         weights = cached.get(name)
+        if weights is not None and weights.group_size != group_size:
+            weights = None
+        source = None
+        if weights is None and carrier is not None and name in carrier:
+            source = _source(model, where, name)
+            weights = carrier.carry(name, source)
+            if weights is not None:
+                report.groups[name] = pack_for_cache(weights)
+                report.carried_over.append(name)
         try:
             check_shape(n, k, group_size, device, weights.planes if weights is not None else 1)
         except QuantizationError as exc:  # kept in full precision
             report.kept[name] = str(exc)
+            report.groups.pop(name, None)
+            if name in report.carried_over:
+                report.carried_over.remove(name)
             key = f"{name}.weight"
-            set_module_tensor_to_device(model, key, device, value=_source(model, where, name).to(dtype))
+            value = source if source is not None else _source(model, where, name)
+            set_module_tensor_to_device(model, key, device, value=value.to(dtype))
             continue
-        if weights is None or weights.group_size != group_size:
-            weights = quantize_weight(_source(model, where, name).to(device), group_size)
+        if weights is None:
+            weights = quantize_weight((source if source is not None else _source(model, where, name)).to(device),
+                                      group_size)
             report.groups[name] = pack_for_cache(weights)
         bias = linear.bias if linear.bias is not None and not linear.bias.is_meta else None
         new = Int4Linear(weights, bias, device)
@@ -124,7 +152,7 @@ def stream_int4(
         setattr(parent, attr, new)
         report.quantized.append(name)
         report.int4_bytes += new.packed.numel() * new.packed.element_size() + new.scales_and_zeros.numel() * 2
-        del weights
+        del weights, source
     if not quantize_head and getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
     left = [n for n, p in _tensors(model) if p.is_meta]

@@ -124,4 +124,11 @@ def test_int4_for_a_card_is_built_one_weight_at_a_time_not_loaded_whole(
     spec = ModelSpec(str(tiny), quantization="int4", group_size=64)
     assert loading.load_weights(resolved, spec, card, tiny_config()) == "the streamed model"
     assert seen["device"] == torch.device("cuda:0") and seen["dtype"] == torch.bfloat16 and seen["group_size"] == 64
-    assert seen["location"] == str(tiny)
+    assert seen["location"] == str(tiny) and seen["gguf"] is None
+    # A GGUF source streams too, its blocks carried over as each weight is read.
+    gguf = tiny / "model.gguf"
+    gguf.write_bytes(b"GGUF")
+    resolved = ResolvedSource(str(gguf), "gguf", str(tiny), gguf_file=gguf)
+    spec = ModelSpec(str(gguf), quantization="int4", wide_blocks="planes")
+    assert loading.load_weights(resolved, spec, card, tiny_config()) == "the streamed model"
+    assert seen["gguf"] == gguf and seen["wide_planes"] is True

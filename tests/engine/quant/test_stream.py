@@ -115,3 +115,41 @@ def test_other_checkpoints_take_the_plain_path(tmp_path: Path, saved: Path) -> N
     assert stream.stream_int4(tmp_path, config, dtype=torch.float32, device=CPU) is None  # no safetensors
     config.model_type = "gpt2"
     assert stream.stream_int4(saved, config, dtype=torch.float32, device=CPU) is None
+
+
+@pytest.mark.parametrize("wide_planes", [True, False], ids=["planes", "int4"])
+def test_a_gguf_sources_blocks_are_carried_over_as_each_weight_is_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, wide_planes: bool
+) -> None:
+    """A GGUF's converted copy streams to the same layers as the whole-model path (which loads
+    it, then carries the blocks over), bit for bit: the same layers carried, the same logits,
+    and a warm start from the cache that says which were carried."""
+    from tests.engine.quant.test_gguf_blocks import mixed_gguf
+
+    path, model = mixed_gguf(tmp_path)
+    converted = tmp_path / "converted"
+    model.save_pretrained(converted)
+    whole = type(model).from_pretrained(converted, dtype=torch.float32).eval()
+    want = quant.apply_int4(whole, location=str(tmp_path / "whole"), gguf=path, quantize_head=False,
+                            device=CPU, wide_planes=wide_planes)
+    monkeypatch.setattr(AutoModelForCausalLM, "from_pretrained", lambda *a, **k: pytest.fail("loaded whole"))
+    reports: list[quant.QuantReport] = []
+    real_stream = stream.stream_int4
+
+    def keep_report(*a, **k):  # type: ignore[no-untyped-def]
+        built = real_stream(*a, **k)
+        reports.append(built[1])
+        return built
+
+    monkeypatch.setattr(stream, "stream_int4", keep_report)
+    ids = torch.tensor([[1, 5, 9, 14, 20, 33, 2, 7]])
+    with torch.no_grad():
+        expected = whole(ids).logits
+    for _ in range(2):  # the first build carries and writes the cache; the second reads it
+        got = quant.load_int4_streamed(str(converted), model.config, dtype=torch.float32, device=CPU,
+                                       quantize_head=False, gguf=path, wide_planes=wide_planes)
+        assert got is not None
+        assert sorted(reports[-1].carried_over) == sorted(want.carried_over) and want.carried_over
+        with torch.no_grad():
+            assert torch.equal(got(ids).logits, expected)
+    assert len(want.carried_over) == (14 if wide_planes else 4)
