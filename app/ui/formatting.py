@@ -43,7 +43,7 @@ def fmt_bytes(value: int | None) -> str:
 
 MODE_LABELS = {
     "spec": "speculative · model draft",
-    "ngram": "speculative · n-gram",
+    "ngram": "speculative · lookup",  # the n-gram or the suffix drafter: the drafter row says which
     "plain": "plain decoding",
 }
 
@@ -53,11 +53,11 @@ def mode_label(mode: str | None) -> str:
     return MODE_LABELS.get(mode or "", mode or DASH)
 
 
-SHORT_MODE_LABELS = {"spec": "model draft", "ngram": "n-gram", "plain": "plain"}
+SHORT_MODE_LABELS = {"spec": "model draft", "ngram": "lookup", "plain": "plain"}
 
 
 def modes_label(stats: dict[str, Any]) -> str:
-    """The modes a reply ran in with their share of its tokens, ``"n-gram 72% · plain 28%"``;
+    """The modes a reply ran in with their share of its tokens, ``"lookup 72% · plain 28%"``;
     a reply that ran in one mode only gets that mode's full name."""
     shares = {m: n for m, n in (stats.get("mode_tokens") or {}).items() if n}
     if len(shares) < 2:

@@ -256,8 +256,7 @@ class Hud(VerticalScroll):
     def _engine_content(self) -> Content:
         if hud_server.is_server(self.profile):
             return hud_server.engine_content(self.profile, self.info, name=self.profile_name, error=self.error,
-                                             loading=self.loading_stage is not None,
-                                             speculation_on=self.speculation_on, notice=self.notice)
+                                             loading=self.loading_stage is not None, notice=self.notice)
         rows = [row("profile", self.profile_name or DASH, "bold")]
         if self.profile is not None:
             rows.append(row("target", spec_label(self.profile.target)))

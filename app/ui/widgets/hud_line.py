@@ -29,7 +29,7 @@ HUD_MIN_WIDTH = 110
 """Narrower terminals get the one-line HUD (the side panel takes 40 columns)."""
 
 SEP = (" · ", "$text-muted")
-SHORT_MODES = {"spec": "spec", "ngram": "n-gram", "plain": "plain"}
+SHORT_MODES = {"spec": "spec", "ngram": "lookup", "plain": "plain"}
 
 
 def status_line(hud: HudState, toggle_key: str = "F6") -> Content:
@@ -43,7 +43,7 @@ def status_line(hud: HudState, toggle_key: str = "F6") -> Content:
         return Content.assemble((name, "bold"), SEP, (f"loading: {hud.loading_stage}{pct}", "$text-warning"), hint)
     if hud.info is None:
         return Content.assemble((name, "bold"), SEP, ("not loaded", "$text-warning"), hint)
-    s = hud.stats if hud.live or hud.stats is not None else None
+    s = hud.stats
     mode = (s.mode if (hud.live and s) else hud.info.mode) or ""
     parts: list[tuple[str, str] | str] = [(name, "bold"), SEP, (SHORT_MODES.get(mode, mode_label(mode)),
                                           "$text-success" if mode in ("spec", "ngram") else "$text-warning")]

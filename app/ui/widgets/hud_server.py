@@ -31,8 +31,9 @@ def is_server(profile: "ModelProfile | None", stats: ReplyStats | None = None) -
 
 
 def engine_content(profile: "ModelProfile | None", info: EngineInfo | None, *, name: str | None,
-                   error: str | None, loading: bool, speculation_on: bool, notice: str | None) -> Content:
-    """Profile, server, model and mode."""
+                   error: str | None, loading: bool, notice: str | None) -> Content:
+    """Profile, server, model and mode (the mode is the backend's own: it reports speculation
+    back on when the server ignored "off", so the app's toggle is not read here)."""
     server = getattr(profile, "server", None)
     rows = [_row("profile", name or DASH, "bold")]
     if server is not None:

@@ -35,7 +35,7 @@ def test_a_streaming_reply_shows_its_live_figures() -> None:
     stats = ReplyStats(mode="ngram", tokens=40, proposed=30, accepted=15, alpha=0.5, tau=2.0, tokens_per_s=120.0, speedup=1.4,  # type: ignore[call-arg]
                   target_passes=20)
     line = str(status_line(State(info=INFO, stats=stats, live=True), toggle_key="F9"))
-    assert line.startswith("pocket · n-gram · accepted 50% · τ 2.00 · 120.0 tok/s")
+    assert line.startswith("pocket · lookup · accepted 50% · τ 2.00 · 120.0 tok/s")
     assert "1.40×" in line and line.endswith("  live  F9: full HUD")
 
 
@@ -52,7 +52,7 @@ def test_an_error_outranks_loading_and_an_unknown_fraction_shows_no_percent() ->
 
 
 def test_before_any_reply_the_engines_mode_alone() -> None:
-    assert str(status_line(State(info=INFO))) == "pocket · n-gram  F6: full HUD"
+    assert str(status_line(State(info=INFO))) == "pocket · lookup  F6: full HUD"
     spec = EngineInfo("fast", "T", "model", "spec", "cpu")
     assert str(status_line(State(info=spec))) == "pocket · spec  F6: full HUD"
 
@@ -61,7 +61,7 @@ def test_a_finished_reply_keeps_its_figures_and_the_engines_mode() -> None:
     stats = ReplyStats(mode="plain", proposed=8, accepted=4, alpha=0.5, tau=2.0, tokens=12,  # type: ignore[call-arg]
                   tokens_per_s=41.3, speedup=2.06)
     assert str(status_line(State(info=INFO, stats=stats))) == \
-        "pocket · n-gram · accepted 50% · τ 2.00 · 41.3 tok/s · 2.06×  F6: full HUD"
+        "pocket · lookup · accepted 50% · τ 2.00 · 41.3 tok/s · 2.06×  F6: full HUD"
     assert str(status_line(State(info=INFO, stats=stats, live=True))).startswith("pocket · plain · accepted 50%")
 
 

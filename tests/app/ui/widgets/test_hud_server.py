@@ -22,7 +22,7 @@ UNMEASURED = ServerStats(mode="spec", server="vllm", figures_reason="the server 
 
 
 def engine(info: EngineInfo | None, **kw: object) -> str:
-    args: dict[str, object] = dict(name="remote", error=None, loading=False, speculation_on=True, notice=None)
+    args: dict[str, object] = dict(name="remote", error=None, loading=False, notice=None)
     return engine_content(PROFILE, info, **{**args, **kw}).plain  # type: ignore[arg-type]
 
 
