@@ -138,6 +138,7 @@ def forget_unless_intact(path: Path) -> bool:
     """True when ``path`` is gone, or no longer has (or never had) a recorded hash it matches;
     then it is deleted with its record, so the next fetch verifies it afresh."""
     if not path.exists():
+        record_path(path).unlink(missing_ok=True)  # a record of nothing would judge the next file
         return True
     if matches_record(path):
         return False

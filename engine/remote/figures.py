@@ -24,6 +24,7 @@ A server that reports nothing gets ``None`` and a reason, never zeros.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -77,7 +78,8 @@ class SpecCounters:
 
 def parse_spec_counters(text: str) -> SpecCounters | None:
     """The spec-decode counters in a Prometheus text exposition (any prefix,
-    summed over label sets), or None when it has none."""
+    summed over label sets; samples that are not a finite count, such as ``NaN``, skipped),
+    or None when it has none."""
     sums: dict[str, float] = {}
     per_pos: dict[int, float] = {}
     for line in text.splitlines():
@@ -94,6 +96,8 @@ def parse_spec_counters(text: str) -> SpecCounters | None:
         try:
             value = float(m.group(3))
         except ValueError:
+            continue
+        if not math.isfinite(value) or value < 0:  # a counter is a finite count: NaN or Inf would poison α
             continue
         if name == "spec_decode_num_accepted_tokens_per_pos":
             pos = _POSITION.search(m.group(2) or "")

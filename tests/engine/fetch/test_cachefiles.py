@@ -144,6 +144,11 @@ def test_forget_unless_intact(tmp_path: Path) -> None:
     assert not damaged.exists() and not record_path(damaged).exists()
     assert forget_unless_intact(unrecorded) is True and not unrecorded.exists()
     assert forget_unless_intact(tmp_path / "never.bin") is True
+    gone = tmp_path / "gone.bin"  # deleted by hand, its record left behind
+    gone.write_bytes(b"payload")
+    write_record(gone, sha256_file(gone), "test")
+    gone.unlink()
+    assert forget_unless_intact(gone) is True and not record_path(gone).exists()
 
 
 def test_forget_a_directory_and_its_record(tmp_path: Path) -> None:
