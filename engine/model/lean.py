@@ -42,10 +42,12 @@ from engine.quant.int4 import Int4Linear, joint_bias, quantize_weight
 SUPPORTED = ("llama", "qwen2", "mistral")
 
 
-def _call(module: nn.Module) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The module's forward without nn.Module's hook dispatch (the lean part)."""
+def _call(module: nn.Module, residual: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
+    """The module's forward without nn.Module's hook dispatch (the lean part). ``residual``: its
+    output is only ever added to the float32 residual stream, so an int4 layer may hand back
+    its kernel's bf16 result (the sum promotes it: the same numbers, one copy fewer)."""
     if isinstance(module, Int4Linear):
-        return Int4Linear.fuse([module])
+        return Int4Linear.fuse([module], widen=not residual)
     return module.forward
 
 
@@ -69,16 +71,19 @@ def _fused(modules: list[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor] |
 class _Layer:
     __slots__ = ("norm1", "eps1", "qkv", "o", "norm2", "eps2", "gate_up", "inter", "down")
 
-    def __init__(self, layer: nn.Module) -> None:
+    def __init__(self, layer: nn.Module, residual: torch.dtype) -> None:
+        """``residual``: the residual stream's dtype; an int4 o/down layer's bf16 result is added
+        to it as it is where the sum's dtype stays ``residual`` (float32, bfloat16)."""
         attn, mlp = layer.self_attn, layer.mlp
+        promotes = residual in (torch.float32, torch.bfloat16)
         self.norm1, self.eps1 = layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon
         self.norm2, self.eps2 = layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon
         projections = [attn.q_proj, attn.k_proj, attn.v_proj]
         self.qkv = _fused(projections) or _separate(projections)
-        self.o = _call(attn.o_proj)
+        self.o = _call(attn.o_proj, residual=promotes)
         self.inter = int(mlp.gate_proj.out_features)
         self.gate_up = _fused([mlp.gate_proj, mlp.up_proj]) or _separate([mlp.gate_proj, mlp.up_proj])
-        self.down = _call(mlp.down_proj)
+        self.down = _call(mlp.down_proj, residual=promotes)
 
 
 def _separate(modules: list[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -105,9 +110,12 @@ def rows_pay(tensors: Iterable[Any]) -> bool:
     return not any(getattr(t, "is_cuda", False) for t in tensors)
 
 
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+def _signed_sin(sin: torch.Tensor) -> torch.Tensor:
+    """``sin`` with its first half negated, so that rope's ``rotate_half(x) * sin`` (that is,
+    ``cat(-x2, x1) * sin``) becomes ``roll(x, half) * signed``: the same numbers bit for bit
+    (``(-a) b == a (-b)`` in IEEE arithmetic), one op a layer instead of four."""
+    half = sin.shape[-1] // 2
+    return torch.cat((-sin[..., :half], sin[..., half:]), dim=-1)
 
 
 class LeanForward:
@@ -152,7 +160,7 @@ class LeanForward:
         self.rotary = inner.rotary_emb
         self.final_norm, self.final_eps = inner.norm.weight, inner.norm.variance_epsilon
         self.head = _call(model.lm_head)
-        self.layers = [_Layer(layer) for layer in inner.layers]
+        self.layers = [_Layer(layer, self.embed.dtype) for layer in inner.layers]
         self.n_heads = int(cfg.num_attention_heads)
         self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
@@ -178,7 +186,8 @@ class LeanForward:
         x = F.embedding(input_ids, self.embed)
         positions = torch.arange(start, start + t, device=input_ids.device).unsqueeze(0)
         cos, sin = self.rotary(x, positions)
-        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        cos, sin = cos.unsqueeze(1), _signed_sin(sin.unsqueeze(1))
+        half = self.head_dim // 2
         mask = None
         if t > 1 and start > 0 and not row_exact:  # causal over the new tokens; every cached token is visible
             mask = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(diagonal=start)
@@ -188,7 +197,7 @@ class LeanForward:
             qkv = layer.qkv(h)
             # Rope on q and k at once (elementwise, so the same numbers as one at a time).
             qk = qkv[..., : self.qk_width].view(qk_shape).transpose(1, 2)
-            qk = qk * cos + _rotate_half(qk) * sin
+            qk = qk * cos + qk.roll(half, dims=-1) * sin
             q, k = qk.split((self.n_heads, self.n_kv), dim=1)
             v = qkv[..., self.qk_width :].view(kv_shape).transpose(1, 2)
             k, v = past_key_values.update(k, v, i)

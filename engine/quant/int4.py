@@ -245,7 +245,7 @@ class Int4Linear(nn.Module):
                 and all(l.out_features % FUSE_ROWS == 0 for l in layers[:-1]))
 
     @staticmethod
-    def fuse(layers: Sequence["Int4Linear"]) -> Callable[[torch.Tensor], torch.Tensor]:
+    def fuse(layers: Sequence["Int4Linear"], widen: bool = True) -> Callable[[torch.Tensor], torch.Tensor]:
         """One matmul for several layers reading the same input (q/k/v, gate/up).
 
         The packed codes are concatenated along the output dim and each
@@ -253,7 +253,8 @@ class Int4Linear(nn.Module):
         duplicated but the small scale tables. The CPU packing is blocked by
         64 rows, so this is exact only when every boundary falls on a block
         (:meth:`can_fuse`); a single layer always qualifies. Returns
-        ``f(x [..., K]) -> [..., sum N]``.
+        ``f(x [..., K]) -> [..., sum N]``, in ``x``'s dtype, or with ``widen=False`` in the
+        kernel's bf16 (for a sum that promotes it anyway: the same numbers, one copy fewer).
         """
         first = layers[0]
         if len(layers) > 1 and not Int4Linear.can_fuse(layers):
@@ -266,7 +267,7 @@ class Int4Linear(nn.Module):
             offset += rows
         sz = torch.cat([l.scales_and_zeros for l in layers], dim=1).contiguous()
         return _int4_matmul(packed, sz, joint_bias(layers), first.group_size, first.in_features, first.is_cuda,
-                            first.planes)
+                            first.planes, widen)
 
     def extra_repr(self) -> str:
         kind = "int4" if self.planes == 1 else f"int4 x {self.planes} planes"
@@ -286,9 +287,11 @@ def joint_bias(layers: Sequence[nn.Module]) -> torch.Tensor | None:
 
 def _int4_matmul(
     packed: torch.Tensor, sz: torch.Tensor, bias: torch.Tensor | None, group_size: int, k: int, cuda: bool,
-    planes: int = 1,
+    planes: int = 1, widen: bool = True,
 ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``f(x [..., K]) -> [..., N]`` over packed int4 weights (of ``planes`` planes), with no module in between."""
+    """``f(x [..., K]) -> [..., N]`` over packed int4 weights (of ``planes`` planes), with no module in
+    between; ``widen``: the result in ``x``'s dtype, else in the kernel's bf16 (a bias is added in
+    its own dtype, which promotes the sum exactly as widening first would)."""
     mm = torch._weight_int4pack_mm if cuda else torch._weight_int4pack_mm_for_cpu
     n = sz.shape[1]
 
@@ -296,9 +299,9 @@ def _int4_matmul(
         flat = x.reshape(-1, k).to(torch.bfloat16)
         if planes > 1:
             flat = flat.repeat(1, planes)
-        y = mm(flat, packed, group_size, sz).to(x.dtype)
-        y = y.view(*x.shape[:-1], n)
-        return y + bias.to(y.dtype) if bias is not None else y
+        y = mm(flat, packed, group_size, sz)
+        y = (y.to(x.dtype) if widen else y).view(*x.shape[:-1], n)
+        return y + (bias.to(y.dtype) if widen else bias) if bias is not None else y
 
     return f
 

@@ -69,6 +69,30 @@ def test_int4_fusion_is_exact_where_it_is_allowed(rows: tuple[int, ...], fusable
         assert torch.equal(torch.cat([layer(x) for layer in layers], dim=-1), separate)  # views still right
 
 
+def test_the_residual_shortcuts_are_the_same_numbers_bit_for_bit() -> None:
+    """Two shortcuts of the lean forward change no bit: an o/down layer's bf16 result added to
+    the float32 stream as it is (the sum promotes it), and rope's rotate_half folded into a
+    roll by a sine whose first half is negated."""
+    from engine.model.lean import _signed_sin
+    from engine.quant import Int4Linear, quantize_weight
+
+    gen = torch.Generator().manual_seed(3)
+    bias = torch.randn(64, generator=gen)
+    layer = Int4Linear(quantize_weight(torch.randn(64, 128, generator=gen), 32), bias, torch.device("cpu"))
+    x, stream = torch.randn(1, 5, 128, generator=gen), torch.randn(1, 5, 64, generator=gen)
+    widened = stream + Int4Linear.fuse([layer])(x)
+    raw = Int4Linear.fuse([layer], widen=False)(x)
+    assert raw.dtype == torch.float32 and torch.equal(stream + raw, widened)  # the bias promotes it already
+    no_bias = Int4Linear(quantize_weight(torch.randn(64, 128, generator=gen), 32), None, torch.device("cpu"))
+    raw = Int4Linear.fuse([no_bias], widen=False)(x)
+    assert raw.dtype == torch.bfloat16 and torch.equal(stream + raw, stream + Int4Linear.fuse([no_bias])(x))
+
+    qk, cos, sin = (torch.randn(1, 6, 7, 64, generator=gen) for _ in range(3))
+    half = 32
+    rotated = torch.cat((-qk[..., half:], qk[..., :half]), dim=-1)
+    assert torch.equal(qk * cos + qk.roll(half, dims=-1) * _signed_sin(sin), qk * cos + rotated * sin)
+
+
 def test_growing_cache_matches_dynamic_cache_through_crops_and_growth() -> None:
     """The lean path's cache gives the same logits as transformers' through prefill, steps,
     rejected drafts (crops) and growth past its first buffer."""
