@@ -180,11 +180,16 @@ class SpecChatApp(App[None]):
 
     async def action_new_chat(self) -> None:
         await self.conversation.new_chat()
-        self.sub_title = ""
+        self.sub_title = self._title(self.engine.profile)
 
     async def action_new_private_chat(self) -> None:
         await self.conversation.new_chat(private=True)
-        self.sub_title = "private chat"
+        self.sub_title = self._title(self.engine.profile)
+
+    def _title(self, profile: "ModelProfile | None") -> str:
+        """The header's second part: the profile and its models, after "private chat" in one."""
+        pair = f"{profile.name} · {profile_pair(profile)}" if profile is not None else ""
+        return " · ".join(p for p in ("private chat" if self.conversation.private else "", pair) if p)
 
     def action_regenerate(self) -> None:
         self.conversation.regenerate()
@@ -325,7 +330,7 @@ class SpecChatApp(App[None]):
 
     def _start_load(self, profile: "ModelProfile") -> None:
         old, old_profile = self.engine.begin_load(profile)
-        self.sub_title = f"{profile.name} · {profile_pair(profile)}"
+        self.sub_title = self._title(profile)
         self.conversation.hud.show_loading(profile, old_profile.name if old_profile else None)
 
         def progress(stage: str, fraction: float | None) -> None:
@@ -383,7 +388,7 @@ class SpecChatApp(App[None]):
         title = f"Could not load {message.profile_name or 'profile'}"
         if message.restored is not None:
             backend, profile = message.restored
-            self.sub_title = f"{profile.name} · {profile_pair(profile)}"
+            self.sub_title = self._title(profile)
             self.conversation.hud.show_engine(backend.info, profile)
             notice(self, f"{message.error}\nStill using {profile.name}; F2 picks another profile.",
                    severity="error", title=title)

@@ -395,9 +395,11 @@ async def test_a_private_chat_is_not_saved_and_asks_the_engine_not_to_learn(
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
+        pair = app.sub_title
+        assert pair.startswith("fast · ")  # the profile and its models, as before
         await app.run_action("new_private_chat")
         await pilot.pause()
-        assert app.sub_title == "private chat" and "Private chat" in str(app.query_one("#welcome").render())
+        assert app.sub_title == f"private chat · {pair}" and "Private chat" in str(app.query_one("#welcome").render())
         await replied(pilot, "a secret plan")
         await replied(pilot, "and its second step")
         backend = loader.backends[0]
@@ -407,7 +409,7 @@ async def test_a_private_chat_is_not_saved_and_asks_the_engine_not_to_learn(
         assert app.conversation.chat_id is None and app.archive.history.list_chats() == []  # type: ignore[union-attr]
         await pilot.press("ctrl+n")  # an ordinary chat again
         await pilot.pause()
-        assert app.sub_title == "" and "Private chat" not in str(app.query_one("#welcome").render())
+        assert app.sub_title == pair and "Private chat" not in str(app.query_one("#welcome").render())
         await replied(pilot, "an open question")
         assert backend.params[-1].private is False
         chats = app.archive.history.list_chats()  # type: ignore[union-attr]
