@@ -68,6 +68,8 @@ class Conversation(Horizontal):
         self.private = False
         """A private chat: nothing of it is saved, and the engine is told not to learn from
         its replies (``GenerationParams.private``), so no later chat is drafted from it."""
+        self._recall_mark = 0
+        """How many prompts Up recalled when the private chat began: its own go when it ends."""
 
     def compose(self) -> ComposeResult:
         with Vertical(id="chat-column"):
@@ -128,13 +130,21 @@ class Conversation(Horizontal):
         self.chat_log.query("#welcome").remove()
 
     async def _reset(self) -> None:
-        """Empty the transcript; prompts that never went out return to the box, not lost."""
+        """Empty the transcript; prompts that never went out return to the box, not lost.
+        Leaving a private chat, its prompts leave Up's recall; any that return to the box
+        are said to, since sending them now puts them in the next chat."""
         self.stream.forget()
         self.generating = False
         waiting, self.queued = [w.text for w in self.queued], []
         await self.chat_log.remove_children()
+        if self.private:
+            self.prompt.set_history(self.prompt.prompts[:self._recall_mark])
         if waiting:
             self.prompt.restore("\n".join(waiting))
+            if self.private:
+                notice(self, "The private chat's unsent prompts are back in the box: sent now, they go "
+                             "into the new chat.", severity="warning")
+        self.hud.set_seen_sources(())
 
     async def new_chat(self, private: bool = False) -> None:
         """Start an empty conversation (the saved one stays in the history); a ``private``
@@ -143,6 +153,7 @@ class Conversation(Horizontal):
         self._chat = None
         self.chat_system_prompt = None
         self.private = private
+        self._recall_mark = len(self.prompt.prompts)
         self.show_welcome()
         notice(self, "New private chat: not saved, not learned from." if private else "New chat.")
 
@@ -161,6 +172,7 @@ class Conversation(Horizontal):
         widgets = widgets_for(records, self.show_sources)
         if widgets:
             await self.chat_log.mount_all(widgets)
+            self.hud.set_seen_sources(self._sources())
         else:
             self.show_welcome()
         self.chat_log.follow()
@@ -310,6 +322,7 @@ class Conversation(Horizontal):
         self.generating = False
         if widget is not None:
             await widget.finish(message.finish_reason, message.stats.to_dict() if message.stats else None)
+            self.hud.set_seen_sources(self._sources())
         if message.stats is not None:
             self.hud.set_stats(message.stats, live=False)
         if self.host.backend is not None:
@@ -321,6 +334,10 @@ class Conversation(Horizontal):
         if self.screen.is_active and self.screen.focused is None:
             self.prompt.focus()
         self.send_queued()
+
+    def _sources(self) -> set[str]:
+        """The token sources in the transcript's replies (the legend must name every colour shown)."""
+        return {source for message in self.query(AssistantMessage) for _, source in message.pieces}
 
     # -- the last exchange --------------------------------------------------------------
 

@@ -8,7 +8,7 @@ waits on the renderer.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from textual.app import ComposeResult
@@ -30,7 +30,7 @@ from app.ui.formatting import (
     plan_lines,
 )
 from app.ui.widgets import hud_server
-from app.store.pieces import drafted_source
+from app.store.pieces import PIECE_SOURCES, drafted_source
 from app.ui.widgets.chat_view import SOURCE_STYLES, drafted_sources, legend
 from app.ui.widgets.hud_line import status_line
 from engine.api import EngineInfo
@@ -105,6 +105,8 @@ class Hud(VerticalScroll):
         self.loading_stage: str | None = None
         self.loading_fraction: float | None = None
         self.error: str | None = None
+        self.seen_sources: frozenset[str] = frozenset()
+        """Token sources in the chat on screen (a reopened chat may hold colours this profile never makes)."""
         self.round_alpha: deque[float] = deque(maxlen=SPARK_ROUNDS)
         self._last_counts = (0, 0)
         self._dirty = True
@@ -143,6 +145,11 @@ class Hud(VerticalScroll):
         if profile is not None:
             self.profile_name = profile.name
         self.loading_stage = None
+        self._dirty = True
+
+    def set_seen_sources(self, sources: Iterable[str]) -> None:
+        """The token sources the transcript's replies hold; the legend names them too."""
+        self.seen_sources = frozenset(sources)
         self._dirty = True
 
     def set_error(self, error: str | None) -> None:
@@ -247,11 +254,22 @@ class Hud(VerticalScroll):
             reason = self.notice
         return mode_label(mode) if mode else DASH, reason
 
-    def _legend(self) -> Content:
-        """The colour view's legend, for the sources the loaded drafter produces."""
+    def _drafted(self) -> tuple[str, ...]:
+        """The sources the loaded drafter produces: the profile's, unless the engine runs
+        without its draft model (dropped for memory or a tokenizer mismatch: the n-gram
+        drafter copies instead)."""
         if self.profile is None or hud_server.is_server(self.profile):
-            return legend()
-        return legend(drafted_sources(self.profile.drafter, self.profile.lookup))
+            return ("draft", "target")
+        drafter = self.profile.drafter
+        if drafter == "model" and self.info is not None and self.info.mode == "ngram":
+            drafter = "ngram"
+        return drafted_sources(drafter, self.profile.lookup and drafter == "model")
+
+    def _legend(self) -> Content:
+        """The colour view's legend: what the loaded drafter produces and what the chat on
+        screen holds, in the colours' order."""
+        shown = set(self._drafted()) | self.seen_sources
+        return legend(s for s in PIECE_SOURCES if s in shown)
 
     def _engine_content(self) -> Content:
         if hud_server.is_server(self.profile):
@@ -302,7 +320,7 @@ class Hud(VerticalScroll):
     def _origin_rows(self, s: ReplyStats | None) -> list[Content]:
         """Acceptance and τ per drafter, in its colour in the colour view, for a profile with
         more than one (the suffix drafter: this chat and earlier chats; a model that copies first)."""
-        if s is None or self.profile is None or len(drafted_sources(self.profile.drafter, self.profile.lookup)) < 3:
+        if s is None or len(self._drafted()) < 3:
             return []
         out = []
         for o in s.by_origin:

@@ -414,3 +414,27 @@ async def test_a_private_chat_is_not_saved_and_asks_the_engine_not_to_learn(
         assert backend.params[-1].private is False
         chats = app.archive.history.list_chats()  # type: ignore[union-attr]
         assert saved_chat(app) and [c.title for c in chats] == ["an open question"]
+
+
+async def test_leaving_a_private_chat_takes_its_prompts_out_of_recall(
+        make_app: Callable[..., SpecChatApp]) -> None:
+    loader = FakeLoader(hold_after=1)
+    app = make_app(loader=loader)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        backend = loader.backends[0]
+        backend.hold_after = None  # this reply runs through
+        await replied(pilot, "an open question")
+        backend.hold_after = 1
+        await app.run_action("new_private_chat")
+        await pilot.pause()
+        await send(pilot, "a secret")
+        await wait_for(pilot, loader.backends[0].held.is_set)
+        await send(pilot, "a second secret")  # waits behind the reply
+        conversation = app.conversation
+        assert conversation.prompt.prompts == ["an open question", "a secret", "a second secret"]
+        await pilot.press("ctrl+n")
+        await pilot.pause()
+        assert conversation.prompt.prompts == ["an open question"]  # Up no longer recalls them
+        assert conversation.prompt.text == "a second secret"  # the unsent one is not lost
+        assert any("unsent prompts are back in the box" in n for n in await notices(pilot))

@@ -202,3 +202,23 @@ async def test_the_legend_and_the_figures_name_the_drafters_the_profile_has() ->
         worst = (OriginFigures("history", 999, 15_984, 15_984, 16_983),)  # 100%, τ 17.00, 999 rounds
         hud.set_stats(replace(stats, by_origin=worst), live=True)
         assert max(len(r) for r in shown(hud, "stats").splitlines()) <= 37  # the panel's text width
+
+
+async def test_the_legend_follows_the_drafter_that_loaded_and_the_colours_on_screen() -> None:
+    """A model profile whose draft was dropped copies with the n-gram drafter: its legend says
+    so. A reopened chat's colours from another drafter get their legend entry too."""
+    async with HudApp().run_test(size=(60, 60)) as pilot:
+        hud = pilot.app.query_one(Hud)
+        backend = FakeBackend(FAST)
+        hud.show_engine(backend.info, FAST)
+        assert shown(hud, "legend") == " draft accepted    target produced "
+        dropped = replace(backend.info, mode="ngram", drafter="n-gram lookup",
+                          fallback_reason="draft model dropped: not enough memory")
+        hud.show_engine(dropped, FAST)
+        assert shown(hud, "legend") == " copied from chat    target produced "
+        hud.set_seen_sources({"history", "target"})  # a suffix-drafted chat reopened
+        hud.flush()
+        assert shown(hud, "legend") == " copied from chat \n from earlier chats \n target produced "
+        hud.set_seen_sources(())
+        hud.flush()
+        assert shown(hud, "legend") == " copied from chat    target produced "
