@@ -109,11 +109,8 @@ def stream_int4(
             set_module_tensor_to_device(model, key, device, value=_read(path, key).to(dtype))
     report = QuantReport()
     cached = cached or {}
-    carrier = None
-    if gguf is not None and group_size == 32 and gguf.is_file():
-        from engine.quant.gguf_blocks import GgufCarrier
-
-        carrier = GgufCarrier(gguf, model, wide_planes=wide_planes)
+    carrier: Any = None  # the GGUF's blocks, read when a layer first needs them (not on a warm start)
+    carries = gguf is not None and group_size == 32 and gguf.is_file()
     for name in linears:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
@@ -123,6 +120,10 @@ def stream_int4(
         if weights is not None and weights.group_size != group_size:
             weights = None
         source = None
+        if weights is None and carries and carrier is None:
+            from engine.quant.gguf_blocks import GgufCarrier
+
+            carrier = GgufCarrier(gguf, model, wide_planes=wide_planes)  # type: ignore[arg-type]
         if weights is None and carrier is not None and name in carrier:
             source = _source(model, where, name)
             weights = carrier.carry(name, source)

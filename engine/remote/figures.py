@@ -78,8 +78,8 @@ class SpecCounters:
 
 def parse_spec_counters(text: str) -> SpecCounters | None:
     """The spec-decode counters in a Prometheus text exposition (any prefix,
-    summed over label sets; samples that are not a finite count, such as ``NaN``, skipped),
-    or None when it has none."""
+    summed over label sets), or None when it has none or when any of them is not a finite
+    count (``NaN``, ``+Inf``, negative)."""
     sums: dict[str, float] = {}
     per_pos: dict[int, float] = {}
     for line in text.splitlines():
@@ -97,8 +97,10 @@ def parse_spec_counters(text: str) -> SpecCounters | None:
             value = float(m.group(3))
         except ValueError:
             continue
-        if not math.isfinite(value) or value < 0:  # a counter is a finite count: NaN or Inf would poison α
-            continue
+        if not math.isfinite(value) or value < 0:
+            # A counter is a finite count. Skipping just this sample would make the next
+            # scrape's difference wrong, so the whole scrape counts as telling nothing.
+            return None
         if name == "spec_decode_num_accepted_tokens_per_pos":
             pos = _POSITION.search(m.group(2) or "")
             if pos:

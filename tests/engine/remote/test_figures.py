@@ -30,11 +30,11 @@ def test_counters_with_and_without_total_and_per_position_sums() -> None:
             'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="0",position="1"} 2\n'
             'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1",position="1"} 5\n'
             'vllm:spec_decode_num_accepted_tokens_per_pos_total{engine="1"} 100\n'  # no position: skipped
-            "vllm:spec_decode_num_accepted_tokens 1e2\n"
-            "vllm:spec_decode_num_accepted_tokens NaN\n"  # not counts: skipped
-            'vllm:spec_decode_num_drafts_total{engine="2"} +Inf\n'
-            'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="1"} -3\n')
+            "vllm:spec_decode_num_accepted_tokens 1e2\n")
     assert parse_spec_counters(text) == SpecCounters(drafts=5, draft_tokens=0, accepted=100, per_position={1: 7})
+    for bad in ("vllm:spec_decode_num_accepted_tokens NaN\n", 'vllm:spec_decode_num_drafts_total{engine="2"} +Inf\n',
+                'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="1"} -3\n'):
+        assert parse_spec_counters(text + bad) is None  # not a count: this scrape tells nothing
     assert parse_spec_counters("") is None
 
 
