@@ -27,7 +27,7 @@ from app.ui.engine_host import DRAFTING_CHARS, EngineHost, ProfileChoice, Refusa
 from app.ui.formatting import plan_lines
 from app.ui.key_hold import KeyHold
 from app.ui.keys import BINDINGS, EXTRA_COMMANDS, MAIN_SCREEN_ACTIONS
-from app.ui.labels import profile_pair
+from app.ui.labels import header_title
 from app.ui.loading import Loader
 from app.ui.messages import EngineFailed, EngineReady, LoadProgress
 from app.ui.notices import notice
@@ -178,18 +178,9 @@ class SpecChatApp(App[None]):
     def action_toggle_hud(self) -> None:
         self.conversation.toggle_hud(self.size.width)
 
-    async def action_new_chat(self) -> None:
-        await self.conversation.new_chat()
-        self.sub_title = self._title(self.engine.profile)
-
-    async def action_new_private_chat(self) -> None:
-        await self.conversation.new_chat(private=True)
-        self.sub_title = self._title(self.engine.profile)
-
-    def _title(self, profile: "ModelProfile | None") -> str:
-        """The header's second part: the profile and its models, after "private chat" in one."""
-        pair = f"{profile.name} · {profile_pair(profile)}" if profile is not None else ""
-        return " · ".join(p for p in ("private chat" if self.conversation.private else "", pair) if p)
+    async def action_new_chat(self, private: bool = False) -> None:
+        await self.conversation.new_chat(private=private)
+        self.sub_title = header_title(self.engine.profile, private)
 
     def action_regenerate(self) -> None:
         self.conversation.regenerate()
@@ -330,7 +321,7 @@ class SpecChatApp(App[None]):
 
     def _start_load(self, profile: "ModelProfile") -> None:
         old, old_profile = self.engine.begin_load(profile)
-        self.sub_title = self._title(profile)
+        self.sub_title = header_title(profile, self.conversation.private)
         self.conversation.hud.show_loading(profile, old_profile.name if old_profile else None)
 
         def progress(stage: str, fraction: float | None) -> None:
@@ -388,7 +379,7 @@ class SpecChatApp(App[None]):
         title = f"Could not load {message.profile_name or 'profile'}"
         if message.restored is not None:
             backend, profile = message.restored
-            self.sub_title = self._title(profile)
+            self.sub_title = header_title(profile, self.conversation.private)
             self.conversation.hud.show_engine(backend.info, profile)
             notice(self, f"{message.error}\nStill using {profile.name}; F2 picks another profile.",
                    severity="error", title=title)

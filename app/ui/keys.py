@@ -33,6 +33,6 @@ MAIN_SCREEN_ACTIONS = frozenset(b.action for b in BINDINGS if isinstance(b, Bind
 EXTRA_COMMANDS = [
     ("Copy last reply", "the last reply to the clipboard", "copy_last_reply"),
     ("Copy last code block", "the last code block of the replies to the clipboard", "copy_last_code"),
-    ("New private chat", "a chat that is not saved and that no later chat is drafted from", "new_private_chat"),
+    ("New private chat", "a chat that is not saved and that no later chat is drafted from", "new_chat(True)"),
 ]
 """Commands only the palette offers: (title, help, action)."""

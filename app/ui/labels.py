@@ -18,6 +18,14 @@ def spec_label(spec: "ModelSpec") -> str:
     return spec.source
 
 
+def header_title(profile: "ModelProfile | None", private: bool = False) -> str:
+    """The header's second part: the profile and its models, after "private chat" in one."""
+    parts = ["private chat"] if private else []
+    if profile is not None:
+        parts.append(f"{profile.name} · {profile_pair(profile)}")
+    return " · ".join(parts)
+
+
 def profile_pair(profile: "ModelProfile") -> str:
     """``"target ← draft"`` with quantizations, or the n-gram/none drafter;
     for a server profile, the model and the server's address."""

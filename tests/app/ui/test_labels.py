@@ -11,3 +11,13 @@ def test_profile_pair_and_titles() -> None:
     assert profile_pair(profiles.get("lookup")) == "Target-360M ← n-gram lookup"
     assert chat_title("\n  first line\nsecond") == "first line"
     assert len(chat_title("x" * 100)) == 48
+
+
+def test_the_header_names_the_profile_after_a_private_chat_marker() -> None:
+    from app.ui.labels import header_title, profile_pair
+    from tests.app.fakes import make_profiles
+
+    fast = make_profiles().get("fast")
+    assert header_title(fast) == f"fast · {profile_pair(fast)}"
+    assert header_title(fast, private=True) == f"private chat · fast · {profile_pair(fast)}"
+    assert header_title(None, private=True) == "private chat" and header_title(None) == ""

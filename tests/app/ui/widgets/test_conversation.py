@@ -397,7 +397,7 @@ async def test_a_private_chat_is_not_saved_and_asks_the_engine_not_to_learn(
         await ready(pilot)
         pair = app.sub_title
         assert pair.startswith("fast · ")  # the profile and its models, as before
-        await app.run_action("new_private_chat")
+        await app.run_action("new_chat(True)")
         await pilot.pause()
         assert app.sub_title == f"private chat · {pair}" and "Private chat" in str(app.query_one("#welcome").render())
         await replied(pilot, "a secret plan")
@@ -426,7 +426,7 @@ async def test_leaving_a_private_chat_takes_its_prompts_out_of_recall(
         backend.hold_after = None  # this reply runs through
         await replied(pilot, "an open question")
         backend.hold_after = 1
-        await app.run_action("new_private_chat")
+        await app.run_action("new_chat(True)")
         await pilot.pause()
         await send(pilot, "a secret")
         await wait_for(pilot, loader.backends[0].held.is_set)
