@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -14,7 +13,6 @@ from app.cli import main
 from app.ui.screens.profiles import ProfilePicker
 from engine.progress import ProgressFn
 from engine.errors import MemoryPlanError, ModelSourceError
-from engine.fetch.hublog import describe, hub_messages_as_progress
 from engine.config.profiles import ModelProfile, Profiles
 from tests.app.fakes import FakeBackend, make_profiles
 from tests.app.helpers import ready, send, wait_for
@@ -130,20 +128,6 @@ def test_profiles_command_marks_cuda_profiles(capsys: pytest.CaptureFixture[str]
     assert not rows["qwen2.5-7b"]["available"] and "CUDA" in rows["qwen2.5-7b"]["unavailable_reason"]
     assert main(["profiles"]) == 0
     assert "unavailable here: needs a CUDA GPU" in capsys.readouterr().out
-
-
-def test_hub_retries_become_progress_not_stderr(capfd: pytest.CaptureFixture[str]) -> None:
-    from huggingface_hub.utils import logging as hf_logging
-
-    logger = hf_logging.get_logger("huggingface_hub.utils._http")
-    stages: list[str] = []
-    with hub_messages_as_progress(lambda stage, fraction: stages.append(stage)):
-        logger.warning("'[Errno -3] Temporary failure in name resolution' thrown while requesting HEAD https://x")
-        logger.warning("Retrying in 4s [Retry 3/5].")
-    assert stages == ["hub request failed; retrying", "hub unreachable: retry 3 of 5 in 4 s"]
-    assert capfd.readouterr().err == ""
-    assert logging.getLogger("huggingface_hub").handlers  # its own handler is back afterwards
-    assert describe("Rate limited. Waiting 61.0s before retry [Retry 1/5].") == "hub rate limit: retry 1 of 5 in 61 s"
 
 
 async def test_an_over_long_chat_is_fitted_with_a_notice(make_app: Callable[..., SpecChatApp]) -> None:
