@@ -181,10 +181,13 @@ def tiny_gguf(path: Path) -> Path:
     return path
 
 
-def test_missing_and_truncated_gguf(tmp_path: Path) -> None:
+def test_a_missing_gguf_says_where_it_looked(tmp_path: Path) -> None:
     with pytest.raises(ModelSourceError, match="GGUF file not found") as err:
         locate(ModelSpec(str(tmp_path / "none.gguf")))
     assert str(tmp_path / "none.gguf") in str(err.value)
+
+
+def test_a_truncated_gguf_is_refused_and_leaves_no_half_converted_copy(tmp_path: Path) -> None:
     gguf_file = tiny_gguf(tmp_path / "tiny.gguf")
     data = gguf_file.read_bytes()
     gguf_file.write_bytes(data[: len(data) // 2])
