@@ -26,7 +26,7 @@ def drafted_source(origin: DraftOrigin | None) -> str:
 def piece_runs(pieces: Iterable[TextPiece]) -> Iterable[tuple[str, str]]:
     """The engine's pieces as ``(text, source)`` runs (sources as in the module docstring)."""
     for p in pieces:
-        yield p.text, "target" if p.source == "target" else _BY_ORIGIN[p.origin]
+        yield p.text, "target" if p.source == "target" else drafted_source(p.origin)
 
 
 def merge_pieces(pieces: Iterable[tuple[str, str]]) -> Pieces:

@@ -322,7 +322,7 @@ class Conversation(Horizontal):
         self.generating = False
         if widget is not None:
             await widget.finish(message.finish_reason, message.stats.to_dict() if message.stats else None)
-            self.hud.set_seen_sources(self._sources())
+            self.hud.set_seen_sources(self.hud.seen_sources | {source for _, source in widget.pieces})
         if message.stats is not None:
             self.hud.set_stats(message.stats, live=False)
         if self.host.backend is not None:
