@@ -52,3 +52,16 @@ def smol_tokenizer(pocket_dir: Path):  # type: ignore[no-untyped-def]
     from transformers import AutoTokenizer
 
     return AutoTokenizer.from_pretrained(str(pocket_dir))
+
+
+@pytest.fixture(params=["specchat", "torch"])
+def int4_kernel(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each CPU int4 kernel in turn: specchat's own (engine/quant/csrc) and torch's (what runs
+    where specchat's cannot be built)."""
+    from engine.quant import cpu_kernel
+
+    if request.param == "torch":
+        monkeypatch.setattr(cpu_kernel, "matmul", lambda: None)
+    elif cpu_kernel.matmul() is None:
+        pytest.skip(f"specchat's CPU int4 kernel cannot run here: {cpu_kernel.why_not()}")
+    return str(request.param)

@@ -55,6 +55,7 @@ import torch
 from torch import nn
 
 from engine.errors import QuantizationError
+from engine.quant import cpu_kernel
 
 log = logging.getLogger(__name__)
 
@@ -211,17 +212,26 @@ class Int4Linear(nn.Module):
         self.planes = weights.planes
         self.group_size = weights.group_size
         self.is_cuda = device.type == "cuda"
+        # Which kernel multiplies: specchat's own on a CPU that can build it, else torch's.
+        self.kernel = ("specchat" if not self.is_cuda and cpu_kernel.fits(k, weights.group_size)
+                       and cpu_kernel.matmul() is not None else "torch")
         codes = weights.codes.to(device)
-        if self.is_cuda:
+        if self.kernel == "specchat":
+            packed, table = cpu_kernel.pack(codes, weights.scale, weights.zero, weights.planes)
+        elif self.is_cuda:
             pairs = (codes[:, ::2] << 4 | codes[:, 1::2]).contiguous()
             packed = torch._convert_weight_to_int4pack(pairs, CUDA_INNER_K_TILES)
+            table = _scales_and_zeros(weights).to(device)
         else:
             packed = torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+            table = _scales_and_zeros(weights)
         self.register_buffer("packed", packed, persistent=False)
-        self.register_buffer("scales_and_zeros", _scales_and_zeros(weights).to(device), persistent=False)
+        self.register_buffer("scales_and_zeros", table, persistent=False)
         self.bias = nn.Parameter(bias.detach().clone().to(device), requires_grad=False) if bias is not None else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.kernel == "specchat":
+            return Int4Linear.fuse([self])(x)
         shape = x.shape
         flat = x.reshape(-1, shape[-1]).to(torch.bfloat16)
         if self.planes > 1:
@@ -235,14 +245,15 @@ class Int4Linear(nn.Module):
 
     @staticmethod
     def can_fuse(layers: Sequence[nn.Module]) -> bool:
-        """Whether :meth:`fuse` is exact for these layers: CPU int4 layers with one input
-        size and group size, every boundary on the CPU packing's 64-row blocks."""
+        """Whether :meth:`fuse` is exact for these layers: CPU int4 layers of one kernel, input
+        size, group size and plane count; for torch's kernel every boundary on its packing's
+        64-row blocks (specchat's kernel keeps rows apart, so any boundary will do)."""
         if not layers or not all(isinstance(l, Int4Linear) and not l.is_cuda for l in layers):
             return False
         first = layers[0]
         return (all(l.group_size == first.group_size and l.in_features == first.in_features
-                    and l.planes == first.planes for l in layers)
-                and all(l.out_features % FUSE_ROWS == 0 for l in layers[:-1]))
+                    and l.planes == first.planes and l.kernel == first.kernel for l in layers)
+                and (first.kernel == "specchat" or all(l.out_features % FUSE_ROWS == 0 for l in layers[:-1])))
 
     @staticmethod
     def fuse(layers: Sequence["Int4Linear"], widen: bool = True) -> Callable[[torch.Tensor], torch.Tensor]:
@@ -250,11 +261,12 @@ class Int4Linear(nn.Module):
 
         The packed codes are concatenated along the output dim and each
         layer's ``packed`` becomes a view into the joint tensor: no memory is
-        duplicated but the small scale tables. The CPU packing is blocked by
+        duplicated but the small scale tables. torch's CPU packing is blocked by
         64 rows, so this is exact only when every boundary falls on a block
         (:meth:`can_fuse`); a single layer always qualifies. Returns
-        ``f(x [..., K]) -> [..., sum N]``, in ``x``'s dtype, or with ``widen=False`` in the
-        kernel's bf16 (for a sum that promotes it anyway: the same numbers, one copy fewer).
+        ``f(x [..., K]) -> [..., sum N]``, in ``x``'s dtype, or with ``widen=False`` in torch
+        kernel's bf16 (for a sum that promotes it anyway: the same numbers, one copy fewer;
+        specchat's kernel answers in fp32 either way).
         """
         first = layers[0]
         if len(layers) > 1 and not Int4Linear.can_fuse(layers):
@@ -265,13 +277,17 @@ class Int4Linear(nn.Module):
             rows = l.packed.shape[0]
             l.packed = packed[offset : offset + rows]
             offset += rows
+        if first.kernel == "specchat":
+            table = torch.cat([l.scales_and_zeros for l in layers]) if len(layers) > 1 else first.scales_and_zeros
+            return cpu_kernel.linear(packed, table, joint_bias(layers), first.in_features, first.planes)
         sz = torch.cat([l.scales_and_zeros for l in layers], dim=1).contiguous()
         return _int4_matmul(packed, sz, joint_bias(layers), first.group_size, first.in_features, first.is_cuda,
                             first.planes, widen)
 
     def extra_repr(self) -> str:
         kind = "int4" if self.planes == 1 else f"int4 x {self.planes} planes"
-        return f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, {kind}"
+        return (f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, "
+                f"{kind}, {self.kernel} kernel")
 
 
 def joint_bias(layers: Sequence[nn.Module]) -> torch.Tensor | None:

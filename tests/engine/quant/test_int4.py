@@ -22,7 +22,8 @@ from engine.quant.int4 import Int4Weights, quantize_model
 from tests.tiny import tiny_llama
 
 CPU = torch.device("cpu")
-# The kernel rounds activations, scales and zeros to bf16 (8 bits of mantissa)
+# torch's kernel rounds activations, scales and zeros to bf16 (8 bits of mantissa),
+# specchat's rounds activations to 8 bits per group of 32,
 # and accumulates in fp32: against the fp32 product of the same codes, an
 # output is off by at most a few bf16 steps of the output's scale.
 REL_TOL = 2e-2
@@ -37,7 +38,7 @@ def _reference(weights: Int4Weights, x: torch.Tensor) -> torch.Tensor:
 
 @pytest.mark.parametrize("group_size", [32, 64, 128])
 @pytest.mark.parametrize("n, k, m", [(48, 256, 1), (64, 384, 5), (16, 128, 3)])
-def test_int4_linear_matches_dequantized_reference(group_size: int, n: int, k: int, m: int) -> None:
+def test_int4_linear_matches_dequantized_reference(group_size: int, n: int, k: int, m: int, int4_kernel: str) -> None:
     gen = torch.Generator().manual_seed(n * k + group_size)
     w = torch.randn(n, k, generator=gen)
     weights = quantize_weight(w, group_size)

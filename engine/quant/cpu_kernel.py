@@ -1,0 +1,175 @@
+"""specchat's own CPU int4 matmul (``csrc/int4_avx2.c``), built with the machine's C compiler.
+
+torch's CPU int4 kernel (``_weight_int4pack_mm_for_cpu``) widens every weight to bf16 and
+multiplies in floating point: on a 2-core machine it is compute-bound, at about half the
+speed at which the same bytes can be read. This kernel does what llama.cpp does for its
+4-bit blocks: it quantizes each group of 32 activations to int8 (``x ≈ dx · xq``) and sums
+``q · xq`` with integer dot products, one float multiply-add per group::
+
+    y[m, n] = Σ_g  s[n,g]·dx[m,g]·Σ_i q[n,g,i]·xq[m,g,i]  +  (z[n,g] − 8·s[n,g])·dx[m,g]·Σ_i xq[m,g,i]
+
+for weights ``w = (q − 8)·s + z`` with the scale ``s`` and zero ``z`` rounded to bf16, as torch's
+kernel rounds them (:mod:`engine.quant.int4`): the weights are exactly those torch's kernel uses,
+and only the activations' rounding to 8 bits differs. Each output is computed by one thread with the same instructions
+whatever the number of tokens, so verify passes stay row-exact (greedy speculation stays
+token-identical to plain decoding).
+
+It is built once per source version into ``cache_dir()/kernels`` (about a second with gcc)
+the first time an int4 model loads on a CPU with AVX2 and FMA. Without a C compiler, on
+another CPU, or with ``SPECCHAT_CPU_KERNEL=torch`` in the environment, torch's kernel is used
+instead, with a note in the log; the output is then that kernel's (see docs/performance.md).
+The library links the OpenMP runtime torch has already loaded, so both share one thread pool.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+from engine.paths import cache_dir
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("csrc") / "int4_avx2.c"
+FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+GROUP = 32  # the kernel's group size
+K_MULTIPLE = 64  # inputs per row must fill whole pairs of groups (32 bytes of codes)
+ENV = "SPECCHAT_CPU_KERNEL"  # "torch" turns this kernel off
+
+Matmul = Callable[..., int]  # ctypes entry point over raw pointers (see matmul)
+
+
+def why_not() -> str | None:
+    """Why this kernel cannot be used on this machine (None when it can)."""
+    if os.environ.get(ENV, "").strip().lower() == "torch":
+        return f"{ENV}=torch is set"
+    capability = torch.backends.cpu.get_cpu_capability()
+    if capability not in ("AVX2", "AVX512"):
+        return f"the CPU offers {capability}, and the kernel needs AVX2 and FMA"
+    if _compiler() is None and not _library_path().exists():
+        return "no C compiler was found (set CC, or install gcc)"
+    return None
+
+
+def _compiler() -> str | None:
+    return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
+
+
+def _library_path() -> Path:
+    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
+    return cache_dir() / "kernels" / f"int4_avx2-{key}.so"
+
+
+def _build(path: Path) -> None:
+    """Compile the kernel to ``path`` (written under a temporary name, renamed into place)."""
+    compiler = _compiler()
+    if compiler is None:
+        raise OSError("no C compiler")
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(tmp)], check=True, capture_output=True,
+                       text=True, timeout=120)
+        os.replace(tmp, path)
+    except subprocess.CalledProcessError as exc:
+        raise OSError(f"{compiler} failed: {exc.stderr.strip()[-500:]}") from exc
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+@functools.cache
+def matmul() -> Matmul | None:
+    """The kernel's entry point, built and loaded on first use; None (logged once) when this
+    machine cannot have it, so callers fall back to torch's kernel.
+
+    Signature: ``(codes, scales, bias | None, N, K, planes, x, M, y, threads) -> 0`` over raw
+    pointers: ``codes`` uint8 ``[N, planes·K/2]`` (see :func:`pack`), ``scales`` bf16
+    ``[N, planes, 2, K/32]``, ``bias`` fp32 ``[N]``, ``x`` fp32 ``[M, K]``, ``y`` fp32 ``[M, N]``.
+    """
+    problem = why_not()
+    if problem is None:
+        path = _library_path()
+        try:
+            if not path.exists():
+                _build(path)
+            lib = ctypes.CDLL(str(path))
+        except OSError as exc:
+            problem = f"it could not be built or loaded ({exc})"
+    if problem is not None:
+        log.info("int4 on the CPU runs torch's kernel: specchat's own cannot run here: %s", problem)
+        return None
+    fn = lib.specchat_int4_mm
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [p, p, p, i64, i64, i64, p, i64, p, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn  # type: ignore[no-any-return]
+
+
+def fits(k: int, group_size: int) -> bool:
+    """Whether a weight with ``k`` inputs (per plane) in groups of ``group_size`` suits the kernel."""
+    return group_size == GROUP and k % K_MULTIPLE == 0
+
+
+def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, planes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The kernel's layout of int4 groups (those of :class:`engine.quant.int4.Int4Weights`).
+
+    Args:
+        codes: uint8 ``[N, planes·K]`` in 0..15, ``w = (q − 8)·scale + zero``.
+        scale, zero: ``[N, planes·K/32]``.
+    Returns:
+        ``(packed, scales)``: uint8 ``[N, planes·K/2]``, where each 64 weights take 32 bytes,
+        byte ``j`` holding weight ``j`` in its low nibble and ``j + 32`` in its high one; and
+        bf16 ``[N, planes, 2, K/32]``, each plane's scales then zeros (rounded to bf16 as
+        torch's kernel rounds them).
+    """
+    n, width = codes.shape
+    pairs = codes.to(torch.uint8).reshape(n, width // 64, 2, 32)
+    packed = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(n, width // 2).contiguous()
+    table = torch.stack([scale.reshape(n, planes, -1), zero.reshape(n, planes, -1)], dim=2)
+    return packed, table.to(torch.bfloat16).contiguous()
+
+
+def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
+    """The codes uint8 ``[N, planes·K]`` back from :func:`pack`'s ``packed``."""
+    n, half = packed.shape
+    b = packed.reshape(n, half // 32, 1, 32)
+    return torch.cat([b & 0x0F, b >> 4], dim=2).reshape(n, 2 * half)
+
+
+def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, k: int,
+           planes: int) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``f(x [..., K]) -> [..., N]`` through the kernel (fp32 in and out, or ``x``'s dtype).
+
+    ``packed``/``scales`` as :func:`pack` makes them (rows may be several layers joined along
+    N); ``bias`` fp32 ``[N]`` or None. The kernel must be available (:func:`matmul`).
+    """
+    fn = matmul()
+    if fn is None:
+        raise RuntimeError("specchat's CPU int4 kernel is not available here")
+    n = int(packed.shape[0])
+    bias32 = bias.to(torch.float32).contiguous() if bias is not None else None
+    codes_ptr, scales_ptr = packed.data_ptr(), scales.data_ptr()
+    bias_ptr = bias32.data_ptr() if bias32 is not None else None
+    threads = torch.get_num_threads
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        flat = x.reshape(-1, k)
+        if flat.dtype != torch.float32 or not flat.is_contiguous():
+            flat = flat.to(torch.float32).contiguous()
+        m = int(flat.shape[0])
+        y = torch.empty((m, n), dtype=torch.float32)
+        if fn(codes_ptr, scales_ptr, bias_ptr, n, k, planes, flat.data_ptr(), m, y.data_ptr(), threads()):
+            raise MemoryError(f"specchat's int4 kernel could not get scratch memory for {m} x {k} activations")
+        y = y.view(*x.shape[:-1], n)
+        return y if x.dtype == torch.float32 else y.to(x.dtype)
+
+    f.keep = (packed, scales, bias32)  # type: ignore[attr-defined]  # the pointers' owners live as long as f
+    return f

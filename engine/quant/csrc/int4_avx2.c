@@ -1,0 +1,174 @@
+/* specchat's CPU int4 matmul: 4-bit weights in groups of 32, activations quantized to int8
+ * per group of 32, integer dot products (AVX2 + FMA). Built by engine/quant/cpu_kernel.py.
+ *
+ *   y[m, n] = bias[n] + sum_p sum_g ( s[n,p,g] * dx[m,g] * sum_i q[n,p,g,i] * xq[m,g,i]
+ *                                     + (z[n,p,g] - 8 s[n,p,g]) * dx[m,g] * sum_i xq[m,g,i] )
+ *
+ * for weights w = (q - 8) * s + z (q in 0..15; s and z bf16, the layout and rounding of torch's own
+ * int4 kernel), x[m, g*32 + i] ~ dx[m,g] * xq[m,g,i] (xq in -127..127, dx = max|x| / 127 over the
+ * group), and p running over the weight's planes (a two-plane weight sums two int4 matrices over the
+ * same input; see engine/quant/int4.py).
+ *
+ * Layout of one row's codes: per pair of groups (64 weights) 32 bytes; byte j holds weight j
+ * in its low nibble and weight j + 32 in its high nibble. Scales: bf16 [N, P, 2, G]: per plane, s then z.
+ *
+ * Batch invariance: y[m, n] is computed by the same instructions in the same order whatever M
+ * and whatever the thread count (one thread computes a whole output; x's quantization is per
+ * row), so a verify pass over several tokens gives each token the logits of a one-token step.
+ */
+#include <immintrin.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define ROWS 4      /* output rows sharing each activation load */
+#define MCHUNK 32   /* tokens per block, so a long prompt's activations stay in cache */
+
+static __thread int8_t *t_xq = NULL;
+static __thread float *t_dx = NULL;
+static __thread size_t t_cap = 0;
+
+/* 8 bf16 values to fp32 (exact). */
+static inline __m256 bf16x8(const uint16_t *p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p)), 16));
+}
+
+static inline float bf16(uint16_t v) {
+    uint32_t bits = (uint32_t)v << 16;
+    float f;
+    memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+static inline float hsum8(__m256 v) {
+    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_add_ss(h, _mm_movehdup_ps(h));
+    return _mm_cvtss_f32(h);
+}
+
+/* One group of 32 floats to int8 codes; returns the scale, writes sum(codes) * scale to *xs. */
+static inline float quantize_group(const float *v, int8_t *out, float *xs) {
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 mx = _mm256_andnot_ps(sign, _mm256_loadu_ps(v));
+    for (int i = 8; i < 32; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
+    __m128 h = _mm_max_ps(_mm256_castps256_ps128(mx), _mm256_extractf128_ps(mx, 1));
+    h = _mm_max_ps(h, _mm_movehl_ps(h, h));
+    h = _mm_max_ss(h, _mm_movehdup_ps(h));
+    const float amax = _mm_cvtss_f32(h);
+    const float d = amax / 127.0f;
+    const __m256 inv = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+    __m256i q[4];
+    for (int i = 0; i < 4; i++)
+        q[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + 8 * i), inv),
+                                                  _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    s4 = _mm_hadd_epi32(s4, s4);
+    s4 = _mm_hadd_epi32(s4, s4);
+    __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+    p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)out, p);
+    *xs = d * (float)_mm_cvtsi128_si32(s4);
+    return d;
+}
+
+/* The dot of `rows` consecutive weight rows with one quantized activation row (G groups, one plane). */
+static inline void dot_rows(int rows, const uint8_t *codes, const uint16_t *sz, int64_t row_bytes,
+                            int64_t row_scales, int64_t G, const int8_t *xq, const float *dx,
+                            const float *xs, __m256 *acc, __m256 *zacc) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i ones = _mm256_set1_epi16(1);
+    const __m256 eight = _mm256_set1_ps(8.0f);
+    float sc[ROWS][8] __attribute__((aligned(32)));
+    int64_t g = 0;
+    for (; g + 8 <= G; g += 8) {
+        const __m256 dxv = _mm256_loadu_ps(dx + g);
+        const __m256 xsv = _mm256_loadu_ps(xs + g);
+        for (int r = 0; r < rows; r++) {
+            const uint16_t *s = sz + r * row_scales;
+            const __m256 scale = bf16x8(s + g);
+            _mm256_store_ps(sc[r], _mm256_mul_ps(scale, dxv));
+            zacc[r] = _mm256_fmadd_ps(_mm256_fnmadd_ps(eight, scale, bf16x8(s + G + g)), xsv, zacc[r]);
+        }
+        for (int j = 0; j < 8; j += 2) {
+            const __m256i xa = _mm256_loadu_si256((const __m256i *)(xq + (g + j) * 32));
+            const __m256i xb = _mm256_loadu_si256((const __m256i *)(xq + (g + j) * 32 + 32));
+            for (int r = 0; r < rows; r++) {
+                const __m256i b = _mm256_loadu_si256((const __m256i *)(codes + r * row_bytes + (g + j) * 16));
+                const __m256i pa = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(b, m4), xa), ones);
+                const __m256i pb = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4), xb), ones);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pa), _mm256_broadcast_ss(&sc[r][j]), acc[r]);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pb), _mm256_broadcast_ss(&sc[r][j + 1]), acc[r]);
+            }
+        }
+    }
+    for (; g < G; g += 2) { /* G is even: the tail is whole pairs of groups */
+        const __m256i xa = _mm256_loadu_si256((const __m256i *)(xq + g * 32));
+        const __m256i xb = _mm256_loadu_si256((const __m256i *)(xq + g * 32 + 32));
+        for (int r = 0; r < rows; r++) {
+            const uint16_t *s = sz + r * row_scales;
+            const __m256i b = _mm256_loadu_si256((const __m256i *)(codes + r * row_bytes + g * 16));
+            const __m256i pa = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(b, m4), xa), ones);
+            const __m256i pb = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4), xb), ones);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pa), _mm256_set1_ps(bf16(s[g]) * dx[g]), acc[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pb), _mm256_set1_ps(bf16(s[g + 1]) * dx[g + 1]), acc[r]);
+            const __m256 z = _mm256_setr_ps((bf16(s[G + g]) - 8.0f * bf16(s[g])) * xs[g],
+                                            (bf16(s[G + g + 1]) - 8.0f * bf16(s[g + 1])) * xs[g + 1], 0, 0, 0, 0, 0, 0);
+            zacc[r] = _mm256_add_ps(zacc[r], z);
+        }
+    }
+}
+
+/* y [M, N] fp32 = x [M, K] fp32 @ W.T (+ bias), W as above with P planes; K % 64 == 0.
+ * Returns 0, or -1 when scratch memory could not be had. */
+int specchat_int4_mm(const uint8_t *codes, const uint16_t *sz, const float *bias, int64_t N, int64_t K,
+                     int64_t P, const float *x, int64_t M, float *y, int threads) {
+    const int64_t G = K / 32;
+    if ((size_t)(M * K) > t_cap) {
+        free(t_xq);
+        free(t_dx);
+        t_xq = (int8_t *)aligned_alloc(64, (size_t)(M * K + 64));
+        t_dx = (float *)malloc(sizeof(float) * (size_t)(2 * M * G + 16));
+        if (t_xq == NULL || t_dx == NULL) {
+            free(t_xq);
+            free(t_dx);
+            t_xq = NULL;
+            t_dx = NULL;
+            t_cap = 0;
+            return -1;
+        }
+        t_cap = (size_t)(M * K);
+    }
+    int8_t *xq = t_xq;
+    float *dx = t_dx, *xs = t_dx + M * G;
+    for (int64_t m = 0; m < M; m++)
+        for (int64_t g = 0; g < G; g++)
+            dx[m * G + g] = quantize_group(x + m * K + g * 32, xq + m * K + g * 32, xs + m * G + g);
+
+    const int64_t row_bytes = P * K / 2, row_scales = 2 * P * G;
+    const int64_t tiles = (N + ROWS - 1) / ROWS;
+    for (int64_t m0 = 0; m0 < M; m0 += MCHUNK) {
+        const int64_t m1 = m0 + MCHUNK < M ? m0 + MCHUNK : M;
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t t = 0; t < tiles; t++) {
+            const int64_t n0 = t * ROWS;
+            const int rows = (int)(N - n0 < ROWS ? N - n0 : ROWS);
+            for (int64_t m = m0; m < m1; m++) {
+                __m256 acc[ROWS], zacc[ROWS];
+                for (int r = 0; r < ROWS; r++) {
+                    acc[r] = _mm256_setzero_ps();
+                    zacc[r] = _mm256_setzero_ps();
+                }
+                for (int64_t p = 0; p < P; p++)
+                    dot_rows(rows, codes + n0 * row_bytes + p * (K / 2), sz + n0 * row_scales + p * 2 * G,
+                             row_bytes, row_scales, G, xq + m * K, dx + m * G, xs + m * G, acc, zacc);
+                for (int r = 0; r < rows; r++)
+                    y[m * N + n0 + r] = hsum8(acc[r]) + hsum8(zacc[r]) + (bias ? bias[n0 + r] : 0.0f);
+            }
+        }
+    }
+    return 0;
+}

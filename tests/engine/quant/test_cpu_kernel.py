@@ -1,0 +1,138 @@
+"""specchat's CPU int4 kernel: the weights torch's kernel would use, activations to 8 bits,
+every output the same bit for bit whatever the number of tokens or threads."""
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from engine.quant import cpu_kernel
+from engine.quant.int4 import Int4Linear, Int4Weights, quantize_weight, quantize_weight8
+
+CPU = torch.device("cpu")
+
+
+@pytest.fixture(autouse=True)
+def _kernel() -> None:
+    if cpu_kernel.matmul() is None:
+        pytest.skip(f"specchat's CPU int4 kernel cannot run here: {cpu_kernel.why_not()}")
+
+
+def _weights(n: int, k: int, seed: int, planes: int = 1) -> Int4Weights:
+    gen = torch.Generator().manual_seed(seed)
+    w = torch.randn(n, k, generator=gen) * 0.05
+    return quantize_weight8(w) if planes == 2 else quantize_weight(w, 32)
+
+
+def _reference(weights: Int4Weights, x: torch.Tensor) -> torch.Tensor:
+    """fp32 x @ W.T, W with scales and zeros rounded to bf16 (the weights both kernels use)."""
+    rounded = Int4Weights(weights.codes, weights.scale.bfloat16().float(), weights.zero.bfloat16().float(),
+                          weights.group_size, weights.planes)
+    return x @ rounded.dequantize().T
+
+
+def _int8_bound(weights: Int4Weights, x: torch.Tensor) -> torch.Tensor:
+    """The most the activations' rounding to 8 bits can move each output: half a step of each
+    group of 32 (max|x| / 254) times the sum of |w| over the group, summed over groups."""
+    k = x.shape[-1]
+    half_step = x.abs().view(*x.shape[:-1], k // 32, 32).amax(-1) / 254
+    w = weights.dequantize().abs().view(weights.shape[0], k // 32, 32).sum(-1)
+    return half_step @ w.T * 1.001 + 1e-5
+
+
+@pytest.mark.parametrize("n, k, planes", [(48, 256, 1), (16, 576, 1), (64, 64, 1), (48, 320, 2), (1536, 1536, 1)])
+def test_outputs_are_the_dequantized_product_within_the_activations_rounding(n: int, k: int, planes: int) -> None:
+    """The kernel multiplies exactly the weights torch's kernel would (bf16 scales and zeros);
+    the only other rounding is the activations' to int8 per group of 32, and each output is
+    within the bound that rounding allows (K with a tail after its 8-group blocks, and two
+    planes, included)."""
+    weights = _weights(n, k, seed=n + k, planes=planes)
+    bias = torch.randn(n)
+    layer = Int4Linear(weights, bias, CPU)
+    assert layer.kernel == "specchat"
+    x = torch.randn(7, k)
+    y = layer(x)
+    assert y.dtype == torch.float32 and y.shape == (7, n)
+    err = (y - bias - _reference(weights, x)).abs()
+    assert bool((err <= _int8_bound(weights, x)).all()), float((err / _int8_bound(weights, x)).max())
+
+
+@pytest.mark.parametrize("planes", [1, 2])
+def test_each_token_gets_the_same_bits_in_a_pass_of_any_size_and_any_thread_count(planes: int) -> None:
+    """Row-exactness, which keeps greedy speculation token-identical to plain decoding: a token's
+    outputs in a pass of M tokens (verify passes, and prompts longer than the kernel's 32-token
+    blocks) equal its outputs alone, bit for bit, on one thread or two."""
+    weights = _weights(80, 192, seed=5, planes=planes)
+    f = Int4Linear.fuse([Int4Linear(weights, torch.randn(80), CPU)])
+    x = torch.randn(41, 192) * torch.logspace(-3, 2, 41).unsqueeze(1)  # groups of very different sizes
+    alone = torch.cat([f(x[i : i + 1]) for i in range(41)])
+    threads = torch.get_num_threads()
+    try:
+        for count in (1, 2):
+            torch.set_num_threads(count)
+            for m in (1, 2, 5, 17, 32, 33, 41):
+                assert torch.equal(f(x[:m]), alone[:m]), (count, m)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def test_a_row_count_off_the_kernels_tile_is_computed_whole() -> None:
+    """The kernel takes output rows four at a time; the last tile may be short (the layer
+    refuses such shapes for torch's sake, so this calls the kernel directly)."""
+    weights = _weights(10, 576, seed=4)
+    packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, 1)
+    bias = torch.randn(10)
+    x = torch.randn(3, 576)
+    y = cpu_kernel.linear(packed, table, bias, 576, 1)(x)
+    err = (y - bias - _reference(weights, x)).abs()
+    assert bool((err <= _int8_bound(weights, x)).all())
+
+
+def test_a_zero_group_of_activations_gives_exact_zeros() -> None:
+    weights = _weights(16, 128, seed=2)
+    y = Int4Linear(weights, None, CPU)(torch.zeros(2, 128))
+    assert torch.equal(y, torch.zeros(2, 16))
+
+
+def test_pack_keeps_every_code_and_rounds_scales_as_torch_does() -> None:
+    weights = _weights(24, 256, seed=9, planes=2)
+    packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, weights.planes)
+    assert packed.shape == (24, 256) and table.shape == (24, 2, 2, 8) and table.dtype == torch.bfloat16
+    assert torch.equal(cpu_kernel.unpack_codes(packed), weights.codes)
+    assert torch.equal(table[:, :, 0].reshape(24, -1), weights.scale.bfloat16())
+    assert torch.equal(table[:, :, 1].reshape(24, -1), weights.zero.bfloat16())
+
+
+def test_shapes_it_does_not_take_go_to_torchs_kernel() -> None:
+    """Inputs not in whole 64-weight pairs of groups, or groups other than 32, run on torch's kernel."""
+    assert not cpu_kernel.fits(96, 32) and not cpu_kernel.fits(128, 64) and cpu_kernel.fits(128, 32)
+    assert Int4Linear(quantize_weight(torch.randn(16, 96), 32), None, CPU).kernel == "torch"
+    assert Int4Linear(quantize_weight(torch.randn(16, 128), 64), None, CPU).kernel == "torch"
+
+
+def test_without_a_compiler_torchs_kernel_runs_and_the_log_says_why(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("CC", "no-such-compiler")
+    monkeypatch.setattr(cpu_kernel.shutil, "which", lambda name: None)
+    monkeypatch.setattr(cpu_kernel, "matmul", cpu_kernel.matmul.__wrapped__)  # not the cached answer
+    with caplog.at_level(logging.INFO, logger="engine.quant.cpu_kernel"):
+        assert cpu_kernel.matmul() is None
+        assert Int4Linear(quantize_weight(torch.randn(16, 128), 32), None, CPU).kernel == "torch"
+    assert "no C compiler was found" in caplog.text
+
+
+def test_a_failing_build_leaves_no_library_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(cpu_kernel, "FLAGS", ("-not-a-flag",))
+    monkeypatch.setattr(cpu_kernel, "matmul", cpu_kernel.matmul.__wrapped__)
+    assert cpu_kernel.matmul() is None
+    assert not any((tmp_path / "cache" / "kernels").iterdir())
+
+
+def test_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(cpu_kernel.ENV, "torch")
+    assert cpu_kernel.why_not() == f"{cpu_kernel.ENV}=torch is set"
