@@ -73,8 +73,9 @@ static inline float quantize_group(const float *v, int8_t *out, float *xs) {
     return d;
 }
 
-/* The dot of `rows` consecutive weight rows with one quantized activation row (G groups, one plane). */
-static inline void dot_rows(int rows, const uint8_t *codes, const uint16_t *sz, int64_t row_bytes,
+/* The dot of `rows` consecutive weight rows with one quantized activation row (G groups, one plane).
+ * Always inlined, so that with rows == ROWS the accumulators live in registers. */
+static inline __attribute__((always_inline)) void dot_rows(int rows, const uint8_t *codes, const uint16_t *sz, int64_t row_bytes,
                             int64_t row_scales, int64_t G, const int8_t *xq, const float *dx,
                             const float *xs, __m256 *acc, __m256 *zacc) {
     const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -90,6 +91,10 @@ static inline void dot_rows(int rows, const uint8_t *codes, const uint16_t *sz, 
             const __m256 scale = bf16x8(s + g);
             _mm256_store_ps(sc[r], _mm256_mul_ps(scale, dxv));
             zacc[r] = _mm256_fmadd_ps(_mm256_fnmadd_ps(eight, scale, bf16x8(s + G + g)), xsv, zacc[r]);
+        }
+        for (int r = 0; r < rows; r++) { /* the next tile's same 128 bytes, ahead of need */
+            _mm_prefetch((const char *)(codes + (r + ROWS) * row_bytes + g * 16), _MM_HINT_T0);
+            _mm_prefetch((const char *)(codes + (r + ROWS) * row_bytes + g * 16 + 64), _MM_HINT_T0);
         }
         for (int j = 0; j < 8; j += 2) {
             const __m256i xa = _mm256_loadu_si256((const __m256i *)(xq + (g + j) * 32));
@@ -163,7 +168,11 @@ int specchat_int4_mm(const uint8_t *codes, const uint16_t *sz, const float *bias
                     zacc[r] = _mm256_setzero_ps();
                 }
                 for (int64_t p = 0; p < P; p++)
-                    dot_rows(rows, codes + n0 * row_bytes + p * (K / 2), sz + n0 * row_scales + p * 2 * G,
+                    if (rows == ROWS)
+                        dot_rows(ROWS, codes + n0 * row_bytes + p * (K / 2), sz + n0 * row_scales + p * 2 * G,
+                                 row_bytes, row_scales, G, xq + m * K, dx + m * G, xs + m * G, acc, zacc);
+                    else
+                        dot_rows(rows, codes + n0 * row_bytes + p * (K / 2), sz + n0 * row_scales + p * 2 * G,
                              row_bytes, row_scales, G, xq + m * K, dx + m * G, xs + m * G, acc, zacc);
                 for (int r = 0; r < rows; r++)
                     y[m * N + n0 + r] = hsum8(acc[r]) + hsum8(zacc[r]) + (bias ? bias[n0 + r] : 0.0f);
