@@ -117,7 +117,7 @@ class ModelRunner:
             return False
         from engine.model.lean import subset_head
 
-        self._lean.head = subset_head(self.model, ids.to(self.device.torch_device))
+        self._lean.use_head(subset_head(self.model, ids.to(self.device.torch_device)))
         return True
 
     def __len__(self) -> int:

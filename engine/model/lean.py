@@ -69,19 +69,33 @@ def _fused(modules: list[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor] |
 
 
 class _Layer:
-    __slots__ = ("norm1", "eps1", "qkv", "o", "norm2", "eps2", "gate_up", "inter", "down")
+    __slots__ = ("norm1", "eps1", "qkv", "o", "norm2", "eps2", "gate_up", "inter", "down", "folded")
 
     def __init__(self, layer: nn.Module, residual: torch.dtype) -> None:
         """``residual``: the residual stream's dtype; an int4 o/down layer's bf16 result is added
-        to it as it is where the sum's dtype stays ``residual`` (float32, bfloat16)."""
+        to it as it is where the sum's dtype stays ``residual`` (float32, bfloat16).
+
+        ``folded``: every projection runs on specchat's CPU kernel, so ``qkv`` and ``gate_up``
+        take the un-normalised stream (their pre-norms folded in) and ``o`` and ``down`` add into
+        the stream in place (``residual=``): four ops a layer fewer, the same arithmetic in plain
+        steps and verify passes alike."""
         attn, mlp = layer.self_attn, layer.mlp
         promotes = residual in (torch.float32, torch.bfloat16)
         self.norm1, self.eps1 = layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon
         self.norm2, self.eps2 = layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon
         projections = [attn.q_proj, attn.k_proj, attn.v_proj]
+        self.inter = int(mlp.gate_proj.out_features)
+        self.folded = (residual == torch.float32 and Int4Linear.folds([*projections, attn.o_proj, mlp.gate_proj,
+                                                                        mlp.up_proj, mlp.down_proj])
+                       and Int4Linear.can_fuse(projections) and Int4Linear.can_fuse([mlp.gate_proj, mlp.up_proj]))
+        if self.folded:
+            self.qkv = Int4Linear.fuse(projections, norm=(self.norm1, self.eps1))
+            self.o = Int4Linear.fuse([attn.o_proj])
+            self.gate_up = Int4Linear.fuse([mlp.gate_proj, mlp.up_proj], norm=(self.norm2, self.eps2))
+            self.down = Int4Linear.fuse([mlp.down_proj])
+            return
         self.qkv = _fused(projections) or _separate(projections)
         self.o = _call(attn.o_proj, residual=promotes)
-        self.inter = int(mlp.gate_proj.out_features)
         self.gate_up = _fused([mlp.gate_proj, mlp.up_proj]) or _separate([mlp.gate_proj, mlp.up_proj])
         self.down = _call(mlp.down_proj, residual=promotes)
 
@@ -148,6 +162,11 @@ class LeanForward:
                                                scale=self.scale, enable_gqa=gqa) for i in range(t)]
         return torch.cat(rows, dim=2)
 
+    def use_head(self, head: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Replace the output layer by ``head`` (``f(h [..., H]) -> [..., V]`` over normalised
+        hidden states, e.g. :func:`subset_head`)."""
+        self.head, self.head_folds = head, False
+
     def new_cache(self, limit: int | None = None) -> GrowingKV:
         """An empty cache for this model (the runner owns it) of at most ``limit`` tokens' capacity."""
         return GrowingKV(len(self.layers), limit)
@@ -159,7 +178,9 @@ class LeanForward:
         self.embed = inner.embed_tokens.weight
         self.rotary = inner.rotary_emb
         self.final_norm, self.final_eps = inner.norm.weight, inner.norm.variance_epsilon
-        self.head = _call(model.lm_head)
+        self.head_folds = Int4Linear.folds([model.lm_head]) and self.embed.dtype == torch.float32
+        self.head = (Int4Linear.fuse([model.lm_head], norm=(self.final_norm, self.final_eps)) if self.head_folds
+                     else _call(model.lm_head))
         self.layers = [_Layer(layer, self.embed.dtype) for layer in inner.layers]
         self.n_heads = int(cfg.num_attention_heads)
         self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
@@ -193,8 +214,7 @@ class LeanForward:
             mask = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(diagonal=start)
         qk_shape, kv_shape = (1, t, self.n_heads + self.n_kv, self.head_dim), (1, t, self.n_kv, self.head_dim)
         for i, layer in enumerate(self.layers):
-            h = _rms_norm(x, layer.norm1, layer.eps1)
-            qkv = layer.qkv(h)
+            qkv = layer.qkv(x) if layer.folded else layer.qkv(_rms_norm(x, layer.norm1, layer.eps1))
             # Rope on q and k at once (elementwise, so the same numbers as one at a time).
             qk = qkv[..., : self.qk_width].view(qk_shape).transpose(1, 2)
             qk = qk * cos + qk.roll(half, dims=-1) * sin
@@ -202,12 +222,17 @@ class LeanForward:
             v = qkv[..., self.qk_width :].view(kv_shape).transpose(1, 2)
             k, v = past_key_values.update(k, v, i)
             a = self._attention(q, k, v, mask, start, row_exact)
-            x = x + layer.o(a.transpose(1, 2).reshape(1, t, -1))
-            h = _rms_norm(x, layer.norm2, layer.eps2)
-            gate, up = layer.gate_up(h).split((layer.inter, layer.inter), dim=-1)
+            a = a.transpose(1, 2).reshape(1, t, -1)
+            if layer.folded:
+                x = layer.o(a, residual=x)
+                gate, up = layer.gate_up(x).split((layer.inter, layer.inter), dim=-1)
+                x = layer.down(F.silu(gate) * up, residual=x)
+                continue
+            x = x + layer.o(a)
+            gate, up = layer.gate_up(_rms_norm(x, layer.norm2, layer.eps2)).split((layer.inter, layer.inter), dim=-1)
             x = x + layer.down(F.silu(gate) * up)
-        x = _rms_norm(x[:, -logits_to_keep:], self.final_norm, self.final_eps)
-        return self.head(x)
+        x = x[:, -logits_to_keep:]
+        return self.head(x) if self.head_folds else self.head(_rms_norm(x, self.final_norm, self.final_eps))
 
 
 class GrowingKV:

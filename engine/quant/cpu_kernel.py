@@ -76,7 +76,7 @@ def _build(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     try:
-        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(tmp)], check=True, capture_output=True,
+        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(tmp), "-lm"], check=True, capture_output=True,
                        text=True, timeout=120)
         os.replace(tmp, path)
     except subprocess.CalledProcessError as exc:
@@ -90,9 +90,11 @@ def matmul() -> Matmul | None:
     """The kernel's entry point, built and loaded on first use; None (logged once) when this
     machine cannot have it, so callers fall back to torch's kernel.
 
-    Signature: ``(codes, scales, bias | None, N, K, planes, x, M, y, threads) -> 0`` over raw
-    pointers: ``codes`` uint8 ``[N, planes·K/2]`` (see :func:`pack`), ``scales`` bf16
-    ``[N, planes, 2, K/32]``, ``bias`` fp32 ``[N]``, ``x`` fp32 ``[M, K]``, ``y`` fp32 ``[M, N]``.
+    Signature: ``(codes, scales, bias | None, N, K, planes, x, M, y, threads, norm | None, eps,
+    accumulate) -> 0`` over raw pointers: ``codes`` uint8 ``[N, planes·K/2]`` (see :func:`pack`),
+    ``scales`` bf16 ``[N, planes, 2, K/32]``, ``bias`` fp32 ``[N]``, ``x`` fp32 ``[M, K]``, ``y``
+    fp32 ``[M, N]``, ``norm`` fp32 ``[K]`` (RMS-normalise x's rows first), ``accumulate`` (add
+    into y instead of writing it).
     """
     problem = why_not()
     if problem is None:
@@ -108,7 +110,7 @@ def matmul() -> Matmul | None:
         return None
     fn = lib.specchat_int4_mm
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [p, p, p, i64, i64, i64, p, i64, p, ctypes.c_int]
+    fn.argtypes = [p, p, p, i64, i64, i64, p, i64, p, ctypes.c_int, p, ctypes.c_float, ctypes.c_int]
     fn.restype = ctypes.c_int
     return fn  # type: ignore[no-any-return]
 
@@ -144,32 +146,47 @@ def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
     return torch.cat([b & 0x0F, b >> 4], dim=2).reshape(n, 2 * half)
 
 
-def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, k: int,
-           planes: int) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``f(x [..., K]) -> [..., N]`` through the kernel (fp32 in and out, or ``x``'s dtype).
+def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, k: int, planes: int,
+           norm: tuple[torch.Tensor, float] | None = None) -> Callable[..., torch.Tensor]:
+    """``f(x [..., K], residual=None) -> [..., N]`` through the kernel (fp32, or ``x``'s dtype).
 
     ``packed``/``scales`` as :func:`pack` makes them (rows may be several layers joined along
-    N); ``bias`` fp32 ``[N]`` or None. The kernel must be available (:func:`matmul`).
+    N); ``bias`` ``[N]`` or None; ``norm`` ``(weight [K], eps)``: x's rows are RMS-normalised
+    first (a layer's pre-norm folded into its projection). With ``residual`` (fp32
+    ``[..., N]``, contiguous) the product is added into it in place and it is returned: a
+    residual add without an op of its own, the same sum as ``residual + f(x)``. The kernel must
+    be available (:func:`matmul`).
     """
     fn = matmul()
     if fn is None:
         raise RuntimeError("specchat's CPU int4 kernel is not available here")
     n = int(packed.shape[0])
     bias32 = bias.to(torch.float32).contiguous() if bias is not None else None
+    norm32 = norm[0].to(torch.float32).contiguous() if norm is not None else None
+    eps = float(norm[1]) if norm is not None else 0.0
     codes_ptr, scales_ptr = packed.data_ptr(), scales.data_ptr()
     bias_ptr = bias32.data_ptr() if bias32 is not None else None
+    norm_ptr = norm32.data_ptr() if norm32 is not None else None
     threads = torch.get_num_threads
 
-    def f(x: torch.Tensor) -> torch.Tensor:
+    def f(x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
         flat = x.reshape(-1, k)
         if flat.dtype != torch.float32 or not flat.is_contiguous():
             flat = flat.to(torch.float32).contiguous()
         m = int(flat.shape[0])
-        y = torch.empty((m, n), dtype=torch.float32)
-        if fn(codes_ptr, scales_ptr, bias_ptr, n, k, planes, flat.data_ptr(), m, y.data_ptr(), threads()):
+        if residual is None:
+            y = torch.empty((m, n), dtype=torch.float32)
+        else:
+            if residual.dtype != torch.float32 or not residual.is_contiguous() or residual.numel() != m * n:
+                raise ValueError(f"the residual must be a contiguous float32 tensor of {m} x {n}")
+            y = residual
+        if fn(codes_ptr, scales_ptr, bias_ptr, n, k, planes, flat.data_ptr(), m, y.data_ptr(), threads(),
+              norm_ptr, eps, residual is not None):
             raise MemoryError(f"specchat's int4 kernel could not get scratch memory for {m} x {k} activations")
+        if residual is not None:
+            return residual
         y = y.view(*x.shape[:-1], n)
         return y if x.dtype == torch.float32 else y.to(x.dtype)
 
-    f.keep = (packed, scales, bias32)  # type: ignore[attr-defined]  # the pointers' owners live as long as f
+    f.keep = (packed, scales, bias32, norm32)  # type: ignore[attr-defined]  # the pointers' owners live as long as f
     return f

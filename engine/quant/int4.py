@@ -256,7 +256,8 @@ class Int4Linear(nn.Module):
                 and (first.kernel == "specchat" or all(l.out_features % FUSE_ROWS == 0 for l in layers[:-1])))
 
     @staticmethod
-    def fuse(layers: Sequence["Int4Linear"], widen: bool = True) -> Callable[[torch.Tensor], torch.Tensor]:
+    def fuse(layers: Sequence["Int4Linear"], widen: bool = True,
+             norm: tuple[torch.Tensor, float] | None = None) -> Callable[..., torch.Tensor]:
         """One matmul for several layers reading the same input (q/k/v, gate/up).
 
         The packed codes are concatenated along the output dim and each
@@ -267,6 +268,10 @@ class Int4Linear(nn.Module):
         ``f(x [..., K]) -> [..., sum N]``, in ``x``'s dtype, or with ``widen=False`` in torch
         kernel's bf16 (for a sum that promotes it anyway: the same numbers, one copy fewer;
         specchat's kernel answers in fp32 either way).
+
+        On specchat's kernel (:meth:`folds`) the result also takes ``f(x, residual=r)`` (the
+        product added into ``r`` in place) and ``norm = (weight, eps)`` RMS-normalises x's rows
+        first: see :func:`engine.quant.cpu_kernel.linear`.
         """
         first = layers[0]
         if len(layers) > 1 and not Int4Linear.can_fuse(layers):
@@ -279,10 +284,18 @@ class Int4Linear(nn.Module):
             offset += rows
         if first.kernel == "specchat":
             table = torch.cat([l.scales_and_zeros for l in layers]) if len(layers) > 1 else first.scales_and_zeros
-            return cpu_kernel.linear(packed, table, joint_bias(layers), first.in_features, first.planes)
+            return cpu_kernel.linear(packed, table, joint_bias(layers), first.in_features, first.planes, norm)
+        if norm is not None:
+            raise QuantizationError("only specchat's CPU kernel folds a norm into its matmul")
         sz = torch.cat([l.scales_and_zeros for l in layers], dim=1).contiguous()
         return _int4_matmul(packed, sz, joint_bias(layers), first.group_size, first.in_features, first.is_cuda,
                             first.planes, widen)
+
+    @staticmethod
+    def folds(layers: Sequence[nn.Module]) -> bool:
+        """Whether these layers all run on specchat's CPU kernel, which folds a pre-norm and a
+        residual add into the matmul (:meth:`fuse`)."""
+        return bool(layers) and all(isinstance(l, Int4Linear) and l.kernel == "specchat" for l in layers)
 
     def extra_repr(self) -> str:
         kind = "int4" if self.planes == 1 else f"int4 x {self.planes} planes"

@@ -19,6 +19,7 @@
 #include <immintrin.h>
 #include <stdint.h>
 #include <stdlib.h>
+#include <math.h>
 #include <string.h>
 
 #define ROWS 4      /* output rows sharing each activation load */
@@ -128,9 +129,13 @@ static inline __attribute__((always_inline)) void dot_rows(int rows, const uint8
 }
 
 /* y [M, N] fp32 = x [M, K] fp32 @ W.T (+ bias), W as above with P planes; K % 64 == 0.
+ * norm (fp32 [K], or NULL): x's rows are RMS-normalised first, x * (1 / sqrt(mean(x^2) + eps)) * norm
+ * (a transformer's pre-norm, so it needs no op of its own). accumulate: y += the product (a residual
+ * add, in place) instead of y = the product.
  * Returns 0, or -1 when scratch memory could not be had. */
 int specchat_int4_mm(const uint8_t *codes, const uint16_t *sz, const float *bias, int64_t N, int64_t K,
-                     int64_t P, const float *x, int64_t M, float *y, int threads) {
+                     int64_t P, const float *x, int64_t M, float *y, int threads, const float *norm, float eps,
+                     int accumulate) {
     const int64_t G = K / 32;
     if ((size_t)(M * K) > t_cap) {
         free(t_xq);
@@ -149,9 +154,29 @@ int specchat_int4_mm(const uint8_t *codes, const uint16_t *sz, const float *bias
     }
     int8_t *xq = t_xq;
     float *dx = t_dx, *xs = t_dx + M * G;
-    for (int64_t m = 0; m < M; m++)
-        for (int64_t g = 0; g < G; g++)
-            dx[m * G + g] = quantize_group(x + m * K + g * 32, xq + m * K + g * 32, xs + m * G + g);
+    float normed[32] __attribute__((aligned(32)));
+    for (int64_t m = 0; m < M; m++) {
+        const float *row = x + m * K;
+        __m256 inv = _mm256_setzero_ps();
+        if (norm) {
+            __m256 ss = _mm256_setzero_ps();
+            for (int64_t k = 0; k < K; k += 8) {
+                const __m256 v = _mm256_loadu_ps(row + k);
+                ss = _mm256_fmadd_ps(v, v, ss);
+            }
+            inv = _mm256_set1_ps(1.0f / sqrtf(hsum8(ss) / (float)K + eps));
+        }
+        for (int64_t g = 0; g < G; g++) {
+            const float *v = row + g * 32;
+            if (norm) {
+                for (int i = 0; i < 32; i += 8)
+                    _mm256_store_ps(normed + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), inv),
+                                                              _mm256_loadu_ps(norm + g * 32 + i)));
+                v = normed;
+            }
+            dx[m * G + g] = quantize_group(v, xq + m * K + g * 32, xs + m * G + g);
+        }
+    }
 
     const int64_t row_bytes = P * K / 2, row_scales = 2 * P * G;
     const int64_t tiles = (N + ROWS - 1) / ROWS;
@@ -174,8 +199,10 @@ int specchat_int4_mm(const uint8_t *codes, const uint16_t *sz, const float *bias
                     else
                         dot_rows(rows, codes + n0 * row_bytes + p * (K / 2), sz + n0 * row_scales + p * 2 * G,
                              row_bytes, row_scales, G, xq + m * K, dx + m * G, xs + m * G, acc, zacc);
-                for (int r = 0; r < rows; r++)
-                    y[m * N + n0 + r] = hsum8(acc[r]) + hsum8(zacc[r]) + (bias ? bias[n0 + r] : 0.0f);
+                for (int r = 0; r < rows; r++) {
+                    const float out = hsum8(acc[r]) + hsum8(zacc[r]) + (bias ? bias[n0 + r] : 0.0f);
+                    y[m * N + n0 + r] = accumulate ? y[m * N + n0 + r] + out : out;
+                }
             }
         }
     }

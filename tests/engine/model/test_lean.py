@@ -127,15 +127,20 @@ def test_growing_cache_matches_dynamic_cache_through_crops_and_growth() -> None:
 
 
 @pytest.mark.parametrize("int4", [True, False])
-def test_a_verify_pass_gives_each_row_the_one_token_step_numbers(int4: bool) -> None:
+def test_a_verify_pass_gives_each_row_the_one_token_step_numbers(int4: bool, int4_kernel: str) -> None:
     """Greedy speculation is token-identical to plain decoding only if a K+1-token
     pass computes every row bit for bit as one-token steps would. The int4 path
-    guarantees it (batch-invariant kernel, one-row attention); fp32 BLAS matmuls
+    guarantees it (batch-invariant kernels, one-row attention; on specchat's kernel with
+    the norms and residual adds folded into the matmuls); fp32 BLAS matmuls
     pick kernels by row count, so there only near-ties can differ."""
     model = _model("llama")
     if int4:
         quantize_model(model, group_size=32)
     runner = ModelRunner(model, Device(torch.device("cpu")))
+    lean = runner._lean
+    assert lean is not None
+    assert [layer.folded for layer in lean.layers] == [int4 and int4_kernel == "specchat"] * 2
+    assert lean.head_folds is (int4 and int4_kernel == "specchat")
     gen = torch.Generator().manual_seed(4)
     prompt, tail = torch.randint(0, 96, (300,), generator=gen).tolist(), [6, 5, 3, 5, 8]
     runner.prefill(prompt)

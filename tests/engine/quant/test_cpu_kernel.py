@@ -136,3 +136,25 @@ def test_a_failing_build_leaves_no_library_behind(tmp_path: Path, monkeypatch: p
 def test_the_switch_turns_it_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(cpu_kernel.ENV, "torch")
     assert cpu_kernel.why_not() == f"{cpu_kernel.ENV}=torch is set"
+
+
+def test_a_folded_pre_norm_and_a_residual_add_in_place_are_the_ops_they_replace() -> None:
+    """``norm``: the rows are RMS-normalised before the product (within float rounding of
+    torch's rms_norm, then the same 8-bit bound); ``residual``: the product is added into the
+    residual in place, the very sum ``residual + f(x)`` gives."""
+    weights = _weights(64, 256, seed=11)
+    packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, 1)
+    gamma, eps = torch.rand(256) + 0.5, 1e-5
+    x = torch.randn(5, 256) * 3
+    folded = cpu_kernel.linear(packed, table, None, 256, 1, norm=(gamma, eps))(x)
+    normed = torch.nn.functional.rms_norm(x, (256,), gamma, eps)
+    err = (folded - _reference(weights, normed)).abs()
+    assert bool((err <= _int8_bound(weights, normed) * 1.01 + 1e-4).all())
+
+    plain = cpu_kernel.linear(packed, table, torch.randn(64), 256, 1)
+    residual = torch.randn(5, 64)
+    want = residual + plain(x)
+    got = plain(x, residual=residual)
+    assert got is residual and torch.equal(got, want)
+    with pytest.raises(ValueError, match="contiguous float32"):
+        plain(x, residual=torch.zeros(5, 64, dtype=torch.bfloat16))
