@@ -344,11 +344,19 @@ class QuantReport:
     kept: dict[str, str] = field(default_factory=dict)  # name -> why it stayed in full precision
     int4_bytes: int = 0
     groups: dict[str, Int4Weights] = field(default_factory=dict)  # what each quantized layer holds (for the cache)
+    kernels: dict[str, int] = field(default_factory=dict)  # layers per kernel ("specchat", "torch")
+
+    def add(self, name: str, layer: "Int4Linear") -> None:
+        """Count a layer now held as int4 under ``name``."""
+        self.quantized.append(name)
+        self.int4_bytes += layer.packed.numel() * layer.packed.element_size() + layer.scales_and_zeros.numel() * 2
+        self.kernels[layer.kernel] = self.kernels.get(layer.kernel, 0) + 1
 
     def summary(self) -> str:
         kept = f", {len(self.kept)} kept ({'; '.join(f'{k}: {v}' for k, v in list(self.kept.items())[:3])})" if self.kept else ""
-        return (f"int4: {len(self.quantized)} linear layers ({len(self.carried_over)} carried over from GGUF blocks), "
-                f"{self.int4_bytes / 2**20:.0f} MiB packed{kept}")
+        kernels = ", ".join(f"{n} on {kind}'s kernel" for kind, n in sorted(self.kernels.items()))
+        return (f"int4: {len(self.quantized)} linear layers ({len(self.carried_over)} carried over from GGUF blocks; "
+                f"{kernels}), {self.int4_bytes / 2**20:.0f} MiB packed{kept}")
 
 
 def _linear_names(model: nn.Module, quantize_head: bool) -> list[str]:
@@ -409,7 +417,6 @@ def quantize_model(
             if hasattr(model.config, "get_text_config"):
                 model.config.get_text_config().tie_word_embeddings = False
         setattr(parent, attr, new)
-        report.quantized.append(name)
+        report.add(name, new)
         report.groups[name] = weights
-        report.int4_bytes += new.packed.numel() * new.packed.element_size() + new.scales_and_zeros.numel() * 2
     return report

@@ -151,8 +151,7 @@ def stream_int4(
             model.config.tie_word_embeddings = False
             model.config.get_text_config().tie_word_embeddings = False
         setattr(parent, attr, new)
-        report.quantized.append(name)
-        report.int4_bytes += new.packed.numel() * new.packed.element_size() + new.scales_and_zeros.numel() * 2
+        report.add(name, new)
         del weights, source
     if not quantize_head and getattr(config, "tie_word_embeddings", False):
         model.tie_weights()

@@ -158,3 +158,16 @@ def test_a_folded_pre_norm_and_a_residual_add_in_place_are_the_ops_they_replace(
     assert got is residual and torch.equal(got, want)
     with pytest.raises(ValueError, match="contiguous float32"):
         plain(x, residual=torch.zeros(5, 64, dtype=torch.bfloat16))
+
+
+def test_the_quantization_report_says_which_kernel_runs_each_layer(monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.quant.int4 import quantize_model
+    from tests.tiny import tiny_llama
+
+    model = tiny_llama(3, hidden_size=64)
+    report = quantize_model(model, group_size=32)
+    assert report.kernels == {"specchat": len(report.quantized)}
+    assert f"{len(report.quantized)} on specchat's kernel" in report.summary()
+    monkeypatch.setattr(cpu_kernel, "matmul", lambda: None)
+    report = quantize_model(tiny_llama(3, hidden_size=64), group_size=32)
+    assert report.kernels == {"torch": len(report.quantized)}
