@@ -276,12 +276,14 @@ class Int4Linear(nn.Module):
         first = layers[0]
         if len(layers) > 1 and not Int4Linear.can_fuse(layers):
             raise QuantizationError("these int4 layers cannot be joined exactly; run them one by one")
-        packed = torch.cat([l.packed for l in layers])
-        offset = 0
-        for l in layers:
-            rows = l.packed.shape[0]
-            l.packed = packed[offset : offset + rows]
-            offset += rows
+        packed = first.packed  # a single layer keeps its own storage: nothing to copy
+        if len(layers) > 1:
+            packed = torch.cat([l.packed for l in layers])
+            offset = 0
+            for l in layers:
+                rows = l.packed.shape[0]
+                l.packed = packed[offset : offset + rows]
+                offset += rows
         if first.kernel == "specchat":
             table = torch.cat([l.scales_and_zeros for l in layers]) if len(layers) > 1 else first.scales_and_zeros
             return cpu_kernel.linear(packed, table, joint_bias(layers), first.in_features, first.planes, norm)
