@@ -52,7 +52,7 @@ def why_not() -> str | None:
     if os.environ.get(ENV, "").strip().lower() == "torch":
         return f"{ENV}=torch is set"
     capability = torch.backends.cpu.get_cpu_capability()
-    if capability not in ("AVX2", "AVX512"):
+    if not capability.startswith(("AVX2", "AVX512")):  # AVX512 variants include AVX2 and FMA
         return f"the CPU offers {capability}, and the kernel needs AVX2 and FMA"
     if _compiler() is None and not _library_path().exists():
         return "no C compiler was found (set CC, or install gcc)"

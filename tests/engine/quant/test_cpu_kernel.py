@@ -171,3 +171,15 @@ def test_the_quantization_report_says_which_kernel_runs_each_layer(monkeypatch: 
     monkeypatch.setattr(cpu_kernel, "matmul", lambda: None)
     report = quantize_model(tiny_llama(3, hidden_size=64), group_size=32)
     assert report.kernels == {"torch": len(report.quantized)}
+
+
+@pytest.mark.parametrize("capability, usable", [("AVX2", True), ("AVX512", True), ("AVX512_BF16", True),
+                                                 ("DEFAULT", False), ("NO AVX", False), ("SVE256", False)])
+def test_it_runs_only_where_torch_reports_avx2_or_better(
+    capability: str, usable: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+    problem = cpu_kernel.why_not()
+    assert (problem is None) is usable
+    if not usable:
+        assert problem == f"the CPU offers {capability}, and the kernel needs AVX2 and FMA"
