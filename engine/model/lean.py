@@ -37,6 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from engine.model import cpu_attention
 from engine.quant.int4 import Int4Linear, joint_bias, quantize_weight
 
 SUPPORTED = ("llama", "qwen2", "mistral")
@@ -76,9 +77,10 @@ class _Layer:
         to it as it is where the sum's dtype stays ``residual`` (float32, bfloat16).
 
         ``folded``: every projection runs on specchat's CPU kernel, so ``qkv`` and ``gate_up``
-        take the un-normalised stream (their pre-norms folded in) and ``o`` and ``down`` add into
-        the stream in place (``residual=``): four ops a layer fewer, the same arithmetic in plain
-        steps and verify passes alike."""
+        take the un-normalised stream (their pre-norms folded in), ``down`` takes ``gate_up``'s
+        output as it is (``silu(gate)·up`` computed as it quantizes its input) and ``o`` and
+        ``down`` add into the stream in place (``residual=``): seven ops a layer fewer, the same
+        arithmetic in plain steps and verify passes alike."""
         attn, mlp = layer.self_attn, layer.mlp
         promotes = residual in (torch.float32, torch.bfloat16)
         self.norm1, self.eps1 = layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon
@@ -92,7 +94,7 @@ class _Layer:
             self.qkv = Int4Linear.fuse(projections, norm=(self.norm1, self.eps1))
             self.o = Int4Linear.fuse([attn.o_proj])
             self.gate_up = Int4Linear.fuse([mlp.gate_proj, mlp.up_proj], norm=(self.norm2, self.eps2))
-            self.down = Int4Linear.fuse([mlp.down_proj])
+            self.down = Int4Linear.fuse([mlp.down_proj], gated=True)
             return
         self.qkv = _fused(projections) or _separate(projections)
         self.o = _call(attn.o_proj, residual=promotes)
@@ -162,6 +164,25 @@ class LeanForward:
                                                scale=self.scale, enable_gqa=gqa) for i in range(t)]
         return torch.cat(rows, dim=2)
 
+    def _native(self, x: torch.Tensor, cache: "GrowingKV", start: int, cos: torch.Tensor, sin: torch.Tensor,
+                logits_to_keep: int) -> torch.Tensor:
+        """The forward of :meth:`__call__` with each layer's attention in one call of specchat's CPU
+        attention step (row-exact by construction) and every projection on its int4 kernel."""
+        t = x.shape[1]
+        for layer, kv in zip(self.layers, cache.layers):
+            qkv = layer.qkv(x)
+            keys, values = kv.reserve(t, self._kv_like)
+            a = cpu_attention.attention_step(qkv, keys, values, start, cos, sin, self.n_heads, self.n_kv, self.scale)
+            kv.advance(t)
+            x = layer.o(a, residual=x)
+            x = layer.down(layer.gate_up(x), residual=x)
+        return self._logits(x, logits_to_keep)
+
+    def _logits(self, x: torch.Tensor, keep: int) -> torch.Tensor:
+        """Logits ``[1, keep, V]`` of the last ``keep`` rows of the residual stream ``x``."""
+        x = x[:, -keep:]
+        return self.head(x) if self.head_folds else self.head(_rms_norm(x, self.final_norm, self.final_eps))
+
     def use_head(self, head: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Replace the output layer by ``head`` (``f(h [..., H]) -> [..., V]`` over normalised
         hidden states, e.g. :func:`subset_head`)."""
@@ -188,6 +209,13 @@ class LeanForward:
         self.scale = self.head_dim**-0.5
         self.qk_width = (self.n_heads + self.n_kv) * self.head_dim
         self.rows_pay = rows_pay(itertools.chain(model.parameters(), model.buffers()))
+        self.native_attention = (self.rows_pay and self.embed.dtype == torch.float32
+                                 and all(layer.folded for layer in self.layers)
+                                 and cpu_attention.available(self.n_heads, self.n_kv, self.head_dim))
+        """Every layer on specchat's CPU kernels: rope, the cache write and attention in one call
+        (:func:`engine.model.cpu_attention.attention_step`) wherever the cache is a :class:`GrowingKV`,
+        but in a first prefill (no cache yet, many rows: SDPA's blocked causal kernel)."""
+        self._kv_like = torch.empty(1, self.n_kv, 0, self.head_dim)
 
     @torch.inference_mode()
     def __call__(
@@ -207,6 +235,9 @@ class LeanForward:
         x = F.embedding(input_ids, self.embed)
         positions = torch.arange(start, start + t, device=input_ids.device).unsqueeze(0)
         cos, sin = self.rotary(x, positions)
+        if (self.native_attention and isinstance(past_key_values, GrowingKV)
+                and (t == 1 or start > 0 or row_exact)):
+            return self._native(x, past_key_values, start, cos, sin, logits_to_keep)
         cos, sin = cos.unsqueeze(1), _signed_sin(sin.unsqueeze(1))
         half = self.head_dim // 2
         mask = None
@@ -225,14 +256,12 @@ class LeanForward:
             a = a.transpose(1, 2).reshape(1, t, -1)
             if layer.folded:
                 x = layer.o(a, residual=x)
-                gate, up = layer.gate_up(x).split((layer.inter, layer.inter), dim=-1)
-                x = layer.down(F.silu(gate) * up, residual=x)
+                x = layer.down(layer.gate_up(x), residual=x)
                 continue
             x = x + layer.o(a)
             gate, up = layer.gate_up(_rms_norm(x, layer.norm2, layer.eps2)).split((layer.inter, layer.inter), dim=-1)
             x = x + layer.down(F.silu(gate) * up)
-        x = x[:, -logits_to_keep:]
-        return self.head(x) if self.head_folds else self.head(_rms_norm(x, self.final_norm, self.final_eps))
+        return self._logits(x, logits_to_keep)
 
 
 class GrowingKV:
@@ -264,24 +293,35 @@ class GrowingKV:
         def crop(self, n: int) -> None:
             self.length = max(self.length + n, 0) if n < 0 else min(n, self.length)
 
-        def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            end = self.length + k.shape[2]
+        def reserve(self, t: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            """Room for ``t`` more tokens: the whole key and value buffers ``[1, kv_heads, cap, d]``
+            (of ``like``'s head shape, dtype and device), for a writer that then calls :meth:`advance`."""
+            end = self.length + t
             if self.k is None or end > self.k.shape[2]:
                 capacity = max(256, 2 * end)
                 limit = self.owner.limit if self.owner is not None else None
                 if limit:  # never past the context window the plan reserved for
                     capacity = max(end, min(capacity, limit))
-                grown_k = k.new_empty((*k.shape[:2], capacity, k.shape[3]))
-                grown_v = v.new_empty((*v.shape[:2], capacity, v.shape[3]))
+                grown_k = like.new_empty((*like.shape[:2], capacity, like.shape[3]))
+                grown_v = like.new_empty((*like.shape[:2], capacity, like.shape[3]))
                 if self.k is not None and self.v is not None:
                     grown_k[:, :, : self.length] = self.k[:, :, : self.length]
                     grown_v[:, :, : self.length] = self.v[:, :, : self.length]
                 self.k, self.v = grown_k, grown_v
             assert self.v is not None
-            self.k[:, :, self.length : end] = k
-            self.v[:, :, self.length : end] = v
+            return self.k, self.v
+
+        def advance(self, t: int) -> None:
+            """``t`` tokens were written past the end (see :meth:`reserve`)."""
+            self.length += t
+
+        def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+            keys, values = self.reserve(k.shape[2], k)
+            end = self.length + k.shape[2]
+            keys[:, :, self.length : end] = k
+            values[:, :, self.length : end] = v
             self.length = end
-            return self.k[:, :, :end], self.v[:, :, :end]
+            return keys[:, :, :end], values[:, :, :end]
 
     def __init__(self, n_layers: int, limit: int | None = None) -> None:
         self.limit = limit

@@ -38,8 +38,11 @@ from engine.paths import cache_dir
 
 log = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("csrc") / "int4_avx2.c"
-FLAGS = ("-O3", "-mavx2", "-mfma", "-fopenmp", "-shared", "-fPIC")
+SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("int4_avx2.c", "attention_avx2.c"))
+HEADERS = (Path(__file__).with_name("csrc") / "simd_math.h",)
+FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+"""-ffp-contract=off: every expression rounds as written (the attention step's rope is then
+torch's bit for bit); the kernels ask for their fused multiply-adds by name."""
 GROUP = 32  # the kernel's group size
 K_MULTIPLE = 64  # inputs per row must fill whole pairs of groups (32 bytes of codes)
 ENV = "SPECCHAT_CPU_KERNEL"  # "torch" turns this kernel off
@@ -64,8 +67,8 @@ def _compiler() -> str | None:
 
 
 def _library_path() -> Path:
-    key = hashlib.sha256(SOURCE.read_bytes() + " ".join(FLAGS).encode()).hexdigest()[:16]
-    return cache_dir() / "kernels" / f"int4_avx2-{key}.so"
+    key = hashlib.sha256(b"".join(s.read_bytes() for s in (*SOURCES, *HEADERS)) + " ".join(FLAGS).encode()).hexdigest()[:16]
+    return cache_dir() / "kernels" / f"specchat_avx2-{key}.so"
 
 
 def _build(path: Path) -> None:
@@ -76,7 +79,7 @@ def _build(path: Path) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     try:
-        subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", str(tmp), "-lm"], check=True, capture_output=True,
+        subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", str(tmp), "-lm"], check=True, capture_output=True,
                        text=True, timeout=120)
         os.replace(tmp, path)
     except subprocess.CalledProcessError as exc:
@@ -86,31 +89,58 @@ def _build(path: Path) -> None:
 
 
 @functools.cache
-def matmul() -> Matmul | None:
-    """The kernel's entry point, built and loaded on first use; None (logged once) when this
-    machine cannot have it, so callers fall back to torch's kernel.
-
-    Signature: ``(codes, scales, bias | None, N, K, planes, x, M, y, threads, norm | None, eps,
-    accumulate) -> 0`` over raw pointers: ``codes`` uint8 ``[N, planes·K/2]`` (see :func:`pack`),
-    ``scales`` bf16 ``[N, planes, 2, K/32]``, ``bias`` fp32 ``[N]``, ``x`` fp32 ``[M, K]``, ``y``
-    fp32 ``[M, N]``, ``norm`` fp32 ``[K]`` (RMS-normalise x's rows first), ``accumulate`` (add
-    into y instead of writing it).
-    """
+def library() -> ctypes.CDLL | None:
+    """The kernels' library, built and loaded on first use; None (logged once) when this machine
+    cannot have it, so callers fall back to torch's ops."""
     problem = why_not()
     if problem is None:
         path = _library_path()
         try:
             if not path.exists():
                 _build(path)
-            lib = ctypes.CDLL(str(path))
+            return ctypes.CDLL(str(path))
         except OSError as exc:
             problem = f"it could not be built or loaded ({exc})"
-    if problem is not None:
-        log.info("int4 on the CPU runs torch's kernel: specchat's own cannot run here: %s", problem)
+    log.info("int4 on the CPU runs torch's kernel: specchat's own cannot run here: %s", problem)
+    return None
+
+
+@functools.cache
+def matmul() -> Matmul | None:
+    """The int4 matmul's entry point (None where :func:`library` is).
+
+    Signature: ``(codes, scales, bias | None, N, K, planes, x, M, y, threads, norm | None, eps,
+    accumulate, gated) -> 0`` over raw pointers: ``codes`` uint8 ``[N, planes·K/2]`` (see :func:`pack`),
+    ``scales`` bf16 ``[N, planes, 2, K/32]``, ``bias`` fp32 ``[N]``, ``x`` fp32 ``[M, K]``, ``y``
+    fp32 ``[M, N]``, ``norm`` fp32 ``[K]`` (RMS-normalise x's rows first), ``accumulate`` (add
+    into y instead of writing it), ``gated`` (x is ``[M, 2K]``, gate and up: the product reads
+    ``silu(gate)·up``).
+    """
+    lib = library()
+    if lib is None:
         return None
     fn = lib.specchat_int4_mm
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [p, p, p, i64, i64, i64, p, i64, p, ctypes.c_int, p, ctypes.c_float, ctypes.c_int]
+    fn.argtypes = [p, p, p, i64, i64, i64, p, i64, p, ctypes.c_int, p, ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn  # type: ignore[no-any-return]
+
+
+@functools.cache
+def attention() -> Matmul | None:
+    """The attention step's entry point (``csrc/attention_avx2.c``; None where :func:`library` is).
+
+    Signature: ``(qkv, T, start, cos, sin, kbuf, vbuf, cap, H, KV, d, scale, out, threads,
+    attend) -> 0`` over raw pointers: ``qkv`` fp32 ``[T, (H + 2·KV)·d]`` (roped in place),
+    ``cos``/``sin`` fp32 ``[T, d]``, ``kbuf``/``vbuf`` fp32 ``[KV, cap, d]`` (positions
+    ``start .. start + T - 1`` are written), ``out`` fp32 ``[T, H·d]``; see :func:`engine.model.cpu_attention.attention_step`.
+    """
+    lib = library()
+    if lib is None:
+        return None
+    fn = lib.specchat_attention
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [p, i64, i64, p, p, p, p, i64, i64, i64, i64, ctypes.c_float, p, ctypes.c_int, ctypes.c_int]
     fn.restype = ctypes.c_int
     return fn  # type: ignore[no-any-return]
 
@@ -147,16 +177,20 @@ def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
 
 
 def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, k: int, planes: int,
-           norm: tuple[torch.Tensor, float] | None = None) -> Callable[..., torch.Tensor]:
+           norm: tuple[torch.Tensor, float] | None = None, gated: bool = False) -> Callable[..., torch.Tensor]:
     """``f(x [..., K], residual=None) -> [..., N]`` through the kernel (fp32, or ``x``'s dtype).
 
     ``packed``/``scales`` as :func:`pack` makes them (rows may be several layers joined along
     N); ``bias`` ``[N]`` or None; ``norm`` ``(weight [K], eps)``: x's rows are RMS-normalised
     first (a layer's pre-norm folded into its projection). With ``residual`` (fp32
     ``[..., N]``, contiguous) the product is added into it in place and it is returned: a
-    residual add without an op of its own, the same sum as ``residual + f(x)``. The kernel must
+    residual add without an op of its own, the same sum as ``residual + f(x)``. ``gated``: x is
+    ``[..., 2K]``, a SwiGLU MLP's gate and up projections side by side, and the product reads
+    ``silu(gate)·up`` (computed as each row is quantized: three ops fewer). The kernel must
     be available (:func:`matmul`).
     """
+    if gated and norm is not None:
+        raise ValueError("a gated input takes no folded norm")
     fn = matmul()
     if fn is None:
         raise RuntimeError("specchat's CPU int4 kernel is not available here")
@@ -168,9 +202,10 @@ def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
     bias_ptr = bias32.data_ptr() if bias32 is not None else None
     norm_ptr = norm32.data_ptr() if norm32 is not None else None
     threads = torch.get_num_threads
+    width = 2 * k if gated else k
 
     def f(x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
-        flat = x.reshape(-1, k)
+        flat = x.reshape(-1, width)
         if flat.dtype != torch.float32 or not flat.is_contiguous():
             flat = flat.to(torch.float32).contiguous()
         m = int(flat.shape[0])
@@ -181,7 +216,7 @@ def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
                 raise ValueError(f"the residual must be a contiguous float32 tensor of {m} x {n}")
             y = residual
         if fn(codes_ptr, scales_ptr, bias_ptr, n, k, planes, flat.data_ptr(), m, y.data_ptr(), threads(),
-              norm_ptr, eps, residual is not None):
+              norm_ptr, eps, residual is not None, gated):
             raise MemoryError(f"specchat's int4 kernel could not get scratch memory for {m} x {k} activations")
         if residual is not None:
             return residual

@@ -257,7 +257,7 @@ class Int4Linear(nn.Module):
 
     @staticmethod
     def fuse(layers: Sequence["Int4Linear"], widen: bool = True,
-             norm: tuple[torch.Tensor, float] | None = None) -> Callable[..., torch.Tensor]:
+             norm: tuple[torch.Tensor, float] | None = None, gated: bool = False) -> Callable[..., torch.Tensor]:
         """One matmul for several layers reading the same input (q/k/v, gate/up).
 
         The packed codes are concatenated along the output dim and each
@@ -270,8 +270,9 @@ class Int4Linear(nn.Module):
         specchat's kernel answers in fp32 either way).
 
         On specchat's kernel (:meth:`folds`) the result also takes ``f(x, residual=r)`` (the
-        product added into ``r`` in place) and ``norm = (weight, eps)`` RMS-normalises x's rows
-        first: see :func:`engine.quant.cpu_kernel.linear`.
+        product added into ``r`` in place), ``norm = (weight, eps)`` RMS-normalises x's rows
+        first, and ``gated`` takes ``[..., 2K]`` (gate, up) and multiplies ``silu(gate)·up``:
+        see :func:`engine.quant.cpu_kernel.linear`.
         """
         first = layers[0]
         if len(layers) > 1 and not Int4Linear.can_fuse(layers):
@@ -286,9 +287,9 @@ class Int4Linear(nn.Module):
                 offset += rows
         if first.kernel == "specchat":
             table = torch.cat([l.scales_and_zeros for l in layers]) if len(layers) > 1 else first.scales_and_zeros
-            return cpu_kernel.linear(packed, table, joint_bias(layers), first.in_features, first.planes, norm)
-        if norm is not None:
-            raise QuantizationError("only specchat's CPU kernel folds a norm into its matmul")
+            return cpu_kernel.linear(packed, table, joint_bias(layers), first.in_features, first.planes, norm, gated)
+        if norm is not None or gated:
+            raise QuantizationError("only specchat's CPU kernel folds a norm or a gate into its matmul")
         sz = torch.cat([l.scales_and_zeros for l in layers], dim=1).contiguous()
         return _int4_matmul(packed, sz, joint_bias(layers), first.group_size, first.in_features, first.is_cuda,
                             first.planes, widen)

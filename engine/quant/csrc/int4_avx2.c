@@ -22,6 +22,8 @@
 #include <math.h>
 #include <string.h>
 
+#include "simd_math.h"
+
 #define ROWS 4      /* output rows sharing each activation load */
 #define MCHUNK 32   /* tokens per block, so a long prompt's activations stay in cache */
 
@@ -39,13 +41,6 @@ static inline float bf16(uint16_t v) {
     float f;
     memcpy(&f, &bits, sizeof f);
     return f;
-}
-
-static inline float hsum8(__m256 v) {
-    __m128 h = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-    h = _mm_add_ps(h, _mm_movehl_ps(h, h));
-    h = _mm_add_ss(h, _mm_movehdup_ps(h));
-    return _mm_cvtss_f32(h);
 }
 
 /* One group of 32 floats to int8 codes; returns the scale, writes sum(codes) * scale to *xs. */
@@ -131,11 +126,12 @@ static inline __attribute__((always_inline)) void dot_rows(int rows, const uint8
 /* y [M, N] fp32 = x [M, K] fp32 @ W.T (+ bias), W as above with P planes; K % 64 == 0.
  * norm (fp32 [K], or NULL): x's rows are RMS-normalised first, x * (1 / sqrt(mean(x^2) + eps)) * norm
  * (a transformer's pre-norm, so it needs no op of its own). accumulate: y += the product (a residual
- * add, in place) instead of y = the product.
+ * add, in place) instead of y = the product. gated: x is [M, 2K], a gate and an up projection side
+ * by side, and the product reads silu(gate) * up (a SwiGLU MLP's down projection; exclusive with norm).
  * Returns 0, or -1 when scratch memory could not be had. */
 int specchat_int4_mm(const uint8_t *codes, const uint16_t *sz, const float *bias, int64_t N, int64_t K,
                      int64_t P, const float *x, int64_t M, float *y, int threads, const float *norm, float eps,
-                     int accumulate) {
+                     int accumulate, int gated) {
     const int64_t G = K / 32;
     if ((size_t)(M * K) > t_cap) {
         free(t_xq);
@@ -156,7 +152,7 @@ int specchat_int4_mm(const uint8_t *codes, const uint16_t *sz, const float *bias
     float *dx = t_dx, *xs = t_dx + M * G;
     float normed[32] __attribute__((aligned(32)));
     for (int64_t m = 0; m < M; m++) {
-        const float *row = x + m * K;
+        const float *row = x + m * (gated ? 2 * K : K);
         __m256 inv = _mm256_setzero_ps();
         if (norm) {
             __m256 ss = _mm256_setzero_ps();
@@ -172,6 +168,10 @@ int specchat_int4_mm(const uint8_t *codes, const uint16_t *sz, const float *bias
                 for (int i = 0; i < 32; i += 8)
                     _mm256_store_ps(normed + i, _mm256_mul_ps(_mm256_mul_ps(_mm256_loadu_ps(v + i), inv),
                                                               _mm256_loadu_ps(norm + g * 32 + i)));
+                v = normed;
+            } else if (gated) {
+                for (int i = 0; i < 32; i += 8)
+                    _mm256_store_ps(normed + i, silu_mul8(_mm256_loadu_ps(v + i), _mm256_loadu_ps(v + K + i)));
                 v = normed;
             }
             dx[m * G + g] = quantize_group(v, xq + m * K + g * 32, xs + m * G + g);

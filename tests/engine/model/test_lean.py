@@ -141,6 +141,7 @@ def test_a_verify_pass_gives_each_row_the_one_token_step_numbers(int4: bool, int
     assert lean is not None
     assert [layer.folded for layer in lean.layers] == [int4 and int4_kernel == "specchat"] * 2
     assert lean.head_folds is (int4 and int4_kernel == "specchat")
+    assert lean.native_attention is (int4 and int4_kernel == "specchat")
     gen = torch.Generator().manual_seed(4)
     prompt, tail = torch.randint(0, 96, (300,), generator=gen).tolist(), [6, 5, 3, 5, 8]
     runner.prefill(prompt)
@@ -168,3 +169,29 @@ def test_row_exact_attention_equals_one_row_calls_where_one_masked_call_does_not
     assert all(torch.equal(exact[:, :, i : i + 1], one_row[i]) for i in range(t))
     masked = lean._attention(q, k, v, mask, start, False)
     assert not all(torch.equal(masked[:, :, i : i + 1], one_row[i]) for i in range(t))  # why row_exact exists
+
+
+def test_the_native_attention_step_computes_what_the_torch_ops_compute(int4_kernel: str) -> None:
+    """On specchat's kernels a layer's rope, cache write and attention are one call
+    (engine/model/cpu_attention.py); through prefill, steps and verify-sized passes the logits
+    are the torch ops' to float rounding, and the first layer's cached keys (roped from the same
+    q/k/v) are the same bit for bit."""
+    from engine.model.lean import GrowingKV
+
+    if int4_kernel != "specchat":
+        pytest.skip("the attention step runs beside specchat's int4 kernel")
+    model = _model("qwen2")
+    quantize_model(model, group_size=32)
+    native, ops = lean_forward(model), lean_forward(model)
+    assert native is not None and ops is not None and native.native_attention
+    ops.native_attention = False
+    caches = GrowingKV(2), GrowingKV(2)
+    gen = torch.Generator().manual_seed(6)
+    start = 0
+    with torch.no_grad():
+        for n in (40, 1, 1, 5, 3, 1):
+            ids = torch.randint(0, 96, (1, n), generator=gen)
+            got, want = native(ids, caches[0], start, n), ops(ids, caches[1], start, n)
+            assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
+            start += n
+    assert torch.equal(caches[0].layers[0].keys, caches[1].layers[0].keys)  # the first layer's: rope alike

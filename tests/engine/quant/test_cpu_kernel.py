@@ -112,13 +112,19 @@ def test_shapes_it_does_not_take_go_to_torchs_kernel() -> None:
     assert Int4Linear(quantize_weight(torch.randn(16, 128), 64), None, CPU).kernel == "torch"
 
 
+def _uncached(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The kernels looked for anew, not the cached answers."""
+    for name in ("library", "matmul", "attention"):
+        monkeypatch.setattr(cpu_kernel, name, getattr(cpu_kernel, name).__wrapped__)
+
+
 def test_without_a_compiler_torchs_kernel_runs_and_the_log_says_why(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("CC", "no-such-compiler")
     monkeypatch.setattr(cpu_kernel.shutil, "which", lambda name: None)
-    monkeypatch.setattr(cpu_kernel, "matmul", cpu_kernel.matmul.__wrapped__)  # not the cached answer
+    _uncached(monkeypatch)
     with caplog.at_level(logging.INFO, logger="engine.quant.cpu_kernel"):
         assert cpu_kernel.matmul() is None
         assert Int4Linear(quantize_weight(torch.randn(16, 128), 32), None, CPU).kernel == "torch"
@@ -128,7 +134,7 @@ def test_without_a_compiler_torchs_kernel_runs_and_the_log_says_why(
 def test_a_failing_build_leaves_no_library_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(cpu_kernel, "FLAGS", ("-not-a-flag",))
-    monkeypatch.setattr(cpu_kernel, "matmul", cpu_kernel.matmul.__wrapped__)
+    _uncached(monkeypatch)
     assert cpu_kernel.matmul() is None
     assert not any((tmp_path / "cache" / "kernels").iterdir())
 

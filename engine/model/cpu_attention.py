@@ -1,0 +1,47 @@
+"""One ctypes call per layer for rope, the KV cache write and attention on the CPU.
+
+At batch size one a layer's attention is a dozen small torch ops (rope's four, the cache
+write's two, a transpose, SDPA, which alone costs ~140 µs per call at a few hundred cached
+tokens on this machine's 2 cores) around a few microseconds of arithmetic; and a verify pass
+ran SDPA once per row to stay row-exact. ``csrc/attention_avx2.c`` does it all in one call,
+row-exact by construction (each row and head computed by one thread, the same instructions
+whatever the row count): see its header for the maths. Rope there rounds as torch's does, so
+the cached keys are the very numbers the torch path writes.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.quant import cpu_kernel
+
+MAX_HEAD_DIM = 256
+
+
+def available(n_heads: int, n_kv: int, head_dim: int) -> bool:
+    """Whether the attention step takes this shape on this machine."""
+    return (head_dim % 8 == 0 and head_dim <= MAX_HEAD_DIM and n_kv > 0 and n_heads % n_kv == 0
+            and cpu_kernel.attention() is not None)
+
+
+def attention_step(qkv: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, start: int, cos: torch.Tensor,
+                   sin: torch.Tensor, n_heads: int, n_kv: int, scale: float) -> torch.Tensor:
+    """Attention for ``T`` new tokens at positions ``start .. start + T - 1``.
+
+    Args:
+        qkv: fp32 ``[1, T, (H + 2·KV)·d]``, contiguous: q heads, k heads, v heads (roped in place).
+        keys, values: the layer's cache buffers fp32 ``[1, KV, cap, d]``, contiguous, holding
+            ``start`` tokens and room for ``T`` more (written here).
+        cos, sin: the rotary tables fp32 ``[1, T, d]``.
+    Returns:
+        fp32 ``[1, T, H·d]``: each row's attention over the ``start + t + 1`` keys up to it.
+    """
+    fn = cpu_kernel.attention()
+    if fn is None:
+        raise RuntimeError("specchat's CPU attention step is not available here")
+    t, head_dim, cap = int(qkv.shape[1]), int(keys.shape[-1]), int(keys.shape[2])
+    cos, sin = cos.reshape(t, head_dim).contiguous(), sin.reshape(t, head_dim).contiguous()
+    out = torch.empty((1, t, n_heads * head_dim), dtype=torch.float32)
+    if fn(qkv.data_ptr(), t, start, cos.data_ptr(), sin.data_ptr(), keys.data_ptr(), values.data_ptr(), cap,
+          n_heads, n_kv, head_dim, scale, out.data_ptr(), torch.get_num_threads(), 1):
+        raise MemoryError(f"specchat's attention step could not get scratch memory for {start + t} keys")
+    return out
