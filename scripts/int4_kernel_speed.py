@@ -33,8 +33,9 @@ SHAPES = [  # (name, out, in, planes)
 
 def _layer(n: int, k: int, planes: int, kernel: str) -> Int4Linear:
     gen = torch.Generator().manual_seed(n + k)
+    scale = torch.rand(n, k // 32, generator=gen) * 0.01
     weights = Int4Weights(torch.randint(0, 16, (n, planes * k), dtype=torch.uint8, generator=gen),
-                          torch.rand(n, planes * k // 32, generator=gen) * 0.01,
+                          torch.cat([scale * 16**p for p in range(planes)], dim=1),  # 8 bits: two_planes' scales
                           torch.randn(n, planes * k // 32, generator=gen) * 0.01, 32, planes)
     real = cpu_kernel.matmul
     if kernel == "torch":

@@ -87,19 +87,44 @@ class _Layer:
         self.norm2, self.eps2 = layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon
         projections = [attn.q_proj, attn.k_proj, attn.v_proj]
         self.inter = int(mlp.gate_proj.out_features)
-        self.folded = (residual == torch.float32 and Int4Linear.folds([*projections, attn.o_proj, mlp.gate_proj,
-                                                                        mlp.up_proj, mlp.down_proj])
-                       and Int4Linear.can_fuse(projections) and Int4Linear.can_fuse([mlp.gate_proj, mlp.up_proj]))
+        self.folded = residual == torch.float32 and Int4Linear.folds([*projections, attn.o_proj, mlp.gate_proj,
+                                                                       mlp.up_proj, mlp.down_proj])
         if self.folded:
-            self.qkv = Int4Linear.fuse(projections, norm=(self.norm1, self.eps1))
+            self.qkv = _joint(projections, (self.norm1, self.eps1))
             self.o = Int4Linear.fuse([attn.o_proj])
-            self.gate_up = Int4Linear.fuse([mlp.gate_proj, mlp.up_proj], norm=(self.norm2, self.eps2))
+            self.gate_up = _joint([mlp.gate_proj, mlp.up_proj], (self.norm2, self.eps2))
             self.down = Int4Linear.fuse([mlp.down_proj], gated=True)
             return
         self.qkv = _fused(projections) or _separate(projections)
         self.o = _call(attn.o_proj, residual=promotes)
         self.gate_up = _fused([mlp.gate_proj, mlp.up_proj]) or _separate([mlp.gate_proj, mlp.up_proj])
         self.down = _call(mlp.down_proj, residual=promotes)
+
+
+def _joint(layers: list[Int4Linear], norm: tuple[torch.Tensor, float]) -> Callable[[torch.Tensor], torch.Tensor]:
+    """``f(x [1, T, K]) -> [1, T, sum N]``: layers reading one normalised input on specchat's
+    kernel, one call for each run of layers with the same plane count (a Q4_K_M file stores
+    some ``v_proj`` in 6 bits: q and k join, v writes its columns of the same output)."""
+    runs: list[list[Int4Linear]] = []
+    for layer in layers:
+        if runs and Int4Linear.can_fuse([runs[-1][0], layer]):
+            runs[-1].append(layer)
+        else:
+            runs.append([layer])
+    if len(runs) == 1:
+        return Int4Linear.fuse(layers, norm=norm)
+    calls = [(Int4Linear.fuse(run, norm=norm), sum(int(l.out_features) for l in run)) for run in runs]
+    width = sum(n for _, n in calls)
+
+    def f(x: torch.Tensor) -> torch.Tensor:
+        y = x.new_empty((*x.shape[:-1], width), dtype=torch.float32)
+        start = 0
+        for call, n in calls:
+            call(x, out=y[..., start : start + n])
+            start += n
+        return y
+
+    return f
 
 
 def _separate(modules: list[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor]:

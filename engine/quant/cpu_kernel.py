@@ -26,6 +26,7 @@ import ctypes
 import functools
 import hashlib
 import logging
+import mmap
 import os
 import shutil
 import subprocess
@@ -109,10 +110,10 @@ def library() -> ctypes.CDLL | None:
 def matmul() -> Matmul | None:
     """The int4 matmul's entry point (None where :func:`library` is).
 
-    Signature: ``(codes, scales, bias | None, N, K, planes, x, M, y, threads, norm | None, eps,
+    Signature: ``(codes, scales, bias | None, N, K, planes, x, M, y, ldy, threads, norm | None, eps,
     accumulate, gated) -> 0`` over raw pointers: ``codes`` uint8 ``[N, planes·K/2]`` (see :func:`pack`),
     ``scales`` bf16 ``[N, planes, 2, K/32]``, ``bias`` fp32 ``[N]``, ``x`` fp32 ``[M, K]``, ``y``
-    fp32 ``[M, N]``, ``norm`` fp32 ``[K]`` (RMS-normalise x's rows first), ``accumulate`` (add
+    fp32 ``[M, N]`` with rows ``ldy`` apart, ``norm`` fp32 ``[K]`` (RMS-normalise x's rows first), ``accumulate`` (add
     into y instead of writing it), ``gated`` (x is ``[M, 2K]``, gate and up: the product reads
     ``silu(gate)·up``).
     """
@@ -121,7 +122,24 @@ def matmul() -> Matmul | None:
         return None
     fn = lib.specchat_int4_mm
     p, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [p, p, p, i64, i64, i64, p, i64, p, ctypes.c_int, p, ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    fn.argtypes = [p, p, p, i64, i64, i64, p, i64, p, i64, ctypes.c_int, p, ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn  # type: ignore[no-any-return]
+
+
+@functools.cache
+def matmul8() -> Matmul | None:
+    """The 8-bit matmul's entry point (two planes joined, :func:`pack8`; None where :func:`library` is).
+
+    Signature: ``(codes, table, bias | None, N, K, x, M, y, ldy, threads, norm | None, eps, accumulate,
+    gated) -> 0``: ``codes`` int8 ``[N, K]``, ``table`` fp32 ``[N, 2, K/32]``, the rest as :func:`matmul`.
+    """
+    lib = library()
+    if lib is None:
+        return None
+    fn = lib.specchat_int8_mm
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [p, p, p, i64, i64, p, i64, p, i64, ctypes.c_int, p, ctypes.c_float, ctypes.c_int, ctypes.c_int]
     fn.restype = ctypes.c_int
     return fn  # type: ignore[no-any-return]
 
@@ -145,6 +163,37 @@ def attention() -> Matmul | None:
     return fn  # type: ignore[no-any-return]
 
 
+HUGE_PAGE = 2 << 20
+HUGE_MIN_BYTES = 4 << 20
+"""Weights at least this large go on huge pages (:func:`on_huge_pages`); smaller ones would
+gain little against what the alignment wastes."""
+
+
+def on_huge_pages(t: torch.Tensor) -> torch.Tensor:
+    """``t`` copied into memory the kernel streams from 2 MiB pages, where Linux allows it.
+
+    A decode step reads every weight once, front to back: on 4 KiB pages the CPU's prefetchers
+    stop at each page boundary and the TLB misses once a page. With transparent huge pages in
+    ``madvise`` mode (the common default) torch's allocations stay on small pages, so weights of
+    at least :data:`HUGE_MIN_BYTES` get an anonymous mapping advised ``MADV_HUGEPAGE`` (its whole
+    2 MiB-aligned interior; the tail stays on small pages). About 6-9% off a large matmul here.
+    Elsewhere (no ``MADV_HUGEPAGE``, a CUDA tensor) ``t`` comes back as it is.
+    """
+    n = t.numel() * t.element_size()
+    if n < HUGE_MIN_BYTES or t.device.type != "cpu" or not hasattr(mmap, "MADV_HUGEPAGE"):
+        return t
+    try:
+        region = mmap.mmap(-1, n + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        raw = torch.frombuffer(region, dtype=torch.uint8)  # the tensor keeps the mapping alive
+        offset = -raw.data_ptr() % HUGE_PAGE
+        region.madvise(mmap.MADV_HUGEPAGE, offset, n - n % HUGE_PAGE)
+    except (OSError, ValueError):
+        return t
+    out = raw[offset : offset + n].view(t.dtype).view(t.shape)
+    out.copy_(t)
+    return out
+
+
 def fits(k: int, group_size: int) -> bool:
     """Whether a weight with ``k`` inputs (per plane) in groups of ``group_size`` suits the kernel."""
     return group_size == GROUP and k % K_MULTIPLE == 0
@@ -157,11 +206,14 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, planes: i
         codes: uint8 ``[N, planes·K]`` in 0..15, ``w = (q − 8)·scale + zero``.
         scale, zero: ``[N, planes·K/32]``.
     Returns:
-        ``(packed, scales)``: uint8 ``[N, planes·K/2]``, where each 64 weights take 32 bytes,
-        byte ``j`` holding weight ``j`` in its low nibble and ``j + 32`` in its high one; and
-        bf16 ``[N, planes, 2, K/32]``, each plane's scales then zeros (rounded to bf16 as
-        torch's kernel rounds them).
+        One plane: ``(packed, scales)``: uint8 ``[N, K/2]``, where each 64 weights take 32
+        bytes, byte ``j`` holding weight ``j`` in its low nibble and ``j + 32`` in its high one;
+        and bf16 ``[N, 1, 2, K/32]``, the scales then the zeros (rounded to bf16 as torch's
+        kernel rounds them). Two planes (8-bit weights, :func:`engine.quant.int4.two_planes`)
+        are joined back into one byte a weight (:func:`pack8`).
     """
+    if planes == 2:
+        return pack8(codes, scale, zero)
     n, width = codes.shape
     pairs = codes.to(torch.uint8).reshape(n, width // 64, 2, 32)
     packed = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(n, width // 2).contiguous()
@@ -169,8 +221,30 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, planes: i
     return packed, table.to(torch.bfloat16).contiguous()
 
 
+def pack8(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two int4 planes (low ``l``, high ``h``, the high plane's scale 16 times the low one's) as
+    8-bit weights, the layout of ``specchat_int8_mm``: int8 codes ``v = 16 h + l − 128``
+    ``[N, K]`` and fp32 ``[N, 2, K/32]``: the scale ``s`` (the low plane's, rounded to bf16 as
+    the planes' are) then the offset ``c = z_lo + z_hi − 8 s`` (bf16 zeros), so that
+    ``w = v·s + c`` is the planes' ``(l − 8)·s + z_lo + (h − 8)·16 s + z_hi``. Half the
+    kernel's work of two planes, the same bytes.
+    """
+    n, width = codes.shape
+    k = width // 2
+    s_lo, s_hi = (t.to(torch.bfloat16).float() for t in scale.reshape(n, 2, -1).unbind(1))
+    if not torch.equal(s_hi, 16.0 * s_lo):
+        raise ValueError("the high plane's scales are not 16 times the low plane's")
+    z_lo, z_hi = (t.to(torch.bfloat16).float() for t in zero.reshape(n, 2, -1).unbind(1))
+    u = codes[:, :k].to(torch.int16) + 16 * codes[:, k:].to(torch.int16)
+    table = torch.stack([s_lo, z_lo + z_hi - 8.0 * s_lo], dim=1)
+    return (u - 128).to(torch.int8).contiguous(), table.contiguous()
+
+
 def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
     """The codes uint8 ``[N, planes·K]`` back from :func:`pack`'s ``packed``."""
+    if packed.dtype == torch.int8:  # two planes joined
+        u = packed.to(torch.int16) + 128
+        return torch.cat([u & 0x0F, u >> 4], dim=1).to(torch.uint8)
     n, half = packed.shape
     b = packed.reshape(n, half // 32, 1, 32)
     return torch.cat([b & 0x0F, b >> 4], dim=2).reshape(n, 2 * half)
@@ -184,16 +258,20 @@ def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
     N); ``bias`` ``[N]`` or None; ``norm`` ``(weight [K], eps)``: x's rows are RMS-normalised
     first (a layer's pre-norm folded into its projection). With ``residual`` (fp32
     ``[..., N]``, contiguous) the product is added into it in place and it is returned: a
-    residual add without an op of its own, the same sum as ``residual + f(x)``. ``gated``: x is
+    residual add without an op of its own, the same sum as ``residual + f(x)``; with ``out`` (fp32
+    ``[..., N]``, rows any distance apart, e.g. a column slice of a wider tensor) the product is
+    written there. ``gated``: x is
     ``[..., 2K]``, a SwiGLU MLP's gate and up projections side by side, and the product reads
     ``silu(gate)·up`` (computed as each row is quantized: three ops fewer). The kernel must
     be available (:func:`matmul`).
     """
     if gated and norm is not None:
         raise ValueError("a gated input takes no folded norm")
-    fn = matmul()
+    fn = matmul() if planes == 1 else matmul8()
     if fn is None:
         raise RuntimeError("specchat's CPU int4 kernel is not available here")
+    if planes not in (1, 2):
+        raise ValueError(f"the kernel takes one or two planes, not {planes}")
     n = int(packed.shape[0])
     bias32 = bias.to(torch.float32).contiguous() if bias is not None else None
     norm32 = norm[0].to(torch.float32).contiguous() if norm is not None else None
@@ -204,22 +282,31 @@ def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
     threads = torch.get_num_threads
     width = 2 * k if gated else k
 
-    def f(x: torch.Tensor, residual: torch.Tensor | None = None) -> torch.Tensor:
+    def f(x: torch.Tensor, residual: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         flat = x.reshape(-1, width)
         if flat.dtype != torch.float32 or not flat.is_contiguous():
             flat = flat.to(torch.float32).contiguous()
         m = int(flat.shape[0])
-        if residual is None:
+        target = residual if residual is not None else out
+        if target is None:
             y = torch.empty((m, n), dtype=torch.float32)
+            ldy = n
         else:
-            if residual.dtype != torch.float32 or not residual.is_contiguous() or residual.numel() != m * n:
-                raise ValueError(f"the residual must be a contiguous float32 tensor of {m} x {n}")
-            y = residual
-        if fn(codes_ptr, scales_ptr, bias_ptr, n, k, planes, flat.data_ptr(), m, y.data_ptr(), threads(),
-              norm_ptr, eps, residual is not None, gated):
+            ldy = int(target.stride(-2)) if target.dim() > 1 else n
+            if (target.dtype != torch.float32 or target.stride(-1) != 1 or target.shape[-1] != n
+                    or target.numel() != m * n or (m > 1 and ldy < n)):
+                raise ValueError(f"the residual or output must be a float32 tensor of {m} x {n} with unit column stride")
+            y = target
+        if planes == 1:
+            failed = fn(codes_ptr, scales_ptr, bias_ptr, n, k, 1, flat.data_ptr(), m, y.data_ptr(), ldy, threads(),
+                        norm_ptr, eps, residual is not None, gated)
+        else:
+            failed = fn(codes_ptr, scales_ptr, bias_ptr, n, k, flat.data_ptr(), m, y.data_ptr(), ldy, threads(),
+                        norm_ptr, eps, residual is not None, gated)
+        if failed:
             raise MemoryError(f"specchat's int4 kernel could not get scratch memory for {m} x {k} activations")
-        if residual is not None:
-            return residual
+        if target is not None:
+            return target
         y = y.view(*x.shape[:-1], n)
         return y if x.dtype == torch.float32 else y.to(x.dtype)
 

@@ -218,6 +218,7 @@ class Int4Linear(nn.Module):
         codes = weights.codes.to(device)
         if self.kernel == "specchat":
             packed, table = cpu_kernel.pack(codes, weights.scale, weights.zero, weights.planes)
+            packed = cpu_kernel.on_huge_pages(packed)
         elif self.is_cuda:
             pairs = (codes[:, ::2] << 4 | codes[:, 1::2]).contiguous()
             packed = torch._convert_weight_to_int4pack(pairs, CUDA_INNER_K_TILES)
@@ -280,6 +281,8 @@ class Int4Linear(nn.Module):
         packed = first.packed  # a single layer keeps its own storage: nothing to copy
         if len(layers) > 1:
             packed = torch.cat([l.packed for l in layers])
+            if first.kernel == "specchat":
+                packed = cpu_kernel.on_huge_pages(packed)
             offset = 0
             for l in layers:
                 rows = l.packed.shape[0]

@@ -123,15 +123,10 @@ static inline __attribute__((always_inline)) void dot_rows(int rows, const uint8
     }
 }
 
-/* y [M, N] fp32 = x [M, K] fp32 @ W.T (+ bias), W as above with P planes; K % 64 == 0.
- * norm (fp32 [K], or NULL): x's rows are RMS-normalised first, x * (1 / sqrt(mean(x^2) + eps)) * norm
- * (a transformer's pre-norm, so it needs no op of its own). accumulate: y += the product (a residual
- * add, in place) instead of y = the product. gated: x is [M, 2K], a gate and an up projection side
- * by side, and the product reads silu(gate) * up (a SwiGLU MLP's down projection; exclusive with norm).
- * Returns 0, or -1 when scratch memory could not be had. */
-int specchat_int4_mm(const uint8_t *codes, const uint16_t *sz, const float *bias, int64_t N, int64_t K,
-                     int64_t P, const float *x, int64_t M, float *y, int threads, const float *norm, float eps,
-                     int accumulate, int gated) {
+/* x's rows as int8 groups: xq [M, K], their scales dx [M, G] and dx * sum(xq) xs [M, G], in this
+ * thread's scratch; norm / gated as for specchat_int4_mm. Returns -1 when scratch could not be had. */
+static int prepare(const float *x, int64_t M, int64_t K, const float *norm, float eps, int gated, int8_t **xq_out,
+                   float **dx_out, float **xs_out) {
     const int64_t G = K / 32;
     if ((size_t)(M * K) > t_cap) {
         free(t_xq);
@@ -178,6 +173,25 @@ int specchat_int4_mm(const uint8_t *codes, const uint16_t *sz, const float *bias
         }
     }
 
+    *xq_out = xq;
+    *dx_out = dx;
+    *xs_out = xs;
+    return 0;
+}
+
+/* y [M, N] fp32 (rows ldy apart) = x [M, K] fp32 @ W.T (+ bias), W as above with P planes; K % 64 == 0.
+ * norm (fp32 [K], or NULL): x's rows are RMS-normalised first, x * (1 / sqrt(mean(x^2) + eps)) * norm
+ * (a transformer's pre-norm, so it needs no op of its own). accumulate: y += the product (a residual
+ * add, in place) instead of y = the product. gated: x is [M, 2K], a gate and an up projection side
+ * by side, and the product reads silu(gate) * up (a SwiGLU MLP's down projection; exclusive with norm).
+ * Returns 0, or -1 when scratch memory could not be had. */
+int specchat_int4_mm(const uint8_t *codes, const uint16_t *sz, const float *bias, int64_t N, int64_t K,
+                     int64_t P, const float *x, int64_t M, float *y, int64_t ldy, int threads, const float *norm,
+                     float eps, int accumulate, int gated) {
+    const int64_t G = K / 32;
+    int8_t *xq;
+    float *dx, *xs;
+    if (prepare(x, M, K, norm, eps, gated, &xq, &dx, &xs)) return -1;
     const int64_t row_bytes = P * K / 2, row_scales = 2 * P * G;
     const int64_t tiles = (N + ROWS - 1) / ROWS;
     for (int64_t m0 = 0; m0 < M; m0 += MCHUNK) {
@@ -201,7 +215,87 @@ int specchat_int4_mm(const uint8_t *codes, const uint16_t *sz, const float *bias
                              row_bytes, row_scales, G, xq + m * K, dx + m * G, xs + m * G, acc, zacc);
                 for (int r = 0; r < rows; r++) {
                     const float out = hsum8(acc[r]) + hsum8(zacc[r]) + (bias ? bias[n0 + r] : 0.0f);
-                    y[m * N + n0 + r] = accumulate ? y[m * N + n0 + r] + out : out;
+                    y[m * ldy + n0 + r] = accumulate ? y[m * ldy + n0 + r] + out : out;
+                }
+            }
+        }
+    }
+    return 0;
+}
+
+/* 8-bit weights (two int4 planes joined: v = 16 h + l - 128): the dot of `rows` consecutive rows with
+ * one quantized activation row. codes int8 [rows][K]; st fp32 per row [2][G]: scales s, then offsets c,
+ * w = v s + c. |v| <= 128 and |xq| <= 127, so vpmaddubsw's pair sums (|v| * sign-moved xq) never
+ * saturate (2 * 128 * 127 < 32768). */
+static inline __attribute__((always_inline)) void dot_rows8(int rows, const int8_t *codes, const float *st,
+                                                            int64_t K, int64_t G, const int8_t *xq, const float *dx,
+                                                            const float *xs, __m256 *acc, __m256 *zacc) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    float sc[ROWS][8] __attribute__((aligned(32)));
+    int64_t g = 0;
+    for (; g + 8 <= G; g += 8) {
+        const __m256 dxv = _mm256_loadu_ps(dx + g);
+        const __m256 xsv = _mm256_loadu_ps(xs + g);
+        for (int r = 0; r < rows; r++) {
+            const float *t = st + r * 2 * G;
+            _mm256_store_ps(sc[r], _mm256_mul_ps(_mm256_loadu_ps(t + g), dxv));
+            zacc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(t + G + g), xsv, zacc[r]);
+        }
+        for (int r = 0; r < rows; r++) /* the next tile's same 256 bytes, ahead of need */
+            for (int c = 0; c < 256; c += 64) _mm_prefetch((const char *)(codes + (r + ROWS) * K + g * 32 + c), _MM_HINT_T0);
+        for (int j = 0; j < 8; j++) {
+            const __m256i xa = _mm256_loadu_si256((const __m256i *)(xq + (g + j) * 32));
+            for (int r = 0; r < rows; r++) {
+                const __m256i w = _mm256_loadu_si256((const __m256i *)(codes + r * K + (g + j) * 32));
+                const __m256i p = _mm256_madd_epi16(
+                    _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xa, w)), ones);
+                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_broadcast_ss(&sc[r][j]), acc[r]);
+            }
+        }
+    }
+    for (; g < G; g++) {
+        const __m256i xa = _mm256_loadu_si256((const __m256i *)(xq + g * 32));
+        for (int r = 0; r < rows; r++) {
+            const float *t = st + r * 2 * G;
+            const __m256i w = _mm256_loadu_si256((const __m256i *)(codes + r * K + g * 32));
+            const __m256i p = _mm256_madd_epi16(
+                _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xa, w)), ones);
+            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(t[g] * dx[g]), acc[r]);
+            zacc[r] = _mm256_add_ps(zacc[r], _mm256_setr_ps(t[G + g] * xs[g], 0, 0, 0, 0, 0, 0, 0));
+        }
+    }
+}
+
+/* y [M, N] fp32 = x [M, K] fp32 @ W.T (+ bias) for 8-bit weights w = v s + c (codes int8 [N, K], st fp32
+ * [N, 2, K/32]: per row the scales, then the offsets); norm, eps, accumulate, gated as for
+ * specchat_int4_mm, and the same batch invariance. K % 64 == 0. Returns 0, or -1 (no scratch). */
+int specchat_int8_mm(const int8_t *codes, const float *st, const float *bias, int64_t N, int64_t K, const float *x,
+                     int64_t M, float *y, int64_t ldy, int threads, const float *norm, float eps, int accumulate,
+                     int gated) {
+    const int64_t G = K / 32;
+    int8_t *xq;
+    float *dx, *xs;
+    if (prepare(x, M, K, norm, eps, gated, &xq, &dx, &xs)) return -1;
+    const int64_t tiles = (N + ROWS - 1) / ROWS;
+    for (int64_t m0 = 0; m0 < M; m0 += MCHUNK) {
+        const int64_t m1 = m0 + MCHUNK < M ? m0 + MCHUNK : M;
+#pragma omp parallel for schedule(static) num_threads(threads)
+        for (int64_t t = 0; t < tiles; t++) {
+            const int64_t n0 = t * ROWS;
+            const int rows = (int)(N - n0 < ROWS ? N - n0 : ROWS);
+            for (int64_t m = m0; m < m1; m++) {
+                __m256 acc[ROWS], zacc[ROWS];
+                for (int r = 0; r < ROWS; r++) {
+                    acc[r] = _mm256_setzero_ps();
+                    zacc[r] = _mm256_setzero_ps();
+                }
+                if (rows == ROWS)
+                    dot_rows8(ROWS, codes + n0 * K, st + n0 * 2 * G, K, G, xq + m * K, dx + m * G, xs + m * G, acc, zacc);
+                else
+                    dot_rows8(rows, codes + n0 * K, st + n0 * 2 * G, K, G, xq + m * K, dx + m * G, xs + m * G, acc, zacc);
+                for (int r = 0; r < rows; r++) {
+                    const float out = hsum8(acc[r]) + hsum8(zacc[r]) + (bias ? bias[n0 + r] : 0.0f);
+                    y[m * ldy + n0 + r] = accumulate ? y[m * ldy + n0 + r] + out : out;
                 }
             }
         }

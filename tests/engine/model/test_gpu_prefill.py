@@ -150,6 +150,8 @@ def test_per_row_attention_only_off_cuda(monkeypatch: pytest.MonkeyPatch) -> Non
     cuda_weight = types.SimpleNamespace(is_cuda=True)
     assert rows_pay([torch.zeros(1), cuda_weight]) is False and rows_pay([torch.zeros(1)]) is True
     runner = ModelRunner(m, CPU)
+    assert runner._lean is not None
+    runner._lean.native_attention = False  # torch's ops (specchat's attention step takes no SDPA call)
     runner.prefill(list(range(20)))
     log = SdpaLog(monkeypatch)
     runner.forward([1, 2, 3, 4, 5], logits_to_keep=5)

@@ -78,14 +78,15 @@ def test_each_token_gets_the_same_bits_in_a_pass_of_any_size_and_any_thread_coun
         torch.set_num_threads(threads)
 
 
-def test_a_row_count_off_the_kernels_tile_is_computed_whole() -> None:
+@pytest.mark.parametrize("planes", [1, 2])
+def test_a_row_count_off_the_kernels_tile_is_computed_whole(planes: int) -> None:
     """The kernel takes output rows four at a time; the last tile may be short (the layer
     refuses such shapes for torch's sake, so this calls the kernel directly)."""
-    weights = _weights(10, 576, seed=4)
-    packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, 1)
+    weights = _weights(10, 576, seed=4, planes=planes)
+    packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, planes)
     bias = torch.randn(10)
     x = torch.randn(3, 576)
-    y = cpu_kernel.linear(packed, table, bias, 576, 1)(x)
+    y = cpu_kernel.linear(packed, table, bias, 576, planes)(x)
     err = (y - bias - _reference(weights, x)).abs()
     assert bool((err <= _int8_bound(weights, x)).all())
 
@@ -97,12 +98,28 @@ def test_a_zero_group_of_activations_gives_exact_zeros() -> None:
 
 
 def test_pack_keeps_every_code_and_rounds_scales_as_torch_does() -> None:
-    weights = _weights(24, 256, seed=9, planes=2)
-    packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, weights.planes)
-    assert packed.shape == (24, 256) and table.shape == (24, 2, 2, 8) and table.dtype == torch.bfloat16
+    weights = _weights(24, 256, seed=9)
+    packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, 1)
+    assert packed.shape == (24, 128) and table.shape == (24, 1, 2, 8) and table.dtype == torch.bfloat16
     assert torch.equal(cpu_kernel.unpack_codes(packed), weights.codes)
-    assert torch.equal(table[:, :, 0].reshape(24, -1), weights.scale.bfloat16())
-    assert torch.equal(table[:, :, 1].reshape(24, -1), weights.zero.bfloat16())
+    assert torch.equal(table[:, 0, 0], weights.scale.bfloat16()) and torch.equal(table[:, 0, 1], weights.zero.bfloat16())
+
+
+def test_two_planes_are_joined_into_the_8_bit_weights_they_stand_for() -> None:
+    """Two int4 planes (l, h; the high plane's scale 16 s) become one signed byte a weight,
+    v = 16 h + l - 128, with w = v s + c: the very weights the planes dequantize to."""
+    weights = _weights(24, 256, seed=9, planes=2)
+    packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, 2)
+    assert packed.shape == (24, 256) and packed.dtype == torch.int8
+    assert table.shape == (24, 2, 8) and table.dtype == torch.float32
+    assert torch.equal(cpu_kernel.unpack_codes(packed), weights.codes)
+    v = packed.float().view(24, 8, 32)
+    joined = (v * table[:, 0, :, None] + table[:, 1, :, None]).view(24, 256)
+    assert torch.allclose(joined, _reference(weights, torch.eye(256)).T, rtol=0, atol=1e-6)
+    off = weights.scale.clone()
+    off[:, 8:] *= 1.5  # a high plane whose scale is not 16 times the low one's
+    with pytest.raises(ValueError, match="16 times"):
+        cpu_kernel.pack(weights.codes, off, weights.zero, 2)
 
 
 def test_shapes_it_does_not_take_go_to_torchs_kernel() -> None:
@@ -114,7 +131,7 @@ def test_shapes_it_does_not_take_go_to_torchs_kernel() -> None:
 
 def _uncached(monkeypatch: pytest.MonkeyPatch) -> None:
     """The kernels looked for anew, not the cached answers."""
-    for name in ("library", "matmul", "attention"):
+    for name in ("library", "matmul", "matmul8", "attention"):
         monkeypatch.setattr(cpu_kernel, name, getattr(cpu_kernel, name).__wrapped__)
 
 
@@ -162,7 +179,7 @@ def test_a_folded_pre_norm_and_a_residual_add_in_place_are_the_ops_they_replace(
     want = residual + plain(x)
     got = plain(x, residual=residual)
     assert got is residual and torch.equal(got, want)
-    with pytest.raises(ValueError, match="contiguous float32"):
+    with pytest.raises(ValueError, match="float32 tensor of 5 x 64"):
         plain(x, residual=torch.zeros(5, 64, dtype=torch.bfloat16))
 
 
@@ -189,3 +206,17 @@ def test_it_runs_only_where_torch_reports_avx2_or_better(
     assert (problem is None) is usable
     if not usable:
         assert problem == f"the CPU offers {capability}, and the kernel needs AVX2 and FMA"
+
+
+def test_large_weights_are_copied_to_huge_page_aligned_memory_and_small_ones_stay() -> None:
+    """The kernel streams its weights; large ones move to a 2 MiB-aligned mapping advised for
+    huge pages (Linux), the same values; small ones are left where they are."""
+    import mmap
+
+    small = torch.arange(100, dtype=torch.uint8)
+    assert cpu_kernel.on_huge_pages(small) is small
+    big = torch.randint(0, 255, (cpu_kernel.HUGE_MIN_BYTES + 1000,), dtype=torch.uint8).view(torch.int8)
+    moved = cpu_kernel.on_huge_pages(big)
+    assert torch.equal(moved, big) and moved.dtype == torch.int8
+    if hasattr(mmap, "MADV_HUGEPAGE"):
+        assert moved.data_ptr() != big.data_ptr() and moved.data_ptr() % cpu_kernel.HUGE_PAGE == 0

@@ -12,7 +12,7 @@ from gguf import GGMLQuantizationType, GGUFWriter, quants
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from engine.model.lean import lean_forward
-from engine.quant import Int4Linear, apply_int4, quantize_weight
+from engine.quant import Int4Linear, apply_int4, cpu_kernel, quantize_weight
 from engine.quant.gguf_blocks import carry_over, decode_8bit_rows, decode_q4_rows
 from engine.quant.int4 import Int4Weights, quantize_weight8, two_planes
 
@@ -164,12 +164,17 @@ def test_every_type_of_a_mixed_gguf_is_carried_and_decodes_as_before(tmp_path: P
         quantized = model(ids).logits
     assert float((quantized - full).abs().max()) <= 2e-2 * float(full.abs().max())
 
-    # The lean forward runs the mixed layers (v and down cannot join q/k or gate/up) to the same numbers.
+    # The lean forward runs the mixed layers (8-bit v and down beside 4-bit q/k and gate/up). On
+    # specchat's kernel they fold their norms in as the others do, so the activations' 8-bit
+    # rounding meets inputs that differ from transformers' in the last bits: a rounding step
+    # may go the other way (hence the looser bound there).
     lean = lean_forward(model)
     assert lean is not None
+    folded = cpu_kernel.matmul() is not None
+    assert all(layer.folded is folded for layer in lean.layers)
     with torch.no_grad():
         mine = lean(ids, lean.new_cache(), 0, logits_to_keep=ids.shape[1])
-    assert float((mine - quantized).abs().max()) <= 1e-4 * float(quantized.abs().max())
+    assert float((mine - quantized).abs().max()) <= (5e-3 if folded else 1e-4) * float(quantized.abs().max())
 
 
 def test_the_int4_cache_keeps_planes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
