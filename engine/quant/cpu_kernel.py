@@ -235,16 +235,17 @@ def pack8(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple
     if not torch.equal(s_hi, 16.0 * s_lo):
         raise ValueError("the high plane's scales are not 16 times the low plane's")
     z_lo, z_hi = (t.to(torch.bfloat16).float() for t in zero.reshape(n, 2, -1).unbind(1))
-    u = codes[:, :k].to(torch.int16) + 16 * codes[:, k:].to(torch.int16)
+    u = codes[:, :k].to(torch.uint8) | (codes[:, k:].to(torch.uint8) << 4)  # 16 h + l, in place of wider ints
+    u ^= 0x80  # u - 128, as the int8 the bits then read as (no [N, K] int16 copy of a 150k-row head)
     table = torch.stack([s_lo, z_lo + z_hi - 8.0 * s_lo], dim=1)
-    return (u - 128).to(torch.int8).contiguous(), table.contiguous()
+    return u.view(torch.int8).contiguous(), table.contiguous()
 
 
 def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
     """The codes uint8 ``[N, planes·K]`` back from :func:`pack`'s ``packed``."""
     if packed.dtype == torch.int8:  # two planes joined
-        u = packed.to(torch.int16) + 128
-        return torch.cat([u & 0x0F, u >> 4], dim=1).to(torch.uint8)
+        u = packed.view(torch.uint8) ^ 0x80
+        return torch.cat([u & 0x0F, u >> 4], dim=1)
     n, half = packed.shape
     b = packed.reshape(n, half // 32, 1, 32)
     return torch.cat([b & 0x0F, b >> 4], dim=2).reshape(n, 2 * half)
