@@ -42,7 +42,8 @@ def _int8_bound(weights: Int4Weights, x: torch.Tensor) -> torch.Tensor:
     return half_step @ w.T * 1.001 + 1e-5
 
 
-@pytest.mark.parametrize("n, k, planes", [(48, 256, 1), (16, 576, 1), (64, 64, 1), (48, 320, 2), (1536, 1536, 1)])
+@pytest.mark.parametrize("n, k, planes", [(48, 256, 1), (16, 576, 1), (64, 64, 1), (48, 320, 2), (1536, 1536, 1),
+                                           (32, 4160, 1), (32, 2112, 2)])
 def test_outputs_are_the_dequantized_product_within_the_activations_rounding(n: int, k: int, planes: int) -> None:
     """The kernel multiplies exactly the weights torch's kernel would (bf16 scales and zeros);
     the only other rounding is the activations' to int8 per group of 32, and each output is
@@ -59,14 +60,14 @@ def test_outputs_are_the_dequantized_product_within_the_activations_rounding(n: 
     assert bool((err <= _int8_bound(weights, x)).all()), float((err / _int8_bound(weights, x)).max())
 
 
-@pytest.mark.parametrize("planes", [1, 2])
-def test_each_token_gets_the_same_bits_in_a_pass_of_any_size_and_any_thread_count(planes: int) -> None:
+@pytest.mark.parametrize("planes, k", [(1, 192), (2, 192), (1, 4096), (2, 2048)])  # long rows go one at a time
+def test_each_token_gets_the_same_bits_in_a_pass_of_any_size_and_any_thread_count(planes: int, k: int) -> None:
     """Row-exactness, which keeps greedy speculation token-identical to plain decoding: a token's
     outputs in a pass of M tokens (verify passes, and prompts longer than the kernel's 32-token
     blocks) equal its outputs alone, bit for bit, on one thread or two."""
-    weights = _weights(80, 192, seed=5, planes=planes)
+    weights = _weights(80, k, seed=5, planes=planes)
     f = Int4Linear.fuse([Int4Linear(weights, torch.randn(80), CPU)])
-    x = torch.randn(41, 192) * torch.logspace(-3, 2, 41).unsqueeze(1)  # groups of very different sizes
+    x = torch.randn(41, k) * torch.logspace(-3, 2, 41).unsqueeze(1)  # groups of very different sizes
     alone = torch.cat([f(x[i : i + 1]) for i in range(41)])
     threads = torch.get_num_threads()
     try:
