@@ -126,6 +126,23 @@ static inline __attribute__((always_inline)) void dot_rows(int rows, int ahead, 
     }
 }
 
+/* The tile's accumulators, cleared. */
+static inline void zero_rows(__m256 *acc, __m256 *zacc) {
+    for (int r = 0; r < ROWS; r++) {
+        acc[r] = _mm256_setzero_ps();
+        zacc[r] = _mm256_setzero_ps();
+    }
+}
+
+/* A tile's `rows` outputs from its accumulators into y's row (written, or added with accumulate). */
+static inline void store_rows(int rows, const __m256 *acc, const __m256 *zacc, const float *bias, int64_t n0, float *y,
+                              int accumulate) {
+    for (int r = 0; r < rows; r++) {
+        const float out = hsum8(acc[r]) + hsum8(zacc[r]) + (bias ? bias[n0 + r] : 0.0f);
+        y[n0 + r] = accumulate ? y[n0 + r] + out : out;
+    }
+}
+
 /* x's rows as int8 groups: xq [M, K], their scales dx [M, G] and dx * sum(xq) xs [M, G], in this
  * thread's scratch; norm / gated as for specchat_int4_mm. Returns -1 when scratch could not be had. */
 static int prepare(const float *x, int64_t M, int64_t K, const float *norm, float eps, int gated, int8_t **xq_out,
@@ -206,10 +223,7 @@ int specchat_int4_mm(const uint8_t *codes, const uint16_t *sz, const float *bias
             const int rows = (int)(N - n0 < tile ? N - n0 : tile);
             for (int64_t m = m0; m < m1; m++) {
                 __m256 acc[ROWS], zacc[ROWS];
-                for (int r = 0; r < ROWS; r++) {
-                    acc[r] = _mm256_setzero_ps();
-                    zacc[r] = _mm256_setzero_ps();
-                }
+                zero_rows(acc, zacc);
                 for (int64_t p = 0; p < P; p++) {
                     const uint8_t *c = codes + n0 * row_bytes + p * (K / 2);
                     const uint16_t *z = sz + n0 * row_scales + p * 2 * G;
@@ -220,10 +234,7 @@ int specchat_int4_mm(const uint8_t *codes, const uint16_t *sz, const float *bias
                     else
                         dot_rows(rows, ROWS, c, z, row_bytes, row_scales, G, xq + m * K, dx + m * G, xs + m * G, acc, zacc);
                 }
-                for (int r = 0; r < rows; r++) {
-                    const float out = hsum8(acc[r]) + hsum8(zacc[r]) + (bias ? bias[n0 + r] : 0.0f);
-                    y[m * ldy + n0 + r] = accumulate ? y[m * ldy + n0 + r] + out : out;
-                }
+                store_rows(rows, acc, zacc, bias, n0, y + m * ldy, accumulate);
             }
         }
     }
@@ -293,10 +304,7 @@ int specchat_int8_mm(const int8_t *codes, const float *st, const float *bias, in
             const int rows = (int)(N - n0 < tile ? N - n0 : tile);
             for (int64_t m = m0; m < m1; m++) {
                 __m256 acc[ROWS], zacc[ROWS];
-                for (int r = 0; r < ROWS; r++) {
-                    acc[r] = _mm256_setzero_ps();
-                    zacc[r] = _mm256_setzero_ps();
-                }
+                zero_rows(acc, zacc);
                 const int8_t *c = codes + n0 * K;
                 const float *z = st + n0 * 2 * G;
                 if (rows == ROWS)
@@ -305,10 +313,7 @@ int specchat_int8_mm(const int8_t *codes, const float *st, const float *bias, in
                     dot_rows8(1, 1, c, z, K, G, xq + m * K, dx + m * G, xs + m * G, acc, zacc);
                 else
                     dot_rows8(rows, ROWS, c, z, K, G, xq + m * K, dx + m * G, xs + m * G, acc, zacc);
-                for (int r = 0; r < rows; r++) {
-                    const float out = hsum8(acc[r]) + hsum8(zacc[r]) + (bias ? bias[n0 + r] : 0.0f);
-                    y[m * ldy + n0 + r] = accumulate ? y[m * ldy + n0 + r] + out : out;
-                }
+                store_rows(rows, acc, zacc, bias, n0, y + m * ldy, accumulate);
             }
         }
     }
