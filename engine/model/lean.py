@@ -38,7 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.model import cpu_attention
-from engine.quant.int4 import Int4Linear, joint_bias, quantize_weight
+from engine.quant.int4 import GROUP_SIZES, Int4Linear, joint_bias, quantize_weight
 
 SUPPORTED = ("llama", "qwen2", "mistral")
 
@@ -382,8 +382,9 @@ def subset_head(model: nn.Module, ids: torch.Tensor) -> Callable[[torch.Tensor],
     hidden = int(model.config.get_text_config().hidden_size)
     width = int(model.config.get_text_config().vocab_size)
     weight = _head_rows(head, ids, hidden)
-    if isinstance(head, Int4Linear) and len(ids) % 16 == 0 and hidden % head.group_size == 0:
-        small = Int4Linear.fuse([Int4Linear(quantize_weight(weight, head.group_size), None, weight.device)])
+    group = head.group_size if isinstance(head, Int4Linear) and head.group_size in GROUP_SIZES else GROUP_SIZES[0]
+    if isinstance(head, Int4Linear) and len(ids) % 16 == 0 and hidden % group == 0:
+        small = Int4Linear.fuse([Int4Linear(quantize_weight(weight, group), None, weight.device)])
     else:
         weight = weight.to(next(model.parameters()).dtype)
         small = lambda h: F.linear(h, weight)  # noqa: E731

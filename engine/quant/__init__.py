@@ -32,7 +32,7 @@ from engine.quant.int4 import GROUP_SIZES, Int4Linear, Int4Weights, QuantReport,
 __all__ = ["GROUP_SIZES", "Int4Linear", "Int4Weights", "QuantReport", "apply_int4", "bnb_config", "quantize_weight"]
 
 log = logging.getLogger(__name__)
-CACHE_VERSION = 2  # 2: two-plane (8-bit) groups
+CACHE_VERSION = 3  # 2: two-plane (8-bit) groups; 3: Q6_K carried as 6-bit groups of 16
 
 
 def bnb_config(quantization: str, compute_dtype: torch.dtype) -> Any | None:
@@ -95,8 +95,10 @@ def _save(path: Path, groups: dict[str, Int4Weights], carried: list[str], packed
         tensors[f"{name}.zero"] = w.zero.contiguous()
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    meta = {"carried": json.dumps(carried), "group_size": str(next(iter(groups.values())).group_size),
-            "planes": json.dumps({name: w.planes for name, w in groups.items() if w.planes != 1})}
+    group_size = max(w.group_size for w in groups.values())  # the model's (a Q6_K's groups of 16 are listed)
+    meta = {"carried": json.dumps(carried), "group_size": str(group_size),
+            "planes": json.dumps({name: w.planes for name, w in groups.items() if w.planes != 1}),
+            "groups": json.dumps({name: w.group_size for name, w in groups.items() if w.group_size != group_size})}
     try:
         save_file(tensors, str(tmp), metadata=meta)
         os.replace(tmp, path)
@@ -113,12 +115,13 @@ def _load(path: Path) -> tuple[dict[str, Int4Weights], list[str]] | None:
             group_size = int(meta["group_size"])
             names = {k.rsplit(".", 1)[0] for k in f.keys()}
             planes = json.loads(meta.get("planes", "{}"))
+            sizes = json.loads(meta.get("groups", "{}"))
             groups = {}
             for name in names:
                 pairs = f.get_tensor(f"{name}.codes")
                 codes = torch.stack([pairs >> 4, pairs & 0x0F], dim=-1).reshape(pairs.shape[0], -1)
-                groups[name] = Int4Weights(codes, f.get_tensor(f"{name}.scale"), f.get_tensor(f"{name}.zero"), group_size,
-                                           int(planes.get(name, 1)))
+                groups[name] = Int4Weights(codes, f.get_tensor(f"{name}.scale"), f.get_tensor(f"{name}.zero"),
+                                           int(sizes.get(name, group_size)), int(planes.get(name, 1)))
             return groups, json.loads(meta.get("carried", "[]"))
     except Exception as exc:  # noqa: BLE001 - a damaged cache is rebuilt, never fatal
         log.warning("int4 cache %s is unreadable (%s); quantizing again", path, exc)

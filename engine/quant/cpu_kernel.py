@@ -145,6 +145,23 @@ def matmul8() -> Matmul | None:
 
 
 @functools.cache
+def matmul6() -> Matmul | None:
+    """The 6-bit matmul's entry point (a GGUF's Q6_K, :func:`pack6`; None where :func:`library` is).
+
+    Signature: ``(rows, stride, bias | None, N, K, x, M, y, ldy, threads, norm | None, eps, accumulate,
+    gated) -> 0``: ``rows`` uint8 ``[N, stride]`` (codes and scales of each row), the rest as :func:`matmul`.
+    """
+    lib = library()
+    if lib is None:
+        return None
+    fn = lib.specchat_int6_mm
+    p, i64 = ctypes.c_void_p, ctypes.c_int64
+    fn.argtypes = [p, i64, p, i64, i64, p, i64, p, i64, ctypes.c_int, p, ctypes.c_float, ctypes.c_int, ctypes.c_int]
+    fn.restype = ctypes.c_int
+    return fn  # type: ignore[no-any-return]
+
+
+@functools.cache
 def attention() -> Matmul | None:
     """The attention step's entry point (``csrc/attention_avx2.c``; None where :func:`library` is).
 
@@ -194,8 +211,15 @@ def on_huge_pages(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
+SIX_BIT_GROUP = 16
+"""The group size of 6-bit weights (a GGUF's Q6_K sub-blocks), carried as two planes."""
+SIX_BIT_K_MULTIPLE = 256
+
+
 def fits(k: int, group_size: int) -> bool:
     """Whether a weight with ``k`` inputs (per plane) in groups of ``group_size`` suits the kernel."""
+    if group_size == SIX_BIT_GROUP:
+        return k % SIX_BIT_K_MULTIPLE == 0
     return group_size == GROUP and k % K_MULTIPLE == 0
 
 
@@ -213,6 +237,8 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, planes: i
         are joined back into one byte a weight (:func:`pack8`).
     """
     if planes == 2:
+        if scale.shape[1] * SIX_BIT_GROUP == codes.shape[1]:
+            return pack6(codes, scale, zero)
         return pack8(codes, scale, zero)
     n, width = codes.shape
     pairs = codes.to(torch.uint8).reshape(n, width // 64, 2, 32)
@@ -241,8 +267,63 @@ def pack8(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple
     return u.view(torch.int8).contiguous(), table.contiguous()
 
 
-def unpack_codes(packed: torch.Tensor) -> torch.Tensor:
-    """The codes uint8 ``[N, planes·K]`` back from :func:`pack`'s ``packed``."""
+def six_bit_codes(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Two int4 planes in groups of 16 as 6-bit codes ``q`` uint8 ``[N, K]`` in 0..63 and bf16 scales
+    ``s`` ``[N, K/16]`` with ``w = (q − 32)·s`` (a Q6_K's codes and sub-scales as
+    :func:`engine.quant.gguf_blocks.decode_q6_k_rows` carries them: ``u = q + 96``, zeros ``8 s`` and 0);
+    None when the planes are not of that form."""
+    n, width = codes.shape
+    k = width // 2
+    s_lo, s_hi = (t.to(torch.bfloat16) for t in scale.reshape(n, 2, -1).unbind(1))
+    z_lo, z_hi = (t.to(torch.bfloat16) for t in zero.reshape(n, 2, -1).unbind(1))
+    if not (torch.equal(s_hi.float(), 16.0 * s_lo.float()) and torch.equal(z_lo.float(), 8.0 * s_lo.float())
+            and not bool(z_hi.any())):
+        return None
+    u = codes[:, :k].to(torch.uint8) | (codes[:, k:].to(torch.uint8) << 4)
+    if int(u.min()) < 96 or int(u.max()) > 159:
+        return None
+    return u - 96, s_lo
+
+
+def pack6(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Two int4 planes in groups of 16 of 6-bit form (:func:`six_bit_codes`) as ``specchat_int6_mm``
+    reads them: uint8 ``[N, stride]``, each row its codes (``K·3/4`` bytes: per 128 weights 64 bytes
+    of nibbles, weight ``j`` low and ``j + 32`` high, then ``64 + j`` and ``96 + j``, and 32 bytes
+    of top bits, byte ``j`` holding those of weights ``j``, ``32 + j``, ``64 + j``, ``96 + j``), then
+    its bf16 scales, padded to 32 bytes: one stream a row, 7 bits a weight (Q6_K's 6.56). The
+    second tensor is an empty table (the scales are in the rows).
+    """
+    found = six_bit_codes(codes, scale, zero)
+    if found is None:
+        raise ValueError("these planes are not 6-bit weights (w = (q - 32) s, q in 0..63, groups of 16)")
+    q, s = found
+    n, k = q.shape
+    if k % SIX_BIT_K_MULTIPLE:
+        raise ValueError(f"6-bit weights need a multiple of {SIX_BIT_K_MULTIPLE} inputs, not {k}")
+    chunks = q.reshape(n, k // 128, 4, 32)
+    nibbles = torch.stack([chunks[:, :, 0] & 15 | (chunks[:, :, 1] & 15) << 4,
+                           chunks[:, :, 2] & 15 | (chunks[:, :, 3] & 15) << 4], dim=2).reshape(n, k // 128, 64)
+    top = chunks >> 4
+    tops = top[:, :, 0] | top[:, :, 1] << 2 | top[:, :, 2] << 4 | top[:, :, 3] << 6
+    row = k // 4 * 3 + k // 8
+    stride = -(-row // 32) * 32
+    out = torch.zeros(n, stride, dtype=torch.uint8)
+    out[:, : k // 4 * 3] = torch.cat([nibbles, tops], dim=2).reshape(n, -1)
+    out[:, k // 4 * 3 : row] = s.contiguous().view(torch.uint8)
+    return out, torch.empty(n, 0, dtype=torch.uint8)
+
+
+def unpack_codes(packed: torch.Tensor, k: int | None = None) -> torch.Tensor:
+    """The codes uint8 ``[N, planes·K]`` back from :func:`pack`'s ``packed`` (``k``, the inputs,
+    for 6-bit rows, whose codes come back as the planes of ``q + 96``)."""
+    if packed.dtype == torch.uint8 and k is not None and packed.shape[1] != k // 2:  # 6-bit rows
+        n = packed.shape[0]
+        body = packed[:, : k // 4 * 3].reshape(n, k // 128, 96)
+        nib, tops = body[:, :, :64].reshape(n, k // 128, 2, 32), body[:, :, 64:]
+        low = torch.stack([nib[:, :, 0] & 15, nib[:, :, 0] >> 4, nib[:, :, 1] & 15, nib[:, :, 1] >> 4], dim=2)
+        top = torch.stack([(tops >> s) & 3 for s in (0, 2, 4, 6)], dim=2)
+        u = (low | top << 4).reshape(n, k) + 96
+        return torch.cat([u & 15, u >> 4], dim=1)
     if packed.dtype == torch.int8:  # two planes joined
         u = packed.view(torch.uint8) ^ 0x80
         return torch.cat([u & 0x0F, u >> 4], dim=1)
@@ -268,7 +349,8 @@ def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
     """
     if gated and norm is not None:
         raise ValueError("a gated input takes no folded norm")
-    fn = matmul() if planes == 1 else matmul8()
+    six = planes == 2 and packed.dtype == torch.uint8
+    fn = matmul() if planes == 1 else matmul6() if six else matmul8()
     if fn is None:
         raise RuntimeError("specchat's CPU int4 kernel is not available here")
     if planes not in (1, 2):
@@ -301,6 +383,9 @@ def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
         if planes == 1:
             failed = fn(codes_ptr, scales_ptr, bias_ptr, n, k, 1, flat.data_ptr(), m, y.data_ptr(), ldy, threads(),
                         norm_ptr, eps, residual is not None, gated)
+        elif six:
+            failed = fn(codes_ptr, int(packed.stride(0)), bias_ptr, n, k, flat.data_ptr(), m, y.data_ptr(), ldy,
+                        threads(), norm_ptr, eps, residual is not None, gated)
         else:
             failed = fn(codes_ptr, scales_ptr, bias_ptr, n, k, flat.data_ptr(), m, y.data_ptr(), ldy, threads(),
                         norm_ptr, eps, residual is not None, gated)

@@ -20,10 +20,13 @@ Formats with more than four bits become two int4 planes (``u = 16 h + l``,
 * **Q8_0** (``d``, 32 int8 ``q``): ``w = d q``; ``u = q + 128``, ``s = d``, ``z_lo = 8 d``, ``z_hi = 0``.
 * **Q5_0** (``d``, 4 bytes of fifth bits, 16 bytes of nibbles): ``w = d (q - 16)``; ``u = q``,
   ``s = d``, ``z_lo = -8 d``, ``z_hi = 128 d``.
-* **Q6_K** and every other type: its scales come in sub-blocks of 16, finer than the
-  kernel's smallest group, so its dequantized weights are requantized to 8 bits per
-  group of 32 (:func:`engine.quant.int4.quantize_weight8`): at most half an 8-bit step
-  off, a quarter of Q6_K's own step.
+* **Q6_K** (super-blocks of 256: 128 bytes of low nibbles, 64 of top bits, 16 int8
+  scales ``sc``, ``d``): ``w = d sc_j (q - 32)`` over sub-blocks of 16; two planes in
+  groups of 16 with ``u = q + 96``, ``s = d sc_j``, ``z_lo = 8 s``, ``z_hi = 0``
+  (:func:`decode_q6_k_rows`), which specchat's CPU kernel reads as 6-bit codes
+  (:mod:`engine.quant.int4`, "Six bits").
+* Every other type is requantized from its dequantized weights to 8 bits per group of
+  32 (:func:`engine.quant.int4.quantize_weight8`): at most half an 8-bit step off.
 
 The codes are kept bit for bit; the kernel rounds each scale and zero to bf16,
 the only error the carry-over adds (:func:`bf16_rounding_error` measures it;
@@ -48,6 +51,7 @@ import torch
 from torch import nn
 
 from engine.errors import QuantizationError
+from engine.quant.cpu_kernel import SIX_BIT_GROUP
 from engine.quant.int4 import Int4Weights, quantize_weight8, two_planes
 
 log = logging.getLogger(__name__)
@@ -55,7 +59,7 @@ log = logging.getLogger(__name__)
 BLOCK = 32
 QK_K = 256
 FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
-EXACT_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q8_0")
+EXACT_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q8_0", "Q6_K")
 """Types carried over code for code; any other quantized type is requantized to 8 bits."""
 FLOAT_TYPES = ("F32", "F16", "BF16")
 
@@ -131,6 +135,29 @@ def decode_8bit_rows(data: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarra
     raise QuantizationError(f"no 8-bit decoding for GGUF type {kind}")
 
 
+def decode_q6_k_rows(data: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Split raw Q6_K rows into codes and per-16 scales.
+
+    Args:
+        data: uint8 ``[N, bytes_per_row]`` as stored in the GGUF (210 bytes per 256 weights).
+
+    Returns:
+        q uint8 ``[N, K]`` in 0..63 and s float32 ``[N, K / 16]`` (``d·sc``, exact in fp32), with
+        ``w = (q - 32)·s`` exactly as the GGUF defines ``w``.
+    """
+    n = data.shape[0]
+    blocks = np.ascontiguousarray(data).reshape(n, -1, 210)
+    nb = blocks.shape[1]
+    ql = blocks[..., :128].reshape(n, nb, 2, 2, 32)  # [half, ql 0..31 / 32..63, l]
+    qh = blocks[..., 128:192].reshape(n, nb, 2, 1, 32)
+    sc = blocks[..., 192:208].view(np.int8).astype(np.float32)
+    d = _f16(blocks[..., 208:210])[..., None]
+    low = np.concatenate([ql & 0x0F, ql >> 4], axis=3)  # weights l, 32 + l, 64 + l, 96 + l of each half
+    top = np.concatenate([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=3)
+    q = (low | (top << 4)).reshape(n, nb * QK_K)
+    return q.astype(np.uint8), (d * sc).reshape(n, nb * 16)
+
+
 def _carried(tensor_data: np.ndarray, kind: str, process: Callable[[np.ndarray], np.ndarray],
              weight: torch.Tensor) -> Int4Weights:
     """The int4 groups for one GGUF tensor of ``kind``, rows in the model's order."""
@@ -143,6 +170,10 @@ def _carried(tensor_data: np.ndarray, kind: str, process: Callable[[np.ndarray],
     if kind in ("Q8_0", "Q5_0"):
         u, scale, zero_lo, zero_hi = decode_8bit_rows(tensor_data, kind)
         return two_planes(rows(u), rows(scale), rows(zero_lo), rows(zero_hi), BLOCK)
+    if kind == "Q6_K":
+        q, scale = decode_q6_k_rows(tensor_data)
+        s = rows(scale)
+        return two_planes(rows(q).to(torch.int32) + 96, s, 8.0 * s, torch.zeros_like(s), SIX_BIT_GROUP)
     return quantize_weight8(weight, BLOCK)
 
 

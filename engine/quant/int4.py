@@ -43,7 +43,15 @@ the same groups, a low nibble ``l`` and a high nibble ``h`` of an 8-bit code
 The planes sit side by side along the input dimension (codes ``[N, 2K]``) and
 the input is repeated (``[x, x]``, ``[M, 2K]``), so one kernel call sums both:
 twice the bytes of int4 (about what llama.cpp reads for Q8_0), at the int4
-kernel's speed and with its batch invariance.
+kernel's speed and with its batch invariance. On specchat's CPU kernel the two planes are
+joined back into one int8 code a weight (:func:`engine.quant.cpu_kernel.pack8`).
+
+**Six bits.** A GGUF's Q6_K (``w = d·sc_j·(q − 32)``, ``q`` in 0..63, a scale per 16 weights)
+is carried code for code as two planes in groups of 16: ``u = q + 96``, scale ``s = d·sc_j``,
+zeros ``8 s`` and 0 (both exact in bf16 with ``s``), so ``w = (u − 128)·s``. specchat's CPU
+kernel reads them as 6-bit codes with a bf16 scale per 16 (7 bits a weight, against 10 for
+the int8 form); torch's kernels take no groups of 16, so there they are requantized to 8 bits
+in groups of 32 (:func:`kernel_weights`).
 """
 from __future__ import annotations
 
@@ -110,9 +118,35 @@ def cuda_int4_problem(device: torch.device) -> str | None:
     return None
 
 
+def takes(weights: Int4Weights, group_size: int) -> bool:
+    """Whether groups carried over (or cached) suit a model quantized in groups of ``group_size``:
+    the same size, or a Q6_K's 6-bit groups of 16 (:func:`kernel_weights` places them)."""
+    return weights.group_size == group_size or is_six_bit(weights)
+
+
+def is_six_bit(weights: Int4Weights) -> bool:
+    """Whether ``weights`` are a Q6_K's 6-bit groups (two planes in groups of 16; module docstring)."""
+    return weights.planes == 2 and weights.group_size == cpu_kernel.SIX_BIT_GROUP
+
+
+def kernel_weights(weights: Int4Weights, device: torch.device) -> Int4Weights:
+    """``weights`` as a kernel on ``device`` can take them: 6-bit groups stay as they are for
+    specchat's CPU kernel, and become 8 bits in groups of 32 (:func:`quantize_weight8`) anywhere else."""
+    if not is_six_bit(weights):
+        return weights
+    if (device.type == "cpu" and cpu_kernel.fits(weights.shape[1], weights.group_size)
+            and cpu_kernel.matmul6() is not None
+            and cpu_kernel.six_bit_codes(weights.codes, weights.scale, weights.zero) is not None):
+        return weights
+    return quantize_weight8(weights.dequantize(), GROUP_SIZES[0])
+
+
 def check_shape(n: int, k: int, group_size: int, device: torch.device, planes: int = 1) -> None:
     """Raise :class:`QuantizationError` when the kernel on ``device`` refuses an ``[n, k]`` weight
-    (stored as ``planes`` int4 planes, so the kernel sees ``[n, planes * k]``)."""
+    (stored as ``planes`` int4 planes, so the kernel sees ``[n, planes * k]``). Six-bit groups of
+    16 are checked as the groups of 32 they become where they cannot stay (:func:`kernel_weights`)."""
+    if planes == 2 and group_size == cpu_kernel.SIX_BIT_GROUP:
+        group_size = GROUP_SIZES[0]
     k *= planes
     if group_size not in GROUP_SIZES:
         raise QuantizationError(f"group_size {group_size} is not supported: use one of {', '.join(map(str, GROUP_SIZES))}")
@@ -202,6 +236,7 @@ class Int4Linear(nn.Module):
 
     def __init__(self, weights: Int4Weights, bias: torch.Tensor | None, device: torch.device) -> None:
         super().__init__()
+        weights = kernel_weights(weights, device)
         n, k = weights.shape
         problem = cuda_int4_problem(device)
         if problem is not None:
@@ -304,7 +339,8 @@ class Int4Linear(nn.Module):
         return bool(layers) and all(isinstance(l, Int4Linear) and l.kernel == "specchat" for l in layers)
 
     def extra_repr(self) -> str:
-        kind = "int4" if self.planes == 1 else f"int4 x {self.planes} planes"
+        kind = ("int4" if self.planes == 1 else "6-bit" if self.group_size == cpu_kernel.SIX_BIT_GROUP
+                else f"int4 x {self.planes} planes")
         return (f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, "
                 f"{kind}, {self.kernel} kernel")
 
@@ -406,7 +442,7 @@ def quantize_model(
         target = device or linear.weight.device
         n, k = linear.weight.shape
         weights = groups.get(name)
-        if weights is not None and weights.group_size != group_size:
+        if weights is not None and not takes(weights, group_size):
             weights = None
         try:
             check_shape(n, k, group_size, target, weights.planes if weights is not None else 1)

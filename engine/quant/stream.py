@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.quant.int4 import Int4Linear, Int4Weights, QuantReport, check_shape, quantize_weight, _linear_names
+from engine.quant.int4 import Int4Linear, Int4Weights, QuantReport, check_shape, quantize_weight, takes, _linear_names
 from engine.errors import QuantizationError
 
 log = logging.getLogger(__name__)
@@ -117,7 +117,7 @@ def stream_int4(
         linear = getattr(parent, attr)
         n, k = linear.weight.shape
         weights = cached.get(name)
-        if weights is not None and weights.group_size != group_size:
+        if weights is not None and not takes(weights, group_size):
             weights = None
         source = None
         if weights is None and carries and carrier is None:

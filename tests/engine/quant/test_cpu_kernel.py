@@ -132,7 +132,7 @@ def test_shapes_it_does_not_take_go_to_torchs_kernel() -> None:
 
 def _uncached(monkeypatch: pytest.MonkeyPatch) -> None:
     """The kernels looked for anew, not the cached answers."""
-    for name in ("library", "matmul", "matmul8", "attention"):
+    for name in ("library", "matmul", "matmul8", "matmul6", "attention"):
         monkeypatch.setattr(cpu_kernel, name, getattr(cpu_kernel, name).__wrapped__)
 
 
