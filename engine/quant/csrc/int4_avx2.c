@@ -26,6 +26,10 @@
 
 #define ROWS 4      /* output rows sharing each activation load */
 #define MCHUNK 32   /* tokens per block, so a long prompt's activations stay in cache */
+/* Per token, -32 times the sums of each group's first and last 16 codes, four groups at a time: [firsts of
+ * groups 4c..4c+3, lasts of the same], the order dot_rows6 sums its lanes in. Floats a token: */
+#define HALVES(G) (((G) + 3) / 4 * 8)
+#define MB 4        /* tokens sharing each unpacked row of codes in a pass of several (MB <= ROWS) */
 #define LONG_ROW 2048 /* bytes of codes a row from which rows go one at a time: four such rows
                        * (and their scales) are eight streams a thread, more than the hardware
                        * prefetchers follow (a 1536 x 8960 int4 product: 6.6 -> 3.9 ms here) */
@@ -46,8 +50,9 @@ static inline float bf16(uint16_t v) {
     return f;
 }
 
-/* One group of 32 floats to int8 codes; returns the scale, writes sum(codes) * scale to *xs. */
-static inline float quantize_group(const float *v, int8_t *out, float *xs) {
+/* One group of 32 floats to int8 codes; returns the scale, writes sum(codes) * scale to *xs and -32 times
+ * the sums of its first and last 16 codes to half[0] and half[4] (the 6-bit kernel's offsets). */
+static inline float quantize_group(const float *v, int8_t *out, float *xs, float *half) {
     const __m256 sign = _mm256_set1_ps(-0.0f);
     __m256 mx = _mm256_andnot_ps(sign, _mm256_loadu_ps(v));
     for (int i = 8; i < 32; i += 8) mx = _mm256_max_ps(mx, _mm256_andnot_ps(sign, _mm256_loadu_ps(v + i)));
@@ -61,75 +66,98 @@ static inline float quantize_group(const float *v, int8_t *out, float *xs) {
     for (int i = 0; i < 4; i++)
         q[i] = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(v + 8 * i), inv),
                                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
-    __m256i s = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
-    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
-    s4 = _mm_hadd_epi32(s4, s4);
-    s4 = _mm_hadd_epi32(s4, s4);
+    const __m256i first = _mm256_add_epi32(q[0], q[1]), last = _mm256_add_epi32(q[2], q[3]);
+    __m128i s4 = _mm_hadd_epi32(_mm_add_epi32(_mm256_castsi256_si128(first), _mm256_extracti128_si256(first, 1)),
+                                _mm_add_epi32(_mm256_castsi256_si128(last), _mm256_extracti128_si256(last, 1)));
+    s4 = _mm_hadd_epi32(s4, s4); /* lane 0: the first 16 codes' sum, lane 1: the last 16's */
+    const int sum_first = _mm_cvtsi128_si32(s4), sum_last = _mm_extract_epi32(s4, 1);
+    half[0] = -32.0f * (float)sum_first;
+    half[4] = -32.0f * (float)sum_last;
     __m256i p = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
     p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
     _mm256_storeu_si256((__m256i *)out, p);
-    *xs = d * (float)_mm_cvtsi128_si32(s4);
+    *xs = d * (float)(sum_first + sum_last);
     return d;
 }
 
-/* The dot of `rows` consecutive weight rows with one quantized activation row (G groups, one plane).
- * Always inlined, so that with rows == ROWS the accumulators live in registers. */
-static inline __attribute__((always_inline)) void dot_rows(int rows, int ahead, const uint8_t *codes, const uint16_t *sz, int64_t row_bytes,
-                            int64_t row_scales, int64_t G, const int8_t *xq, const float *dx,
-                            const float *xs, __m256 *acc, __m256 *zacc) {
+/* The dots of `rows` consecutive weight rows (G groups, one plane) with `mb` consecutive quantized activation
+ * rows (xq K apart, dx and xs G apart), into acc/zacc[r * mb + i] (rows * mb <= ROWS). Each row's codes are
+ * unpacked once for the mb tokens. Always inlined with constant rows and mb, so the accumulators live in
+ * registers; every (row, token) pair gets the same instructions in the same order whatever rows and mb are,
+ * which is what makes a pass of several tokens give each the bits of a pass of one. */
+static inline __attribute__((always_inline)) void dot_rows(int rows, int mb, int ahead, const uint8_t *codes,
+                                                           const uint16_t *sz, int64_t row_bytes, int64_t row_scales,
+                                                           int64_t K, const int8_t *xq, const float *dx,
+                                                           const float *xs, __m256 *acc_out, __m256 *zacc_out) {
+    /* the accumulators in registers (through the pointers every update would go to memory and back) */
+    __m256 acc[ROWS], zacc[ROWS];
+    for (int a = 0; a < rows * mb; a++) {
+        acc[a] = acc_out[a];
+        zacc[a] = zacc_out[a];
+    }
+    const int64_t G = K / 32;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256 eight = _mm256_set1_ps(8.0f);
     float sc[ROWS][8] __attribute__((aligned(32)));
     int64_t g = 0;
     for (; g + 8 <= G; g += 8) {
-        const __m256 dxv = _mm256_loadu_ps(dx + g);
-        const __m256 xsv = _mm256_loadu_ps(xs + g);
         for (int r = 0; r < rows; r++) {
             const uint16_t *s = sz + r * row_scales;
             const __m256 scale = bf16x8(s + g);
-            _mm256_store_ps(sc[r], _mm256_mul_ps(scale, dxv));
-            zacc[r] = _mm256_fmadd_ps(_mm256_fnmadd_ps(eight, scale, bf16x8(s + G + g)), xsv, zacc[r]);
+            const __m256 off = _mm256_fnmadd_ps(eight, scale, bf16x8(s + G + g));
+            for (int i = 0; i < mb; i++) {
+                _mm256_store_ps(sc[r * mb + i], _mm256_mul_ps(scale, _mm256_loadu_ps(dx + i * G + g)));
+                zacc[r * mb + i] = _mm256_fmadd_ps(off, _mm256_loadu_ps(xs + i * G + g), zacc[r * mb + i]);
+            }
         }
         for (int r = 0; r < rows; r++) { /* the next tile's same 128 bytes, ahead of need */
             _mm_prefetch((const char *)(codes + (r + ahead) * row_bytes + g * 16), _MM_HINT_T0);
             _mm_prefetch((const char *)(codes + (r + ahead) * row_bytes + g * 16 + 64), _MM_HINT_T0);
         }
-        for (int j = 0; j < 8; j += 4) { /* four groups: two bytes' worth of codes per row */
-            const __m256i x0 = _mm256_loadu_si256((const __m256i *)(xq + (g + j) * 32));
-            const __m256i x1 = _mm256_loadu_si256((const __m256i *)(xq + (g + j) * 32 + 32));
-            const __m256i x2 = _mm256_loadu_si256((const __m256i *)(xq + (g + j) * 32 + 64));
-            const __m256i x3 = _mm256_loadu_si256((const __m256i *)(xq + (g + j) * 32 + 96));
+        for (int j = 0; j < 8; j += 4) { /* four groups: 64 bytes of codes a row */
+            __m256i x[ROWS][4];
+            for (int i = 0; i < mb; i++)
+                for (int c = 0; c < 4; c++) x[i][c] = _mm256_loadu_si256((const __m256i *)(xq + i * K + (g + j + c) * 32));
             for (int r = 0; r < rows; r++) {
                 const __m256i b0 = _mm256_loadu_si256((const __m256i *)(codes + r * row_bytes + (g + j) * 16));
                 const __m256i b1 = _mm256_loadu_si256((const __m256i *)(codes + r * row_bytes + (g + j) * 16 + 32));
-                const __m256i p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(b0, m4), x0), ones);
-                const __m256i p1 = _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(b0, 4), m4), x1), ones);
-                const __m256i p2 = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(b1, m4), x2), ones);
-                const __m256i p3 = _mm256_madd_epi16(
-                    _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(b1, 4), m4), x3), ones);
-                /* lanes 0..3: the four groups' first 16 products summed, 4..7: their last 16 */
-                const __m256i sum = _mm256_hadd_epi32(_mm256_hadd_epi32(p0, p1), _mm256_hadd_epi32(p2, p3));
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_broadcast_ps((const __m128 *)&sc[r][j]), acc[r]);
+                const __m256i w[4] = {_mm256_and_si256(b0, m4), _mm256_and_si256(_mm256_srli_epi16(b0, 4), m4),
+                                      _mm256_and_si256(b1, m4), _mm256_and_si256(_mm256_srli_epi16(b1, 4), m4)};
+                for (int i = 0; i < mb; i++) {
+                    __m256i p[4];
+                    for (int c = 0; c < 4; c++) p[c] = _mm256_madd_epi16(_mm256_maddubs_epi16(w[c], x[i][c]), ones);
+                    /* lanes 0..3: the four groups' first 16 products summed, 4..7: their last 16 */
+                    const __m256i sum = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+                    acc[r * mb + i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum),
+                                                      _mm256_broadcast_ps((const __m128 *)&sc[r * mb + i][j]), acc[r * mb + i]);
+                }
             }
         }
     }
     for (; g < G; g += 2) { /* G is even: the tail is whole pairs of groups */
-        const __m256i xa = _mm256_loadu_si256((const __m256i *)(xq + g * 32));
-        const __m256i xb = _mm256_loadu_si256((const __m256i *)(xq + g * 32 + 32));
         for (int r = 0; r < rows; r++) {
             const uint16_t *s = sz + r * row_scales;
             const __m256i b = _mm256_loadu_si256((const __m256i *)(codes + r * row_bytes + g * 16));
-            const __m256i pa = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_and_si256(b, m4), xa), ones);
-            const __m256i pb = _mm256_madd_epi16(
-                _mm256_maddubs_epi16(_mm256_and_si256(_mm256_srli_epi16(b, 4), m4), xb), ones);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pa), _mm256_set1_ps(bf16(s[g]) * dx[g]), acc[r]);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pb), _mm256_set1_ps(bf16(s[g + 1]) * dx[g + 1]), acc[r]);
-            const __m256 z = _mm256_setr_ps((bf16(s[G + g]) - 8.0f * bf16(s[g])) * xs[g],
-                                            (bf16(s[G + g + 1]) - 8.0f * bf16(s[g + 1])) * xs[g + 1], 0, 0, 0, 0, 0, 0);
-            zacc[r] = _mm256_add_ps(zacc[r], z);
+            const __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
+            for (int i = 0; i < mb; i++) {
+                const int a = r * mb + i;
+                const __m256i xa = _mm256_loadu_si256((const __m256i *)(xq + i * K + g * 32));
+                const __m256i xb = _mm256_loadu_si256((const __m256i *)(xq + i * K + g * 32 + 32));
+                const __m256i pa = _mm256_madd_epi16(_mm256_maddubs_epi16(lo, xa), ones);
+                const __m256i pb = _mm256_madd_epi16(_mm256_maddubs_epi16(hi, xb), ones);
+                acc[a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pa), _mm256_set1_ps(bf16(s[g]) * dx[i * G + g]), acc[a]);
+                acc[a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(pb), _mm256_set1_ps(bf16(s[g + 1]) * dx[i * G + g + 1]), acc[a]);
+                const __m256 z = _mm256_setr_ps((bf16(s[G + g]) - 8.0f * bf16(s[g])) * xs[i * G + g],
+                                                (bf16(s[G + g + 1]) - 8.0f * bf16(s[g + 1])) * xs[i * G + g + 1], 0, 0, 0,
+                                                0, 0, 0);
+                zacc[a] = _mm256_add_ps(zacc[a], z);
+            }
         }
+    }
+    for (int a = 0; a < rows * mb; a++) {
+        acc_out[a] = acc[a];
+        zacc_out[a] = zacc[a];
     }
 }
 
@@ -141,25 +169,29 @@ static inline void zero_rows(__m256 *acc, __m256 *zacc) {
     }
 }
 
-/* A tile's `rows` outputs from its accumulators into y's row (written, or added with accumulate). */
-static inline void store_rows(int rows, const __m256 *acc, const __m256 *zacc, const float *bias, int64_t n0, float *y,
-                              int accumulate) {
-    for (int r = 0; r < rows; r++) {
-        const float out = hsum8(acc[r]) + hsum8(zacc[r]) + (bias ? bias[n0 + r] : 0.0f);
-        y[n0 + r] = accumulate ? y[n0 + r] + out : out;
-    }
+/* A tile's outputs from its accumulators (rows r of token i at acc/zacc[r * mb + i]) into y's rows
+ * (ldy apart; written, or added with accumulate). */
+static inline void store_rows(int rows, int mb, const __m256 *acc, const __m256 *zacc, const float *bias, int64_t n0,
+                              float *y, int64_t ldy, int accumulate) {
+    for (int r = 0; r < rows; r++)
+        for (int i = 0; i < mb; i++) {
+            const float out = hsum8(acc[r * mb + i]) + hsum8(zacc[r * mb + i]) + (bias ? bias[n0 + r] : 0.0f);
+            float *dst = y + i * ldy + n0 + r;
+            *dst = accumulate ? *dst + out : out;
+        }
 }
 
 /* x's rows as int8 groups: xq [M, K], their scales dx [M, G] and dx * sum(xq) xs [M, G], in this
  * thread's scratch; norm / gated as for specchat_int4_mm. Returns -1 when scratch could not be had. */
 static int prepare(const float *x, int64_t M, int64_t K, const float *norm, float eps, int gated, int8_t **xq_out,
-                   float **dx_out, float **xs_out) {
-    const int64_t G = K / 32;
+                   float **dx_out, float **xs_out, float **halves_out) {
+    const int64_t G = K / 32, H = HALVES(G);
     if ((size_t)(M * K) > t_cap) {
         free(t_xq);
         free(t_dx);
         t_xq = (int8_t *)aligned_alloc(64, (size_t)(M * K + 64));
-        t_dx = (float *)malloc(sizeof(float) * (size_t)(2 * M * G + 16));
+        /* dx, xs and halves: 2 M G + M H <= 4 M G + 6 M <= M K / 4 floats, as K >= 64 */
+        t_dx = (float *)malloc(sizeof(float) * (size_t)(M * K / 4 + 16));
         if (t_xq == NULL || t_dx == NULL) {
             free(t_xq);
             free(t_dx);
@@ -171,7 +203,7 @@ static int prepare(const float *x, int64_t M, int64_t K, const float *norm, floa
         t_cap = (size_t)(M * K);
     }
     int8_t *xq = t_xq;
-    float *dx = t_dx, *xs = t_dx + M * G;
+    float *dx = t_dx, *xs = t_dx + M * G, *halves = t_dx + 2 * M * G;
     float normed[32] __attribute__((aligned(32)));
     for (int64_t m = 0; m < M; m++) {
         const float *row = x + m * (gated ? 2 * K : K);
@@ -196,60 +228,84 @@ static int prepare(const float *x, int64_t M, int64_t K, const float *norm, floa
                     _mm256_store_ps(normed + i, silu_mul8(_mm256_loadu_ps(v + i), _mm256_loadu_ps(v + K + i)));
                 v = normed;
             }
-            dx[m * G + g] = quantize_group(v, xq + m * K + g * 32, xs + m * G + g);
+            dx[m * G + g] = quantize_group(v, xq + m * K + g * 32, xs + m * G + g, halves + m * H + g / 4 * 8 + g % 4);
         }
     }
 
     *xq_out = xq;
     *dx_out = dx;
     *xs_out = xs;
+    *halves_out = halves;
     return 0;
 }
 
-/* 8-bit weights (two int4 planes joined: v = 16 h + l - 128): the dot of `rows` consecutive rows with
- * one quantized activation row. codes int8 [rows][K]; st fp32 per row [2][G]: scales s, then offsets c,
- * w = v s + c. |v| <= 128 and |xq| <= 127, so vpmaddubsw's pair sums (|v| * sign-moved xq) never
- * saturate (2 * 128 * 127 < 32768). */
-static inline __attribute__((always_inline)) void dot_rows8(int rows, int ahead, const int8_t *codes, const float *st,
-                                                            int64_t K, int64_t G, const int8_t *xq, const float *dx,
-                                                            const float *xs, __m256 *acc, __m256 *zacc) {
+/* 8-bit weights (two int4 planes joined: v = 16 h + l - 128): the dots of `rows` consecutive rows with `mb`
+ * tokens, as dot_rows. codes int8 [rows][K]; st fp32 per row [2][G]: scales s, then offsets c, w = v s + c.
+ * |v| <= 128 and |xq| <= 127, so vpmaddubsw's pair sums (|v| * sign-moved xq) never saturate
+ * (2 * 128 * 127 < 32768). */
+static inline __attribute__((always_inline)) void dot_rows8(int rows, int mb, int ahead, const int8_t *codes,
+                                                            const float *st, int64_t K, const int8_t *xq,
+                                                            const float *dx, const float *xs, __m256 *acc_out,
+                                                            __m256 *zacc_out) {
+    /* the accumulators in registers (through the pointers every update would go to memory and back) */
+    __m256 acc[ROWS], zacc[ROWS];
+    for (int a = 0; a < rows * mb; a++) {
+        acc[a] = acc_out[a];
+        zacc[a] = zacc_out[a];
+    }
+    const int64_t G = K / 32;
     const __m256i ones = _mm256_set1_epi16(1);
     float sc[ROWS][8] __attribute__((aligned(32)));
     int64_t g = 0;
     for (; g + 8 <= G; g += 8) {
-        const __m256 dxv = _mm256_loadu_ps(dx + g);
-        const __m256 xsv = _mm256_loadu_ps(xs + g);
         for (int r = 0; r < rows; r++) {
             const float *t = st + r * 2 * G;
-            _mm256_store_ps(sc[r], _mm256_mul_ps(_mm256_loadu_ps(t + g), dxv));
-            zacc[r] = _mm256_fmadd_ps(_mm256_loadu_ps(t + G + g), xsv, zacc[r]);
+            const __m256 scale = _mm256_loadu_ps(t + g), off = _mm256_loadu_ps(t + G + g);
+            for (int i = 0; i < mb; i++) {
+                _mm256_store_ps(sc[r * mb + i], _mm256_mul_ps(scale, _mm256_loadu_ps(dx + i * G + g)));
+                zacc[r * mb + i] = _mm256_fmadd_ps(off, _mm256_loadu_ps(xs + i * G + g), zacc[r * mb + i]);
+            }
         }
         for (int r = 0; r < rows; r++) /* the next tile's same 256 bytes, ahead of need */
             for (int c = 0; c < 256; c += 64) _mm_prefetch((const char *)(codes + (r + ahead) * K + g * 32 + c), _MM_HINT_T0);
         for (int j = 0; j < 8; j += 4) { /* four groups, summed pairwise as in dot_rows */
-            __m256i xa[4];
-            for (int i = 0; i < 4; i++) xa[i] = _mm256_loadu_si256((const __m256i *)(xq + (g + j + i) * 32));
+            __m256i x[ROWS][4];
+            for (int i = 0; i < mb; i++)
+                for (int c = 0; c < 4; c++) x[i][c] = _mm256_loadu_si256((const __m256i *)(xq + i * K + (g + j + c) * 32));
             for (int r = 0; r < rows; r++) {
-                __m256i p[4];
-                for (int i = 0; i < 4; i++) {
-                    const __m256i w = _mm256_loadu_si256((const __m256i *)(codes + r * K + (g + j + i) * 32));
-                    p[i] = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xa[i], w)), ones);
+                __m256i w[4], aw[4];
+                for (int c = 0; c < 4; c++) {
+                    w[c] = _mm256_loadu_si256((const __m256i *)(codes + r * K + (g + j + c) * 32));
+                    aw[c] = _mm256_sign_epi8(w[c], w[c]);
                 }
-                const __m256i sum = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-                acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_broadcast_ps((const __m128 *)&sc[r][j]), acc[r]);
+                for (int i = 0; i < mb; i++) {
+                    __m256i p[4];
+                    for (int c = 0; c < 4; c++)
+                        p[c] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[c], _mm256_sign_epi8(x[i][c], w[c])), ones);
+                    const __m256i sum = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+                    acc[r * mb + i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum),
+                                                      _mm256_broadcast_ps((const __m128 *)&sc[r * mb + i][j]), acc[r * mb + i]);
+                }
             }
         }
     }
     for (; g < G; g++) {
-        const __m256i xa = _mm256_loadu_si256((const __m256i *)(xq + g * 32));
         for (int r = 0; r < rows; r++) {
             const float *t = st + r * 2 * G;
             const __m256i w = _mm256_loadu_si256((const __m256i *)(codes + r * K + g * 32));
-            const __m256i p = _mm256_madd_epi16(
-                _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(xa, w)), ones);
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(t[g] * dx[g]), acc[r]);
-            zacc[r] = _mm256_add_ps(zacc[r], _mm256_setr_ps(t[G + g] * xs[g], 0, 0, 0, 0, 0, 0, 0));
+            const __m256i aw = _mm256_sign_epi8(w, w);
+            for (int i = 0; i < mb; i++) {
+                const int a = r * mb + i;
+                const __m256i xa = _mm256_loadu_si256((const __m256i *)(xq + i * K + g * 32));
+                const __m256i p = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, _mm256_sign_epi8(xa, w)), ones);
+                acc[a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(p), _mm256_set1_ps(t[g] * dx[i * G + g]), acc[a]);
+                zacc[a] = _mm256_add_ps(zacc[a], _mm256_setr_ps(t[G + g] * xs[i * G + g], 0, 0, 0, 0, 0, 0, 0));
+            }
         }
+    }
+    for (int a = 0; a < rows * mb; a++) {
+        acc_out[a] = acc[a];
+        zacc_out[a] = zacc[a];
     }
 }
 
@@ -257,39 +313,49 @@ static inline __attribute__((always_inline)) void dot_rows8(int rows, int ahead,
  * bf16 scale s per 16 weights. A row is its codes (K * 3/4 bytes) and then its scales (K / 16 bf16), padded
  * to 32 bytes. Each 128 weights take 96 bytes: bytes 0..31 hold weights j (low nibble) and j + 32 (high),
  * bytes 32..63 weights 64 + j and 96 + j, and byte 64 + j the top two bits of weights j, 32 + j, 64 + j and
- * 96 + j (bits 0-1, 2-3, 4-5, 6-7). Per group of 32: vpmaddubsw(q, xq) - vpmaddubsw(32, xq) (|pairs| <=
- * 2 * 63 * 127, no saturation), summed to int32 lanes 0..3 (the first 16 weights) and 4..7 (the next 16),
- * then four groups' sums pairwise (vphaddd: lanes 0..3 the groups' first 16 weights, 4..7 their second) and
- * one multiply-add with their scales times dx; the first half of each super-block sums into acc, the
- * second into zacc (two chains). */
-static inline __attribute__((always_inline)) void dot_rows6(int rows, int ahead, const uint8_t *w, int64_t stride,
-                                                            int64_t K, const int8_t *xq, const float *dx,
-                                                            __m256 *acc, __m256 *zacc) {
+ * 96 + j (bits 0-1, 2-3, 4-5, 6-7). Per group of 32: vpmaddubsw(q, xq) (|pairs| <= 2 * 63 * 127, no
+ * saturation), summed to int32 lanes 0..3 (the first 16 weights) and 4..7 (the next 16); four groups'
+ * sums pairwise (vphaddd: lanes 0..3 the groups' first 16 weights, 4..7 their last) and one multiply-add
+ * with their scales times dx into acc. The -32 of each code is paid once a super-block into zacc: the
+ * scales times dx times -32 sum(xq) per 16 (prepare's halves, in the same lane order). */
+static inline __attribute__((always_inline)) void dot_rows6(int rows, int mb, int ahead, const uint8_t *w,
+                                                            int64_t stride, int64_t K, const int8_t *xq,
+                                                            const float *dx, const float *halves, __m256 *acc_out,
+                                                            __m256 *zacc_out) {
+    /* the accumulators in registers (through the pointers every update would go to memory and back) */
+    __m256 acc[ROWS], zacc[ROWS];
+    for (int a = 0; a < rows * mb; a++) {
+        acc[a] = acc_out[a];
+        zacc[a] = zacc_out[a];
+    }
+    const int64_t G = K / 32, H = HALVES(G);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m256i m30 = _mm256_set1_epi8(0x30);
-    const __m256i c32 = _mm256_set1_epi8(32);
     const __m256i ones = _mm256_set1_epi16(1);
-    const int64_t code_bytes = K / 4 * 3;
-    /* per row and half super-block: its 8 scales in the order the summed lanes come (see below) times dx */
-    __m256 sd[ROWS][2];
     const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    const int64_t code_bytes = K / 4 * 3;
+    /* per (row, token) and half super-block: its 8 scales in the order the summed lanes come, times dx */
+    __m256 sd[ROWS][2];
     for (int64_t b = 0; b < K / 256; b++) { /* super-blocks of 256 weights: 8 groups, 16 scales */
         const int64_t g = 8 * b;
-        const __m256 dlo = _mm256_broadcast_ps((const __m128 *)(dx + g));
-        const __m256 dhi = _mm256_broadcast_ps((const __m128 *)(dx + g + 4));
         for (int r = 0; r < rows; r++) {
             const uint16_t *s = (const uint16_t *)(w + r * stride + code_bytes) + 16 * b;
-            sd[r][0] = _mm256_mul_ps(_mm256_permutevar8x32_ps(bf16x8(s), order), dlo);
-            sd[r][1] = _mm256_mul_ps(_mm256_permutevar8x32_ps(bf16x8(s + 8), order), dhi);
+            const __m256 lo = _mm256_permutevar8x32_ps(bf16x8(s), order);
+            const __m256 hi = _mm256_permutevar8x32_ps(bf16x8(s + 8), order);
+            for (int i = 0; i < mb; i++) { /* and the offsets' part, sum_i (-32) xq_i s per 16 */
+                const int a = r * mb + i;
+                sd[a][0] = _mm256_mul_ps(lo, _mm256_broadcast_ps((const __m128 *)(dx + i * G + g)));
+                sd[a][1] = _mm256_mul_ps(hi, _mm256_broadcast_ps((const __m128 *)(dx + i * G + g + 4)));
+                zacc[a] = _mm256_fmadd_ps(sd[a][0], _mm256_loadu_ps(halves + i * H + 2 * g), zacc[a]);
+                zacc[a] = _mm256_fmadd_ps(sd[a][1], _mm256_loadu_ps(halves + i * H + 2 * g + 8), zacc[a]);
+            }
         }
         for (int r = 0; r < rows; r++) /* the next tile's same 192 bytes, ahead of need */
             for (int c = 0; c < 192; c += 64) _mm_prefetch((const char *)(w + (r + ahead) * stride + 192 * b + c), _MM_HINT_T0);
         for (int h = 0; h < 2; h++) {
-            __m256i xa[4], x32[4];
-            for (int i = 0; i < 4; i++) {
-                xa[i] = _mm256_loadu_si256((const __m256i *)(xq + (g + 4 * h + i) * 32));
-                x32[i] = _mm256_maddubs_epi16(c32, xa[i]);
-            }
+            __m256i xa[ROWS][4];
+            for (int i = 0; i < mb; i++)
+                for (int c = 0; c < 4; c++) xa[i][c] = _mm256_loadu_si256((const __m256i *)(xq + i * K + (g + 4 * h + c) * 32));
             for (int r = 0; r < rows; r++) {
                 const uint8_t *c = w + r * stride + 192 * b + 96 * h;
                 const __m256i n0 = _mm256_loadu_si256((const __m256i *)c);
@@ -302,17 +368,21 @@ static inline __attribute__((always_inline)) void dot_rows6(int rows, int ahead,
                 q[2] = _mm256_or_si256(_mm256_and_si256(n1, m4), _mm256_and_si256(hb, m30));
                 q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(n1, 4), m4),
                                        _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
-                __m256i p[4];
-                for (int i = 0; i < 4; i++)
-                    p[i] = _mm256_madd_epi16(_mm256_sub_epi16(_mm256_maddubs_epi16(q[i], xa[i]), x32[i]), ones);
-                /* lanes 0..3: the four groups' first 16 weights, 4..7: their second 16 */
-                const __m256i sum = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
-                if (h)
-                    zacc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), sd[r][h], zacc[r]);
-                else
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), sd[r][h], acc[r]);
+                for (int i = 0; i < mb; i++) {
+                    const int a = r * mb + i;
+                    __m256i p[4];
+                    for (int k = 0; k < 4; k++)
+                        p[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], xa[i][k]), ones);
+                    /* lanes 0..3: the four groups' first 16 weights, 4..7: their second 16 */
+                    const __m256i sum = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+                    acc[a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), sd[a][h], acc[a]);
+                }
             }
         }
+    }
+    for (int a = 0; a < rows * mb; a++) {
+        acc_out[a] = acc[a];
+        zacc_out[a] = zacc[a];
     }
 }
 
@@ -326,65 +396,67 @@ typedef struct {
     int64_t K, P, row_bytes;
 } weights_t;
 
-/* The dot products of `rows` weight rows from n0 with activation row (xq, dx, xs), into acc/zacc. The
- * row count is a constant in each call below, so the always-inlined dots keep their accumulators in
- * registers; the choice is made by shape alone (the same for every M). */
-static inline void tile_dot(const weights_t *wt, int rows, int64_t tile, int64_t n0, const int8_t *xq,
-                            const float *dx, const float *xs, __m256 *acc, __m256 *zacc) {
+/* One weights kind's dots for a tile: `rows` rows from n0 with `mb` tokens, the constants each inlined
+ * dot needs. ONE(...) expands a call for one (rows, mb) pair. */
+#define DOTS(ONE)                                                                                                   \
+    do {                                                                                                            \
+        if (mb == 1 && rows == ROWS) ONE(ROWS, 1, ROWS);                                                            \
+        else if (mb == 1 && tile == 1) ONE(1, 1, 1);                                                                \
+        else if (mb == 1) ONE(rows, 1, ROWS);                                                                       \
+        else if (mb == 2) ONE(1, 2, 1);                                                                             \
+        else if (mb == 3) ONE(1, 3, 1);                                                                             \
+        else ONE(1, 4, 1);                                                                                          \
+    } while (0)
+
+/* The dot products of `rows` weight rows from n0 with `mb` tokens (rows * mb <= ROWS; mb > 1 only with one
+ * row), into acc/zacc. The constant (rows, mb) pairs each get their own inlined copy, chosen by shape. */
+static inline void tile_dot(const weights_t *wt, int rows, int mb, int64_t tile, int64_t n0, const int8_t *xq,
+                            const float *dx, const float *xs, const float *halves, __m256 *acc, __m256 *zacc) {
     const int64_t K = wt->K, G = K / 32;
     if (wt->kind == INT4) {
         const int64_t row_scales = 2 * wt->P * G;
         for (int64_t p = 0; p < wt->P; p++) {
             const uint8_t *c = wt->codes + n0 * wt->row_bytes + p * (K / 2);
             const uint16_t *z = (const uint16_t *)wt->table + n0 * row_scales + p * 2 * G;
-            if (rows == ROWS)
-                dot_rows(ROWS, ROWS, c, z, wt->row_bytes, row_scales, G, xq, dx, xs, acc, zacc);
-            else if (tile == 1)
-                dot_rows(1, 1, c, z, wt->row_bytes, row_scales, G, xq, dx, xs, acc, zacc);
-            else
-                dot_rows(rows, ROWS, c, z, wt->row_bytes, row_scales, G, xq, dx, xs, acc, zacc);
+#define INT4_DOT(R, B, A) dot_rows(R, B, A, c, z, wt->row_bytes, row_scales, K, xq, dx, xs, acc, zacc)
+            DOTS(INT4_DOT);
         }
     } else if (wt->kind == INT8) {
         const int8_t *c = (const int8_t *)wt->codes + n0 * K;
         const float *z = (const float *)wt->table + n0 * 2 * G;
-        if (rows == ROWS)
-            dot_rows8(ROWS, ROWS, c, z, K, G, xq, dx, xs, acc, zacc);
-        else if (tile == 1)
-            dot_rows8(1, 1, c, z, K, G, xq, dx, xs, acc, zacc);
-        else
-            dot_rows8(rows, ROWS, c, z, K, G, xq, dx, xs, acc, zacc);
+#define INT8_DOT(R, B, A) dot_rows8(R, B, A, c, z, K, xq, dx, xs, acc, zacc)
+        DOTS(INT8_DOT);
     } else {
         const uint8_t *c = wt->codes + n0 * wt->row_bytes;
-        if (rows == ROWS)
-            dot_rows6(ROWS, ROWS, c, wt->row_bytes, K, xq, dx, acc, zacc);
-        else if (tile == 1)
-            dot_rows6(1, 1, c, wt->row_bytes, K, xq, dx, acc, zacc);
-        else
-            dot_rows6(rows, ROWS, c, wt->row_bytes, K, xq, dx, acc, zacc);
+#define INT6_DOT(R, B, A) dot_rows6(R, B, A, c, wt->row_bytes, K, xq, dx, halves, acc, zacc)
+        DOTS(INT6_DOT);
     }
 }
 
 /* y [M, N] (rows ldy apart) = x @ W.T (+ bias) for any kind of weights: x's rows quantized once, then
- * tiles of output rows over blocks of MCHUNK tokens, one thread a tile. */
+ * blocks of MCHUNK tokens. One token: tiles of ROWS output rows (one row for long rows), one thread a tile.
+ * Several: one output row at a time with up to MB tokens, so each row's codes are unpacked once for them.
+ * Either way each output gets the same instructions (dot_rows), so a token's bits never depend on M. */
 static int run(const weights_t *wt, const float *bias, int64_t N, const float *x, int64_t M, float *y, int64_t ldy,
                int threads, const float *norm, float eps, int accumulate, int gated) {
-    const int64_t K = wt->K, G = K / 32;
+    const int64_t K = wt->K, G = K / 32, H = HALVES(G);
     int8_t *xq;
-    float *dx, *xs;
-    if (prepare(x, M, K, norm, eps, gated, &xq, &dx, &xs)) return -1;
-    const int64_t tile = wt->row_bytes >= LONG_ROW ? 1 : ROWS; /* by shape only: the same for any M */
-    const int64_t tiles = (N + tile - 1) / tile;
+    float *dx, *xs, *halves;
+    if (prepare(x, M, K, norm, eps, gated, &xq, &dx, &xs, &halves)) return -1;
     for (int64_t m0 = 0; m0 < M; m0 += MCHUNK) {
         const int64_t m1 = m0 + MCHUNK < M ? m0 + MCHUNK : M;
+        const int64_t tile = m1 - m0 > 1 || wt->row_bytes >= LONG_ROW ? 1 : ROWS;
+        const int64_t tiles = (N + tile - 1) / tile;
 #pragma omp parallel for schedule(static) num_threads(threads)
         for (int64_t t = 0; t < tiles; t++) {
             const int64_t n0 = t * tile;
             const int rows = (int)(N - n0 < tile ? N - n0 : tile);
-            for (int64_t m = m0; m < m1; m++) {
+            for (int64_t m = m0; m < m1; m += MB) {
+                const int mb = (int)(m1 - m < MB ? m1 - m : MB);
                 __m256 acc[ROWS], zacc[ROWS];
                 zero_rows(acc, zacc);
-                tile_dot(wt, rows, tile, n0, xq + m * K, dx + m * G, xs + m * G, acc, zacc);
-                store_rows(rows, acc, zacc, bias, n0, y + m * ldy, accumulate);
+                tile_dot(wt, rows, mb, tile, n0, xq + m * K, dx + m * G, xs + m * G, halves + m * H, acc, zacc);
+                store_rows(rows, mb, acc, zacc, bias, n0, y + m * ldy, ldy, accumulate);
             }
         }
     }
