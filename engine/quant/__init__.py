@@ -179,8 +179,9 @@ def apply_int4(
         group_size: 32, 64 or 128 inputs per scale and zero.
         quantize_head: quantize the output layer too.
         device: where the packed weights go.
-        wide_planes: keep GGUF blocks of more than 4 bits as two int4 planes (8 bits);
-            otherwise they are requantized to int4 from their weights.
+        wide_planes: keep GGUF blocks of more than 4 bits as two int4 planes (8 bits; a Q6_K's
+            in groups of 16, 6-bit codes on specchat's kernel); otherwise they are requantized
+            to int4 from their weights.
     """
     cache = _cache_file(location, group_size, quantize_head, wide_planes)
     cached = _load(cache) if cache is not None and cache.is_file() else None

@@ -4,15 +4,19 @@ torch's CPU int4 kernel (``_weight_int4pack_mm_for_cpu``) widens every weight to
 multiplies in floating point: on a 2-core machine it is compute-bound, at about half the
 speed at which the same bytes can be read. This kernel does what llama.cpp does for its
 4-bit blocks: it quantizes each group of 32 activations to int8 (``x ≈ dx · xq``) and sums
-``q · xq`` with integer dot products, one float multiply-add per group::
+``q · xq`` with integer dot products (four groups' integer sums joined pairwise, then one
+float multiply-add with their four scales)::
 
     y[m, n] = Σ_g  s[n,g]·dx[m,g]·Σ_i q[n,g,i]·xq[m,g,i]  +  (z[n,g] − 8·s[n,g])·dx[m,g]·Σ_i xq[m,g,i]
 
 for weights ``w = (q − 8)·s + z`` with the scale ``s`` and zero ``z`` rounded to bf16, as torch's
 kernel rounds them (:mod:`engine.quant.int4`): the weights are exactly those torch's kernel uses,
-and only the activations' rounding to 8 bits differs. Each output is computed by one thread with the same instructions
-whatever the number of tokens, so verify passes stay row-exact (greedy speculation stays
-token-identical to plain decoding).
+and only the activations' rounding to 8 bits differs. Two more kinds share the driver: 8-bit weights
+(two int4 planes joined, :func:`pack8`) and a GGUF's Q6_K as 6-bit codes (:func:`pack6`). Each output
+is computed by one thread with the same instructions whatever the number of tokens (one token
+takes four weight rows at a time; several take one row at a time, its codes unpacked once for up
+to four tokens), so verify passes stay row-exact (greedy speculation stays token-identical to
+plain decoding).
 
 It is built once per source version into ``cache_dir()/kernels`` (about a second with gcc)
 the first time an int4 model loads on a CPU with AVX2 and FMA. Without a C compiler, on

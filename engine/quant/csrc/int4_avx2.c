@@ -126,9 +126,11 @@ static inline __attribute__((always_inline)) void dot_rows(int rows, int mb, int
                                       _mm256_and_si256(b1, m4), _mm256_and_si256(_mm256_srli_epi16(b1, 4), m4)};
                 for (int i = 0; i < mb; i++) {
                     __m256i p[4];
-                    for (int c = 0; c < 4; c++) p[c] = _mm256_madd_epi16(_mm256_maddubs_epi16(w[c], x[i][c]), ones);
-                    /* lanes 0..3: the four groups' first 16 products summed, 4..7: their last 16 */
-                    const __m256i sum = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+                    for (int c = 0; c < 4; c++) p[c] = _mm256_maddubs_epi16(w[c], x[i][c]);
+                    /* int16 sums of up to 8 products (|sum| <= 8 * 15 * 127 < 32768: exact), then int32: lanes
+                     * 0..3 the four groups' first 16 products summed, 4..7 their last 16 */
+                    const __m256i sum = _mm256_madd_epi16(
+                        _mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3])), ones);
                     acc[r * mb + i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum),
                                                       _mm256_broadcast_ps((const __m128 *)&sc[r * mb + i][j]), acc[r * mb + i]);
                 }
@@ -372,9 +374,11 @@ static inline __attribute__((always_inline)) void dot_rows6(int rows, int mb, in
                     const int a = r * mb + i;
                     __m256i p[4];
                     for (int k = 0; k < 4; k++)
-                        p[k] = _mm256_madd_epi16(_mm256_maddubs_epi16(q[k], xa[i][k]), ones);
-                    /* lanes 0..3: the four groups' first 16 weights, 4..7: their second 16 */
-                    const __m256i sum = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+                        p[k] = _mm256_maddubs_epi16(q[k], xa[i][k]);
+                    /* int16 sums of 4 products (|sum| <= 4 * 63 * 127 < 32768: exact), int32 sums of 8, then
+                     * lanes 0..3 the four groups' first 16 weights, 4..7 their last 16 */
+                    const __m256i sum = _mm256_hadd_epi32(_mm256_madd_epi16(_mm256_hadd_epi16(p[0], p[1]), ones),
+                                                          _mm256_madd_epi16(_mm256_hadd_epi16(p[2], p[3]), ones));
                     acc[a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), sd[a][h], acc[a]);
                 }
             }
