@@ -12,6 +12,10 @@
  * Layout of one row's codes: per pair of groups (64 weights) 32 bytes; byte j holds weight j
  * in its low nibble and weight j + 32 in its high nibble. Scales: bf16 [N, P, 2, G]: per plane, s then z.
  *
+ * The same driver (run) multiplies 8-bit weights (dot_rows8: two int4 planes joined) and a GGUF's Q6_K
+ * as 6-bit codes (dot_rows6). One token takes ROWS weight rows at a time; several take one row at a
+ * time with up to MB tokens, the row's codes unpacked once for them.
+ *
  * Batch invariance: y[m, n] is computed by the same instructions in the same order whatever M
  * and whatever the thread count (one thread computes a whole output; x's quantization is per
  * row), so a verify pass over several tokens gives each token the logits of a one-token step.
