@@ -110,6 +110,21 @@ def library() -> ctypes.CDLL | None:
     return None
 
 
+P, I64, INT, FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
+
+
+def _entry(name: str, *argtypes: type) -> Matmul | None:
+    """The library's function ``name`` taking ``argtypes`` and answering an int (None where
+    :func:`library` is)."""
+    lib = library()
+    if lib is None:
+        return None
+    fn = getattr(lib, name)
+    fn.argtypes = list(argtypes)
+    fn.restype = ctypes.c_int
+    return fn  # type: ignore[no-any-return]
+
+
 @functools.cache
 def matmul() -> Matmul | None:
     """The int4 matmul's entry point (None where :func:`library` is).
@@ -121,14 +136,7 @@ def matmul() -> Matmul | None:
     into y instead of writing it), ``gated`` (x is ``[M, 2K]``, gate and up: the product reads
     ``silu(gate)·up``).
     """
-    lib = library()
-    if lib is None:
-        return None
-    fn = lib.specchat_int4_mm
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [p, p, p, i64, i64, i64, p, i64, p, i64, ctypes.c_int, p, ctypes.c_float, ctypes.c_int, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn  # type: ignore[no-any-return]
+    return _entry("specchat_int4_mm", P, P, P, I64, I64, I64, P, I64, P, I64, INT, P, FLOAT, INT, INT)
 
 
 @functools.cache
@@ -138,14 +146,7 @@ def matmul8() -> Matmul | None:
     Signature: ``(codes, table, bias | None, N, K, x, M, y, ldy, threads, norm | None, eps, accumulate,
     gated) -> 0``: ``codes`` int8 ``[N, K]``, ``table`` fp32 ``[N, 2, K/32]``, the rest as :func:`matmul`.
     """
-    lib = library()
-    if lib is None:
-        return None
-    fn = lib.specchat_int8_mm
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [p, p, p, i64, i64, p, i64, p, i64, ctypes.c_int, p, ctypes.c_float, ctypes.c_int, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn  # type: ignore[no-any-return]
+    return _entry("specchat_int8_mm", P, P, P, I64, I64, P, I64, P, I64, INT, P, FLOAT, INT, INT)
 
 
 @functools.cache
@@ -155,14 +156,7 @@ def matmul6() -> Matmul | None:
     Signature: ``(rows, stride, bias | None, N, K, x, M, y, ldy, threads, norm | None, eps, accumulate,
     gated) -> 0``: ``rows`` uint8 ``[N, stride]`` (codes and scales of each row), the rest as :func:`matmul`.
     """
-    lib = library()
-    if lib is None:
-        return None
-    fn = lib.specchat_int6_mm
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [p, i64, p, i64, i64, p, i64, p, i64, ctypes.c_int, p, ctypes.c_float, ctypes.c_int, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn  # type: ignore[no-any-return]
+    return _entry("specchat_int6_mm", P, I64, P, I64, I64, P, I64, P, I64, INT, P, FLOAT, INT, INT)
 
 
 @functools.cache
@@ -174,14 +168,7 @@ def attention() -> Matmul | None:
     ``cos``/``sin`` fp32 ``[T, d]``, ``kbuf``/``vbuf`` fp32 ``[KV, cap, d]`` (positions
     ``start .. start + T - 1`` are written), ``out`` fp32 ``[T, H·d]``; see :func:`engine.model.cpu_attention.attention_step`.
     """
-    lib = library()
-    if lib is None:
-        return None
-    fn = lib.specchat_attention
-    p, i64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [p, i64, i64, p, p, p, p, i64, i64, i64, i64, ctypes.c_float, p, ctypes.c_int, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn  # type: ignore[no-any-return]
+    return _entry("specchat_attention", P, I64, I64, P, P, P, P, I64, I64, I64, I64, FLOAT, P, INT, INT)
 
 
 HUGE_PAGE = 2 << 20

@@ -84,6 +84,15 @@ static inline float quantize_group(const float *v, int8_t *out, float *xs, float
     return d;
 }
 
+/* n accumulator pairs from (sa, sz) to (da, dz): the dot loops work on local copies. */
+static inline __attribute__((always_inline)) void copy_acc(int n, __m256 *da, __m256 *dz, const __m256 *sa,
+                                                           const __m256 *sz) {
+    for (int a = 0; a < n; a++) {
+        da[a] = sa[a];
+        dz[a] = sz[a];
+    }
+}
+
 /* The dots of `rows` consecutive weight rows (G groups, one plane) with `mb` consecutive quantized activation
  * rows (xq K apart, dx and xs G apart), into acc/zacc[r * mb + i] (rows * mb <= ROWS). Each row's codes are
  * unpacked once for the mb tokens. Always inlined with constant rows and mb, so the accumulators live in
@@ -95,10 +104,7 @@ static inline __attribute__((always_inline)) void dot_rows(int rows, int mb, int
                                                            const float *xs, __m256 *acc_out, __m256 *zacc_out) {
     /* the accumulators in registers (through the pointers every update would go to memory and back) */
     __m256 acc[ROWS], zacc[ROWS];
-    for (int a = 0; a < rows * mb; a++) {
-        acc[a] = acc_out[a];
-        zacc[a] = zacc_out[a];
-    }
+    copy_acc(rows * mb, acc, zacc, acc_out, zacc_out);
     const int64_t G = K / 32;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m256i ones = _mm256_set1_epi16(1);
@@ -161,10 +167,7 @@ static inline __attribute__((always_inline)) void dot_rows(int rows, int mb, int
             }
         }
     }
-    for (int a = 0; a < rows * mb; a++) {
-        acc_out[a] = acc[a];
-        zacc_out[a] = zacc[a];
-    }
+    copy_acc(rows * mb, acc_out, zacc_out, acc, zacc);
 }
 
 /* The tile's accumulators, cleared. */
@@ -255,10 +258,7 @@ static inline __attribute__((always_inline)) void dot_rows8(int rows, int mb, in
                                                             __m256 *zacc_out) {
     /* the accumulators in registers (through the pointers every update would go to memory and back) */
     __m256 acc[ROWS], zacc[ROWS];
-    for (int a = 0; a < rows * mb; a++) {
-        acc[a] = acc_out[a];
-        zacc[a] = zacc_out[a];
-    }
+    copy_acc(rows * mb, acc, zacc, acc_out, zacc_out);
     const int64_t G = K / 32;
     const __m256i ones = _mm256_set1_epi16(1);
     float sc[ROWS][8] __attribute__((aligned(32)));
@@ -309,10 +309,7 @@ static inline __attribute__((always_inline)) void dot_rows8(int rows, int mb, in
             }
         }
     }
-    for (int a = 0; a < rows * mb; a++) {
-        acc_out[a] = acc[a];
-        zacc_out[a] = zacc[a];
-    }
+    copy_acc(rows * mb, acc_out, zacc_out, acc, zacc);
 }
 
 /* 6-bit weights in sub-blocks of 16 (a GGUF's Q6_K, code for code): w = v s, v = q - 32, q in 0..63, one
@@ -330,10 +327,7 @@ static inline __attribute__((always_inline)) void dot_rows6(int rows, int mb, in
                                                             __m256 *zacc_out) {
     /* the accumulators in registers (through the pointers every update would go to memory and back) */
     __m256 acc[ROWS], zacc[ROWS];
-    for (int a = 0; a < rows * mb; a++) {
-        acc[a] = acc_out[a];
-        zacc[a] = zacc_out[a];
-    }
+    copy_acc(rows * mb, acc, zacc, acc_out, zacc_out);
     const int64_t G = K / 32, H = HALVES(G);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m256i m30 = _mm256_set1_epi8(0x30);
@@ -388,10 +382,7 @@ static inline __attribute__((always_inline)) void dot_rows6(int rows, int mb, in
             }
         }
     }
-    for (int a = 0; a < rows * mb; a++) {
-        acc_out[a] = acc[a];
-        zacc_out[a] = zacc[a];
-    }
+    copy_acc(rows * mb, acc_out, zacc_out, acc, zacc);
 }
 
 enum { INT4 = 0, INT8 = 1, INT6 = 2 };
