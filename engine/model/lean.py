@@ -377,17 +377,20 @@ def _head_rows(head: nn.Module, ids: torch.Tensor, hidden: int) -> torch.Tensor:
 
 def subset_head(model: nn.Module, ids: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
     """An output layer over the vocabulary rows ``ids`` only (FR-Spec): ``f(h [..., H]) ->
-    [..., V]`` logits, ``-inf`` outside ``ids``. Int4 when the model's head is int4."""
+    [..., V]`` logits, ``-inf`` outside ``ids``. On specchat's CPU kernel the head's own rows
+    (each logit the full head's bits); elsewhere int4 when the model's head is int4."""
     head = model.get_output_embeddings()
     hidden = int(model.config.get_text_config().hidden_size)
     width = int(model.config.get_text_config().vocab_size)
-    weight = _head_rows(head, ids, hidden)
-    group = head.group_size if isinstance(head, Int4Linear) and head.group_size in GROUP_SIZES else GROUP_SIZES[0]
-    if isinstance(head, Int4Linear) and len(ids) % 16 == 0 and hidden % group == 0:
-        small = Int4Linear.fuse([Int4Linear(quantize_weight(weight, group), None, weight.device)])
-    else:
-        weight = weight.to(next(model.parameters()).dtype)
-        small = lambda h: F.linear(h, weight)  # noqa: E731
+    small = head.rows(ids) if isinstance(head, Int4Linear) else None
+    if small is None:  # a float head, or torch's int4 kernel: rebuilt from the rows' weights
+        weight = _head_rows(head, ids, hidden)
+        group = head.group_size if isinstance(head, Int4Linear) and head.group_size in GROUP_SIZES else GROUP_SIZES[0]
+        if isinstance(head, Int4Linear) and len(ids) % 16 == 0 and hidden % group == 0:
+            small = Int4Linear.fuse([Int4Linear(quantize_weight(weight, group), None, weight.device)])
+        else:
+            weight = weight.to(next(model.parameters()).dtype)
+            small = lambda h: F.linear(h, weight)  # noqa: E731
 
     def f(h: torch.Tensor) -> torch.Tensor:
         out = h.new_full((*h.shape[:-1], width), float("-inf"))

@@ -34,6 +34,27 @@ def test_subset_head_scores_only_the_subset() -> None:
     assert "48-token head" in drafter.name
 
 
+def test_an_int4_subset_head_scores_with_the_full_heads_own_bits(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On specchat's CPU kernel the subset head is the int4 head's own rows, gathered (not rebuilt
+    by running the head over an identity matrix, seconds on a real draft): each kept logit is the
+    full head's, bit for bit."""
+    from engine.model import lean
+
+    def rebuilt(*args: object) -> None:
+        raise AssertionError("the head's rows were rebuilt instead of gathered")
+
+    monkeypatch.setattr(lean, "_head_rows", rebuilt)
+    full, part = tiny_llama(seed=1, hidden_size=64), tiny_llama(seed=1, hidden_size=64)  # K = 64: the kernel's
+    for model in (full, part):
+        quantize_model(model, group_size=32)
+    if full.get_output_embeddings().kernel != "specchat":
+        pytest.skip("specchat's CPU int4 kernel cannot run here")
+    subset = torch.arange(0, 96, 2)
+    want = ModelDrafter(full, CPU).runner.forward([1, 2, 3, 4], logits_to_keep=2)
+    got = ModelDrafter(part, CPU, vocab_subset=subset).runner.forward([1, 2, 3, 4], logits_to_keep=2)
+    assert torch.equal(got[:, subset], want[:, subset]) and torch.isinf(got[:, 1::2]).all()
+
+
 @pytest.mark.parametrize("int4", [False, True])
 def test_greedy_spec_with_a_subset_draft_equals_plain(int4: bool) -> None:
     target = tiny_llama(seed=1)

@@ -130,6 +130,29 @@ def test_shapes_it_does_not_take_go_to_torchs_kernel() -> None:
     assert Int4Linear(quantize_weight(torch.randn(16, 128), 64), None, CPU).kernel == "torch"
 
 
+@pytest.mark.parametrize("kind", ["int4", "int8", "six-bit"])
+def test_a_subset_of_rows_gives_the_full_layers_bits_for_those_rows(kind: str) -> None:
+    """An output layer over some of its rows (a draft's frequent tokens) takes those rows' own codes
+    and scales, so each of its outputs is the full layer's, bit for bit, in passes of any size."""
+    from tests.engine.quant.test_six_bit import six_bit
+
+    weights = six_bit(80, 512, seed=4) if kind == "six-bit" else _weights(80, 256, seed=4, planes=2 if kind == "int8" else 1)
+    bias = torch.randn(80)
+    layer = Int4Linear(weights, bias, CPU)
+    assert layer.kernel == "specchat"
+    ids = torch.tensor([0, 3, 4, 17, 40, 41, 79])
+    part = layer.rows(ids)
+    assert part is not None
+    for m in (1, 3, 8):
+        x = torch.randn(m, weights.shape[1])
+        assert torch.equal(part(x), layer(x)[:, ids])
+
+
+def test_on_torchs_kernel_no_subset_of_rows_is_offered() -> None:
+    layer = Int4Linear(quantize_weight(torch.randn(16, 96), 32), None, CPU)
+    assert layer.kernel == "torch" and layer.rows(torch.tensor([1, 2])) is None
+
+
 def _uncached(monkeypatch: pytest.MonkeyPatch) -> None:
     """The kernels looked for anew, not the cached answers."""
     for name in ("library", "matmul", "matmul8", "matmul6", "attention"):
