@@ -158,12 +158,12 @@ def _drafter_for(models: BenchModels, method: Method, earlier: Sequence[Sequence
 
 
 def _run_specchat(models: BenchModels, method: Method, ids: Sequence[int], costs: CostModel,
-                  on_emit: Callable[[int], None], earlier: Sequence[Sequence[int]] = ()) -> _Reply:
-    """One reply through a fresh :class:`SpecDecoder` (fresh caches; ``costs`` persists per method);
-    ``earlier``: the exchanges of the prompts before this one, for the suffix drafter."""
+                  on_emit: Callable[[int], None], drafter: Drafter | None) -> _Reply:
+    """One reply through a fresh :class:`SpecDecoder` (fresh caches; ``costs`` persists per method)
+    with ``drafter`` (:func:`_drafter_for`, built before the clock starts, as the app builds its
+    drafter when a profile loads)."""
     adaptive = method.k is None
     options = {} if adaptive else FIXED_OPTIONS  # adaptive methods run with the app's defaults
-    drafter = _drafter_for(models, method, earlier)  # built before the clock starts, as the app's is
     decoder = SpecDecoder(models.target, models.device, drafter, costs=costs, **options)
     params = GenerationParams(
         max_new_tokens=models.max_new_tokens, stop_token_ids=models.stop_ids,
@@ -265,6 +265,7 @@ class Bench:
         target_timer = ForwardTimer(models.target, models.device)
         draft_timer = ForwardTimer(models.draft, models.device) if models.draft is not None else None
         emissions: list[tuple[float, int]] = []
+        drafter = _drafter_for(models, method, earlier) if method.name in SPECCHAT_METHODS else None
 
         def on_emit(n: int) -> None:
             if n:
@@ -273,7 +274,7 @@ class Bench:
         try:
             self.memory.reset()
             start = models.device.now()
-            reply = self._dispatch(method, prompt, on_emit, earlier)
+            reply = self._dispatch(method, prompt, on_emit, drafter)
             total = models.device.now() - start
         finally:
             target_timer.remove()
@@ -286,13 +287,13 @@ class Bench:
         )
 
     def _dispatch(self, method: Method, prompt: BenchPrompt, on_emit: Callable[[int], None],
-                  earlier: Sequence[Sequence[int]]) -> _Reply:
+                  drafter: Drafter | None) -> _Reply:
         if method.name in self.models.external:
             return self.models.external[method.name](prompt.ids, on_emit)
         with torch.inference_mode():
             if method.name in SPECCHAT_METHODS:
                 costs = self._costs.setdefault(method, CostModel())
-                return _run_specchat(self.models, method, prompt.ids, costs, on_emit, earlier)
+                return _run_specchat(self.models, method, prompt.ids, costs, on_emit, drafter)
             return _run_hf(self.models, method, prompt.ids, on_emit)
 
     def _record(
