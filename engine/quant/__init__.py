@@ -10,10 +10,12 @@ The loader asks two things of it:
   cache the groups so a warm start does not redo the work.
 
 The cache is a safetensors file per (model, group size, head setting) under
-``cache_dir()/int4``: 4-bit codes two to a byte, fp32 scales and zeros, keyed
-by the source location and the size and mtime of its weight files, so a
-changed checkpoint is quantized again. It is written to a temporary name and
-renamed into place.
+``cache_dir()/int4``, keyed by the source location and the size and mtime of its
+weight files, so a changed checkpoint is quantized again. Where specchat's CPU kernel
+runs, it holds each layer as that kernel reads it (:class:`KernelLayout`: a warm start
+packs nothing); elsewhere 4-bit codes two to a byte with fp32 scales and zeros. A cache
+of the second kind found where the first is wanted is read once, rewritten and removed. Each is
+written to a temporary name and renamed into place.
 """
 from __future__ import annotations
 
@@ -27,6 +29,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine.quant import cpu_kernel
+from engine.quant.cpu_kernel import KernelLayout
 from engine.quant.int4 import GROUP_SIZES, Int4Linear, Int4Weights, QuantReport, quantize_model, quantize_weight
 
 __all__ = ["GROUP_SIZES", "Int4Linear", "Int4Weights", "QuantReport", "apply_int4", "bnb_config", "quantize_weight"]
@@ -65,9 +69,11 @@ def local_snapshot(location: str) -> Path | None:
     return found if found.is_dir() else None
 
 
-def _cache_file(location: str, group_size: int, quantize_head: bool, wide_planes: bool) -> Path | None:
+def _cache_file(location: str, group_size: int, quantize_head: bool, wide_planes: bool,
+                layout: bool = False) -> Path | None:
     """Where the int4 groups of the weights in ``location`` are cached: a directory, or a hub
-    repo's downloaded snapshot (its directory names the commit); None when neither is at hand."""
+    repo's downloaded snapshot (its directory names the commit); None when neither is at hand.
+    ``layout``: the cache that keeps specchat's CPU kernel's layout (:func:`_save`)."""
     from engine.paths import cache_dir
 
     root = local_snapshot(location)
@@ -80,16 +86,26 @@ def _cache_file(location: str, group_size: int, quantize_head: bool, wide_planes
         st = f.stat()
         ident.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
     key = hashlib.sha256("|".join(ident).encode()).hexdigest()[:16]
-    tags = f"g{group_size}{'' if quantize_head else '-nohead'}{'-planes' if wide_planes else ''}"
+    tags = (f"g{group_size}{'' if quantize_head else '-nohead'}{'-planes' if wide_planes else ''}"
+            f"{f'-k{cpu_kernel.LAYOUT_VERSION}' if layout else ''}")
     return cache_dir(create=True) / "int4" / f"{root.name[:60]}-{key}-{tags}.safetensors"
 
 
-def _save(path: Path, groups: dict[str, Int4Weights], carried: list[str], packed: bool = False) -> None:
-    """Write ``groups`` (codes two to a byte already when ``packed``: :func:`engine.quant.stream.pack_for_cache`)."""
+def _save(path: Path, groups: dict[str, Int4Weights | KernelLayout], carried: list[str], packed: bool = False,
+          layouts: dict[str, KernelLayout] | None = None) -> None:
+    """Write ``groups`` (codes two to a byte already when ``packed``: :func:`engine.quant.stream.pack_for_cache`),
+    those named in ``layouts`` as specchat's CPU kernel reads them instead."""
     from safetensors.torch import save_file
 
+    layouts = layouts or {}
     tensors: dict[str, torch.Tensor] = {}
     for name, w in groups.items():
+        if name in layouts:
+            tensors[f"{name}.packed"] = layouts[name].packed.contiguous()
+            if layouts[name].table.numel():  # a 6-bit weight keeps its scales in its rows
+                tensors[f"{name}.table"] = layouts[name].table.contiguous()
+            continue
+        assert isinstance(w, Int4Weights), f"{name}: a kernel layout given without its layer's"
         tensors[f"{name}.codes"] = w.codes.contiguous() if packed else (w.codes[:, ::2] << 4 | w.codes[:, 1::2]).contiguous()
         tensors[f"{name}.scale"] = w.scale.contiguous()
         tensors[f"{name}.zero"] = w.zero.contiguous()
@@ -98,7 +114,8 @@ def _save(path: Path, groups: dict[str, Int4Weights], carried: list[str], packed
     group_size = max(w.group_size for w in groups.values())  # the model's (a Q6_K's groups of 16 are listed)
     meta = {"carried": json.dumps(carried), "group_size": str(group_size),
             "planes": json.dumps({name: w.planes for name, w in groups.items() if w.planes != 1}),
-            "groups": json.dumps({name: w.group_size for name, w in groups.items() if w.group_size != group_size})}
+            "groups": json.dumps({name: w.group_size for name, w in groups.items() if w.group_size != group_size}),
+            "layouts": json.dumps({name: [*l.shape, cpu_kernel.LAYOUT_VERSION] for name, l in layouts.items()})}
     try:
         save_file(tensors, str(tmp), metadata=meta)
         os.replace(tmp, path)
@@ -106,7 +123,8 @@ def _save(path: Path, groups: dict[str, Int4Weights], carried: list[str], packed
         tmp.unlink(missing_ok=True)
 
 
-def _load(path: Path) -> tuple[dict[str, Int4Weights], list[str]] | None:
+def _load(path: Path) -> tuple[dict[str, Int4Weights | KernelLayout], list[str]] | None:
+    """What :func:`_save` wrote (None when the file is unreadable or laid out for another kernel version)."""
     from safetensors import safe_open
 
     try:
@@ -116,12 +134,20 @@ def _load(path: Path) -> tuple[dict[str, Int4Weights], list[str]] | None:
             names = {k.rsplit(".", 1)[0] for k in f.keys()}
             planes = json.loads(meta.get("planes", "{}"))
             sizes = json.loads(meta.get("groups", "{}"))
-            groups = {}
+            layouts = json.loads(meta.get("layouts", "{}"))
+            groups: dict[str, Int4Weights | KernelLayout] = {}
             for name in names:
+                size, count = int(sizes.get(name, group_size)), int(planes.get(name, 1))
+                if name in layouts:
+                    n, k, version = layouts[name]
+                    if version != cpu_kernel.LAYOUT_VERSION:
+                        return None
+                    table = f.get_tensor(f"{name}.table") if f"{name}.table" in f.keys() else torch.empty(n, 0, dtype=torch.uint8)
+                    groups[name] = KernelLayout(f.get_tensor(f"{name}.packed"), table, (int(n), int(k)), size, count)
+                    continue
                 pairs = f.get_tensor(f"{name}.codes")
                 codes = torch.stack([pairs >> 4, pairs & 0x0F], dim=-1).reshape(pairs.shape[0], -1)
-                groups[name] = Int4Weights(codes, f.get_tensor(f"{name}.scale"), f.get_tensor(f"{name}.zero"),
-                                           int(sizes.get(name, group_size)), int(planes.get(name, 1)))
+                groups[name] = Int4Weights(codes, f.get_tensor(f"{name}.scale"), f.get_tensor(f"{name}.zero"), size, count)
             return groups, json.loads(meta.get("carried", "[]"))
     except Exception as exc:  # noqa: BLE001 - a damaged cache is rebuilt, never fatal
         log.warning("int4 cache %s is unreadable (%s); quantizing again", path, exc)
@@ -183,13 +209,21 @@ def apply_int4(
             in groups of 16, 6-bit codes on specchat's kernel); otherwise they are requantized
             to int4 from their weights.
     """
-    cache = _cache_file(location, group_size, quantize_head, wide_planes)
+    layout = (device is None or device.type == "cpu") and cpu_kernel.matmul() is not None
+    cache = _cache_file(location, group_size, quantize_head, wide_planes, layout)
     cached = _load(cache) if cache is not None and cache.is_file() else None
+    found = cache
+    if cached is None and layout:  # an older cache of codes and scales: read once, rewritten below
+        found = _cache_file(location, group_size, quantize_head, wide_planes)
+        cached = _load(found) if found is not None and found.is_file() else None
     if cached is not None:
         groups, carried_names = cached
         report = quantize_model(model, group_size=group_size, quantize_head=quantize_head, groups=groups, device=device)
         report.carried_over = [n for n in report.quantized if n in carried_names]
-        log.info("%s (from the cache %s)", report.summary(), cache)
+        if found != cache and cache is not None and found is not None:
+            _save(cache, report.groups, report.carried_over, layouts=report.layouts)
+            found.unlink(missing_ok=True)  # superseded (1.7 GB for coder's target); rebuilt if ever needed again
+        log.info("%s (from the cache %s)", report.summary(), found)
         return report
     carried: dict[str, Int4Weights] = {}
     if gguf is not None and group_size == 32 and gguf.is_file():
@@ -199,7 +233,7 @@ def apply_int4(
     report = quantize_model(model, group_size=group_size, quantize_head=quantize_head, groups=carried, device=device)
     report.carried_over = [n for n in report.quantized if n in carried]
     if cache is not None and report.groups:
-        _save(cache, report.groups, report.carried_over)
+        _save(cache, report.groups, report.carried_over, layouts=report.layouts if layout else None)
     log.info("%s", report.summary())
     return report
 

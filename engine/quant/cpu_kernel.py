@@ -35,6 +35,7 @@ import os
 import shutil
 import subprocess
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -202,6 +203,25 @@ def on_huge_pages(t: torch.Tensor) -> torch.Tensor:
     return out
 
 
+LAYOUT_VERSION = 1  # of pack's output; the int4 cache keeps weights in it (a change rebuilds those caches)
+
+
+@dataclass(frozen=True)
+class KernelLayout:
+    """A weight as this kernel reads it, :func:`pack`'s output: the int4 cache keeps it so a warm start
+    hands it to :class:`engine.quant.int4.Int4Linear` and packs nothing (seconds on a 1.5B model).
+
+    ``packed`` and ``table`` as :func:`pack` returns them; ``shape`` the weight's ``(N, K)``;
+    ``group_size`` and ``planes`` those of the groups it was packed from.
+    """
+
+    packed: torch.Tensor
+    table: torch.Tensor
+    shape: tuple[int, int]
+    group_size: int
+    planes: int
+
+
 SIX_BIT_GROUP = 16
 """The group size of 6-bit weights (a GGUF's Q6_K sub-blocks), carried as two planes."""
 SIX_BIT_K_MULTIPLE = 256
@@ -214,7 +234,8 @@ def fits(k: int, group_size: int) -> bool:
     return group_size == GROUP and k % K_MULTIPLE == 0
 
 
-def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, planes: int) -> tuple[torch.Tensor, torch.Tensor]:
+def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, planes: int,
+         six: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's layout of int4 groups (those of :class:`engine.quant.int4.Int4Weights`).
 
     Args:
@@ -225,11 +246,12 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, planes: i
         bytes, byte ``j`` holding weight ``j`` in its low nibble and ``j + 32`` in its high one;
         and bf16 ``[N, 1, 2, K/32]``, the scales then the zeros (rounded to bf16 as torch's
         kernel rounds them). Two planes (8-bit weights, :func:`engine.quant.int4.two_planes`)
-        are joined back into one byte a weight (:func:`pack8`).
+        are joined back into one byte a weight (:func:`pack8`), or, in groups of 16, laid out as 6-bit
+        codes (:func:`pack6`; ``six``: their :func:`six_bit_codes`, when the caller has them).
     """
     if planes == 2:
         if scale.shape[1] * SIX_BIT_GROUP == codes.shape[1]:
-            return pack6(codes, scale, zero)
+            return pack6(codes, scale, zero, six)
         return pack8(codes, scale, zero)
     n, width = codes.shape
     pairs = codes.to(torch.uint8).reshape(n, width // 64, 2, 32)
@@ -271,20 +293,23 @@ def six_bit_codes(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) 
             and not bool(z_hi.any())):
         return None
     u = codes[:, :k].to(torch.uint8) | (codes[:, k:].to(torch.uint8) << 4)
-    if int(u.min()) < 96 or int(u.max()) > 159:
+    low, high = torch.aminmax(u)
+    if int(low) < 96 or int(high) > 159:
         return None
-    return u - 96, s_lo
+    return u.sub_(96), s_lo
 
 
-def pack6(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def pack6(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+          found: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Two int4 planes in groups of 16 of 6-bit form (:func:`six_bit_codes`) as ``specchat_int6_mm``
     reads them: uint8 ``[N, stride]``, each row its codes (``K·3/4`` bytes: per 128 weights 64 bytes
     of nibbles, weight ``j`` low and ``j + 32`` high, then ``64 + j`` and ``96 + j``, and 32 bytes
     of top bits, byte ``j`` holding those of weights ``j``, ``32 + j``, ``64 + j``, ``96 + j``), then
     its bf16 scales, padded to 32 bytes: one stream a row, 7 bits a weight (Q6_K's 6.56). The
-    second tensor is an empty table (the scales are in the rows).
+    second tensor is an empty table (the scales are in the rows). ``found``: :func:`six_bit_codes`'s
+    answer for these planes, when the caller has it (it decodes every code: seconds for a large head).
     """
-    found = six_bit_codes(codes, scale, zero)
+    found = found if found is not None else six_bit_codes(codes, scale, zero)
     if found is None:
         raise ValueError("these planes are not 6-bit weights (w = (q - 32) s, q in 0..63, groups of 16)")
     q, s = found

@@ -64,6 +64,7 @@ from torch import nn
 
 from engine.errors import QuantizationError
 from engine.quant import cpu_kernel
+from engine.quant.cpu_kernel import KernelLayout
 
 log = logging.getLogger(__name__)
 
@@ -118,25 +119,36 @@ def cuda_int4_problem(device: torch.device) -> str | None:
     return None
 
 
-def takes(weights: Int4Weights, group_size: int) -> bool:
+def takes(weights: Int4Weights | KernelLayout, group_size: int) -> bool:
     """Whether groups carried over (or cached) suit a model quantized in groups of ``group_size``:
     the same size, or a Q6_K's 6-bit groups of 16 (:func:`kernel_weights` places them)."""
     return weights.group_size == group_size or is_six_bit(weights)
 
 
-def is_six_bit(weights: Int4Weights) -> bool:
+def is_six_bit(weights: Int4Weights | KernelLayout) -> bool:
     """Whether ``weights`` are a Q6_K's 6-bit groups (two planes in groups of 16; module docstring)."""
     return weights.planes == 2 and weights.group_size == cpu_kernel.SIX_BIT_GROUP
 
 
-def kernel_weights(weights: Int4Weights, device: torch.device) -> Int4Weights:
+SixBit = tuple[torch.Tensor, torch.Tensor]  # a Q6_K's codes q [N, K] and scales s [N, K/16] (cpu_kernel.six_bit_codes)
+
+
+def six_bit_form(weights: Int4Weights, device: torch.device) -> SixBit | None:
+    """The 6-bit codes and scales of ``weights`` when specchat's CPU kernel on ``device`` takes them
+    as such (:func:`cpu_kernel.six_bit_codes`); None otherwise."""
+    if not (is_six_bit(weights) and device.type == "cpu" and cpu_kernel.fits(weights.shape[1], weights.group_size)
+            and cpu_kernel.matmul6() is not None):
+        return None
+    return cpu_kernel.six_bit_codes(weights.codes, weights.scale, weights.zero)
+
+
+def kernel_weights(weights: Int4Weights, device: torch.device, six: SixBit | None = None) -> Int4Weights:
     """``weights`` as a kernel on ``device`` can take them: 6-bit groups stay as they are for
-    specchat's CPU kernel, and become 8 bits in groups of 32 (:func:`quantize_weight8`) anywhere else."""
+    specchat's CPU kernel, and become 8 bits in groups of 32 (:func:`quantize_weight8`) anywhere else.
+    ``six``: their :func:`six_bit_form`, when the caller has it already."""
     if not is_six_bit(weights):
         return weights
-    if (device.type == "cpu" and cpu_kernel.fits(weights.shape[1], weights.group_size)
-            and cpu_kernel.matmul6() is not None
-            and cpu_kernel.six_bit_codes(weights.codes, weights.scale, weights.zero) is not None):
+    if six is not None or six_bit_form(weights, device) is not None:
         return weights
     return quantize_weight8(weights.dequantize(), GROUP_SIZES[0])
 
@@ -234,9 +246,14 @@ class Int4Linear(nn.Module):
     Input ``[..., K]`` in any float dtype; output ``[..., N]`` in the input's dtype.
     """
 
-    def __init__(self, weights: Int4Weights, bias: torch.Tensor | None, device: torch.device) -> None:
+    def __init__(self, weights: Int4Weights | KernelLayout, bias: torch.Tensor | None, device: torch.device) -> None:
+        """``weights``: int4 groups, or (from the int4 cache) specchat's CPU kernel's layout of them,
+        which needs that kernel on a CPU ``device``."""
         super().__init__()
-        weights = kernel_weights(weights, device)
+        six = None
+        if isinstance(weights, Int4Weights):
+            six = six_bit_form(weights, device)  # decoded once: kernel_weights checks it, the packing lays it out
+            weights = kernel_weights(weights, device, six)
         n, k = weights.shape
         problem = cuda_int4_problem(device)
         if problem is not None:
@@ -250,16 +267,21 @@ class Int4Linear(nn.Module):
         # Which kernel multiplies: specchat's own on a CPU that can build it, else torch's.
         self.kernel = ("specchat" if not self.is_cuda and cpu_kernel.fits(k, weights.group_size)
                        and cpu_kernel.matmul() is not None else "torch")
-        codes = weights.codes.to(device)
-        if self.kernel == "specchat":
-            packed, table = cpu_kernel.pack(codes, weights.scale, weights.zero, weights.planes)
+        if isinstance(weights, KernelLayout):
+            if self.kernel != "specchat":
+                raise QuantizationError("these int4 weights are laid out for specchat's CPU kernel, which cannot run "
+                                        f"here ({cpu_kernel.why_not() or 'not on a CPU'}): clear the int4 cache")
+            packed, table = cpu_kernel.on_huge_pages(weights.packed), weights.table
+        elif self.kernel == "specchat":
+            packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, weights.planes, six)
             packed = cpu_kernel.on_huge_pages(packed)
         elif self.is_cuda:
+            codes = weights.codes.to(device)
             pairs = (codes[:, ::2] << 4 | codes[:, 1::2]).contiguous()
             packed = torch._convert_weight_to_int4pack(pairs, CUDA_INNER_K_TILES)
             table = _scales_and_zeros(weights).to(device)
         else:
-            packed = torch._convert_weight_to_int4pack_for_cpu(codes.to(torch.int32), 1)
+            packed = torch._convert_weight_to_int4pack_for_cpu(weights.codes.to(torch.int32), 1)
             table = _scales_and_zeros(weights)
         self.register_buffer("packed", packed, persistent=False)
         self.register_buffer("scales_and_zeros", table, persistent=False)
@@ -332,6 +354,13 @@ class Int4Linear(nn.Module):
         return _int4_matmul(packed, sz, joint_bias(layers), first.group_size, first.in_features, first.is_cuda,
                             first.planes, widen)
 
+    def layout(self) -> KernelLayout | None:
+        """What this layer holds in specchat's CPU kernel's layout (for the int4 cache); None on torch's."""
+        if self.kernel != "specchat":
+            return None
+        return KernelLayout(self.packed, self.scales_and_zeros, (self.out_features, self.in_features),
+                            self.group_size, self.planes)
+
     def rows(self, ids: torch.Tensor) -> Callable[..., torch.Tensor] | None:
         """``f(x [..., K]) -> [..., len(ids)]``: this layer's output rows ``ids`` only, with the
         very codes and scales of those rows (each value the bits of the full layer's), e.g. a
@@ -397,7 +426,8 @@ class QuantReport:
     carried_over: list[str] = field(default_factory=list)  # groups taken bit for bit from a GGUF
     kept: dict[str, str] = field(default_factory=dict)  # name -> why it stayed in full precision
     int4_bytes: int = 0
-    groups: dict[str, Int4Weights] = field(default_factory=dict)  # what each quantized layer holds (for the cache)
+    groups: dict[str, Int4Weights | KernelLayout] = field(default_factory=dict)  # what each layer was made of
+    layouts: dict[str, KernelLayout] = field(default_factory=dict)  # what each holds on specchat's kernel (the cache)
     kernels: dict[str, int] = field(default_factory=dict)  # layers per kernel ("specchat", "torch")
 
     def add(self, name: str, layer: "Int4Linear") -> None:
@@ -405,6 +435,9 @@ class QuantReport:
         self.quantized.append(name)
         self.int4_bytes += layer.packed.numel() * layer.packed.element_size() + layer.scales_and_zeros.numel() * 2
         self.kernels[layer.kernel] = self.kernels.get(layer.kernel, 0) + 1
+        layout = layer.layout()
+        if layout is not None:
+            self.layouts[name] = layout
 
     def summary(self) -> str:
         kept = f", {len(self.kept)} kept ({'; '.join(f'{k}: {v}' for k, v in list(self.kept.items())[:3])})" if self.kept else ""
@@ -427,7 +460,7 @@ def quantize_model(
     *,
     group_size: int = 32,
     quantize_head: bool = True,
-    groups: Mapping[str, Int4Weights] | None = None,
+    groups: Mapping[str, Int4Weights | KernelLayout] | None = None,
     device: torch.device | None = None,
 ) -> QuantReport:
     """Replace the ``nn.Linear`` layers of ``model`` by :class:`Int4Linear`, in place.
@@ -454,7 +487,7 @@ def quantize_model(
         target = device or linear.weight.device
         n, k = linear.weight.shape
         weights = groups.get(name)
-        if weights is not None and not takes(weights, group_size):
+        if weights is not None and (not takes(weights, group_size) or weights.shape != (n, k)):
             weights = None
         try:
             check_shape(n, k, group_size, target, weights.planes if weights is not None else 1)

@@ -190,6 +190,6 @@ def test_the_int4_cache_keeps_planes(tmp_path: Path, monkeypatch: pytest.MonkeyP
         with torch.no_grad():
             logits.append(fresh(ids).logits)
     cached = list((tmp_path / "cache" / "int4").glob("*.safetensors"))
-    assert len(cached) == 1 and cached[0].name.endswith("-planes.safetensors")
+    assert len(cached) == 1 and "-g32-planes" in cached[0].name
     assert torch.equal(logits[0], logits[1])
 
