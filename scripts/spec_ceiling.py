@@ -1,11 +1,12 @@
-"""The most a draft model can buy a profile on this machine: measured step costs, then the
+"""The most a drafter can buy a profile on this machine: measured step costs, then the
 speedup of every fixed K for a range of acceptance rates (docs/performance.md).
 
     .venv/bin/python scripts/spec_ceiling.py --profile coder [--rounds 12] [--alphas 0.7 0.8 0.87 0.95]
 
 Loads the profile (target and draft), reads a 200-token prompt of random ids into both, then
 times, alternating in one loop, a draft step (one token through the draft, its own output
-layer as the profile sets it) and target passes of 1..K_MAX+1 tokens, cropping each cache back
+layer as the profile sets it; none for a lookup drafter, whose proposal costs microseconds)
+and target passes of 1..K_MAX+1 tokens, cropping each cache back
 after every pass; medians in ms. With ``d`` the draft step, ``V(M)`` a target pass of M
 tokens and ``T = V(1)`` a plain step, a round with K drafted tokens whose each is accepted
 with probability α (independently) yields ``E = (1 − α^(K+1)) / (1 − α)`` tokens and costs
@@ -49,11 +50,12 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     engine = load_engine(load_profiles().get(args.profile))
-    draft = getattr(engine.decoder.drafter, "runner", None)
+    draft = getattr(engine.decoder.drafter, "runner", None)  # a lookup drafter has none: d = 0
     target = engine.decoder.target
-    if draft is None or draft._lean is None or target._lean is None:  # type: ignore[attr-defined]
-        raise SystemExit(f"{args.profile} has no draft model on the lean forward")
-    passes = {"d": (draft._lean, 1)} | {f"V({m})": (target._lean, m) for m in range(1, K_MAX + 2)}
+    if target._lean is None or (draft is not None and draft._lean is None):  # type: ignore[attr-defined]
+        raise SystemExit(f"{args.profile} does not run on the lean forward")
+    passes = {"d": (draft._lean, 1)} if draft is not None else {}
+    passes |= {f"V({m})": (target._lean, m) for m in range(1, K_MAX + 2)}
     caches = {id(lean): lean.new_cache(4096) for lean, _ in passes.values()}
     gen = torch.Generator().manual_seed(0)
     prompt = torch.randint(100, 1000, (1, 200), generator=gen)
@@ -74,16 +76,17 @@ def main() -> None:
     ms = {name: statistics.median(v) * 1e3 for name, v in times.items()}
     print(f"{args.profile}, {args.threads} threads, medians of {args.rounds} alternating rounds (ms): "
           + ", ".join(f"{name} {v:.1f}" for name, v in ms.items()))
-    t, d = ms["V(1)"], ms["d"]
+    t, d = ms["V(1)"], ms.get("d", 0.0)
     print(f"a draft step is {d / t:.2f} of a plain step; each further verified token adds "
           + ", ".join(f"{(ms[f'V({m + 1})'] - ms[f'V({m})']) / t:.2f}" for m in range(1, K_MAX + 1)) + " of one")
-    print(f"{'alpha':>6} " + " ".join(f"{'K=' + str(k):>7}" for k in range(1, K_MAX + 1))
-          + "   | free draft: " + " ".join(f"{'K=' + str(k):>6}" for k in range(1, K_MAX + 1)))
+    ks = range(1, K_MAX + 1)
+    print(f"{'alpha':>6} " + " ".join(f"{'K=' + str(k):>7}" for k in ks)
+          + ("   | free draft: " + " ".join(f"{'K=' + str(k):>6}" for k in ks) if d else ""))
     for alpha in args.alphas:
-        real = [tokens_per_round(alpha, k) * t / (k * d + ms[f"V({k + 1})"]) for k in range(1, K_MAX + 1)]
-        free = [tokens_per_round(alpha, k) * t / ms[f"V({k + 1})"] for k in range(1, K_MAX + 1)]
-        print(f"{alpha:>6.2f} " + " ".join(f"{s:>6.2f}x" for s in real) + "   |             "
-              + " ".join(f"{s:>5.2f}x" for s in free))
+        real = [tokens_per_round(alpha, k) * t / (k * d + ms[f"V({k + 1})"]) for k in ks]
+        free = [tokens_per_round(alpha, k) * t / ms[f"V({k + 1})"] for k in ks]
+        print(f"{alpha:>6.2f} " + " ".join(f"{s:>6.2f}x" for s in real)
+              + ("   |             " + " ".join(f"{s:>5.2f}x" for s in free) if d else ""))
     engine.close()
 
 
