@@ -104,6 +104,26 @@ def _local_only(resolved: ResolvedSource) -> bool:
     return not resolved.is_hub or hub_offline()
 
 
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.json", "merges.txt", "tokenizer.model")
+
+
+def same_tokenizer_files(a: ResolvedSource, b: ResolvedSource) -> bool:
+    """Whether two local model directories hold byte-identical tokenizer files (a draft converted
+    from the same family's GGUF): then the target's tokenizer is the draft's, token for token,
+    and the draft's need not be parsed (1.3 s for Qwen's)."""
+    dirs = [Path(r.location) for r in (a, b)]
+    if any(r.needs_conversion or r.is_hub or not d.is_dir() for r, d in zip((a, b), dirs)):
+        return False
+    found = False
+    for name in TOKENIZER_FILES:
+        x, y = (d / name for d in dirs)
+        if x.is_file() != y.is_file() or (x.is_file() and x.read_bytes() != y.read_bytes()):
+            return False
+        found = found or x.is_file()
+    return found
+
+
 def load_tokenizer(resolved: ResolvedSource, spec: ModelSpec) -> "PreTrainedTokenizerBase":
     """The tokenizer of a located source (a GGUF not converted yet is read directly)."""
     from transformers import AutoTokenizer
@@ -356,7 +376,8 @@ def load_engine(
     if plan.choice == "target+draft" and draft is not None:
         progress(f"checking draft {draft.spec.label}", 0.6)
         try:
-            compat_note = check_pair(tokenizer, load_tokenizer(draft.resolved, draft.spec)).summary
+            same = same_tokenizer_files(target.resolved, draft.resolved)
+            compat_note = check_pair(tokenizer, tokenizer if same else load_tokenizer(draft.resolved, draft.spec)).summary
         except IncompatibleDraftError as exc:
             fallback = f"draft model dropped: {exc}"
         else:

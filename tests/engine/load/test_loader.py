@@ -112,6 +112,34 @@ def test_engine_falls_back_when_tokenizers_differ(models: dict[str, Path]) -> No
     run_reply(engine)
 
 
+def test_a_draft_with_the_targets_very_tokenizer_files_is_not_parsed_again(
+    models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Byte-identical tokenizer files (a draft of the same family, converted alike) are the same
+    tokenizer; any byte that differs sends the draft's through the full token-list check."""
+    import shutil
+
+    import engine.load.loader as loader
+
+    parsed: list[str] = []
+    real = loader.load_tokenizer
+    monkeypatch.setattr(loader, "load_tokenizer", lambda resolved, spec: parsed.append(resolved.location) or real(resolved, spec))
+    load_engine(profile(models["target"], models["draft"]), device=CPU).close()
+    assert parsed == [str(models["target"])]
+    edited = tmp_path / "edited"
+    shutil.copytree(models["draft"], edited)
+    config = edited / "tokenizer_config.json"
+    config.write_text(config.read_text() + " ")
+    parsed.clear()
+    engine = load_engine(profile(models["target"], edited), device=CPU)
+    assert parsed == [str(models["target"]), str(edited)] and engine.info.mode == "spec"
+    engine.close()
+    parsed.clear()
+    engine = load_engine(profile(models["target"], models["alien"]), device=CPU)
+    assert len(parsed) == 2 and engine.info.mode == "ngram"
+    engine.close()
+
+
 def test_engine_falls_back_when_the_draft_is_missing(models: dict[str, Path], tmp_path: Path) -> None:
     engine = load_engine(profile(models["target"], tmp_path / "gone"), device=CPU)
     assert engine.info.mode == "ngram"
