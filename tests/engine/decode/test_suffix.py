@@ -9,7 +9,7 @@ import torch
 
 from engine.decode.decoder import SpecDecoder
 from engine.decode.drafters import match_key
-from engine.decode.suffix import GLOBAL_KEY, MIN_MATCH, SuffixDrafter, SuffixIndex
+from engine.decode.suffix import GLOBAL_KEY, LOCAL_MARGIN, MIN_MATCH, SuffixDrafter, SuffixIndex
 from engine.events import GenerationParams, SamplingParams
 from engine.model.device import Device
 from tests.engine.decode.test_decoder import PROMPTS, decode, plain
@@ -101,6 +101,19 @@ def test_the_conversation_wins_when_its_match_is_as_long() -> None:
     context = [1, 2, 3, 4, 70, 71, 0, 1, 2, 3, 4]
     drafter.prefill(context)
     assert drafter.propose(context, 2, GREEDY, None).tokens == (70, 71)
+
+
+def test_an_earlier_chat_replaces_this_chats_copy_only_on_a_clearly_longer_match() -> None:
+    """A history match one token longer than the conversation's is often a common phrase: the
+    conversation's copy stays unless the earlier chat's match is LOCAL_MARGIN tokens longer."""
+    context = [1, 2, 3, 4, 70, 71, 5, 6, 0, 1, 2, 3, 4]  # this chat matches its last 4 tokens
+    one_longer = SuffixDrafter([[0, 1, 2, 3, 4, 90, 91, 92]])  # 5 tokens
+    one_longer.prefill(context)
+    assert one_longer.propose(context, 2, GREEDY, None).tokens == (70, 71)
+    clearly_longer = SuffixDrafter([[5, 6, 0, 1, 2, 3, 4, 90, 91, 92]])  # 7 tokens: 4 + LOCAL_MARGIN + 1
+    clearly_longer.prefill(context)
+    assert clearly_longer.propose(context, 2, GREEDY, None).tokens == (90, 91)
+    assert LOCAL_MARGIN == 2
 
 
 @pytest.fixture(scope="module")
