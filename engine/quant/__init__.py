@@ -142,11 +142,9 @@ def _load(path: Path) -> tuple[dict[str, Int4Weights | KernelLayout], list[str]]
                     n, k, version = layouts[name]
                     if version != cpu_kernel.LAYOUT_VERSION:
                         return None
-                    # copied out of the file's mapping: a tensor left on it keeps the whole file resident
-                    table = (f.get_tensor(f"{name}.table").clone() if f"{name}.table" in f.keys()
-                             else torch.empty(n, 0, dtype=torch.uint8))
-                    packed = f.get_tensor(f"{name}.packed").clone()
-                    groups[name] = KernelLayout(packed, table, (int(n), int(k)), size, count)
+                    table = (f.get_tensor(f"{name}.table") if f"{name}.table" in f.keys()
+                             else torch.empty(n, 0, dtype=torch.uint8))  # on the file's mapping: Int4Linear copies
+                    groups[name] = KernelLayout(f.get_tensor(f"{name}.packed"), table, (int(n), int(k)), size, count)
                     continue
                 pairs = f.get_tensor(f"{name}.codes")
                 codes = torch.stack([pairs >> 4, pairs & 0x0F], dim=-1).reshape(pairs.shape[0], -1)

@@ -178,8 +178,9 @@ HUGE_MIN_BYTES = 4 << 20
 gain little against what the alignment wastes."""
 
 
-def on_huge_pages(t: torch.Tensor) -> torch.Tensor:
-    """``t`` copied into memory the kernel streams from 2 MiB pages, where Linux allows it.
+def on_huge_pages(t: torch.Tensor, copy: bool = False) -> torch.Tensor:
+    """``t`` copied into memory the kernel streams from 2 MiB pages, where Linux allows it
+    (``copy``: a plain copy where it does not, never ``t`` itself).
 
     A decode step reads every weight once, front to back: on 4 KiB pages the CPU's prefetchers
     stop at each page boundary and the TLB misses once a page. With transparent huge pages in
@@ -190,14 +191,14 @@ def on_huge_pages(t: torch.Tensor) -> torch.Tensor:
     """
     n = t.numel() * t.element_size()
     if n < HUGE_MIN_BYTES or t.device.type != "cpu" or not hasattr(mmap, "MADV_HUGEPAGE"):
-        return t
+        return t.clone() if copy else t
     try:
         region = mmap.mmap(-1, n + HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
         raw = torch.frombuffer(region, dtype=torch.uint8)  # the tensor keeps the mapping alive
         offset = -raw.data_ptr() % HUGE_PAGE
         region.madvise(mmap.MADV_HUGEPAGE, offset, n - n % HUGE_PAGE)
     except (OSError, ValueError):
-        return t
+        return t.clone() if copy else t
     out = raw[offset : offset + n].view(t.dtype).view(t.shape)
     out.copy_(t)
     return out

@@ -271,7 +271,8 @@ class Int4Linear(nn.Module):
             if self.kernel != "specchat":
                 raise QuantizationError("these int4 weights are laid out for specchat's CPU kernel, which cannot run "
                                         f"here ({cpu_kernel.why_not() or 'not on a CPU'}): clear the int4 cache")
-            packed, table = cpu_kernel.on_huge_pages(weights.packed), weights.table
+            # copies: what it is given may lie on a cache file's mapping, which a tensor left there keeps resident
+            packed, table = cpu_kernel.on_huge_pages(weights.packed, copy=True), weights.table.clone()
         elif self.kernel == "specchat":
             packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, weights.planes, six)
             packed = cpu_kernel.on_huge_pages(packed)
