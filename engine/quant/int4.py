@@ -18,7 +18,8 @@ no new dependency is needed:
 * CUDA: ``torch._convert_weight_to_int4pack(q: uint8 [N, K/2] (two codes a
   byte, even column in the high nibble), inner_k_tiles)`` and
   ``torch._weight_int4pack_mm(x: bf16 [M, K], packed, g, scales_and_zeros)``.
-  Shape rules: ``N % 8 == 0``, ``K % (inner_k_tiles * 16) == 0``, ``g`` in
+  Shape rules: ``N % 8 == 0``, ``K % (inner_k_tiles * 16) == 0`` (tiles of 8, 4 or 2:
+  :func:`cuda_inner_k_tiles`), ``g`` in
   32/64/128/256, bf16 activations, compute capability 8.0 or newer (tensor
   core tiles) and a torch built for CUDA 12 or newer: on an older card the
   kernel is not compiled in and the pack returns garbage instead of failing,
@@ -69,7 +70,9 @@ from engine.quant.cpu_kernel import KernelLayout
 log = logging.getLogger(__name__)
 
 GROUP_SIZES: tuple[int, ...] = (32, 64, 128)
-CUDA_INNER_K_TILES = 8
+CUDA_INNER_K_TILES = (8, 4, 2)
+"""The tile widths torch's CUDA int4 pack takes, widest first: a weight of ``K`` inputs packs with the
+first ``t`` that divides ``K / 16`` (8 where it can; SmolLM2's 576 inputs take 4)."""
 FUSE_ROWS = 64  # the CPU packing lays out output rows in blocks of 64
 
 
@@ -153,6 +156,12 @@ def kernel_weights(weights: Int4Weights, device: torch.device, six: SixBit | Non
     return quantize_weight8(weights.dequantize(), GROUP_SIZES[0])
 
 
+def cuda_inner_k_tiles(k: int) -> int | None:
+    """The widest tile of :data:`CUDA_INNER_K_TILES` that ``k`` input features fill, None if none does
+    (the matmul reads the tile back from the packed tensor's shape)."""
+    return next((t for t in CUDA_INNER_K_TILES if k % (t * 16) == 0), None)
+
+
 def check_shape(n: int, k: int, group_size: int, device: torch.device, planes: int = 1) -> None:
     """Raise :class:`QuantizationError` when the kernel on ``device`` refuses an ``[n, k]`` weight
     (stored as ``planes`` int4 planes, so the kernel sees ``[n, planes * k]``). Six-bit groups of
@@ -167,9 +176,10 @@ def check_shape(n: int, k: int, group_size: int, device: torch.device, planes: i
     if device.type == "cuda":
         if n % 8:
             raise QuantizationError(f"a [{n}, {k}] weight cannot use the CUDA int4 kernel: {n} outputs are not a multiple of 8")
-        if k % (CUDA_INNER_K_TILES * 16):
+        if cuda_inner_k_tiles(k) is None:
             raise QuantizationError(
-                f"a [{n}, {k}] weight cannot use the CUDA int4 kernel: {k} inputs are not a multiple of {CUDA_INNER_K_TILES * 16}"
+                f"a [{n}, {k}] weight cannot use the CUDA int4 kernel: {k} inputs are not a multiple of "
+                f"{CUDA_INNER_K_TILES[-1] * 16}"
             )
     elif n % 16:
         raise QuantizationError(f"a [{n}, {k}] weight cannot use the CPU int4 kernel: {n} outputs are not a multiple of 16")
@@ -279,7 +289,7 @@ class Int4Linear(nn.Module):
         elif self.is_cuda:
             codes = weights.codes.to(device)
             pairs = (codes[:, ::2] << 4 | codes[:, 1::2]).contiguous()
-            packed = torch._convert_weight_to_int4pack(pairs, CUDA_INNER_K_TILES)
+            packed = torch._convert_weight_to_int4pack(pairs, cuda_inner_k_tiles(self.planes * k))
             table = _scales_and_zeros(weights).to(device)
         else:
             packed = torch._convert_weight_to_int4pack_for_cpu(weights.codes.to(torch.int32), 1)

@@ -132,3 +132,14 @@ def test_int4_for_a_card_is_built_one_weight_at_a_time_not_loaded_whole(
     spec = ModelSpec(str(gguf), quantization="int4", wide_blocks="planes")
     assert loading.load_weights(resolved, spec, card, tiny_config()) == "the streamed model"
     assert seen["gguf"] == gguf and seen["wide_planes"] is True
+
+
+@pytest.mark.parametrize(("k", "tiles"), [(4096, 8), (1536, 8), (576, 4), (1536 + 32, 2), (48, None)])
+def test_the_cuda_pack_takes_the_widest_tile_the_inputs_fill(k: int, tiles: int | None) -> None:
+    """SmolLM2's 576 inputs are not a multiple of 8 tiles of 16 (128): they pack with 4 tiles
+    instead of staying in full precision (any group size the kernel takes fills 2 tiles)."""
+    from engine.quant.int4 import check_shape, cuda_inner_k_tiles
+
+    assert cuda_inner_k_tiles(k) == tiles
+    if tiles is not None:
+        check_shape(64, k, 32, torch.device("cuda:0"))
