@@ -161,16 +161,17 @@ class ModelRunner:
             input_ids = ids_tensor(new_ids, self.device.torch_device)  # type: ignore[arg-type]
         keep = max(logits_to_keep, 1)
         try:
-            if self._lean is not None:
-                watchers = _PASS_WATCHERS.get(self.model)
-                start = self.device.now() if watchers else 0.0
-                logits = self._lean(input_ids, self.cache, len(self), keep, row_exact=logits_to_keep > 0)
-                for watch in watchers or ():
-                    watch(len(new_ids), self.device.now() - start)
-            else:
-                logits = self.model(
-                    input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep
-                ).logits
+            with self.device.attention_kernels():
+                if self._lean is not None:
+                    watchers = _PASS_WATCHERS.get(self.model)
+                    start = self.device.now() if watchers else 0.0
+                    logits = self._lean(input_ids, self.cache, len(self), keep, row_exact=logits_to_keep > 0)
+                    for watch in watchers or ():
+                        watch(len(new_ids), self.device.now() - start)
+                else:
+                    logits = self.model(
+                        input_ids=input_ids, past_key_values=self.cache, use_cache=True, logits_to_keep=keep
+                    ).logits
         except BaseException:
             # A failed pass (an OOM, say) may have extended some layers and not
             # others: put every layer back to the last consistent length.

@@ -9,6 +9,7 @@ CUDA events and one wait instead), and what an out-of-memory error looks like.
 """
 from __future__ import annotations
 
+import contextlib
 import gc
 import os
 import time
@@ -19,6 +20,12 @@ from typing import Any, Union
 import psutil
 import torch
 
+
+CUDA_ATTENTION_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
+"""The SDPA kernels a pass on a card may take (names of ``torch.nn.attention.SDPBackend``): not
+cuDNN's, which PyTorch prefers on an H100 but which builds an execution plan for each new shape,
+and decoding makes a new shape (one more key) every step: a first reply on an H200 decoded
+27-36 tok/s with it allowed, 249-269 without (docs/gpu.md)."""
 
 Mark = Union[float, "torch.cuda.Event"]
 """A point in time from :meth:`Device.mark`: a ``perf_counter`` reading on the CPU, a
@@ -89,6 +96,15 @@ class Device:
             return None
         model_class = getattr(AutoModelForCausalLM, "_model_mapping", {}).get(type(config), None) if config else None
         return "flash_attention_2" if getattr(model_class, "_supports_flash_attn", False) else None
+
+    def attention_kernels(self) -> contextlib.AbstractContextManager[Any]:
+        """The context every model pass runs in: on a card, SDPA limited to
+        :data:`CUDA_ATTENTION_BACKENDS` (global flags, put back on exit); nothing on the CPU."""
+        if not self.is_cuda:
+            return contextlib.nullcontext()
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+
+        return sdpa_kernel([getattr(SDPBackend, name) for name in CUDA_ATTENTION_BACKENDS])
 
     def synchronize(self) -> None:
         """Wait for queued kernels, so that a clock read after this is honest."""

@@ -120,3 +120,41 @@ def test_a_failed_host_allocation_in_torch_is_out_of_memory() -> None:
     with pytest.raises(RuntimeError) as err:
         torch.empty(2**50, dtype=torch.uint8)  # 1 PiB: refused at once by the CPU allocator
     assert Device.is_out_of_memory(err.value)  # "DefaultCPUAllocator: can't allocate memory: ..."
+
+
+def test_passes_on_a_card_keep_cudnn_attention_out_and_the_cpu_untouched() -> None:
+    """cuDNN's SDPA builds a plan per shape, and each decoding step has a new one (one more key):
+    an H200 decoded 27-36 tok/s with it allowed, 249-269 without. The flags are global, so the
+    context must put them back."""
+    flags = (torch.backends.cuda.cudnn_sdp_enabled, torch.backends.cuda.flash_sdp_enabled,
+             torch.backends.cuda.mem_efficient_sdp_enabled, torch.backends.cuda.math_sdp_enabled)
+    before = [f() for f in flags]
+    with Device(torch.device("cuda:0")).attention_kernels():
+        assert [f() for f in flags] == [False, True, True, True]
+    assert [f() for f in flags] == before
+    with Device(torch.device("cpu")).attention_kernels():
+        assert [f() for f in flags] == before
+
+
+def test_every_model_pass_runs_inside_the_devices_attention_context(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The runner's one pass method enters the context for the lean forward and transformers' alike."""
+    from engine.decode.runner import ModelRunner
+    from tests.tiny import tiny_llama
+
+    entered: list[bool] = []
+
+    class Watch:
+        def __enter__(self) -> None:
+            entered.append(True)
+
+        def __exit__(self, *exc: object) -> None:
+            entered.append(False)
+
+    monkeypatch.setattr(Device, "attention_kernels", lambda self: Watch())
+    for lean in (True, False):
+        entered.clear()
+        runner = ModelRunner(tiny_llama(0), CPU, lean=lean)
+        runner.forward([1, 2, 3])
+        runner.forward([4])
+        assert entered == [True, False, True, False], lean
+
