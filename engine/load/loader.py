@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from engine.api import EngineInfo
 from engine.progress import ProgressFn, no_progress
 from engine.model.compat import check_pair
-from engine.model.device import Device
+from engine.model.device import Device, oom_summary
 from engine.errors import IncompatibleDraftError, ModelSourceError, ProfileError, QuantizationError
 from engine.model.memory import Plan, plan_memory, resolve_dtype
 from engine.config.profiles import ModelProfile, ModelSpec
@@ -315,7 +315,7 @@ def _load_draft(draft: _Side, device: Device) -> tuple[Any, str | None]:
     except Exception as exc:  # noqa: BLE001 - only OOM is handled
         if not device.is_out_of_memory(exc):
             raise
-        error = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        error = oom_summary(exc)
     device.release_memory()
     return None, f"draft model dropped: out of memory while loading it ({error}); using the n-gram drafter"
 

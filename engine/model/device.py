@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import os
+import re
 import time
 from dataclasses import dataclass
 from collections.abc import Sequence
@@ -172,6 +173,17 @@ class Device:
             return True
         text = str(exc).lower()
         return isinstance(exc, RuntimeError) and any(word in text for word in OOM_WORDS)
+
+
+def oom_summary(exc: BaseException) -> str:
+    """An out-of-memory error in a few words for the HUD: torch's CUDA message is one long line
+    (capacity, free, reserved, a link) of which the request and the cap, if one was set, matter."""
+    text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    asked = re.match(r"CUDA out of memory\. Tried to allocate ([\d.]+ [KMGT]?i?B)", text)
+    if asked is None:
+        return text
+    allowed = re.search(r"([\d.]+ [KMGT]?i?B) allowed", text)
+    return f"CUDA out of memory: asked for {asked.group(1)}" + (f", {allowed.group(1)} allowed to this process" if allowed else "")
 
 
 def ids_tensor(ids: Sequence[int], torch_device: torch.device) -> torch.Tensor:

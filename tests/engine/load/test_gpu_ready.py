@@ -92,8 +92,8 @@ def test_a_draft_that_runs_out_of_memory_while_loading_falls_back_to_ngram(
     info = engine.info
     assert info.mode == "ngram" and info.drafter == NgramDrafter().name and info.draft_bytes is None
     assert info.fallback_reason == (
-        "draft model dropped: out of memory while loading it (CUDA out of memory. Tried to allocate "
-        "20.00 MiB (injected)); using the n-gram drafter"
+        "draft model dropped: out of memory while loading it (CUDA out of memory: asked for 20.00 MiB); "
+        "using the n-gram drafter"
     )
     assert any(s.startswith("loading draft") for s in stages)  # it was tried
     assert device.held and device.leaks == []  # freed before the release, not after

@@ -158,3 +158,21 @@ def test_every_model_pass_runs_inside_the_devices_attention_context(monkeypatch:
         runner.forward([4])
         assert entered == [True, False, True, False], lean
 
+
+def test_an_out_of_memory_error_is_told_in_a_few_words() -> None:
+    from engine.model.device import oom_summary
+
+    seen_on_an_h100 = (  # the whole of torch's message when a capped allocator refused the draft
+        "CUDA out of memory. Tried to allocate 520.00 MiB. GPU 0 has a total capacity of 79.18 GiB of which "
+        "78.46 GiB is free. Including non-PyTorch memory, this process has 732.00 MiB memory in use. 288.00 MiB "
+        "allowed; Of the allocated memory 32.57 MiB is allocated by PyTorch, and 1.43 MiB is reserved by PyTorch "
+        "but unallocated. If reserved but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for Memory "
+        "Management  (https://docs.pytorch.org/docs/stable/notes/cuda.html#optimizing-memory-usage-with-pytorch-cuda-alloc-conf)")
+    assert oom_summary(torch.cuda.OutOfMemoryError(seen_on_an_h100)) == (
+        "CUDA out of memory: asked for 520.00 MiB, 288.00 MiB allowed to this process")
+    uncapped = seen_on_an_h100.replace(" 288.00 MiB allowed;", "")
+    assert oom_summary(torch.cuda.OutOfMemoryError(uncapped)) == "CUDA out of memory: asked for 520.00 MiB"
+    assert oom_summary(MemoryError()) == "MemoryError"
+    assert oom_summary(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried 9 bytes\\nmore")) == (
+        "DefaultCPUAllocator: can't allocate memory: you tried 9 bytes\\nmore")
