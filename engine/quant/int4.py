@@ -23,8 +23,10 @@ no new dependency is needed:
   32/64/128/256, bf16 activations, compute capability 8.0 or newer (tensor
   core tiles) and a torch built for CUDA 12 or newer: on an older card the
   kernel is not compiled in and the pack returns garbage instead of failing,
-  so :func:`cuda_int4_problem` refuses it first. Written from the kernel's
-  contract; not run here (no GPU).
+  so :func:`cuda_int4_problem` refuses it first. Checked on an H100 (torch 2.11,
+  CUDA 13; ``scripts/gpu_check.py``): within 0.6% of the largest output against the
+  dequantized weights for 1 and 2 planes and 4 or 8 tiles, and a row's result the same
+  bits whether 1 or 9 rows share the call.
 
 Activations are cast to bf16 for the matmul and back to the model's dtype, so
 norms, attention and embeddings keep their precision (fp32 on the CPU).
