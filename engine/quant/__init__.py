@@ -15,7 +15,9 @@ weight files, so a changed checkpoint is quantized again. Where specchat's CPU k
 runs, it holds each layer as that kernel reads it (:class:`KernelLayout`: a warm start
 packs nothing); elsewhere 4-bit codes two to a byte with fp32 scales and zeros. A cache
 of the second kind found where the first is wanted is read once, rewritten and removed. Each is
-written to a temporary name and renamed into place.
+written to a temporary name and renamed into place, and the caches it supersedes (the same model
+and settings from an older specchat, or from weights since changed: 1.5 GB each for coder's
+target) are removed then (:func:`_drop_superseded`).
 """
 from __future__ import annotations
 
@@ -23,6 +25,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +40,9 @@ __all__ = ["GROUP_SIZES", "Int4Linear", "Int4Weights", "QuantReport", "apply_int
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 3  # 2: two-plane (8-bit) groups; 3: Q6_K carried as 6-bit groups of 16
+_CACHE_NAME = re.compile(r"^(?P<model>.+)-(?P<key>[0-9a-f]{16})-(?P<tags>g\d+(?:-nohead)?(?:-planes)?)(?:-k(?P<layout>\d+))?\.safetensors$")
+"""What :func:`_cache_file` names a cache: the model's directory name, the key (source, version,
+weight files), the settings, the kernel layout's version."""
 
 
 def bnb_config(quantization: str, compute_dtype: torch.dtype) -> Any | None:
@@ -92,9 +98,10 @@ def _cache_file(location: str, group_size: int, quantize_head: bool, wide_planes
 
 
 def _save(path: Path, groups: dict[str, Int4Weights | KernelLayout], carried: list[str], packed: bool = False,
-          layouts: dict[str, KernelLayout] | None = None) -> None:
+          layouts: dict[str, KernelLayout] | None = None, source: str | None = None) -> None:
     """Write ``groups`` (codes two to a byte already when ``packed``: :func:`engine.quant.stream.pack_for_cache`),
-    those named in ``layouts`` as specchat's CPU kernel reads them instead."""
+    those named in ``layouts`` as specchat's CPU kernel reads them instead; ``source``: the directory
+    they were made from (:func:`_source_of`), recorded, and the caches this one supersedes removed."""
     from safetensors.torch import save_file
 
     layouts = layouts or {}
@@ -116,11 +123,57 @@ def _save(path: Path, groups: dict[str, Int4Weights | KernelLayout], carried: li
             "planes": json.dumps({name: w.planes for name, w in groups.items() if w.planes != 1}),
             "groups": json.dumps({name: w.group_size for name, w in groups.items() if w.group_size != group_size}),
             "layouts": json.dumps({name: [*l.shape, cpu_kernel.LAYOUT_VERSION] for name, l in layouts.items()})}
+    if source is not None:
+        meta["source"] = source
     try:
         save_file(tensors, str(tmp), metadata=meta)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+    if source is not None:
+        _drop_superseded(path, source)
+
+
+def _source_of(location: str) -> str | None:
+    """The directory a cache is made from, as :func:`_save` records it."""
+    root = local_snapshot(location)
+    return str(root.resolve()) if root is not None else None
+
+
+def _drop_superseded(path: Path, source: str) -> list[Path]:
+    """Remove the caches that ``path`` (just written from ``source``) replaces: the same model
+    name and settings under another key (an older version, weights since changed) or another
+    version of the kernel's layout, written from the same source or before sources were recorded.
+    Caches of other settings, of other directories, and the same key's cache for the other kernel
+    (a card's codes beside the CPU's layout) stay. Returns the removed."""
+    from safetensors import safe_open
+
+    mine = _CACHE_NAME.match(path.name)
+    if mine is None:
+        return []
+    removed = []
+    for other in path.parent.glob(f"{_glob_escape(mine['model'])}-*.safetensors"):
+        theirs = _CACHE_NAME.match(other.name)
+        if other == path or theirs is None or (theirs["model"], theirs["tags"]) != (mine["model"], mine["tags"]):
+            continue
+        if theirs["key"] == mine["key"] and None in (theirs["layout"], mine["layout"]):
+            continue
+        try:
+            with safe_open(str(other), framework="pt") as f:
+                recorded = (f.metadata() or {}).get("source")
+        except Exception:  # noqa: BLE001 - an unreadable cache of this model is of no use either
+            recorded = None
+        if recorded not in (None, source):
+            continue
+        other.unlink(missing_ok=True)
+        removed.append(other)
+        log.info("int4: removed %s, superseded by %s", other.name, path.name)
+    return removed
+
+
+def _glob_escape(text: str) -> str:
+    """``text`` matched literally by :meth:`Path.glob`."""
+    return re.sub(r"([*?\[])", r"[\1]", text)
 
 
 def _load(path: Path) -> tuple[dict[str, Int4Weights | KernelLayout], list[str]] | None:
@@ -180,7 +233,7 @@ def load_int4_streamed(
     if cached is not None:
         report.carried_over = [n for n in report.quantized if n in cached[1]]
     if cache is not None and report.groups and cached is None:
-        _save(cache, report.groups, report.carried_over, packed=True)
+        _save(cache, report.groups, report.carried_over, packed=True, source=_source_of(location))
     log.info("%s%s", report.summary(), f" (from the cache {cache})" if cached else "")
     return model
 
@@ -222,7 +275,7 @@ def apply_int4(
         report = quantize_model(model, group_size=group_size, quantize_head=quantize_head, groups=groups, device=device)
         report.carried_over = [n for n in report.quantized if n in carried_names]
         if found != cache and cache is not None and found is not None:
-            _save(cache, report.groups, report.carried_over, layouts=report.layouts)
+            _save(cache, report.groups, report.carried_over, layouts=report.layouts, source=_source_of(location))
             found.unlink(missing_ok=True)  # superseded (1.7 GB for coder's target); rebuilt if ever needed again
         log.info("%s (from the cache %s)", report.summary(), found)
         return report
@@ -234,7 +287,8 @@ def apply_int4(
     report = quantize_model(model, group_size=group_size, quantize_head=quantize_head, groups=carried, device=device)
     report.carried_over = [n for n in report.quantized if n in carried]
     if cache is not None and report.groups:
-        _save(cache, report.groups, report.carried_over, layouts=report.layouts if layout else None)
+        _save(cache, report.groups, report.carried_over, layouts=report.layouts if layout else None,
+              source=_source_of(location))
     log.info("%s", report.summary())
     return report
 

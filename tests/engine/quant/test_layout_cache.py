@@ -131,3 +131,22 @@ def test_a_warm_start_leaves_nothing_on_the_cache_files_mapping(tmp_path: Path) 
     gc.collect()
     assert str(cache) not in Path("/proc/self/maps").read_text()
     assert model(IDS).logits.isfinite().all()
+
+
+def test_the_cache_an_older_specchat_wrote_is_removed_when_this_one_writes_its_own(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import engine.quant as quant
+
+    gguf, src, kind = _model(tmp_path)
+    monkeypatch.setattr(quant, "CACHE_VERSION", quant.CACHE_VERSION - 1)
+    monkeypatch.setattr(cpu_kernel, "matmul", lambda: None)  # and laid out as it was then: codes and scales
+    apply_int4(kind.from_pretrained(src).eval(), location=str(src), gguf=gguf, wide_planes=True)
+    older = _cache_file(str(src), 32, True, True)
+    monkeypatch.undo()
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    assert older is not None and older.is_file()
+    cold, _ = _logits(kind, src, gguf)
+    now = _cache_file(str(src), 32, True, True, layout=True)
+    assert now is not None and now.is_file() and now != older and not older.is_file()
+    assert sorted(p.name for p in now.parent.iterdir()) == [now.name]
