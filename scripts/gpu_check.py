@@ -278,6 +278,45 @@ def same_ids(name: str, a: dict[str, Any], b: dict[str, Any]) -> None:
 
 # -- out of memory, for real -----------------------------------------------------------------
 
+@check("attention_ab")
+def attention_ab(models: Path, device: torch.device, rounds: int = 3) -> dict[str, Any]:
+    """Plain replies of 128 tokens, each with a prompt length not seen before, alternating SDPA
+    left free to pick its kernel (``before``: cuDNN's on an H100/H200, which plans every new
+    shape) and :meth:`Device.attention_kernels` (``after``); decode tok/s of each reply."""
+    import contextlib
+    import statistics
+
+    from engine.config.models_file import load_profiles
+    from engine.events import GenerationParams
+    from engine.load.loader import load_engine
+    from engine.model.device import Device
+
+    engine = load_engine(load_profiles(models).get("pair-bf16"))
+    engine.set_speculation(False)
+    real = Device.attention_kernels
+    sync = (lambda: torch.cuda.synchronize(device)) if device.type == "cuda" else (lambda: None)
+    rates: dict[str, list[float]] = {"before": [], "after": []}
+    length = 150
+    try:
+        for _ in range(rounds):
+            for name in ("before", "after"):
+                Device.attention_kernels = (lambda self: contextlib.nullcontext()) if name == "before" else real  # type: ignore[method-assign]
+                length += 41
+                prompt = [5 + (i * 31) % 500 for i in range(length)]
+                count, first, began = 0, 0, 0.0
+                for ev in engine.generate_ids(prompt, GenerationParams(max_new_tokens=128)):
+                    if not count:
+                        sync()
+                        began, first = time.perf_counter(), len(ev.token_ids)
+                    count += len(ev.token_ids)
+                sync()
+                rates[name].append(round((count - first) / (time.perf_counter() - began), 1))
+    finally:
+        Device.attention_kernels = real  # type: ignore[method-assign]
+        engine.close()
+    return {**rates, "median_before": statistics.median(rates["before"]), "median_after": statistics.median(rates["after"])}
+
+
 def card_index(device: torch.device) -> torch.device:
     """``cuda`` with its index (the allocator's cap wants one)."""
     return torch.device("cuda", torch.cuda.current_device()) if device.index is None else device
@@ -403,6 +442,7 @@ def main() -> int:
             spec = generate(f"seeded_spec_{profile}", models, profile, mode="spec", prompt=prompt,
                             extra=["--temperature", "0.8", "--seed", "7"])
             same_ids(f"seeded_same_{profile}", plain, spec)
+        attention_ab(models, device)
         oom_mid_reply(models, device)
         oom_at_load(models, device)
     if gguf is not None and a.phase in ("gguf", "all"):
