@@ -175,14 +175,9 @@ def check_shape(n: int, k: int, group_size: int, device: torch.device, planes: i
         raise QuantizationError(f"group_size {group_size} is not supported: use one of {', '.join(map(str, GROUP_SIZES))}")
     if k % group_size:
         raise QuantizationError(f"a [{n}, {k}] weight cannot use group_size {group_size}: {k} input features are not a multiple of it")
-    if device.type == "cuda":
+    if device.type == "cuda":  # any group size above fills the narrowest tile (2 x 16): only N is checked
         if n % 8:
             raise QuantizationError(f"a [{n}, {k}] weight cannot use the CUDA int4 kernel: {n} outputs are not a multiple of 8")
-        if cuda_inner_k_tiles(k) is None:
-            raise QuantizationError(
-                f"a [{n}, {k}] weight cannot use the CUDA int4 kernel: {k} inputs are not a multiple of "
-                f"{CUDA_INNER_K_TILES[-1] * 16}"
-            )
     elif n % 16:
         raise QuantizationError(f"a [{n}, {k}] weight cannot use the CPU int4 kernel: {n} outputs are not a multiple of 16")
 
