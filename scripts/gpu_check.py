@@ -165,63 +165,31 @@ def build_pair(root: Path, *, hidden: int, draft_layers: int, extra_layers: int,
     return target_dir, draft_dir
 
 
+def _profile(name: str, description: str, target: Path, drafter: str, device: str, context: int, *,
+             draft: Path | None = None, int4: tuple[bool, bool] = (False, False), k_max: int = 8) -> str:
+    """One ``[profiles.NAME]`` table; ``int4``: whether the target, and the draft, run torch's int4 kernels."""
+    quant = [', quantization = "int4"' if q else "" for q in int4]
+    lines = [f"[profiles.{name}]", f'description = "{description}"', f'target = {{ source = "{target}"{quant[0]} }}',
+             f'drafter = "{drafter}"', f'device = "{device}"', f"context_length = {context}", f"k_max = {k_max}"]
+    if draft is not None:
+        lines.insert(4, f'draft = {{ source = "{draft}"{quant[1]} }}')
+    return "\n".join(lines) + "\n\n"
+
+
 def models_file(path: Path, pair: tuple[Path, Path], big: tuple[Path, Path], gguf: Path | None, device: str) -> Path:
-    target, draft = pair
-    small, big_draft = big
-    lines = [f'''
-[profiles.pair-bf16]
-description = "random pair, bf16"
-target = {{ source = "{target}" }}
-drafter = "model"
-draft = {{ source = "{draft}" }}
-device = "{device}"
-context_length = 4096
-k_max = 8
-
-[profiles.pair-int4]
-description = "random pair, int4 (torch's kernels)"
-target = {{ source = "{target}", quantization = "int4" }}
-drafter = "model"
-draft = {{ source = "{draft}", quantization = "int4" }}
-device = "{device}"
-context_length = 4096
-k_max = 8
-
-[profiles.big-draft]
-description = "a small target and a draft many times its size (the out-of-memory check)"
-target = {{ source = "{small}" }}
-drafter = "model"
-draft = {{ source = "{big_draft}" }}
-device = "{device}"
-context_length = 4096
-''']
+    """The profiles of the models built here (and of pocket's GGUF, if given) on ``device``."""
+    (target, draft), (small, big_draft) = pair, big
+    text = [_profile("pair-bf16", "random pair, bf16", target, "model", device, 4096, draft=draft),
+            _profile("pair-int4", "random pair, int4", target, "model", device, 4096, draft=draft, int4=(True, True)),
+            _profile("big-draft", "a tiny target and a big draft (out of memory)", small, "model", device, 4096,
+                     draft=big_draft)]
     if gguf is not None:
-        lines.append(f'''
-[profiles.pocket-int4]
-description = "SmolLM2-135M, the GGUF's Q4_1 blocks on the card"
-target = {{ source = "{gguf}", quantization = "int4" }}
-drafter = "ngram"
-k_max = 16
-device = "{device}"
-context_length = 2048
-
-[profiles.pocket-bf16]
-description = "SmolLM2-135M in bf16 from the GGUF"
-target = {{ source = "{gguf}" }}
-drafter = "ngram"
-k_max = 16
-device = "{device}"
-context_length = 2048
-
-[profiles.pocket-selfdraft]
-description = "SmolLM2-135M bf16 drafted by its int4 copy"
-target = {{ source = "{gguf}" }}
-drafter = "model"
-draft = {{ source = "{gguf}", quantization = "int4" }}
-device = "{device}"
-context_length = 2048
-''')
-    path.write_text("".join(lines), encoding="utf-8")
+        text += [_profile("pocket-int4", "SmolLM2-135M, the GGUF's Q4_1 blocks", gguf, "ngram", device, 2048,
+                          int4=(True, False), k_max=16),
+                 _profile("pocket-bf16", "SmolLM2-135M from the GGUF", gguf, "ngram", device, 2048, k_max=16),
+                 _profile("pocket-selfdraft", "SmolLM2-135M drafted by its int4 copy", gguf, "model", device, 2048,
+                          draft=gguf, int4=(False, True))]
+    path.write_text("".join(text), encoding="utf-8")
     return path
 
 
