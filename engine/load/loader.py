@@ -181,6 +181,9 @@ def load_weights(resolved: ResolvedSource, spec: ModelSpec, device: Device, conf
     streamed = _int4_streamed(resolved, spec, device, config, dtype) if int4 else None
     if streamed is not None:
         return streamed
+    if resolved.lean:
+        raise ModelSourceError(f"{resolved.location} is a lean copy (its linear weights stay in {gguf_origin(resolved)}) "
+                               f"that {spec.label} cannot be built from; delete the directory to convert it again")
     try:
         model = AutoModelForCausalLM.from_pretrained(resolved.location, **kwargs)
     except OSError as exc:
@@ -202,11 +205,12 @@ def load_weights(resolved: ResolvedSource, spec: ModelSpec, device: Device, conf
 
 def _int4_streamed(resolved: ResolvedSource, spec: ModelSpec, device: Device, config: Any,
                    dtype: "torch.dtype") -> "PreTrainedModel | None":
-    """An int4 model for a card built one weight at a time (:func:`engine.quant.load_int4_streamed`:
-    the host never holds the full-precision model; a GGUF source's blocks are carried over as
-    each weight is read), or None for the plain path: on the CPU (unchanged there), remote
-    code, or a checkpoint the streamed path does not read."""
-    if not device.is_cuda or config is None or spec.trust_remote_code:
+    """An int4 model built one weight at a time (:func:`engine.quant.load_int4_streamed`: the
+    host never holds the full-precision model; a GGUF source's blocks are carried over as each
+    weight is read): on a card, and from a lean copy (whose linear weights only the GGUF holds).
+    None for the plain path: a full copy on the CPU, remote code, or a checkpoint the streamed
+    path does not read."""
+    if not (device.is_cuda or resolved.lean) or config is None or spec.trust_remote_code:
         return None
     from engine.quant import load_int4_streamed
 

@@ -222,7 +222,8 @@ def load_int4_streamed(
     root = local_snapshot(location)
     if root is None:
         return None
-    cache = _cache_file(location, group_size, quantize_head, wide_planes)
+    layout = device.type == "cpu" and cpu_kernel.matmul() is not None
+    cache = _cache_file(location, group_size, quantize_head, wide_planes, layout)
     cached = _load(cache) if cache is not None and cache.is_file() else None
     built = stream_int4(root, config, dtype=dtype, device=device, group_size=group_size,
                         quantize_head=quantize_head, cached=cached[0] if cached else None,
@@ -233,7 +234,8 @@ def load_int4_streamed(
     if cached is not None:
         report.carried_over = [n for n in report.quantized if n in cached[1]]
     if cache is not None and report.groups and cached is None:
-        _save(cache, report.groups, report.carried_over, packed=True, source=_source_of(location))
+        _save(cache, report.groups, report.carried_over, packed=True, layouts=report.layouts if layout else None,
+              source=_source_of(location))
     log.info("%s%s", report.summary(), f" (from the cache {cache})" if cached else "")
     return model
 

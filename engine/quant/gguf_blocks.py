@@ -34,8 +34,8 @@ every zero above is an exact multiple of a power of two times ``d``, so it round
 no worse than ``d``).
 
 The GGUF's tensor names and row order are mapped to the model's modules with
-transformers' own GGUF name map and tensor processor (llama.cpp permutes the
-rows of Q and K for its rope layout; the processor undoes it), and every
+transformers' own GGUF name map and tensor processor
+(:class:`engine.fetch.gguf_tensors.GgufTensors`), and every
 carried tensor is checked against the model's full-precision weight: a block
 that does not dequantize to the very weight the model holds is not used.
 """
@@ -51,6 +51,7 @@ import torch
 from torch import nn
 
 from engine.errors import QuantizationError
+from engine.fetch.gguf_tensors import GgufTensors
 from engine.quant.cpu_kernel import SIX_BIT_GROUP
 from engine.quant.int4 import Int4Weights, quantize_weight8, two_planes
 
@@ -177,14 +178,6 @@ def _carried(tensor_data: np.ndarray, kind: str, process: Callable[[np.ndarray],
     return quantize_weight8(weight, BLOCK)
 
 
-def _name_map(model: nn.Module, architecture: str) -> tuple[dict[str, str], object]:
-    """GGUF tensor name -> the model's parameter name, and the row processor for ``architecture``."""
-    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
-
-    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=model.config.to_dict())
-    return get_gguf_hf_weights_map(model, processor), processor
-
-
 class GgufCarrier:
     """A GGUF's blocks for a model's Linear layers, one layer at a time.
 
@@ -196,19 +189,14 @@ class GgufCarrier:
     """
 
     def __init__(self, gguf_path: Path, model: nn.Module, *, wide_planes: bool = True) -> None:
-        from gguf import GGUFReader
-
-        reader = GGUFReader(str(gguf_path))
-        arch_field = reader.get_field("general.architecture")
-        architecture = bytes(arch_field.parts[arch_field.data[0]]).decode() if arch_field is not None else ""
-        names, self._processor = _name_map(model, architecture)
+        self.tensors = GgufTensors(gguf_path, model)
         self.wide_planes = wide_planes
         self._tensors: dict[str, Any] = {}  # module name -> the GGUF tensor (ReaderTensor) holding its weight
-        for tensor in reader.tensors:
+        for name, tensor in self.tensors.by_parameter.items():
             kind = tensor.tensor_type.name
-            if kind in FLOAT_TYPES or tensor.name not in names or (kind not in FOUR_BIT_TYPES and not wide_planes):
+            if kind in FLOAT_TYPES or not name.endswith(".weight") or (kind not in FOUR_BIT_TYPES and not wide_planes):
                 continue
-            self._tensors[names[tensor.name].removesuffix(".weight")] = tensor
+            self._tensors[name.removesuffix(".weight")] = tensor
 
     def __contains__(self, module_name: str) -> bool:
         return module_name in self._tensors
@@ -222,8 +210,8 @@ class GgufCarrier:
             return None
         kind = tensor.tensor_type.name
 
-        def process(a: np.ndarray, name: str = tensor.name) -> np.ndarray:
-            return self._processor.process(weights=a, name=name).weights  # type: ignore[attr-defined]
+        def process(a: np.ndarray, parameter: str = f"{module_name}.weight") -> np.ndarray:
+            return self.tensors.process(a, parameter)
 
         weights = _carried(np.asarray(tensor.data), kind, process, weight)
         if weights.shape != tuple(weight.shape) or (kind in EXACT_TYPES and not _matches(weights, weight)):

@@ -32,9 +32,9 @@ from torch import nn
 
 from engine.quant.int4 import Int4Linear, Int4Weights, QuantReport, check_shape, quantize_weight, takes, _linear_names
 from engine.errors import QuantizationError
+from engine.fetch.gguf_tensors import STREAMED_TYPES
 
 log = logging.getLogger(__name__)
-STREAMED_TYPES = ("llama", "qwen2", "mistral")
 
 
 def pack_for_cache(weights: Int4Weights) -> Int4Weights:
@@ -101,16 +101,31 @@ def stream_int4(
     linears = _linear_names(model, quantize_head)
     weights_of = {f"{name}.weight": name for name in linears}
     state = dict(model.named_parameters(remove_duplicate=False))
-    if any(key not in state for key in where) or any(f"{n}.weight" not in where for n in linears if not _tied_head(model, n)):
+    if any(key not in state for key in where):
         log.info("int4: %s does not name its tensors as the model does; loading it whole", directory)
         return None
+    cached = cached or {}
+    carries = gguf is not None and group_size == 32 and gguf.is_file()
+    carrier: Any = None  # the GGUF's blocks, read when a layer first needs them (not on a warm start)
+    unstored = [n for n in _linear_names(model, True) if f"{n}.weight" not in where and not _tied_head(model, n)]
+    if any(n not in cached or not takes(cached[n], group_size) for n in unstored):
+        # a lean copy (engine.fetch.convert) and no int4 cache for all of it: the GGUF holds those weights
+        if gguf is None or not gguf.is_file():
+            log.info("int4: %s holds no weight for %s and names no GGUF that does", directory, unstored[0])
+            return None
+        from engine.quant.gguf_blocks import GgufCarrier
+
+        carrier = GgufCarrier(gguf, model, wide_planes=wide_planes)  # type: ignore[arg-type]
+        if any(f"{n}.weight" not in carrier.tensors.by_parameter for n in unstored):
+            log.info("int4: neither %s nor %s holds every linear weight", directory, gguf)
+            return None
     for key, path in where.items():  # everything that stays in full precision
         if key not in weights_of:
             set_module_tensor_to_device(model, key, device, value=_read(path, key).to(dtype))
+    for name in unstored:  # a linear the settings keep in full precision (an untied head without quantize_head)
+        if name not in linears:
+            set_module_tensor_to_device(model, f"{name}.weight", device, value=_source(model, where, name, carrier).to(dtype))
     report = QuantReport()
-    cached = cached or {}
-    carrier: Any = None  # the GGUF's blocks, read when a layer first needs them (not on a warm start)
-    carries = gguf is not None and group_size == 32 and gguf.is_file()
     for name in linears:
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
@@ -124,8 +139,8 @@ def stream_int4(
             from engine.quant.gguf_blocks import GgufCarrier
 
             carrier = GgufCarrier(gguf, model, wide_planes=wide_planes)  # type: ignore[arg-type]
-        if weights is None and carrier is not None and name in carrier:
-            source = _source(model, where, name)
+        if weights is None and carries and name in carrier:
+            source = _source(model, where, name, carrier)
             weights = carrier.carry(name, source)
             if weights is not None:
                 report.groups[name] = pack_for_cache(weights)
@@ -138,11 +153,11 @@ def stream_int4(
             if name in report.carried_over:
                 report.carried_over.remove(name)
             key = f"{name}.weight"
-            value = source if source is not None else _source(model, where, name)
+            value = source if source is not None else _source(model, where, name, carrier)
             set_module_tensor_to_device(model, key, device, value=value.to(dtype))
             continue
         if weights is None:
-            weights = quantize_weight((source if source is not None else _source(model, where, name)).to(device),
+            weights = quantize_weight((source if source is not None else _source(model, where, name, carrier)).to(device),
                                       group_size)
             report.groups[name] = pack_for_cache(weights)
         bias = linear.bias if linear.bias is not None and not linear.bias.is_meta else None
@@ -173,13 +188,19 @@ def _tied_head(model: nn.Module, name: str) -> bool:
         getattr(model.config.get_text_config(), "tie_word_embeddings", False))
 
 
-def _source(model: nn.Module, where: dict[str, Path], name: str) -> torch.Tensor:
-    """Linear ``name``'s full-precision weight ``[N, K]``: read from its file, or for a tied head
-    the input embeddings already loaded."""
+def _source(model: nn.Module, where: dict[str, Path], name: str, carrier: Any = None) -> torch.Tensor:
+    """Linear ``name``'s full-precision weight ``[N, K]``: read from its file; for a tied head
+    the input embeddings already loaded; in a lean copy, dequantized from the GGUF as the
+    converter would have written it (``carrier``: :class:`engine.quant.gguf_blocks.GgufCarrier`)."""
     key = f"{name}.weight"
     if key in where:
         return _read(where[key], key)
-    return model.get_input_embeddings().weight.detach()
+    if _tied_head(model, name):
+        return model.get_input_embeddings().weight.detach()
+    weight = carrier.tensors.tensor(key) if carrier is not None else None
+    if weight is None:
+        raise QuantizationError(f"int4: no weight for {name} in the copy or its GGUF")
+    return weight
 
 
 def _tensors(model: nn.Module) -> list[tuple[str, torch.Tensor]]:
