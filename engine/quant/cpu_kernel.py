@@ -300,6 +300,10 @@ def six_bit_codes(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) 
     return u.sub_(96), s_lo
 
 
+PACK_ROWS = 8192
+"""Rows :func:`pack6` lays out at a time."""
+
+
 def pack6(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
           found: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Two int4 planes in groups of 16 of 6-bit form (:func:`six_bit_codes`) as ``specchat_int6_mm``
@@ -310,6 +314,11 @@ def pack6(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
     second tensor is an empty table (the scales are in the rows). ``found``: :func:`six_bit_codes`'s
     answer for these planes, when the caller has it (it decodes every code: seconds for a large head).
     """
+    if codes.shape[0] > PACK_ROWS:  # rows are independent: a tall head in pieces (GBs of temporaries at once)
+        pieces = [pack6(codes[r:r + PACK_ROWS], scale[r:r + PACK_ROWS], zero[r:r + PACK_ROWS],
+                        None if found is None else (found[0][r:r + PACK_ROWS], found[1][r:r + PACK_ROWS]))
+                  for r in range(0, codes.shape[0], PACK_ROWS)]
+        return torch.cat([p for p, _ in pieces]), torch.empty(codes.shape[0], 0, dtype=torch.uint8)
     found = found if found is not None else six_bit_codes(codes, scale, zero)
     if found is None:
         raise ValueError("these planes are not 6-bit weights (w = (q - 32) s, q in 0..63, groups of 16)")

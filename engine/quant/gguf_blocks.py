@@ -63,6 +63,9 @@ FOUR_BIT_TYPES = ("Q4_0", "Q4_1", "Q4_K")
 EXACT_TYPES = ("Q4_0", "Q4_1", "Q4_K", "Q5_0", "Q8_0", "Q6_K")
 """Types carried over code for code; any other quantized type is requantized to 8 bits."""
 FLOAT_TYPES = ("F32", "F16", "BF16")
+CARRY_ROWS = 8192
+"""Rows carried over at a time in a tall tensor (an output layer of 151,936 rows took 6 GB of
+temporaries in one piece), where the architecture's row processor keeps rows in place."""
 
 
 def _f16(raw: np.ndarray) -> np.ndarray:
@@ -198,6 +201,9 @@ class GgufCarrier:
                 continue
             self._tensors[name.removesuffix(".weight")] = tensor
 
+    def _keeps_rows(self, parameter: str, n: int) -> bool:
+        return n > CARRY_ROWS and _rows_kept(lambda a: self.tensors.process(a, parameter), n)
+
     def __contains__(self, module_name: str) -> bool:
         return module_name in self._tensors
 
@@ -209,16 +215,31 @@ class GgufCarrier:
         if tensor is None or weight.shape[1] % BLOCK:
             return None
         kind = tensor.tensor_type.name
+        parameter = f"{module_name}.weight"
 
-        def process(a: np.ndarray, parameter: str = f"{module_name}.weight") -> np.ndarray:
+        def process(a: np.ndarray) -> np.ndarray:
             return self.tensors.process(a, parameter)
 
-        weights = _carried(np.asarray(tensor.data), kind, process, weight)
+        data = np.asarray(tensor.data)
+        rows = CARRY_ROWS if self._keeps_rows(parameter, data.shape[0]) else data.shape[0]
+        parts = [_carried(data[r:r + rows], kind, process, weight[r:r + rows]) for r in range(0, data.shape[0], rows)]
+        weights = parts[0] if len(parts) == 1 else Int4Weights(
+            *(torch.cat([getattr(w, f) for w in parts]) for f in ("codes", "scale", "zero")),
+            parts[0].group_size, parts[0].planes)
+        del parts
         if weights.shape != tuple(weight.shape) or (kind in EXACT_TYPES and not _matches(weights, weight)):
             log.warning("GGUF tensor %s (%s) does not match %s; quantizing it from its weights instead",
                         tensor.name, kind, module_name)
             return None
         return weights
+
+
+def _rows_kept(process: Callable[[np.ndarray], np.ndarray], n: int) -> bool:
+    """Whether ``process`` leaves the ``n`` rows of its tensor where they are (then the tensor
+    can be carried over a slice of rows at a time)."""
+    probe = np.arange(n, dtype=np.float32)[:, None]
+    out = process(probe)
+    return out.shape == probe.shape and bool(np.array_equal(out, probe))
 
 
 def carry_over(gguf_path: Path, model: nn.Module, *, wide_planes: bool = True) -> dict[str, Int4Weights]:
@@ -241,11 +262,17 @@ def carry_over(gguf_path: Path, model: nn.Module, *, wide_planes: bool = True) -
     return found
 
 
-def _matches(weights: Int4Weights, weight: torch.Tensor) -> bool:
-    """The blocks dequantize (in fp32) to the model's weight, up to fp32 rounding."""
-    w = weight.detach().to(torch.float32).cpu()
-    tol = 1e-6 * float(w.abs().max().clamp(min=1e-12))
-    return bool((weights.dequantize() - w).abs().max() <= tol)
+def _matches(weights: Int4Weights, weight: torch.Tensor, rows: int = 4096) -> bool:
+    """The blocks dequantize (in fp32) to the model's weight, up to fp32 rounding. Checked
+    ``rows`` rows at a time: a whole output layer's fp32 temporaries took 4 GB for coder."""
+    w = weight.detach()
+    tol = 1e-6 * max(float(w.max()), -float(w.min()), 1e-12)
+    for start in range(0, w.shape[0], rows):
+        part = Int4Weights(*(t[start:start + rows] for t in (weights.codes, weights.scale, weights.zero)),
+                           weights.group_size, weights.planes)
+        if float((part.dequantize() - w[start:start + rows].to(torch.float32).cpu()).abs().max()) > tol:
+            return False
+    return True
 
 
 def bf16_rounding_error(weights: Int4Weights) -> tuple[float, float]:

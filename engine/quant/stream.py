@@ -1,4 +1,4 @@
-"""int4 straight from the checkpoint, one weight at a time (for a card).
+"""int4 straight from the checkpoint, one weight at a time (on a card, and from a lean copy).
 
 The plain int4 path (:func:`engine.quant.apply_int4`) loads the whole model in
 full precision on the host first, then quantizes it: some 15 GiB of host RAM
@@ -14,7 +14,9 @@ A GGUF source's converted copy streams the same way: each linear layer whose
 GGUF blocks map onto the kernel's groups is carried over code for code
 (:class:`engine.quant.gguf_blocks.GgufCarrier`, checked against the weight just
 read), the rest quantized from their weights, as :func:`engine.quant.apply_int4`
-does for a model loaded whole.
+does for a model loaded whole. A *lean* copy (:mod:`engine.fetch.convert`) holds no
+linear weights: each is dequantized from the GGUF when it is needed (a cold int4
+cache), the same fp32 tensor a full copy would hold.
 
 It handles plain Llama-family checkpoints in safetensors whose tensor names
 are the model's own; anything else returns None and the caller takes the

@@ -14,7 +14,7 @@ from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from engine.model.lean import lean_forward
 from engine.quant import Int4Linear, apply_int4, cpu_kernel, quantize_weight
-from engine.quant.gguf_blocks import carry_over, decode_8bit_rows, decode_q4_rows
+from engine.quant.gguf_blocks import GgufCarrier, carry_over, decode_8bit_rows, decode_q4_rows
 from engine.quant.int4 import Int4Weights, quantize_weight8, two_planes
 
 CPU = torch.device("cpu")
@@ -193,3 +193,29 @@ def test_the_int4_cache_keeps_planes(tmp_path: Path, monkeypatch: pytest.MonkeyP
     assert len(cached) == 1 and "-g32-planes" in cached[0].name
     assert torch.equal(logits[0], logits[1])
 
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_a_tall_tensor_is_carried_in_row_pieces_to_the_same_groups(tmp_path: Path, arch: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """Pieces of rows where the row processor keeps rows in place (an output layer); whole where
+    it reorders them (llama's Q and K): the same groups either way."""
+    from transformers import AutoModelForCausalLM
+
+    from engine.fetch.convert import convert_gguf
+    from engine.quant import gguf_blocks
+    from tests.gguf_tiny import write_tiny_gguf
+
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf", arch=arch, kind="Q4_1", wide="Q8_0")
+    model = AutoModelForCausalLM.from_pretrained(str(convert_gguf(gguf, tmp_path / "copy")))
+    whole = carry_over(gguf, model)
+    monkeypatch.setattr(gguf_blocks, "CARRY_ROWS", 24)  # every layer has more rows than that
+    carrier = GgufCarrier(gguf, model)
+    kept = {name: carrier._keeps_rows(f"{name}.weight", 64) for name in whole}
+    assert kept["lm_head"] and kept["model.layers.0.mlp.gate_proj"]
+    assert kept["model.layers.0.self_attn.q_proj"] is (arch == "qwen2")  # llama's rope permutation moves rows
+    pieces = carry_over(gguf, model)
+    assert sorted(pieces) == sorted(whole)
+    for name, weights in whole.items():
+        for field in ("codes", "scale", "zero"):
+            assert torch.equal(getattr(pieces[name], field), getattr(weights, field)), (name, field)

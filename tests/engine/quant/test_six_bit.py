@@ -64,6 +64,14 @@ def test_the_rows_keep_every_code_and_scale_in_seven_bits_a_weight() -> None:
     assert torch.equal(scales, weights.scale[:, :32])
 
 
+def test_a_tall_layer_is_laid_out_in_pieces_to_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
+    weights = six_bit(40, 256, seed=3)
+    whole = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, 2)
+    monkeypatch.setattr(cpu_kernel, "PACK_ROWS", 16)  # 40 rows: pieces of 16, 16 and 8
+    pieces = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, 2)
+    assert torch.equal(pieces[0], whole[0]) and pieces[1].shape == whole[1].shape
+
+
 def test_planes_of_another_form_are_refused() -> None:
     weights = six_bit(4, 256, seed=2)
     with pytest.raises(ValueError, match="not 6-bit weights"):
