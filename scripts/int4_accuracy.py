@@ -59,7 +59,7 @@ def main() -> int:
     torch.set_num_threads(2)
     device = Device(torch.device("cpu"))
     spec = load_profiles().get(args.profile).target
-    resolved = prepare(locate(spec))
+    resolved = prepare(locate(dataclasses.replace(spec, quantization="none")))  # the full float32 copy: the reference
     tokenizer = load_tokenizer(resolved, spec)
     fp32 = ModelRunner(load_weights(resolved, dataclasses.replace(spec, quantization="none"), device), device)
     variants = {
