@@ -181,10 +181,12 @@ def write_lean(gguf: Path, out: Path) -> bool:
     with init_empty_weights(include_buffers=False):
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     linear = {f"{name}.weight" for name, module in model.named_modules() if isinstance(module, nn.Linear)}
-    kept = [name for name, _ in model.named_parameters() if name not in linear]  # a tied head is not listed
+    head = model.get_output_embeddings()
+    tied = head is not None and bool(getattr(model.config.get_text_config(), "tie_word_embeddings", False))
+    stored = [name for name, p in model.named_parameters() if not (tied and p is head.weight)]  # a tied head: none
+    kept = [name for name in stored if name not in linear]
     tensors = GgufTensors(gguf, model)
-    if any(name not in tensors.by_parameter for name in kept) or any(name not in tensors.by_parameter for name in linear
-                                                                     if not _tied(model, name)):
+    if any(name not in tensors.by_parameter for name in stored):
         return False
     values = {name: tensors.tensor(name).contiguous() for name in kept}  # type: ignore[union-attr]
     out.mkdir(parents=True)
@@ -199,17 +201,6 @@ def write_lean(gguf: Path, out: Path) -> bool:
         generation.save_pretrained(out)
     AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name).save_pretrained(out)
     return True
-
-
-def _tied(model: "nn.Module", weight: str) -> bool:
-    """Whether ``weight`` is the output layer's, tied to the input embeddings."""
-    head = model.get_output_embeddings()
-    return (head is not None and weight == f"{_module_name(model, head)}.weight"
-            and bool(getattr(model.config.get_text_config(), "tie_word_embeddings", False)))
-
-
-def _module_name(model: "nn.Module", module: "nn.Module") -> str:
-    return next(name for name, m in model.named_modules() if m is module)
 
 
 def is_lean(path: Path) -> bool:

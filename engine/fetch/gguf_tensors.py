@@ -58,7 +58,7 @@ def read_index(path: Path) -> GgufIndex:
     """The tensors of the GGUF at ``path`` without parsing its metadata into objects.
 
     ``gguf.GGUFReader`` turns every metadata value into numpy views, 1.4 million of them for
-    Qwen's 151,936 tokens and merges: about 20 s a file here. This reads the header as the
+    Qwen's 151,936 tokens and merges: 13 s for the 0.5B draft's file here, against 0.11 s. This reads the header as the
     GGUF spec lays it out (magic, version, tensor and key counts, key/value pairs, tensor
     infos, then the data at the file's alignment), skipping the values it does not need."""
     try:

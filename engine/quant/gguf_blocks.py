@@ -194,7 +194,7 @@ class GgufCarrier:
     def __init__(self, gguf_path: Path, model: nn.Module, *, wide_planes: bool = True) -> None:
         self.tensors = GgufTensors(gguf_path, model)
         self.wide_planes = wide_planes
-        self._tensors: dict[str, Any] = {}  # module name -> the GGUF tensor (ReaderTensor) holding its weight
+        self._tensors: dict[str, Any] = {}  # module name -> the GGUF tensor holding its weight, where blocks carry over
         for name, tensor in self.tensors.by_parameter.items():
             kind = tensor.tensor_type.name
             if kind in FLOAT_TYPES or not name.endswith(".weight") or (kind not in FOUR_BIT_TYPES and not wide_planes):
@@ -262,7 +262,7 @@ def carry_over(gguf_path: Path, model: nn.Module, *, wide_planes: bool = True) -
     return found
 
 
-def _matches(weights: Int4Weights, weight: torch.Tensor, rows: int = 4096) -> bool:
+def _matches(weights: Int4Weights, weight: torch.Tensor, rows: int = CARRY_ROWS) -> bool:
     """The blocks dequantize (in fp32) to the model's weight, up to fp32 rounding. Checked
     ``rows`` rows at a time: a whole output layer's fp32 temporaries took 4 GB for coder."""
     w = weight.detach()
