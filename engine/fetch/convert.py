@@ -9,19 +9,16 @@ very tensors a full copy holds; the GGUF stays beside it as the source of the re
 (:func:`write_lean`, :mod:`engine.quant.stream`)."""
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import shutil
-import threading
 import time
-from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from engine.errors import ModelSourceError
 from engine.fetch.cachefiles import sha256_file
 from engine.fetch.wheels import tmp_name
-from engine.progress import ProgressFn, no_progress
+from engine.progress import ProgressFn, no_progress, ticking
 
 DONE_MARKER = "specchat-converted.json"
 """The file a finished conversion writes last: its source, its time and its files' sha256."""
@@ -47,32 +44,6 @@ def _dir_bytes(path: Path) -> int:
         return 0
 
 
-@contextlib.contextmanager
-def _ticking(progress: ProgressFn, stage: str, start: float, measure: Callable[[], int] | None = None,
-             total: int | None = None, end: float | None = None, every_s: float = 0.5) -> Iterator[None]:
-    """Report ``stage`` every ``every_s`` while the body runs: bytes done and the fraction between
-    ``start`` and ``end`` when ``measure``/``total`` are given, else the seconds it has taken."""
-    stop = threading.Event()
-    began = time.perf_counter()
-
-    def tick() -> None:
-        while not stop.wait(every_s):
-            if measure is not None and total and end is not None:
-                done = min(measure(), total)
-                progress(f"{stage}: {done / 1e6:.1f} of {total / 1e6:.1f} MB", start + (end - start) * done / total)
-            else:
-                progress(f"{stage}: {time.perf_counter() - began:.0f} s", start)
-
-    thread = threading.Thread(target=tick, name="progress-ticker", daemon=True)
-    progress(stage, start)
-    thread.start()
-    try:
-        yield
-    finally:
-        stop.set()
-        thread.join()
-
-
 def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, verify: bool = True,
                  lean: bool = False) -> Path:
     """Dequantize a GGUF once into a safetensors directory ``dest`` (model + tokenizer);
@@ -91,7 +62,7 @@ def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, ver
     if lean and _convert_lean(gguf, dest, progress, started):
         return dest
     try:
-        with _ticking(progress, f"reading {gguf.name} ({size / 1e6:.1f} MB)", 0.0):
+        with ticking(progress, f"reading {gguf.name} ({size / 1e6:.1f} MB)", 0.0):
             model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
             tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     except Exception as exc:  # the gguf reader raises many kinds on a damaged file
@@ -105,7 +76,7 @@ def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, ver
     tmp = tmp_name(dest)
     try:
         total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-        with _ticking(progress, "writing the safetensors copy", 0.6, lambda: _dir_bytes(tmp), total, 0.85):
+        with ticking(progress, "writing the safetensors copy", 0.6, lambda: _dir_bytes(tmp), total, 0.85):
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
         if verify:
@@ -142,7 +113,7 @@ def _convert_lean(gguf: Path, dest: Path, progress: ProgressFn, started: float) 
     :data:`~engine.fetch.gguf_tensors.STREAMED_TYPES` or the GGUF lacks a tensor it needs."""
     tmp = tmp_name(dest)
     try:
-        with _ticking(progress, f"reading {gguf.name} (the tensors kept in full precision)", 0.0):
+        with ticking(progress, f"reading {gguf.name} (the tensors kept in full precision)", 0.0):
             written = write_lean(gguf, tmp)
         if not written:
             return False

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.api import EngineInfo
-from engine.progress import ProgressFn, no_progress
+from engine.progress import ProgressFn, no_progress, ticking
 from engine.model.compat import check_pair
 from engine.model.device import Device, oom_summary
 from engine.errors import IncompatibleDraftError, ModelSourceError, ProfileError, QuantizationError
@@ -371,7 +371,8 @@ def load_engine(
 
     progress(f"loading target {profile.target.label}", 0.1)
     prepare(target.resolved, progress)
-    target_model = load_weights(target.resolved, profile.target, device, target.config)
+    with ticking(progress, f"loading target {profile.target.label}", 0.1):  # minutes while an int4 cache is built
+        target_model = load_weights(target.resolved, profile.target, device, target.config)
     tokenizer = load_tokenizer(target.resolved, profile.target)
 
     drafter: Any = None
@@ -392,7 +393,8 @@ def load_engine(
             if fallback is None:
                 progress(f"loading draft {draft.spec.label}", 0.7)
                 prepare(draft.resolved, progress)
-                draft_model, fallback = _load_draft(draft, device)
+                with ticking(progress, f"loading draft {draft.spec.label}", 0.7):
+                    draft_model, fallback = _load_draft(draft, device)
         if draft_model is not None:
             drafter = model_drafter(profile, draft_model, target_model, tokenizer, device)
     if drafter is None and profile.drafter != "none":

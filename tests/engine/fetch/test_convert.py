@@ -9,20 +9,21 @@ from pathlib import Path
 import pytest
 
 from engine.fetch.cachefiles import sha256_file
-from engine.fetch.convert import DONE_MARKER, _dir_bytes, _ticking, convert_gguf, converted_copy_intact
+from engine.fetch.convert import DONE_MARKER, _dir_bytes, convert_gguf, converted_copy_intact
+from engine.progress import ticking
 
 
 def test_ticking_reports_bytes_and_fraction(tmp_path: Path) -> None:
     calls: list[tuple[str, float | None]] = []
     out = tmp_path / "out"
-    with _ticking(lambda s, f: calls.append((s, f)), "writing", 0.6, lambda: _dir_bytes(out), 2_000_000, 0.8,
+    with ticking(lambda s, f: calls.append((s, f)), "writing", 0.6, lambda: _dir_bytes(out), 2_000_000, 0.8,
                   every_s=0.02):
         out.mkdir()
         (out / "a").write_bytes(b"x" * 1_000_000)
         time.sleep(0.2)
     assert calls[0] == ("writing", 0.6)
     assert ("writing: 1.0 of 2.0 MB", pytest.approx(0.7)) in calls
-    with _ticking(lambda s, f: calls.append((s, f)), "reading", 0.0, every_s=0.02):
+    with ticking(lambda s, f: calls.append((s, f)), "reading", 0.0, every_s=0.02):
         time.sleep(0.1)
     assert any(s.startswith("reading: ") and s.endswith(" s") and f == 0.0 for s, f in calls)
 

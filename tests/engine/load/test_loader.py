@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import dataclasses
+import re
+import time
 from pathlib import Path
 
 import pytest
@@ -99,6 +101,24 @@ def test_engine_with_model_draft(models: dict[str, Path]) -> None:
     assert info.plan["choice"] == "target+draft" and info.target_bytes and info.draft_bytes
     assert stages[-1] == "ready" and any(s.startswith("loading draft") for s in stages)
     run_reply(engine)
+    engine.close()
+
+
+def test_a_slow_load_says_how_long_it_has_taken(models: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cold int4 build takes minutes on coder: the stage keeps ticking meanwhile."""
+    import engine.load.loader as loader
+
+    real = loader.load_weights
+
+    def slow(*args, **kwargs):  # type: ignore[no-untyped-def]
+        time.sleep(1.2)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(loader, "load_weights", slow)
+    stages: list[str] = []
+    engine = load_engine(profile(models["target"], models["draft"]), device=CPU, progress=lambda s, f: stages.append(s))
+    for side in ("target", "draft"):
+        assert any(re.fullmatch(rf"loading {side} .+: \d+ s", s) for s in stages), stages
     engine.close()
 
 
