@@ -16,7 +16,7 @@ from transformers import AutoConfig, AutoModelForCausalLM
 import engine.quant as quant
 from engine.config.profiles import ModelSpec
 from engine.errors import ModelSourceError
-from engine.fetch.convert import DONE_MARKER, LEAN_SUFFIX, convert_gguf, is_lean, write_lean
+from engine.fetch.convert import DONE_MARKER, LEAN_SUFFIX, convert_gguf, is_lean, one_metadata_read, write_lean
 from engine.fetch.sources import gguf_origin, locate, prepare
 from engine.load.loader import load_weights
 from engine.model.device import Device
@@ -136,3 +136,33 @@ def test_an_architecture_that_cannot_stream_gets_a_full_copy(tmp_path: Path, mon
     copy = Path(resolved.location)
     assert json.loads((copy / DONE_MARKER).read_text())["lean"] is False
     assert not locate(ModelSpec(str(gguf), quantization="int4")).lean  # read as the full copy it is
+
+
+def test_a_conversion_parses_the_gguf_metadata_once_and_writes_the_same_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transformers parses a GGUF's metadata for the config and again for the tokenizer (22 s
+    each for coder's target): a conversion asks once and writes byte for byte what two asks wrote."""
+    import transformers.modeling_gguf_pytorch_utils as module
+
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf", arch="qwen2", tie=False)
+    original = module.load_gguf_checkpoint
+    parsed: list[str] = []
+
+    def counted(path: str, return_tensors: bool = False, **kwargs: object) -> dict:
+        if not return_tensors:
+            parsed.append(str(path))
+        return original(path, return_tensors, **kwargs)
+
+    monkeypatch.setattr(module, "load_gguf_checkpoint", counted)
+    assert write_lean(gguf, tmp_path / "each")
+    with one_metadata_read():
+        assert write_lean(gguf, tmp_path / "once")
+    assert module.load_gguf_checkpoint is counted  # put back after the block
+    each, once = sorted((tmp_path / "each").iterdir()), sorted((tmp_path / "once").iterdir())
+    assert [f.name for f in each] == [f.name for f in once]
+    assert all(a.read_bytes() == b.read_bytes() for a, b in zip(each, once))
+    for lean in (True, False):
+        parsed.clear()
+        convert_gguf(gguf, tmp_path / f"converted-{lean}", lean=lean)
+        assert len(parsed) == 1, f"one metadata parse a conversion, not {parsed}"
