@@ -40,14 +40,18 @@ def one_metadata_read() -> Iterator[None]:
     vocabulary here. ``AutoConfig`` does that, and ``AutoTokenizer`` does it again for the
     same config. Here the second ask gets a deep copy of the first one's answer (callers
     may change it). Tensor reads pass through. A transformers without that function is left
-    as it is (the conversion is then only slower)."""
+    as it is (the conversion is then only slower). Blocks nest: an inner one adds nothing.
+
+    A first start reads the metadata of each GGUF three times otherwise: for the memory
+    plan's config, for the tokenizer, and in the conversion; the loader holds this block
+    for the whole load (the answers, with the vocabulary, live as long as it)."""
     try:
         from transformers import modeling_gguf_pytorch_utils as module
     except ImportError:
         yield
         return
     original = getattr(module, "load_gguf_checkpoint", None)
-    if original is None:
+    if original is None or getattr(original, "reads_once", False):
         yield
         return
     answers: dict[str, Any] = {}
@@ -60,6 +64,7 @@ def one_metadata_read() -> Iterator[None]:
             answers[key] = original(path, return_tensors=False)
         return copy.deepcopy(answers[key])
 
+    read_once.reads_once = True  # type: ignore[attr-defined]
     module.load_gguf_checkpoint = read_once
     try:
         yield

@@ -341,6 +341,15 @@ def load_engine(
         from engine.remote import connect
 
         return connect(profile, progress)  # type: ignore[return-value]
+    from engine.fetch.convert import one_metadata_read
+
+    with one_metadata_read():  # a GGUF's metadata is parsed once, not by each reader of it
+        return _load_local(profile, memory_budget, device, progress)
+
+
+def _load_local(profile: ModelProfile, memory_budget: int | None, device: Device | None,
+                progress: ProgressFn) -> "ChatEngine":
+    """:func:`load_engine` for a profile that runs here."""
     from engine.load.availability import unavailable_reason
     from engine.decode.drafters import NgramDrafter
     from engine.decode.suffix import SuffixDrafter

@@ -11,7 +11,7 @@ from gguf import GGUFReader, GGUFWriter
 
 from engine.errors import ModelSourceError
 from engine.fetch.convert import DONE_MARKER
-from engine.fetch.gguf_tensors import read_index
+from engine.fetch.gguf_tensors import GgufTensors, read_index
 from tests.gguf_tiny import write_tiny_gguf
 
 
@@ -72,3 +72,35 @@ def test_a_truncated_gguf_is_named_with_the_cause(tmp_path: Path, keep: float) -
     with pytest.raises(ModelSourceError, match="truncated") as err:
         read_index(path)
     assert str(path) in str(err.value)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_the_name_map_is_built_once_and_names_what_transformers_names(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, arch: str
+) -> None:
+    """transformers builds gguf's name table at every module (7 s for coder's target); the
+    index asks for it once and maps every tensor to the same parameter."""
+    import gguf
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers.modeling_gguf_pytorch_utils import TENSOR_PROCESSORS, TensorProcessor, get_gguf_hf_weights_map
+
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", arch=arch, tie=arch == "llama")
+    config = AutoConfig.from_pretrained(str(tmp_path), gguf_file=path.name)
+    with init_empty_weights(include_buffers=False):
+        model = AutoModelForCausalLM.from_config(config)
+    original = gguf.get_tensor_name_map
+    built: list[tuple] = []
+
+    def counted(*args: object) -> object:
+        built.append(args)
+        return original(*args)
+
+    monkeypatch.setattr(gguf, "get_tensor_name_map", counted)
+    mapped = {parameter: t.name for parameter, t in GgufTensors(path, model).by_parameter.items()}
+    assert len(built) == 1 and gguf.get_tensor_name_map is counted
+    processor = TENSOR_PROCESSORS.get(arch, TensorProcessor)(config=model.config.to_dict())
+    theirs = get_gguf_hf_weights_map(model, processor)  # a table a module, as transformers does it
+    assert len(built) > 2
+    assert mapped == {theirs[t.name]: t.name for t in read_index(path).tensors if t.name in theirs}
+    assert len(mapped) == len(read_index(path).tensors)

@@ -14,11 +14,11 @@ from safetensors.torch import load_file
 from transformers import AutoConfig, AutoModelForCausalLM
 
 import engine.quant as quant
-from engine.config.profiles import ModelSpec
+from engine.config.profiles import ModelProfile, ModelSpec
 from engine.errors import ModelSourceError
 from engine.fetch.convert import DONE_MARKER, LEAN_SUFFIX, convert_gguf, is_lean, one_metadata_read, write_lean
 from engine.fetch.sources import gguf_origin, locate, prepare
-from engine.load.loader import load_weights
+from engine.load.loader import load_engine, load_weights
 from engine.model.device import Device
 from engine.quant.int4 import Int4Linear
 from tests.gguf_tiny import write_tiny_gguf
@@ -138,14 +138,10 @@ def test_an_architecture_that_cannot_stream_gets_a_full_copy(tmp_path: Path, mon
     assert not locate(ModelSpec(str(gguf), quantization="int4")).lean  # read as the full copy it is
 
 
-def test_a_conversion_parses_the_gguf_metadata_once_and_writes_the_same_files(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """transformers parses a GGUF's metadata for the config and again for the tokenizer (22 s
-    each for coder's target): a conversion asks once and writes byte for byte what two asks wrote."""
+def count_metadata_parses(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The paths transformers' whole-metadata GGUF parse is asked for, from now on."""
     import transformers.modeling_gguf_pytorch_utils as module
 
-    gguf = write_tiny_gguf(tmp_path / "tiny.gguf", arch="qwen2", tie=False)
     original = module.load_gguf_checkpoint
     parsed: list[str] = []
 
@@ -155,6 +151,18 @@ def test_a_conversion_parses_the_gguf_metadata_once_and_writes_the_same_files(
         return original(path, return_tensors, **kwargs)
 
     monkeypatch.setattr(module, "load_gguf_checkpoint", counted)
+    return parsed
+
+
+def test_a_conversion_parses_the_gguf_metadata_once_and_writes_the_same_files(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """transformers parses a GGUF's metadata for the config and again for the tokenizer (22 s
+    each for coder's target): a conversion asks once and writes byte for byte what two asks wrote."""
+    gguf = write_tiny_gguf(tmp_path / "tiny.gguf", arch="qwen2", tie=False)
+    parsed = count_metadata_parses(monkeypatch)
+    module = pytest.importorskip("transformers.modeling_gguf_pytorch_utils")
+    counted = module.load_gguf_checkpoint
     assert write_lean(gguf, tmp_path / "each")
     with one_metadata_read():
         assert write_lean(gguf, tmp_path / "once")
@@ -166,3 +174,19 @@ def test_a_conversion_parses_the_gguf_metadata_once_and_writes_the_same_files(
         parsed.clear()
         convert_gguf(gguf, tmp_path / f"converted-{lean}", lean=lean)
         assert len(parsed) == 1, f"one metadata parse a conversion, not {parsed}"
+
+
+def test_a_first_start_parses_each_ggufs_metadata_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The memory plan's config, the tokenizer and the conversion all read a GGUF's metadata
+    on a first start: one parse serves them all, for the target and the draft alike."""
+    target = write_tiny_gguf(tmp_path / "target.gguf", seed=1)
+    draft = write_tiny_gguf(tmp_path / "draft.gguf", seed=2)
+    parsed = count_metadata_parses(monkeypatch)
+    profile = ModelProfile(name="tiny", target=ModelSpec(str(target), quantization="int4"), drafter="model",
+                           draft=ModelSpec(str(draft), quantization="int4"), context_length=64)
+    engine = load_engine(profile, device=Device(CPU))
+    try:
+        assert engine.info.mode == "spec", engine.info.fallback_reason
+    finally:
+        engine.close()
+    assert sorted(parsed) == sorted([str(target), str(draft)])
