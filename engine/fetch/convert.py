@@ -53,12 +53,16 @@ def one_metadata_read() -> Iterator[None]:
     if original is None or getattr(original, "reads_once", False):
         yield
         return
-    answers: dict[str, bytes] = {}
+    answers: dict[tuple[str, int, int], bytes] = {}
 
     def read_once(path: Any, return_tensors: bool = False, *args: Any, **kwargs: Any) -> Any:
         if return_tensors or args or kwargs:
             return original(path, return_tensors, *args, **kwargs)
-        key = os.path.realpath(path)
+        try:
+            stat = os.stat(path)
+        except OSError:
+            return original(path, return_tensors=False)  # its own error, as before
+        key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)  # a file fetched again is parsed again
         if key in answers:
             return pickle.loads(answers[key])
         answer = original(path, return_tensors=False)

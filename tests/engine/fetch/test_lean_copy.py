@@ -190,3 +190,15 @@ def test_a_first_start_parses_each_ggufs_metadata_once(tmp_path: Path, monkeypat
     finally:
         engine.close()
     assert sorted(parsed) == sorted([str(target), str(draft)])
+
+
+def test_a_gguf_written_again_during_a_load_is_parsed_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = write_tiny_gguf(tmp_path / "tiny.gguf", arch="qwen2")
+    parsed = count_metadata_parses(monkeypatch)
+    with one_metadata_read():
+        first = AutoConfig.from_pretrained(str(tmp_path), gguf_file=path.name)
+        again = AutoConfig.from_pretrained(str(tmp_path), gguf_file=path.name)
+        assert len(parsed) == 1 and again.to_dict() == first.to_dict()
+        write_tiny_gguf(path, arch="llama")  # fetched again, say: another file under the same name
+        other = AutoConfig.from_pretrained(str(tmp_path), gguf_file=path.name)
+    assert len(parsed) == 2 and (first.model_type, other.model_type) == ("qwen2", "llama")
