@@ -379,7 +379,7 @@ def _load_local(profile: ModelProfile, memory_budget: int | None, device: Device
     fallback = plan.reason if plan.choice == "target+ngram" and profile.drafter == "model" else None
 
     progress(f"loading target {profile.target.label}", 0.1)
-    prepare(target.resolved, progress)
+    target.resolved = prepare(target.resolved, progress)  # the converted copy: read as later starts read it
     with ticking(progress, f"loading target {profile.target.label}", 0.1):  # minutes while an int4 cache is built
         target_model = load_weights(target.resolved, profile.target, device, target.config)
     tokenizer = load_tokenizer(target.resolved, profile.target)
@@ -401,7 +401,7 @@ def _load_local(profile: ModelProfile, memory_budget: int | None, device: Device
                 "draft model dropped: the target's first pass ran out of memory; using the n-gram drafter")
             if fallback is None:
                 progress(f"loading draft {draft.spec.label}", 0.7)
-                prepare(draft.resolved, progress)
+                draft.resolved = prepare(draft.resolved, progress)
                 with ticking(progress, f"loading draft {draft.spec.label}", 0.7):
                     draft_model, fallback = _load_draft(draft, device)
         if draft_model is not None:
