@@ -159,9 +159,10 @@ def test_a_conversion_parses_the_gguf_metadata_once_and_writes_the_same_files(
 ) -> None:
     """transformers parses a GGUF's metadata for the config and again for the tokenizer (22 s
     each for coder's target): a conversion asks once and writes byte for byte what two asks wrote."""
+    import transformers.modeling_gguf_pytorch_utils as module
+
     gguf = write_tiny_gguf(tmp_path / "tiny.gguf", arch="qwen2", tie=False)
     parsed = count_metadata_parses(monkeypatch)
-    module = pytest.importorskip("transformers.modeling_gguf_pytorch_utils")
     counted = module.load_gguf_checkpoint
     assert write_lean(gguf, tmp_path / "each")
     with one_metadata_read():
