@@ -1,0 +1,66 @@
+"""Text from outside (a model, a server, a saved chat, a profile, a paste) made safe to show on a terminal.
+
+A terminal obeys control characters and escape sequences wherever they appear
+in what it is given: ``ESC ] 0 ; … BEL`` sets the window title, ``ESC ] 52 ; c ;
+…`` writes the clipboard, ``ESC [ 2 J`` clears the screen, and the 8-bit C1
+forms (``\\x9b`` for ``ESC [``, ``\\x9d`` for ``ESC ]``, ``\\x90`` for DCS) do the
+same on terminals that read them. Textual passes such characters in a widget's
+text straight through to the terminal, as ``print`` does.
+
+:func:`inert` shows every such character as a visible stand-in instead, as
+``less`` and ``git`` do with untrusted text: a C0 control as its Unicode
+Control Picture (ESC as ``␛``, BEL as ``␇``), DEL as ``␡``, a C1 control as
+``<U+009B>``. An escape sequence therefore stays readable, character for
+character (``␛]52;c;cm0gLXJmIH4=␇``), and can no longer act: the terminal only
+starts a sequence at a real ESC or C1 byte, and none is left. Line feeds and
+tabs are kept; a carriage return ends a line only as ``\\r\\n`` (a lone ``\\r``,
+which would let text overwrite the start of its own line, is shown as ``␍``).
+
+The mapping is per character, so pieces of a stream can be made inert one at a
+time and joined: the result is the same as the whole text made inert (but for a
+``\\r\\n`` split between two pieces, which shows as ``␍`` then a new line).
+"""
+from __future__ import annotations
+
+import json
+import re
+from typing import Any
+
+_UNSAFE = re.compile(r"\r\n|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+"""C0 controls but for tab and line feed (a CR LF pair is matched whole), DEL, C1 controls."""
+
+
+def _stand_in(match: re.Match[str]) -> str:
+    ch = match.group()
+    if ch == "\r\n":
+        return "\n"
+    code = ord(ch)
+    if code < 0x20:
+        return chr(0x2400 + code)  # Unicode Control Pictures: U+241B SYMBOL FOR ESCAPE, ...
+    if code == 0x7F:
+        return "\u2421"  # SYMBOL FOR DELETE
+    return f"<U+{code:04X}>"
+
+
+def inert(text: str) -> str:
+    """``text`` with every control character but ``\\n`` and ``\\t`` (C0, DEL, C1, so every
+    escape sequence's start) replaced by a visible stand-in; ``\\r\\n`` becomes ``\\n``."""
+    if not _UNSAFE.search(text):
+        return text
+    return _UNSAFE.sub(_stand_in, text)
+
+
+def is_inert(text: str) -> bool:
+    """Whether ``text`` holds nothing a terminal would act on (what :func:`inert` returns)."""
+    return not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", text)
+
+
+_JSON_RAW = re.compile(r"[\x7f-\x9f\u2028\u2029]")
+
+
+def json_text(obj: Any, **kwargs: Any) -> str:
+    """``json.dumps(obj, ensure_ascii=False, **kwargs)`` with DEL, the C1 controls and the
+    line/paragraph separators written as ``\\uXXXX`` escapes too: JSON escapes only the C0
+    controls itself, and a raw ``\\x9b`` would reach the terminal the JSON is printed on.
+    Those characters occur only inside JSON strings, so escaping them keeps the same value."""
+    return _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(obj, ensure_ascii=False, **kwargs))
