@@ -1,16 +1,21 @@
 """Where a server profile points: URL, model name, and where its API key lives.
 
 The key itself never appears in a models file: ``api_key_env`` names an
-environment variable that holds it, read only when a request is made.
+environment variable that holds it, read only when a request is made. A
+user name and password in the URL (``http://user:secret@host:8080``) are sent
+as HTTP Basic authorization and shown nowhere: every message, title and log
+line names the server by :attr:`ServerSpec.root`, which reads
+``http://user:***@host:8080``, and the spec's ``repr`` hides them too.
 """
 from __future__ import annotations
 
+import base64
 import math
 import os
 import re
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import unquote, urlsplit
 
 from engine.errors import EngineError, ProfileError
 
@@ -19,15 +24,31 @@ SERVER_KEYS: tuple[str, ...] = ("url", "model", "api_key_env", "timeout")
 
 DEFAULT_TIMEOUT_S = 120.0
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#]*)@")
+NOT_A_VARIABLE = ("api_key_env must name an environment variable (like OPENAI_API_KEY), and what was given is not "
+                  "a variable's name (it is not repeated here, in case it is the key itself); "
+                  "never put the key itself in a models file or on the command line")
 
 
-@dataclass(frozen=True)
+def redact_url(url: str) -> str:
+    """``url`` with the password of its user part shown as ``***`` (``http://user:***@host``); a user
+    part without a password (often a token) is hidden whole (``http://***@host``)."""
+    match = _USERINFO.match(url)
+    if match is None:
+        return url
+    user, colon, _ = match.group("userinfo").partition(":")  # a user name holds no ":", a password may
+    shown = f"{user}:***" if colon else "***"
+    return f"{match.group('scheme')}{shown}@{url[match.end():]}"
+
+
+@dataclass(frozen=True, repr=False)
 class ServerSpec:
     """An OpenAI-compatible server: ``url`` is its root (``http://host:port``;
     a trailing ``/v1`` is accepted), ``model`` the name sent with each request
     (None: the first model the server lists), ``api_key_env`` the environment
     variable holding a bearer key (None: no key), ``timeout`` the seconds to
-    wait for the server's next byte before giving up."""
+    wait for the server's next byte before giving up. A user and password in
+    ``url`` are sent as Basic authorization (:meth:`basic_authorization`)."""
 
     url: str
     model: str | None = None
@@ -35,29 +56,43 @@ class ServerSpec:
     timeout: float = DEFAULT_TIMEOUT_S
 
     def __post_init__(self) -> None:
+        shown = redact_url(self.url) if isinstance(self.url, str) else self.url
         parts = urlsplit(self.url) if isinstance(self.url, str) else None
         if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
-            raise ProfileError(f"server url must look like http://127.0.0.1:8080, got {self.url!r}")
+            raise ProfileError(f"server url must look like http://127.0.0.1:8080, got {shown!r}")
         try:
             parts.port
         except ValueError:
-            raise ProfileError(f"server url {self.url!r} has an invalid port") from None
+            raise ProfileError(f"server url {shown!r} has an invalid port") from None
         if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()):
             raise ProfileError("server model must be a non-empty string (or left out for the server's first model)")
         if self.api_key_env is not None and not _ENV_NAME.fullmatch(str(self.api_key_env)):
-            raise ProfileError(
-                f"api_key_env must name an environment variable (like OPENAI_API_KEY), got {self.api_key_env!r}; "
-                "never put the key itself in a models file"
-            )
+            raise ProfileError(NOT_A_VARIABLE)
+        if self.api_key_env is not None and parts.username is not None:
+            raise ProfileError(f"server url {shown!r} carries a user and password and api_key_env names a key too: "
+                               "give the server one of them")
         if isinstance(self.timeout, bool) or not isinstance(self.timeout, (int, float)) \
                 or not math.isfinite(self.timeout) or self.timeout <= 0:
             raise ProfileError(f"server timeout must be a positive number of seconds, got {self.timeout!r}")
 
+    def __repr__(self) -> str:
+        return (f"ServerSpec(url={redact_url(self.url)!r}, model={self.model!r}, "
+                f"api_key_env={self.api_key_env!r}, timeout={self.timeout!r})")
+
     @property
     def root(self) -> str:
-        """The URL without a trailing ``/`` or ``/v1``: endpoints hang below it."""
-        root = self.url.rstrip("/")
+        """The URL without a trailing ``/`` or ``/v1``: endpoints hang below it. Its password
+        reads ``***`` (:func:`redact_url`): this is the server's name wherever it is shown."""
+        root = redact_url(self.url).rstrip("/")
         return root[: -len("/v1")] if root.endswith("/v1") else root
+
+    def basic_authorization(self) -> str | None:
+        """The ``Authorization`` header for the URL's ``user:password``, None without one."""
+        parts = urlsplit(self.url)
+        if parts.username is None:
+            return None
+        pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
+        return "Basic " + base64.b64encode(pair.encode("utf-8")).decode("ascii")
 
     def api_key(self) -> str | None:
         """The key from ``api_key_env``; an error says which variable to set."""

@@ -11,7 +11,7 @@ from collections.abc import Callable
 from typing import Any
 
 from engine.errors import ProfileError
-from engine.config.server import SERVER_KEYS, ServerSpec, parse_server_spec
+from engine.config.server import NOT_A_VARIABLE, SERVER_KEYS, ServerSpec, parse_server_spec
 
 REPLY_KEYS: tuple[str, ...] = ("description", "temperature", "top_p", "top_k", "system_prompt")
 PROFILE_KEYS: tuple[str, ...] = ("backend", *SERVER_KEYS, *REPLY_KEYS)
@@ -40,4 +40,6 @@ def server_from_options(url: str, model: str | None = None, api_key_env: str | N
     try:
         return ServerSpec(url=url, model=model, api_key_env=api_key_env)
     except ProfileError as exc:
+        if str(exc) == NOT_A_VARIABLE:
+            raise ProfileError("--api-key-env " + NOT_A_VARIABLE.partition(" ")[2]) from None
         raise ProfileError(f"--server: {exc}") from None

@@ -52,6 +52,7 @@ def test_bad_server_profiles_say_what_to_fix(tmp_path: Path, body: str, words: s
     with pytest.raises(ProfileError) as err:
         load_profiles(path)
     assert words in str(err.value) and "remote" in str(err.value)
+    assert "secret" not in str(err.value)
 
 
 def test_local_backend_may_be_named(tmp_path: Path) -> None:

@@ -75,10 +75,11 @@ def test_server_from_options() -> None:
 @pytest.mark.parametrize("args, message", [
     (("localhost:8080",), "--server: server url must look like http://127.0.0.1:8080, got 'localhost:8080'"),
     (("http://h", " "), "--server: server model must be a non-empty string"),
-    (("http://h", None, "sk-1234"), "--server: api_key_env must name an environment variable (like OPENAI_API_KEY), "
-                                    "got 'sk-1234'; never put the key itself in a models file"),
+    (("http://h", None, "sk-1234"), "--api-key-env must name an environment variable (like OPENAI_API_KEY), "
+                                    "and what was given is not a variable's name (it is not repeated here"),
 ])
 def test_bad_options_are_named_after_the_flag(args: tuple[Any, ...], message: str) -> None:
     with pytest.raises(ProfileError) as err:
         server_from_options(*args)
     assert str(err.value).startswith(message)
+    assert "sk-1234" not in str(err.value)  # a key given where a variable's name belongs is never printed back
