@@ -20,6 +20,7 @@ import dataclasses
 import threading
 import time
 from collections.abc import Iterator, Sequence
+from contextlib import closing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -30,6 +31,7 @@ from engine.events import ChatEvent, ChatMessage, FinishReason, GenerationParams
 from engine.remote.client import ServerClient, ServerError
 from engine.config.server import ServerSpec
 from engine.remote.figures import Figures, ServerStats, SpecCounters, parse_spec_counters, reply_figures
+from engine.text_safety import inert
 
 CHAT_PATH = "/v1/chat/completions"
 SPEC_OFF: dict[str, int] = {"speculative.n_max": 0, "speculative.n_min": 0}
@@ -54,6 +56,8 @@ class _Run:
     finish: str | None = None
     timings: dict[str, Any] | None = None
     usage: dict[str, Any] | None = None
+    over_budget: bool = False
+    """The server went on past ``max_tokens`` and was cut there."""
 
     @property
     def tokens(self) -> int:
@@ -129,20 +133,23 @@ class ServerBackend:
                 raise EngineError(f"{self.spec.root} lists no models at /v1/models: name one with model = \"...\" in the profile")
             self.model = ids[0]
         elif self.kind == VLLM and ids and self.model not in ids:
-            raise EngineError(f"{self.spec.root} does not serve model {self.model!r}; it serves {', '.join(ids)}")
+            raise EngineError(inert(f"{self.spec.root} does not serve model {self.model!r}; it serves {', '.join(ids)}"))
         progress("connected", 1.0)
 
     @property
     def info(self) -> EngineInfo:
+        """What the HUD and ``generate --json`` show; the server's own words (model name,
+        build) made :func:`~engine.text_safety.inert`, as they reach a terminal."""
         figures = "reply timings" if self.kind == LLAMA_CPP else None
         if self.metrics_known:
             figures = f"{figures} + /metrics" if figures else "/metrics"
-        plan: dict[str, Any] = {"summary": f"served by {self.kind} at {self.spec.root}", "model": self.model}
+        model = inert(self.model) if self.model else None
+        plan: dict[str, Any] = {"summary": inert(f"served by {self.kind} at {self.spec.root}"), "model": model}
         if self.build:
-            plan["build"] = self.build
+            plan["build"] = inert(self.build)
         plan["figures"] = figures or "none reported"
         return EngineInfo(
-            profile=self.profile_name, target=self.model or "?", drafter="the server's",
+            profile=self.profile_name, target=model or "?", drafter="the server's",
             mode="spec" if self.speculation_on else "plain", device=f"{self.kind} server", plan=plan,
         )
 
@@ -193,9 +200,25 @@ class ServerBackend:
         return body
 
     def stream_text(self, body: dict[str, Any], cancel: threading.Event, run: _Run) -> Iterator[str]:
-        """Each piece of reply text as it arrives; ``run`` collects timings, usage and finish."""
-        for payload in self.client.stream(CHAT_PATH, body, cancel):
+        """Each piece of reply text as it arrives; ``run`` collects timings, usage and finish.
+
+        A server that ignores ``body["max_tokens"]`` is cut there: each text chunk holds
+        at least one token, so a chunk past that many (or a stream of twice as many
+        events) means the server would go on. The stream is closed, the reply ends
+        with finish ``length`` and ``run.over_budget`` set."""
+        budget = body.get("max_tokens")
+        with closing(self.client.stream(CHAT_PATH, body, cancel)) as payloads:
+            yield from self._read(payloads, budget if isinstance(budget, int) else None, cancel, run)
+
+    @staticmethod
+    def _read(payloads: Iterator[Any], budget: int | None, cancel: threading.Event, run: _Run) -> Iterator[str]:
+        events = 0
+        for payload in payloads:
             now = time.perf_counter()
+            events += 1
+            if budget is not None and events > 2 * budget + 16:  # events without text, forever
+                run.finish, run.over_budget = "length", True
+                return
             run.timings = payload.get("timings") or run.timings
             run.usage = payload.get("usage") or run.usage
             for choice in payload.get("choices") or ():
@@ -203,6 +226,9 @@ class ServerBackend:
                     continue
                 part = choice.get("delta") or choice.get("message") or {}
                 text = part.get("content") if isinstance(part, dict) else None
+                if text and budget is not None and run.chunks >= budget:
+                    run.finish, run.over_budget = "length", True
+                    return
                 run.finish = choice.get("finish_reason") or run.finish
                 if text:
                     run.chunks += 1
@@ -241,6 +267,9 @@ class ServerBackend:
         figures = reply_figures(run.timings, self._delta(before, run), run.tokens,
                                 metrics_known=self.metrics_known, server=self.kind)
         notice = None
+        if run.over_budget:
+            notice = (f"the server went on past the {params.max_new_tokens}-token limit it was sent "
+                      "(max_tokens); specchat stopped reading there")
         if not spec_on and figures.proposed > 0:
             self.switch_honoured, self.speculation_on = False, True
             notice = ("the server ignored speculative.n_max = 0 and drafted anyway (this llama-server build "

@@ -23,6 +23,7 @@ from urllib.parse import urlsplit
 
 from engine.errors import EngineError
 from engine.config.server import ServerSpec
+from engine.text_safety import inert
 
 CONNECT_TIMEOUT_S = 10.0
 CANCEL_POLL_S = 0.05
@@ -33,7 +34,7 @@ class ServerError(EngineError):
     """A request to the server failed; ``kind`` says how, ``status`` the HTTP status if any."""
 
     def __init__(self, kind: str, message: str, status: int | None = None) -> None:
-        super().__init__(message)
+        super().__init__(inert(message))  # it quotes the server, and is shown on a terminal
         self.kind = kind
         self.status = status
 
@@ -61,6 +62,9 @@ class ServerClient:
         key = self.spec.api_key()
         if key:
             headers["Authorization"] = f"Bearer {key}"
+        basic = self.spec.basic_authorization()
+        if basic:
+            headers["Authorization"] = basic
         return headers
 
     def _open(self, method: str, path: str, body: dict[str, Any] | None, timeout: float,

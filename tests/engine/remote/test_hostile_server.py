@@ -1,0 +1,128 @@
+"""A hostile server: escape sequences in its errors and metadata, credentials in its URL,
+a reply that never ends. Nothing it says may reach a terminal raw; no secret is shown."""
+from __future__ import annotations
+
+import base64
+import threading
+from typing import Any
+
+import pytest
+
+from engine.config.server import ServerSpec
+from engine.errors import EngineError, ProfileError
+from engine.events import ChatMessage, GenerationParams, SamplingParams
+from engine.remote.backend import ServerBackend
+from engine.remote.client import ServerClient, ServerError
+from tests.fake_server import (
+    FakeServer, chunk, llama_routes, models_route, props_route, reply_stream, send_json, send_text, start_sse,
+    write_events,
+)
+from tests.hostile import ALL, HOSTILE, raw_in
+
+CHAT = "/v1/chat/completions"
+MESSAGES = [ChatMessage("user", "hi")]
+
+
+def params(n: int) -> GenerationParams:
+    return GenerationParams(sampling=SamplingParams(temperature=0.0), max_new_tokens=n)
+
+
+@pytest.mark.parametrize("name", sorted(HOSTILE))
+@pytest.mark.parametrize("where", ["json-error", "text-error", "mid-stream-error"])
+def test_a_servers_error_text_comes_out_inert(name: str, where: str) -> None:
+    said = f"bad{HOSTILE[name]}thing"
+
+    def fail(req, body):  # type: ignore[no-untyped-def]
+        if where == "json-error":
+            send_json(req, 500, {"error": {"message": said}})
+        elif where == "text-error":
+            send_text(req, 502, said)
+        else:
+            start_sse(req)
+            write_events(req, [chunk("a"), {"error": {"message": said}}])
+
+    with FakeServer({CHAT: fail}) as fake:
+        with pytest.raises(ServerError) as err:
+            list(ServerClient(ServerSpec(fake.url)).stream(CHAT, {}))
+    assert raw_in(str(err.value)) == [] and "bad" in str(err.value) and "thing" in str(err.value)
+
+
+def test_the_servers_build_and_model_names_are_shown_inert() -> None:
+    routes = llama_routes(lambda req, body: None)
+    routes["/props"] = props_route(build="b1" + ALL)
+    routes["/v1/models"] = models_route(ids=("m" + HOSTILE["osc52-clipboard"],))
+    with FakeServer(routes) as fake:
+        b = ServerBackend.connect(ServerSpec(fake.url), "srv")
+        info = b.info
+        assert raw_in(repr(info.plan)) == [] and raw_in(info.target) == []
+        assert info.plan["build"].startswith("b1<osc0-title>␛]0;pwned␇")
+        assert b.model == "m" + HOSTILE["osc52-clipboard"]  # sent back to the server as it named it
+
+
+def test_credentials_in_the_url_are_sent_as_basic_auth_and_shown_nowhere() -> None:
+    with FakeServer({"/props": lambda req, body: send_json(req, 200, {})}) as fake:
+        url = fake.url.replace("http://", "http://alice:s%40cret@")
+        spec = ServerSpec(url + "/v1")
+        ServerClient(spec).get_json("/props")
+        auth = fake.requests[0][2]["Authorization"]
+        assert auth == "Basic " + base64.b64encode(b"alice:s@cret").decode()
+        assert spec.root == fake.url.replace("http://", "http://alice:***@")
+        assert "cret" not in repr(spec) and "cret" not in spec.root
+    with pytest.raises(ServerError) as err:  # the server is gone: the error names it, redacted
+        ServerClient(spec).get_json("/props")
+    assert "alice:***@" in str(err.value) and "cret" not in str(err.value)
+
+
+@pytest.mark.parametrize("url", ["http://bob:hunter2@:99999", "ftp://bob:hunter2@h"])
+def test_a_bad_url_with_credentials_is_refused_without_them(url: str) -> None:
+    with pytest.raises(ProfileError) as err:
+        ServerSpec(url)
+    assert "hunter2" not in str(err.value) and "bob:***@" in str(err.value)
+
+
+def test_a_token_as_user_name_is_hidden_whole() -> None:
+    assert ServerSpec("http://sk-token@h:8").root == "http://***@h:8"
+
+
+def test_credentials_and_a_key_variable_together_are_refused() -> None:
+    with pytest.raises(ProfileError, match="one of them") as err:
+        ServerSpec("http://u:pw@h", api_key_env="KEY")
+    assert "pw" not in str(err.value).replace("password", "")
+
+
+def never_ending(req, body):  # type: ignore[no-untyped-def]
+    """A server that ignores max_tokens: text chunks until the client goes (bounded for the test)."""
+    start_sse(req)
+    write_events(req, [chunk(f"w{i} ") for i in range(5000)])
+    write_events(req, ["data: [DONE]\n\n"])
+
+
+def test_a_server_that_streams_forever_is_cut_at_max_new_tokens() -> None:
+    with FakeServer(llama_routes(never_ending)) as fake:
+        b = ServerBackend.connect(ServerSpec(fake.url), "srv")
+        events = list(b.chat(MESSAGES, params(7)))
+    assert "".join(e.text for e in events) == "".join(f"w{i} " for i in range(7))
+    assert events[-1].finish_reason == "length"
+    assert events[-1].notice is not None and "7-token limit" in events[-1].notice
+    assert events[-1].stats.tokens == 7
+
+
+def test_a_server_that_sends_events_without_text_forever_is_cut_too() -> None:
+    def empty(req, body):  # type: ignore[no-untyped-def]
+        start_sse(req)
+        write_events(req, [chunk(None) for _ in range(5000)] + ["data: [DONE]\n\n"])
+
+    with FakeServer(llama_routes(empty)) as fake:
+        events = list(ServerBackend.connect(ServerSpec(fake.url), "srv").chat(MESSAGES, params(5)))
+    assert events[-1].finish_reason == "length"
+
+
+def test_a_reply_that_ends_at_the_budget_keeps_its_figures() -> None:
+    def exact(req, body):  # type: ignore[no-untyped-def]
+        start_sse(req)
+        write_events(req, reply_stream(["a", "b", "c"], finish="length"))
+
+    with FakeServer(llama_routes(exact)) as fake:
+        events = list(ServerBackend.connect(ServerSpec(fake.url), "srv").chat(MESSAGES, params(3)))
+    assert "".join(e.text for e in events) == "abc" and events[-1].finish_reason == "length"
+    assert events[-1].notice is None and events[-1].stats.prompt_tokens == 20  # the usage after the text was read
