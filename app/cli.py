@@ -12,6 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from app.bench.cli import add_bench_parser, cmd_bench
 from app.models_cli import add_model_options, generation_params, load_for, resolve_profile, stderr_progress
@@ -19,6 +20,7 @@ from app.models_cli import add_model_options, generation_params, load_for, resol
 __all__ = ["add_model_options", "generation_params", "load_for", "main", "resolve_profile", "stderr_progress"]
 from app.server_cli import server_profile_from_args
 from engine.errors import SpecChatError
+from engine.text_safety import inert, json_text
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -115,9 +117,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
             ids.extend(event.token_ids)
             last = event
             if event.notice:
-                print(f"specchat: {event.notice}", file=sys.stderr)
-            if not args.json:
-                print(event.text, end="", flush=True)
+                print(inert(f"specchat: {event.notice}"), file=sys.stderr)
+            if not args.json:  # shown, never obeyed: a reply's escape sequences come out visible (--json: raw)
+                print(inert(event.text), end="", flush=True)
         assert last is not None
         if args.json:
             stats = last.stats.to_dict()
@@ -126,7 +128,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             stats["fallback_reason"] = engine.info.fallback_reason
             stats["compat_note"] = engine.info.compat_note
             out = {"profile": profile.name, "text": "".join(text), "token_ids": ids, "stats": stats}
-            print(json.dumps(out, ensure_ascii=False))
+            print(json_text(out))  # the exact text, its controls as JSON escapes (C1 ones too)
         else:
             print()
     finally:
@@ -160,7 +162,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
             "source_file": str(p.source_file) if p.source_file else None,
             "description": p.description,
             "backend": p.backend,
-            "url": p.server.url if p.server else None,
+            "url": p.server.root if p.server else None,  # a password in it shown as ***
             "available": why_not is None,
             "unavailable_reason": why_not,
             "to_download": [s.source for s in to_fetch],
@@ -172,25 +174,31 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         print(json.dumps({"default": profiles.default, "files": [str(f) for f in profiles.files],
                           "user_models_file": str(user_file), "profiles": rows}, indent=2))
         return 0
+    # names, descriptions and paths come from files: shown, never obeyed (_show)
     for r in rows:
         mark = "*" if r["default"] else " "
         draft = r["draft"] and f"{r['draft']} [{r['draft_quantization']}]" or r["drafter"]
         if r["backend"] == "server":
-            print(f"{mark} {r['name']:<18} server {r['url']} (model {r['target']})")
-            print(f"  {'':<18} draft  chosen by the server")
+            _show(f"{mark} {r['name']:<18} server {r['url']} (model {r['target']})")
+            _show(f"  {'':<18} draft  chosen by the server")
         else:
-            print(f"{mark} {r['name']:<18} target {r['target']} [{r['target_quantization']}]")
-            print(f"  {'':<18} draft  {draft}")
-        print(f"  {'':<18} from   {r['source_file']}")
+            _show(f"{mark} {r['name']:<18} target {r['target']} [{r['target_quantization']}]")
+            _show(f"  {'':<18} draft  {draft}")
+        _show(f"  {'':<18} from   {r['source_file']}")
         if r["to_download"]:
             n = r["download_bytes"]
             size = (f"about {n / 1e9:.2f} GB" if n >= 1e9 else f"about {n / 1e6:.0f} MB") if n else "its models"
-            print(f"  {'':<18} first use downloads {size} ({len(r['to_download'])} model(s) not in the cache yet)")
+            _show(f"  {'':<18} first use downloads {size} ({len(r['to_download'])} model(s) not in the cache yet)")
         if r["unavailable_reason"]:
-            print(f"  {'':<18} unavailable here: {r['unavailable_reason']}")
+            _show(f"  {'':<18} unavailable here: {r['unavailable_reason']}")
     state = "" if user_file.exists() else " (not created yet)"
-    print(f"\nYour own profiles go in {user_file}{state}; SPECCHAT_CONFIG_DIR moves it.")
+    _show(f"\nYour own profiles go in {user_file}{state}; SPECCHAT_CONFIG_DIR moves it.")
     return 0
+
+
+def _show(*parts: object, **kwargs: Any) -> None:
+    """``print`` with the text made :func:`~engine.text_safety.inert`."""
+    print(*(inert(str(p)) for p in parts), **kwargs)
 
 
 def cmd_app(args: argparse.Namespace) -> int:
@@ -216,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return handlers[args.command](args)
     except SpecChatError as exc:
-        print(f"specchat: error: {exc}", file=sys.stderr)
+        print(inert(f"specchat: error: {exc}"), file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130

@@ -1,0 +1,77 @@
+"""The command line with hostile text: a server's reply and errors, profile names from a
+models file, credentials in a URL. What is printed is shown, never obeyed; no secret is printed."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from engine.text_safety import inert
+from tests.fake_server import FakeServer, llama_routes, reply_stream, send_json, start_sse, write_events
+from tests.hostile import ALL, HOSTILE, raw_in
+
+PIECES = ["Hi ", *HOSTILE.values(), " end"]
+
+
+def talker(req, body):  # type: ignore[no-untyped-def]
+    start_sse(req)
+    write_events(req, reply_stream(PIECES))
+
+
+def test_generates_text_output_shows_the_servers_escapes_inert(capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeServer(llama_routes(talker)) as fake:
+        assert main(["generate", "hi", "--server", fake.url]) == 0
+    out = capsys.readouterr()
+    assert raw_in(out.out) == [] and raw_in(out.err) == []
+    assert out.out == inert("".join(PIECES)) + "\n"
+    assert "␛]52;c;cm0gLXJmIH4=␇" in out.out and "<U+009B>2J" in out.out
+
+
+def test_generates_json_keeps_the_exact_text_as_json_escapes(capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeServer(llama_routes(talker)) as fake:
+        assert main(["generate", "hi", "--server", fake.url, "--json"]) == 0
+    out = capsys.readouterr().out
+    assert raw_in(out) == []  # the C1 ones too, which json.dumps leaves raw
+    assert json.loads(out)["text"] == "".join(PIECES)
+    assert "\\u001b]52;c;cm0gLXJmIH4=\\u0007" in out and "\\u009b2J" in out
+
+
+def test_a_servers_error_body_is_printed_inert(capsys: pytest.CaptureFixture[str]) -> None:
+    def fail(req, body):  # type: ignore[no-untyped-def]
+        send_json(req, 500, {"error": {"message": "boom" + ALL}})
+
+    with FakeServer(llama_routes(fail)) as fake:
+        assert main(["generate", "hi", "--server", fake.url]) == 2
+    err = capsys.readouterr().err
+    assert raw_in(err) == [] and "boom<osc0-title>␛]0;pwned␇" in err
+
+
+def test_profile_names_and_paths_from_a_models_file_are_printed_inert(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    models = tmp_path / "models.toml"
+    evil = "evil\\u001b]52;c;cm0gLXJmIH4=\\u0007\\u009b2J"
+    models.write_text(f'[profiles."{evil}"]\ntarget = "org/m{evil}"\ndrafter = "ngram"\n'
+                      f'description = "d{evil}"\n', encoding="utf-8")
+    assert main(["profiles", "--models", str(models)]) == 0
+    out = capsys.readouterr().out
+    assert raw_in(out) == [] and "evil␛]52;c;cm0gLXJmIH4=␇<U+009B>2J" in out
+    assert main(["profiles", "--models", str(models), "--json"]) == 0
+    out = capsys.readouterr().out
+    assert raw_in(out) == [] and any(p["name"].startswith("evil\x1b]52") for p in json.loads(out)["profiles"])
+
+
+def test_a_key_given_as_the_variables_name_is_refused_unprinted(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["generate", "hi", "--server", "http://127.0.0.1:9", "--api-key-env", "sk-live-abc123"]) == 2
+    err = capsys.readouterr().err
+    assert "sk-live-abc123" not in err and "--api-key-env must name an environment variable" in err
+
+
+def test_a_password_in_the_server_url_is_never_printed(capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeServer({}) as fake:  # answers 404 to everything: the error names the server
+        url = fake.url.replace("http://", "http://alice:hunter2@")
+        assert main(["generate", "hi", "--server", url]) == 2
+        assert fake.requests and all(r[2].get("Authorization", "").startswith("Basic ") for r in fake.requests)
+    err = capsys.readouterr().err
+    assert "hunter2" not in err and "alice:***@" in err
