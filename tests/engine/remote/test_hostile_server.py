@@ -3,13 +3,11 @@ a reply that never ends. Nothing it says may reach a terminal raw; no secret is 
 from __future__ import annotations
 
 import base64
-import threading
-from typing import Any
 
 import pytest
 
 from engine.config.server import ServerSpec
-from engine.errors import EngineError, ProfileError
+from engine.errors import ProfileError
 from engine.events import ChatMessage, GenerationParams, SamplingParams
 from engine.remote.backend import ServerBackend
 from engine.remote.client import ServerClient, ServerError
