@@ -22,6 +22,7 @@ from markdown_it import MarkdownIt
 from app.ui.formatting import reply_summary
 from app.ui.widgets.reply_markdown import ReplyMarkdown
 from app.store.pieces import Pieces, extend_pieces, merge_pieces
+from engine.text_safety import inert
 
 SOURCE_STYLES = {
     "draft": "$text on $success-muted",
@@ -63,7 +64,7 @@ def pieces_content(pieces: Iterable[tuple[str, str]]) -> Content:
     """Reply text with each run styled by its source, its Markdown still read as Markdown:
     code fences lose their ``` lines and are indented, headings lose their #s and are bold.
     The characters of every token shown keep their source's colour."""
-    runs = list(pieces)
+    runs = [(inert(t), src) for t, src in pieces]  # shown, never obeyed: each piece's escapes made visible
     text = "".join(t for t, _ in runs)
     sources: list[str] = []
     for t, src in runs:
@@ -119,12 +120,12 @@ def pieces_content(pieces: Iterable[tuple[str, str]]) -> Content:
 
 
 class UserMessage(Static):
-    """A prompt the user sent (shown verbatim)."""
+    """A prompt the user sent (shown verbatim, its control characters made visible)."""
 
     role = "user"
 
     def __init__(self, text: str, message_id: int | None = None) -> None:
-        super().__init__(Content(text), classes="message user")
+        super().__init__(Content(inert(text)), classes="message user")
         self.text = text
         self.border_title = "you"
         self.message_id = message_id
@@ -181,7 +182,7 @@ class AssistantMessage(Vertical):
         self.finish_reason = finish_reason
         self.stats = stats
         self._show_sources = show_sources
-        self.border_title = profile or "assistant"
+        self.border_title = inert(profile or "assistant")
         self.set_class(show_sources, "-sources")
 
     def compose(self) -> ComposeResult:
@@ -271,7 +272,7 @@ class AssistantMessage(Vertical):
     def set_superseded(self) -> None:
         """Answered again: this earlier reply stays, dimmed, and is no longer sent to the model."""
         self.add_class("-superseded")
-        self.border_title = f"{self.profile or 'assistant'} · earlier reply"
+        self.border_title = inert(f"{self.profile or 'assistant'} · earlier reply")
 
     def set_show_sources(self, show: bool) -> None:
         """Switch between Markdown and the token-source colour view."""

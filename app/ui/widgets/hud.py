@@ -35,6 +35,7 @@ from app.ui.widgets.chat_view import SOURCE_STYLES, drafted_sources, legend
 from app.ui.widgets.hud_line import status_line
 from engine.api import EngineInfo
 from engine.events import ReplyStats
+from engine.text_safety import inert, is_inert
 
 if TYPE_CHECKING:
     from engine.config.profiles import ModelProfile
@@ -233,7 +234,11 @@ class Hud(VerticalScroll):
 
     def _show(self, selector: str, content: Content) -> None:
         """Update one part only when its text changed: every update lays the whole screen
-        out again, and while a reply streams most parts stay the same."""
+        out again, and while a reply streams most parts stay the same. Names and errors
+        come from models files and servers: a part holding a control character is shown
+        plain, made :func:`~engine.text_safety.inert` (its colours dropped, never obeyed)."""
+        if not is_inert(content.plain):
+            content = Content(inert(content.plain))
         key = (content.plain, tuple(content.spans))  # Content's == compares the text alone
         if self._shown.get(selector) != key:
             self._shown[selector] = key

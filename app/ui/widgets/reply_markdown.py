@@ -12,17 +12,25 @@ highlighted by their named language only.
 
 Whatever streaming shows, :meth:`AssistantMessage.finish` renders the whole
 text once more from a fresh parse, so the finished reply is exactly Markdown's.
+
+Every text given to a reply is made :func:`~engine.text_safety.inert` first:
+Textual passes a control character in a widget's text through to the terminal,
+so a model's (or a server's, or a saved chat's) escape sequence would be obeyed.
 """
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Any
 
 from pygments.lexers import get_lexer_by_name
 from pygments.util import ClassNotFound
+from textual.await_complete import AwaitComplete
 from textual.containers import Horizontal, Vertical
 from textual.content import Content
 from textual.widgets import Markdown
 from textual.widgets.markdown import MarkdownBlock, MarkdownFence
+
+from engine.text_safety import inert
 
 try:  # Textual's list widgets are not public: without them lists are rebuilt, as Textual does
     from textual.widgets._markdown import MarkdownBullet, MarkdownBulletList, MarkdownListItem, MarkdownOrderedList
@@ -115,3 +123,14 @@ class ReplyMarkdown(Markdown):
     """Markdown for replies: :class:`ReplyFence` for code blocks, lists that grow in place."""
 
     BLOCKS = {**Markdown.BLOCKS, "fence": ReplyFence, "code_block": ReplyFence, **LIST_BLOCKS}
+
+    def __init__(self, markdown: str | None = None, **kwargs: Any) -> None:
+        super().__init__(inert(markdown) if markdown else markdown, **kwargs)
+
+    def update(self, markdown: str) -> AwaitComplete:
+        """Show ``markdown`` (made inert) instead."""
+        return super().update(inert(markdown))
+
+    def append(self, markdown: str) -> AwaitComplete:
+        """Add ``markdown`` (made inert: per character, so pieces join as the whole would)."""
+        return super().append(inert(markdown))
