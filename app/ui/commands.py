@@ -15,6 +15,7 @@ from textual.command import DiscoveryHit, Hit, Hits, Provider
 
 from app.ui.engine_host import EngineHost
 from app.ui.labels import profile_pair
+from engine.text_safety import inert
 
 
 class CommandsApp(Protocol):
@@ -42,7 +43,7 @@ class ProfileCommands(Provider):
             if name == current:
                 continue
             profile = engine.profiles.get(name)
-            out.append((name, f"Switch to profile {name}", profile_pair(profile)))
+            out.append((name, inert(f"Switch to profile {name}"), inert(profile_pair(profile))))
         return out
 
     async def discover(self) -> Hits:

@@ -12,6 +12,7 @@ from app.ui.formatting import fmt_float, fmt_percent, fmt_rate, fmt_speedup, mod
 from app.store.history import History, HistoryError
 from app.store.paths import data_dir, ensure_private_dir
 from app.ui.screens.edit import EditScreen
+from engine.text_safety import inert
 
 
 def default_export_path(chat_id: int, title: str) -> Path:
@@ -45,7 +46,8 @@ def stats_line(stats: dict[str, Any]) -> str:
 
 
 def chat_markdown(history: History, chat_id: int) -> str:
-    """The chat as a Markdown document."""
+    """The chat as a Markdown document, its control characters written as visible stand-ins
+    (:func:`~engine.text_safety.inert`): ``cat`` or a pager must not obey a reply's escapes."""
     chat = history.get_chat(chat_id)
     if chat is None:
         raise HistoryError(f"Chat {chat_id} does not exist.")
@@ -65,7 +67,7 @@ def chat_markdown(history: History, chat_id: int) -> str:
                 lines += ["", "*(stopped)*"]
             if msg.stats:
                 lines += ["", f"> {stats_line(msg.stats)}"]
-    return "\n".join(lines) + "\n"
+    return inert("\n".join(lines) + "\n")
 
 
 def export_chat(history: History, chat_id: int, path: Path | None = None) -> Path:

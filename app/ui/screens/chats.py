@@ -16,19 +16,21 @@ from app.ui.archive import Archive
 from app.ui.export import ask_export
 from app.ui.screens.dialog import Dialog
 from app.ui.screens.edit import ConfirmScreen, EditScreen
+from engine.text_safety import inert
 
 ChatsResult = tuple[str, "int | None"]
 """``("open", chat_id)`` or ``("new", None)``."""
 
 
 def chat_option(chat: ChatRecord, current: bool) -> Option:
+    """A saved chat's row; its title and profile come from the history file: shown, never obeyed."""
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(chat.updated))
     return Option(
         Content.assemble(
-            (chat.title, "bold"),
+            (inert(chat.title), "bold"),
             ("  ● open" if current else "", "$text-success"),
             "\n  ",
-            (f"{when} · {chat.profile or '—'} · {chat.message_count} messages", "$text-muted"),
+            (inert(f"{when} · {chat.profile or '—'} · {chat.message_count} messages"), "$text-muted"),
         ),
         id=str(chat.id),
     )
@@ -76,7 +78,7 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
         try:
             chats = history.list_chats() if history is not None else []
         except HistoryError as exc:
-            self.notify(str(exc), severity="error", markup=False)
+            self.notify(inert(str(exc)), severity="error", markup=False)
             chats = []
         if not chats:
             option_list.add_option(Option(Content.styled("No saved chats yet.", "$text-muted"), disabled=True))
@@ -109,7 +111,7 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
                 self._archive.db(self._archive.history.rename_chat, chat.id, title.strip())
                 self._reload()
 
-        self.ask(EditScreen("Rename chat", chat.title), done)
+        self.ask(EditScreen("Rename chat", inert(chat.title)), done)
 
     def action_delete(self) -> None:
         chat = self._selected_chat()
@@ -122,7 +124,7 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
                 self.post_message(self.Deleted(chat.id))
                 self._reload()
 
-        self.ask(ConfirmScreen(f"Delete “{chat.title}” and its {chat.message_count} messages?"), done)
+        self.ask(ConfirmScreen(inert(f"Delete “{chat.title}” and its {chat.message_count} messages?")), done)
 
     def action_export(self) -> None:
         chat = self._selected_chat()
@@ -130,5 +132,5 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
         if chat is None or history is None:
             return
         self.ask(*ask_export(history, chat.id, chat.title,
-                             lambda text, severity: self.notify(text, severity=severity,  # type: ignore[arg-type]
+                             lambda text, severity: self.notify(inert(text), severity=severity,  # type: ignore[arg-type]
                                                                 title="Export", markup=False)))

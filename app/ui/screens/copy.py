@@ -15,6 +15,7 @@ from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
 from app.ui.screens.dialog import Dialog
+from engine.text_safety import inert
 
 
 @dataclass(frozen=True)
@@ -83,7 +84,7 @@ class CopyScreen(Dialog["CopyChoice | None"]):
         with Vertical(classes="dialog picker-dialog"):
             yield Label("Copy to the clipboard", classes="dialog-title")
             yield Label("Enter copies · Esc cancels", classes="dialog-hint")
-            yield OptionList(*[Option(Content(c.label), id=str(i)) for i, c in enumerate(self._choices)],
+            yield OptionList(*[Option(Content(inert(c.label)), id=str(i)) for i, c in enumerate(self._choices)],
                              id="copy-list")
 
     def on_mount(self) -> None:

@@ -7,17 +7,19 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Input, Label, TextArea
 
 from app.ui.screens.dialog import Dialog
+from engine.text_safety import inert
 
 
 class EditScreen(Dialog["str | None"]):
-    """Ask for text; dismisses with the text, or None when cancelled."""
+    """Ask for text; dismisses with the text, or None when cancelled. The title and the text
+    to edit (a saved title, a system prompt, a message) are shown inert: visible, never obeyed."""
 
     BINDINGS = [Binding("ctrl+s", "save", "Save", priority=True)]
 
     def __init__(self, title: str, value: str = "", *, multiline: bool = False, hint: str = "") -> None:
         super().__init__()
-        self._title = title
-        self._value = value
+        self._title = inert(title)
+        self._value = inert(value)
         self._multiline = multiline
         self._hint = hint
 
@@ -60,7 +62,7 @@ class ConfirmScreen(Dialog[bool]):
 
     def __init__(self, question: str) -> None:
         super().__init__()
-        self._question = question
+        self._question = inert(question)
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog confirm-dialog"):

@@ -11,6 +11,7 @@ from textual.widgets.option_list import Option
 
 from app.ui.labels import profile_pair
 from app.ui.screens.dialog import Dialog
+from engine.text_safety import inert
 
 if TYPE_CHECKING:
     from engine.config.profiles import ModelProfile, Profiles
@@ -18,7 +19,8 @@ if TYPE_CHECKING:
 
 def profile_option(profile: "ModelProfile", *, current: bool, default: bool, unavailable: str | None = None) -> Option:
     """One line with the name and badges, one with the pair, one with the description;
-    an unavailable profile says why and cannot be picked."""
+    an unavailable profile says why and cannot be picked. Names and descriptions come from
+    models files: shown, never obeyed (:func:`~engine.text_safety.inert`)."""
     badges = []
     if current:
         badges.append(("  ● current", "$text-success"))
@@ -28,16 +30,16 @@ def profile_option(profile: "ModelProfile", *, current: bool, default: bool, una
     if profile.backend == "server":
         k = "drafting and K set by the server"
     prompt = Content.assemble(
-        (profile.name, "bold"),
+        (inert(profile.name), "bold"),
         *badges,
         "\n  ",
-        profile_pair(profile),
+        inert(profile_pair(profile)),
         (f"  · {k}" if profile.backend == "server" else f"  · {profile.drafter} · {k}", "$text-muted"),
     )
     if profile.description:
-        prompt = Content.assemble(prompt, "\n  ", (profile.description, "$text-muted italic"))
+        prompt = Content.assemble(prompt, "\n  ", (inert(profile.description), "$text-muted italic"))
     if unavailable:
-        prompt = Content.assemble(prompt, "\n  ", (f"unavailable: {unavailable}", "$text-error"))
+        prompt = Content.assemble(prompt, "\n  ", (inert(f"unavailable: {unavailable}"), "$text-error"))
     return Option(prompt, id=profile.name, disabled=unavailable is not None)
 
 
