@@ -37,6 +37,7 @@ from app.ui.screens.dialog import AskDialog, Dialog
 from app.ui.screens.edit import EditScreen
 from app.ui.screens.help import HelpScreen
 from app.ui.screens.profiles import ProfilePicker
+from app.ui.terminal_safety import SafeTerminal
 from app.ui.widgets.conversation import Conversation
 from app.ui.widgets.prompt import PromptArea
 from engine.errors import SpecChatError
@@ -45,7 +46,7 @@ if TYPE_CHECKING:
     from engine.config.profiles import ModelProfile, Profiles
 
 
-class SpecChatApp(App[None]):
+class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes shown, never obeyed
     """The chat app. ``loader`` and ``profiles_loader`` are injectable for tests."""
 
     CSS_PATH = "specchat.tcss"

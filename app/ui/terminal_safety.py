@@ -1,0 +1,115 @@
+"""The app's side of terminal safety: the window title, pastes, and the terminal's input.
+
+Each widget that shows text from outside makes it :func:`~engine.text_safety.inert`
+itself; :class:`SafeTerminal`, mixed into the App, covers what belongs to the
+App: its title and sub-title (a saved chat's title, a profile's name) and every
+bracketed paste, whichever widget it goes to (a paste's ESC would otherwise be
+shown raw by the prompt box and sent to the model).
+
+Textual's input parser ends a bracketed paste at the first ESC inside it and
+sends the rest as key presses *before* the paste: a paste holding an escape
+sequence came out reordered. :class:`PasteParser` takes each bracketed paste
+whole out of the input before the parser sees it. A read that ends in the first
+characters of the start marker (``ESC [``, ``ESC [ 2``, ...) keeps them until the
+next read or the next tick (a tenth of a second); a lone ESC goes on at once, as
+the Esc key must, so a start marker split right after its ESC still goes the
+parser's own way.
+"""
+from __future__ import annotations
+
+from collections.abc import Iterable
+from textual import events
+from textual._xterm_parser import XTermParser
+from textual.driver import Driver
+from textual.message import Message
+
+from engine.text_safety import inert
+
+PASTE_START = "\x1b[200~"
+PASTE_END = "\x1b[201~"
+
+
+def pasted_text(text: str) -> str:
+    """A paste as the app takes it: line breaks as ``\\n`` (terminals send ``\\r``), every other
+    control character shown, never obeyed."""
+    return inert(text.replace("\r\n", "\n").replace("\r", "\n"))
+
+
+class PasteParser(XTermParser):
+    """Textual's input parser, with each bracketed paste taken out whole and in its place."""
+
+    def __init__(self, debug: bool = False) -> None:
+        super().__init__(debug)
+        self._paste: str | None = None
+        """The paste read so far while inside one, else None."""
+        self._held = ""
+        """The end of the last read, when it may be the start of a paste's start marker."""
+
+    def feed(self, data: str) -> Iterable[Message]:
+        if not data:  # the end of input
+            held, self._held = self._held, ""
+            return [*(super().feed(held) if held else ()), *super().feed(data)]
+        data, self._held = self._held + data, ""
+        out: list[Message] = []
+        while data:
+            if self._paste is None:
+                start = data.find(PASTE_START)
+                if start < 0:
+                    keep = next((n for n in range(len(PASTE_START) - 1, 1, -1)
+                                 if data.endswith(PASTE_START[:n])), 0)
+                    if keep:
+                        data, self._held = data[:-keep], data[-keep:]
+                    if data:
+                        out.extend(super().feed(data))
+                    break
+                if start:
+                    out.extend(super().feed(data[:start]))
+                self._paste, data = "", data[start + len(PASTE_START):]
+            else:
+                text = self._paste + data
+                end = text.find(PASTE_END)
+                if end < 0:
+                    self._paste = text
+                    break
+                out.append(events.Paste(text[:end].replace("\x00", "")))
+                self._paste, data = None, text[end + len(PASTE_END):]
+        return out
+
+    def tick(self) -> Iterable[Message]:
+        held, self._held = self._held, ""
+        return [*(super().feed(held) if held else ()), *super().tick()]
+
+
+def safe_driver_class(base: type[Driver]) -> type[Driver]:
+    """``base`` (Textual's driver for this platform), reading input with :class:`PasteParser`
+    where it is Textual's Linux driver; any other driver as it is."""
+    from textual.drivers import linux_driver
+
+    if base is not linux_driver.LinuxDriver:
+        return base
+
+    class PasteSafeLinuxDriver(linux_driver.LinuxDriver):
+        def run_input_thread(self) -> None:
+            linux_driver.XTermParser = PasteParser  # type: ignore[misc]  # the parser this loop makes
+            super().run_input_thread()
+
+    return PasteSafeLinuxDriver
+
+
+class SafeTerminal:
+    """Mixed into the App: its titles made inert, pastes whole and inert, the paste-safe driver."""
+
+    def validate_title(self, title: str) -> str:
+        return inert(str(title))
+
+    def validate_sub_title(self, sub_title: str) -> str:
+        return inert(str(sub_title))
+
+    def get_driver_class(self) -> type[Driver]:
+        return safe_driver_class(super().get_driver_class())  # type: ignore[misc]
+
+    async def on_event(self, event: events.Event) -> None:
+        if isinstance(event, events.Paste) and not event.is_forwarded:
+            event.text = pasted_text(event.text)
+        await super().on_event(event)  # type: ignore[misc]
+
