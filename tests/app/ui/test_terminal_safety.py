@@ -1,0 +1,160 @@
+"""Nothing from a model, a server, a saved chat, a profile or a paste reaches the terminal raw.
+
+Each test puts the hostile sequences (OSC 0/8/52, CSI 2J, DCS, C1 CSI/OSC) through one path
+of the app and checks what a full repaint writes to the terminal (tests.app.terminal)."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+
+from app.store.history import History
+from app.ui.app import SpecChatApp
+from app.ui.export import chat_markdown
+from app.ui.screens.chats import ChatsScreen
+from app.ui.screens.profiles import ProfilePicker
+from app.ui.widgets.chat_view import AssistantMessage, UserMessage
+from app.ui.widgets.hud import Hud
+from app.ui.widgets.prompt import PromptArea
+from engine.config.profiles import ModelProfile, ModelSpec, Profiles, profile_from_server
+from tests.app.fakes import FakeLoader, make_profiles
+from tests.app.helpers import ready, send, wait_for
+from tests.app.terminal import foreign_controls, screen_output
+from tests.fake_server import FakeServer, llama_routes, props_route, reply_stream, send_json, start_sse, write_events
+from tests.hostile import ALL, HOSTILE, raw_in
+
+pytestmark = pytest.mark.anyio
+SIZE = (120, 60)
+
+
+def clean(app: SpecChatApp) -> None:
+    """The screen as the terminal would get it holds no control character but Textual's own."""
+    out = screen_output(app)
+    assert foreign_controls(out) == []
+    assert "␛" in out  # the sequences are there to read, as visible characters
+
+
+def hostile_script() -> tuple[tuple[tuple[str, str], ...], ...]:
+    return tuple(((f"<{name}>", "draft"), (seq, "target"), (" ok\n\n", "draft")) for name, seq in HOSTILE.items())
+
+
+async def test_a_models_reply_is_shown_inert_while_it_streams_and_after(make_app: Callable[..., SpecChatApp]) -> None:
+    loader = FakeLoader(script=hostile_script(), hold_after=3)
+    app = make_app(loader=loader)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await send(pilot, "hello")
+        await wait_for(pilot, lambda: loader.backends and loader.backends[-1].held.is_set(), timeout=10)
+        await pilot.pause()
+        clean(app)  # mid-reply
+        loader.backends[-1].release.set()
+        await wait_for(pilot, lambda: not app.conversation.generating, timeout=10)
+        reply = app.query_one(AssistantMessage)
+        assert reply.text == "".join(t for rnd in hostile_script() for t, _ in rnd)  # kept exact
+        clean(app)
+        app.conversation.show_sources = True  # the colour view shows the same text
+        await pilot.pause()
+        clean(app)
+
+
+async def test_a_saved_chat_title_and_messages_are_shown_inert(make_app: Callable[..., SpecChatApp]) -> None:
+    history = History.open()
+    chat = history.create_chat("title" + ALL, "fast")
+    history.add_message(chat, "user", "asked" + ALL)
+    history.add_message(chat, "assistant", "said" + ALL, profile="fast" + HOSTILE["osc0-title"],
+                        finish_reason="eos")
+    history.close()
+    app = make_app()
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen))
+        clean(app)  # the chats list
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.query(UserMessage) and app.query(AssistantMessage))
+        await pilot.pause()
+        assert raw_in(app.sub_title) == [] and "title<osc0-title>␛]0;pwned␇" in app.sub_title
+        clean(app)  # the transcript, and the title bar
+
+
+def test_an_export_writes_the_escapes_as_visible_characters() -> None:
+    history = History.open()
+    chat = history.create_chat("title" + ALL, "fast", system_prompt="sys" + ALL)
+    history.add_message(chat, "user", "asked" + ALL)
+    history.add_message(chat, "assistant", "said\tand\n" + ALL, profile="p" + ALL, finish_reason="eos")
+    text = chat_markdown(history, chat)
+    history.close()
+    assert raw_in(text) == [] and "said\tand\n<osc0-title>␛]0;pwned␇" in text
+
+
+def hostile_profiles() -> Profiles:
+    base = make_profiles()
+    evil = ModelProfile(name="evil" + HOSTILE["osc52-clipboard"], target=ModelSpec("org/T" + HOSTILE["c1-csi"]),
+                        drafter="ngram", description="about" + ALL)
+    return Profiles({**base.profiles, evil.name: evil}, default="fast", files=())
+
+
+async def test_profile_names_and_descriptions_are_shown_inert(make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app(profiles_loader=hostile_profiles)
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: isinstance(app.screen, ProfilePicker))
+        await pilot.pause()
+        clean(app)
+        await pilot.press("escape")
+        await pilot.press("ctrl+p")  # the command palette offers a switch to each profile
+        await pilot.pause(0.3)
+        await pilot.press(*"evil")
+        await pilot.pause(0.5)
+        assert foreign_controls(screen_output(app)) == []
+
+
+async def test_a_paste_keeps_its_order_and_comes_in_inert(make_app: Callable[..., SpecChatApp]) -> None:
+    from textual import events
+
+    app = make_app()
+    async with app.run_test(size=SIZE, notifications=True) as pilot:
+        await ready(pilot)
+        prompt = app.query_one(PromptArea)
+        prompt.focus()
+        app.post_message(events.Paste("first\r\nsecond" + ALL + "last"))
+        await pilot.pause()
+        assert prompt.text.startswith("first\nsecond<osc0-title>␛]0;pwned␇") and prompt.text.endswith("last")
+        assert raw_in(prompt.text) == []
+        clean(app)
+
+
+def hostile_server() -> FakeServer:
+    def chat(req, body):  # type: ignore[no-untyped-def]
+        if body["messages"][-1]["content"] == "fail":
+            send_json(req, 500, {"error": {"message": "boom" + ALL}})
+            return
+        start_sse(req)
+        write_events(req, reply_stream(["Hi ", *HOSTILE.values()]))
+    routes = llama_routes(chat)
+    routes["/props"] = props_route(build="b1" + ALL)
+    return FakeServer(routes)
+
+
+async def test_a_servers_reply_errors_and_build_are_shown_inert() -> None:
+    with hostile_server() as fake:
+        url = fake.url.replace("http://", "http://alice:hunter2@")
+        app = SpecChatApp(server_profile=profile_from_server(url), profiles_loader=make_profiles)
+        async with app.run_test(size=SIZE, notifications=True) as pilot:
+            await wait_for(pilot, lambda: app.engine.backend is not None and not app.engine.loading, timeout=30)
+            await send(pilot, "hi")
+            await wait_for(pilot, lambda: not app.conversation.generating and app.query(AssistantMessage),
+                           timeout=30)
+            hud = app.query_one(Hud)
+            hud.flush(force=True)
+            await pilot.pause()
+            out = screen_output(app)
+            assert foreign_controls(out) == [] and "hunter2" not in out
+            assert "hunter2" not in app.sub_title and "alice:***@" in app.sub_title
+            await send(pilot, "fail")
+            await wait_for(pilot, lambda: not app.conversation.generating and len(app.query(AssistantMessage)) == 2,
+                           timeout=30)
+            await pilot.pause()
+            out = screen_output(app)
+            assert "boom" in out and foreign_controls(out) == []  # the error's toast
