@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from app.bench.inputs import PromptSpec, ProgressBar, load_prompt_set, render, select_prompts
 from app.bench.methods import ALL_METHODS
 from engine.errors import SpecChatError
+from engine.text_safety import inert
 
 if TYPE_CHECKING:
     from app.bench.exact import Judge
@@ -301,8 +302,8 @@ def _output(report: dict[str, Any], args: argparse.Namespace) -> int:
         print(f"JSON written to {args.json_out}", file=sys.stderr)
     if args.chart:
         print(write_chart(results, args.chart), file=sys.stderr)
-    print(f"{report['profile']['name']}: {report['profile']['target']} + {report['profile']['drafter']} "
-          f"on {report['machine']['device']}, {args.max_new_tokens} new tokens, {args.repeats} repeat(s)")
+    print(inert(f"{report['profile']['name']}: {report['profile']['target']} + {report['profile']['drafter']} "
+                f"on {report['machine']['device']}, {args.max_new_tokens} new tokens, {args.repeats} repeat(s)"))
     print(format_table(results))
     print()
     print(format_class_speedups(results))

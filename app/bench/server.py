@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 from engine.errors import SpecChatError
 from engine.events import GenerationParams, SamplingParams
+from engine.text_safety import inert
 
 if TYPE_CHECKING:
     from app.bench.inputs import PromptSpec
@@ -222,9 +223,9 @@ def cmd_bench_server(args: argparse.Namespace, profile: "ModelProfile") -> int:
         args.json_out.write_text(json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
         print(f"JSON written to {args.json_out}", file=sys.stderr)
     for note in sides.notes:
-        print(f"specchat bench: {note}", file=sys.stderr)
-    print(f"{sides.spec.kind} server at {sides.spec.spec.root} ({sides.spec.model}); plain side: "
-          f"{report['plain_side']}; {args.max_new_tokens} new tokens, {args.repeats} repeat(s), greedy; "
-          f"rates from the {' and '.join(rate_sources)}")
+        print(inert(f"specchat bench: {note}"), file=sys.stderr)
+    print(inert(f"{sides.spec.kind} server at {sides.spec.spec.root} ({sides.spec.model}); plain side: "
+                f"{report['plain_side']}; {args.max_new_tokens} new tokens, {args.repeats} repeat(s), greedy; "
+                f"rates from the {' and '.join(rate_sources)}"))  # the model's name is the server's
     print(format_table(results))
     return 0

@@ -9,7 +9,7 @@ import pytest
 
 from app.cli import main
 from engine.text_safety import inert
-from tests.fake_server import FakeServer, llama_routes, reply_stream, send_json, start_sse, write_events
+from tests.fake_server import FakeServer, llama_routes, models_route, reply_stream, send_json, start_sse, write_events
 from tests.hostile import ALL, HOSTILE, raw_in
 
 PIECES = ["Hi ", *HOSTILE.values(), " end"]
@@ -75,3 +75,18 @@ def test_a_password_in_the_server_url_is_never_printed(capsys: pytest.CaptureFix
         assert fake.requests and all(r[2].get("Authorization", "").startswith("Basic ") for r in fake.requests)
     err = capsys.readouterr().err
     assert "hunter2" not in err and "alice:***@" in err
+
+
+def test_bench_prints_the_servers_model_name_inert(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    def chat(req, body):  # type: ignore[no-untyped-def]
+        start_sse(req)
+        write_events(req, reply_stream(["An", " answer"]))
+
+    routes = llama_routes(chat)
+    routes["/v1/models"] = models_route(ids=("m" + HOSTILE["osc52-clipboard"],))
+    with FakeServer(routes) as fake:
+        code = main(["bench", "--server", fake.url, "--per-class", "1", "--repeats", "1", "--max-new-tokens", "4",
+                     "--json", str(tmp_path / "b.json")])
+    out = capsys.readouterr()
+    assert code == 0 and raw_in(out.out) == [] and raw_in(out.err) == []
+    assert "(m␛]52;c;cm0gLXJmIH4=␇)" in out.out
