@@ -223,7 +223,7 @@ class AssistantMessage(Vertical):
         summary = reply_summary(self.stats)
         if summary:
             parts.append(summary)
-        return Content(" · ".join(parts))
+        return Content(inert(" · ".join(parts)))  # saved stats come from the history file
 
     def _set_classes(self, **classes: bool) -> None:
         """Set this reply's state classes. They style the box and its own children only

@@ -24,6 +24,8 @@ from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import TextArea
 
+from engine.text_safety import inert
+
 NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
 
 
@@ -155,6 +157,11 @@ class PromptArea(TextArea):
         self.prompts = []
         for text in prompts:
             self.remember(text)
+
+    def load_text(self, text: str) -> None:
+        """Show ``text`` (a recalled prompt from the history, refused text put back) with its
+        control characters made visible: the box draws its text as it is."""
+        super().load_text(inert(text))
 
     def restore(self, text: str) -> None:
         """Put refused text back, ahead of anything typed since."""

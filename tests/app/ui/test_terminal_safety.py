@@ -62,7 +62,7 @@ async def test_a_saved_chat_title_and_messages_are_shown_inert(make_app: Callabl
     chat = history.create_chat("title" + ALL, "fast")
     history.add_message(chat, "user", "asked" + ALL)
     history.add_message(chat, "assistant", "said" + ALL, profile="fast" + HOSTILE["osc0-title"],
-                        finish_reason="eos")
+                        finish_reason="eos", stats={"mode": "spec", "server": "srv" + ALL, "tokens": 3})
     history.close()
     app = make_app()
     async with app.run_test(size=SIZE, notifications=True) as pilot:
@@ -75,6 +75,12 @@ async def test_a_saved_chat_title_and_messages_are_shown_inert(make_app: Callabl
         await pilot.pause()
         assert raw_in(app.sub_title) == [] and "title<osc0-title>␛]0;pwned␇" in app.sub_title
         clean(app)  # the transcript, and the title bar
+        prompt = app.query_one(PromptArea)
+        prompt.focus()
+        await pilot.press("up")  # the box recalls the saved prompt
+        await pilot.pause()
+        assert prompt.text.startswith("asked<osc0-title>␛]0;pwned␇")
+        clean(app)
 
 
 def test_an_export_writes_the_escapes_as_visible_characters() -> None:
