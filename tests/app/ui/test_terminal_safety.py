@@ -12,6 +12,7 @@ from app.store.history import History
 from app.ui.app import SpecChatApp
 from app.ui.export import chat_markdown
 from app.ui.screens.chats import ChatsScreen
+from app.ui.screens.copy import CopyScreen
 from app.ui.screens.profiles import ProfilePicker
 from app.ui.widgets.chat_view import AssistantMessage, UserMessage
 from app.ui.widgets.hud import Hud
@@ -81,6 +82,10 @@ async def test_a_saved_chat_title_and_messages_are_shown_inert(make_app: Callabl
         await pilot.pause()
         assert prompt.text.startswith("asked<osc0-title>␛]0;pwned␇")
         clean(app)
+        await pilot.press("f7")  # the copy dialog previews the messages
+        await wait_for(pilot, lambda: isinstance(app.screen, CopyScreen))
+        await pilot.pause()
+        clean(app)
 
 
 def test_an_export_writes_the_escapes_as_visible_characters() -> None:
@@ -114,6 +119,16 @@ async def test_profile_names_and_descriptions_are_shown_inert(make_app: Callable
         await pilot.press(*"evil")
         await pilot.pause(0.5)
         assert foreign_controls(screen_output(app)) == []
+        await pilot.press("escape")
+        app.switch_profile("evil" + HOSTILE["osc52-clipboard"])  # loaded: the title bar, the HUD
+        await wait_for(pilot, lambda: app.engine.profile is not None and app.engine.profile.name.startswith("evil")
+                       and app.engine.backend is not None and not app.engine.loading, timeout=10)
+        await send(pilot, "hi")
+        await wait_for(pilot, lambda: not app.conversation.generating and app.query(AssistantMessage), timeout=10)
+        app.query_one(Hud).flush(force=True)
+        await pilot.pause()
+        assert "evil␛]52;c;cm0gLXJmIH4=␇" in app.sub_title
+        clean(app)
 
 
 async def test_a_paste_keeps_its_order_and_comes_in_inert(make_app: Callable[..., SpecChatApp]) -> None:
