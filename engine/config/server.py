@@ -113,7 +113,8 @@ def parse_server_spec(raw: dict[str, Any], where: str) -> ServerSpec:
         raise ProfileError(f"{where}: backend = \"server\" needs url = \"http://HOST:PORT\"")
     for key in ("url", "model", "api_key_env"):
         if key in raw and not isinstance(raw[key], str):
-            raise ProfileError(f"{where}: {key} must be a string, got {raw[key]!r}")
+            got = "" if key == "api_key_env" else f", got {raw[key]!r}"  # never print what may be a key
+            raise ProfileError(f"{where}: {key} must be a string{got}")
     timeout = raw.get("timeout", DEFAULT_TIMEOUT_S)
     try:
         return ServerSpec(url=raw["url"], model=raw.get("model"), api_key_env=raw.get("api_key_env"),

@@ -42,6 +42,7 @@ def test_server_profile_keys(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     ('backend = "server"\nurl = "localhost:8080"\n', "must look like http://"),
     ('backend = "server"\nurl = "http://h:99999"\n', "invalid port"),
     ('backend = "server"\nurl = "http://h"\napi_key_env = "sk-1234-secret"\n', "never put the key itself"),
+    ('backend = "server"\nurl = "http://h"\napi_key_env = 998877665544\n', "api_key_env must be a string"),
     ('backend = "server"\nurl = "http://h"\ntimeout = -1\n', "positive number of seconds"),
     ('backend = "server"\nurl = "http://h"\ndrafter = "model"\n', "'drafter' does not apply to backend"),
     ('backend = "server"\nurl = "http://h"\ntemperature = "hot"\n', "temperature must be a number"),
@@ -52,7 +53,7 @@ def test_bad_server_profiles_say_what_to_fix(tmp_path: Path, body: str, words: s
     with pytest.raises(ProfileError) as err:
         load_profiles(path)
     assert words in str(err.value) and "remote" in str(err.value)
-    assert "secret" not in str(err.value)
+    assert "secret" not in str(err.value) and "998877665544" not in str(err.value)
 
 
 def test_local_backend_may_be_named(tmp_path: Path) -> None:
