@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 from app.server_cli import load_server, server_profile_from_args
 from engine.errors import SpecChatError
+from engine.text_safety import inert
 
 if TYPE_CHECKING:
     from engine.api import ChatBackend
@@ -91,6 +92,7 @@ def generation_params(args: argparse.Namespace, profile: "ModelProfile") -> "Gen
 
 
 def stderr_progress(stage: str, fraction: float | None) -> None:
-    """Loading progress on stderr, so stdout stays clean for --json."""
+    """Loading progress on stderr, so stdout stays clean for --json (the stage made inert: it
+    may name a file or quote a server)."""
     pct = f" {fraction * 100:3.0f}%" if fraction is not None else ""
-    print(f"\r\033[K{stage}{pct}", end="", file=sys.stderr, flush=True)
+    print(f"\r\033[K{inert(stage)}{pct}", end="", file=sys.stderr, flush=True)

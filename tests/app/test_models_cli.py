@@ -98,3 +98,8 @@ def test_progress_goes_to_stderr_on_one_line(capsys: pytest.CaptureFixture[str])
     stderr_progress("reading config", None)
     out, err = capsys.readouterr()
     assert out == "" and err == "\r\033[Kloading target weights  50%\r\033[Kreading config"
+
+
+def test_progress_shows_a_stages_escapes_inert(capsys: pytest.CaptureFixture[str]) -> None:
+    stderr_progress("connecting to \x1b]0;pwned\x07", None)
+    assert capsys.readouterr().err == "\r\033[Kconnecting to ␛]0;pwned␇"
