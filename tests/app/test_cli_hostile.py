@@ -90,3 +90,13 @@ def test_bench_prints_the_servers_model_name_inert(tmp_path: Path, capsys: pytes
     out = capsys.readouterr()
     assert code == 0 and raw_in(out.out) == [] and raw_in(out.err) == []
     assert "(m␛]52;c;cm0gLXJmIH4=␇)" in out.out
+
+
+def test_a_reply_through_a_url_with_a_password_prints_it_nowhere(capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeServer(llama_routes(talker)) as fake:
+        url = fake.url.replace("http://", "http://alice:hunter2@")
+        assert main(["generate", "hi", "--server", url, "--json"]) == 0
+        assert {r[2]["Authorization"] for r in fake.requests} == {"Basic YWxpY2U6aHVudGVyMg=="}
+    out = capsys.readouterr()
+    assert "hunter2" not in out.out + out.err
+    assert json.loads(out.out)["stats"]["plan"]["summary"].endswith(fake.url.replace("http://", "http://alice:***@"))
