@@ -67,7 +67,7 @@ class PasteParser(XTermParser):
                 self._paste, data = "", data[start + len(PASTE_START):]
             else:
                 text = self._paste + data
-                end = text.find(PASTE_END)
+                end = text.find(PASTE_END, max(0, len(self._paste) - len(PASTE_END) + 1))  # only the new part
                 if end < 0:
                     self._paste = text
                     break
