@@ -15,14 +15,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.api import EngineInfo
-from engine.progress import ProgressFn, no_progress, ticking
+from engine.progress import DownloadMeter, ProgressFn, no_progress, ticking
 from engine.model.compat import check_pair
 from engine.model.device import Device, oom_summary
 from engine.errors import IncompatibleDraftError, ModelSourceError, ProfileError, QuantizationError
 from engine.model.memory import Plan, plan_memory, resolve_dtype
 from engine.config.profiles import ModelProfile, ModelSpec
 from engine.fetch.sources import (
-    ResolvedSource, check_model_dir, gguf_origin, hub_offline, locate, prepare, read_config, source_error,
+    ResolvedSource, check_model_dir, download_meter, gguf_origin, hub_offline, locate, prepare, read_config, source_error,
 )
 
 if TYPE_CHECKING:
@@ -273,8 +273,9 @@ class _Side:
     config: Any
 
 
-def _locate_side(spec: ModelSpec, progress: ProgressFn, reuse: _Side | None = None) -> _Side:
-    resolved = locate(spec, progress)
+def _locate_side(spec: ModelSpec, progress: ProgressFn, reuse: _Side | None = None,
+                 meter: DownloadMeter | None = None) -> _Side:
+    resolved = locate(spec, progress, meter)
     if reuse is not None and reuse.resolved.location == resolved.location:
         return _Side(spec, resolved, reuse.config)
     return _Side(spec, resolved, read_config(resolved, spec))
@@ -362,12 +363,14 @@ def _load_local(profile: ModelProfile, memory_budget: int | None, device: Device
     check_int4_device(profile, device)  # before anything is downloaded
 
     progress("locating models", None)
-    target = _locate_side(profile.target, progress)
+    with_draft = profile.drafter == "model" and profile.draft is not None
+    meter = download_meter([profile.target, *([profile.draft] if with_draft and profile.draft else [])], progress)
+    target = _locate_side(profile.target, progress, meter=meter)
     draft: _Side | None = None
     draft_error: str | None = None
     if profile.drafter == "model" and profile.draft is not None:
         try:
-            draft = _locate_side(profile.draft, progress, reuse=target)
+            draft = _locate_side(profile.draft, progress, reuse=target, meter=meter)
         except ModelSourceError as exc:
             draft_error = f"the draft {profile.draft.label} is unavailable ({exc})"
     free, _total = device.memory_free_total()
