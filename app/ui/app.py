@@ -323,6 +323,7 @@ class SpecChatApp(App[None]):
         old, old_profile = self.engine.begin_load(profile)
         self.sub_title = header_title(profile, self.conversation.private)
         self.conversation.hud.show_loading(profile, old_profile.name if old_profile else None)
+        self.conversation.model_state(profile.name)
 
         def progress(stage: str, fraction: float | None) -> None:
             self.post_message(LoadProgress(stage, fraction))
@@ -349,6 +350,7 @@ class SpecChatApp(App[None]):
         self.engine.ready(message.backend, message.profile)
         info = message.backend.info
         self.conversation.hud.show_engine(info, message.profile, fresh=True)
+        self.conversation.model_state(None)
         self.conversation.profile_changed(message.profile.name)
         self._teach_drafter()
         summary = plan_lines(info.plan)
@@ -377,6 +379,7 @@ class SpecChatApp(App[None]):
         if not self.screen_stack:
             return
         title = f"Could not load {message.profile_name or 'profile'}"
+        self.conversation.model_state(None, loaded=message.restored is not None)
         if message.restored is not None:
             backend, profile = message.restored
             self.sub_title = header_title(profile, self.conversation.private)

@@ -38,6 +38,9 @@ from app.ui.widgets.transcript import copyable, last_exchange, messages_of, widg
 from engine.events import ChatMessage
 
 HUD_REFRESH_S = 0.25
+PLACEHOLDER = "Ask something · Enter sends · ctrl+j newline · F1 help"
+LOADING_PLACEHOLDER = "Loading {name}… you can type: Enter queues it, sent when the model is ready"
+NO_MODEL_PLACEHOLDER = "No model is loaded: F2 picks a profile"
 
 WELCOME = (
     "Ask anything. [b]Enter[/b] sends, [b]ctrl+j[/b] adds a line, [b]Esc[/b] stops a reply.\n"
@@ -74,7 +77,7 @@ class Conversation(Horizontal):
     def compose(self) -> ComposeResult:
         with Vertical(id="chat-column"):
             yield ChatLog(id="chat-log")
-            yield PromptArea(id="prompt", placeholder="Ask something · Enter sends · ctrl+j newline · F1 help")
+            yield PromptArea(id="prompt", placeholder=PLACEHOLDER)
         yield Hud(id="hud")
 
     @property
@@ -192,6 +195,15 @@ class Conversation(Horizontal):
         if self.chat_id is not None and self.archive.history is not None:
             self.archive.db(self.archive.history.set_system_prompt, self.chat_id, self.chat_system_prompt)
         notice(self, "System prompt set." if value else "No system prompt for this chat.")
+
+    def model_state(self, loading: str | None, loaded: bool = True) -> None:
+        """The prompt box says what the model is doing: ``loading`` names the profile loading
+        (typing is fine, Enter queues), else the model is ``loaded`` or nothing is."""
+        if loading is not None:
+            text = LOADING_PLACEHOLDER.format(name=loading)
+        else:
+            text = PLACEHOLDER if loaded else NO_MODEL_PLACEHOLDER
+        self.prompt.placeholder = text
 
     def profile_changed(self, name: str) -> None:
         """A new profile is loaded: the chat continues with it."""
