@@ -18,21 +18,50 @@ def no_progress(stage: str, fraction: float | None) -> None:
     """The default progress callback: says nothing."""
 
 
+class Steps:
+    """Countable work (layers packed of a model's), counted by whoever does it: call it with
+    ``(done, total)``; :func:`ticking` reads it from its own thread."""
+
+    def __init__(self, what: str = "layers") -> None:
+        self.what = what
+        self.done = 0
+        self.total = 0
+
+    def __call__(self, done: int, total: int) -> None:
+        self.done, self.total = done, total
+
+
+def elapsed(seconds: float) -> str:
+    """``"37 s"``, ``"2 min 5 s"``."""
+    whole = int(seconds)
+    return f"{whole} s" if whole < 60 else f"{whole // 60} min {whole % 60} s"
+
+
 @contextlib.contextmanager
 def ticking(progress: ProgressFn, stage: str, start: float, measure: Callable[[], int] | None = None,
-            total: int | None = None, end: float | None = None, every_s: float = 0.5) -> Iterator[None]:
-    """Report ``stage`` every ``every_s`` while the body runs: bytes done and the fraction between
-    ``start`` and ``end`` when ``measure``/``total`` are given, else the seconds it has taken."""
+            total: int | None = None, end: float | None = None, every_s: float = 0.5,
+            steps: Steps | None = None) -> Iterator[None]:
+    """Report ``stage`` every ``every_s`` while the body runs, with the time it has taken so far:
+    bytes done of ``total`` (``measure``) or ``steps`` done of theirs (with the time left), and
+    the fraction between ``start`` and ``end`` when there is an ``end``; with nothing to count,
+    the fraction is None (a bar that moves without claiming a share done)."""
     stop = threading.Event()
     began = time.perf_counter()
 
     def tick() -> None:
         while not stop.wait(every_s):
+            took = time.perf_counter() - began
             if measure is not None and total and end is not None:
                 done = min(measure(), total)
-                progress(f"{stage}: {done / 1e6:.1f} of {total / 1e6:.1f} MB", start + (end - start) * done / total)
+                progress(f"{stage}: {done / 1e6:.1f} of {total / 1e6:.1f} MB, {elapsed(took)}",
+                         start + (end - start) * done / total)
+            elif steps is not None and steps.total:
+                done, of = min(steps.done, steps.total), steps.total
+                left = f", {time_left(took * (of - done) / done)} left" if 0 < done < of else ""
+                progress(f"{stage}: {done} of {of} {steps.what}, {elapsed(took)}{left}",
+                         start + (end - start) * done / of if end is not None else None)
             else:
-                progress(f"{stage}: {time.perf_counter() - began:.0f} s", start)
+                progress(f"{stage}: {elapsed(took)}", None)
 
     thread = threading.Thread(target=tick, name="progress-ticker", daemon=True)
     progress(stage, start)
