@@ -31,6 +31,10 @@ class Steps:
         self.done, self.total = done, total
 
 
+ETA_AFTER_S = 2.0
+"""Steps counted for less than this give no time left yet (the first ones say little)."""
+
+
 def elapsed(seconds: float) -> str:
     """``"37 s"``, ``"2 min 5 s"``."""
     whole = int(seconds)
@@ -47,17 +51,23 @@ def ticking(progress: ProgressFn, stage: str, start: float, measure: Callable[[]
     the fraction is None (a bar that moves without claiming a share done)."""
     stop = threading.Event()
     began = time.perf_counter()
+    counting: list[tuple[float, int]] = []  # when the steps were first seen, and how many were done then
 
     def tick() -> None:
         while not stop.wait(every_s):
-            took = time.perf_counter() - began
+            now = time.perf_counter()
+            took = now - began
             if measure is not None and total and end is not None:
                 done = min(measure(), total)
                 progress(f"{stage}: {done / 1e6:.1f} of {total / 1e6:.1f} MB, {elapsed(took)}",
                          start + (end - start) * done / total)
             elif steps is not None and steps.total:
                 done, of = min(steps.done, steps.total), steps.total
-                left = f", {time_left(took * (of - done) / done)} left" if 0 < done < of else ""
+                if not counting:
+                    counting.append((now, done))
+                (since, first), left = counting[0], ""
+                if done > first and now - since >= ETA_AFTER_S and done < of:  # the rate of the steps alone
+                    left = f", {time_left((now - since) * (of - done) / (done - first))} left"
                 progress(f"{stage}: {done} of {of} {steps.what}, {elapsed(took)}{left}",
                          start + (end - start) * done / of if end is not None else None)
             else:
@@ -199,9 +209,9 @@ def time_left(seconds: float) -> str:
     """``"about 7 s"``, ``"about 40 s"``, ``"about 2 min"``, ``"about 1 h 5 min"``."""
     if seconds < 10:
         return f"about {max(1, round(seconds))} s"
-    if seconds < 60:
+    if round(seconds / 5) * 5 < 60:
         return f"about {round(seconds / 5) * 5} s"
-    minutes = round(seconds / 60)
+    minutes = max(1, round(seconds / 60))
     return f"about {minutes} min" if minutes < 60 else f"about {minutes // 60} h {minutes % 60} min"
 
 

@@ -284,7 +284,8 @@ def _locate_side(spec: ModelSpec, progress: ProgressFn, reuse: _Side | None = No
     resolved = locate(spec, progress, meter)
     if reuse is not None and reuse.resolved.location == resolved.location:
         return _Side(spec, resolved, reuse.config)
-    return _Side(spec, resolved, read_config(resolved, spec))
+    with ticking(progress, f"reading the settings of {spec.label}", 0.05):  # a GGUF's metadata: seconds
+        return _Side(spec, resolved, read_config(resolved, spec))
 
 
 def _footprint(model: Any) -> int | None:

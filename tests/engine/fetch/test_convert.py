@@ -11,6 +11,7 @@ import pytest
 
 from engine.fetch.cachefiles import sha256_file
 from engine.fetch.convert import DONE_MARKER, _dir_bytes, convert_gguf, converted_copy_intact
+import engine.progress as progress_module
 from engine.progress import Steps, ticking
 
 
@@ -31,10 +32,12 @@ def test_ticking_reports_bytes_and_fraction(tmp_path: Path) -> None:
     assert any(s.startswith("reading: ") and s.endswith(" s") and f is None for s, f in calls)
 
 
-def test_ticking_counts_steps_with_the_time_left(tmp_path: Path) -> None:
+def test_ticking_counts_steps_with_the_time_left(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[tuple[str, float | None]] = []
     layers = Steps("layers")
+    monkeypatch.setattr(progress_module, "ETA_AFTER_S", 0.05)
     with ticking(lambda s, f: calls.append((s, f)), "loading target", 0.1, end=0.5, every_s=0.02, steps=layers):
+        time.sleep(0.1)  # reading before the first layer: not counted in the time left
         layers(0, 40)
         time.sleep(0.1)
         layers(10, 40)
@@ -44,6 +47,7 @@ def test_ticking_counts_steps_with_the_time_left(tmp_path: Path) -> None:
     last, fraction = counted[-1]
     assert re.fullmatch(r"loading target: 10 of 40 layers, \d+ s, about \d+ s left", last), last
     assert fraction == pytest.approx(0.2)
+    assert not any("left" in s for s, _ in counted if s.startswith("loading target: 0 of"))
 
 
 def finished_copy(path: Path) -> Path:

@@ -126,7 +126,7 @@ def test_a_profile_downloads_only_what_is_not_cached(tmp_path: Path, monkeypatch
     assert meter.total_bytes() == 5_092_000
 
 
-@pytest.mark.parametrize("seconds, text", [(3.2, "about 3 s"), (42, "about 40 s"), (130, "about 2 min"),
+@pytest.mark.parametrize("seconds, text", [(3.2, "about 3 s"), (42, "about 40 s"), (58, "about 1 min"), (130, "about 2 min"),
                                            (3900, "about 1 h 5 min")])
 def test_time_left_reads_like_a_person_would_say_it(seconds: float, text: str) -> None:
     assert time_left(seconds) == text
