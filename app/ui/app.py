@@ -82,7 +82,8 @@ class SpecChatApp(App[None]):
     def compose(self) -> ComposeResult:
         yield Header(icon="≫")
         yield self.conversation
-        yield Footer(compact=True)  # compact: the main keys, Quit included, fit in 80 columns
+        # compact, and no palette hint (F1's first line names ctrl+p): every key fits in 80 columns
+        yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
         lag = self.archive.open(lambda text: self.post_message(HistoryLag(text)))
