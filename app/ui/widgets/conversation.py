@@ -33,14 +33,11 @@ from app.ui.requests import build_messages, generation_params, turns_from
 from app.ui.widgets.chat_view import AssistantMessage, ChatLog, UserMessage
 from app.ui.widgets.hud import Hud
 from app.ui.widgets.hud_line import HUD_MIN_WIDTH
-from app.ui.widgets.prompt import PromptArea
+from app.ui.widgets.prompt import LOADING_PLACEHOLDER, NO_MODEL_PLACEHOLDER, PLACEHOLDER, PromptArea
 from app.ui.widgets.transcript import copyable, last_exchange, messages_of, widgets_for
 from engine.events import ChatMessage
 
 HUD_REFRESH_S = 0.25
-PLACEHOLDER = "Ask something · Enter sends · ctrl+j newline · F1 help"
-LOADING_PLACEHOLDER = "Loading {name}… you can type: Enter queues it, sent when the model is ready"
-NO_MODEL_PLACEHOLDER = "No model is loaded: F2 picks a profile"
 
 WELCOME = (
     "Ask anything. [b]Enter[/b] sends, [b]ctrl+j[/b] adds a line, [b]Esc[/b] stops a reply.\n"
@@ -197,13 +194,10 @@ class Conversation(Horizontal):
         notice(self, "System prompt set." if value else "No system prompt for this chat.")
 
     def model_state(self, loading: str | None, loaded: bool = True) -> None:
-        """The prompt box says what the model is doing: ``loading`` names the profile loading
-        (typing is fine, Enter queues), else the model is ``loaded`` or nothing is."""
-        if loading is not None:
-            text = LOADING_PLACEHOLDER.format(name=loading)
-        else:
-            text = PLACEHOLDER if loaded else NO_MODEL_PLACEHOLDER
-        self.prompt.placeholder = text
+        """The prompt box says what the model is doing: ``loading`` (the profile's name; Enter
+        queues meanwhile), else whether a model is ``loaded``."""
+        self.prompt.placeholder = (LOADING_PLACEHOLDER.format(name=loading) if loading is not None
+                                   else PLACEHOLDER if loaded else NO_MODEL_PLACEHOLDER)
 
     def profile_changed(self, name: str) -> None:
         """A new profile is loaded: the chat continues with it."""

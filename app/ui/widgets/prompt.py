@@ -26,6 +26,11 @@ from textual.widgets import TextArea
 
 NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
 
+PLACEHOLDER = "Ask something · Enter sends · ctrl+j newline · F1 help"
+LOADING_PLACEHOLDER = "Loading {name}… you can type: Enter queues it, sent when the model is ready"
+NO_MODEL_PLACEHOLDER = "No model is loaded: F2 picks a profile"
+"""What the empty box says: ready, while a profile loads, when no model could be loaded."""
+
 
 class PromptArea(TextArea):
     """Multi-line prompt input that grows with its text."""
