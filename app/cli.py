@@ -1,4 +1,4 @@
-"""Command line: the chat app (default), ``generate``, ``profiles`` and ``bench``.
+"""Command line: the chat app (default), ``generate``, ``profiles``, ``models`` and ``bench``.
 
 Every command that loads models takes the same model options: ``--profile``,
 ``--models FILE``, ``--memory-budget SIZE`` and ``--target SOURCE [--draft
@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from app.bench.cli import add_bench_parser, cmd_bench
+from app.models_cmd import add_models_parser, cmd_models
 from app.models_cli import add_model_options, generation_params, load_for, resolve_profile, stderr_progress
 
 __all__ = ["add_model_options", "generation_params", "load_for", "main", "resolve_profile", "stderr_progress"]
@@ -53,6 +54,7 @@ def build_parser() -> argparse.ArgumentParser:
     prof.add_argument("--models", type=Path, default=argparse.SUPPRESS, help="an extra models.toml (also: SPECCHAT_MODELS; default: only the shipped and your own)")
     prof.add_argument("--json", action="store_true", help="print one JSON object: the default, files read, profiles")
 
+    add_models_parser(sub)
     add_bench_parser(sub, add_model_options)
     polish_help(parser)
     return parser
@@ -220,7 +222,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         from engine.fetch.hublog import quiet_transformers
 
         quiet_transformers()
-    handlers = {"generate": cmd_generate, "profiles": cmd_profiles, "bench": cmd_bench, None: cmd_app}
+    handlers = {"generate": cmd_generate, "profiles": cmd_profiles, "bench": cmd_bench, "models": cmd_models,
+                None: cmd_app}
     try:
         return handlers[args.command](args)
     except SpecChatError as exc:

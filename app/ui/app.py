@@ -83,7 +83,8 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
     def compose(self) -> ComposeResult:
         yield Header(icon="≫")
         yield self.conversation
-        yield Footer(compact=True)  # compact: the main keys, Quit included, fit in 80 columns
+        # compact, and no palette hint (F1's first line names ctrl+p): every key fits in 80 columns
+        yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
         lag = self.archive.open(lambda text: self.post_message(HistoryLag(text)))
@@ -324,6 +325,7 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         old, old_profile = self.engine.begin_load(profile)
         self.sub_title = header_title(profile, self.conversation.private)
         self.conversation.hud.show_loading(profile, old_profile.name if old_profile else None)
+        self.conversation.model_state(profile.name)
 
         def progress(stage: str, fraction: float | None) -> None:
             self.post_message(LoadProgress(stage, fraction))
@@ -350,6 +352,7 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         self.engine.ready(message.backend, message.profile)
         info = message.backend.info
         self.conversation.hud.show_engine(info, message.profile, fresh=True)
+        self.conversation.model_state(None)
         self.conversation.profile_changed(message.profile.name)
         self._teach_drafter()
         summary = plan_lines(info.plan)
@@ -378,6 +381,7 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         if not self.screen_stack:
             return
         title = f"Could not load {message.profile_name or 'profile'}"
+        self.conversation.model_state(None, loaded=message.restored is not None)
         if message.restored is not None:
             backend, profile = message.restored
             self.sub_title = header_title(profile, self.conversation.private)

@@ -12,9 +12,11 @@ BINDINGS: list[BindingType] = [
     Binding("f1", "help", "Help", priority=True),
     Binding("f2", "pick_profile", "Profile", priority=True),
     Binding("f3", "chats", "Chats", priority=True),
-    Binding("f4,ctrl+t", "toggle_sources", "Colours", priority=True,
+    # Short names: all of them fit the footer at 80 columns (the palette and F1 say more).
+    Binding("f4,ctrl+t", "toggle_sources", "Colour", priority=True,
             tooltip="colour each token: draft accepted vs target produced"),
-    Binding("f5", "toggle_speculation", "Spec on/off", key_display="f5", priority=True),
+    Binding("f5", "toggle_speculation", "Spec", key_display="f5", priority=True,
+            tooltip="speculative decoding on or off"),
     Binding("f6", "toggle_hud", "HUD", priority=True, tooltip="the side panel, or one status line"),
     Binding("f7", "copy", "Copy", priority=True, tooltip="the last reply, a message or a code block"),
     Binding("ctrl+n", "new_chat", "New chat", priority=True),

@@ -22,7 +22,7 @@ from typing import Any
 from engine.errors import ModelSourceError
 from engine.fetch.cachefiles import sha256_file
 from engine.fetch.wheels import tmp_name
-from engine.progress import ProgressFn, no_progress, ticking
+from engine.progress import ProgressFn, model_name, no_progress, ticking, time_left
 
 DONE_MARKER = "specchat-converted.json"
 """The file a finished conversion writes last: its source, its time and its files' sha256."""
@@ -108,12 +108,12 @@ def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, ver
     dest.parent.mkdir(parents=True, exist_ok=True)
     _clean_stale(dest.parent, dest.name)
     started = time.perf_counter()
-    size = gguf.stat().st_size
-    progress(f"converting {gguf.name} ({size / 1e6:.1f} MB, once)", 0.0)
-    if lean and _convert_lean(gguf, dest, progress, started):
+    stage = conversion_stage(gguf, dest.parent, lean)
+    if lean and _convert_lean(gguf, dest, progress, started, stage):
         return dest
+    stage = conversion_stage(gguf, dest.parent, False)
     try:
-        with ticking(progress, f"reading {gguf.name} ({size / 1e6:.1f} MB)", 0.0), one_metadata_read():
+        with ticking(progress, f"{stage}, reading the GGUF", 0.0), one_metadata_read():
             model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
             tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     except Exception as exc:  # the gguf reader raises many kinds on a damaged file
@@ -127,11 +127,11 @@ def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, ver
     tmp = tmp_name(dest)
     try:
         total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
-        with ticking(progress, "writing the safetensors copy", 0.6, lambda: _dir_bytes(tmp), total, 0.85):
+        with ticking(progress, f"{stage}, writing the copy", 0.6, lambda: _dir_bytes(tmp), total, 0.85):
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
         if verify:
-            progress("checking the converted copy", 0.85)
+            progress(f"{stage}, checking the copy", 0.85)
             ids = torch.tensor([tokenizer("The quick brown fox").input_ids])
             copy = AutoModelForCausalLM.from_pretrained(str(tmp), use_safetensors=True, dtype=torch.float32)
             with torch.no_grad():
@@ -142,7 +142,7 @@ def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, ver
         _finish(tmp, dest, gguf, started, verified=verify, lean=False)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    progress(f"converted {gguf.name}", 1.0)
+    progress(f"{stage}: done", 1.0)
     return dest
 
 
@@ -159,12 +159,29 @@ def _finish(tmp: Path, dest: Path, gguf: Path, started: float, *, verified: bool
             raise
 
 
-def _convert_lean(gguf: Path, dest: Path, progress: ProgressFn, started: float) -> bool:
+def conversion_stage(gguf: Path, converted: Path, lean: bool) -> str:
+    """``"converting NAME once (about 3 min)"``: the time from the earlier conversions of the same
+    kind in ``converted`` (their markers record seconds and GGUF bytes), scaled to this GGUF's
+    size; without any, no guess."""
+    rate_s, rate_b = 0.0, 0
+    for marker in converted.glob(f"*/{DONE_MARKER}") if converted.is_dir() else ():
+        try:
+            data = json.loads(marker.read_text())
+            seconds, size = float(data["seconds"]), int(data["gguf_bytes"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        if bool(data.get("lean")) == lean and seconds > 0 and size > 0:
+            rate_s, rate_b = rate_s + seconds, rate_b + size
+    guess = f" ({time_left(rate_s / rate_b * gguf.stat().st_size)})" if rate_b else ""
+    return f"converting {model_name(gguf.name)} once{guess}"
+
+
+def _convert_lean(gguf: Path, dest: Path, progress: ProgressFn, started: float, stage: str) -> bool:
     """A lean copy of ``gguf`` at ``dest``; False (nothing written) where the model is not of
     :data:`~engine.fetch.gguf_tensors.STREAMED_TYPES` or the GGUF lacks a tensor it needs."""
     tmp = tmp_name(dest)
     try:
-        with ticking(progress, f"reading {gguf.name} (the tensors kept in full precision)", 0.0), \
+        with ticking(progress, f"{stage}, reading the tensors kept in full precision", 0.0), \
                 one_metadata_read():
             written = write_lean(gguf, tmp)
         if not written:
@@ -179,7 +196,7 @@ def _convert_lean(gguf: Path, dest: Path, progress: ProgressFn, started: float) 
         ) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    progress(f"converted {gguf.name} (lean: its linear layers stay in the GGUF)", 1.0)
+    progress(f"{stage}: done (lean: its linear layers stay in the GGUF)", 1.0)
     return True
 
 

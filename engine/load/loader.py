@@ -10,19 +10,20 @@ from __future__ import annotations
 
 import logging
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.api import EngineInfo
-from engine.progress import ProgressFn, no_progress, ticking
+from engine.progress import DownloadMeter, ProgressFn, Steps, no_progress, ticking
 from engine.model.compat import check_pair
 from engine.model.device import Device, oom_summary
 from engine.errors import IncompatibleDraftError, ModelSourceError, ProfileError, QuantizationError
 from engine.model.memory import Plan, plan_memory, resolve_dtype
 from engine.config.profiles import ModelProfile, ModelSpec
 from engine.fetch.sources import (
-    ResolvedSource, check_model_dir, gguf_origin, hub_offline, locate, prepare, read_config, source_error,
+    ResolvedSource, check_model_dir, download_meter, gguf_origin, hub_offline, locate, prepare, read_config, source_error,
 )
 
 if TYPE_CHECKING:
@@ -141,8 +142,10 @@ def load_tokenizer(resolved: ResolvedSource, spec: ModelSpec) -> "PreTrainedToke
         raise ModelSourceError(f"cannot load the tokenizer of {spec.source}: {exc}") from None
 
 
-def load_weights(resolved: ResolvedSource, spec: ModelSpec, device: Device, config: Any = None) -> "PreTrainedModel":
-    """The model of a prepared source on ``device``, quantized as ``spec`` says, in eval mode."""
+def load_weights(resolved: ResolvedSource, spec: ModelSpec, device: Device, config: Any = None,
+                 on_layer: Callable[[int, int], None] | None = None) -> "PreTrainedModel":
+    """The model of a prepared source on ``device``, quantized as ``spec`` says, in eval mode;
+    ``on_layer`` is told ``(layers done, layers)`` while int4 layers are built (progress)."""
     import torch
     from transformers import AutoModelForCausalLM
 
@@ -178,7 +181,7 @@ def load_weights(resolved: ResolvedSource, spec: ModelSpec, device: Device, conf
             kwargs["attn_implementation"] = attention
     if spec.quantization == "int8":
         _BNB_ONCE.install()
-    streamed = _int4_streamed(resolved, spec, device, config, dtype) if int4 else None
+    streamed = _int4_streamed(resolved, spec, device, config, dtype, on_layer) if int4 else None
     if streamed is not None:
         return streamed
     if resolved.lean:
@@ -196,7 +199,8 @@ def load_weights(resolved: ResolvedSource, spec: ModelSpec, device: Device, conf
         ) from None
     if int4:
         apply_int4(model, location=resolved.location, gguf=gguf_origin(resolved), group_size=spec.group_size,
-                   quantize_head=spec.quantize_head, device=device.torch_device, wide_planes=spec.wide_blocks == "planes")
+                   quantize_head=spec.quantize_head, device=device.torch_device, wide_planes=spec.wide_blocks == "planes",
+                   on_layer=on_layer)
     if qconf is None:
         model.to(device.torch_device)
     model.eval()
@@ -204,7 +208,8 @@ def load_weights(resolved: ResolvedSource, spec: ModelSpec, device: Device, conf
 
 
 def _int4_streamed(resolved: ResolvedSource, spec: ModelSpec, device: Device, config: Any,
-                   dtype: "torch.dtype") -> "PreTrainedModel | None":
+                   dtype: "torch.dtype", on_layer: Callable[[int, int], None] | None = None,
+                   ) -> "PreTrainedModel | None":
     """An int4 model built one weight at a time (:func:`engine.quant.load_int4_streamed`: the
     host never holds the full-precision model; a GGUF source's blocks are carried over as each
     weight is read): on a card, and from a lean copy (whose linear weights only the GGUF holds).
@@ -225,7 +230,8 @@ def _int4_streamed(resolved: ResolvedSource, spec: ModelSpec, device: Device, co
     try:
         return load_int4_streamed(resolved.location, config, dtype=dtype, device=device.torch_device,
                                   group_size=spec.group_size, quantize_head=spec.quantize_head,
-                                  gguf=gguf_origin(resolved), wide_planes=spec.wide_blocks == "planes")
+                                  gguf=gguf_origin(resolved), wide_planes=spec.wide_blocks == "planes",
+                                  on_layer=on_layer)
     except OSError as exc:
         raise source_error(resolved, "load the weights in", exc) from None
 
@@ -273,11 +279,13 @@ class _Side:
     config: Any
 
 
-def _locate_side(spec: ModelSpec, progress: ProgressFn, reuse: _Side | None = None) -> _Side:
-    resolved = locate(spec, progress)
+def _locate_side(spec: ModelSpec, progress: ProgressFn, reuse: _Side | None = None,
+                 meter: DownloadMeter | None = None) -> _Side:
+    resolved = locate(spec, progress, meter)
     if reuse is not None and reuse.resolved.location == resolved.location:
         return _Side(spec, resolved, reuse.config)
-    return _Side(spec, resolved, read_config(resolved, spec))
+    with ticking(progress, f"reading the settings of {spec.label}", 0.05):  # a GGUF's metadata: seconds
+        return _Side(spec, resolved, read_config(resolved, spec))
 
 
 def _footprint(model: Any) -> int | None:
@@ -309,13 +317,14 @@ def _free_after_warm_up(target_model: Any, device: Device, free_before: int) -> 
     return free_now, max(0, free_before - free_now)
 
 
-def _load_draft(draft: _Side, device: Device) -> tuple[Any, str | None]:
+def _load_draft(draft: _Side, device: Device, on_layer: Callable[[int, int], None] | None = None,
+                ) -> tuple[Any, str | None]:
     """The draft's weights; or None and the reason when loading ran out of memory. The
     memory is released after the ``except`` block is left: until then the
     exception's traceback keeps the half-loaded model alive."""
     error = ""
     try:
-        return load_weights(draft.resolved, draft.spec, device, draft.config), None
+        return load_weights(draft.resolved, draft.spec, device, draft.config, on_layer), None
     except Exception as exc:  # noqa: BLE001 - only OOM is handled
         if not device.is_out_of_memory(exc):
             raise
@@ -362,12 +371,14 @@ def _load_local(profile: ModelProfile, memory_budget: int | None, device: Device
     check_int4_device(profile, device)  # before anything is downloaded
 
     progress("locating models", None)
-    target = _locate_side(profile.target, progress)
+    with_draft = profile.drafter == "model" and profile.draft is not None
+    meter = download_meter([profile.target, *([profile.draft] if with_draft and profile.draft else [])], progress)
+    target = _locate_side(profile.target, progress, meter=meter)
     draft: _Side | None = None
     draft_error: str | None = None
     if profile.drafter == "model" and profile.draft is not None:
         try:
-            draft = _locate_side(profile.draft, progress, reuse=target)
+            draft = _locate_side(profile.draft, progress, reuse=target, meter=meter)
         except ModelSourceError as exc:
             draft_error = f"the draft {profile.draft.label} is unavailable ({exc})"
     free, _total = device.memory_free_total()
@@ -380,8 +391,9 @@ def _load_local(profile: ModelProfile, memory_budget: int | None, device: Device
 
     progress(f"loading target {profile.target.label}", 0.1)
     target.resolved = prepare(target.resolved, progress)  # the converted copy: read as later starts read it
-    with ticking(progress, f"loading target {profile.target.label}", 0.1):  # minutes while an int4 cache is built
-        target_model = load_weights(target.resolved, profile.target, device, target.config)
+    layers = Steps("layers")  # minutes while an int4 cache is built: say how many layers are done
+    with ticking(progress, f"loading target {profile.target.label}", 0.1, end=0.55, steps=layers):
+        target_model = load_weights(target.resolved, profile.target, device, target.config, layers)
     tokenizer = load_tokenizer(target.resolved, profile.target)
 
     drafter: Any = None
@@ -402,8 +414,9 @@ def _load_local(profile: ModelProfile, memory_budget: int | None, device: Device
             if fallback is None:
                 progress(f"loading draft {draft.spec.label}", 0.7)
                 draft.resolved = prepare(draft.resolved, progress)
-                with ticking(progress, f"loading draft {draft.spec.label}", 0.7):
-                    draft_model, fallback = _load_draft(draft, device)
+                layers = Steps("layers")
+                with ticking(progress, f"loading draft {draft.spec.label}", 0.7, end=0.95, steps=layers):
+                    draft_model, fallback = _load_draft(draft, device, layers)
         if draft_model is not None:
             drafter = model_drafter(profile, draft_model, target_model, tokenizer, device)
     if drafter is None and profile.drafter != "none":

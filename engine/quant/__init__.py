@@ -26,6 +26,7 @@ import json
 import logging
 import os
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -211,12 +212,13 @@ def _load(path: Path) -> tuple[dict[str, Int4Weights | KernelLayout], list[str]]
 def load_int4_streamed(
     location: str, config: Any, *, dtype: torch.dtype, device: torch.device, group_size: int = 32,
     quantize_head: bool = True, gguf: Path | None = None, wide_planes: bool = False,
+    on_layer: Callable[[int, int], None] | None = None,
 ) -> nn.Module | None:
     """An int4 model of the checkpoint at ``location`` (a directory, a GGUF's converted copy or a
     downloaded hub snapshot), built one weight at a time on ``device``
     (:func:`engine.quant.stream.stream_int4`; ``gguf`` and ``wide_planes`` as for
-    :func:`apply_int4`), with the int4 cache read and written as :func:`apply_int4` does.
-    None: take the plain path."""
+    :func:`apply_int4`), with the int4 cache read and written as :func:`apply_int4` does;
+    ``on_layer`` is told ``(layers done, layers)`` as it goes. None: take the plain path."""
     from engine.quant.stream import stream_int4
 
     root = local_snapshot(location)
@@ -227,7 +229,7 @@ def load_int4_streamed(
     cached = _load(cache) if cache is not None and cache.is_file() else None
     built = stream_int4(root, config, dtype=dtype, device=device, group_size=group_size,
                         quantize_head=quantize_head, cached=cached[0] if cached else None,
-                        gguf=gguf, wide_planes=wide_planes)
+                        gguf=gguf, wide_planes=wide_planes, on_layer=on_layer)
     if built is None:
         return None
     model, report = built
@@ -249,6 +251,7 @@ def apply_int4(
     quantize_head: bool = True,
     device: torch.device | None = None,
     wide_planes: bool = False,
+    on_layer: Callable[[int, int], None] | None = None,
 ) -> QuantReport:
     """Quantize ``model`` (loaded in full precision) to int4 in place.
 
@@ -264,6 +267,7 @@ def apply_int4(
         wide_planes: keep GGUF blocks of more than 4 bits as two int4 planes (8 bits; a Q6_K's
             in groups of 16, 6-bit codes on specchat's kernel); otherwise they are requantized
             to int4 from their weights.
+        on_layer: told ``(layers done, layers)`` as each layer is packed (progress).
     """
     layout = (device is None or device.type == "cpu") and cpu_kernel.matmul() is not None
     cache = _cache_file(location, group_size, quantize_head, wide_planes, layout)
@@ -274,7 +278,8 @@ def apply_int4(
         cached = _load(found) if found is not None and found.is_file() else None
     if cached is not None:
         groups, carried_names = cached
-        report = quantize_model(model, group_size=group_size, quantize_head=quantize_head, groups=groups, device=device)
+        report = quantize_model(model, group_size=group_size, quantize_head=quantize_head, groups=groups, device=device,
+                                on_layer=on_layer)
         report.carried_over = [n for n in report.quantized if n in carried_names]
         if found != cache and cache is not None and found is not None:
             _save(cache, report.groups, report.carried_over, layouts=report.layouts, source=_source_of(location))
@@ -286,7 +291,8 @@ def apply_int4(
         from engine.quant.gguf_blocks import carry_over
 
         carried = carry_over(gguf, model, wide_planes=wide_planes)
-    report = quantize_model(model, group_size=group_size, quantize_head=quantize_head, groups=carried, device=device)
+    report = quantize_model(model, group_size=group_size, quantize_head=quantize_head, groups=carried, device=device,
+                            on_layer=on_layer)
     report.carried_over = [n for n in report.quantized if n in carried]
     if cache is not None and report.groups:
         _save(cache, report.groups, report.carried_over, layouts=report.layouts if layout else None,

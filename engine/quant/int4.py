@@ -470,6 +470,7 @@ def quantize_model(
     quantize_head: bool = True,
     groups: Mapping[str, Int4Weights | KernelLayout] | None = None,
     device: torch.device | None = None,
+    on_layer: Callable[[int, int], None] | None = None,
 ) -> QuantReport:
     """Replace the ``nn.Linear`` layers of ``model`` by :class:`Int4Linear`, in place.
 
@@ -482,13 +483,17 @@ def quantize_model(
             (carried over from a GGUF, or read from the cache); the rest are
             quantized from the weights.
         device: where the packed weights go (default: where each weight is).
+        on_layer: told ``(layers done, layers)`` as each layer is packed (progress).
     """
     if group_size not in GROUP_SIZES:
         raise QuantizationError(f"group_size {group_size} is not supported: use one of {', '.join(map(str, GROUP_SIZES))}")
     report = QuantReport()
     groups = groups or {}
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    for name in _linear_names(model, quantize_head):
+    names = _linear_names(model, quantize_head)
+    for i, name in enumerate(names):
+        if on_layer is not None:
+            on_layer(i, len(names))
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         linear = getattr(parent, attr)
@@ -514,4 +519,6 @@ def quantize_model(
         setattr(parent, attr, new)
         report.add(name, new)
         report.groups[name] = weights
+    if on_layer is not None:
+        on_layer(len(names), len(names))
     return report

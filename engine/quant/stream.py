@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import copy
 import logging
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -69,7 +70,7 @@ def _read(path: Path, key: str) -> torch.Tensor:
 def stream_int4(
     directory: Path, config: Any, *, dtype: torch.dtype, device: torch.device, group_size: int = 32,
     quantize_head: bool = True, cached: dict[str, Int4Weights] | None = None, gguf: Path | None = None,
-    wide_planes: bool = False,
+    wide_planes: bool = False, on_layer: Callable[[int, int], None] | None = None,
 ) -> tuple[nn.Module, QuantReport] | None:
     """An int4 model of the safetensors checkpoint in ``directory`` on ``device``, built one
     weight at a time; None when this checkpoint needs the plain path (another architecture,
@@ -84,6 +85,7 @@ def stream_int4(
         cached: int4 groups by module name (the int4 cache): used instead of reading those weights.
         gguf: the GGUF file ``directory`` was converted from: its blocks are carried over where
             they map (group size 32 only), wider types as two planes when ``wide_planes``.
+        on_layer: told ``(layers done, layers)`` as each linear layer is built (progress).
 
     Returns:
         The model in eval mode, and the report; ``report.groups`` holds what was quantized here,
@@ -134,7 +136,9 @@ def stream_int4(
         if name not in linears:
             set_module_tensor_to_device(model, f"{name}.weight", device, value=_source(model, where, name, carrier).to(dtype))
     report = QuantReport()
-    for name in linears:
+    for i, name in enumerate(linears):
+        if on_layer is not None:
+            on_layer(i, len(linears))
         parent_name, _, attr = name.rpartition(".")
         parent = model.get_submodule(parent_name) if parent_name else model
         linear = getattr(parent, attr)
@@ -172,6 +176,8 @@ def stream_int4(
         setattr(parent, attr, new)
         report.add(name, new)
         del weights, source
+    if on_layer is not None:
+        on_layer(len(linears), len(linears))
     if not quantize_head and getattr(config, "tie_word_embeddings", False):
         model.tie_weights()
     left = [n for n, p in _tensors(model) if p.is_meta]

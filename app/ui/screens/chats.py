@@ -4,11 +4,12 @@ from __future__ import annotations
 import time
 
 from textual.app import ComposeResult
+from textual.actions import SkipAction
 from textual.binding import Binding
 from textual.containers import Vertical
 from textual.content import Content
 from textual.message import Message
-from textual.widgets import Footer, Label, OptionList
+from textual.widgets import Footer, Input, Label, OptionList
 from textual.widgets.option_list import Option
 
 from app.store.history import ChatRecord, HistoryError
@@ -46,11 +47,14 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
             super().__init__()
             self.chat_id = chat_id
 
+    # Priority, like a dialog's Esc and Enter (app.ui.screens.dialog): the app runs them as it
+    # reads them, so the keys typed right after r (a new name) are held for the rename box
+    # instead of reaching this list first (where the n of "Plans" started a new chat).
     BINDINGS = [
-        Binding("n", "new", "New chat"),
-        Binding("r", "rename", "Rename"),
-        Binding("d,delete", "delete", "Delete"),
-        Binding("e", "export", "Export"),
+        Binding("n", "new", "New chat", priority=True),
+        Binding("r", "rename", "Rename", priority=True),
+        Binding("d,delete", "delete", "Delete", priority=True),
+        Binding("e", "export", "Export", priority=True),
     ]
 
     def __init__(self, archive: Archive, current: int | None) -> None:
@@ -98,10 +102,17 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
         if option.id:
             self.dismiss(("open", int(option.id)))
 
+    def _typing(self) -> None:
+        """A letter typed into a text box here is text, not a command (SkipAction passes it on)."""
+        if isinstance(self.focused, Input):
+            raise SkipAction()
+
     def action_new(self) -> None:
+        self._typing()
         self.dismiss(("new", None))
 
     def action_rename(self) -> None:
+        self._typing()
         chat = self._selected_chat()
         if chat is None:
             return
@@ -114,6 +125,7 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
         self.ask(EditScreen("Rename chat", inert(chat.title)), done)
 
     def action_delete(self) -> None:
+        self._typing()
         chat = self._selected_chat()
         if chat is None:
             return
@@ -124,9 +136,11 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
                 self.post_message(self.Deleted(chat.id))
                 self._reload()
 
-        self.ask(ConfirmScreen(inert(f"Delete “{chat.title}” and its {chat.message_count} messages?")), done)
+        self.ask(ConfirmScreen(inert(f"Delete “{chat.title}” and its {chat.message_count} messages?"), enter_confirms=True,
+                               hint="Enter or y deletes · Esc or n keeps it"), done)
 
     def action_export(self) -> None:
+        self._typing()
         chat = self._selected_chat()
         history = self._archive.history
         if chat is None or history is None:

@@ -70,19 +70,23 @@ class Dialog(ModalScreen[ResultType]):
 
     def __init__(self) -> None:
         super().__init__(classes="dialog-screen")
-        self._release_when_ready: Callable[[], None] | None = None
+        self._release_when_ready: list[Callable[[], None]] = []
 
     def hold_keys_until_ready(self, release: Callable[[], None]) -> None:
         """The app pushes this dialog holding the keys typed after the key that opened it;
-        they go on once the dialog's widget has the focus (so F9 then a path types the path)."""
-        self._release_when_ready = release
+        they go on once the dialog's widget has the focus (so F9 then a path types the path).
+        Every hold given is released then (one from :meth:`ask`, one from the app's push)."""
+        self._release_when_ready.append(release)
 
     def on_mount(self) -> None:
-        if self._release_when_ready is not None:  # after the focus the subclass or Textual sets
-            self.call_after_refresh(self.app.call_later, self._release_when_ready)
+        for release in self._release_when_ready:  # after the focus the subclass or Textual sets
+            self.call_after_refresh(self.app.call_later, release)
 
     def ask(self, dialog: "Dialog[Any]", answered: Callable[[Any], Any]) -> None:
-        """Open ``dialog`` over this one (through the App); ``answered`` gets its answer."""
+        """Open ``dialog`` over this one (through the App); ``answered`` gets its answer. The keys
+        typed from now on are the new dialog's: held here, at once, since the App reads the keys
+        already typed (r then a new name, in one burst) before this request reaches it."""
+        dialog.hold_keys_until_ready(cast(HoldsKeys, self.app).key_hold.hold())
         self.post_message(AskDialog(dialog, answered))
 
     def action_cancel(self) -> None:

@@ -51,7 +51,8 @@ class EditScreen(Dialog["str | None"]):
 
 
 class ConfirmScreen(Dialog[bool]):
-    """A yes/no question; Enter or y confirms, Escape or n declines."""
+    """A yes/no question: y confirms, Escape or n declines, and Enter presses the focused
+    button: No, unless ``enter_confirms`` (then the hint under the question says so)."""
 
     BINDINGS = [
         Binding("y", "reply(True)", "Yes", priority=True),  # priority: see app.ui.screens.dialog
@@ -60,19 +61,23 @@ class ConfirmScreen(Dialog[bool]):
 
     CANCELLED = False
 
-    def __init__(self, question: str) -> None:
+    def __init__(self, question: str, *, enter_confirms: bool = False, hint: str = "") -> None:
         super().__init__()
         self._question = inert(question)
+        self._enter_confirms = enter_confirms
+        self._hint = hint
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog confirm-dialog"):
             yield Label(self._question, classes="dialog-title")
+            if self._hint:
+                yield Label(self._hint, classes="dialog-hint")
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Yes", variant="error", id="yes")
                 yield Button("No", id="no")
 
     def on_mount(self) -> None:
-        self.query_one("#no", Button).focus()
+        self.query_one("#yes" if self._enter_confirms else "#no", Button).focus()
 
     def pressed(self, button_id: str | None) -> None:
         self.dismiss(button_id == "yes")

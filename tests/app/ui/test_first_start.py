@@ -1,0 +1,43 @@
+"""While the model loads, the prompt box says so (and that typing is fine); it asks for a
+message once the model is ready, and says nothing is loaded when loading fails."""
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+
+import pytest
+
+from app.ui.app import SpecChatApp
+from app.ui.widgets.chat_view import UserMessage
+from engine.errors import ModelSourceError
+from tests.app.fakes import FakeLoader
+from tests.app.helpers import ready, send, wait_for
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_the_prompt_box_says_it_waits_for_the_model(make_app: Callable[..., SpecChatApp],
+                                                          loader: FakeLoader) -> None:
+    loader.gate = threading.Event()
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.engine.loading)
+        prompt = app.conversation.prompt
+        assert prompt.placeholder.startswith("Loading fast… you can type")
+        assert "Ask" not in prompt.placeholder
+        await send(pilot, "hello while loading")  # queued, as the placeholder says
+        loader.gate.set()
+        await ready(pilot)
+        await wait_for(pilot, lambda: len(loader.backends[0].calls) == 1)
+        assert prompt.placeholder.startswith("Ask something")
+        assert [m.text for m in app.query(UserMessage)] == ["hello while loading"]
+
+
+async def test_a_failed_load_says_no_model_is_loaded(make_app: Callable[..., SpecChatApp],
+                                                     loader: FakeLoader) -> None:
+    loader.error = ModelSourceError("no such model")
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: not app.engine.loading and app.engine.backend is None
+                       and "No model" in app.conversation.prompt.placeholder)
+        assert app.conversation.prompt.placeholder == "No model is loaded: F2 picks a profile"

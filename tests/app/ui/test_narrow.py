@@ -1,0 +1,56 @@
+"""At 80×24 (issue 37): every footer key shows whole, notices leave the prompt box readable,
+and a dialog's hint is shown whole (wrapped) instead of cut at the dialog's edge."""
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from textual.widgets import Label
+from textual.widgets._footer import FooterKey
+from textual.widgets._toast import Toast
+
+from app.ui.app import SpecChatApp
+from app.ui.notices import notice
+from app.ui.screens.chats import ChatsScreen
+from tests.app.helpers import ready, wait_for
+
+pytestmark = pytest.mark.anyio
+
+
+async def test_every_footer_key_fits_in_80_columns(make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        keys = list(app.screen.query(FooterKey))
+        shown = {k.key_display for k in keys}
+        assert {"f1", "f2", "f3", "f4", "f5", "f6", "f7", "^n", "^q"} <= shown
+        for key in keys:
+            width = len(f"{key.key_display} {key.description}")
+            assert key.region.right <= 80 and key.region.width >= width, (key.key_display, key.region)
+
+
+async def test_a_notice_does_not_cover_the_prompt_box(make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app()
+    async with app.run_test(size=(80, 24), notifications=True) as pilot:
+        await ready(pilot)
+        notice(app, "A notice of several lines\nsecond line\nthird line\nfourth line", title="Test")
+        await wait_for(pilot, lambda: len(app.screen.query(Toast)) > 0 and all(
+            t.region.height > 0 for t in app.screen.query(Toast)))
+        prompt = app.conversation.prompt.region
+        for toast in app.screen.query(Toast):
+            assert not toast.region.overlaps(prompt), (toast.region, prompt)
+
+
+async def test_a_dialog_hint_wraps_instead_of_being_cut(make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen))
+        await pilot.pause()
+        hint = next(label for label in app.screen.query(Label) if "dialog-hint" in label.classes)
+        text = str(hint.render())
+        assert text.endswith("Esc closes")
+        box = hint.parent.content_region  # type: ignore[union-attr]
+        assert hint.region.right <= box.right, (hint.region, box)  # inside the dialog, not cut at its edge
+        assert hint.region.height >= 2 and hint.region.width * hint.region.height >= len(text)  # wrapped
