@@ -51,6 +51,22 @@ class HistoryError(SpecChatError):
         """True when another program's lock was the cause: trying again later may work."""
 
 
+class ChatDeleted(HistoryError):
+    """The chat was deleted (in this window or another): a write to it is refused for good.
+
+    Ids are never reused (``AUTOINCREMENT``), so nothing else can take its place; trying
+    again cannot work, and the saver moves what was unsaved to a new chat instead."""
+
+    def __init__(self, chat_id: int) -> None:
+        super().__init__(f"Saving chat history failed: chat {chat_id} was deleted (in another window?)")
+        self.chat_id = chat_id
+
+
+def _is_missing_parent(exc: sqlite3.Error) -> bool:
+    """A FOREIGN KEY failure: the row's chat is gone (a constraint, not a lock: never retried)."""
+    return isinstance(exc, sqlite3.IntegrityError) and "foreign key" in str(exc).lower()
+
+
 def _describe(what: str, exc: sqlite3.Error) -> str:
     if is_lock_error(exc):
         return f"{what}: the history database is locked by another program ({exc}); will retry"
@@ -107,6 +123,9 @@ class History:
         self.notice = notice
         """Set when the database had to be set aside, is locked, or could not be opened."""
         self._ready = True
+        self.deleted_here: set[int] = set()
+        """Chats deleted through this object (this window): a refused write to one of them
+        is dropped, while one deleted by another window is recovered (app.store.saver)."""
 
     # -- opening ---------------------------------------------------------------
 
@@ -257,6 +276,27 @@ class History:
             except sqlite3.Error as exc:
                 raise HistoryError(_describe("Saving chat history failed", exc), locked=is_lock_error(exc)) from exc
 
+    def _write_chat(self, chat_id: int, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[sqlite3.Cursor]:
+        """Run ``statements`` in one transaction; each must change a row of chat ``chat_id``.
+
+        Raises :class:`ChatDeleted` (and writes nothing) when the chat is gone: a
+        FOREIGN KEY failure on an insert, or an update that found no row."""
+        with self._lock:
+            try:
+                self._ensure_ready()
+                with self._conn:
+                    done = []
+                    for sql, params in statements:
+                        cur = self._conn.execute(sql, params)
+                        if cur.rowcount == 0:
+                            raise ChatDeleted(chat_id)
+                        done.append(cur)
+                    return done
+            except sqlite3.Error as exc:
+                if _is_missing_parent(exc):
+                    raise ChatDeleted(chat_id) from exc
+                raise HistoryError(_describe("Saving chat history failed", exc), locked=is_lock_error(exc)) from exc
+
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
             try:
@@ -306,10 +346,17 @@ class History:
         self._run("UPDATE chats SET profile = ?, updated = ? WHERE id = ?", (profile, time.time(), chat_id))
 
     def delete_chat(self, chat_id: int) -> None:
-        """Delete a chat and its messages."""
+        """Delete a chat and its messages (in one transaction). Its id is never given to another
+        chat, so a window that still has it open is refused (:class:`ChatDeleted`), never mixed in."""
         with self._lock:
-            self._run("DELETE FROM messages WHERE chat_id = ?", (chat_id,))
-            self._run("DELETE FROM chats WHERE id = ?", (chat_id,))
+            self.deleted_here.add(chat_id)
+            try:
+                self._ensure_ready()
+                with self._conn:
+                    self._conn.execute("DELETE FROM messages WHERE chat_id = ?", (chat_id,))
+                    self._conn.execute("DELETE FROM chats WHERE id = ?", (chat_id,))
+            except sqlite3.Error as exc:
+                raise HistoryError(_describe("Deleting the chat failed", exc), locked=is_lock_error(exc)) from exc
 
     # -- messages ------------------------------------------------------------------
 
@@ -324,21 +371,20 @@ class History:
         pieces: Pieces | None = None,
         finish_reason: str | None = None,
     ) -> int:
-        """Append a message to a chat and return its id."""
+        """Append a message to a chat and return its id; :class:`ChatDeleted` if the chat is gone."""
         now = time.time()
-        with self._lock:
-            cur = self._run(
-                "INSERT INTO messages(chat_id, role, content, profile, stats, pieces, finish_reason, created)"
-                " VALUES (?,?,?,?,?,?,?,?)",
-                (chat_id, role, content, profile, _dump(stats), _dump(pieces), finish_reason, now),
-            )
-            self._run("UPDATE chats SET updated = ?, profile = coalesce(?, profile) WHERE id = ?",
-                      (now, profile, chat_id))
+        cur, _ = self._write_chat(chat_id, (
+            ("INSERT INTO messages(chat_id, role, content, profile, stats, pieces, finish_reason, created)"
+             " VALUES (?,?,?,?,?,?,?,?)",
+             (chat_id, role, content, profile, _dump(stats), _dump(pieces), finish_reason, now)),
+            ("UPDATE chats SET updated = ?, profile = coalesce(?, profile) WHERE id = ?", (now, profile, chat_id)),
+        ))
         assert cur.lastrowid is not None
         return cur.lastrowid
 
     def update_message(
         self,
+        chat_id: int,
         message_id: int,
         content: str,
         *,
@@ -346,11 +392,12 @@ class History:
         pieces: Pieces | None = None,
         finish_reason: str | None = None,
     ) -> None:
-        """Rewrite a (streaming) message with its text so far."""
-        self._run(
-            "UPDATE messages SET content = ?, stats = ?, pieces = ?, finish_reason = ? WHERE id = ?",
-            (content, _dump(stats), _dump(pieces), finish_reason, message_id),
-        )
+        """Rewrite a (streaming) message of chat ``chat_id`` with its text so far;
+        :class:`ChatDeleted` if the chat (and so the message) is gone."""
+        self._write_chat(chat_id, ((
+            "UPDATE messages SET content = ?, stats = ?, pieces = ?, finish_reason = ? WHERE id = ? AND chat_id = ?",
+            (content, _dump(stats), _dump(pieces), finish_reason, message_id, chat_id),
+        ),))
 
     def mark_superseded(self, chat_id: int, first_id: int) -> None:
         """Mark message ``first_id`` and every later one of the chat as replaced (an edited

@@ -18,7 +18,7 @@ from textual.driver import Driver
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from app.store.saver import HistoryLag
+from app.store.saver import HistoryLag, HistoryRescued
 from app.ui.archive import Archive
 from app.ui.commands import ProfileCommands, unique_commands
 from app.ui.early_stop import early_stop_driver
@@ -85,7 +85,7 @@ class SpecChatApp(App[None]):
         yield Footer(compact=True)  # compact: the main keys, Quit included, fit in 80 columns
 
     def on_mount(self) -> None:
-        lag = self.archive.open(lambda text: self.post_message(HistoryLag(text)))
+        lag = self.archive.open(lambda text: self.post_message(HistoryLag(text)), self.post_message)
         if lag:
             notice(self, lag, severity="error", title="History")
         history = self.archive.history
@@ -146,6 +146,12 @@ class SpecChatApp(App[None]):
             notice(self, message.notice, severity="warning", title="History not saved yet", timeout=30)
         else:
             notice(self, "The history database is free again: everything is saved.", title="History saved")
+
+    def on_history_rescued(self, message: HistoryRescued) -> None:
+        """The open chat was deleted in another window: what was unsaved went to a new chat."""
+        if self.conversation.chat_id == message.chat_id:
+            self.sub_title = message.title
+        notice(self, message.notice, severity="warning", title="Chat deleted elsewhere", timeout=30)
 
     # -- actions --------------------------------------------------------------------------
 

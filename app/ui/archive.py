@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from app.store.history import History, HistoryError
-from app.store.saver import HistorySaver
+from app.store.saver import HistoryRescued, HistorySaver
 
 T = TypeVar("T")
 
@@ -38,11 +38,13 @@ class Archive:
         self.history: History | None = None
         self.saver: HistorySaver | None = None
 
-    def open(self, on_lag: Callable[[str | None], None]) -> str | None:
+    def open(self, on_lag: Callable[[str | None], None],
+             on_rescue: Callable[[HistoryRescued], None] | None = None) -> str | None:
         """Open the history and start the saver; returns the history's notice (a database
-        set aside, a lock) for the user, or None. ``on_lag`` hears from the saver thread."""
+        set aside, a lock) for the user, or None. ``on_lag`` and ``on_rescue`` (the open
+        chat was deleted elsewhere, app.store.saver) hear from the saver thread."""
         self.history = History.open()
-        self.saver = HistorySaver(self.history, on_lag, min_interval_s=WRITE_EVERY_S)
+        self.saver = HistorySaver(self.history, on_lag, min_interval_s=WRITE_EVERY_S, on_rescue=on_rescue)
         return self.history.notice
 
     def db(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T | None:
