@@ -106,6 +106,7 @@ class HistorySaver:
         self._cond = threading.Condition()
         self._closed = False
         self._lagging = False
+        self._last_error: str | None = None
         self._thread: threading.Thread | None = None
 
     # -- called by the app's threads ----------------------------------------------
@@ -143,6 +144,16 @@ class HistorySaver:
         """Replies whose latest state is not in the database yet."""
         with self._cond:
             return sum(1 for r in self._queue if r.written != r.version or r.finish is None)
+
+    def pending(self) -> list[tuple[ChatRef, str, str]]:
+        """``(chat, prompt, reply text)`` of each reply whose latest state is not in the database."""
+        with self._cond:
+            return [(r.chat, r.prompt, r.text) for r in self._queue if r.written != r.version or r.finish is None]
+
+    @property
+    def last_error(self) -> str | None:
+        """Why writes fail, while they do (:attr:`lagging`)."""
+        return self._last_error if self._lagging else None
 
     def flush(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for every finished reply to be written; True if all were."""
@@ -200,6 +211,7 @@ class HistorySaver:
                 self._chat_deleted(record.chat)
                 continue
             except HistoryError as exc:
+                self._last_error = str(exc)
                 if not self._lagging:
                     self._lagging = True
                     self.on_lag(f"{exc}. Unsaved text is kept in memory and saved when the lock is released."

@@ -31,6 +31,7 @@ from app.ui.labels import header_title
 from app.ui.loading import Loader
 from app.ui.messages import EngineFailed, EngineReady, LoadProgress
 from app.ui.notices import notice
+from app.ui.quitting import ExitOnSignals, ask_before_quit
 from app.ui.screens.chats import ChatsResult, ChatsScreen
 from app.ui.screens.copy import CopyChoice, CopyScreen, copy_choices, last_code_block, last_reply
 from app.ui.screens.dialog import AskDialog, Dialog
@@ -73,6 +74,8 @@ class SpecChatApp(App[None]):
         self.archive = Archive(lambda text: notice(self, text, severity="error", title="History"))
         self.conversation = Conversation(self.engine, self.archive, id="main")
         self.key_hold = KeyHold(super().on_event, self.call_later, self.set_timer)
+        self.signals = ExitOnSignals(self)
+        """SIGTERM/SIGHUP exit as ctrl+q does, saving and restoring the terminal (app.ui.quitting)."""
 
     async def on_event(self, event: events.Event) -> None:
         if isinstance(event, events.Key) and not event.is_forwarded and self.key_hold.take(event):
@@ -91,6 +94,7 @@ class SpecChatApp(App[None]):
         history = self.archive.history
         self.conversation.start((self.archive.db(history.recent_prompts) if history else None) or [])
         self.conversation.fit_hud(self.size.width)
+        self.signals.install()
         for step in (self.engine.read_profiles(), self.engine.initial_profile()):
             if isinstance(step, Refusal):
                 notice(self, step.text, severity=step.severity, title=step.title)
@@ -289,6 +293,12 @@ class SpecChatApp(App[None]):
             self.push_screen(*ask_export(history, chat_id, chat.title if chat else "chat",
                                          lambda text, severity: notice(self, text, severity=severity, title="Export")))
 
+    # -- quitting (app.ui.quitting) --------------------------------------------------------
+
+    async def action_quit(self) -> None:
+        """ctrl+q: quit, unless the chat would be lost (history writes failing): then ask."""
+        ask_before_quit(self, self.conversation, self.archive)
+
     # -- the engine -----------------------------------------------------------------------
 
     def action_toggle_speculation(self) -> None:
@@ -396,6 +406,7 @@ class SpecChatApp(App[None]):
         self.conversation.drop_queued()
 
     def on_unmount(self) -> None:
+        self.signals.remove()
         self.conversation.stop_reply()
         self.engine.close()
         self.archive.close()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -118,6 +119,32 @@ def export_chat(history: History, chat_id: int, path: Path | None = None) -> Pat
         return write_new_file(path, text)
     except OSError as exc:
         raise HistoryError(f"Could not write {path}: {exc}") from exc
+
+
+def transcript_markdown(title: str, messages: list[tuple[str, str]], unsent: str = "") -> str:
+    """A chat as the screen shows it (``(role, text)`` in order) and the prompt box's unsent
+    text, as Markdown: what quitting exports when the history could not take it."""
+    lines = [f"# {title}", "", f"- Exported unsaved at quit: {time.strftime('%Y-%m-%d %H:%M')}"]
+    for role, text in messages:
+        lines += ["", f"## {role.capitalize()}", "", text]
+    if unsent.strip():
+        lines += ["", "## Unsent prompt", "", unsent]
+    return "\n".join(lines) + "\n"
+
+
+def export_unsaved(text: str, name: str = "unsaved-chat.md") -> Path:
+    """Write ``text`` to a new file ``name`` in the first folder that takes it: the exports
+    folder, then home, the working folder and the temp folder (a full or read-only data
+    folder must not lose it). Raises :class:`HistoryError` naming each folder tried."""
+    tried: list[str] = []
+    for folder in (data_dir() / "exports", Path.home(), Path.cwd(), Path(tempfile.gettempdir())):
+        try:
+            if folder == data_dir() / "exports":
+                ensure_private_dir(folder)
+            return write_new_file(folder / name, text)
+        except OSError as exc:
+            tried.append(f"{folder} ({exc.strerror or exc})")
+    raise HistoryError("Could not export the unsaved chat: " + "; ".join(tried))
 
 
 Tell = Callable[[str, str], None]
