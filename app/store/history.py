@@ -401,8 +401,11 @@ class History:
 
     def mark_superseded(self, chat_id: int, first_id: int) -> None:
         """Mark message ``first_id`` and every later one of the chat as replaced (an edited
-        prompt is about to follow them); repeating it changes nothing."""
-        self._run("UPDATE messages SET superseded = 1 WHERE chat_id = ? AND id >= ?", (chat_id, first_id))
+        prompt is about to follow them); repeating it changes nothing. Nothing is marked unless
+        ``first_id`` is a message of this chat (a row of a chat deleted since is not)."""
+        self._run("UPDATE messages SET superseded = 1 WHERE chat_id = ? AND id >= ?"
+                  " AND EXISTS (SELECT 1 FROM messages WHERE id = ? AND chat_id = ?)",
+                  (chat_id, first_id, first_id, chat_id))
 
     def recent_prompts(self, limit: int = 200) -> list[str]:
         """The last ``limit`` prompts the user sent, in any chat, oldest first (for Up in the prompt box)."""

@@ -111,3 +111,15 @@ def test_a_version_2_file_is_rebuilt_with_ids_that_are_never_reused(tmp_path: Pa
     history.delete_chat(1)  # cascades still work in the rebuilt tables
     assert history._conn.execute("SELECT count(*) FROM messages WHERE chat_id = 1").fetchone()[0] == 0
     history.close()
+
+
+def test_superseding_from_a_message_of_another_chat_marks_nothing(tmp_path: Path) -> None:
+    history = History.open(tmp_path / "history.db")
+    gone = history.create_chat("gone", None)
+    stale = history.add_message(gone, "user", "old prompt")
+    history.delete_chat(gone)
+    chat = history.create_chat("recovered", None)
+    history.add_message(chat, "user", "kept")
+    history.mark_superseded(chat, stale)  # an id from the deleted chat, lower than every id here
+    assert [m.superseded for m in history.messages(chat)] == [False]
+    history.close()
