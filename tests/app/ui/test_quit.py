@@ -98,3 +98,15 @@ def test_the_unsaved_export_goes_to_the_next_folder_that_works(specchat_dirs: Pa
     written = export_unsaved("# kept\n", "chat.md")
     assert written == home / "chat-2.md" and written.read_text() == "# kept\n"
     assert (home / "chat.md").read_text() == "mine"
+
+
+def test_a_history_kept_in_memory_is_at_risk_once_the_chat_has_messages(specchat_dirs: Path) -> None:
+    from app.store.history import History
+    from app.ui.archive import Archive
+
+    archive = Archive(lambda text: None)
+    assert archive.at_risk(on_screen=True) is None  # not open yet: nothing to lose
+    archive.history = History._in_memory("the history database could not be used")
+    assert archive.at_risk(on_screen=False) is None
+    assert "not saved" in (archive.at_risk(on_screen=True) or "")
+    archive.close()
