@@ -11,10 +11,12 @@ A write to a chat that was deleted (another window deleted it, :class:`ChatDelet
 is never tried again: ids are never reused, so it could only fail. The chat's unsaved
 exchanges move to a new chat, "<title> (recovered)", and ``on_rescue`` is told its title
 once it is written. The ChatRef is shared with the conversation, so what the user
-sends next goes there too. A chat deleted through this History
-(:attr:`History.deleted_here`) is simply dropped: the user meant it. Only the latest state of each reply is
-written (rounds coalesce), and the final state (with its finish reason) is
-written as soon as the lock clears, even after the reply ended.
+sends next goes there too. What is unsaved of a chat deleted through this History
+(:attr:`History.deleted_here`) is simply dropped: the user meant it.
+
+Only the latest state of each reply is written (rounds coalesce), and the final
+state (with its finish reason) is written as soon as the lock clears, even after
+the reply ended.
 """
 from __future__ import annotations
 
