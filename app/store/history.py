@@ -26,81 +26,21 @@ import sqlite3
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.errors import SpecChatError
-
 from app.store.paths import data_dir, ensure_private_dir
 from app.store.pieces import Pieces
+from app.store.records import ChatDeleted, ChatRecord, HistoryError, MessageRecord, describe, is_missing_parent
 from app.store.schema import NewerSchema, is_corruption_error, is_lock_error, migrate
+
+__all__ = ["BUSY_TIMEOUT_S", "OPEN_ATTEMPTS", "ChatDeleted", "ChatRecord", "History", "HistoryError",
+           "MessageRecord"]
 
 BUSY_TIMEOUT_S = 5.0
 """How long one statement waits for another connection's lock before failing."""
 OPEN_ATTEMPTS = 2
 """Tries (each waiting BUSY_TIMEOUT_S) before :meth:`History.open` gives up on a lock."""
-
-
-class HistoryError(SpecChatError):
-    """Reading or writing the history database failed."""
-
-    def __init__(self, message: str, *, locked: bool = False) -> None:
-        super().__init__(message)
-        self.locked = locked
-        """True when another program's lock was the cause: trying again later may work."""
-
-
-class ChatDeleted(HistoryError):
-    """The chat was deleted (in this window or another): a write to it is refused for good.
-
-    Ids are never reused (``AUTOINCREMENT``), so nothing else can take its place; trying
-    again cannot work, and the saver moves what was unsaved to a new chat instead."""
-
-    def __init__(self, chat_id: int) -> None:
-        super().__init__(f"Saving chat history failed: chat {chat_id} was deleted (in another window?)")
-        self.chat_id = chat_id
-
-
-def _is_missing_parent(exc: sqlite3.Error) -> bool:
-    """A FOREIGN KEY failure: the row's chat is gone (a constraint, not a lock: never retried)."""
-    return isinstance(exc, sqlite3.IntegrityError) and "foreign key" in str(exc).lower()
-
-
-def _describe(what: str, exc: sqlite3.Error) -> str:
-    if is_lock_error(exc):
-        return f"{what}: the history database is locked by another program ({exc}); will retry"
-    return f"{what}: {exc}"
-
-
-@dataclass(frozen=True)
-class ChatRecord:
-    """One saved conversation."""
-
-    id: int
-    title: str
-    profile: str | None
-    system_prompt: str | None
-    created: float
-    updated: float
-    message_count: int = 0
-
-
-@dataclass(frozen=True)
-class MessageRecord:
-    """One saved message of a conversation."""
-
-    id: int
-    chat_id: int
-    role: str
-    content: str
-    profile: str | None
-    stats: dict[str, Any] | None
-    pieces: Pieces | None
-    finish_reason: str | None
-    created: float
-    superseded: bool = False
-    """Replaced by an edited prompt: shown dimmed, left out of what the model reads."""
 
 
 def _private_file(path: Path) -> None:
@@ -274,7 +214,7 @@ class History:
                 with self._conn:
                     return self._conn.execute(sql, params)
             except sqlite3.Error as exc:
-                raise HistoryError(_describe("Saving chat history failed", exc), locked=is_lock_error(exc)) from exc
+                raise HistoryError(describe("Saving chat history failed", exc), locked=is_lock_error(exc)) from exc
 
     def _write_chat(self, chat_id: int, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[sqlite3.Cursor]:
         """Run ``statements`` in one transaction; each must change a row of chat ``chat_id``.
@@ -293,9 +233,9 @@ class History:
                         done.append(cur)
                     return done
             except sqlite3.Error as exc:
-                if _is_missing_parent(exc):
+                if is_missing_parent(exc):
                     raise ChatDeleted(chat_id) from exc
-                raise HistoryError(_describe("Saving chat history failed", exc), locked=is_lock_error(exc)) from exc
+                raise HistoryError(describe("Saving chat history failed", exc), locked=is_lock_error(exc)) from exc
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -303,7 +243,7 @@ class History:
                 self._ensure_ready()
                 return self._conn.execute(sql, params).fetchall()
             except sqlite3.Error as exc:
-                raise HistoryError(_describe("Reading chat history failed", exc), locked=is_lock_error(exc)) from exc
+                raise HistoryError(describe("Reading chat history failed", exc), locked=is_lock_error(exc)) from exc
 
     # -- chats ---------------------------------------------------------------------
 
@@ -356,7 +296,7 @@ class History:
                     self._conn.execute("DELETE FROM messages WHERE chat_id = ?", (chat_id,))
                     self._conn.execute("DELETE FROM chats WHERE id = ?", (chat_id,))
             except sqlite3.Error as exc:
-                raise HistoryError(_describe("Deleting the chat failed", exc), locked=is_lock_error(exc)) from exc
+                raise HistoryError(describe("Deleting the chat failed", exc), locked=is_lock_error(exc)) from exc
 
     # -- messages ------------------------------------------------------------------
 
