@@ -4,7 +4,7 @@ Usage: PYTHONPATH=$PWD python scripts/open_long_chat.py [RUNS] [TURNS]
 
 Each run starts the app on the fake backend (120x40), opens the chat and waits for the
 first full paint; it prints the seconds per run, and on stderr how many messages were
-mounted and how many wait above (app.ui.widgets.chat_view.ChatLog.older). Every reply
+mounted and how many wait above (app.ui.widgets.chat_log.ChatLog.older). Every reply
 is Markdown with a list, a code block and a table. Uses temporary specchat folders.
 """
 from __future__ import annotations

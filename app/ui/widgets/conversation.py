@@ -30,7 +30,8 @@ from app.ui.messages import ReplyChunk, ReplyFinished
 from app.ui.notices import notice
 from app.ui.reply_stream import ReplyJob, ReplyStream, stream_reply
 from app.ui.requests import build_messages, generation_params, turns_from
-from app.ui.widgets.chat_view import AssistantMessage, ChatLog, UserMessage
+from app.ui.widgets.chat_log import ChatLog
+from app.ui.widgets.chat_view import AssistantMessage, UserMessage
 from app.ui.widgets.hud import Hud
 from app.ui.widgets.hud_line import HUD_MIN_WIDTH
 from app.ui.widgets.prompt import PromptArea

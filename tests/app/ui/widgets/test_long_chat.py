@@ -8,7 +8,8 @@ import pytest
 
 from app.store.history import History
 from app.ui.app import SpecChatApp
-from app.ui.widgets.chat_view import AssistantMessage, OlderMessages, UserMessage
+from app.ui.widgets.chat_log import OlderMessages
+from app.ui.widgets.chat_view import AssistantMessage, UserMessage
 from tests.app.helpers import ready, send, wait_for
 
 pytestmark = pytest.mark.anyio
