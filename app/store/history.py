@@ -347,6 +347,10 @@ class History:
                   " AND EXISTS (SELECT 1 FROM messages WHERE id = ? AND chat_id = ?)",
                   (chat_id, first_id, first_id, chat_id))
 
+    def has_message(self, chat_id: int, message_id: int) -> bool:
+        """True if message ``message_id`` is in chat ``chat_id``."""
+        return bool(self._query("SELECT 1 FROM messages WHERE id = ? AND chat_id = ?", (message_id, chat_id)))
+
     def recent_prompts(self, limit: int = 200) -> list[str]:
         """The last ``limit`` prompts the user sent, in any chat, oldest first (for Up in the prompt box)."""
         rows = self._query("SELECT content FROM messages WHERE role = 'user' ORDER BY id DESC LIMIT ?", (limit,))

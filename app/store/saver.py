@@ -269,6 +269,8 @@ class HistorySaver:
         chat = record.chat
         if chat.id is None:
             chat.id = h.create_chat(chat.title, chat.profile, chat.system_prompt)
+        if record.user_id is not None and record.assistant_id is None and not h.has_message(chat.id, record.user_id):
+            record.user_id = None  # the prompt it answers again went with a deleted chat: written again here
         if record.user_id is None:
             first = record.supersedes.user_id if isinstance(record.supersedes, ReplyRecord) else record.supersedes
             if first is not None:

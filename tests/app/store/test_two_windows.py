@@ -123,3 +123,18 @@ def test_superseding_from_a_message_of_another_chat_marks_nothing(tmp_path: Path
     history.mark_superseded(chat, stale)  # an id from the deleted chat, lower than every id here
     assert [m.superseded for m in history.messages(chat)] == [False]
     history.close()
+
+
+def test_a_reply_answering_a_prompt_of_a_deleted_chat_again_brings_its_prompt(tmp_path: Path) -> None:
+    history = History.open(tmp_path / "history.db")
+    gone = history.create_chat("gone", None)
+    stale = history.add_message(gone, "user", "the prompt")
+    history.delete_chat(gone)
+    chat = ChatRef("recovered", None, id=history.create_chat("recovered", None))
+    saver = HistorySaver(history)
+    record = saver.start_reply(chat, "the prompt", None, user_id=stale)  # regenerate, its row gone
+    saver.update(record, "again", [("again", "target")], None, "eos")
+    assert saver.flush(5)
+    rows = [(m.role, m.content) for m in history.messages(chat.id)]  # type: ignore[arg-type]
+    assert rows == [("user", "the prompt"), ("assistant", "again")]
+    saver.close(5)
