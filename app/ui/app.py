@@ -74,7 +74,7 @@ class SpecChatApp(App[None]):
         self.archive = Archive(lambda text: notice(self, text, severity="error", title="History"))
         self.conversation = Conversation(self.engine, self.archive, id="main")
         self.key_hold = KeyHold(super().on_event, self.call_later, self.set_timer)
-        self.signals = ExitOnSignals(self)
+        self.signals = ExitOnSignals(self, self.conversation, self.archive)
         """SIGTERM/SIGHUP exit as ctrl+q does, saving and restoring the terminal (app.ui.quitting)."""
 
     async def on_event(self, event: events.Event) -> None:

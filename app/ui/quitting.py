@@ -8,7 +8,8 @@ not sent goes into that export, but alone does not stop ctrl+q: the prompt box
 is not a document, and a question at every quit teaches people to click through.
 
 SIGTERM and SIGHUP end the app the way ctrl+q does, without asking (nobody is
-there to answer): the App's unmount lets the saver write what it can, and
+there to answer; what would be lost is exported as "export" would): the App's
+unmount lets the saver write what it can, and
 Textual's normal exit leaves the alternate screen, turns mouse reporting off and
 shows the cursor again. Python's default for both signals kills the process on
 the spot, leaving the terminal in the app's modes.
@@ -79,10 +80,15 @@ def write_unsaved(app: "App[Any]", conversation: "Conversation", archive: Archiv
 
 
 class ExitOnSignals:
-    """SIGTERM/SIGHUP handlers on the app's event loop (so they run on the app's thread)."""
+    """SIGTERM/SIGHUP handlers on the app's event loop (so they run on the app's thread).
 
-    def __init__(self, app: "App[Any]") -> None:
+    Nobody can be asked: when the chat would be lost (:meth:`Archive.at_risk`) it is
+    exported first, as ctrl+q's "export" would, and the saver still gets its wait."""
+
+    def __init__(self, app: "App[Any]", conversation: "Conversation", archive: Archive) -> None:
         self._app = app
+        self._conversation = conversation
+        self._archive = archive
         self._installed: list[int] = []
 
     def install(self) -> None:
@@ -91,7 +97,7 @@ class ExitOnSignals:
         try:
             loop = asyncio.get_running_loop()
             for sig in SIGNALS:
-                loop.add_signal_handler(sig, self._exit, sig)
+                loop.add_signal_handler(sig, self.on_signal, sig)
                 self._installed.append(sig)
         except (NotImplementedError, RuntimeError, ValueError):
             pass
@@ -105,5 +111,12 @@ class ExitOnSignals:
             loop.remove_signal_handler(sig)
         self._installed = []
 
-    def _exit(self, sig: int) -> None:
-        self._app.exit(return_code=128 + sig)
+    def on_signal(self, sig: int) -> None:
+        """Exit with 128 + ``sig`` (as a shell reports a signal), exporting first what would be lost."""
+        conversation = self._conversation
+        message = None
+        if self._archive.at_risk(bool(conversation.messages()) and not conversation.private) is not None:
+            path = write_unsaved(self._app, conversation, self._archive)
+            if path is not None:
+                message = f"specchat: the unsaved chat was exported to {path}"
+        self._app.exit(return_code=128 + sig, message=message)

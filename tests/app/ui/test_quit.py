@@ -110,3 +110,19 @@ def test_a_history_kept_in_memory_is_at_risk_once_the_chat_has_messages(specchat
     assert archive.at_risk(on_screen=False) is None
     assert "not saved" in (archive.at_risk(on_screen=True) or "")
     archive.close()
+
+
+async def test_sigterm_with_writes_failing_exports_what_would_be_lost(
+    make_app: Callable[..., SpecChatApp], specchat_dirs: Path
+) -> None:
+    import signal
+
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await _unsaved_reply(pilot, app)
+        app.signals.on_signal(signal.SIGTERM)  # what the loop's handler calls
+        await wait_for(pilot, lambda: app.return_code is not None)
+    assert app.return_code == 128 + signal.SIGTERM
+    (exported,) = (specchat_dirs / "exports").glob("unsaved-chat-*.md")
+    assert "my unsaved question" in exported.read_text()
