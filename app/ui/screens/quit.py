@@ -6,7 +6,7 @@ from typing import Literal
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Button, Label
+from textual.widgets import Button, Static
 
 from app.ui.screens.dialog import Dialog
 
@@ -31,9 +31,9 @@ class QuitScreen(Dialog["QuitAnswer | None"]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog confirm-dialog quit-dialog"):
-            yield Label(self._why, classes="dialog-title", markup=False)
-            yield Label("e exports it to a Markdown file and quits · d quits without it · Esc stays",
-                        classes="dialog-hint")
+            yield Static(self._why, classes="dialog-title", markup=False)  # Static wraps; a Label would not
+            yield Static("e exports it to a Markdown file and quits · d quits without it · Esc stays",
+                         classes="dialog-hint", markup=False)
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Export and quit", variant="primary", id="export")
                 yield Button("Discard", variant="error", id="discard")
