@@ -211,9 +211,10 @@ def cmd_app(args: argparse.Namespace) -> int:
     budget = parse_size(args.memory_budget) if args.memory_budget else None
     if args.draft and not args.target:
         raise SpecChatError("--draft needs --target (or choose a profile with --profile)")
-    SpecChatApp(args.profile, models_file=args.models, memory_budget=budget, target=args.target, draft=args.draft,
-                server_profile=server_profile_from_args(args)).run()
-    return 0
+    app = SpecChatApp(args.profile, models_file=args.models, memory_budget=budget, target=args.target,
+                      draft=args.draft, server_profile=server_profile_from_args(args))
+    app.run()
+    return app.return_code or 0  # 128 + signal after SIGTERM/SIGHUP, as a shell reports it
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,65 +26,21 @@ import sqlite3
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.errors import SpecChatError
-
 from app.store.paths import data_dir, ensure_private_dir
 from app.store.pieces import Pieces
+from app.store.records import ChatDeleted, ChatRecord, HistoryError, MessageRecord, describe, is_missing_parent
 from app.store.schema import NewerSchema, is_corruption_error, is_lock_error, migrate
+
+__all__ = ["BUSY_TIMEOUT_S", "OPEN_ATTEMPTS", "ChatDeleted", "ChatRecord", "History", "HistoryError",
+           "MessageRecord"]
 
 BUSY_TIMEOUT_S = 5.0
 """How long one statement waits for another connection's lock before failing."""
 OPEN_ATTEMPTS = 2
 """Tries (each waiting BUSY_TIMEOUT_S) before :meth:`History.open` gives up on a lock."""
-
-
-class HistoryError(SpecChatError):
-    """Reading or writing the history database failed."""
-
-    def __init__(self, message: str, *, locked: bool = False) -> None:
-        super().__init__(message)
-        self.locked = locked
-        """True when another program's lock was the cause: trying again later may work."""
-
-
-def _describe(what: str, exc: sqlite3.Error) -> str:
-    if is_lock_error(exc):
-        return f"{what}: the history database is locked by another program ({exc}); will retry"
-    return f"{what}: {exc}"
-
-
-@dataclass(frozen=True)
-class ChatRecord:
-    """One saved conversation."""
-
-    id: int
-    title: str
-    profile: str | None
-    system_prompt: str | None
-    created: float
-    updated: float
-    message_count: int = 0
-
-
-@dataclass(frozen=True)
-class MessageRecord:
-    """One saved message of a conversation."""
-
-    id: int
-    chat_id: int
-    role: str
-    content: str
-    profile: str | None
-    stats: dict[str, Any] | None
-    pieces: Pieces | None
-    finish_reason: str | None
-    created: float
-    superseded: bool = False
-    """Replaced by an edited prompt: shown dimmed, left out of what the model reads."""
 
 
 def _private_file(path: Path) -> None:
@@ -107,6 +63,9 @@ class History:
         self.notice = notice
         """Set when the database had to be set aside, is locked, or could not be opened."""
         self._ready = True
+        self.deleted_here: set[int] = set()
+        """Chats deleted through this object (this window): a refused write to one of them
+        is dropped, while one deleted by another window is recovered (app.store.saver)."""
 
     # -- opening ---------------------------------------------------------------
 
@@ -255,7 +214,28 @@ class History:
                 with self._conn:
                     return self._conn.execute(sql, params)
             except sqlite3.Error as exc:
-                raise HistoryError(_describe("Saving chat history failed", exc), locked=is_lock_error(exc)) from exc
+                raise HistoryError(describe("Saving chat history failed", exc), locked=is_lock_error(exc)) from exc
+
+    def _write_chat(self, chat_id: int, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[sqlite3.Cursor]:
+        """Run ``statements`` in one transaction; each must change a row of chat ``chat_id``.
+
+        Raises :class:`ChatDeleted` (and writes nothing) when the chat is gone: a
+        FOREIGN KEY failure on an insert, or an update that found no row."""
+        with self._lock:
+            try:
+                self._ensure_ready()
+                with self._conn:
+                    done = []
+                    for sql, params in statements:
+                        cur = self._conn.execute(sql, params)
+                        if cur.rowcount == 0:
+                            raise ChatDeleted(chat_id)
+                        done.append(cur)
+                    return done
+            except sqlite3.Error as exc:
+                if is_missing_parent(exc):
+                    raise ChatDeleted(chat_id) from exc
+                raise HistoryError(describe("Saving chat history failed", exc), locked=is_lock_error(exc)) from exc
 
     def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -263,7 +243,7 @@ class History:
                 self._ensure_ready()
                 return self._conn.execute(sql, params).fetchall()
             except sqlite3.Error as exc:
-                raise HistoryError(_describe("Reading chat history failed", exc), locked=is_lock_error(exc)) from exc
+                raise HistoryError(describe("Reading chat history failed", exc), locked=is_lock_error(exc)) from exc
 
     # -- chats ---------------------------------------------------------------------
 
@@ -306,10 +286,17 @@ class History:
         self._run("UPDATE chats SET profile = ?, updated = ? WHERE id = ?", (profile, time.time(), chat_id))
 
     def delete_chat(self, chat_id: int) -> None:
-        """Delete a chat and its messages."""
+        """Delete a chat and its messages (in one transaction). Its id is never given to another
+        chat, so a window that still has it open is refused (:class:`ChatDeleted`), never mixed in."""
         with self._lock:
-            self._run("DELETE FROM messages WHERE chat_id = ?", (chat_id,))
-            self._run("DELETE FROM chats WHERE id = ?", (chat_id,))
+            self.deleted_here.add(chat_id)
+            try:
+                self._ensure_ready()
+                with self._conn:
+                    self._conn.execute("DELETE FROM messages WHERE chat_id = ?", (chat_id,))
+                    self._conn.execute("DELETE FROM chats WHERE id = ?", (chat_id,))
+            except sqlite3.Error as exc:
+                raise HistoryError(describe("Deleting the chat failed", exc), locked=is_lock_error(exc)) from exc
 
     # -- messages ------------------------------------------------------------------
 
@@ -324,21 +311,20 @@ class History:
         pieces: Pieces | None = None,
         finish_reason: str | None = None,
     ) -> int:
-        """Append a message to a chat and return its id."""
+        """Append a message to a chat and return its id; :class:`ChatDeleted` if the chat is gone."""
         now = time.time()
-        with self._lock:
-            cur = self._run(
-                "INSERT INTO messages(chat_id, role, content, profile, stats, pieces, finish_reason, created)"
-                " VALUES (?,?,?,?,?,?,?,?)",
-                (chat_id, role, content, profile, _dump(stats), _dump(pieces), finish_reason, now),
-            )
-            self._run("UPDATE chats SET updated = ?, profile = coalesce(?, profile) WHERE id = ?",
-                      (now, profile, chat_id))
+        cur, _ = self._write_chat(chat_id, (
+            ("INSERT INTO messages(chat_id, role, content, profile, stats, pieces, finish_reason, created)"
+             " VALUES (?,?,?,?,?,?,?,?)",
+             (chat_id, role, content, profile, _dump(stats), _dump(pieces), finish_reason, now)),
+            ("UPDATE chats SET updated = ?, profile = coalesce(?, profile) WHERE id = ?", (now, profile, chat_id)),
+        ))
         assert cur.lastrowid is not None
         return cur.lastrowid
 
     def update_message(
         self,
+        chat_id: int,
         message_id: int,
         content: str,
         *,
@@ -346,16 +332,24 @@ class History:
         pieces: Pieces | None = None,
         finish_reason: str | None = None,
     ) -> None:
-        """Rewrite a (streaming) message with its text so far."""
-        self._run(
-            "UPDATE messages SET content = ?, stats = ?, pieces = ?, finish_reason = ? WHERE id = ?",
-            (content, _dump(stats), _dump(pieces), finish_reason, message_id),
-        )
+        """Rewrite a (streaming) message of chat ``chat_id`` with its text so far;
+        :class:`ChatDeleted` if the chat (and so the message) is gone."""
+        self._write_chat(chat_id, ((
+            "UPDATE messages SET content = ?, stats = ?, pieces = ?, finish_reason = ? WHERE id = ? AND chat_id = ?",
+            (content, _dump(stats), _dump(pieces), finish_reason, message_id, chat_id),
+        ),))
 
     def mark_superseded(self, chat_id: int, first_id: int) -> None:
         """Mark message ``first_id`` and every later one of the chat as replaced (an edited
-        prompt is about to follow them); repeating it changes nothing."""
-        self._run("UPDATE messages SET superseded = 1 WHERE chat_id = ? AND id >= ?", (chat_id, first_id))
+        prompt is about to follow them); repeating it changes nothing. Nothing is marked unless
+        ``first_id`` is a message of this chat (a row of a chat deleted since is not)."""
+        self._run("UPDATE messages SET superseded = 1 WHERE chat_id = ? AND id >= ?"
+                  " AND EXISTS (SELECT 1 FROM messages WHERE id = ? AND chat_id = ?)",
+                  (chat_id, first_id, first_id, chat_id))
+
+    def has_message(self, chat_id: int, message_id: int) -> bool:
+        """True if message ``message_id`` is in chat ``chat_id``."""
+        return bool(self._query("SELECT 1 FROM messages WHERE id = ? AND chat_id = ?", (message_id, chat_id)))
 
     def recent_prompts(self, limit: int = 200) -> list[str]:
         """The last ``limit`` prompts the user sent, in any chat, oldest first (for Up in the prompt box)."""

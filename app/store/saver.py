@@ -3,11 +3,20 @@
 The reply worker only records the state it wants saved (:meth:`HistorySaver.update`);
 one saver thread per app brings the database to that state, oldest reply first,
 so rows keep their order. When a write fails because another program holds a
-lock, the unsaved state stays in memory, the saver tries again with exponential
-backoff (:data:`BACKOFF_S`) and calls ``on_lag`` with a one-line notice; once a
-write succeeds it calls ``on_lag(None)``. Only the latest state of each reply is
-written (rounds coalesce), and the final state (with its finish reason) is
-written as soon as the lock clears, even after the reply ended.
+lock (or the disk is full, or the file read-only), the unsaved state stays in memory,
+the saver tries again with exponential backoff (:data:`BACKOFF_S`) and calls
+``on_lag`` with a one-line notice; once a write succeeds it calls ``on_lag(None)``.
+
+A write to a chat that was deleted (another window deleted it, :class:`ChatDeleted`)
+is never tried again: ids are never reused, so it could only fail. The chat's unsaved
+exchanges move to a new chat, "<title> (recovered)", and ``on_rescue`` is told its title
+once it is written. The ChatRef is shared with the conversation, so what the user
+sends next goes there too. What is unsaved of a chat deleted through this History
+(:attr:`History.deleted_here`) is simply dropped: the user meant it.
+
+Only the latest state of each reply is written (rounds coalesce), and the final
+state (with its finish reason) is written as soon as the lock clears, even after
+the reply ended.
 """
 from __future__ import annotations
 
@@ -20,7 +29,7 @@ from typing import Any
 
 from textual.message import Message
 
-from app.store.history import History, HistoryError
+from app.store.history import ChatDeleted, History, HistoryError
 from app.store.pieces import Pieces
 
 BACKOFF_S = (0.25, 4.0)
@@ -35,7 +44,22 @@ class HistoryLag(Message):
         self.notice = notice
 
 
-@dataclass
+class HistoryRescued(Message):
+    """Posted by the saver thread: the open chat was deleted elsewhere and its unsaved
+    exchanges were saved to a new chat (``notice`` says which)."""
+
+    def __init__(self, notice: str, chat_id: int, title: str) -> None:
+        super().__init__()
+        self.notice = notice
+        self.chat_id = chat_id
+        self.title = title
+
+
+RECOVERED = " (recovered)"
+"""Added to a deleted chat's title to name the new chat its unsaved exchanges go to."""
+
+
+@dataclass(eq=False)
 class ChatRef:
     """A chat that may not be in the database yet (created by the saver's first write)."""
 
@@ -43,6 +67,8 @@ class ChatRef:
     profile: str | None = None
     system_prompt: str | None = None
     id: int | None = None
+    deleted_id: int | None = None
+    """Set while its unsaved exchanges wait to be written to a new chat: the id deleted elsewhere."""
 
 
 @dataclass
@@ -73,14 +99,16 @@ class HistorySaver:
     """The app's one writer of prompts and replies (thread-safe)."""
 
     def __init__(self, history: History, on_lag: Callable[[str | None], None] | None = None,
-                 min_interval_s: float = 0.0) -> None:
+                 min_interval_s: float = 0.0, on_rescue: Callable[[HistoryRescued], None] | None = None) -> None:
         self.history = history
         self.on_lag = on_lag or (lambda _notice: None)
+        self.on_rescue = on_rescue or (lambda _rescued: None)
         self.min_interval_s = min_interval_s
         self._queue: deque[ReplyRecord] = deque()
         self._cond = threading.Condition()
         self._closed = False
         self._lagging = False
+        self._last_error: str | None = None
         self._thread: threading.Thread | None = None
 
     # -- called by the app's threads ----------------------------------------------
@@ -118,6 +146,16 @@ class HistorySaver:
         """Replies whose latest state is not in the database yet."""
         with self._cond:
             return sum(1 for r in self._queue if r.written != r.version or r.finish is None)
+
+    def pending(self) -> list[tuple[ChatRef, str, str]]:
+        """``(chat, prompt, reply text)`` of each reply whose latest state is not in the database."""
+        with self._cond:
+            return [(r.chat, r.prompt, r.text) for r in self._queue if r.written != r.version or r.finish is None]
+
+    @property
+    def last_error(self) -> str | None:
+        """Why writes fail, while they do (:attr:`lagging`)."""
+        return self._last_error if self._lagging else None
 
     def flush(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for every finished reply to be written; True if all were."""
@@ -171,10 +209,17 @@ class HistorySaver:
                 snapshot = (record.version, record.text, list(record.pieces), record.stats, record.finish)
             try:
                 self._write(record, *snapshot)
+            except ChatDeleted:
+                self._chat_deleted(record.chat)
+                continue
             except HistoryError as exc:
+                self._last_error = str(exc)
                 if not self._lagging:
                     self._lagging = True
-                    self.on_lag(f"{exc}. Unsaved text is kept in memory and saved when the lock is released.")
+                    self.on_lag(f"{exc}. Unsaved text is kept in memory and saved when the lock is released."
+                                if exc.locked else
+                                f"{exc}. Unsaved text is kept in memory and saved as soon as writing works again; "
+                                "quitting first asks what to do with it.")
                 with self._cond:
                     if self._closed:
                         return
@@ -188,8 +233,34 @@ class HistorySaver:
             with self._cond:
                 record.written = max(record.written, snapshot[0])
                 self._cond.notify_all()
+            chat = record.chat
+            if chat.deleted_id is not None and chat.id is not None:
+                self.on_rescue(HistoryRescued(
+                    f"This chat was deleted in another window; your unsaved messages were saved to a new chat "
+                    f"'{chat.title}'.", chat.id, chat.title))
+                chat.deleted_id = None
             if self.min_interval_s > 0:
                 time.sleep(self.min_interval_s)
+
+    def _chat_deleted(self, chat: ChatRef) -> None:
+        """A write to ``chat`` was refused (:class:`ChatDeleted`): never retried. Its unsaved
+        exchanges are dropped if it was deleted here, else re-aimed at a new chat
+        (created by the next write; rows of the deleted chat they referred to are gone)."""
+        with self._cond:
+            mine = [r for r in self._queue if r.chat is chat and not r.saved]
+            if chat.id is not None and chat.id in self.history.deleted_here:
+                for record in mine:
+                    self._queue.remove(record)
+                self._cond.notify_all()
+                return
+            chat.deleted_id, chat.id = chat.id, None
+            if not chat.title.endswith(RECOVERED):
+                chat.title += RECOVERED
+            for record in mine:
+                record.user_id = record.assistant_id = None
+                record.supersedes = None
+                record.written = -1
+            self._cond.notify_all()
 
     def _write(self, record: ReplyRecord, version: int, text: str, pieces: Pieces,
                stats: dict[str, Any] | None, finish: str | None) -> None:
@@ -198,6 +269,8 @@ class HistorySaver:
         chat = record.chat
         if chat.id is None:
             chat.id = h.create_chat(chat.title, chat.profile, chat.system_prompt)
+        if record.user_id is not None and record.assistant_id is None and not h.has_message(chat.id, record.user_id):
+            record.user_id = None  # the prompt it answers again went with a deleted chat: written again here
         if record.user_id is None:
             first = record.supersedes.user_id if isinstance(record.supersedes, ReplyRecord) else record.supersedes
             if first is not None:
@@ -205,4 +278,4 @@ class HistorySaver:
             record.user_id = h.add_message(chat.id, "user", record.prompt, profile=record.profile)
         if record.assistant_id is None:
             record.assistant_id = h.add_message(chat.id, "assistant", "", profile=record.profile)
-        h.update_message(record.assistant_id, text, stats=stats, pieces=pieces, finish_reason=finish)
+        h.update_message(chat.id, record.assistant_id, text, stats=stats, pieces=pieces, finish_reason=finish)

@@ -33,10 +33,50 @@ CREATE TABLE IF NOT EXISTS messages (
 CREATE INDEX IF NOT EXISTS messages_by_chat ON messages(chat_id, id);
 """
 
+_AUTOINCREMENT = """
+CREATE TABLE chats_v3 (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    title         TEXT NOT NULL,
+    profile       TEXT,
+    system_prompt TEXT,
+    created       REAL NOT NULL,
+    updated       REAL NOT NULL
+);
+INSERT INTO chats_v3(id, title, profile, system_prompt, created, updated)
+    SELECT id, title, profile, system_prompt, created, updated FROM chats;
+CREATE TABLE messages_v3 (
+    id            INTEGER PRIMARY KEY AUTOINCREMENT,
+    chat_id       INTEGER NOT NULL REFERENCES chats(id) ON DELETE CASCADE,
+    role          TEXT NOT NULL,
+    content       TEXT NOT NULL,
+    profile       TEXT,
+    stats         TEXT,
+    pieces        TEXT,
+    finish_reason TEXT,
+    created       REAL NOT NULL,
+    superseded    INTEGER NOT NULL DEFAULT 0
+);
+INSERT INTO messages_v3(id, chat_id, role, content, profile, stats, pieces, finish_reason, created, superseded)
+    SELECT id, chat_id, role, content, profile, stats, pieces, finish_reason, created, superseded FROM messages;
+DROP TABLE messages;
+DROP TABLE chats;
+ALTER TABLE chats_v3 RENAME TO chats;
+ALTER TABLE messages_v3 RENAME TO messages;
+CREATE INDEX messages_by_chat ON messages(chat_id, id);
+"""
+"""Version 3: both tables rebuilt with ``AUTOINCREMENT`` (SQLite's "make other kinds of
+table schema changes" recipe: new table, copy, drop, rename, with foreign keys off
+meanwhile, see :func:`migrate`). The copies carry their ids, so ``sqlite_sequence`` starts
+past the largest id in the file; a deleted chat's id above that was never recorded by
+the old schema and cannot be known."""
+
 MIGRATIONS: tuple[tuple[int, str], ...] = (
     (1, _SCHEMA),
     # An edited prompt's earlier exchange: kept and shown dimmed, never sent to the model again.
     (2, "ALTER TABLE messages ADD COLUMN superseded INTEGER NOT NULL DEFAULT 0;"),
+    # Ids are never reused (AUTOINCREMENT): a chat deleted in one window can no longer be
+    # written into by another window that still has it open, through a new chat given its id.
+    (3, _AUTOINCREMENT),
 )
 """``(version, SQL script)`` in order: the script upgrades a file at ``version - 1``
 to ``version``. Append a step (never edit a released one) to change the schema."""
@@ -67,25 +107,41 @@ def migrate(conn: sqlite3.Connection, migrations: Sequence[tuple[int, str]] = MI
 
     Each step runs in its own transaction together with its ``user_version``
     bump, so a failed step leaves the file at the previous version, data intact.
+    Foreign keys are off while steps run (a step may rebuild a table: dropping the
+    old parent table must not cascade into the copied children) and checked with
+    ``PRAGMA foreign_key_check`` before each step commits (a step may not add dangling rows).
     """
     version = int(conn.execute("PRAGMA user_version").fetchone()[0])
     latest = migrations[-1][0] if migrations else 0
     if version > latest:
         raise NewerSchema(f"History database was written by a newer specchat (schema {version}, "
                            f"this one knows up to {latest}).")
-    for step, script in migrations:
-        if step <= version:
-            continue
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            for statement in _statements(script):
-                conn.execute(statement)
-            conn.execute(f"PRAGMA user_version = {int(step)}")
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
-        version = step
+    pending = [(step, script) for step, script in migrations if step > version]
+    if not pending:
+        return version
+    keys_on = bool(conn.execute("PRAGMA foreign_keys").fetchone()[0])
+    if keys_on:
+        conn.execute("PRAGMA foreign_keys = OFF")  # a no-op inside a transaction: set before BEGIN
+    try:
+        for step, script in pending:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                orphans = len(conn.execute("PRAGMA foreign_key_check").fetchall())  # kept as they were
+                for statement in _statements(script):
+                    conn.execute(statement)
+                broken = len(conn.execute("PRAGMA foreign_key_check").fetchall())
+                if broken > orphans:
+                    raise sqlite3.IntegrityError(f"schema step {step} left {broken - orphans} rows without "
+                                                 "their parent row")
+                conn.execute(f"PRAGMA user_version = {int(step)}")
+                conn.execute("COMMIT")
+            except BaseException:
+                conn.execute("ROLLBACK")
+                raise
+            version = step
+    finally:
+        if keys_on:
+            conn.execute("PRAGMA foreign_keys = ON")
     return version
 
 

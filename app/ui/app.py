@@ -18,7 +18,7 @@ from textual.driver import Driver
 from textual.screen import Screen
 from textual.widgets import Footer, Header
 
-from app.store.saver import HistoryLag
+from app.store.saver import HistoryLag, HistoryRescued
 from app.ui.archive import Archive
 from app.ui.commands import ProfileCommands, unique_commands
 from app.ui.early_stop import early_stop_driver
@@ -31,6 +31,7 @@ from app.ui.labels import header_title
 from app.ui.loading import Loader
 from app.ui.messages import EngineFailed, EngineReady, LoadProgress
 from app.ui.notices import notice
+from app.ui.quitting import ExitOnSignals, ask_before_quit
 from app.ui.screens.chats import ChatsResult, ChatsScreen
 from app.ui.screens.copy import CopyChoice, CopyScreen, copy_choices, last_code_block, last_reply
 from app.ui.screens.dialog import AskDialog, Dialog
@@ -74,6 +75,8 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         self.archive = Archive(lambda text: notice(self, text, severity="error", title="History"))
         self.conversation = Conversation(self.engine, self.archive, id="main")
         self.key_hold = KeyHold(super().on_event, self.call_later, self.set_timer)
+        self.signals = ExitOnSignals(self, self.conversation, self.archive)
+        """SIGTERM/SIGHUP exit as ctrl+q does, saving and restoring the terminal (app.ui.quitting)."""
 
     async def on_event(self, event: events.Event) -> None:
         if isinstance(event, events.Key) and not event.is_forwarded and self.key_hold.take(event):
@@ -87,12 +90,13 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         yield Footer(compact=True, show_command_palette=False)
 
     def on_mount(self) -> None:
-        lag = self.archive.open(lambda text: self.post_message(HistoryLag(text)))
+        lag = self.archive.open(lambda text: self.post_message(HistoryLag(text)), self.post_message)
         if lag:
             notice(self, lag, severity="error", title="History")
         history = self.archive.history
         self.conversation.start((self.archive.db(history.recent_prompts) if history else None) or [])
         self.conversation.fit_hud(self.size.width)
+        self.signals.install()
         for step in (self.engine.read_profiles(), self.engine.initial_profile()):
             if isinstance(step, Refusal):
                 notice(self, step.text, severity=step.severity, title=step.title)
@@ -148,6 +152,12 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
             notice(self, message.notice, severity="warning", title="History not saved yet", timeout=30)
         else:
             notice(self, "The history database is free again: everything is saved.", title="History saved")
+
+    def on_history_rescued(self, message: HistoryRescued) -> None:
+        """The open chat was deleted in another window: what was unsaved went to a new chat."""
+        if self.conversation.chat_id == message.chat_id:
+            self.sub_title = message.title
+        notice(self, message.notice, severity="warning", title="Chat deleted elsewhere", timeout=30)
 
     # -- actions --------------------------------------------------------------------------
 
@@ -285,6 +295,12 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
             self.push_screen(*ask_export(history, chat_id, chat.title if chat else "chat",
                                          lambda text, severity: notice(self, text, severity=severity, title="Export")))
 
+    # -- quitting (app.ui.quitting) --------------------------------------------------------
+
+    async def action_quit(self) -> None:
+        """ctrl+q: quit, unless the chat would be lost (history writes failing): then ask."""
+        ask_before_quit(self, self.conversation, self.archive)
+
     # -- the engine -----------------------------------------------------------------------
 
     def action_toggle_speculation(self) -> None:
@@ -395,6 +411,7 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         self.conversation.drop_queued()
 
     def on_unmount(self) -> None:
+        self.signals.remove()
         self.conversation.stop_reply()
         self.engine.close()
         self.archive.close()

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from app.store.history import History, HistoryError
-from app.store.saver import HistorySaver
+from app.store.saver import HistoryRescued, HistorySaver
 
 T = TypeVar("T")
 
@@ -37,12 +37,17 @@ class Archive:
         self._report = report
         self.history: History | None = None
         self.saver: HistorySaver | None = None
+        self.exit_wait_s = SAVE_FLUSH_AT_EXIT_S
+        """How long :meth:`close` waits for the saver (shorter once the user chose to quit
+        without what is unsaved, app.ui.quitting)."""
 
-    def open(self, on_lag: Callable[[str | None], None]) -> str | None:
+    def open(self, on_lag: Callable[[str | None], None],
+             on_rescue: Callable[[HistoryRescued], None] | None = None) -> str | None:
         """Open the history and start the saver; returns the history's notice (a database
-        set aside, a lock) for the user, or None. ``on_lag`` hears from the saver thread."""
+        set aside, a lock) for the user, or None. ``on_lag`` and ``on_rescue`` (the open
+        chat was deleted elsewhere, app.store.saver) hear from the saver thread."""
         self.history = History.open()
-        self.saver = HistorySaver(self.history, on_lag, min_interval_s=WRITE_EVERY_S)
+        self.saver = HistorySaver(self.history, on_lag, min_interval_s=WRITE_EVERY_S, on_rescue=on_rescue)
         return self.history.notice
 
     def db(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T | None:
@@ -53,9 +58,21 @@ class Archive:
             self._report(str(exc))
             return None
 
+    def at_risk(self, on_screen: bool) -> str | None:
+        """Why quitting now would lose what was said (None: nothing would be lost). Asked at
+        quit: writes are failing with replies unsaved, or the history lives in memory only
+        and ``on_screen`` (the open chat has messages)."""
+        saver, history = self.saver, self.history
+        if saver is not None and saver.lagging and saver.unsaved():
+            return (f"{saver.unsaved()} repl{'ies are' if saver.unsaved() > 1 else 'y is'} not saved: "
+                    f"{saver.last_error or 'history writes are failing'}.")
+        if history is not None and history.path is None and on_screen:
+            return "This session's chats are not saved: the history database could not be used."
+        return None
+
     def close(self) -> None:
-        """Let the saver write what it holds (waiting up to :data:`SAVE_FLUSH_AT_EXIT_S`), then close."""
+        """Let the saver write what it holds (waiting up to :attr:`exit_wait_s`), then close."""
         if self.saver is not None:
-            self.saver.close(SAVE_FLUSH_AT_EXIT_S)
+            self.saver.close(self.exit_wait_s)
         if self.history is not None:
             self.history.close()

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -70,8 +71,40 @@ def chat_markdown(history: History, chat_id: int) -> str:
     return inert("\n".join(lines) + "\n")
 
 
+def create_new_file(path: Path) -> tuple[int, Path]:
+    """Create ``path`` for writing (mode 0600), or ``<stem>-2<suffix>``, ``-3``… when it exists.
+
+    Never opens an existing file: ``O_EXCL`` makes the check and the creation one step,
+    so an existing file is neither overwritten nor has its mode changed. Returns the
+    open descriptor and the path it was created at."""
+    for n in range(1, 10_000):
+        candidate = path if n == 1 else path.with_name(f"{path.stem}-{n}{path.suffix}")
+        try:
+            return os.open(candidate, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), candidate
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"{path} and 9,998 numbered names next to it exist")
+
+
+def write_new_file(path: Path, text: str) -> Path:
+    """Write ``text`` to a file created by :func:`create_new_file`; returns where. A failed
+    write removes the partial file it created (it never touched another)."""
+    fd, written = create_new_file(path)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+    except BaseException:
+        try:
+            written.unlink()
+        except OSError:
+            pass
+        raise
+    return written
+
+
 def export_chat(history: History, chat_id: int, path: Path | None = None) -> Path:
-    """Write the chat to ``path`` (default :func:`default_export_path`), mode 0600."""
+    """Write the chat to ``path`` (default :func:`default_export_path`), created with mode 0600;
+    if ``path`` exists, to ``<stem>-2<suffix>`` (and so on) instead. Returns the path written."""
     if path is None:
         chat = history.get_chat(chat_id)
         path = default_export_path(chat_id, chat.title if chat else "chat")
@@ -85,13 +118,35 @@ def export_chat(history: History, chat_id: int, path: Path | None = None) -> Pat
         raise HistoryError(f"Could not create {path.parent}: {exc}") from exc
     text = chat_markdown(history, chat_id)
     try:
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            fh.write(text)
-        os.chmod(path, 0o600)
+        return write_new_file(path, text)
     except OSError as exc:
         raise HistoryError(f"Could not write {path}: {exc}") from exc
-    return path
+
+
+def transcript_markdown(title: str, messages: list[tuple[str, str]], unsent: str = "") -> str:
+    """A chat as the screen shows it (``(role, text)`` in order) and the prompt box's unsent
+    text, as Markdown: what quitting exports when the history could not take it."""
+    lines = [f"# {title}", "", f"- Exported unsaved at quit: {time.strftime('%Y-%m-%d %H:%M')}"]
+    for role, text in messages:
+        lines += ["", f"## {role.capitalize()}", "", text]
+    if unsent.strip():
+        lines += ["", "## Unsent prompt", "", unsent]
+    return "\n".join(lines) + "\n"
+
+
+def export_unsaved(text: str, name: str = "unsaved-chat.md") -> Path:
+    """Write ``text`` to a new file ``name`` in the first folder that takes it: the exports
+    folder, then home, the working folder and the temp folder (a full or read-only data
+    folder must not lose it). Raises :class:`HistoryError` naming each folder tried."""
+    tried: list[str] = []
+    for folder in (data_dir() / "exports", Path.home(), Path.cwd(), Path(tempfile.gettempdir())):
+        try:
+            if folder == data_dir() / "exports":
+                ensure_private_dir(folder)
+            return write_new_file(folder / name, text)
+        except OSError as exc:
+            tried.append(f"{folder} ({exc.strerror or exc})")
+    raise HistoryError("Could not export the unsaved chat: " + "; ".join(tried))
 
 
 Tell = Callable[[str, str], None]
@@ -110,7 +165,10 @@ def ask_export(history: History, chat_id: int, title: str,
         except HistoryError as exc:
             tell(str(exc), "error")
             return
-        tell(f"Exported to {written}", "information")
+        if written != Path(path).expanduser():
+            tell(f"{path} exists and was left as it was; exported to {written}", "warning")
+        else:
+            tell(f"Exported to {written}", "information")
 
     return EditScreen("Export chat to Markdown", str(default_export_path(chat_id, title)),
-                      hint="File path (written with mode 0600)"), done
+                      hint="File path (a new file, mode 0600; an existing one is never replaced)"), done

@@ -14,7 +14,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from textual.app import ComposeResult
-from textual.containers import Vertical, VerticalScroll
+from textual.containers import Vertical
 from textual.content import Content
 from textual.widgets import Markdown, Static
 from markdown_it import MarkdownIt
@@ -276,18 +276,11 @@ class AssistantMessage(Vertical):
 
     def set_show_sources(self, show: bool) -> None:
         """Switch between Markdown and the token-source colour view."""
+        if not self.is_attached:  # an earlier message not shown yet (ChatLog.older): mounted as it says
+            self._show_sources = show
+            self.set_class(show, "-sources", update=False)
+            return
         self._show_sources = show
         self._set_classes(**{"-sources": show})
         if show:
             self.query_one(".sources", Static).update(pieces_content(self.pieces))
-
-
-class ChatLog(VerticalScroll):
-    """The scrolling transcript; follows new text only while the user is at the bottom."""
-
-    def on_mount(self) -> None:
-        self.anchor()
-
-    def follow(self) -> None:
-        """Jump to the bottom and follow again (after the user sends a prompt)."""
-        self.anchor()

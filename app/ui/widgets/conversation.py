@@ -30,7 +30,8 @@ from app.ui.messages import ReplyChunk, ReplyFinished
 from app.ui.notices import notice
 from app.ui.reply_stream import ReplyJob, ReplyStream, stream_reply
 from app.ui.requests import build_messages, generation_params, turns_from
-from app.ui.widgets.chat_view import AssistantMessage, ChatLog, UserMessage
+from app.ui.widgets.chat_log import ChatLog
+from app.ui.widgets.chat_view import AssistantMessage, UserMessage
 from app.ui.widgets.hud import Hud
 from app.ui.widgets.hud_line import HUD_MIN_WIDTH
 from app.ui.widgets.prompt import LOADING_PLACEHOLDER, NO_MODEL_PLACEHOLDER, PLACEHOLDER, PromptArea
@@ -116,11 +117,11 @@ class Conversation(Horizontal):
 
     def turns(self) -> list[ChatMessage]:
         """The turns the model sees, read off the transcript."""
-        return turns_from(messages_of(self.chat_log.children))
+        return turns_from(messages_of(self.chat_log.transcript()))
 
     def messages(self) -> list[tuple[str, str]]:
         """``(role, text)`` of every prompt and reply on screen."""
-        return copyable(self.chat_log.children)
+        return copyable(self.chat_log.transcript())
 
     def show_welcome(self) -> None:
         if not self.chat_log.query("#welcome"):
@@ -136,7 +137,7 @@ class Conversation(Horizontal):
         self.stream.forget()
         self.generating = False
         waiting, self.queued = [w.text for w in self.queued], []
-        await self.chat_log.remove_children()
+        await self.chat_log.clear()
         if self.private:
             self.prompt.set_history(self.prompt.prompts[:self._recall_mark])
         if waiting:
@@ -171,7 +172,7 @@ class Conversation(Horizontal):
         self.chat_system_prompt = chat.system_prompt
         widgets = widgets_for(records, self.show_sources)
         if widgets:
-            await self.chat_log.mount_all(widgets)
+            await self.chat_log.show_chat(widgets)  # the newest first; older ones as the user scrolls up
             self.hud.set_seen_sources(self._sources())
         else:
             self.show_welcome()
@@ -343,7 +344,8 @@ class Conversation(Horizontal):
 
     def _sources(self) -> set[str]:
         """The token sources in the transcript's replies (the legend must name every colour shown)."""
-        return {source for message in self.query(AssistantMessage) for _, source in message.pieces}
+        return {source for message in messages_of(self.chat_log.transcript())
+                if isinstance(message, AssistantMessage) for _, source in message.pieces}
 
     # -- the last exchange --------------------------------------------------------------
 
@@ -353,7 +355,7 @@ class Conversation(Horizontal):
         if self.generating or self.queued:
             notice(self, "Wait for the reply to finish (or press Esc to stop it).", severity="warning")
             return None
-        last = last_exchange(list(self.chat_log.children))
+        last = last_exchange(self.chat_log.transcript())
         if last is None:
             notice(self, "No prompt yet.", severity="warning")
         return last
@@ -394,6 +396,7 @@ class Conversation(Horizontal):
         self.fit_hud(width)
 
     def watch_show_sources(self, show: bool) -> None:
-        for message in self.query(AssistantMessage):
-            message.set_show_sources(show)
+        for message in messages_of(self.chat_log.transcript()):
+            if isinstance(message, AssistantMessage):
+                message.set_show_sources(show)
         self.hud.set_class(show, "-legend")

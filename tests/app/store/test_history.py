@@ -18,7 +18,7 @@ def test_roundtrip_and_private_modes(specchat_dirs: Path) -> None:
     chat = history.create_chat("Greeting", "fast", None)
     history.add_message(chat, "user", "hi", profile="fast")
     reply = history.add_message(chat, "assistant", "", profile="fast")
-    history.update_message(reply, "Hello!", stats={"alpha": 0.5, "mode": "spec"},
+    history.update_message(chat, reply, "Hello!", stats={"alpha": 0.5, "mode": "spec"},
                            pieces=[("Hello", "draft"), ("!", "target")], finish_reason="eos")
     (rec_user, rec_reply) = history.messages(chat)
     assert (rec_user.role, rec_user.content) == ("user", "hi")

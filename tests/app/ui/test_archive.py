@@ -189,3 +189,30 @@ def test_open_and_close_go_together(specchat_dirs: Path) -> None:
     again = History.open()
     assert [c.title for c in again.list_chats()] == ["kept"] and chat
     again.close()
+
+
+@pytestmark_async
+async def test_a_chat_deleted_in_another_window_keeps_the_next_exchange_in_a_new_chat(
+    make_app: Callable[..., SpecChatApp], specchat_dirs: Path
+) -> None:
+    from app.store.history import History
+
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        await wait_for(pilot, lambda: not app.conversation.generating and app.archive.saver.unsaved() == 0)
+        deleted = app.conversation.chat_id
+        other = History.open(specchat_dirs / "history.db")  # another specchat, same file
+        other.delete_chat(deleted)
+        others_new = other.create_chat("the other window's chat", "fast")
+        await send(pilot, "my bank PIN is 1234")
+        await wait_for(pilot, lambda: any("deleted in another window" in n.message for n in app._notifications))
+        await wait_for(pilot, lambda: not app.conversation.generating and app.archive.saver.unsaved() == 0)
+        rescued = app.conversation.chat_id
+        assert rescued not in (None, deleted, others_new)
+        assert other.messages(others_new) == []
+        assert [m.content for m in other.messages(rescued)][0] == "my bank PIN is 1234"
+        assert app.sub_title.endswith("(recovered)")
+        assert not any("lock is released" in n.message for n in app._notifications)
+        other.close()

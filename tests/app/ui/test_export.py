@@ -47,3 +47,24 @@ def test_export_stats_line_says_speculation_off_once_and_uses_times_sign() -> No
                        "speculation_off_reason": "speculation switched off: 0.05× over the last 32 rounds"})
     assert line.count("speculation") == 1 and "0.05×" in line and "0.05x" not in line
     assert "speculation off: switched off by you" in stats_line({"speculation_off_reason": "switched off by you"})
+
+
+def test_export_never_replaces_an_existing_file_nor_changes_its_mode(specchat_dirs: Path, tmp_path: Path) -> None:
+    from app.ui.export import ask_export
+
+    history = History.open()
+    chat = history.create_chat("Notes", "fast")
+    history.add_message(chat, "user", "hello", profile="fast")
+    target = tmp_path / "chat.md"
+    target.write_text("my own notes\n")
+    target.chmod(0o644)
+    written = export_chat(history, chat, target)
+    assert written == tmp_path / "chat-2.md" and written.read_text().startswith("# Notes")
+    assert target.read_text() == "my own notes\n" and mode(target) == 0o644
+    again = export_chat(history, chat, target)
+    assert again == tmp_path / "chat-3.md" and (tmp_path / "chat-2.md").read_text() == again.read_text()
+    told: list[tuple[str, str]] = []
+    _screen, done = ask_export(history, chat, "Notes", lambda text, severity: told.append((text, severity)))
+    done(str(target))
+    assert told == [(f"{target} exists and was left as it was; exported to {tmp_path / 'chat-4.md'}", "warning")]
+    assert target.read_text() == "my own notes\n" and mode(target) == 0o644

@@ -10,7 +10,8 @@ from textual.widgets import Static
 
 import app.ui.app as app_module
 from app.ui.app import SpecChatApp
-from app.ui.widgets.chat_view import AssistantMessage, ChatLog, UserMessage, legend
+from app.ui.widgets.chat_log import ChatLog
+from app.ui.widgets.chat_view import AssistantMessage, UserMessage, legend
 from tests.app.ui.widgets.test_reply_markdown import LISTS
 
 pytestmark = pytest.mark.anyio

@@ -1,0 +1,77 @@
+"""What the history hands out and how it fails: the chat and message records, and
+:class:`HistoryError` (with :class:`ChatDeleted`, a write refused for good).
+
+Kept apart from :mod:`app.store.history` (which re-exports them) so that module stays
+about the database itself.
+"""
+from __future__ import annotations
+
+import sqlite3
+from dataclasses import dataclass
+from typing import Any
+
+from engine.errors import SpecChatError
+
+from app.store.pieces import Pieces
+from app.store.schema import is_lock_error
+
+
+class HistoryError(SpecChatError):
+    """Reading or writing the history database failed."""
+
+    def __init__(self, message: str, *, locked: bool = False) -> None:
+        super().__init__(message)
+        self.locked = locked
+        """True when another program's lock was the cause: trying again later may work."""
+
+
+class ChatDeleted(HistoryError):
+    """The chat was deleted (in this window or another): a write to it is refused for good.
+
+    Ids are never reused (``AUTOINCREMENT``), so nothing else can take its place; trying
+    again cannot work, and the saver moves what was unsaved to a new chat instead."""
+
+    def __init__(self, chat_id: int) -> None:
+        super().__init__(f"Saving chat history failed: chat {chat_id} was deleted (in another window?)")
+        self.chat_id = chat_id
+
+
+def is_missing_parent(exc: sqlite3.Error) -> bool:
+    """A FOREIGN KEY failure: the row's chat is gone (a constraint, not a lock: never retried)."""
+    return isinstance(exc, sqlite3.IntegrityError) and "foreign key" in str(exc).lower()
+
+
+def describe(what: str, exc: sqlite3.Error) -> str:
+    if is_lock_error(exc):
+        return f"{what}: the history database is locked by another program ({exc}); will retry"
+    return f"{what}: {exc}"
+
+
+@dataclass(frozen=True)
+class ChatRecord:
+    """One saved conversation."""
+
+    id: int
+    title: str
+    profile: str | None
+    system_prompt: str | None
+    created: float
+    updated: float
+    message_count: int = 0
+
+
+@dataclass(frozen=True)
+class MessageRecord:
+    """One saved message of a conversation."""
+
+    id: int
+    chat_id: int
+    role: str
+    content: str
+    profile: str | None
+    stats: dict[str, Any] | None
+    pieces: Pieces | None
+    finish_reason: str | None
+    created: float
+    superseded: bool = False
+    """Replaced by an edited prompt: shown dimmed, left out of what the model reads."""

@@ -1,0 +1,122 @@
+"""Quitting without losing what was said.
+
+ctrl+q asks first when the chat would be lost (:meth:`app.ui.archive.Archive.at_risk`:
+history writes failing with replies unsaved, or a history kept in memory only):
+export it to a Markdown file (in the first folder that takes it, see
+:func:`app.ui.export.export_unsaved`), discard it, or stay. A prompt typed but
+not sent goes into that export, but alone does not stop ctrl+q: the prompt box
+is not a document, and a question at every quit teaches people to click through.
+
+SIGTERM and SIGHUP end the app the way ctrl+q does, without asking (nobody is
+there to answer; what would be lost is exported as "export" would): the App's
+unmount lets the saver write what it can, and
+Textual's normal exit leaves the alternate screen, turns mouse reporting off and
+shows the cursor again. Python's default for both signals kills the process on
+the spot, leaving the terminal in the app's modes.
+"""
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from engine.errors import SpecChatError
+
+from app.ui.archive import Archive
+from app.ui.export import export_unsaved, transcript_markdown
+from app.ui.notices import notice
+from app.ui.screens.quit import QuitAnswer, QuitScreen
+
+if TYPE_CHECKING:
+    from textual.app import App
+
+    from app.ui.widgets.conversation import Conversation
+
+SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+QUIT_ANSWERED_WAIT_S = 1.0
+"""The saver's last chance once the user answered (exported or discarded): not the full
+wait for a lock, which would only keep them waiting for writes that keep failing."""
+
+
+def ask_before_quit(app: "App[Any]", conversation: "Conversation", archive: Archive) -> None:
+    """Quit now, or (when the chat would be lost) open the question and act on its answer."""
+    if isinstance(app.screen, QuitScreen):
+        return  # already asking: e, d or Esc answer
+    on_screen = bool(conversation.messages()) and not conversation.private
+    why = archive.at_risk(on_screen)
+    if why is None:
+        app.exit()
+        return
+
+    def answered(answer: QuitAnswer | None) -> None:
+        if answer == "discard":
+            archive.exit_wait_s = QUIT_ANSWERED_WAIT_S
+            app.exit()
+        elif answer == "export":
+            path = write_unsaved(app, conversation, archive)
+            if path is not None:  # else the reason is shown and the app goes on
+                archive.exit_wait_s = QUIT_ANSWERED_WAIT_S
+                app.exit(message=f"specchat: the unsaved chat was exported to {path}")
+
+    app.push_screen(QuitScreen(f"{why} Quitting now loses it."), answered)
+
+
+def write_unsaved(app: "App[Any]", conversation: "Conversation", archive: Archive) -> Path | None:
+    """Write the chat on screen, the saver's unsaved replies of other chats and the unsent
+    prompt to a new Markdown file; None (the reason shown) if no folder took it."""
+    messages = [] if conversation.private else conversation.messages()
+    saver = archive.saver
+    for chat, prompt, reply in saver.pending() if saver is not None else []:
+        if chat.id is None or chat.id != conversation.chat_id:  # another chat's: not on screen
+            messages += [("user", f"({chat.title}) {prompt}"), ("assistant", reply)]
+    text = transcript_markdown(app.sub_title or "specchat chat", messages, conversation.prompt.text)
+    try:
+        return export_unsaved(text, f"unsaved-chat-{time.strftime('%Y%m%d-%H%M%S')}.md")
+    except SpecChatError as exc:
+        notice(app, str(exc), severity="error", title="Export")
+        return None
+
+
+class ExitOnSignals:
+    """SIGTERM/SIGHUP handlers on the app's event loop (so they run on the app's thread).
+
+    Nobody can be asked: when the chat would be lost (:meth:`Archive.at_risk`) it is
+    exported first, as ctrl+q's "export" would, and the saver still gets its wait."""
+
+    def __init__(self, app: "App[Any]", conversation: "Conversation", archive: Archive) -> None:
+        self._app = app
+        self._conversation = conversation
+        self._archive = archive
+        self._installed: list[int] = []
+
+    def install(self) -> None:
+        """Call from the app's loop; where signals cannot be caught (a loop not in the main
+        thread, Windows) Python's defaults stay."""
+        try:
+            loop = asyncio.get_running_loop()
+            for sig in SIGNALS:
+                loop.add_signal_handler(sig, self.on_signal, sig)
+                self._installed.append(sig)
+        except (NotImplementedError, RuntimeError, ValueError):
+            pass
+
+    def remove(self) -> None:
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return
+        for sig in self._installed:
+            loop.remove_signal_handler(sig)
+        self._installed = []
+
+    def on_signal(self, sig: int) -> None:
+        """Exit with 128 + ``sig`` (as a shell reports a signal), exporting first what would be lost."""
+        conversation = self._conversation
+        message = None
+        if self._archive.at_risk(bool(conversation.messages()) and not conversation.private) is not None:
+            path = write_unsaved(self._app, conversation, self._archive)
+            if path is not None:
+                message = f"specchat: the unsaved chat was exported to {path}"
+        self._app.exit(return_code=128 + sig, message=message)

@@ -1,0 +1,128 @@
+"""Quitting never loses a chat silently: with history writes failing, ctrl+q asks first."""
+from __future__ import annotations
+
+from collections.abc import Callable
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from app.ui.app import SpecChatApp
+from app.ui.screens.quit import QuitScreen
+from app.ui.widgets.prompt import PromptArea
+from tests.app.helpers import ready, send, wait_for
+
+pytestmark = pytest.mark.anyio
+
+
+def _make_history_read_only(app: SpecChatApp) -> None:
+    """From now on every history write fails as SQLite fails on a read-only file (not a lock)."""
+    history = app.archive.history
+    assert history is not None and history.path is not None
+    with history._lock:
+        history._conn.close()
+        history._conn = sqlite3.connect(f"file:{history.path}?mode=ro", uri=True, check_same_thread=False)
+
+
+async def _unsaved_reply(pilot, app: SpecChatApp) -> None:  # type: ignore[no-untyped-def]
+    await send(pilot, "hi")
+    await wait_for(pilot, lambda: not app.conversation.generating and app.archive.saver.unsaved() == 0)
+    _make_history_read_only(app)
+    await send(pilot, "my unsaved question " + "x" * 5000)
+    await wait_for(pilot, lambda: len(app.conversation.messages()) == 4 and not app.conversation.generating)
+    await wait_for(pilot, lambda: app.archive.saver.lagging and app.archive.saver.unsaved() == 1)
+    await wait_for(pilot, lambda: any("readonly database" in n.message and "quitting first asks" in n.message
+                                      for n in app._notifications))
+    assert not any("lock is released" in n.message for n in app._notifications)
+
+
+async def test_ctrl_q_with_writes_failing_asks_and_export_keeps_the_chat(
+    make_app: Callable[..., SpecChatApp], specchat_dirs: Path
+) -> None:
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await _unsaved_reply(pilot, app)
+        app.query_one(PromptArea).insert("typed, not sent")
+        await pilot.press("ctrl+q")
+        await wait_for(pilot, lambda: isinstance(app.screen, QuitScreen))
+        assert app.return_code is None  # still running
+        await pilot.press("escape")  # stay
+        await wait_for(pilot, lambda: not isinstance(app.screen, QuitScreen))
+        assert app.return_code is None
+        await pilot.press("ctrl+q")
+        await wait_for(pilot, lambda: isinstance(app.screen, QuitScreen))
+        await pilot.press("e")
+        await wait_for(pilot, lambda: app.return_code is not None)
+    (exported,) = (specchat_dirs / "exports").glob("unsaved-chat-*.md")
+    text = exported.read_text()
+    assert "## User\n\nmy unsaved question " + "x" * 5000 in text
+    assert "## Assistant\n\nHello there!" in text and "## Unsent prompt\n\ntyped, not sent" in text
+    assert exported.stat().st_mode & 0o777 == 0o600
+
+
+async def test_ctrl_q_with_writes_failing_can_discard(make_app: Callable[..., SpecChatApp],
+                                                      specchat_dirs: Path) -> None:
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await _unsaved_reply(pilot, app)
+        await pilot.press("ctrl+q")
+        await wait_for(pilot, lambda: isinstance(app.screen, QuitScreen))
+        await pilot.press("d")
+        await wait_for(pilot, lambda: app.return_code is not None)
+    assert not (specchat_dirs / "exports").exists()
+
+
+async def test_ctrl_q_quits_at_once_when_everything_is_saved(make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        await wait_for(pilot, lambda: not app.conversation.generating and app.archive.saver.unsaved() == 0)
+        app.query_one(PromptArea).insert("typed, not sent")  # alone, it does not stop ctrl+q
+        await pilot.press("ctrl+q")
+        await wait_for(pilot, lambda: app.return_code is not None)
+
+
+def test_the_unsaved_export_goes_to_the_next_folder_that_works(specchat_dirs: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from app.ui.export import export_unsaved
+
+    specchat_dirs.mkdir(parents=True)
+    (specchat_dirs / "exports").write_text("a file where the folder should be")
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    (home / "chat.md").write_text("mine")
+    written = export_unsaved("# kept\n", "chat.md")
+    assert written == home / "chat-2.md" and written.read_text() == "# kept\n"
+    assert (home / "chat.md").read_text() == "mine"
+
+
+def test_a_history_kept_in_memory_is_at_risk_once_the_chat_has_messages(specchat_dirs: Path) -> None:
+    from app.store.history import History
+    from app.ui.archive import Archive
+
+    archive = Archive(lambda text: None)
+    assert archive.at_risk(on_screen=True) is None  # not open yet: nothing to lose
+    archive.history = History._in_memory("the history database could not be used")
+    assert archive.at_risk(on_screen=False) is None
+    assert "not saved" in (archive.at_risk(on_screen=True) or "")
+    archive.close()
+
+
+async def test_sigterm_with_writes_failing_exports_what_would_be_lost(
+    make_app: Callable[..., SpecChatApp], specchat_dirs: Path
+) -> None:
+    import signal
+
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await _unsaved_reply(pilot, app)
+        app.signals.on_signal(signal.SIGTERM)  # what the loop's handler calls
+        await wait_for(pilot, lambda: app.return_code is not None)
+    assert app.return_code == 128 + signal.SIGTERM
+    (exported,) = (specchat_dirs / "exports").glob("unsaved-chat-*.md")
+    assert "my unsaved question" in exported.read_text()

@@ -1,0 +1,108 @@
+"""SIGTERM and SIGHUP in a real terminal (a pty): the app saves and gives the terminal back.
+
+The app runs on the fake backend with its stdin, stdout and stderr on one pty (Textual
+draws on stderr); everything it writes is read from the pty's other end.
+"""
+from __future__ import annotations
+
+import os
+import pty
+import select
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[3]
+RESTORED = {"leaves the alternate screen": b"\x1b[?1049l", "shows the cursor": b"\x1b[?25h",
+            "mouse reporting off": b"\x1b[?1000l"}
+
+
+class PtyApp:
+    def __init__(self, tmp_path: Path) -> None:
+        self.data = tmp_path / "data"
+        env = {**os.environ, "TERM": "xterm-256color", "SPECCHAT_DATA_DIR": str(self.data),
+               "SPECCHAT_STATE_DIR": str(tmp_path / "state"), "SPECCHAT_CONFIG_DIR": str(tmp_path / "config"),
+               "SPECCHAT_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT),
+               "COLUMNS": "120", "LINES": "36"}
+        self.master, slave = pty.openpty()
+        os.set_blocking(self.master, False)
+        import fcntl
+        import struct
+        import termios
+        fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 36, 120, 0, 0))
+        self.proc = subprocess.Popen([sys.executable, "-m", "tests.app.tty_app"], cwd=ROOT, env=env,
+                                     stdin=slave, stdout=slave, stderr=slave, start_new_session=True)
+        os.close(slave)
+        self.out = b""
+
+    def read(self, timeout: float) -> None:
+        ready, _, _ = select.select([self.master], [], [], timeout)
+        if ready:
+            try:
+                self.out += os.read(self.master, 1 << 16)
+            except OSError:  # EIO: the app closed its end
+                time.sleep(timeout)
+
+    def wait_for(self, what: bytes, timeout: float = 20.0) -> None:
+        deadline = time.monotonic() + timeout
+        while what not in self.out:
+            if time.monotonic() > deadline:
+                raise AssertionError(f"{what!r} never came; last output: {self.out[-400:]!r}")
+            self.read(0.1)
+
+    def type(self, text: str) -> None:
+        os.write(self.master, text.encode())
+
+    def wait_exit(self, timeout: float = 20.0) -> int:
+        deadline = time.monotonic() + timeout
+        while self.proc.poll() is None and time.monotonic() < deadline:
+            self.read(0.05)
+        self.read(0.2)
+        code = self.proc.poll()
+        assert code is not None, "the app did not exit"
+        return code
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        os.close(self.master)
+
+
+def _rows(db: Path) -> list[tuple[str, str]]:
+    if not db.exists():
+        return []
+    conn = sqlite3.connect(db)
+    try:
+        return conn.execute("SELECT role, content FROM messages ORDER BY id").fetchall()
+    finally:
+        conn.close()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_a_signal_saves_the_chat_and_restores_the_terminal(tmp_path: Path, sig: signal.Signals) -> None:
+    app = PtyApp(tmp_path)
+    try:
+        app.wait_for(b"fake:0")
+        app.type("hello from the pty\r")
+        db = app.data / "history.db"
+        deadline = time.monotonic() + 20
+        while not any(role == "assistant" and text for role, text in _rows(db)):
+            assert time.monotonic() < deadline, "the reply was never saved"
+            app.read(0.1)
+        before = len(app.out)
+        app.proc.send_signal(sig)
+        code = app.wait_exit()
+        after = app.out[before:]
+    finally:
+        app.close()
+    assert code == 128 + sig  # it exited through the app, not Python's default (which is -sig)
+    for what, sequence in RESTORED.items():
+        assert sequence in after, f"the terminal was not restored: the app never {what}"
+    rows = _rows(db)
+    assert rows[0] == ("user", "hello from the pty") and rows[1][0] == "assistant" and rows[1][1]
