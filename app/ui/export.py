@@ -125,13 +125,14 @@ def export_chat(history: History, chat_id: int, path: Path | None = None) -> Pat
 
 def transcript_markdown(title: str, messages: list[tuple[str, str]], unsent: str = "") -> str:
     """A chat as the screen shows it (``(role, text)`` in order) and the prompt box's unsent
-    text, as Markdown: what quitting exports when the history could not take it."""
+    text, as Markdown: what quitting exports when the history could not take it. Made inert
+    (:func:`~engine.text_safety.inert`) as :func:`chat_markdown` is."""
     lines = [f"# {title}", "", f"- Exported unsaved at quit: {time.strftime('%Y-%m-%d %H:%M')}"]
     for role, text in messages:
         lines += ["", f"## {role.capitalize()}", "", text]
     if unsent.strip():
         lines += ["", "## Unsent prompt", "", unsent]
-    return "\n".join(lines) + "\n"
+    return inert("\n".join(lines) + "\n")
 
 
 def export_unsaved(text: str, name: str = "unsaved-chat.md") -> Path:

@@ -68,3 +68,13 @@ def test_export_never_replaces_an_existing_file_nor_changes_its_mode(specchat_di
     done(str(target))
     assert told == [(f"{target} exists and was left as it was; exported to {tmp_path / 'chat-4.md'}", "warning")]
     assert target.read_text() == "my own notes\n" and mode(target) == 0o644
+
+
+def test_unsaved_transcript_export_is_inert() -> None:
+    """What quit exports when the history cannot take it is made inert like F9's export."""
+    from app.ui.export import transcript_markdown
+    from tests.hostile import ALL, raw_in
+
+    text = transcript_markdown(f"title {ALL}", [("user", f"ask {ALL}"), ("assistant", f"reply {ALL}")], f"unsent {ALL}")
+    assert raw_in(text) == []
+    assert text.count("␛]52;c;cm0gLXJmIH4=␇") == 4
