@@ -14,7 +14,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from app.bench.cli import add_bench_parser, cmd_bench
-from app.models_cli import add_model_options, generation_params, load_for, resolve_profile, stderr_progress
+from app.models_cli import (
+    add_model_options, generation_params, load_for, positive_int, resolve_profile, stderr_progress,
+)
 
 __all__ = ["add_model_options", "generation_params", "load_for", "main", "resolve_profile", "stderr_progress"]
 from app.server_cli import server_profile_from_args
@@ -45,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, help="sample among the k most likely tokens, 0 = all (default: the profile's)")
     gen.add_argument("--seed", type=int, help="random seed for sampling, for repeatable replies (default: none)")
     gen.add_argument("--k", type=int, help="fixed K (tokens drafted per round); default: adaptive")
-    gen.add_argument("--threads", type=int, help="torch threads (default: torch's choice, one per core)")
+    gen.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice, one per core)")
 
     prof = sub.add_parser("profiles", help="list the model profiles and where each is defined")
     prof.add_argument("--models", type=Path, default=argparse.SUPPRESS, help="an extra models.toml (also: SPECCHAT_MODELS; default: only the shipped and your own)")

@@ -196,3 +196,16 @@ def test_profiles_say_what_the_first_use_downloads(capsys, tmp_path, monkeypatch
     out = capsys.readouterr().out
     assert "first use downloads about 1.61 GB (2 model(s) not in the cache yet)" in out
     assert "first use downloads about 93 MB (1 model(s) not in the cache yet)" in out
+
+
+@pytest.mark.parametrize("command", ["generate", "bench"])
+@pytest.mark.parametrize("value", ["-1", "0", "two"])
+def test_threads_below_one_is_refused_by_the_parser(command: str, value: str, capsys) -> None:
+    argv = [command, "hi", "--threads", value] if command == "generate" else [command, "--threads", value]
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # argparse's usage, then the one-sentence reason
+    assert last.startswith(f"specchat {command}: error: argument --threads: must be")
+    assert value in last and "Traceback" not in err
