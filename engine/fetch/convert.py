@@ -22,6 +22,7 @@ from typing import Any
 from engine.errors import ModelSourceError
 from engine.fetch.cachefiles import sha256_file
 from engine.fetch.wheels import tmp_name
+from engine.paths import disk_full, disk_full_error, make_dir
 from engine.progress import ProgressFn, no_progress, ticking
 
 DONE_MARKER = "specchat-converted.json"
@@ -105,7 +106,7 @@ def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, ver
 
     if (dest / DONE_MARKER).is_file():
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(dest.parent)
     _clean_stale(dest.parent, dest.name)
     started = time.perf_counter()
     size = gguf.stat().st_size
@@ -124,9 +125,9 @@ def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, ver
     model.hf_quantizer = None  # save_pretrained refuses a GGUF-quantized model otherwise
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config
+    total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     tmp = tmp_name(dest)
     try:
-        total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
         with ticking(progress, "writing the safetensors copy", 0.6, lambda: _dir_bytes(tmp), total, 0.85):
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
@@ -140,6 +141,10 @@ def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, ver
             if not same:
                 raise ModelSourceError(f"the safetensors copy of {gguf} gives different logits; not using it")
         _finish(tmp, dest, gguf, started, verified=verify, lean=False)
+    except Exception as exc:  # noqa: BLE001 - safetensors wraps the file system's errors in its own kind
+        if disk_full(exc):
+            raise disk_full_error(dest, f"the converted copy of {gguf.name}", total) from None
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     progress(f"converted {gguf.name}", 1.0)
@@ -173,6 +178,8 @@ def _convert_lean(gguf: Path, dest: Path, progress: ProgressFn, started: float) 
     except ModelSourceError:
         raise
     except Exception as exc:  # the gguf reader raises many kinds on a damaged file
+        if disk_full(exc):  # not the GGUF's fault
+            raise disk_full_error(dest, f"the converted copy of {gguf.name}") from None
         raise ModelSourceError(
             f"cannot read GGUF file {gguf}: {type(exc).__name__}: {exc}. It may be truncated or not a "
             "model the transformers GGUF loader supports; delete it and try again"
