@@ -97,10 +97,11 @@ def _dir_bytes(path: Path) -> int:
 
 
 def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, verify: bool = True,
-                 lean: bool = False) -> Path:
+                 lean: bool = False, source_sha256: str = "") -> Path:
     """Dequantize a GGUF once into a safetensors directory ``dest`` (model + tokenizer);
     with ``verify``, reload the copy and require identical logits. ``lean``: write a lean
-    copy (:func:`write_lean`) where the architecture allows, a full one otherwise."""
+    copy (:func:`write_lean`) where the architecture allows, a full one otherwise.
+    ``source_sha256``: the GGUF's sha256 (what ``dest`` is named by), kept in the marker."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -111,7 +112,7 @@ def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, ver
     started = time.perf_counter()
     size = gguf.stat().st_size
     progress(f"converting {gguf.name} ({size / 1e6:.1f} MB, once)", 0.0)
-    if lean and _convert_lean(gguf, dest, progress, started):
+    if lean and _convert_lean(gguf, dest, progress, started, source_sha256):
         return dest
     try:
         with ticking(progress, f"reading {gguf.name} ({size / 1e6:.1f} MB)", 0.0), one_metadata_read():
@@ -140,7 +141,7 @@ def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, ver
             del copy
             if not same:
                 raise ModelSourceError(f"the safetensors copy of {gguf} gives different logits; not using it")
-        _finish(tmp, dest, gguf, started, verified=verify, lean=False)
+        _finish(tmp, dest, gguf, started, verified=verify, lean=False, source_sha256=source_sha256)
     except Exception as exc:  # noqa: BLE001 - safetensors wraps the file system's errors in its own kind
         if disk_full(exc):
             raise disk_full_error(dest, f"the converted copy of {gguf.name}", total) from None
@@ -151,9 +152,10 @@ def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, ver
     return dest
 
 
-def _finish(tmp: Path, dest: Path, gguf: Path, started: float, *, verified: bool, lean: bool) -> None:
+def _finish(tmp: Path, dest: Path, gguf: Path, started: float, *, verified: bool, lean: bool,
+            source_sha256: str = "") -> None:
     """Write the marker into the finished copy ``tmp`` and rename it onto ``dest``."""
-    marker = {"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size,
+    marker = {"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size, "gguf_sha256": source_sha256,
               "seconds": round(time.perf_counter() - started, 2), "verified": verified, "lean": lean,
               "sha256": {f.name: sha256_file(f) for f in sorted(tmp.glob("*.safetensors"))}}
     (tmp / DONE_MARKER).write_text(json.dumps(marker, indent=2))
@@ -164,7 +166,7 @@ def _finish(tmp: Path, dest: Path, gguf: Path, started: float, *, verified: bool
             raise
 
 
-def _convert_lean(gguf: Path, dest: Path, progress: ProgressFn, started: float) -> bool:
+def _convert_lean(gguf: Path, dest: Path, progress: ProgressFn, started: float, source_sha256: str = "") -> bool:
     """A lean copy of ``gguf`` at ``dest``; False (nothing written) where the model is not of
     :data:`~engine.fetch.gguf_tensors.STREAMED_TYPES` or the GGUF lacks a tensor it needs."""
     tmp = tmp_name(dest)
@@ -174,7 +176,7 @@ def _convert_lean(gguf: Path, dest: Path, progress: ProgressFn, started: float) 
             written = write_lean(gguf, tmp)
         if not written:
             return False
-        _finish(tmp, dest, gguf, started, verified=True, lean=True)
+        _finish(tmp, dest, gguf, started, verified=True, lean=True, source_sha256=source_sha256)
     except ModelSourceError:
         raise
     except Exception as exc:  # the gguf reader raises many kinds on a damaged file

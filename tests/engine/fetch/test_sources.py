@@ -1,6 +1,8 @@
 """Sources: local dirs, GGUF files, hub ids offline, and files verified out of wheels."""
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -197,4 +199,47 @@ def test_a_truncated_gguf_is_refused_and_leaves_no_half_converted_copy(tmp_path:
         convert_gguf(gguf_file, Path(resolved.location))
     assert str(gguf_file) in str(err.value)
     assert not Path(resolved.location).exists()
-    assert [p.name for p in Path(resolved.location).parent.iterdir()] == []  # no half-converted dir
+    siblings = [p.name for p in Path(resolved.location).parent.iterdir()]
+    assert siblings == [".sources"]  # no half-converted dir; only the record of the GGUF's hash
+
+
+def test_a_gguf_replaced_by_another_of_the_same_size_and_mtime_gets_its_own_conversion(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+    import os
+
+    from engine.fetch import cachefiles
+    from engine.fetch.convert import DONE_MARKER
+
+    monkeypatch.setattr(cachefiles, "RACY_NS", 0, raising=False)  # status alone decides: the swap must show in it
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(PAYLOAD)
+    first = locate(ModelSpec(str(gguf)))
+    copy = Path(first.location)
+    copy.mkdir(parents=True)
+    (copy / DONE_MARKER).write_text(json.dumps({"gguf": str(gguf), "sha256": {}}))  # as if converted
+    assert not locate(ModelSpec(str(gguf))).needs_conversion  # the same file: its copy serves
+    st = gguf.stat()
+    other = tmp_path / "other.gguf"
+    other.write_bytes(PAYLOAD[:-1] + b"!")  # same size, one byte differs
+    os.replace(other, gguf)
+    os.utime(gguf, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (gguf.stat().st_size, gguf.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    second = locate(ModelSpec(str(gguf)))
+    assert second.location != first.location and second.needs_conversion  # converted afresh, not the old copy
+    assert second.sha256 == hashlib.sha256(gguf.read_bytes()).hexdigest()
+
+
+def test_a_local_gguf_is_hashed_once_then_known_by_its_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.fetch import cachefiles
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(PAYLOAD)
+    os.utime(gguf, ns=(1, 1))  # (ctime is the kernel's: now)
+    monkeypatch.setattr(cachefiles, "RACY_NS", 0, raising=False)
+    hashed: list[Path] = []
+    real = cachefiles.sha256_file
+    monkeypatch.setattr(cachefiles, "sha256_file", lambda p: hashed.append(p) or real(p))
+    one, two = locate(ModelSpec(str(gguf))), locate(ModelSpec(str(gguf)))
+    assert one == two and one.sha256 == hashlib.sha256(PAYLOAD).hexdigest()
+    assert hashed == [gguf]  # once, then from the record
