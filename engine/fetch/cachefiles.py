@@ -163,8 +163,9 @@ def content_sha256(path: Path, record: Path | None = None, origin: str = "hashed
     hashed again. What status cannot see is a change that bypasses the file system (a raw write to
     the device, bit rot); a file that still fails to load is then checked in full
     (:func:`forget_unless_intact`). A change within one timestamp tick of the record is covered by
-    :data:`RACY_NS`. Hashing reads the whole file (about 1 GB/s here, see the README); a status
-    check is one ``stat``. A sampled hash would not be honest: two files may differ anywhere.
+    :data:`RACY_NS`. Why not hash at every start: a full hash took 2.33 s per GB (median of 5, page
+    cache warm, a shared 2-core machine), 3.7 s each start for ``coder``'s 1.6 GB of joined files;
+    the record check took 0.17 ms. A sampled hash would not be honest: two files may differ anywhere.
 
     Raises OSError when the file cannot be read; a record that cannot be written is skipped."""
     where = record or record_path(path)
