@@ -169,12 +169,22 @@ def cmd_profiles(args: argparse.Namespace) -> int:
             "download_bytes": (sum(s.download_size for s in to_fetch if s.download_size)
                                if to_fetch and all(s.download_size for s in to_fetch) else None),
         })
+    for name in sorted(set(profiles.invalid) - set(profiles.profiles)):
+        rows.append({"name": name, "default": False, "invalid": True, "invalid_reason": profiles.invalid[name]})
+    rows.sort(key=lambda r: r["name"])
     user_file = user_models_file()
     if args.json:
         print(json.dumps({"default": profiles.default, "files": [str(f) for f in profiles.files],
-                          "user_models_file": str(user_file), "profiles": rows}, indent=2))
+                          "user_models_file": str(user_file), "profiles": rows,
+                          "notices": list(profiles.notices)}, indent=2))
         return 0
+    for notice in profiles.notices:
+        if notice not in profiles.invalid.values():  # those are listed with their profile below
+            print(f"specchat: notice: {notice}", file=sys.stderr)
     for r in rows:
+        if r.get("invalid"):
+            print(f"! {r['name']:<18} invalid, left out: {r['invalid_reason']}")
+            continue
         mark = "*" if r["default"] else " "
         draft = r["draft"] and f"{r['draft']} [{r['draft_quantization']}]" or r["drafter"]
         if r["backend"] == "server":

@@ -63,7 +63,10 @@ def resolve_profile(args: argparse.Namespace) -> "ModelProfile":
     elif args.target:
         profile = profile_from_sources(args.target, args.draft)
     else:
-        profile = load_profiles(args.models).get(args.profile)
+        profiles = load_profiles(args.models)
+        for notice in profiles.notices:  # a profile of the user's left out: said, never silent
+            print(f"specchat: notice: {notice}", file=sys.stderr)
+        profile = profiles.get(args.profile)
     if args.memory_budget:
         profile = dataclasses.replace(profile, memory_budget=parse_size(args.memory_budget))
     return profile

@@ -166,14 +166,22 @@ class Profiles:
     profiles: Mapping[str, ModelProfile]
     default: str
     files: tuple[Path, ...]
+    invalid: Mapping[str, str] = field(default_factory=dict)
+    """Profiles of the user's files that are disabled, by name: why (file, line, what to fix)."""
+    notices: tuple[str, ...] = ()
+    """What the user should be told once: each disabled profile, a user file left out, a default replaced."""
 
     def names(self) -> list[str]:
-        """Profile names, sorted."""
+        """Profile names, sorted (the disabled ones are in :attr:`invalid`)."""
         return sorted(self.profiles)
 
     def get(self, name: str | None = None) -> ModelProfile:
-        """The named profile, or the default for ``None``; an unknown name lists the known ones."""
+        """The named profile, or the default for ``None``; an unknown name lists the known ones,
+        a disabled one says why."""
         key = self.default if name is None else name
+        if key in self.invalid and key not in self.profiles:
+            raise ProfileError(f"{self.invalid[key]}; fix it there, or pick another profile: "
+                               f"{', '.join(self.names()) or '(none)'}")
         try:
             return self.profiles[key]
         except KeyError:
