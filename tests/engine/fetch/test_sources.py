@@ -195,7 +195,7 @@ def test_a_truncated_gguf_is_refused_and_leaves_no_half_converted_copy(tmp_path:
     gguf_file.write_bytes(data[: len(data) // 2])
     resolved = locate(ModelSpec(str(gguf_file)))
     assert resolved.needs_conversion
-    with pytest.raises(ModelSourceError, match="cannot read GGUF file") as err:
+    with pytest.raises(ModelSourceError, match=f"^the GGUF file {gguf_file} is truncated or corrupt: ") as err:
         convert_gguf(gguf_file, Path(resolved.location))
     assert str(gguf_file) in str(err.value)
     assert not Path(resolved.location).exists()
@@ -243,3 +243,38 @@ def test_a_local_gguf_is_hashed_once_then_known_by_its_status(tmp_path: Path, mo
     one, two = locate(ModelSpec(str(gguf))), locate(ModelSpec(str(gguf)))
     assert one == two and one.sha256 == hashlib.sha256(PAYLOAD).hexdigest()
     assert hashed == [gguf]  # once, then from the record
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.1, 40])
+def test_a_truncated_gguf_is_called_truncated_when_its_config_is_read(tmp_path: Path, keep: float) -> None:
+    from engine.load.loader import load_tokenizer
+
+    gguf_file = tiny_gguf(tmp_path / "tiny.gguf")
+    data = gguf_file.read_bytes()
+    gguf_file.write_bytes(data[: int(len(data) * keep) if keep < 1 else int(keep)])
+    spec = ModelSpec(str(gguf_file))
+    resolved = locate(spec)
+    for read in (read_config, load_tokenizer):
+        with pytest.raises(ModelSourceError) as err:
+            read(resolved, spec)
+        message = str(err.value)
+        assert message.startswith(f"the GGUF file {gguf_file} is truncated or corrupt: ")
+        assert "config.json" not in message and "\n" not in message
+        assert message.endswith("delete it and download or copy it again")
+
+
+def test_a_whole_gguf_of_an_unsupported_model_is_not_called_truncated(tmp_path: Path) -> None:
+    import gguf
+
+    path = tmp_path / "odd.gguf"
+    writer = gguf.GGUFWriter(str(path), "no-such-architecture")
+    writer.add_tensor("w", np.ones((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    spec = ModelSpec(str(path))
+    with pytest.raises(ModelSourceError) as err:
+        read_config(locate(spec), spec)
+    assert "truncated" not in str(err.value) and str(path) in str(err.value)
+    assert "may be a model the transformers GGUF loader does not support" in str(err.value)
