@@ -54,7 +54,7 @@ def one_metadata_read() -> Iterator[None]:
     if original is None or getattr(original, "reads_once", False):
         yield
         return
-    answers: dict[tuple[str, int, int], bytes] = {}
+    answers: dict[tuple[str, int, int, int, int], bytes] = {}
 
     def read_once(path: Any, return_tensors: bool = False, *args: Any, **kwargs: Any) -> Any:
         if return_tensors or args or kwargs:
@@ -63,7 +63,8 @@ def one_metadata_read() -> Iterator[None]:
             stat = os.stat(path)
         except OSError:
             return original(path, return_tensors=False)  # its own error, as before
-        key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)  # a file fetched again is parsed again
+        # a file fetched again, or swapped for another of the same size and mtime, is parsed again
+        key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)
         if key in answers:
             return pickle.loads(answers[key])
         answer = original(path, return_tensors=False)

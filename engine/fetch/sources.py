@@ -351,7 +351,18 @@ def prepare(resolved: ResolvedSource, progress: ProgressFn = no_progress) -> Res
         assert resolved.gguf_file is not None
         convert_gguf(resolved.gguf_file, Path(resolved.location), progress, lean=resolved.lean,
                      source_sha256=resolved.sha256)
+    _check_unchanged(resolved)
     return resolved
+
+
+def _check_unchanged(resolved: ResolvedSource) -> None:
+    """A local GGUF replaced while it was converted: its copy (named by the old bytes) is removed."""
+    if resolved.kind != "gguf" or resolved.gguf_file is None or not resolved.sha256:
+        return
+    if local_gguf_sha256(resolved.gguf_file) != resolved.sha256:
+        shutil.rmtree(resolved.location, ignore_errors=True)
+        raise ModelSourceError(f"{resolved.gguf_file} changed while it was being converted; start again to "
+                               "convert the new file")
 
 
 def _damaged(resolved: ResolvedSource) -> bool:

@@ -278,3 +278,28 @@ def test_a_whole_gguf_of_an_unsupported_model_is_not_called_truncated(tmp_path: 
         read_config(locate(spec), spec)
     assert "truncated" not in str(err.value) and str(path) in str(err.value)
     assert "may be a model the transformers GGUF loader does not support" in str(err.value)
+
+
+def test_a_gguf_replaced_while_it_is_converted_leaves_no_copy_named_by_the_old_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from engine.fetch import sources
+    from engine.fetch.convert import DONE_MARKER
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(PAYLOAD)
+    resolved = locate(ModelSpec(str(gguf)))
+
+    def convert_while_swapped(src: Path, dest: Path, *args: object, **kwargs: object) -> Path:
+        dest.mkdir(parents=True)
+        (dest / DONE_MARKER).write_text(json.dumps({"gguf": str(src), "sha256": {}}))
+        swapped = tmp_path / "swapped.gguf"
+        swapped.write_bytes(PAYLOAD[:-1] + b"!")
+        os.replace(swapped, src)  # another file arrives meanwhile
+        return dest
+
+    monkeypatch.setattr(sources, "convert_gguf", convert_while_swapped)
+    with pytest.raises(ModelSourceError, match=f"^{gguf} changed while it was being converted"):
+        sources.prepare(resolved)
+    assert not Path(resolved.location).exists()
