@@ -211,3 +211,26 @@ def test_a_settled_record_spares_the_hash(cache: Path, monkeypatch: pytest.Monke
     monkeypatch.setattr(cachefiles, "RACY_NS", 0, raising=False)  # as if that were long ago
     assert fetch_joined(NAME, PARTS, PIN) == got
     assert hashed == [got]  # unchanged status: one stat, no read
+
+
+def test_a_lean_copy_never_reads_its_weights_from_a_joined_file_that_lost_its_pin(
+        cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from engine.fetch import cachefiles
+    from engine.fetch.convert import DONE_MARKER
+
+    monkeypatch.setattr(cachefiles, "RACY_NS", 0, raising=False)  # status alone decides
+    spec = ModelSpec(NAME, parts=PARTS, sha256=PIN, quantization="int4")
+    put_wheels(cache)
+    first = locate(spec)
+    assert first.lean and first.gguf_file is not None
+    copy = Path(first.location)
+    copy.mkdir(parents=True)  # as a conversion leaves it: the linear weights stay in the joined file
+    (copy / DONE_MARKER).write_text(json.dumps({"gguf": str(first.gguf_file), "lean": True, "sha256": {}}))
+    again = locate(spec)
+    assert not again.needs_conversion and again.location == first.location  # intact: served as it is
+    _swap_keeping_size_and_mtime(first.gguf_file, bytes(reversed(WHOLE)))
+    with pytest.raises(ModelSourceError, match="part 1 of 3 is missing"):  # joined afresh, not read as it is
+        locate(spec)
+    assert not first.gguf_file.exists()
