@@ -152,7 +152,8 @@ def _recorded(path: Path, record: Path) -> str | None:
         return None
 
 
-def content_sha256(path: Path, record: Path | None = None, origin: str = "hashed on use") -> str:
+def content_sha256(path: Path, record: Path | None = None, origin: str = "hashed on use",
+                   expect: str | None = None) -> str:
     """The sha256 of ``path``'s bytes, cheaply and honestly: from its record while the file's status
     (size, mtime_ns, ctime_ns, inode, device) is the one recorded, else hashed now and recorded.
 
@@ -167,6 +168,9 @@ def content_sha256(path: Path, record: Path | None = None, origin: str = "hashed
     cache warm, a shared 2-core machine), 3.7 s each start for ``coder``'s 1.6 GB of joined files;
     the record check took 0.17 ms. A sampled hash would not be honest: two files may differ anywhere.
 
+    ``expect``: the hash the file must have (a pin); bytes hashed to anything else are not
+    recorded, so a record only ever says what the file was verified as.
+
     Raises OSError when the file cannot be read; a record that cannot be written is skipped."""
     where = record or record_path(path)
     known = _recorded(path, where)
@@ -174,7 +178,7 @@ def content_sha256(path: Path, record: Path | None = None, origin: str = "hashed
         return known
     before = path.stat()
     digest = sha256_file(path)
-    if _status(path.stat()) == _status(before):  # not changed while it was read
+    if _status(path.stat()) == _status(before) and expect in (None, digest):  # not changed while read
         try:
             write_record(path, digest, origin, where, before)
         except OSError:

@@ -59,7 +59,7 @@ def cached_joined(name: str, sha256: str) -> Path | None:
     if not path.is_file():
         return None
     try:
-        if content_sha256(path, origin=f"the pin of {name}") == sha256.lower():
+        if content_sha256(path, origin=f"the pin of {name}", expect=sha256.lower()) == sha256.lower():
             return path
     except OSError:
         pass

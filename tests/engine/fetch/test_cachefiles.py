@@ -161,3 +161,22 @@ def test_forget_a_directory_and_its_record(tmp_path: Path) -> None:
     forget(converted)
     assert list(tmp_path.iterdir()) == []
     forget(converted)  # twice is fine
+
+
+def test_content_sha256_records_only_what_it_was_asked_to_verify(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.fetch.cachefiles import content_sha256
+
+    monkeypatch.setattr(cachefiles, "RACY_NS", 0)
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"payload")
+    digest = hashlib.sha256(b"payload").hexdigest()
+    assert content_sha256(path, expect="0" * 64) == digest
+    assert not record_path(path).exists()  # not the pin: nothing recorded as verified
+    assert content_sha256(path, expect=digest) == digest and record_path(path).exists()
+    st = path.stat()
+    new = tmp_path / "g.bin"
+    new.write_bytes(b"PAYLOAD")
+    os.replace(new, path)  # same size; the mtime put back below; another inode
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert content_sha256(path) == hashlib.sha256(b"PAYLOAD").hexdigest()
