@@ -89,6 +89,8 @@ def gguf_damage(path: Path) -> str | None:
         reader = GGUFReader(str(path))
         size = path.stat().st_size
         end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    except OSError:  # unreadable (permissions, I/O): not a sign of damage; the caller says what happened
+        return None
     except Exception as exc:  # noqa: BLE001 - the reader raises many kinds on a damaged file
         return f"its header or tensor table cannot be read ({type(exc).__name__}: {' '.join(str(exc).split())})"
     if end > size:
