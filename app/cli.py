@@ -16,7 +16,9 @@ from typing import Any
 
 from app.bench.cli import add_bench_parser, cmd_bench
 from app.models_cmd import add_models_parser, cmd_models
-from app.models_cli import add_model_options, generation_params, load_for, resolve_profile, stderr_progress
+from app.models_cli import (
+    add_model_options, generation_params, load_for, positive_int, resolve_profile, stderr_progress,
+)
 
 __all__ = ["add_model_options", "generation_params", "load_for", "main", "resolve_profile", "stderr_progress"]
 from app.server_cli import server_profile_from_args
@@ -48,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-k", type=int, help="sample among the k most likely tokens, 0 = all (default: the profile's)")
     gen.add_argument("--seed", type=int, help="random seed for sampling, for repeatable replies (default: none)")
     gen.add_argument("--k", type=int, help="fixed K (tokens drafted per round); default: adaptive")
-    gen.add_argument("--threads", type=int, help="torch threads (default: torch's choice, one per core)")
+    gen.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice, one per core)")
 
     prof = sub.add_parser("profiles", help="list the model profiles and where each is defined")
     prof.add_argument("--models", type=Path, default=argparse.SUPPRESS, help="an extra models.toml (also: SPECCHAT_MODELS; default: only the shipped and your own)")
@@ -171,13 +173,23 @@ def cmd_profiles(args: argparse.Namespace) -> int:
             "download_bytes": (sum(s.download_size for s in to_fetch if s.download_size)
                                if to_fetch and all(s.download_size for s in to_fetch) else None),
         })
+    for name in sorted(set(profiles.invalid) - set(profiles.profiles)):
+        rows.append({"name": name, "default": False, "invalid": True, "invalid_reason": profiles.invalid[name]})
+    rows.sort(key=lambda r: r["name"])
     user_file = user_models_file()
     if args.json:
         print(json.dumps({"default": profiles.default, "files": [str(f) for f in profiles.files],
-                          "user_models_file": str(user_file), "profiles": rows}, indent=2))
+                          "user_models_file": str(user_file), "profiles": rows,
+                          "notices": list(profiles.notices)}, indent=2))
         return 0
     # names, descriptions and paths come from files: shown, never obeyed (_show)
+    for notice in profiles.notices:
+        if notice not in profiles.invalid.values():  # those are listed with their profile below
+            _show(f"specchat: notice: {notice}", file=sys.stderr)
     for r in rows:
+        if r.get("invalid"):
+            _show(f"! {r['name']:<18} invalid, left out: {r['invalid_reason']}")
+            continue
         mark = "*" if r["default"] else " "
         draft = r["draft"] and f"{r['draft']} [{r['draft_quantization']}]" or r["drafter"]
         if r["backend"] == "server":

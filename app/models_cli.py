@@ -38,6 +38,18 @@ def add_model_options(parser: argparse.ArgumentParser, subcommand: bool = True) 
     parser.add_argument("--api-key-env", default=default, metavar="VAR", help="environment variable holding the server's API key")
 
 
+def positive_int(text: str) -> int:
+    """An argparse ``type``: a whole number of at least 1 (``--threads``), else argparse's
+    one-line usage error naming the option and the value."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1 (the number of CPU threads to use), got {value}")
+    return value
+
+
 def resolve_profile(args: argparse.Namespace) -> "ModelProfile":
     """The profile named by the model options (``--target`` builds one on the fly)."""
     from engine.config.profiles import profile_from_sources
@@ -52,7 +64,12 @@ def resolve_profile(args: argparse.Namespace) -> "ModelProfile":
     elif args.target:
         profile = profile_from_sources(args.target, args.draft)
     else:
-        profile = load_profiles(args.models).get(args.profile)
+        profiles = load_profiles(args.models)
+        asked = profiles.invalid.get(args.profile or "")  # the error below says that one
+        for notice in profiles.notices:  # a profile of the user's left out: said, never silent
+            if notice != asked:
+                print(f"specchat: notice: {notice}", file=sys.stderr)
+        profile = profiles.get(args.profile)
     if args.memory_budget:
         profile = dataclasses.replace(profile, memory_budget=parse_size(args.memory_budget))
     return profile

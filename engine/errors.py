@@ -52,3 +52,8 @@ class QuantizationError(SpecChatError):
 
 class LlamaCppError(SpecChatError):
     """llama.cpp's binaries are missing where the user pointed, or llama-server failed or answered badly."""
+
+
+class StorageError(SpecChatError):
+    """A folder or file specchat keeps its data in cannot be made or written: a file stands where a
+    folder should be, the disk is full, or permission is denied. The message names the path."""

@@ -15,12 +15,41 @@ function               override                holds
 """
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
 import platformdirs
 
+from engine.errors import StorageError
+
 APP_NAME = "specchat"
+
+
+def _blocking_file(path: Path) -> Path | None:
+    """The file (not a folder) at ``path`` or at one of its parents, if any."""
+    for candidate in (path, *path.parents):
+        if candidate.exists() and not candidate.is_dir():
+            return candidate
+    return None
+
+
+def make_dir(path: Path, env_var: str | None = None) -> Path:
+    """``path`` made as a folder (with its parents), or :class:`StorageError` in one sentence
+    naming the path, what is in the way and, for a top folder, the variable that moves it."""
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        return path
+    except OSError as exc:
+        move = f", or set {env_var} to another folder" if env_var else ""
+        blocker = _blocking_file(path)
+        if blocker is not None:
+            raise StorageError(
+                f"cannot make the folder {path}: {blocker} is a file, not a folder; move or delete that file{move}"
+            ) from None
+        if exc.errno == errno.ENOSPC:
+            raise StorageError(f"cannot make the folder {path}: the disk is full; free some space{move}") from None
+        raise StorageError(f"cannot make the folder {path}: {exc.strerror or exc}{move}") from None
 
 
 def _dir(env_var: str, default: str, create: bool) -> Path:
@@ -28,7 +57,7 @@ def _dir(env_var: str, default: str, create: bool) -> Path:
     path = Path(override).expanduser() if override else Path(default)
     path = path.absolute()
     if create:
-        path.mkdir(parents=True, exist_ok=True)
+        make_dir(path, env_var)
     return path
 
 
@@ -50,3 +79,40 @@ def cache_dir(create: bool = False) -> Path:
 def state_dir(create: bool = False) -> Path:
     """The user's state directory (``SPECCHAT_STATE_DIR`` overrides it)."""
     return _dir("SPECCHAT_STATE_DIR", platformdirs.user_state_dir(APP_NAME, appauthor=False), create)
+
+
+def _gb(n: int) -> str:
+    return f"{n / 1e9:.2f} GB" if n >= 1e8 else f"{n / 1e6:.1f} MB"
+
+
+def disk_full(exc: BaseException) -> bool:
+    """Whether ``exc`` (an OSError, or a library's error wrapping one) says the disk or quota is full."""
+    if isinstance(exc, OSError) and exc.errno in (errno.ENOSPC, errno.EDQUOT):
+        return True
+    text = str(exc)
+    return "No space left on device" in text or "Disk quota exceeded" in text
+
+
+def disk_full_error(path: Path, what: str, needed: int | None = None) -> StorageError:
+    """The one-sentence error for a disk that filled while writing ``what`` to ``path``: where,
+    how much it needs (when known) and how much is free now."""
+    folder = path.parent
+    try:
+        import shutil
+
+        free = f"; {_gb(shutil.disk_usage(_existing(folder)).free)} is free there now"
+    except OSError:
+        free = ""
+    need = f" (it needs about {_gb(needed)})" if needed else ""
+    return StorageError(
+        f"the disk is full: could not write {what} to {folder}{need}{free}; nothing half-written was kept. "
+        "Free some space, or move the cache with SPECCHAT_CACHE_DIR, and start again"
+    )
+
+
+def _existing(path: Path) -> Path:
+    """``path`` or its nearest existing parent (what disk_usage can ask about)."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return candidate
+    return path

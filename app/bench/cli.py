@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from app.bench.inputs import PromptSpec, ProgressBar, load_prompt_set, render, select_prompts
 from app.bench.methods import ALL_METHODS
+from app.models_cli import positive_int
 from engine.errors import SpecChatError
 from engine.text_safety import inert
 
@@ -40,7 +41,7 @@ def add_bench_parser(sub: Any, add_model_options: Callable[[argparse.ArgumentPar
     bench.add_argument("--methods", help=f"comma-separated subset of {','.join(ALL_METHODS)} (plain always runs)")
     bench.add_argument("--k-range", default="1-6", help="fixed K values for spec and hf-assisted-constant, e.g. 1-6 or 2,4")
     bench.add_argument("--lookup-tokens", type=int, help="prompt_lookup_num_tokens for hf-prompt-lookup (default: the profile's k_max)")
-    bench.add_argument("--threads", type=int, help="torch threads, and llama.cpp's -t (default: torch's choice)")
+    bench.add_argument("--threads", type=positive_int, help="torch threads, and llama.cpp's -t (default: torch's choice)")
     bench.add_argument("--llama-cpp", metavar="DIR", dest="llama_cpp",
                        help="folder with llama.cpp's llama-server (default: SPECCHAT_LLAMA_CPP, the cache dir "
                             "scripts/build-llama-cpp.sh builds into, then PATH)")

@@ -76,14 +76,16 @@ class EngineHost:
     # -- which profile --------------------------------------------------------------
 
     def read_profiles(self) -> Refusal | None:
-        """Read the profiles file(s); a Refusal says why they could not be read."""
+        """Read the profiles file(s); a Refusal says why they could not be read, or (a warning, the
+        profiles read) which of the user's profiles are left out and why."""
         try:
             self.profiles = self._profiles_loader()
         except SpecChatError as exc:
             return Refusal(str(exc), "error", "Profiles")
         except Exception as exc:  # never a traceback in the UI
             return Refusal(f"Could not read profiles: {type(exc).__name__}: {exc}", "error")
-        return None
+        notices = getattr(self.profiles, "notices", ())
+        return Refusal("\n".join(notices), "warning", "Profiles") if notices else None
 
     def initial_profile(self) -> "ModelProfile | Refusal | None":
         """The profile to load first: --server, --target/--draft, the named one, the one

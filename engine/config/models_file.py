@@ -8,12 +8,15 @@ of the same name, and each free to change ``default``:
 3. the file given to :func:`load_profiles` or else the one named by ``SPECCHAT_MODELS``.
 
 The keys are documented at the top of the shipped ``models.toml``. Every
-problem raises :class:`~engine.errors.ProfileError` naming the file, the profile
-and the key to fix.
+problem is a :class:`~engine.errors.ProfileError` naming the file, the profile
+and the key to fix; in the user's files a bad profile is only left out, with a
+notice (:attr:`Profiles.notices <engine.config.profiles.Profiles.notices>`), so
+the others still work (:func:`load_profiles`).
 """
 from __future__ import annotations
 
 import os
+import re
 import sys
 from importlib import resources
 from pathlib import Path
@@ -138,7 +141,30 @@ def _parse_profile(name: str, raw: Any, path: Path) -> ModelProfile:
 
 
 def read_profiles_file(path: Path) -> tuple[dict[str, ModelProfile], str | None]:
-    """Parse one models.toml: its profiles and its ``default`` (or None)."""
+    """Parse one models.toml: its profiles and its ``default`` (or None); any mistake raises."""
+    profiles, default, _ = _read(path, lenient=False)
+    return profiles, default
+
+
+def _line_of(text: str, name: str) -> int | None:
+    """The line of ``[profiles.NAME]`` (or its first sub-table) in a models.toml's text."""
+    quoted = re.escape(name)
+    header = re.compile(rf"""^\s*\[\s*profiles\s*\.\s*(?:"{quoted}"|'{quoted}'|{quoted})\s*[\].]""")
+    return next((i for i, line in enumerate(text.splitlines(), 1) if header.match(line)), None)
+
+
+def _disabled(name: str, path: Path, text: str, exc: ProfileError) -> str:
+    """The notice for a profile left out: the file, its line, and the reason."""
+    reason = str(exc)
+    prefix = f"profile {name!r} in {path}: "
+    reason = reason[len(prefix):] if reason.startswith(prefix) else reason
+    line = _line_of(text, name)
+    return f"profile {name!r} in {path}{f' line {line}' if line else ''} is disabled: {reason}"
+
+
+def _read(path: Path, lenient: bool) -> tuple[dict[str, ModelProfile], str | None, dict[str, str]]:
+    """One models.toml: its profiles, its default, and (``lenient``) the profiles left out with why;
+    without ``lenient`` a bad profile raises. A file that cannot be read or parsed always raises."""
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
@@ -161,7 +187,16 @@ def read_profiles_file(path: Path) -> tuple[dict[str, ModelProfile], str | None]
     raw_profiles = data.get("profiles", {})
     if not isinstance(raw_profiles, dict):
         raise ProfileError(f"{path}: profiles must be tables written as [profiles.NAME]")
-    return {name: _parse_profile(name, raw, path) for name, raw in raw_profiles.items()}, default
+    profiles: dict[str, ModelProfile] = {}
+    invalid: dict[str, str] = {}
+    for name, raw in raw_profiles.items():
+        try:
+            profiles[name] = _parse_profile(name, raw, path)
+        except ProfileError as exc:
+            if not lenient:
+                raise
+            invalid[name] = _disabled(name, path, text, exc)
+    return profiles, default, invalid
 
 
 def shipped_models_file() -> Path:
@@ -175,8 +210,14 @@ def user_models_file() -> Path:
 
 
 def load_profiles(models_file: Path | str | None = None) -> Profiles:
-    """Read and merge the shipped, the user's and the given (or ``$SPECCHAT_MODELS``) models files."""
-    paths: list[Path] = [shipped_models_file()]
+    """Read and merge the shipped, the user's and the given (or ``$SPECCHAT_MODELS``) models files.
+
+    A mistake in the shipped file raises. In the user's files a bad profile is left out with a
+    notice naming it, its file, line and reason (asked for by name it raises that reason), and the
+    others work; the user's own models.toml that cannot be parsed at all is left out with a notice.
+    A default that names a disabled profile gives way to the one an earlier file named."""
+    shipped = shipped_models_file()
+    paths: list[Path] = [shipped]
     user = user_models_file()
     if user.is_file():
         paths.append(user)
@@ -187,20 +228,38 @@ def load_profiles(models_file: Path | str | None = None) -> Profiles:
             raise ProfileError(f"models file not found: {extra_path}")
         paths.append(extra_path)
     merged: dict[str, ModelProfile] = {}
-    default: str | None = None
-    default_from: Path | None = None
+    invalid: dict[str, str] = {}
+    notices: list[str] = []
+    defaults: list[tuple[str, Path]] = []
     for path in paths:
-        profiles, file_default = read_profiles_file(path)
+        try:
+            profiles, file_default, bad = _read(path, lenient=path != shipped)
+        except ProfileError as exc:
+            if path != user:
+                raise
+            notices.append(f"{exc}; the profiles in it are left out until it is fixed")
+            continue
+        for name in profiles:
+            invalid.pop(name, None)
+        for name in bad:
+            merged.pop(name, None)
         merged.update(profiles)
+        invalid.update(bad)
         if file_default is not None:
-            default, default_from = file_default, path
-    if default is None:
+            defaults.append((file_default, path))
+    notices.extend(invalid.values())  # those still left out once every file is read
+    if not defaults:
         raise ProfileError(f"no default profile: add default = \"NAME\" to {paths[-1]}")
-    if default not in merged:
+    default, default_from = defaults[-1]
+    if default not in merged and default not in invalid:
         raise ProfileError(
             f"{default_from}: default = {default!r} names no profile; "
             f"known profiles are {', '.join(sorted(merged)) or '(none)'}"
         )
-    return Profiles(profiles=MappingProxyType(merged), default=default, files=tuple(paths))
-
-
+    if default in invalid:
+        usable = [name for name, _ in defaults if name in merged]
+        if usable:
+            notices.append(f"the default profile {default!r} ({default_from}) is disabled; using {usable[-1]!r}")
+            default = usable[-1]
+    return Profiles(profiles=MappingProxyType(merged), default=default, files=tuple(paths),
+                    invalid=MappingProxyType(invalid), notices=tuple(notices))

@@ -49,7 +49,7 @@ class ModelSpec:
     parts: tuple[str, ...] = ()
     """``wheel:`` sources whose files, joined in order, make the GGUF named ``source`` (:mod:`engine.fetch.parts`)."""
     sha256: str = ""
-    """The sha256 (hex) of the joined file, checked before it is used; empty: the parts' RECORD hashes only."""
+    """The sha256 (hex) of the joined file, required with ``parts`` and checked at every use of the file."""
     wide_blocks: str = "int4"
     """int4 from a GGUF: its blocks of more than 4 bits requantized to ``"int4"``, or kept as two int4 ``"planes"``."""
     download_size: int | None = field(default=None, compare=False)
@@ -64,6 +64,10 @@ class ModelSpec:
                 check_parts(self.source, self.parts)
             except ModelSourceError as exc:
                 raise ProfileError(str(exc)) from None
+            if not self.sha256:
+                raise ProfileError(
+                    f"parts need the sha256 of the file they join into ({self.source}), or swapped or replaced "
+                    "parts would be joined and used unchecked: add sha256 = \"<64 hex digits>\" beside parts")
         if self.wide_blocks not in WIDE_BLOCKS:
             raise ProfileError(f"unknown wide_blocks {self.wide_blocks!r}: use one of {', '.join(WIDE_BLOCKS)}")
         if self.sha256 and not re.fullmatch(r"[0-9a-fA-F]{64}", self.sha256):
@@ -162,14 +166,22 @@ class Profiles:
     profiles: Mapping[str, ModelProfile]
     default: str
     files: tuple[Path, ...]
+    invalid: Mapping[str, str] = field(default_factory=dict)
+    """Profiles of the user's files that are disabled, by name: why (file, line, what to fix)."""
+    notices: tuple[str, ...] = ()
+    """What the user should be told once: each disabled profile, a user file left out, a default replaced."""
 
     def names(self) -> list[str]:
-        """Profile names, sorted."""
+        """Profile names, sorted (the disabled ones are in :attr:`invalid`)."""
         return sorted(self.profiles)
 
     def get(self, name: str | None = None) -> ModelProfile:
-        """The named profile, or the default for ``None``; an unknown name lists the known ones."""
+        """The named profile, or the default for ``None``; an unknown name lists the known ones,
+        a disabled one says why."""
         key = self.default if name is None else name
+        if key in self.invalid and key not in self.profiles:
+            raise ProfileError(f"{self.invalid[key]}; fix it there, or pick another profile: "
+                               f"{', '.join(self.names()) or '(none)'}")
         try:
             return self.profiles[key]
         except KeyError:

@@ -22,6 +22,7 @@ from typing import Any
 from engine.errors import ModelSourceError
 from engine.fetch.cachefiles import sha256_file
 from engine.fetch.wheels import tmp_name
+from engine.paths import disk_full, disk_full_error, make_dir
 from engine.progress import ProgressFn, model_name, no_progress, ticking, time_left
 
 DONE_MARKER = "specchat-converted.json"
@@ -53,7 +54,7 @@ def one_metadata_read() -> Iterator[None]:
     if original is None or getattr(original, "reads_once", False):
         yield
         return
-    answers: dict[tuple[str, int, int], bytes] = {}
+    answers: dict[tuple[str, int, int, int, int], bytes] = {}
 
     def read_once(path: Any, return_tensors: bool = False, *args: Any, **kwargs: Any) -> Any:
         if return_tensors or args or kwargs:
@@ -62,7 +63,8 @@ def one_metadata_read() -> Iterator[None]:
             stat = os.stat(path)
         except OSError:
             return original(path, return_tensors=False)  # its own error, as before
-        key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns)  # a file fetched again is parsed again
+        # a file fetched again, or swapped for another of the same size and mtime, is parsed again
+        key = (os.path.realpath(path), stat.st_size, stat.st_mtime_ns, stat.st_ctime_ns, stat.st_ino)
         if key in answers:
             return pickle.loads(answers[key])
         answer = original(path, return_tensors=False)
@@ -75,6 +77,38 @@ def one_metadata_read() -> Iterator[None]:
         yield
     finally:
         module.load_gguf_checkpoint = original
+
+
+def gguf_damage(path: Path) -> str | None:
+    """Why the GGUF file at ``path`` is truncated or corrupt (its header or tensor table cannot be
+    read, or its tensors run past its end), or None when its structure is whole. Asked only after
+    a read failed, to tell a damaged file from a model the GGUF loader does not support."""
+    try:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(str(path))
+        size = path.stat().st_size
+        end = max((int(t.data_offset) + int(t.n_bytes) for t in reader.tensors), default=0)
+    except OSError:  # unreadable (permissions, I/O): not a sign of damage; the caller says what happened
+        return None
+    except Exception as exc:  # noqa: BLE001 - the reader raises many kinds on a damaged file
+        return f"its header or tensor table cannot be read ({type(exc).__name__}: {' '.join(str(exc).split())})"
+    if end > size:
+        return f"its tensors end at byte {end} but the file has only {size} bytes"
+    return None
+
+
+def gguf_read_error(path: Path, what: str, exc: BaseException) -> ModelSourceError:
+    """The error for a GGUF file that failed while ``what`` (e.g. "reading its config"): truncated or
+    corrupt, naming the file, when it is; else the reader's own reason."""
+    damage = gguf_damage(path)
+    if damage is not None:
+        return ModelSourceError(f"the GGUF file {path} is truncated or corrupt: {damage}; delete it and "
+                                "download or copy it again")
+    detail = " ".join(str(exc).split())
+    return ModelSourceError(f"cannot read the GGUF file {path} ({what}): {type(exc).__name__}: {detail}; it may "
+                            "be a model the transformers GGUF loader does not support")
+
 
 
 def _clean_stale(parent: Path, name: str) -> None:
@@ -96,20 +130,21 @@ def _dir_bytes(path: Path) -> int:
 
 
 def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, verify: bool = True,
-                 lean: bool = False) -> Path:
+                 lean: bool = False, source_sha256: str = "") -> Path:
     """Dequantize a GGUF once into a safetensors directory ``dest`` (model + tokenizer);
     with ``verify``, reload the copy and require identical logits. ``lean``: write a lean
-    copy (:func:`write_lean`) where the architecture allows, a full one otherwise."""
+    copy (:func:`write_lean`) where the architecture allows, a full one otherwise.
+    ``source_sha256``: the GGUF's sha256 (what ``dest`` is named by), kept in the marker."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     if (dest / DONE_MARKER).is_file():
         return dest
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(dest.parent)
     _clean_stale(dest.parent, dest.name)
     started = time.perf_counter()
     stage = conversion_stage(gguf, dest.parent, lean)
-    if lean and _convert_lean(gguf, dest, progress, started, stage):
+    if lean and _convert_lean(gguf, dest, progress, started, stage, source_sha256):
         return dest
     stage = conversion_stage(gguf, dest.parent, False)
     try:
@@ -117,16 +152,13 @@ def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, ver
             model = AutoModelForCausalLM.from_pretrained(str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32)
             tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
     except Exception as exc:  # the gguf reader raises many kinds on a damaged file
-        raise ModelSourceError(
-            f"cannot read GGUF file {gguf}: {type(exc).__name__}: {exc}. It may be truncated or not a "
-            "model the transformers GGUF loader supports; delete it and try again"
-        ) from None
+        raise gguf_read_error(gguf, "converting it", exc) from None
     model.hf_quantizer = None  # save_pretrained refuses a GGUF-quantized model otherwise
     if getattr(model.config, "quantization_config", None) is not None:
         del model.config.quantization_config
+    total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
     tmp = tmp_name(dest)
     try:
-        total = sum(t.numel() * t.element_size() for t in model.state_dict().values())
         with ticking(progress, f"{stage}, writing the copy", 0.6, lambda: _dir_bytes(tmp), total, 0.85):
             model.save_pretrained(tmp)
             tokenizer.save_pretrained(tmp)
@@ -139,16 +171,21 @@ def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, ver
             del copy
             if not same:
                 raise ModelSourceError(f"the safetensors copy of {gguf} gives different logits; not using it")
-        _finish(tmp, dest, gguf, started, verified=verify, lean=False)
+        _finish(tmp, dest, gguf, started, verified=verify, lean=False, source_sha256=source_sha256)
+    except Exception as exc:  # noqa: BLE001 - safetensors wraps the file system's errors in its own kind
+        if disk_full(exc):
+            raise disk_full_error(dest, f"the converted copy of {gguf.name}", total) from None
+        raise
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     progress(f"{stage}: done", 1.0)
     return dest
 
 
-def _finish(tmp: Path, dest: Path, gguf: Path, started: float, *, verified: bool, lean: bool) -> None:
+def _finish(tmp: Path, dest: Path, gguf: Path, started: float, *, verified: bool, lean: bool,
+            source_sha256: str = "") -> None:
     """Write the marker into the finished copy ``tmp`` and rename it onto ``dest``."""
-    marker = {"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size,
+    marker = {"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size, "gguf_sha256": source_sha256,
               "seconds": round(time.perf_counter() - started, 2), "verified": verified, "lean": lean,
               "sha256": {f.name: sha256_file(f) for f in sorted(tmp.glob("*.safetensors"))}}
     (tmp / DONE_MARKER).write_text(json.dumps(marker, indent=2))
@@ -176,7 +213,8 @@ def conversion_stage(gguf: Path, converted: Path, lean: bool) -> str:
     return f"converting {model_name(gguf.name)} once{guess}"
 
 
-def _convert_lean(gguf: Path, dest: Path, progress: ProgressFn, started: float, stage: str) -> bool:
+def _convert_lean(gguf: Path, dest: Path, progress: ProgressFn, started: float, stage: str,
+                  source_sha256: str = "") -> bool:
     """A lean copy of ``gguf`` at ``dest``; False (nothing written) where the model is not of
     :data:`~engine.fetch.gguf_tensors.STREAMED_TYPES` or the GGUF lacks a tensor it needs."""
     tmp = tmp_name(dest)
@@ -186,14 +224,13 @@ def _convert_lean(gguf: Path, dest: Path, progress: ProgressFn, started: float, 
             written = write_lean(gguf, tmp)
         if not written:
             return False
-        _finish(tmp, dest, gguf, started, verified=True, lean=True)
+        _finish(tmp, dest, gguf, started, verified=True, lean=True, source_sha256=source_sha256)
     except ModelSourceError:
         raise
     except Exception as exc:  # the gguf reader raises many kinds on a damaged file
-        raise ModelSourceError(
-            f"cannot read GGUF file {gguf}: {type(exc).__name__}: {exc}. It may be truncated or not a "
-            "model the transformers GGUF loader supports; delete it and try again"
-        ) from None
+        if disk_full(exc):  # not the GGUF's fault
+            raise disk_full_error(dest, f"the converted copy of {gguf.name}") from None
+        raise gguf_read_error(gguf, "converting it", exc) from None
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     progress(f"{stage}: done (lean: its linear layers stay in the GGUF)", 1.0)

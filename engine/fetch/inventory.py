@@ -17,7 +17,6 @@ whatever no profile claims is listed under its own name, so it can be removed to
 """
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 import shutil
@@ -29,6 +28,7 @@ from engine.config.profiles import ModelProfile, ModelSpec
 from engine.config.source_names import WHEEL_SOURCE
 from engine.errors import ModelSourceError
 from engine.fetch.convert import LEAN_SUFFIX
+from engine.fetch.parts import joined_key
 from engine.fetch.wheels import norm_dist
 from engine.progress import model_name
 
@@ -91,9 +91,9 @@ def _owned(spec: ModelSpec, root: Path) -> tuple[set[Path], set[str]]:
     paths: set[Path] = set()
     converted: list[str] = []
     if spec.parts:  # as engine.fetch.parts.joined_path and engine.fetch.sources._converted_dir name them
-        key = hashlib.sha256("\n".join(spec.parts).encode()).hexdigest()[:12]
-        paths.add(root / "files" / f"joined-{key}")
-        converted.append(f"joined-{key}-{Path(spec.source).name}")
+        key = joined_key(spec.sha256)
+        paths.add(root / "files" / key)
+        converted.append(f"{key}-{Path(spec.source).name}")
         dists = [WHEEL_SOURCE.fullmatch(p) for p in spec.parts]
     else:
         m = WHEEL_SOURCE.fullmatch(spec.source)

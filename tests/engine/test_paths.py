@@ -50,3 +50,45 @@ def test_a_relative_override_is_made_absolute_and_home_is_expanded(
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("SPECCHAT_DATA_DIR", "~/specchat-data")
     assert paths.data_dir() == tmp_path / "home" / "specchat-data"
+
+
+def test_a_cache_folder_that_is_a_file_is_one_sentence_naming_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.errors import StorageError
+
+    blocker = tmp_path / "cache"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(blocker))
+    with pytest.raises(StorageError) as err:
+        paths.cache_dir(create=True)
+    assert str(err.value) == (f"cannot make the folder {blocker}: {blocker} is a file, not a folder; "
+                              "move or delete that file, or set SPECCHAT_CACHE_DIR to another folder")
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(blocker / "below"))  # a parent on the way is a file
+    with pytest.raises(StorageError, match=f"{blocker} is a file, not a folder"):
+        paths.cache_dir(create=True)
+    assert blocker.read_text() == "not a folder"  # nothing lost
+
+
+def test_a_cache_subfolder_blocked_by_a_file_is_named(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import torch
+
+    from engine.errors import StorageError
+    from engine.quant import _save, quantize_weight
+
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "int4").write_text("in the way")
+    with pytest.raises(StorageError, match=f"{tmp_path / 'cache' / 'int4'} is a file, not a folder"):
+        _save(tmp_path / "cache" / "int4" / "m-0123456789abcdef-g32.safetensors",
+              {"layer": quantize_weight(torch.randn(16, 32), 32)}, [])
+
+
+def test_the_cli_says_the_cache_folder_is_a_file_in_one_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                            capsys: pytest.CaptureFixture[str]) -> None:
+    from app.cli import main
+
+    (tmp_path / "cache").write_text("")
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    assert main(["profiles"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specchat: error: cannot make the folder ") and "is a file, not a folder" in err
+    assert len(err.strip().splitlines()) == 1

@@ -106,3 +106,15 @@ def test_close_closes_the_backend_once() -> None:
     made.close()
     assert backend.closed and made.backend is None
     made.close()
+
+
+def test_a_left_out_user_profile_is_a_warning_and_the_rest_load(tmp_path, monkeypatch) -> None:
+    from engine.config.models_file import load_profiles
+
+    monkeypatch.setenv("SPECCHAT_CONFIG_DIR", str(tmp_path))
+    (tmp_path / "models.toml").write_text('[profiles.bad]\ntarget = "a/b"\ndrafter = "eagle"\n')
+    made = EngineHost(ProfileChoice(), profiles_loader=load_profiles)
+    refusal = made.read_profiles()
+    assert refusal is not None and refusal.severity == "warning" and refusal.title == "Profiles"
+    assert refusal.text.startswith(f"profile 'bad' in {tmp_path / 'models.toml'} line 1 is disabled: unknown drafter")
+    assert made.initial_profile().name == "pocket"  # type: ignore[union-attr]

@@ -123,17 +123,64 @@ def test_env_models_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
 )
 def test_bad_models_file_says_what_to_fix(tmp_path: Path, text: str, expected: list[str]) -> None:
     bad = write(tmp_path / "bad.toml", text)
-    with pytest.raises(ProfileError) as err:
-        load_profiles(bad)
+    with pytest.raises(ProfileError) as err:  # the file's own mistakes when read, the profile's when asked for
+        load_profiles(bad).get("x")
     for part in expected:
         assert part in str(err.value), str(err.value)
 
 
-def test_syntax_error_in_user_file_names_it(tmp_path: Path) -> None:
+def test_syntax_error_in_user_file_names_it_and_leaves_only_it_out(tmp_path: Path) -> None:
     user = write(user_file(tmp_path), "default = \n")
-    with pytest.raises(ProfileError, match="line 1") as err:
+    profiles = load_profiles()
+    assert profiles.get().name == "pocket"  # the shipped profiles still work
+    (notice,) = profiles.notices
+    assert str(user) in notice and "TOML syntax error" in notice and "line 1" in notice
+
+
+def test_one_bad_user_profile_disables_that_profile_only(tmp_path: Path) -> None:
+    user = write(user_file(tmp_path), """default = "broken"
+
+[profiles.good]
+target = "org/model"
+drafter = "none"
+
+[profiles.broken]
+target = { source = "org/model", quantization = "q4" }
+drafter = "ngram"
+
+[profiles."also bad"]
+target = "org/model"
+drafter = "eagle"
+""")
+    profiles = load_profiles()
+    from engine.config.models_file import read_profiles_file
+
+    assert set(profiles.names()) == {*read_profiles_file(shipped_models_file())[0], "good"}
+    assert profiles.get("pocket").name == "pocket" and profiles.get("good").drafter == "none"
+    assert profiles.invalid["broken"] == (f"profile 'broken' in {user} line 7 is disabled: target: unknown "
+                                          "quantization 'q4': use one of none, int4, nf4, int8")
+    assert profiles.invalid["also bad"].startswith(f"profile 'also bad' in {user} line 11 is disabled: unknown drafter")
+    assert profiles.default == "pocket"  # the user's default is disabled: the shipped one stands in
+    assert profiles.notices == (profiles.invalid["broken"], profiles.invalid["also bad"],
+                                f"the default profile 'broken' ({user}) is disabled; using 'pocket'")
+    with pytest.raises(ProfileError, match=r"line 7 is disabled: target: unknown quantization 'q4'.*pick another"):
+        profiles.get("broken")
+
+
+def test_a_bad_user_profile_fixed_by_a_later_file_is_not_reported(tmp_path: Path) -> None:
+    write(user_file(tmp_path), '[profiles.p]\ntarget = "a/b"\ndrafter = "eagle"\n')
+    extra = write(tmp_path / "extra.toml", '[profiles.p]\ntarget = "a/b"\ndrafter = "ngram"\n')
+    profiles = load_profiles(extra)
+    assert profiles.get("p").drafter == "ngram" and profiles.invalid == {} and profiles.notices == ()
+
+
+def test_a_mistake_in_the_shipped_file_still_raises(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.config import models_file
+
+    shipped = write(tmp_path / "shipped.toml", 'default = "p"\n[profiles.p]\ntarget = "a/b"\ndrafter = "eagle"\n')
+    monkeypatch.setattr(models_file, "shipped_models_file", lambda: shipped)
+    with pytest.raises(ProfileError, match="unknown drafter 'eagle'"):
         load_profiles()
-    assert str(user) in str(err.value)
 
 
 def test_missing_models_file(tmp_path: Path) -> None:

@@ -101,7 +101,8 @@ def test_a_damaged_cached_file_is_rechecked_and_fetched_again(cache: Path, index
 
 def _fake_convert(calls: list[bytes]):  # type: ignore[no-untyped-def]
     """convert_gguf for PAYLOAD only: a damaged GGUF fails like the real reader does."""
-    def convert(gguf: Path, dest: Path, progress=None, verify: bool = True, lean: bool = False) -> Path:  # type: ignore[no-untyped-def]
+    def convert(gguf: Path, dest: Path, progress=None, verify: bool = True, lean: bool = False,
+                source_sha256: str = "") -> Path:  # type: ignore[no-untyped-def]
         calls.append(gguf.read_bytes())
         if gguf.read_bytes() != PAYLOAD:
             raise ModelSourceError(f"cannot read GGUF file {gguf}: ValueError: cannot reshape array")

@@ -114,7 +114,9 @@ def test_a_record_sits_beside_its_file_and_matches_until_the_file_changes(tmp_pa
     assert matches_record(path) is None  # nothing recorded yet
     write_record(path, digest, "RECORD of pkg-1.0")
     assert record_path(path) == tmp_path / ".model.gguf.record.json"
-    assert json.loads(record_path(path).read_text()) == {"sha256": digest, "size": 204, "origin": "RECORD of pkg-1.0"}
+    recorded = json.loads(record_path(path).read_text())
+    assert {k: recorded[k] for k in ("sha256", "size", "origin")} == {"sha256": digest, "size": 204,
+                                                                       "origin": "RECORD of pkg-1.0"}
     assert sorted(p.name for p in tmp_path.iterdir()) == [".model.gguf.record.json", "model.gguf"]  # no temp left
     assert matches_record(path) is True
     path.write_bytes(b"GGUF" + bytes(200))  # same size, other bytes
@@ -159,3 +161,22 @@ def test_forget_a_directory_and_its_record(tmp_path: Path) -> None:
     forget(converted)
     assert list(tmp_path.iterdir()) == []
     forget(converted)  # twice is fine
+
+
+def test_content_sha256_records_only_what_it_was_asked_to_verify(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.fetch.cachefiles import content_sha256
+
+    monkeypatch.setattr(cachefiles, "RACY_NS", 0)
+    path = tmp_path / "f.bin"
+    path.write_bytes(b"payload")
+    digest = hashlib.sha256(b"payload").hexdigest()
+    assert content_sha256(path, expect="0" * 64) == digest
+    assert not record_path(path).exists()  # not the pin: nothing recorded as verified
+    assert content_sha256(path, expect=digest) == digest and record_path(path).exists()
+    st = path.stat()
+    new = tmp_path / "g.bin"
+    new.write_bytes(b"PAYLOAD")
+    os.replace(new, path)  # same size; the mtime put back below; another inode
+    os.utime(path, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert content_sha256(path) == hashlib.sha256(b"PAYLOAD").hexdigest()

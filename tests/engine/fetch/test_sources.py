@@ -1,6 +1,8 @@
 """Sources: local dirs, GGUF files, hub ids offline, and files verified out of wheels."""
 from __future__ import annotations
 
+import hashlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -193,8 +195,111 @@ def test_a_truncated_gguf_is_refused_and_leaves_no_half_converted_copy(tmp_path:
     gguf_file.write_bytes(data[: len(data) // 2])
     resolved = locate(ModelSpec(str(gguf_file)))
     assert resolved.needs_conversion
-    with pytest.raises(ModelSourceError, match="cannot read GGUF file") as err:
+    with pytest.raises(ModelSourceError, match=f"^the GGUF file {gguf_file} is truncated or corrupt: ") as err:
         convert_gguf(gguf_file, Path(resolved.location))
     assert str(gguf_file) in str(err.value)
     assert not Path(resolved.location).exists()
-    assert [p.name for p in Path(resolved.location).parent.iterdir()] == []  # no half-converted dir
+    siblings = [p.name for p in Path(resolved.location).parent.iterdir()]
+    assert siblings == [".sources"]  # no half-converted dir; only the record of the GGUF's hash
+
+
+def test_a_gguf_replaced_by_another_of_the_same_size_and_mtime_gets_its_own_conversion(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+    import os
+
+    from engine.fetch import cachefiles
+    from engine.fetch.convert import DONE_MARKER
+
+    monkeypatch.setattr(cachefiles, "RACY_NS", 0, raising=False)  # status alone decides: the swap must show in it
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(PAYLOAD)
+    first = locate(ModelSpec(str(gguf)))
+    copy = Path(first.location)
+    copy.mkdir(parents=True)
+    (copy / DONE_MARKER).write_text(json.dumps({"gguf": str(gguf), "sha256": {}}))  # as if converted
+    assert not locate(ModelSpec(str(gguf))).needs_conversion  # the same file: its copy serves
+    st = gguf.stat()
+    other = tmp_path / "other.gguf"
+    other.write_bytes(PAYLOAD[:-1] + b"!")  # same size, one byte differs
+    os.replace(other, gguf)
+    os.utime(gguf, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (gguf.stat().st_size, gguf.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    second = locate(ModelSpec(str(gguf)))
+    assert second.location != first.location and second.needs_conversion  # converted afresh, not the old copy
+    assert second.sha256 == hashlib.sha256(gguf.read_bytes()).hexdigest()
+
+
+def test_a_local_gguf_is_hashed_once_then_known_by_its_status(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.fetch import cachefiles
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(PAYLOAD)
+    os.utime(gguf, ns=(1, 1))  # (ctime is the kernel's: now)
+    monkeypatch.setattr(cachefiles, "RACY_NS", 0, raising=False)
+    hashed: list[Path] = []
+    real = cachefiles.sha256_file
+    monkeypatch.setattr(cachefiles, "sha256_file", lambda p: hashed.append(p) or real(p))
+    one, two = locate(ModelSpec(str(gguf))), locate(ModelSpec(str(gguf)))
+    assert one == two and one.sha256 == hashlib.sha256(PAYLOAD).hexdigest()
+    assert hashed == [gguf]  # once, then from the record
+
+
+@pytest.mark.parametrize("keep", [0.5, 0.1, 40])
+def test_a_truncated_gguf_is_called_truncated_when_its_config_is_read(tmp_path: Path, keep: float) -> None:
+    from engine.load.loader import load_tokenizer
+
+    gguf_file = tiny_gguf(tmp_path / "tiny.gguf")
+    data = gguf_file.read_bytes()
+    gguf_file.write_bytes(data[: int(len(data) * keep) if keep < 1 else int(keep)])
+    spec = ModelSpec(str(gguf_file))
+    resolved = locate(spec)
+    for read in (read_config, load_tokenizer):
+        with pytest.raises(ModelSourceError) as err:
+            read(resolved, spec)
+        message = str(err.value)
+        assert message.startswith(f"the GGUF file {gguf_file} is truncated or corrupt: ")
+        assert "config.json" not in message and "\n" not in message
+        assert message.endswith("delete it and download or copy it again")
+
+
+def test_a_whole_gguf_of_an_unsupported_model_is_not_called_truncated(tmp_path: Path) -> None:
+    import gguf
+
+    path = tmp_path / "odd.gguf"
+    writer = gguf.GGUFWriter(str(path), "no-such-architecture")
+    writer.add_tensor("w", np.ones((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    spec = ModelSpec(str(path))
+    with pytest.raises(ModelSourceError) as err:
+        read_config(locate(spec), spec)
+    assert "truncated" not in str(err.value) and str(path) in str(err.value)
+    assert "may be a model the transformers GGUF loader does not support" in str(err.value)
+
+
+def test_a_gguf_replaced_while_it_is_converted_leaves_no_copy_named_by_the_old_bytes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from engine.fetch import sources
+    from engine.fetch.convert import DONE_MARKER
+
+    gguf = tmp_path / "model.gguf"
+    gguf.write_bytes(PAYLOAD)
+    resolved = locate(ModelSpec(str(gguf)))
+
+    def convert_while_swapped(src: Path, dest: Path, *args: object, **kwargs: object) -> Path:
+        dest.mkdir(parents=True)
+        (dest / DONE_MARKER).write_text(json.dumps({"gguf": str(src), "sha256": {}}))
+        swapped = tmp_path / "swapped.gguf"
+        swapped.write_bytes(PAYLOAD[:-1] + b"!")
+        os.replace(swapped, src)  # another file arrives meanwhile
+        return dest
+
+    monkeypatch.setattr(sources, "convert_gguf", convert_while_swapped)
+    with pytest.raises(ModelSourceError, match=f"^{gguf} changed while it was being converted"):
+        sources.prepare(resolved)
+    assert not Path(resolved.location).exists()

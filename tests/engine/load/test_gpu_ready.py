@@ -79,9 +79,10 @@ def test_a_draft_that_runs_out_of_memory_while_loading_falls_back_to_ngram(
     device = ScriptedDevice(torch.device("cpu"), free=[32 * GiB])
     real = loading.load_weights
 
-    def load_weights(resolved: ResolvedSource, spec: ModelSpec, dev: Device, config: Any = None) -> Any:
+    def load_weights(resolved: ResolvedSource, spec: ModelSpec, dev: Device, config: Any = None,
+                     on_layer: Any = None) -> Any:
         if resolved.location != str(models["draft"]):
-            return real(resolved, spec, dev, config)
+            return real(resolved, spec, dev, config, on_layer)
         half_loaded = torch.ones(4 * 2**20)  # 16 MiB held by the failing frame
         device.held.append(weakref.ref(half_loaded))
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 20.00 MiB (injected)")
@@ -106,10 +107,11 @@ def test_errors_other_than_oom_while_loading_the_draft_still_raise(
 ) -> None:
     real = loading.load_weights
 
-    def load_weights(resolved: ResolvedSource, spec: ModelSpec, dev: Device, config: Any = None) -> Any:
+    def load_weights(resolved: ResolvedSource, spec: ModelSpec, dev: Device, config: Any = None,
+                     on_layer: Any = None) -> Any:
         if resolved.location == str(models["draft"]):
             raise ValueError("a bug, not memory")
-        return real(resolved, spec, dev, config)
+        return real(resolved, spec, dev, config, on_layer)
 
     monkeypatch.setattr(loading, "load_weights", load_weights)
     with pytest.raises(ValueError, match="a bug"):
