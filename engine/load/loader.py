@@ -374,6 +374,7 @@ def _load_local(profile: ModelProfile, memory_budget: int | None, device: Device
     plan: Plan = plan_memory(
         target.config, draft.config if draft else None, profile, free,
         memory_budget=memory_budget, cuda=device.is_cuda, bf16=device.fast_bf16, draft_error=draft_error,
+        graphs=device.uses_static_cache() and device.graph_backend()[0] is not None,
     )
     log.info("memory plan: %s", plan.summary())
     fallback = plan.reason if plan.choice == "target+ngram" and profile.drafter == "model" else None

@@ -141,6 +141,7 @@ class StaticKV:
         self.layers = [StaticKV.Layer(self) for _ in range(n_layers)]
         self.generation = 0
         """How many times buffers were allocated (a change makes captured passes stale)."""
+        self._keys: torch.Tensor | None = None  # [1, window]: 0 .. window - 1, made once
 
     def allocate(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Zeroed key and value buffers ``[1, kv_heads, window, d]`` of ``like``'s head shape,
@@ -160,8 +161,9 @@ class StaticKV:
     def mask(self, positions: torch.Tensor) -> torch.Tensor:
         """``[T, window]`` bool: key ``j`` is visible to the row at position ``positions[i]`` iff
         ``j <= positions[i]`` (its own key included). The same shape at every step."""
-        keys = torch.arange(self.window, device=positions.device)
-        return keys.unsqueeze(0) <= positions.unsqueeze(1)
+        if self._keys is None or self._keys.device != positions.device:
+            self._keys = torch.arange(self.window, device=positions.device).unsqueeze(0)
+        return self._keys <= positions.unsqueeze(1)
 
     def get_seq_length(self) -> int:
         return self.layers[0].length if self.layers else 0

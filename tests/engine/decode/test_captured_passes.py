@@ -145,3 +145,18 @@ def test_the_environment_turns_captured_passes_off(target, monkeypatch) -> None:
 def test_the_cpu_default_captures_nothing_and_says_nothing(target) -> None:
     runner = ModelRunner(target, CPU)
     assert runner.capture.backend is None and runner.capture.take_notice() is None
+
+
+def test_a_captured_round_still_reads_back_once(target, monkeypatch) -> None:
+    from tests.engine.decode.test_gpu_syncs import Transfers
+
+    device = captured(RecordingBackend())
+    decoder = SpecDecoder(target, device, ModelDrafter(noisy_copy(target, 0.05, seed=2), device))
+    steps = decoder.generate(PROMPT, GenerationParams(max_new_tokens=12, k=3))
+    next(steps)
+    next(steps)  # every shape this reply uses is captured by now
+    transfers = Transfers(monkeypatch)
+    event = next(steps)
+    monkeypatch.undo()
+    assert event.stats.proposed > 0 and decoder.target.capture.replays > 0
+    assert transfers.calls == ["tolist", "tolist"]  # the draft's K picks, then the verdict
