@@ -137,7 +137,7 @@ class ModelRunner:
         runs through transformers' forward, which cannot."""
         if self._lean is None:
             return False
-        from engine.model.lean import subset_head
+        from engine.model.head import subset_head
 
         self._lean.use_head(subset_head(self.model, ids.to(self.device.torch_device)))
         self.capture.invalidate()  # the captured passes ran the full head

@@ -39,7 +39,7 @@ from torch import nn
 
 from engine.model import cpu_attention
 from engine.model.kv import GrowingKV, StaticKV
-from engine.quant.int4 import GROUP_SIZES, Int4Linear, joint_bias, quantize_weight
+from engine.quant.int4 import Int4Linear, joint_bias
 
 SUPPORTED = ("llama", "qwen2", "mistral")
 
@@ -222,7 +222,7 @@ class LeanForward:
 
     def use_head(self, head: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Replace the output layer by ``head`` (``f(h [..., H]) -> [..., V]`` over normalised
-        hidden states, e.g. :func:`subset_head`)."""
+        hidden states, e.g. :func:`engine.model.head.subset_head`)."""
         self.head, self.head_folds = head, False
 
     def new_cache(self, limit: int | None = None, static: bool = False) -> GrowingKV | StaticKV:
@@ -352,45 +352,6 @@ class LeanForward:
             cos, sin = self.rotary(like, positions)
             table = self._rope_tables[key] = (cos[0], _signed_sin(sin[0]))
         return table
-
-
-def _head_rows(head: nn.Module, ids: torch.Tensor, hidden: int) -> torch.Tensor:
-    """Rows ``ids`` of an output layer's weight ``[len(ids), H]``, whatever stores it:
-    a plain weight is indexed; an int4 layer is run on the identity, in chunks."""
-    if type(head) is nn.Linear:
-        return head.weight.detach()[ids].float()
-    device = next(itertools.chain(head.buffers(), head.parameters())).device
-    bias = head(torch.zeros(1, hidden, device=device)).float()[0, ids]
-    rows = []
-    for start in range(0, hidden, 256):
-        eye = torch.eye(hidden, device=device)[start : start + 256]
-        rows.append(head(eye).float()[:, ids] - bias)  # [chunk, n] = W[ids, chunk].T
-    return torch.cat(rows).T.contiguous()
-
-
-def subset_head(model: nn.Module, ids: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    """An output layer over the vocabulary rows ``ids`` only (FR-Spec): ``f(h [..., H]) ->
-    [..., V]`` logits, ``-inf`` outside ``ids``. On specchat's CPU kernel the head's own rows
-    (each logit the full head's bits); elsewhere int4 when the model's head is int4."""
-    head = model.get_output_embeddings()
-    hidden = int(model.config.get_text_config().hidden_size)
-    width = int(model.config.get_text_config().vocab_size)
-    small = head.rows(ids) if isinstance(head, Int4Linear) else None
-    if small is None:  # a float head, or torch's int4 kernel: rebuilt from the rows' weights
-        weight = _head_rows(head, ids, hidden)
-        group = head.group_size if isinstance(head, Int4Linear) and head.group_size in GROUP_SIZES else GROUP_SIZES[0]
-        if isinstance(head, Int4Linear) and len(ids) % 16 == 0 and hidden % group == 0:
-            small = Int4Linear.fuse([Int4Linear(quantize_weight(weight, group), None, weight.device)])
-        else:
-            weight = weight.to(next(model.parameters()).dtype)
-            small = lambda h: F.linear(h, weight)  # noqa: E731
-
-    def f(h: torch.Tensor) -> torch.Tensor:
-        out = h.new_full((*h.shape[:-1], width), float("-inf"))
-        out[..., ids] = small(h).to(out.dtype)
-        return out
-
-    return f
 
 
 def batch_invariant(model: nn.Module) -> bool:
