@@ -66,7 +66,7 @@ import torch
 from torch import nn
 
 from engine.errors import QuantizationError
-from engine.quant import cpu_kernel
+import engine.quant.cpu_kernel as cpu_kernel
 from engine.quant.cpu_kernel import KernelLayout
 
 log = logging.getLogger(__name__)
