@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -143,6 +144,8 @@ class PassCapture:
         self._generation = -1
         self.captures = 0
         """Captures made (recaptures included)."""
+        self.capture_s = 0.0
+        """Seconds spent capturing (warm-up runs included): the lazy capture's cost."""
         self.replays = 0
 
     @property
@@ -202,6 +205,7 @@ class PassCapture:
         offsets = torch.arange(t, device=input_ids.device)
         entry = _Captured(torch.empty_like(input_ids), torch.empty_like(offsets), offsets, lambda: torch.empty(0))
         self._fill(entry, input_ids, start)
+        began = time.perf_counter()
         try:
             entry.replay, out = self.backend.capture(lambda: static_pass(entry.ids, cache, entry.positions, keep))
         except Exception as exc:  # noqa: BLE001 - any failure to capture means eager passes, said once
@@ -210,6 +214,9 @@ class PassCapture:
             return None
         self._captured[shape] = entry
         self.captures += 1
+        seconds = time.perf_counter() - began
+        self.capture_s += seconds
+        log.info("captured the %d-token pass (%d rows of logits) with %s in %.2f s", t, keep, self.backend.name, seconds)
         return out.clone()
 
     def disable(self, reason: str) -> None:
