@@ -24,6 +24,7 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from engine.errors import ContextLengthError
 from engine.model.capture import PassCapture, capture_shapes
 from engine.model.device import Device, ids_tensor
 from engine.model.kv import GrowingKV, StaticKV
@@ -214,6 +215,11 @@ class ModelRunner:
         where there is one for this shape (the cache advanced here), else the eager one."""
         if isinstance(self.cache, StaticKV):
             assert self._lean is not None
+            if len(self) + int(input_ids.shape[1]) > self.cache.window:  # a card would fail inside a kernel
+                raise ContextLengthError(
+                    f"{len(self)} cached tokens and {int(input_ids.shape[1])} new ones do not fit the "
+                    f"{self.cache.window}-token window this model's cache was allocated for; start a new chat "
+                    "or raise the profile's context_length")
             logits = self.capture.run(self._lean.static_pass, self.cache, input_ids, len(self), keep)
             if logits is not None:
                 self.cache.advance(int(input_ids.shape[1]))

@@ -131,3 +131,15 @@ def test_a_new_window_reallocates_the_static_cache_and_keeps_what_it_held(target
 def test_a_static_cache_needs_a_window() -> None:
     with pytest.raises(ValueError, match="window of at least one token"):
         StaticKV(2, 0)
+
+
+def test_a_pass_past_the_static_window_is_refused_before_any_kernel(target) -> None:
+    from engine.errors import ContextLengthError
+
+    runner = ModelRunner(target, STATIC, window=8)
+    runner.forward([1, 2, 3, 4, 5, 6])
+    with pytest.raises(ContextLengthError, match="do not fit the 8-token window"):
+        runner.forward([7, 8, 9])
+    assert runner.ids == [1, 2, 3, 4, 5, 6] and runner.cached_length() == 6  # nothing lost
+    runner.forward([7, 8])  # the window's last two positions still take a pass
+    assert runner.cached_length() == 8
