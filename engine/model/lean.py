@@ -275,7 +275,7 @@ class LeanForward:
         t = input_ids.shape[1]
         if isinstance(past_key_values, StaticKV):
             positions = torch.arange(start, start + t, device=input_ids.device)
-            logits = self.static_pass(input_ids, past_key_values, positions, logits_to_keep)
+            logits = self.static_pass(input_ids, past_key_values, positions, logits_to_keep, start + t)
             past_key_values.advance(t)
             return logits
         row_exact = row_exact and self.rows_pay
@@ -303,7 +303,8 @@ class LeanForward:
             x = _finish_layer(layer, x, a.transpose(1, 2).reshape(1, t, -1))
         return self._logits(x, logits_to_keep)
 
-    def static_pass(self, input_ids: torch.Tensor, cache: StaticKV, positions: torch.Tensor, keep: int) -> torch.Tensor:
+    def static_pass(self, input_ids: torch.Tensor, cache: StaticKV, positions: torch.Tensor, keep: int,
+                    length: int | None = None) -> torch.Tensor:
         """The pass of :meth:`__call__` over a :class:`StaticKV`, every shape fixed by ``T`` and
         ``keep`` alone (so it can be captured once and replayed, :mod:`engine.model.capture`).
 
@@ -312,6 +313,9 @@ class LeanForward:
             cache: holds every position below ``positions[0]``; the new keys are written at
                 ``positions`` (its length is the caller's to advance).
             positions: ``[T]`` long positions on the model's device.
+            length: an eager pass's ``positions[-1] + 1``: attention reads the first ``length`` keys
+                only (a prefill chunk need not score the empty rest of the window). None: the
+                whole window (a captured pass, whose positions the host does not know).
         Returns:
             ``[1, keep, V]`` logits of the last ``keep`` rows.
 
@@ -326,6 +330,8 @@ class LeanForward:
         cos, sin = cos_table[positions].unsqueeze(0).unsqueeze(1), sin_table[positions].unsqueeze(0).unsqueeze(1)
         group = self.n_heads // self.n_kv
         mask = cache.mask(positions)
+        if length is not None:
+            mask = mask[:, :length]
         if group > 1:
             mask = mask.repeat(group, 1)  # row g·T + i is row i's
         half = self.head_dim // 2
@@ -337,6 +343,8 @@ class LeanForward:
             q, k = qk.split((self.n_heads, self.n_kv), dim=1)
             v = qkv[..., self.qk_width :].view(kv_shape).transpose(1, 2)
             keys, values = kv.write(k, v, positions)
+            if length is not None:
+                keys, values = keys[:, :, :length], values[:, :, :length]
             q = q.reshape(1, self.n_kv, group * t, self.head_dim)
             a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
             x = _finish_layer(layer, x, a.reshape(1, self.n_heads, t, self.head_dim).transpose(1, 2).reshape(1, t, -1))
