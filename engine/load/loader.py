@@ -294,7 +294,7 @@ def _free_after_warm_up(target_model: Any, device: Device, free_before: int) -> 
     freed again. None when even that pass ran out of memory."""
     from engine.decode.runner import ModelRunner
 
-    runner, failed = ModelRunner(target_model, device), False
+    runner, failed = ModelRunner(target_model, device, window=8), False  # a card's static cache: 8 tokens, not the window
     try:
         runner.forward([0] * 8, logits_to_keep=8)
     except Exception as exc:  # noqa: BLE001 - only OOM is handled

@@ -143,3 +143,18 @@ def test_a_pass_past_the_static_window_is_refused_before_any_kernel(target) -> N
     assert runner.ids == [1, 2, 3, 4, 5, 6] and runner.cached_length() == 6  # nothing lost
     runner.forward([7, 8])  # the window's last two positions still take a pass
     assert runner.cached_length() == 8
+
+
+def test_the_loaders_warm_up_pass_allocates_eight_tokens_not_the_window(target, monkeypatch) -> None:
+    from engine.load.loader import _free_after_warm_up
+
+    windows: list[int] = []
+    real = StaticKV.allocate
+
+    def spy(self: StaticKV, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        windows.append(self.window)
+        return real(self, like)
+
+    monkeypatch.setattr(StaticKV, "allocate", spy)
+    assert _free_after_warm_up(target, STATIC, 2**40) is not None
+    assert windows and set(windows) == {8}  # the model's own window is 512
