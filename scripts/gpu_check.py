@@ -1,6 +1,6 @@
 """The checks a CUDA card owes specchat (docs/gpu.md), in one run that downloads nothing.
 
-    python scripts/gpu_check.py --out DIR [--gguf SmolLM2-135M-Instruct.Q4_1.gguf] [--device cuda]
+    python scripts/gpu_check.py --out DIR [--gguf SmolLM2-135M-Instruct.Q4_1.gguf] [--device cuda] [--phase pair|gguf|speed|all]
 
 Models are built here, seeded: a random Llama-shaped **pair** whose draft is the target's first
 layers (the target's further layers add small corrections, so the draft agrees often and costs a
@@ -10,7 +10,9 @@ it, SmolLM2-135M's GGUF (the ``pocket`` profile's file) on the card. Each check 
 and lands in ``DIR/gpu_check.json``; a failing check is recorded with its error and the run goes on.
 
 ``--device cpu`` runs the same code on the CPU (a dry run for the script itself: the
-card-only parts say they were skipped).
+card-only parts say they were skipped). ``--phase speed`` prints one table of tok/s, kernel
+milliseconds, kernels and launches a token: specchat's methods beside transformers' ``generate``
+on the same models (scripts/gpu_speed.py).
 """
 from __future__ import annotations
 
@@ -180,6 +182,7 @@ def models_file(path: Path, pair: tuple[Path, Path], big: tuple[Path, Path], ggu
     """The profiles of the models built here (and of pocket's GGUF, if given) on ``device``."""
     (target, draft), (small, big_draft) = pair, big
     text = [_profile("pair-bf16", "random pair, bf16", target, "model", device, 4096, draft=draft),
+            _profile("pair-ngram", "random pair's target, bf16, n-gram drafts", target, "ngram", device, 4096, k_max=16),
             _profile("pair-int4", "random pair, int4", target, "model", device, 4096, draft=draft, int4=(True, True)),
             _profile("big-draft", "a tiny target and a big draft (out of memory)", small, "model", device, 4096,
                      draft=big_draft)]
@@ -374,8 +377,9 @@ def main() -> int:
     ap.add_argument("--out", type=Path, required=True)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--gguf", type=Path, default=None, help="SmolLM2-135M-Instruct.Q4_1.gguf, if you have it")
-    ap.add_argument("--phase", choices=("pair", "gguf", "all"), default="all",
-                    help="pair: the card, the kernel and the built models; gguf: SmolLM2's GGUF only")
+    ap.add_argument("--phase", choices=("pair", "gguf", "speed", "all"), default="all",
+                    help="pair: the card, the kernel and the built models; gguf: SmolLM2's GGUF only; "
+                         "speed: one table, specchat against transformers (the pair, and the GGUF if given)")
     ap.add_argument("--quick", action="store_true", help="fewer tokens and prompts (the CPU dry run)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
@@ -398,6 +402,9 @@ def main() -> int:
         big = build_pair(work / "big", hidden=256 if a.quick else 2048, draft_layers=1 if a.quick else 6,
                          extra_layers=0, seed=1)
         small = build_pair(work / "small", hidden=128, draft_layers=1, extra_layers=0, seed=1)[0]
+    elif a.phase == "speed":
+        pair = build_pair(work / "pair", hidden=512 if a.quick else 1024, draft_layers=2, extra_layers=6)
+        big, small = (work / "big" / "target",), work / "small" / "target"
     else:
         pair, big, small = (work / "pair" / "target", work / "pair" / "draft"), (work / "big" / "target",), work / "small" / "target"
     models = models_file(work / "gpu.toml", pair, (small, big[0]), gguf, a.device)
@@ -413,6 +420,13 @@ def main() -> int:
         attention_ab(models, device)
         oom_mid_reply(models, device)
         oom_at_load(models, device)
+    if a.phase == "speed":
+        sys.path.insert(0, str(REPO / "scripts"))
+        import gpu_speed
+
+        check("speed")(lambda: {"rows": [{k: v for k, v in r.items() if k != "ids"}
+                                         for r in gpu_speed.speed_phase(models, device, gguf is not None, a.out,
+                                                                            16 if a.quick else 128)]})()
     if gguf is not None and a.phase in ("gguf", "all"):
         ask = "Write a Python function that checks whether a string is a palindrome, then explain it."
         for profile in ("pocket-int4", "pocket-bf16"):

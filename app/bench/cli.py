@@ -181,6 +181,7 @@ def bench_models(profile: "ModelProfile", engine: "ChatEngine", args: argparse.N
         draft=draft,
         make_drafter=make,
         tokenizer=tokenizer,
+        window=getattr(engine, "window", None),
         stop_ids=tuple(engine.stop_ids),
         k_min=profile.k_min,
         k_max=profile.k_max,

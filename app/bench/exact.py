@@ -79,9 +79,10 @@ def near_tie_judge(target: Any, device: Any, prompts: Mapping[str, Sequence[int]
 
     @lru_cache(maxsize=256)
     def logits_after(prompt: str, shared: tuple[int, ...]) -> torch.Tensor:
-        runner = ModelRunner(target, device)
+        ids = [*prompts[prompt], *shared]
+        runner = ModelRunner(target, device, window=len(ids))  # a card's static cache: this pass's tokens only
         try:
-            return runner.forward([*prompts[prompt], *shared], logits_to_keep=1)[-1].cpu()
+            return runner.forward(ids, logits_to_keep=1)[-1].cpu()
         finally:
             runner.release()
 

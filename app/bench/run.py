@@ -72,6 +72,8 @@ class BenchModels:
     external: dict[str, ExternalRunner] = field(default_factory=dict)  # method name -> runner (llama.cpp)
     make_drafter: Callable[[], Drafter] | None = None
     """The model drafter as the profile makes it (frequent-token head, lookup); None: a plain one."""
+    window: int | None = None
+    """The profile's context window (a card's static cache is allocated to it; None: the model's own)."""
     tokenizer: Any = None
     """The target's tokenizer, which the draft shares (the loader checked): handed to transformers
     as both ``tokenizer`` and ``assistant_tokenizer`` when the two heads differ in width."""
@@ -164,7 +166,7 @@ def _run_specchat(models: BenchModels, method: Method, ids: Sequence[int], costs
     drafter when a profile loads)."""
     adaptive = method.k is None
     options = {} if adaptive else FIXED_OPTIONS  # adaptive methods run with the app's defaults
-    decoder = SpecDecoder(models.target, models.device, drafter, costs=costs, **options)
+    decoder = SpecDecoder(models.target, models.device, drafter, costs=costs, window=models.window, **options)
     params = GenerationParams(
         max_new_tokens=models.max_new_tokens, stop_token_ids=models.stop_ids,
         k=method.k, k_min=models.k_min, k_max=models.k_max,

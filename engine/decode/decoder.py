@@ -148,6 +148,7 @@ class SpecDecoder:
                 "(prompt and reply together); shorten it or start a new chat"
             )
         seq = list(prompt_ids)
+        self._plan_captures(params)
         if self.schedule.switch.new_reply():  # re-probe after an automatic switch-off
             self.speculation_enabled, self.off_reason = True, None
         generator = make_randomness(params.sampling, len(seq), self.target.vocab_size, self.device)
@@ -248,10 +249,26 @@ class SpecDecoder:
             self.speculation_enabled, self.off_reason = on, None if on else reason
             notice = notice or reason
         stats.mode = self.mode
+        notice = notice or self._capture_notice()
         if notice is not None:
             stats.speculation_off_reason = self.plain_reason
         event = RoundEvent(tuple(emitted), tuple(sources[: len(emitted)]), stats.snapshot(), finish, notice, origin)
         return event, len(emitted)
+
+    def _runners(self) -> list[ModelRunner]:
+        draft_runner = getattr(self.drafter, "runner", None)
+        return [self.target, *([draft_runner] if isinstance(draft_runner, ModelRunner) else [])]
+
+    def _plan_captures(self, params: GenerationParams) -> None:
+        """Tell the runners which pass shapes this reply's schedule uses (K + 1 up to its widest K)."""
+        k_max = params.k if params.k is not None else params.k_max
+        for runner in self._runners():
+            runner.plan_captures(k_max)
+
+    def _capture_notice(self) -> str | None:
+        """Why a runner's passes went eager (a capture failed), once; None when nothing is new."""
+        notices = [n for n in (runner.capture.take_notice() for runner in self._runners()) if n]
+        return "; ".join(notices) or None
 
     def _lookup_first(self, seq: list[int], params: GenerationParams, generator: Randomness, remaining: int) -> Draft:
         """The model drafter's lookup's copy of what followed the context's last tokens, when

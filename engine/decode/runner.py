@@ -1,8 +1,9 @@
 """One model and the one KV cache it owns.
 
 :class:`ModelRunner` is the only code that feeds a model or touches its KV
-cache (:class:`engine.model.lean.GrowingKV` on the lean path, transformers'
-``DynamicCache`` otherwise), and :meth:`ModelRunner.truncate` is the only place
+cache (on the lean path :class:`engine.model.kv.GrowingKV`, or on a card
+:class:`engine.model.kv.StaticKV` with its fixed-shape passes captured and replayed by
+:class:`engine.model.capture.PassCapture`; transformers' ``DynamicCache`` otherwise), and :meth:`ModelRunner.truncate` is the only place
 a cache is cropped. It remembers which token ids the cache holds, so callers never track
 cache lengths by hand: :meth:`sync` keeps the longest prefix the cache shares
 with a new context (rejected draft tokens, or the previous chat turn) and says
@@ -23,11 +24,16 @@ from collections.abc import Callable, Sequence
 import torch
 from transformers import DynamicCache, PreTrainedModel
 
+from engine.errors import ContextLengthError
+from engine.model.capture import PassCapture, capture_shapes
 from engine.model.device import Device, ids_tensor
-from engine.model.lean import GrowingKV, lean_forward
+from engine.model.kv import GrowingKV, StaticKV
+from engine.model.lean import lean_forward
 from engine.model.memory import PREFILL_CHUNK, max_positions
 
 
+DEFAULT_K_MAX = 8
+"""The widest draft the captured shapes cover until the decoder says (``GenerationParams.k_max``)."""
 PassWatcher = Callable[[int, float], None]
 _PASS_WATCHERS: "weakref.WeakKeyDictionary[torch.nn.Module, list[PassWatcher]]" = weakref.WeakKeyDictionary()
 
@@ -77,19 +83,36 @@ class ModelRunner:
         self._ids: list[int] = []
         self._pending: list[torch.Tensor] = []  # device ids fed but not yet read back, in order
         self._pending_n = 0
+        self.static = self._lean is not None and bool(self.window) and device.uses_static_cache()
+        """Whether the cache is a :class:`StaticKV` (the device's choice; the lean path only)."""
+        backend, off = device.graph_backend() if self.static else (None, None)
+        self.capture = PassCapture(backend, capture_shapes(DEFAULT_K_MAX), off)
+        """The captured passes over the static cache (none over a growing one)."""
         self.cache = self._new_cache()
         # Width of the logits (may exceed the tokenizer's vocabulary: padding rows).
         self.vocab_size = int(model.config.get_text_config().vocab_size)
 
-    def _new_cache(self) -> "DynamicCache | GrowingKV":
-        return self._lean.new_cache(self.window) if self._lean is not None else DynamicCache(config=self.model.config)
+    def _new_cache(self) -> "DynamicCache | GrowingKV | StaticKV":
+        if self._lean is None:
+            return DynamicCache(config=self.model.config)
+        return self._lean.new_cache(self.window, static=self.static)
 
     def set_window(self, window: int | None) -> None:
-        """Cap the cache at ``window`` tokens (the decoder's context window), from the next growth on."""
+        """Cap the cache at ``window`` tokens (the decoder's context window), from the next growth
+        on; a static cache is reallocated to it (its passes are then captured again)."""
         if window:
             self.window = window
             if isinstance(self.cache, GrowingKV):
                 self.cache.limit = window
+            elif isinstance(self.cache, StaticKV) and self.cache.window != window:
+                if len(self) > window:
+                    self.truncate(window)
+                self.cache = self.cache.resized(window)
+
+    def plan_captures(self, k_max: int) -> None:
+        """Capture the shapes a schedule drafting up to ``k_max`` tokens a round uses
+        (:func:`engine.model.capture.capture_shapes`), each at its first use."""
+        self.capture.set_shapes(capture_shapes(k_max))
 
     @property
     def ids(self) -> list[int]:
@@ -115,9 +138,10 @@ class ModelRunner:
         runs through transformers' forward, which cannot."""
         if self._lean is None:
             return False
-        from engine.model.lean import subset_head
+        from engine.model.head import subset_head
 
         self._lean.use_head(subset_head(self.model, ids.to(self.device.torch_device)))
+        self.capture.invalidate()  # the captured passes ran the full head
         return True
 
     def __len__(self) -> int:
@@ -165,7 +189,7 @@ class ModelRunner:
                 if self._lean is not None:
                     watchers = _PASS_WATCHERS.get(self.model)
                     start = self.device.now() if watchers else 0.0
-                    logits = self._lean(input_ids, self.cache, len(self), keep, row_exact=logits_to_keep > 0)
+                    logits = self._lean_pass(input_ids, keep, row_exact=logits_to_keep > 0)
                     for watch in watchers or ():
                         watch(len(new_ids), self.device.now() - start)
                 else:
@@ -185,6 +209,22 @@ class ModelRunner:
         if logits_to_keep == 0:
             return logits.new_empty((0, logits.shape[-1]))
         return logits[0, -logits_to_keep:].float()
+
+    def _lean_pass(self, input_ids: torch.Tensor, keep: int, row_exact: bool) -> torch.Tensor:
+        """Logits ``[1, keep, V]`` of ``input_ids`` ``[1, T]`` on the lean path: the captured pass
+        where there is one for this shape (the cache advanced here), else the eager one."""
+        if isinstance(self.cache, StaticKV):
+            assert self._lean is not None
+            if len(self) + int(input_ids.shape[1]) > self.cache.window:  # a card would fail inside a kernel
+                raise ContextLengthError(
+                    f"{len(self)} cached tokens and {int(input_ids.shape[1])} new ones do not fit the "
+                    f"{self.cache.window}-token window this model's cache was allocated for; start a new chat "
+                    "or raise the profile's context_length")
+            logits = self.capture.run(self._lean.static_pass, self.cache, input_ids, len(self), keep)
+            if logits is not None:
+                self.cache.advance(int(input_ids.shape[1]))
+                return logits
+        return self._lean(input_ids, self.cache, len(self), keep, row_exact=row_exact)  # type: ignore[misc]
 
     def prefill(self, ids: Sequence[int]) -> None:
         """Feed ``ids`` without computing any logits (``[n]`` ids; nothing returned)."""
@@ -234,6 +274,7 @@ class ModelRunner:
 
     def release(self) -> None:
         """Drop the cache and the model reference so their memory can be freed."""
+        self.capture.release()
         self.cache = self._new_cache()
         self._ids, self._pending, self._pending_n = [], [], 0
         self.model = None  # type: ignore[assignment]

@@ -308,7 +308,7 @@ def _free_after_warm_up(target_model: Any, device: Device, free_before: int) -> 
     freed again. None when even that pass ran out of memory."""
     from engine.decode.runner import ModelRunner
 
-    runner, failed = ModelRunner(target_model, device), False
+    runner, failed = ModelRunner(target_model, device, window=8), False  # a card's static cache: 8 tokens, not the window
     try:
         runner.forward([0] * 8, logits_to_keep=8)
     except Exception as exc:  # noqa: BLE001 - only OOM is handled
@@ -391,6 +391,7 @@ def _load_local(profile: ModelProfile, memory_budget: int | None, device: Device
     plan: Plan = plan_memory(
         target.config, draft.config if draft else None, profile, free,
         memory_budget=memory_budget, cuda=device.is_cuda, bf16=device.fast_bf16, draft_error=draft_error,
+        graphs=device.uses_static_cache() and device.graph_backend()[0] is not None,
     )
     log.info("memory plan: %s", plan.summary())
     fallback = plan.reason if plan.choice == "target+ngram" and profile.drafter == "model" else None

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from engine.quant import cpu_kernel
+import engine.quant.cpu_kernel as cpu_kernel
 
 MAX_HEAD_DIM = 256
 

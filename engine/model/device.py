@@ -5,7 +5,10 @@ how token ids get there (:meth:`Device.ids_tensor`: pinned, non-blocking on
 CUDA), how much memory is free, how to time a step honestly (CUDA kernels are
 asynchronous: :meth:`Device.now` reads the clock after ``torch.cuda.synchronize``;
 :meth:`Device.mark` / :meth:`Device.seconds_between` time a decoding round with
-CUDA events and one wait instead), and what an out-of-memory error looks like.
+CUDA events and one wait instead), what an out-of-memory error looks like, and which
+KV cache and pass capture a runner gets (:meth:`Device.uses_static_cache`,
+:meth:`Device.graph_backend`: a static cache and CUDA graphs on a card, the growing cache
+and eager passes on the CPU).
 """
 from __future__ import annotations
 
@@ -20,6 +23,8 @@ from typing import Any, Union
 
 import psutil
 import torch
+
+from engine.model.capture import ENV as GRAPHS_ENV, CudaGraphs, GraphBackend, graphs_disabled
 
 
 CUDA_ATTENTION_BACKENDS = ("FLASH_ATTENTION", "EFFICIENT_ATTENTION", "MATH")
@@ -36,13 +41,21 @@ recorded CUDA event on a card."""
 # cuBLAS and cuDNN report a failed workspace allocation with these status names, and
 # torch's CPU allocator says "DefaultCPUAllocator: can't allocate memory".
 OOM_WORDS = ("out of memory", "cublas_status_alloc_failed", "cudnn_status_alloc_failed", "can't allocate memory")
+STATIC_CACHE_ENV = "SPECCHAT_STATIC_CACHE"
+"""``1`` or ``0``: force the static KV cache on or off (default: on a card only)."""
 
 
 @dataclass(frozen=True)
 class Device:
-    """A torch device plus the operations the engine needs from it."""
+    """A torch device plus the operations the engine needs from it.
+
+    ``static_cache``: force the KV cache kind (None: :meth:`uses_static_cache` decides).
+    ``graphs``: the capture backend to use instead of CUDA graphs (a stand-in: the CPU tests).
+    """
 
     torch_device: torch.device
+    static_cache: bool | None = None
+    graphs: GraphBackend | None = None
 
     @staticmethod
     def auto(prefer: str | None = None) -> "Device":
@@ -106,6 +119,30 @@ class Device:
         from torch.nn.attention import SDPBackend, sdpa_kernel
 
         return sdpa_kernel([getattr(SDPBackend, name) for name in CUDA_ATTENTION_BACKENDS])
+
+    def uses_static_cache(self) -> bool:
+        """Whether runners get :class:`~engine.model.kv.StaticKV` (the window preallocated, fixed
+        shapes, capturable passes) rather than :class:`~engine.model.kv.GrowingKV`: on a card by
+        default; ``static_cache`` or ``SPECCHAT_STATIC_CACHE=1``/``0`` decide otherwise. The CPU
+        keeps the growing cache and its C attention step, which a whole-window mask would slow."""
+        if self.static_cache is not None:
+            return self.static_cache
+        forced = os.environ.get(STATIC_CACHE_ENV, "").strip().lower()
+        if forced in ("0", "1", "true", "false", "on", "off"):
+            return forced in ("1", "true", "on")
+        return self.is_cuda
+
+    def graph_backend(self) -> tuple[GraphBackend | None, str | None]:
+        """The backend that captures a runner's static passes, and why there is none: CUDA
+        graphs on a card, ``graphs`` where one was given, nothing on the CPU (no reason to
+        tell) or with ``SPECCHAT_CUDA_GRAPHS=0`` (said once)."""
+        if graphs_disabled():
+            return None, f"captured passes off ({GRAPHS_ENV}=0); eager passes"
+        if self.graphs is not None:
+            return self.graphs, None
+        if self.is_cuda:
+            return CudaGraphs(self.torch_device), None
+        return None, None
 
     def synchronize(self) -> None:
         """Wait for queued kernels, so that a clock read after this is honest."""

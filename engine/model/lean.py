@@ -38,7 +38,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.model import cpu_attention
-from engine.quant.int4 import GROUP_SIZES, Int4Linear, joint_bias, quantize_weight
+from engine.model.kv import GrowingKV, StaticKV
+from engine.quant.int4 import Int4Linear, joint_bias
 
 SUPPORTED = ("llama", "qwen2", "mistral")
 
@@ -143,6 +144,17 @@ def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor
     return weight * x32.to(dtype)
 
 
+def _finish_layer(layer: _Layer, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    """The rest of a layer after attention: ``x + o(a)``, then the MLP with its residual add
+    (``x`` ``[1, T, hidden]``, ``a`` ``[1, T, heads·d]``; the new stream ``[1, T, hidden]``)."""
+    if layer.folded:
+        x = layer.o(a, residual=x)
+        return layer.down(layer.gate_up(x), residual=x)
+    x = x + layer.o(a)
+    gate, up = layer.gate_up(_rms_norm(x, layer.norm2, layer.eps2)).split((layer.inter, layer.inter), dim=-1)
+    return x + layer.down(F.silu(gate) * up)
+
+
 def rows_pay(tensors: Iterable[Any]) -> bool:
     """Whether per-row attention in a verify pass buys exactness for a model holding ``tensors``:
     on the CPU, where the int4 matmuls around it are batch-invariant. On CUDA a verify pass's
@@ -210,11 +222,14 @@ class LeanForward:
 
     def use_head(self, head: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Replace the output layer by ``head`` (``f(h [..., H]) -> [..., V]`` over normalised
-        hidden states, e.g. :func:`subset_head`)."""
+        hidden states, e.g. :func:`engine.model.head.subset_head`)."""
         self.head, self.head_folds = head, False
 
-    def new_cache(self, limit: int | None = None) -> GrowingKV:
-        """An empty cache for this model (the runner owns it) of at most ``limit`` tokens' capacity."""
+    def new_cache(self, limit: int | None = None, static: bool = False) -> GrowingKV | StaticKV:
+        """An empty cache for this model (the runner owns it) of at most ``limit`` tokens' capacity:
+        a :class:`StaticKV` of ``limit`` tokens when ``static`` (and ``limit`` is known)."""
+        if static and limit:
+            return StaticKV(len(self.layers), limit)
         return GrowingKV(len(self.layers), limit)
 
     def __init__(self, model: nn.Module) -> None:
@@ -241,6 +256,7 @@ class LeanForward:
         (:func:`engine.model.cpu_attention.attention_step`) wherever the cache is a :class:`GrowingKV`,
         but in a first prefill (no cache yet, many rows: SDPA's blocked causal kernel)."""
         self._kv_like = torch.empty(1, self.n_kv, 0, self.head_dim)
+        self._rope_tables: dict[tuple[int, torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
     @torch.inference_mode()
     def __call__(
@@ -253,9 +269,15 @@ class LeanForward:
         ``start`` tokens) and returns logits ``[1, logits_to_keep, V]``.
         With ``row_exact`` each row's attention is computed exactly as a
         one-token pass at its position would compute it (see :meth:`_attention`),
-        where that pays (:attr:`rows_pay`: not on CUDA).
+        where that pays (:attr:`rows_pay`: not on CUDA). Over a :class:`StaticKV` the pass is
+        :meth:`static_pass` (whole-window attention under a mask; ``row_exact`` does not apply).
         """
         t = input_ids.shape[1]
+        if isinstance(past_key_values, StaticKV):
+            positions = torch.arange(start, start + t, device=input_ids.device)
+            logits = self.static_pass(input_ids, past_key_values, positions, logits_to_keep, start + t)
+            past_key_values.advance(t)
+            return logits
         row_exact = row_exact and self.rows_pay
         x = F.embedding(input_ids, self.embed)
         positions = torch.arange(start, start + t, device=input_ids.device).unsqueeze(0)
@@ -278,126 +300,66 @@ class LeanForward:
             v = qkv[..., self.qk_width :].view(kv_shape).transpose(1, 2)
             k, v = past_key_values.update(k, v, i)
             a = self._attention(q, k, v, mask, start, row_exact)
-            a = a.transpose(1, 2).reshape(1, t, -1)
-            if layer.folded:
-                x = layer.o(a, residual=x)
-                x = layer.down(layer.gate_up(x), residual=x)
-                continue
-            x = x + layer.o(a)
-            gate, up = layer.gate_up(_rms_norm(x, layer.norm2, layer.eps2)).split((layer.inter, layer.inter), dim=-1)
-            x = x + layer.down(F.silu(gate) * up)
+            x = _finish_layer(layer, x, a.transpose(1, 2).reshape(1, t, -1))
         return self._logits(x, logits_to_keep)
 
+    def static_pass(self, input_ids: torch.Tensor, cache: StaticKV, positions: torch.Tensor, keep: int,
+                    length: int | None = None) -> torch.Tensor:
+        """The pass of :meth:`__call__` over a :class:`StaticKV`, every shape fixed by ``T`` and
+        ``keep`` alone (so it can be captured once and replayed, :mod:`engine.model.capture`).
 
-class GrowingKV:
-    """The lean path's KV cache: per-layer buffers that grow by doubling, up to ``limit``.
+        Args:
+            input_ids: ``[1, T]`` long ids on the model's device.
+            cache: holds every position below ``positions[0]``; the new keys are written at
+                ``positions`` (its length is the caller's to advance).
+            positions: ``[T]`` long positions on the model's device.
+            length: an eager pass's ``positions[-1] + 1``: attention reads the first ``length`` keys
+                only (a prefill chunk need not score the empty rest of the window). None: the
+                whole window (a captured pass, whose positions the host does not know).
+        Returns:
+            ``[1, keep, V]`` logits of the last ``keep`` rows.
 
-    transformers' ``DynamicCache`` concatenates every step, copying the whole
-    cache (O(L) a token: ~45 MB a step for SmolLM2 at 1,000 tokens); here a
-    step writes only its new keys and values. It offers what the runner uses of
-    a cache: ``update``, ``get_seq_length`` and ``layers`` whose ``keys`` are
-    ``[1, kv_heads, length, head_dim]`` views and whose ``crop(-n)`` drops the
-    last ``n`` tokens (``crop(n)``, n >= 0, keeps the first ``n``).
-    """
+        Attention reads the whole window under the mask of :meth:`StaticKV.mask`. With grouped
+        query heads the ``G`` query heads of a key head become ``G·T`` rows of one call over
+        that key head (``[1, kv_heads, G·T, d]``): the same numbers as ``enable_gqa``, and a
+        masked call that SDPA's memory-efficient kernel takes on a card (it takes no GQA).
+        """
+        t = input_ids.shape[1]
+        x = F.embedding(input_ids, self.embed)
+        cos_table, sin_table = self._rope_table(cache.window, x)
+        cos, sin = cos_table[positions].unsqueeze(0).unsqueeze(1), sin_table[positions].unsqueeze(0).unsqueeze(1)
+        group = self.n_heads // self.n_kv
+        mask = cache.mask(positions)
+        if length is not None:
+            mask = mask[:, :length]
+        if group > 1:
+            mask = mask.repeat(group, 1)  # row g·T + i is row i's
+        half = self.head_dim // 2
+        qk_shape, kv_shape = (1, t, self.n_heads + self.n_kv, self.head_dim), (1, t, self.n_kv, self.head_dim)
+        for layer, kv in zip(self.layers, cache.layers):
+            qkv = layer.qkv(x) if layer.folded else layer.qkv(_rms_norm(x, layer.norm1, layer.eps1))
+            qk = qkv[..., : self.qk_width].view(qk_shape).transpose(1, 2)
+            qk = qk * cos + qk.roll(half, dims=-1) * sin
+            q, k = qk.split((self.n_heads, self.n_kv), dim=1)
+            v = qkv[..., self.qk_width :].view(kv_shape).transpose(1, 2)
+            keys, values = kv.write(k, v, positions)
+            if length is not None:
+                keys, values = keys[:, :, :length], values[:, :, :length]
+            q = q.reshape(1, self.n_kv, group * t, self.head_dim)
+            a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
+            x = _finish_layer(layer, x, a.reshape(1, self.n_heads, t, self.head_dim).transpose(1, 2).reshape(1, t, -1))
+        return self._logits(x, keep)
 
-    class Layer:
-        def __init__(self, owner: "GrowingKV | None" = None) -> None:
-            self.k: torch.Tensor | None = None
-            self.v: torch.Tensor | None = None
-            self.length = 0
-            self.owner = owner
-
-        @property
-        def is_initialized(self) -> bool:
-            return self.k is not None
-
-        @property
-        def keys(self) -> torch.Tensor | None:
-            return self.k[:, :, : self.length] if self.k is not None else None
-
-        def crop(self, n: int) -> None:
-            self.length = max(self.length + n, 0) if n < 0 else min(n, self.length)
-
-        def reserve(self, t: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            """Room for ``t`` more tokens: the whole key and value buffers ``[1, kv_heads, cap, d]``
-            (of ``like``'s head shape, dtype and device), for a writer that then calls :meth:`advance`."""
-            end = self.length + t
-            if self.k is None or end > self.k.shape[2]:
-                capacity = max(256, 2 * end)
-                limit = self.owner.limit if self.owner is not None else None
-                if limit:  # never past the context window the plan reserved for
-                    capacity = max(end, min(capacity, limit))
-                grown_k = like.new_empty((*like.shape[:2], capacity, like.shape[3]))
-                grown_v = like.new_empty((*like.shape[:2], capacity, like.shape[3]))
-                if self.k is not None and self.v is not None:
-                    grown_k[:, :, : self.length] = self.k[:, :, : self.length]
-                    grown_v[:, :, : self.length] = self.v[:, :, : self.length]
-                self.k, self.v = grown_k, grown_v
-            assert self.v is not None
-            return self.k, self.v
-
-        def advance(self, t: int) -> None:
-            """``t`` tokens were written past the end (see :meth:`reserve`)."""
-            self.length += t
-
-        def append(self, k: torch.Tensor, v: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            keys, values = self.reserve(k.shape[2], k)
-            end = self.length + k.shape[2]
-            keys[:, :, self.length : end] = k
-            values[:, :, self.length : end] = v
-            self.length = end
-            return keys[:, :, :end], values[:, :, :end]
-
-    def __init__(self, n_layers: int, limit: int | None = None) -> None:
-        self.limit = limit
-        """The most tokens a buffer is grown to (the context window); None: no cap."""
-        self.layers = [GrowingKV.Layer(self) for _ in range(n_layers)]
-
-    def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """Append ``[1, kv_heads, T, head_dim]`` keys and values; return the layer's whole cache."""
-        return self.layers[layer_idx].append(k, v)
-
-    def get_seq_length(self) -> int:
-        return self.layers[0].length if self.layers else 0
-
-
-def _head_rows(head: nn.Module, ids: torch.Tensor, hidden: int) -> torch.Tensor:
-    """Rows ``ids`` of an output layer's weight ``[len(ids), H]``, whatever stores it:
-    a plain weight is indexed; an int4 layer is run on the identity, in chunks."""
-    if type(head) is nn.Linear:
-        return head.weight.detach()[ids].float()
-    device = next(itertools.chain(head.buffers(), head.parameters())).device
-    bias = head(torch.zeros(1, hidden, device=device)).float()[0, ids]
-    rows = []
-    for start in range(0, hidden, 256):
-        eye = torch.eye(hidden, device=device)[start : start + 256]
-        rows.append(head(eye).float()[:, ids] - bias)  # [chunk, n] = W[ids, chunk].T
-    return torch.cat(rows).T.contiguous()
-
-
-def subset_head(model: nn.Module, ids: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    """An output layer over the vocabulary rows ``ids`` only (FR-Spec): ``f(h [..., H]) ->
-    [..., V]`` logits, ``-inf`` outside ``ids``. On specchat's CPU kernel the head's own rows
-    (each logit the full head's bits); elsewhere int4 when the model's head is int4."""
-    head = model.get_output_embeddings()
-    hidden = int(model.config.get_text_config().hidden_size)
-    width = int(model.config.get_text_config().vocab_size)
-    small = head.rows(ids) if isinstance(head, Int4Linear) else None
-    if small is None:  # a float head, or torch's int4 kernel: rebuilt from the rows' weights
-        weight = _head_rows(head, ids, hidden)
-        group = head.group_size if isinstance(head, Int4Linear) and head.group_size in GROUP_SIZES else GROUP_SIZES[0]
-        if isinstance(head, Int4Linear) and len(ids) % 16 == 0 and hidden % group == 0:
-            small = Int4Linear.fuse([Int4Linear(quantize_weight(weight, group), None, weight.device)])
-        else:
-            weight = weight.to(next(model.parameters()).dtype)
-            small = lambda h: F.linear(h, weight)  # noqa: E731
-
-    def f(h: torch.Tensor) -> torch.Tensor:
-        out = h.new_full((*h.shape[:-1], width), float("-inf"))
-        out[..., ids] = small(h).to(out.dtype)
-        return out
-
-    return f
+    def _rope_table(self, window: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``cos`` and signed ``sin`` ``[window, d]`` for every position of the window (the model's
+        own rotary embedding, scaling included), computed once per window, device and dtype."""
+        key = (window, like.device, like.dtype)
+        table = self._rope_tables.get(key)
+        if table is None:
+            positions = torch.arange(window, device=like.device).unsqueeze(0)
+            cos, sin = self.rotary(like, positions)
+            table = self._rope_tables[key] = (cos[0], _signed_sin(sin[0]))
+        return table
 
 
 def batch_invariant(model: nn.Module) -> bool:

@@ -9,7 +9,11 @@ to start) instead of running out of memory half way through loading.
   the blocks take ``0.5`` byte/param plus absmax overhead (nf4, double quant:
   one 8-bit absmax per 64 weights and one fp32 per 256 absmax) or ``1``
   byte/param plus one fp32 scale per output row (int8).
-* KV cache: ``2 · layers · kv_heads · head_dim · context_length`` values.
+* KV cache: ``2 · layers · kv_heads · head_dim · context_length`` values: the whole window,
+  which a card's static cache (:class:`engine.model.kv.StaticKV`) allocates at the first pass
+  and the CPU's growing one reaches at the end of the window.
+* Captured passes (a card's CUDA graphs, :mod:`engine.model.capture`): their private memory
+  pool, :func:`estimate_graph_bytes`, counted as resident where passes are captured.
 * Activations: a prefill is fed in chunks of :data:`PREFILL_CHUNK` tokens
   (:class:`engine.decode.runner.ModelRunner`), so one block's working set over a
   chunk (hidden states, q/k/v, MLP intermediates), plus attention's worst case
@@ -215,6 +219,21 @@ def estimate_activation_bytes(config: Any, context_length: int, dtype: str, logi
     return block + estimate_attention_bytes(config, context_length, dtype, chunk) + logits
 
 
+def estimate_graph_bytes(config: Any, context_length: int, dtype: str, k_max: int) -> int:
+    """The memory pool of one runner's captured passes (shapes of :func:`engine.model.capture.capture_shapes`;
+    they share a pool and never run at once): the widest pass's working set (``k_max + 1`` rows of
+    one block, and attention's fp32 scores and probabilities over the window as SDPA's math
+    kernel builds them) plus every pass's output logits, which stay allocated (fp32, ``keep`` rows
+    each: ``1 + 1 + 2 + … + (k_max + 1)``)."""
+    cfg = _text_config(config)
+    name = config_dtype(config) if dtype == "auto" else dtype
+    rows = k_max + 1
+    block = rows * (4 * int(cfg.hidden_size) + 3 * int(cfg.intermediate_size)) * DTYPE_BYTES[name]
+    scores = 2 * int(cfg.num_attention_heads) * rows * context_length * 4
+    outputs = (1 + rows * (rows + 1) // 2) * int(cfg.vocab_size) * 4
+    return block + scores + outputs
+
+
 @dataclass(frozen=True)
 class ModelEstimate:
     """Estimated bytes of one model at the profile's context length."""
@@ -224,11 +243,13 @@ class ModelEstimate:
     weights_bytes: int
     kv_bytes: int
     activation_bytes: int
+    graph_bytes: int = 0
+    """The captured passes' pool (0 where passes run eagerly: the CPU)."""
 
     @property
     def resident_bytes(self) -> int:
-        """Weights and KV cache: held for as long as the model is loaded."""
-        return self.weights_bytes + self.kv_bytes
+        """Weights, KV cache and captured passes: held for as long as the model is loaded."""
+        return self.weights_bytes + self.kv_bytes + self.graph_bytes
 
     @property
     def total_bytes(self) -> int:
@@ -237,15 +258,17 @@ class ModelEstimate:
 
 def estimate_model(
     config: Any, quantization: str, dtype: str, context_length: int, logits_rows: int = 9,
-    group_size: int = 32, quantize_head: bool = True,
+    group_size: int = 32, quantize_head: bool = True, graphs: bool = False,
 ) -> ModelEstimate:
-    """Weights, KV cache and activations of one model (``dtype`` already resolved)."""
+    """Weights, KV cache and activations of one model (``dtype`` already resolved); with
+    ``graphs``, the pool of its captured passes for verify passes of up to ``logits_rows`` rows."""
     return ModelEstimate(
         quantization=quantization,
         dtype=dtype,
         weights_bytes=estimate_weights_bytes(config, quantization, dtype, group_size, quantize_head),
         kv_bytes=estimate_kv_bytes(config, context_length, dtype),
         activation_bytes=estimate_activation_bytes(config, context_length, dtype, logits_rows),
+        graph_bytes=estimate_graph_bytes(config, context_length, dtype, logits_rows - 1) if graphs else 0,
     )
 
 
@@ -320,6 +343,7 @@ def plan_memory(
     cuda: bool = False,
     bf16: bool = True,
     draft_error: str | None = None,
+    graphs: bool = False,
 ) -> Plan:
     """Choose target+draft, target+ngram or target alone; raise :class:`MemoryPlanError`
     when even the target does not fit.
@@ -328,7 +352,8 @@ def plan_memory(
     ``reserve_bytes`` is kept back for the allocator and the runtime.
     ``draft_error`` says why a configured draft could not be found (then
     ``draft_cfg`` is None). ``cuda`` and ``bf16`` pick the compute dtypes as
-    :func:`resolve_dtype` does.
+    :func:`resolve_dtype` does. ``graphs``: passes are captured (a card's static cache), so each
+    model's estimate holds its graph pool.
     """
     budget = memory_budget if memory_budget is not None else profile.memory_budget
     usable = min(free_bytes, budget) if budget is not None else free_bytes
@@ -339,12 +364,14 @@ def plan_memory(
     rows = (profile.k if profile.k is not None else profile.k_max) + 1
     t_spec = profile.target
     t_dtype = resolve_dtype(t_spec.dtype, t_spec.quantization, cuda=cuda, config=target_cfg, bf16=bf16)
-    target = estimate_model(target_cfg, t_spec.quantization, t_dtype, ctx, rows, t_spec.group_size, t_spec.quantize_head)
+    target = estimate_model(target_cfg, t_spec.quantization, t_dtype, ctx, rows, t_spec.group_size, t_spec.quantize_head,
+                            graphs)
     draft: ModelEstimate | None = None
     if profile.drafter == "model" and draft_cfg is not None and profile.draft is not None:
         d_spec = profile.draft
         d_dtype = resolve_dtype(d_spec.dtype, d_spec.quantization, cuda=cuda, config=draft_cfg, bf16=bf16)
-        draft = estimate_model(draft_cfg, d_spec.quantization, d_dtype, ctx, rows, d_spec.group_size, d_spec.quantize_head)
+        draft = estimate_model(draft_cfg, d_spec.quantization, d_dtype, ctx, rows, d_spec.group_size,
+                               d_spec.quantize_head, graphs)
 
     def make(choice: Choice, reason: str, planned: int) -> Plan:
         return Plan(choice, reason, free_bytes, budget, reserve_bytes, available, ctx, target, draft, planned)

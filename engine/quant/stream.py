@@ -42,7 +42,7 @@ log = logging.getLogger(__name__)
 
 def pack_for_cache(weights: Int4Weights) -> Int4Weights:
     """``weights`` as the cache keeps them on the host: codes two to a byte ``[N, K / 2]``
-    (:func:`engine.quant._save` writes them as they are) and bf16 scales and zeros (exact:
+    (:func:`engine.quant.cache._save` writes them as they are) and bf16 scales and zeros (exact:
     the kernel rounds them to bf16 anyway)."""
     codes = weights.codes.to("cpu")
     pairs = (codes[:, ::2] << 4 | codes[:, 1::2]).contiguous()

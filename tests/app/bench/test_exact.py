@@ -70,7 +70,8 @@ def test_the_judge_reads_the_targets_logits_after_the_shared_prefix() -> None:
     """On a (stand-in) CUDA device the judge runs the target over prompt + shared tokens."""
     target = tiny_llama(seed=4, sharpness=0.05)  # soft logits: near ties are common
     prompt = (3, 5, 7, 11)
-    cuda_like = SimpleNamespace(is_cuda=True, torch_device=torch.device("cpu"), attention_kernels=contextlib.nullcontext)
+    cuda_like = SimpleNamespace(is_cuda=True, torch_device=torch.device("cpu"), attention_kernels=contextlib.nullcontext,
+                                uses_static_cache=lambda: False)  # a card's static cache: tests/engine/model/test_static_kv.py
     judge = near_tie_judge(target, cuda_like, {"p": prompt})
     assert judge is not None
     reference = ModelRunner(target, Device(torch.device("cpu"))).forward([*prompt, 20, 21], logits_to_keep=1)[-1]

@@ -38,12 +38,12 @@ def test_an_int4_subset_head_scores_with_the_full_heads_own_bits(monkeypatch: py
     """On specchat's CPU kernel the subset head is the int4 head's own rows, gathered (not rebuilt
     by running the head over an identity matrix, seconds on a real draft): each kept logit is the
     full head's, bit for bit."""
-    from engine.model import lean
+    from engine.model import head
 
     def rebuilt(*args: object) -> None:
         raise AssertionError("the head's rows were rebuilt instead of gathered")
 
-    monkeypatch.setattr(lean, "_head_rows", rebuilt)
+    monkeypatch.setattr(head, "_head_rows", rebuilt)
     full, part = tiny_llama(seed=1, hidden_size=64), tiny_llama(seed=1, hidden_size=64)  # K = 64: the kernel's
     for model in (full, part):
         quantize_model(model, group_size=32)

@@ -6,7 +6,8 @@ from pathlib import Path
 
 import torch
 
-from engine.quant import _drop_superseded, _save, quantize_weight
+from engine.quant.cache import _drop_superseded, _save
+from engine.quant.int4 import quantize_weight
 
 GROUPS = {"layer": quantize_weight(torch.randn(16, 32), 32)}
 NEW = "m-cccccccccccccccc-g32-k1.safetensors"

@@ -9,7 +9,7 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from engine.quant import _cache_file, _save, apply_int4, cpu_kernel
+from engine.quant.cache import _cache_file, _save, apply_int4, cpu_kernel
 from tests.engine.quant.test_gguf_blocks import mixed_gguf
 
 IDS = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
@@ -79,7 +79,7 @@ def test_a_layout_of_another_version_is_rebuilt(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(cpu_kernel, "LAYOUT_VERSION", cpu_kernel.LAYOUT_VERSION + 1)
     later = _cache_file(str(src), 32, True, True, layout=True)
     assert this is not None and later is not None and later != this
-    from engine.quant import _load
+    from engine.quant.cache import _load
 
     assert _load(this) is None  # read by a later layout: refused, whatever its name
     rebuilt, carried = _logits(kind, src, gguf)
@@ -98,7 +98,7 @@ def test_a_layout_for_the_kernel_is_refused_where_the_kernel_cannot_run(monkeypa
 
 
 def test_save_keeps_layouts_and_codes_side_by_side(tmp_path: Path) -> None:
-    from engine.quant import _load
+    from engine.quant.cache import _load
     from engine.quant.int4 import Int4Linear, quantize_weight
     from tests.engine.quant.test_six_bit import six_bit
 
@@ -136,7 +136,7 @@ def test_a_warm_start_leaves_nothing_on_the_cache_files_mapping(tmp_path: Path) 
 def test_the_cache_an_older_specchat_wrote_is_removed_when_this_one_writes_its_own(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import engine.quant as quant
+    import engine.quant.cache as quant
 
     gguf, src, kind = _model(tmp_path)
     monkeypatch.setattr(quant, "CACHE_VERSION", quant.CACHE_VERSION - 1)

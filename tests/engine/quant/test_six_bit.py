@@ -155,7 +155,7 @@ def test_where_the_kernel_cannot_run_they_become_8_bit_groups_of_32(monkeypatch:
 
 
 def test_the_int4_cache_keeps_groups_of_16_beside_groups_of_32(tmp_path: Path) -> None:
-    from engine.quant import _load, _save
+    from engine.quant.cache import _load, _save
 
     groups = {"a": six_bit(16, 256, seed=9), "b": quantize_weight(torch.randn(16, 256), 32)}
     _save(tmp_path / "c.safetensors", groups, ["a"])

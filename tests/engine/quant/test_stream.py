@@ -11,7 +11,7 @@ import torch
 from torch import nn
 from transformers import AutoModelForCausalLM
 
-import engine.quant as quant
+import engine.quant.cache as quant
 import engine.quant.stream as stream
 from engine.quant.int4 import Int4Linear, quantize_weight
 from tests.tiny import save_tiny

@@ -1,0 +1,262 @@
+"""Captured passes: a runner's fixed-shape passes recorded once and replayed (CUDA graphs).
+
+At batch size one a small model's step on a card is bound by the host: some 250 kernel
+launches a token at ~7 µs each, and the card idle 80% of the time (docs/gpu.md). Over a
+:class:`~engine.model.kv.StaticKV` every pass of ``T`` new tokens keeping ``keep`` rows of
+logits has fixed shapes, so it can be captured once and replayed with one launch, as
+vLLM's CUDA-graph runner and gpt-fast do. :class:`PassCapture` is the bookkeeping, owned by
+the :class:`~engine.decode.runner.ModelRunner` whose cache the passes write:
+
+* **which shapes** (``(T, keep)``, :func:`capture_shapes`): the one-token step ``(1, 1)``;
+  each verify pass ``(K + 1, K + 1)`` for ``K = 1 .. k_max`` of the schedule; a draft's
+  catch-up over the target's token and its own last one ``(2, 1)``. Anything else (prefill
+  chunks, a draft lagging behind a lookup's round) runs eagerly.
+* **when**: lazily, at a shape's first use (a pass that was never needed costs nothing),
+  after the cache exists (the first prefill allocates it eagerly).
+* **with what**: per shape, static input buffers, ids ``[1, T]`` and positions ``[T]``, which
+  a replay's caller fills (one copy and one add on the card, no host sync); the output is
+  copied out, so a later replay never overwrites logits a caller still holds.
+* **again**: when the cache was reallocated (a new window; :attr:`StaticKV.generation`) or
+  the runner changed what the pass computes (:meth:`PassCapture.invalidate`: a restricted head).
+* **not at all**: with ``SPECCHAT_CUDA_GRAPHS=0``, on the CPU, or after a capture failed (an op
+  that cannot be captured, out of memory while capturing, a driver without graphs): eager
+  passes from then on for that runner, the reason given once (:meth:`PassCapture.take_notice`,
+  and ``engine.log`` through :mod:`logging`). The pass that failed is run eagerly; the reply
+  is intact.
+
+The backend does the recording: :class:`CudaGraphs` (``torch.cuda.CUDAGraph``, one memory pool
+per runner), or a stand-in with the same interface that records captures and calls the
+function on the static buffers (the CPU tests' :class:`RecordingBackend`).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+log = logging.getLogger(__name__)
+
+ENV = "SPECCHAT_CUDA_GRAPHS"
+"""``0`` turns captured passes off (eager passes over the same static cache)."""
+WARMUP_RUNS = 2
+"""Eager runs on a side stream before a capture: lazily created kernels, cuBLAS workspaces and
+autotuning happen there, not inside the graph (PyTorch's recipe)."""
+
+Shape = tuple[int, int]
+"""``(T, keep)``: new tokens fed and rows of logits kept."""
+StaticPass = Callable[[torch.Tensor, Any, torch.Tensor, int], torch.Tensor]
+"""``f(ids [1, T], cache, positions [T], keep) -> logits [1, keep, V]`` (``LeanForward.static_pass``)."""
+
+
+def capture_shapes(k_max: int) -> frozenset[Shape]:
+    """The shapes worth capturing for a schedule drafting at most ``k_max`` tokens a round:
+    ``(1, 1)``, ``(2, 1)`` and ``(K + 1, K + 1)`` for ``K = 1 .. k_max``."""
+    return frozenset({(1, 1), (2, 1), *((k + 1, k + 1) for k in range(1, k_max + 1))})
+
+
+def graphs_disabled() -> bool:
+    """Whether ``SPECCHAT_CUDA_GRAPHS=0`` (or ``false``/``off``/``no``) is set."""
+    return os.environ.get(ENV, "").strip().lower() in ("0", "false", "off", "no")
+
+
+class GraphBackend(Protocol):
+    """Records a function of static tensors once and returns its replay."""
+
+    name: str
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
+        """Capture ``fn`` (which reads and writes only tensors that outlive it) and run it once:
+        returns its replay (reruns it on the same tensors, returns its output) and this first
+        run's output."""
+        ...
+
+    def release(self) -> None:
+        """Forget everything captured (its memory may be freed)."""
+        ...
+
+
+class CudaGraphs:
+    """``torch.cuda.CUDAGraph`` captures sharing one memory pool (the runner's passes never run
+    concurrently, and their outputs are copied out after each replay)."""
+
+    name = "cuda graphs"
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self._pool: Any = None
+        self._graphs: list[Any] = []
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
+        if not torch.cuda.is_available():
+            raise RuntimeError("this torch has no CUDA support")
+        current = torch.cuda.current_stream(self.device)
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(current)
+        with torch.cuda.stream(side):
+            for _ in range(WARMUP_RUNS):
+                fn()
+        current.wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph, pool=self._pool):
+            out = fn()
+        self._graphs.append(graph)
+        graph.replay()  # the capture ran nothing; this computes the pass the caller asked for
+
+        def replay() -> torch.Tensor:
+            graph.replay()
+            return out
+
+        return replay, out
+
+    def release(self) -> None:
+        self._graphs.clear()
+        self._pool = None
+
+
+@dataclass
+class _Captured:
+    ids: torch.Tensor  # [1, T] long: the replay's input ids
+    positions: torch.Tensor  # [T] long: the replay's positions
+    offsets: torch.Tensor  # [T] long: 0 .. T - 1 (positions = offsets + start)
+    replay: Callable[[], torch.Tensor]
+
+
+class PassCapture:
+    """Which of a runner's passes are captured, when to capture them (again), and the fallback."""
+
+    def __init__(self, backend: GraphBackend | None, shapes: Iterable[Shape] = capture_shapes(8),
+                 off_reason: str | None = None) -> None:
+        """``backend`` None: every pass eager (``off_reason`` says why, if anyone should know)."""
+        self.backend = backend
+        self.shapes = frozenset(shapes)
+        self.reason = off_reason
+        """Why passes run eagerly (None while capture is on); see :meth:`take_notice`."""
+        self._untold = off_reason is not None
+        self._captured: dict[Shape, _Captured] = {}
+        self._cache: Any = None
+        self._generation = -1
+        self.captures = 0
+        """Captures made (recaptures included)."""
+        self.capture_s = 0.0
+        """Seconds spent capturing (warm-up runs included): the lazy capture's cost."""
+        self.replays = 0
+
+    @property
+    def active(self) -> bool:
+        return self.backend is not None and self.reason is None
+
+    def captured_shapes(self) -> frozenset[Shape]:
+        return frozenset(self._captured)
+
+    def set_shapes(self, shapes: Iterable[Shape]) -> None:
+        """Capture ``shapes`` from now on; drops captures of shapes no longer wanted."""
+        self.shapes = frozenset(shapes)
+        for shape in [s for s in self._captured if s not in self.shapes]:
+            del self._captured[shape]
+
+    def invalidate(self) -> None:
+        """What the passes compute changed (a restricted head): capture each shape again at its next use."""
+        self._captured.clear()
+        if self.backend is not None:
+            self.backend.release()
+
+    def take_notice(self) -> str | None:
+        """Why captured passes are off, the first time it is asked after that was decided."""
+        if not self._untold:
+            return None
+        self._untold = False
+        return self.reason
+
+    def run(self, static_pass: StaticPass, cache: Any, input_ids: torch.Tensor, start: int,
+            keep: int) -> torch.Tensor | None:
+        """Logits ``[1, keep, V]`` of ``input_ids`` ``[1, T]`` at positions ``start .. start + T - 1``
+        from the captured pass of this shape (captured now if it was not yet); None when the
+        pass is to run eagerly (not a captured shape, capture off, the cache not allocated yet,
+        or the capture just failed). The cache's length is the caller's to advance."""
+        shape = (int(input_ids.shape[1]), keep)
+        if not self.active or shape not in self.shapes or not cache.allocated():
+            return None
+        if cache is not self._cache or cache.generation != self._generation:  # new buffers: old graphs are stale
+            self.invalidate()
+            self._cache, self._generation = cache, cache.generation
+        entry = self._captured.get(shape)
+        if entry is None:
+            return self._capture(shape, static_pass, cache, input_ids, start)
+        self._fill(entry, input_ids, start)
+        self.replays += 1
+        return entry.replay().clone()
+
+    @staticmethod
+    def _fill(entry: _Captured, input_ids: torch.Tensor, start: int) -> None:
+        entry.ids.copy_(input_ids, non_blocking=True)
+        torch.add(entry.offsets, start, out=entry.positions)
+
+    def _capture(self, shape: Shape, static_pass: StaticPass, cache: Any, input_ids: torch.Tensor,
+                 start: int) -> torch.Tensor | None:
+        assert self.backend is not None
+        t, keep = shape
+        offsets = torch.arange(t, device=input_ids.device)
+        entry = _Captured(torch.empty_like(input_ids), torch.empty_like(offsets), offsets, lambda: torch.empty(0))
+        self._fill(entry, input_ids, start)
+        began = time.perf_counter()
+        try:
+            entry.replay, out = self.backend.capture(lambda: static_pass(entry.ids, cache, entry.positions, keep))
+        except Exception as exc:  # noqa: BLE001 - any failure to capture means eager passes, said once
+            self.disable(f"captured passes off, eager from now on (capturing a {t}-token pass failed: "
+                         f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no message'})")
+            return None
+        self._captured[shape] = entry
+        self.captures += 1
+        seconds = time.perf_counter() - began
+        self.capture_s += seconds
+        log.info("captured the %d-token pass (%d rows of logits) with %s in %.2f s", t, keep, self.backend.name, seconds)
+        return out.clone()
+
+    def disable(self, reason: str) -> None:
+        """Eager passes from now on, for ``reason`` (told once, and logged)."""
+        self.invalidate()
+        self.reason, self._untold = reason, True
+        log.warning("%s", reason)
+
+    def release(self) -> None:
+        """Drop every capture and the cache reference (the runner's memory is being freed)."""
+        self.invalidate()
+        self._cache, self._generation = None, -1
+
+
+class RecordingBackend:
+    """A stand-in for :class:`CudaGraphs` (the CPU tests, and a check of the bookkeeping anywhere):
+    a capture runs the function once on the static buffers and records it; a replay calls it
+    again on whatever the buffers hold, so outputs come through the same static-buffer path a
+    graph's do. ``fail_with``: raise it at capture time (a capture that cannot be made)."""
+
+    name = "recording stand-in"
+
+    def __init__(self, fail_with: BaseException | None = None) -> None:
+        self.fail_with = fail_with
+        self.captured: list[Callable[[], torch.Tensor]] = []
+        self.replayed = 0
+        self.releases = 0
+
+    def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
+        if self.fail_with is not None:
+            raise self.fail_with
+        out = fn()
+        self.captured.append(fn)
+
+        def replay() -> torch.Tensor:
+            self.replayed += 1
+            out.copy_(fn())  # the graph's output tensor, refreshed in place
+            return out
+
+        return replay, out
+
+    def release(self) -> None:
+        self.releases += 1

@@ -1,0 +1,162 @@
+"""Captured passes (issue 35, items 2 and 4) on the CPU, through a stand-in backend that records
+captures and replays each by calling the pass on the static buffers (as a CUDA graph reruns
+its kernels on them): which shapes are captured, once each, replays that equal eager passes,
+capturing again when the cache or the head changes, the fallback to eager passes with the
+reason told once, and ``SPECCHAT_CUDA_GRAPHS=0``."""
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+
+from engine.decode.decoder import SpecDecoder
+from engine.decode.drafters import ModelDrafter, NgramDrafter
+from engine.decode.runner import ModelRunner
+from engine.events import GenerationParams
+from engine.model.capture import CudaGraphs, PassCapture, RecordingBackend, capture_shapes
+from engine.model.device import Device
+from engine.model.kv import StaticKV
+from tests.tiny import noisy_copy, tiny_llama
+
+CPU = Device(torch.device("cpu"))
+PROMPT = [3, 5, 7, 11, 13]
+
+
+@pytest.fixture(scope="module")
+def target() -> torch.nn.Module:
+    return tiny_llama(seed=1)
+
+
+def captured(backend: RecordingBackend) -> Device:
+    return Device(torch.device("cpu"), static_cache=True, graphs=backend)
+
+
+def reply(decoder: SpecDecoder, prompt: list[int], **kw: object) -> tuple[list[int], list[str]]:
+    out: list[int] = []
+    notices: list[str] = []
+    for event in decoder.generate(prompt, GenerationParams(**kw)):
+        out += event.token_ids
+        notices += [event.notice] if event.notice else []
+    return out, notices
+
+
+def test_capture_shapes_are_the_step_the_catch_up_and_each_verify_width() -> None:
+    assert capture_shapes(3) == {(1, 1), (2, 1), (2, 2), (3, 3), (4, 4)}
+
+
+def test_each_shape_is_captured_once_at_first_use_and_replays_equal_eager_passes(target) -> None:
+    expected, _ = reply(SpecDecoder(target, CPU), PROMPT, max_new_tokens=40)
+    backend = RecordingBackend()
+    device = captured(backend)
+    decoder = SpecDecoder(target, device, ModelDrafter(noisy_copy(target, 0.4, seed=3), device), calibrate_every=5)
+    got, notices = reply(decoder, PROMPT, max_new_tokens=40, k=3)
+    assert got == expected and notices == []
+    target_shapes = decoder.target.capture.captured_shapes()
+    draft_shapes = decoder.drafter.runner.capture.captured_shapes()  # type: ignore[union-attr]
+    assert {(1, 1), (4, 4)} <= target_shapes <= capture_shapes(3)  # plain steps (calibration) and K=3 verifies
+    assert (1, 1) in draft_shapes and draft_shapes <= {(1, 1), (2, 1)}
+    assert len(backend.captured) == len(target_shapes) + len(draft_shapes)  # once per shape and runner
+    assert backend.replayed > 20
+    again, _ = reply(decoder, PROMPT + got + [7, 8], max_new_tokens=20, k=3)  # a second turn
+    shapes = decoder.target.capture.captured_shapes() | decoder.drafter.runner.capture.captured_shapes()  # type: ignore[union-attr]
+    assert len(backend.captured) == len(decoder.target.capture.captured_shapes()) + len(
+        decoder.drafter.runner.capture.captured_shapes())  # type: ignore[union-attr]  # still once per shape
+    assert shapes <= capture_shapes(3)
+    assert again == reply(SpecDecoder(target, CPU), PROMPT + got + [7, 8], max_new_tokens=20)[0]
+
+
+def test_a_replay_reads_the_static_buffers_it_was_captured_with() -> None:
+    seen: list[tuple[torch.Tensor, torch.Tensor]] = []
+
+    def static_pass(ids: torch.Tensor, cache: object, positions: torch.Tensor, keep: int) -> torch.Tensor:
+        seen.append((ids, positions))
+        return (ids.float() * 100 + positions.float()).unsqueeze(-1)[:, -keep:]
+
+    cache = StaticKV(1, 16)
+    cache.layers[0].write(torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2), torch.tensor([0]))
+    capture = PassCapture(RecordingBackend())
+    first = capture.run(static_pass, cache, torch.tensor([[7, 8, 9]]), 4, 3)
+    second = capture.run(static_pass, cache, torch.tensor([[1, 2, 3]]), 9, 3)
+    assert first is not None and second is not None
+    assert first.flatten().tolist() == [704, 805, 906] and second.flatten().tolist() == [109, 210, 311]
+    assert all(ids is seen[0][0] and pos is seen[0][1] for ids, pos in seen)  # the same buffers every time
+    assert capture.run(static_pass, cache, torch.tensor([[1, 2, 3, 4, 5, 6]]), 9, 1) is None  # not a captured shape
+
+
+def test_a_new_window_or_head_makes_the_runner_capture_again(target) -> None:
+    backend = RecordingBackend()
+    runner = ModelRunner(target, captured(backend))
+    runner.forward([3, 5, 7, 11])  # the prefill allocates the cache eagerly
+    assert backend.captured == []
+    runner.forward([13])
+    assert runner.capture.captures == 1
+    runner.forward([17])
+    assert runner.capture.captures == 1 and runner.capture.replays == 1
+    runner.set_window(128)  # new buffers: the captured pass wrote the old ones
+    logits = runner.forward([19])
+    assert runner.capture.captures == 2
+    fresh = ModelRunner(target, CPU)
+    torch.testing.assert_close(logits, fresh.forward([3, 5, 7, 11, 13, 17, 19]), rtol=1e-5, atol=1e-4)
+    runner.restrict_vocab(torch.arange(0, 96, 2))
+    restricted = runner.forward([23])
+    assert runner.capture.captures == 3 and backend.releases >= 2
+    assert torch.isinf(restricted[0, 1::2]).all()  # the replayed pass runs the new head
+
+
+def test_a_failing_capture_falls_back_to_eager_passes_and_says_why_once(target, caplog) -> None:
+    expected, _ = reply(SpecDecoder(target, CPU), PROMPT, max_new_tokens=30)
+    backend = RecordingBackend(fail_with=RuntimeError("operation not permitted when stream is capturing"))
+    device = captured(backend)
+    decoder = SpecDecoder(target, device, ModelDrafter(noisy_copy(target, 0.4, seed=3), device))
+    with caplog.at_level(logging.WARNING, logger="engine.model.capture"):
+        got, notices = reply(decoder, PROMPT, max_new_tokens=30, k=2)
+        more, later = reply(decoder, PROMPT + got + [4], max_new_tokens=10, k=2)
+    assert got == expected
+    assert more == reply(SpecDecoder(target, CPU), PROMPT + got + [4], max_new_tokens=10)[0]
+    assert len(notices) == 2 and later == []  # the target's reason and the draft's, once each
+    assert all("operation not permitted when stream is capturing" in n and "eager" in n for n in notices)
+    assert not decoder.target.capture.active and decoder.target.capture.captures == 0
+    assert sum("capturing a" in r.getMessage() for r in caplog.records) == 2  # target and draft, once each
+
+
+def test_the_real_backend_without_a_card_fails_into_the_fallback(target) -> None:
+    if torch.cuda.is_available():
+        pytest.skip("a card is here: the real backend would capture")
+    capture = PassCapture(CudaGraphs(torch.device("cuda")))
+    runner = ModelRunner(target, Device(torch.device("cpu"), static_cache=True))
+    runner.capture = capture
+    runner.forward([3, 5, 7])
+    logits = runner.forward([11])
+    assert not capture.active and "no CUDA support" in (capture.take_notice() or "")
+    torch.testing.assert_close(logits, ModelRunner(target, CPU).forward([3, 5, 7, 11]), rtol=1e-5, atol=1e-4)
+
+
+def test_the_environment_turns_captured_passes_off(target, monkeypatch) -> None:
+    monkeypatch.setenv("SPECCHAT_CUDA_GRAPHS", "0")
+    backend = RecordingBackend()
+    decoder = SpecDecoder(target, captured(backend), NgramDrafter())
+    got, notices = reply(decoder, [1, 2, 3, 1, 2, 3, 1, 2], max_new_tokens=20)
+    assert backend.captured == [] and isinstance(decoder.target.cache, StaticKV)
+    assert notices == ["captured passes off (SPECCHAT_CUDA_GRAPHS=0); eager passes"]
+    assert got == reply(SpecDecoder(target, CPU), [1, 2, 3, 1, 2, 3, 1, 2], max_new_tokens=20)[0]
+
+
+def test_the_cpu_default_captures_nothing_and_says_nothing(target) -> None:
+    runner = ModelRunner(target, CPU)
+    assert runner.capture.backend is None and runner.capture.take_notice() is None
+
+
+def test_a_captured_round_still_reads_back_once(target, monkeypatch) -> None:
+    from tests.engine.decode.test_gpu_syncs import Transfers
+
+    device = captured(RecordingBackend())
+    decoder = SpecDecoder(target, device, ModelDrafter(noisy_copy(target, 0.05, seed=2), device))
+    steps = decoder.generate(PROMPT, GenerationParams(max_new_tokens=12, k=3))
+    next(steps)
+    next(steps)  # every shape this reply uses is captured by now
+    transfers = Transfers(monkeypatch)
+    event = next(steps)
+    monkeypatch.undo()
+    assert event.stats.proposed > 0 and decoder.target.capture.replays > 0
+    assert transfers.calls == ["tolist", "tolist"]  # the draft's K picks, then the verdict
