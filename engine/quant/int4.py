@@ -147,15 +147,36 @@ def six_bit_form(weights: Int4Weights, device: torch.device) -> SixBit | None:
     return cpu_kernel.six_bit_codes(weights.codes, weights.scale, weights.zero)
 
 
-def kernel_weights(weights: Int4Weights, device: torch.device, six: SixBit | None = None) -> Int4Weights:
+REQUANTIZE_ROWS = 8192
+"""Rows of a Q6_K weight requantized at a time for torch's kernels (coder's 151,936-row head in one
+piece took several GB of fp32 temporaries on the host, which a card's start must not need)."""
+
+
+def kernel_weights(weights: Int4Weights, device: torch.device, six: SixBit | None = None,
+                   rows: int = REQUANTIZE_ROWS) -> Int4Weights:
     """``weights`` as a kernel on ``device`` can take them: 6-bit groups stay as they are for
-    specchat's CPU kernel, and become 8 bits in groups of 32 (:func:`quantize_weight8`) anywhere else.
-    ``six``: their :func:`six_bit_form`, when the caller has it already."""
+    specchat's CPU kernel, and become 8 bits in groups of 32 (:func:`quantize_weight8`) anywhere else
+    (torch's kernels, CUDA's included, take no groups of 16), ``rows`` rows at a time: each group lies
+    in one row, so the pieces are the very codes of the whole. ``six``: their :func:`six_bit_form`,
+    when the caller has it already."""
     if not is_six_bit(weights):
         return weights
     if six is not None or six_bit_form(weights, device) is not None:
         return weights
-    return quantize_weight8(weights.dequantize(), GROUP_SIZES[0])
+    n = weights.shape[0]
+    parts = [quantize_weight8(Int4Weights(*(t[r:r + rows] for t in (weights.codes, weights.scale, weights.zero)),
+                                          weights.group_size, weights.planes).dequantize(), GROUP_SIZES[0])
+             for r in range(0, n, rows)]
+    if len(parts) == 1:
+        return parts[0]
+    return Int4Weights(*(torch.cat([getattr(p, f) for p in parts]) for f in ("codes", "scale", "zero")),
+                       GROUP_SIZES[0], 2)
+
+
+def nibble_pairs(codes: torch.Tensor) -> torch.Tensor:
+    """Codes ``[N, K]`` (uint8, 0..15) two to a byte ``[N, K / 2]``, the even column in the high
+    nibble: the input of torch's CUDA int4 pack (and the int4 cache's form)."""
+    return (codes[:, ::2] << 4 | codes[:, 1::2]).contiguous()
 
 
 def cuda_inner_k_tiles(k: int) -> int | None:
@@ -283,9 +304,8 @@ class Int4Linear(nn.Module):
         elif self.kernel == "specchat":
             packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, weights.planes, six)
             packed = cpu_kernel.on_huge_pages(packed)
-        elif self.is_cuda:
-            codes = weights.codes.to(device)
-            pairs = (codes[:, ::2] << 4 | codes[:, 1::2]).contiguous()
+        elif self.is_cuda:  # paired where the codes are (the host, mostly): half the bytes cross over
+            pairs = nibble_pairs(weights.codes).to(device)
             packed = torch._convert_weight_to_int4pack(pairs, cuda_inner_k_tiles(self.planes * k))
             table = _scales_and_zeros(weights).to(device)
         else:
