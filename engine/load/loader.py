@@ -79,8 +79,9 @@ def profile_device(profile: ModelProfile) -> Device:
 def profile_device_choice(profile: ModelProfile) -> tuple[Device, str | None]:
     """Where a profile runs and why not on a card where it could have: the CPU for ``device =
     "cpu"``; else CUDA when present (``SPECCHAT_DEVICE`` respected), except that a ``device =
-    "any"`` profile with int4 models falls back to the CPU on a card that cannot run torch's
-    int4 kernels (:func:`engine.model.device.choose_device`)."""
+    "any"`` profile with int4 models (and none that needs bitsandbytes, which the CPU cannot run)
+    falls back to the CPU on a card that cannot run torch's int4 kernels
+    (:func:`engine.model.device.choose_device`)."""
     import os
 
     import torch
@@ -89,7 +90,9 @@ def profile_device_choice(profile: ModelProfile) -> tuple[Device, str | None]:
     from engine.quant.int4 import cuda_int4_problem
 
     cuda_found = profile.device != "cpu" and torch.cuda.is_available()
-    int4 = any(s is not None and s.quantization == "int4" for s in (profile.target, profile.draft))
+    specs = [s for s in (profile.target, profile.draft) if s is not None]
+    # a bitsandbytes model runs on a card only: such a profile is refused with the way out, not moved
+    int4 = any(s.quantization == "int4" for s in specs) and not any(s.quantization in ("nf4", "int8") for s in specs)
     problem = cuda_int4_problem(torch.device("cuda")) if cuda_found and int4 else None
     name, reason = choose_device(profile.device, cuda_found=cuda_found, int4=int4, int4_problem=problem,
                                  override=os.environ.get("SPECCHAT_DEVICE"))

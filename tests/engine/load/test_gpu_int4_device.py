@@ -168,6 +168,12 @@ def test_an_any_profile_with_int4_goes_to_a_capable_card_and_falls_back_to_the_c
     assert device.torch_device.type == "cpu" and reason is not None and "this one is 7.5" in reason
     assert "run on the CPU instead" in reason
     loading.check_int4_device(coder, device)  # the CPU: nothing refused
+    # an nf4 target needs the card whatever its int4 draft does: refused with the way out, not moved
+    mixed = dataclasses.replace(coder, target=dataclasses.replace(coder.target, quantization="nf4"))
+    device, reason = loading.profile_device_choice(mixed)
+    assert device.is_cuda and reason is None
+    with pytest.raises(QuantizationError, match="7.5"):
+        loading.check_int4_device(mixed, device)
 
 
 def test_a_profile_that_fell_back_to_the_cpu_says_so_in_its_engine_info(
