@@ -39,6 +39,10 @@ def test_a_tall_q6_k_weight_is_requantized_in_slices_with_the_codes_of_the_whole
     for field in ("codes", "scale", "zero"):
         assert torch.equal(getattr(sliced, field), getattr(whole, field)), field
     assert (sliced.group_size, sliced.planes) == (whole.group_size, whole.planes)
+    # computed elsewhere (a card, in Int4Linear; here the CPU stands in), brought back where they lay
+    moved = kernel_weights(weights, CARD, rows=16, work=torch.device("cpu"))
+    assert all(torch.equal(getattr(moved, f), getattr(whole, f)) for f in ("codes", "scale", "zero"))
+    assert moved.codes.device == weights.codes.device
 
 
 def test_four_bit_groups_go_to_the_card_code_for_code() -> None:
