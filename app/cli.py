@@ -145,6 +145,8 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     from engine.config.models_file import load_profiles, user_models_file
 
     from engine.fetch.sources import is_fetched
+    from engine.load.loader import profile_device_choice
+    from engine.model.card_plan import profile_card_plans
 
     profiles = load_profiles(args.models)
     cuda = cuda_present()
@@ -155,6 +157,8 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         specs = [s for s in (p.target, p.draft) if s is not None and p.backend == "local"]
         by_source = {s.source: s for s in sorted(specs, key=lambda s: s.download_size or 0)}  # one per file
         to_fetch = [s for s in by_source.values() if is_fetched(s) is False]
+        device, device_reason = profile_device_choice(p) if p.backend == "local" else (None, None)
+        cards = profile_card_plans(p)
         rows.append({
             "name": name,
             "default": name == profiles.default,
@@ -172,6 +176,10 @@ def cmd_profiles(args: argparse.Namespace) -> int:
             "to_download": [s.source for s in to_fetch],
             "download_bytes": (sum(s.download_size for s in to_fetch if s.download_size)
                                if to_fetch and all(s.download_size for s in to_fetch) else None),
+            "device": p.device,
+            "runs_on": device.torch_device.type if device is not None else None,
+            "runs_on_reason": device_reason,
+            "card_plans": [c.to_dict() for c in cards] if cards is not None else None,
         })
     for name in sorted(set(profiles.invalid) - set(profiles.profiles)):
         rows.append({"name": name, "default": False, "invalid": True, "invalid_reason": profiles.invalid[name]})
@@ -205,6 +213,10 @@ def cmd_profiles(args: argparse.Namespace) -> int:
             _show(f"  {'':<18} first use downloads {size} ({len(r['to_download'])} model(s) not in the cache yet)")
         if r["unavailable_reason"]:
             _show(f"  {'':<18} unavailable here: {r['unavailable_reason']}")
+        elif r["runs_on_reason"] and r["device"] == "any":
+            _show(f"  {'':<18} runs here on the {r['runs_on']}: {r['runs_on_reason']}")
+        for i, card in enumerate(r["card_plans"] or []):
+            _show(f"  {'':<18} {'on a card' if i == 0 else '':<9} {card['line']}")
     state = "" if user_file.exists() else " (not created yet)"
     _show(f"\nYour own profiles go in {user_file}{state}; SPECCHAT_CONFIG_DIR moves it.")
     return 0

@@ -72,9 +72,31 @@ def model_drafter(profile: ModelProfile, draft_model: "PreTrainedModel", target_
 
 
 def profile_device(profile: ModelProfile) -> Device:
-    """Where a profile runs: the CPU for ``device = "cpu"``, else CUDA when present
-    (``SPECCHAT_DEVICE`` respected; :meth:`Device.auto`)."""
-    return Device.auto("cpu" if profile.device == "cpu" else None)
+    """Where a profile runs (:func:`profile_device_choice`)."""
+    return profile_device_choice(profile)[0]
+
+
+def profile_device_choice(profile: ModelProfile) -> tuple[Device, str | None]:
+    """Where a profile runs and why not on a card where it could have: the CPU for ``device =
+    "cpu"``; else CUDA when present (``SPECCHAT_DEVICE`` respected), except that a ``device =
+    "any"`` profile with int4 models (and none that needs bitsandbytes, which the CPU cannot run)
+    falls back to the CPU on a card that cannot run torch's int4 kernels
+    (:func:`engine.model.device.choose_device`)."""
+    import os
+
+    import torch
+
+    from engine.model.device import choose_device
+    from engine.quant.int4 import cuda_int4_problem
+
+    cuda_found = profile.device != "cpu" and torch.cuda.is_available()
+    specs = [s for s in (profile.target, profile.draft) if s is not None]
+    # a bitsandbytes model runs on a card only: such a profile is refused with the way out, not moved
+    int4 = any(s.quantization == "int4" for s in specs) and not any(s.quantization in ("nf4", "int8") for s in specs)
+    problem = cuda_int4_problem(torch.device("cuda")) if cuda_found and int4 else None
+    name, reason = choose_device(profile.device, cuda_found=cuda_found, int4=int4, int4_problem=problem,
+                                 override=os.environ.get("SPECCHAT_DEVICE"))
+    return Device(torch.device(name)), reason
 
 
 def check_int4_device(profile: ModelProfile, device: Device) -> None:
@@ -370,7 +392,11 @@ def _load_local(profile: ModelProfile, memory_budget: int | None, device: Device
     from engine.decode.suffix import SuffixDrafter
     from engine.chat.session import ChatEngine
 
-    device = device or profile_device(profile)
+    device_reason: str | None = None
+    if device is None:
+        device, device_reason = profile_device_choice(profile)
+        if device_reason:
+            log.info("profile %s runs on the CPU: %s", profile.name, device_reason)
     why_not = unavailable_reason(profile, cuda=device.is_cuda)
     if why_not:
         raise ProfileError(f"profile {profile.name!r} cannot run here: {why_not}; pick another profile")
@@ -439,7 +465,7 @@ def _load_local(profile: ModelProfile, memory_budget: int | None, device: Device
         target=profile.target.label,
         drafter="none" if drafter is None else str(drafter.name),
         mode=mode,
-        device=device.description,
+        device=device.description + (f"; not a card: {device_reason}" if device_reason else ""),
         quantization=profile.target.quantization,
         plan=plan.to_dict(),
         fallback_reason=fallback,

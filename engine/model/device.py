@@ -212,6 +212,30 @@ class Device:
         return isinstance(exc, RuntimeError) and any(word in text for word in OOM_WORDS)
 
 
+def choose_device(wanted: str, *, cuda_found: bool, int4: bool = False, int4_problem: str | None = None,
+                  override: str | None = None) -> tuple[str, str | None]:
+    """Where a profile runs, and why not on a card where it could have: ``(torch device name, reason)``.
+
+    ``wanted``: the profile's ``device`` (``"any"``, ``"cuda"`` or ``"cpu"``); ``cuda_found``:
+    whether torch sees a card; ``int4``: whether the profile has an int4 model, and
+    ``int4_problem`` why the card cannot run torch's int4 kernels (:func:`engine.quant.int4.cuda_int4_problem`);
+    ``override``: ``SPECCHAT_DEVICE``. ``"cpu"`` always runs on the CPU. ``"any"`` takes the card, and
+    falls back to the CPU (its kernels, as without a card) when there is none or when the card
+    cannot run its int4 models, with the reason. ``"cuda"`` never falls back: without a card the
+    profile is unavailable, and on a card below int4's needs it is refused with the way out
+    (:func:`engine.load.loader.check_int4_device`). The reason is None where nothing was given up.
+    """
+    if wanted == "cpu":
+        return "cpu", None
+    if override:
+        return override, (f"SPECCHAT_DEVICE={override}" if not override.startswith("cuda") else None)
+    if not cuda_found:
+        return "cpu", "no CUDA device found"
+    if wanted == "any" and int4 and int4_problem:
+        return "cpu", f"{int4_problem}; its int4 models run on the CPU instead"
+    return "cuda", None
+
+
 def oom_summary(exc: BaseException) -> str:
     """An out-of-memory error in a few words for the HUD: torch's CUDA message is one long line
     (capacity, free, reserved, a link) of which the request and the cap, if one was set, matter."""

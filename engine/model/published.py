@@ -12,6 +12,14 @@ PUBLISHED_CONFIGS: dict[str, dict[str, Any]] = {
     "Qwen/Qwen2.5-0.5B-Instruct": dict(
         max_position_embeddings=32768, model_type="qwen2", hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
         num_key_value_heads=2, vocab_size=151936, intermediate_size=4864, tie_word_embeddings=True),
+    # coder's pair (GGUF files): the sizes their GGUF headers carry; the converted copies say
+    # tie_word_embeddings = false only because the GGUF stores the output layer apart.
+    "Qwen/Qwen2.5-Coder-1.5B-Instruct": dict(
+        max_position_embeddings=32768, model_type="qwen2", hidden_size=1536, num_hidden_layers=28, num_attention_heads=12,
+        num_key_value_heads=2, vocab_size=151936, intermediate_size=8960, tie_word_embeddings=True),
+    "Qwen/Qwen2.5-Coder-0.5B-Instruct": dict(
+        max_position_embeddings=32768, model_type="qwen2", hidden_size=896, num_hidden_layers=24, num_attention_heads=14,
+        num_key_value_heads=2, vocab_size=151936, intermediate_size=4864, tie_word_embeddings=True),
     "Qwen/Qwen2.5-7B-Instruct": dict(
         max_position_embeddings=32768, model_type="qwen2", hidden_size=3584, num_hidden_layers=28, num_attention_heads=28,
         num_key_value_heads=4, vocab_size=152064, intermediate_size=18944, tie_word_embeddings=False),

@@ -31,7 +31,7 @@ from torch import nn
 import engine.quant.cpu_kernel as cpu_kernel
 from engine.paths import disk_full, disk_full_error, make_dir
 from engine.quant.cpu_kernel import KernelLayout
-from engine.quant.int4 import Int4Weights, QuantReport, quantize_model
+from engine.quant.int4 import Int4Weights, QuantReport, nibble_pairs, quantize_model
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 3  # 2: two-plane (8-bit) groups; 3: Q6_K carried as 6-bit groups of 16
@@ -94,7 +94,7 @@ def _save(path: Path, groups: dict[str, Int4Weights | KernelLayout], carried: li
                 tensors[f"{name}.table"] = layouts[name].table.contiguous()
             continue
         assert isinstance(w, Int4Weights), f"{name}: a kernel layout given without its layer's"
-        tensors[f"{name}.codes"] = w.codes.contiguous() if packed else (w.codes[:, ::2] << 4 | w.codes[:, 1::2]).contiguous()
+        tensors[f"{name}.codes"] = w.codes.contiguous() if packed else nibble_pairs(w.codes)
         tensors[f"{name}.scale"] = w.scale.contiguous()
         tensors[f"{name}.zero"] = w.zero.contiguous()
     make_dir(path.parent)

@@ -116,15 +116,43 @@ def six_bit_form(weights: Int4Weights, device: torch.device) -> SixBit | None:
     return cpu_kernel.six_bit_codes(weights.codes, weights.scale, weights.zero)
 
 
-def kernel_weights(weights: Int4Weights, device: torch.device, six: SixBit | None = None) -> Int4Weights:
+REQUANTIZE_ROWS = 8192
+"""Rows of a Q6_K weight requantized at a time for torch's kernels. coder's head ([151936, 1536]) on
+the host: in one piece the peak rose 5.9 GiB, in slices of 8,192 rows 0.8 GiB, the result included
+(27-42 s either way on a shared 2-core CPU; on a card Int4Linear computes the slices there)."""
+
+
+def kernel_weights(weights: Int4Weights, device: torch.device, six: SixBit | None = None,
+                   rows: int = REQUANTIZE_ROWS, work: torch.device | None = None) -> Int4Weights:
     """``weights`` as a kernel on ``device`` can take them: 6-bit groups stay as they are for
-    specchat's CPU kernel, and become 8 bits in groups of 32 (:func:`quantize_weight8`) anywhere else.
+    specchat's CPU kernel, and become 8 bits in groups of 32 (:func:`quantize_weight8`) anywhere else
+    (torch's kernels, CUDA's included, take no groups of 16), ``rows`` rows at a time: each group lies
+    in one row, so the pieces are the very codes of the whole. ``work``: where each piece is computed
+    (Int4Linear passes the card), its result brought back to where ``weights`` lie; default: there.
     ``six``: their :func:`six_bit_form`, when the caller has it already."""
     if not is_six_bit(weights):
         return weights
     if six is not None or six_bit_form(weights, device) is not None:
         return weights
-    return quantize_weight8(weights.dequantize(), GROUP_SIZES[0])
+    n, home = weights.shape[0], weights.codes.device
+
+    def piece(r: int) -> Int4Weights:
+        part = Int4Weights(*(t[r:r + rows].to(work or home) for t in (weights.codes, weights.scale, weights.zero)),
+                           weights.group_size, weights.planes)
+        done = quantize_weight8(part.dequantize(), GROUP_SIZES[0])
+        return Int4Weights(*(getattr(done, f).to(home) for f in ("codes", "scale", "zero")), done.group_size, 2)
+
+    parts = [piece(r) for r in range(0, n, rows)]
+    if len(parts) == 1:
+        return parts[0]
+    return Int4Weights(*(torch.cat([getattr(p, f) for p in parts]) for f in ("codes", "scale", "zero")),
+                       GROUP_SIZES[0], 2)
+
+
+def nibble_pairs(codes: torch.Tensor) -> torch.Tensor:
+    """Codes ``[N, K]`` (uint8, 0..15) two to a byte ``[N, K / 2]``, the even column in the high
+    nibble: the input of torch's CUDA int4 pack (and the int4 cache's form)."""
+    return (codes[:, ::2] << 4 | codes[:, 1::2]).contiguous()
 
 
 def cuda_inner_k_tiles(k: int) -> int | None:

@@ -53,7 +53,7 @@ import engine.quant.cpu_kernel as cpu_kernel
 from engine.quant.cpu_kernel import KernelLayout
 from engine.quant.groups import (  # noqa: F401 - re-exported: the layer's callers name them here
     CUDA_INNER_K_TILES, GROUP_SIZES, Int4Weights, SixBit, check_shape, cuda_inner_k_tiles, cuda_int4_problem,
-    is_six_bit, kernel_weights, quantize_weight, quantize_weight8, six_bit_form, takes, two_planes,
+    is_six_bit, kernel_weights, nibble_pairs, quantize_weight, quantize_weight8, six_bit_form, takes, two_planes,
 )
 
 log = logging.getLogger(__name__)
@@ -79,7 +79,7 @@ class Int4Linear(nn.Module):
         six = None
         if isinstance(weights, Int4Weights):
             six = six_bit_form(weights, device)  # decoded once: kernel_weights checks it, the packing lays it out
-            weights = kernel_weights(weights, device, six)
+            weights = kernel_weights(weights, device, six, work=device if device.type == "cuda" else None)
         n, k = weights.shape
         problem = cuda_int4_problem(device)
         if problem is not None:
@@ -102,9 +102,8 @@ class Int4Linear(nn.Module):
         elif self.kernel == "specchat":
             packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, weights.planes, six)
             packed = cpu_kernel.on_huge_pages(packed)
-        elif self.is_cuda:
-            codes = weights.codes.to(device)
-            pairs = (codes[:, ::2] << 4 | codes[:, 1::2]).contiguous()
+        elif self.is_cuda:  # paired where the codes are (the host, mostly): half the bytes cross over
+            pairs = nibble_pairs(weights.codes).to(device)
             packed = torch._convert_weight_to_int4pack(pairs, cuda_inner_k_tiles(self.planes * k))
             table = _scales_and_zeros(weights).to(device)
         else:

@@ -33,7 +33,9 @@ from typing import Any
 import torch
 from torch import nn
 
-from engine.quant.int4 import Int4Linear, Int4Weights, QuantReport, check_shape, quantize_weight, takes, _linear_names
+from engine.quant.int4 import (
+    Int4Linear, Int4Weights, QuantReport, check_shape, nibble_pairs, quantize_weight, takes, _linear_names,
+)
 from engine.errors import QuantizationError
 from engine.fetch.gguf_tensors import STREAMED_TYPES
 
@@ -44,8 +46,7 @@ def pack_for_cache(weights: Int4Weights) -> Int4Weights:
     """``weights`` as the cache keeps them on the host: codes two to a byte ``[N, K / 2]``
     (:func:`engine.quant.cache._save` writes them as they are) and bf16 scales and zeros (exact:
     the kernel rounds them to bf16 anyway)."""
-    codes = weights.codes.to("cpu")
-    pairs = (codes[:, ::2] << 4 | codes[:, 1::2]).contiguous()
+    pairs = nibble_pairs(weights.codes.to("cpu"))
     return Int4Weights(pairs, weights.scale.to("cpu", torch.bfloat16), weights.zero.to("cpu", torch.bfloat16),
                        weights.group_size, weights.planes)
 

@@ -248,3 +248,36 @@ def test_generate_with_a_bad_user_profile_names_it_and_refuses_only_it(capsys, t
     assert last.startswith(f"specchat: error: profile 'broken' in {user} line 3 is disabled: target: unknown "
                            "quantization")
     assert err.count("unknown quantization") == 1 and "Traceback" not in err  # said once, as the error
+
+
+def test_profiles_state_what_fits_on_each_card_from_the_memory_plan(capsys, tmp_path, monkeypatch) -> None:
+    """Issue 35 item 7: a profile that can run on a card lists the plan for 4, 6, 8 and 12 GB
+    cards, the plan function's own lines; without a card it says why it runs on the CPU."""
+    import torch
+
+    from engine.config.models_file import load_profiles
+    from engine.model.card_plan import profile_card_plans
+
+    monkeypatch.setenv("SPECCHAT_CONFIG_DIR", str(tmp_path / "cfg"))
+    monkeypatch.delenv("SPECCHAT_DEVICE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert main(["profiles", "--json"]) == 0
+    rows = {p["name"]: p for p in json.loads(capsys.readouterr().out)["profiles"]}
+    shipped = load_profiles(None)
+    for name in ("coder", "llama3.1-8b"):
+        fits = profile_card_plans(shipped.get(name))
+        assert fits is not None and rows[name]["card_plans"] == [f.to_dict() for f in fits]
+    assert [c["card_gb"] for c in rows["coder"]["card_plans"]] == [4, 6, 8, 12]
+    assert [c["fits"] for c in rows["llama3.1-8b"]["card_plans"]] == [False, False, True, True]
+    assert rows["pocket"]["card_plans"] is None and rows["pocket"]["runs_on"] == "cpu"
+    assert rows["coder"]["runs_on"] == "cpu" and rows["coder"]["runs_on_reason"] == "no CUDA device found"
+    assert main(["profiles"]) == 0
+    out = capsys.readouterr().out
+    coder = out[out.index("  coder "):out.index("  llama-server")]
+    assert "runs here on the cpu: no CUDA device found" in coder
+    for card in rows["coder"]["card_plans"]:
+        assert card["line"] in coder
+    assert "on a card 4 GB: pair, context 4096" in coder
+    assert "4 GB: does not fit: the target needs about" in out  # llama3.1-8b's refusal, in a few words
+    pocket = out[out.index("* pocket "):out.index("  pocket-selfdraft")]
+    assert "on a card" not in pocket and "runs here" not in pocket

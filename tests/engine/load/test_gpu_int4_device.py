@@ -3,6 +3,7 @@ profile can say ``device = "cpu"`` (issue 23, item 1). Cards are faked on the CP
 compute capability and CUDA version."""
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,7 @@ def test_load_weights_refuses_int4_on_such_a_card_without_reading_weights(
 
 def test_a_cpu_profile_runs_on_the_cpu_even_where_a_card_is_present(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    fake_card(monkeypatch, (8, 6))  # an "any" int4 profile asks whether the card runs int4
     monkeypatch.delenv("SPECCHAT_DEVICE", raising=False)
     spec = ModelSpec("org/name", quantization="int4")
     assert loading.profile_device(ModelProfile(name="c", target=spec, drafter="none", device="cpu")).torch_device.type == "cpu"
@@ -94,12 +96,14 @@ def test_a_cpu_profile_runs_on_the_cpu_even_where_a_card_is_present(monkeypatch:
 
 def test_the_shipped_cpu_profiles_say_device_cpu() -> None:
     profiles, _default = read_profiles_file(shipped_models_file())
-    for name in ("pocket", "pocket-selfdraft", "coder"):
+    for name in ("pocket", "pocket-selfdraft"):
         assert profiles[name].device == "cpu", name
-    # every shipped int4 profile is pinned to the CPU: none falls to a card by default
+    # every shipped int4 profile is pinned to the CPU or may fall back to it ("any": a card below
+    # int4's needs runs it on the CPU, test below): none is refused on a card by default
     for name, p in profiles.items():
         if any(s is not None and s.quantization == "int4" for s in (p.target, p.draft)):
-            assert p.device == "cpu", name
+            assert p.device in ("cpu", "any"), name
+    assert profiles["coder"].device == "any"  # the real pair takes a card when one is there (issue 35 item 7)
 
 
 def test_int4_for_a_card_is_built_one_weight_at_a_time_not_loaded_whole(
@@ -143,3 +147,49 @@ def test_the_cuda_pack_takes_the_widest_tile_the_inputs_fill(k: int, tiles: int 
     assert cuda_inner_k_tiles(k) == tiles
     if tiles is not None:
         check_shape(64, k, 32, torch.device("cuda:0"))
+
+
+def test_an_any_profile_with_int4_goes_to_a_capable_card_and_falls_back_to_the_cpu_with_the_reason(
+    monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 35 item 7: coder (device = "any") takes a card of compute capability 8.0+ and keeps
+    the CPU as its fallback: no card, or a card whose int4 kernels do not run, says why."""
+    monkeypatch.delenv("SPECCHAT_DEVICE", raising=False)
+    coder = read_profiles_file(shipped_models_file())[0]["coder"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    device, reason = loading.profile_device_choice(coder)
+    assert device.torch_device.type == "cpu" and reason == "no CUDA device found"
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    fake_card(monkeypatch, (8, 6))
+    device, reason = loading.profile_device_choice(coder)
+    assert device.is_cuda and reason is None
+    fake_card(monkeypatch, (7, 5))
+    device, reason = loading.profile_device_choice(coder)
+    assert device.torch_device.type == "cpu" and reason is not None and "this one is 7.5" in reason
+    assert "run on the CPU instead" in reason
+    loading.check_int4_device(coder, device)  # the CPU: nothing refused
+    # an nf4 target needs the card whatever its int4 draft does: refused with the way out, not moved
+    mixed = dataclasses.replace(coder, target=dataclasses.replace(coder.target, quantization="nf4"))
+    device, reason = loading.profile_device_choice(mixed)
+    assert device.is_cuda and reason is None
+    with pytest.raises(QuantizationError, match="7.5"):
+        loading.check_int4_device(mixed, device)
+
+
+def test_a_profile_that_fell_back_to_the_cpu_says_so_in_its_engine_info(
+    tiny: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SPECCHAT_DEVICE", raising=False)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    profile = ModelProfile(name="p", target=ModelSpec(str(tiny)), drafter="none")
+    engine = loading.load_engine(profile)
+    try:
+        assert engine.info.device.endswith("; not a card: no CUDA device found")
+        assert engine.info.device.startswith("cpu (")
+    finally:
+        engine.close()
+    pinned = loading.load_engine(dataclasses.replace(profile, device="cpu"))
+    try:
+        assert "not a card" not in pinned.info.device  # it asked for the CPU: nothing given up
+    finally:
+        pinned.close()

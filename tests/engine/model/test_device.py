@@ -176,3 +176,24 @@ def test_an_out_of_memory_error_is_told_in_a_few_words() -> None:
     assert oom_summary(MemoryError()) == "MemoryError"
     assert oom_summary(RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried 9 bytes\\nmore")) == (
         "DefaultCPUAllocator: can't allocate memory: you tried 9 bytes\\nmore")
+
+
+@pytest.mark.parametrize(("wanted", "cuda_found", "int4", "problem", "override", "expected"), [
+    ("cpu", True, True, None, None, ("cpu", None)),
+    ("cpu", True, False, None, "cuda", ("cpu", None)),  # a CPU profile stays there whatever SPECCHAT_DEVICE says
+    ("any", False, True, None, None, ("cpu", "no CUDA device found")),
+    ("any", True, True, None, None, ("cuda", None)),
+    ("any", True, True, "the card is 7.5", None, ("cpu", "the card is 7.5; its int4 models run on the CPU instead")),
+    ("any", True, False, "the card is 7.5", None, ("cuda", None)),  # nf4 or bf16: the card's business, not int4's
+    ("cuda", True, True, "the card is 7.5", None, ("cuda", None)),  # refused later with the way out, never moved
+    ("cuda", False, False, None, None, ("cpu", "no CUDA device found")),  # then listed as unavailable
+    ("any", True, True, None, "cpu", ("cpu", "SPECCHAT_DEVICE=cpu")),
+    ("any", False, True, None, "cuda:1", ("cuda:1", None)),
+])
+def test_choose_device_falls_back_to_the_cpu_with_the_reason(
+    wanted: str, cuda_found: bool, int4: bool, problem: str | None, override: str | None,
+    expected: tuple[str, str | None],
+) -> None:
+    from engine.model.device import choose_device
+
+    assert choose_device(wanted, cuda_found=cuda_found, int4=int4, int4_problem=problem, override=override) == expected
