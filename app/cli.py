@@ -125,6 +125,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             stats["finish_reason"] = last.finish_reason
             stats["fallback_reason"] = engine.info.fallback_reason
             stats["compat_note"] = engine.info.compat_note
+            stats["cpu_kernel"] = engine.info.cpu_kernel
             out = {"profile": profile.name, "text": "".join(text), "token_ids": ids, "stats": stats}
             print(json.dumps(out, ensure_ascii=False))
         else:
@@ -168,9 +169,13 @@ def cmd_profiles(args: argparse.Namespace) -> int:
                                if to_fetch and all(s.download_size for s in to_fetch) else None),
         })
     user_file = user_models_file()
+    from engine.quant import cpu_kernel
+
+    kernel = {"variant": cpu_kernel.variant(), "unavailable_reason": cpu_kernel.why_not(),
+              "cpu_features": cpu_kernel.cpu_features()}
     if args.json:
         print(json.dumps({"default": profiles.default, "files": [str(f) for f in profiles.files],
-                          "user_models_file": str(user_file), "profiles": rows}, indent=2))
+                          "user_models_file": str(user_file), "cpu_kernel": kernel, "profiles": rows}, indent=2))
         return 0
     for r in rows:
         mark = "*" if r["default"] else " "
@@ -188,6 +193,11 @@ def cmd_profiles(args: argparse.Namespace) -> int:
             print(f"  {'':<18} first use downloads {size} ({len(r['to_download'])} model(s) not in the cache yet)")
         if r["unavailable_reason"]:
             print(f"  {'':<18} unavailable here: {r['unavailable_reason']}")
+    features = " ".join(kernel["cpu_features"]) or "none reported"
+    if kernel["variant"]:
+        print(f"\nint4 on the CPU: specchat's {kernel['variant']} kernel (CPU flags: {features})")
+    else:
+        print(f"\nint4 on the CPU: torch's kernel ({kernel['unavailable_reason']}; CPU flags: {features})")
     state = "" if user_file.exists() else " (not created yet)"
     print(f"\nYour own profiles go in {user_file}{state}; SPECCHAT_CONFIG_DIR moves it.")
     return 0

@@ -124,3 +124,18 @@ def test_a_built_library_says_which_variant_it_is(name: str) -> None:
     _runnable(name)
     lib = cpu_kernel.library(name)
     assert lib is not None and lib.specchat_kernel_variant().decode() == name
+
+
+def test_the_engine_names_the_kernel_that_multiplies_an_int4_target_on_the_cpu(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What the loading stage and EngineInfo.cpu_kernel say: the variant (or torch's) for an int4
+    target on the CPU, nothing where no CPU int4 kernel runs."""
+    from engine.config.profiles import ModelSpec
+    from engine.load.loader import cpu_kernel_name
+    from engine.model.device import Device
+
+    cpu = Device(torch.device("cpu"))
+    monkeypatch.setenv(cpu_kernel.ENV, "avx2")
+    assert cpu_kernel_name(ModelSpec("x.gguf", quantization="int4"), cpu) == (cpu_kernel.variant() or "torch")
+    assert cpu_kernel_name(ModelSpec("x.gguf"), cpu) is None
+    monkeypatch.setenv(cpu_kernel.ENV, "torch")
+    assert cpu_kernel_name(ModelSpec("x.gguf", quantization="int4"), cpu) == "torch"
