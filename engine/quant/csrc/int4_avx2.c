@@ -85,9 +85,16 @@ const char *specchat_kernel_variant(void) {
  * groups 4c..4c+3, lasts of the same], the order dot_rows6 sums its lanes in. Floats a token: */
 #define HALVES(G) (((G) + 3) / 4 * 8)
 #define MB 4        /* tokens sharing each unpacked row of codes in a pass of several (MB <= ROWS) */
+#if SPECCHAT_VNNI
+#define LONG_ROW 512  /* on the VNNI machine measured (AMD Zen 4, a shared host), rows from 512 bytes read from
+                       * memory 1.3-1.6x faster one at a time than four at a time (2048 x 1536 int4 streamed
+                       * from DRAM: 0.24 -> 0.17 ms; the 151936 x 1536 6-bit head 20 -> 12 ms); shorter ones
+                       * (pocket's 576 inputs) stay faster in tiles. The outputs' arithmetic is the same. */
+#else
 #define LONG_ROW 2048 /* bytes of codes a row from which rows go one at a time: four such rows
                        * (and their scales) are eight streams a thread, more than the hardware
                        * prefetchers follow (a 1536 x 8960 int4 product: 6.6 -> 3.9 ms here) */
+#endif
 
 static __thread int8_t *t_xq = NULL;
 static __thread float *t_dx = NULL;
@@ -525,15 +532,7 @@ static int run(const weights_t *wt, const float *bias, int64_t N, const float *x
     if (prepare(x, M, K, norm, eps, gated, &xq, &dx, &xs, &halves)) return -1;
     for (int64_t m0 = 0; m0 < M; m0 += MCHUNK) {
         const int64_t m1 = m0 + MCHUNK < M ? m0 + MCHUNK : M;
-#if SPECCHAT_VNNI
-        /* One row at a time for a single token too: on the VNNI machine measured (AMD Zen 4, 2 threads of
-         * a shared host) four rows' streams read a weight from memory 1.3-1.6x slower than one (a
-         * 2048 x 1536 int4 product streamed from DRAM 0.24 -> 0.17 ms, the 151936 x 1536 6-bit head 20 -> 12
-         * ms); the AVX2 variant keeps the tiles it was tuned with. Each output's arithmetic is the same. */
-        const int64_t tile = 1;
-#else
         const int64_t tile = m1 - m0 > 1 || wt->row_bytes >= LONG_ROW ? 1 : ROWS;
-#endif
         const int64_t tiles = (N + tile - 1) / tile;
 #pragma omp parallel for schedule(static) num_threads(threads)
         for (int64_t t = 0; t < tiles; t++) {
