@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.quant import cpu_kernel
+from engine.quant import cpu_isa, cpu_kernel
 from engine.quant.int4 import Int4Weights, quantize_weight, quantize_weight8, two_planes
 
 VNNI = [name for name in cpu_kernel.VARIANTS if name != "avx2"]
@@ -31,7 +31,7 @@ def _weights(kind: str, n: int, k: int, seed: int) -> Int4Weights:
 @pytest.fixture(autouse=True)
 def _flags() -> None:
     """Each test sees the machine's own flags unless it sets others."""
-    cpu_kernel._cpu_flags.cache_clear()
+    cpu_isa.cpu_flags.cache_clear()
 
 
 def _runnable(name: str) -> None:
@@ -95,7 +95,7 @@ def test_the_vnni_order_moves_only_whole_256_blocks_and_undoes_itself() -> None:
 def test_the_variant_follows_the_cpus_flags_unless_one_is_forced(
     flags: frozenset[str], env: str, chosen: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(cpu_kernel, "_cpu_flags", lambda: flags)
+    monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: flags)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     monkeypatch.setenv(cpu_kernel.ENV, env)
     assert cpu_kernel.why_not() is None
@@ -104,7 +104,7 @@ def test_the_variant_follows_the_cpus_flags_unless_one_is_forced(
 
 
 def test_a_forced_variant_the_cpu_lacks_or_an_unknown_name_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cpu_kernel, "_cpu_flags", lambda: AVX2_ONLY)
+    monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: AVX2_ONLY)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     monkeypatch.setenv(cpu_kernel.ENV, "avx512-vnni")
     assert cpu_kernel.why_not() == ("the avx512-vnni variant needs the CPU flags avx512f avx512bw avx512vl "
@@ -115,7 +115,7 @@ def test_a_forced_variant_the_cpu_lacks_or_an_unknown_name_is_refused(monkeypatc
 
 
 def test_the_cpu_features_named_are_the_ones_the_cpu_reports(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cpu_kernel, "_cpu_flags", lambda: AVX512 | {"avx512_bf16"})
+    monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: AVX512 | {"avx512_bf16"})
     assert cpu_kernel.cpu_features() == ["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"]
 
 
