@@ -389,9 +389,10 @@ def _load_local(profile: ModelProfile, memory_budget: int | None, device: Device
     fallback = plan.reason if plan.choice == "target+ngram" and profile.drafter == "model" else None
 
     kernel = cpu_kernel_name(profile.target, device)
-    progress(f"loading target {profile.target.label}{f' (int4 on the {kernel} kernel)' if kernel else ''}", 0.1)
+    stage = f"loading target {profile.target.label}{f' on the {kernel} CPU kernel' if kernel else ''}"
+    progress(stage, 0.1)
     target.resolved = prepare(target.resolved, progress)  # the converted copy: read as later starts read it
-    with ticking(progress, f"loading target {profile.target.label}", 0.1):  # minutes while an int4 cache is built
+    with ticking(progress, stage, 0.1):  # minutes while an int4 cache is built
         target_model = load_weights(target.resolved, profile.target, device, target.config)
     tokenizer = load_tokenizer(target.resolved, profile.target)
 
