@@ -69,8 +69,12 @@ Matmul = Callable[..., int]  # ctypes entry point over raw pointers (see matmul)
 
 
 def variant() -> str | None:
-    """The variant this process runs (:data:`VARIANTS`), None when the kernel cannot run (:func:`why_not`)."""
-    return None if why_not() is not None else _choose()
+    """The variant this process runs (:data:`VARIANTS`): the one :func:`library` loaded (building it on
+    first use), so that :func:`pack`'s order always matches it; None when the kernel cannot run."""
+    if why_not() is not None:
+        return None
+    lib = library()
+    return None if lib is None else str(lib.specchat_kernel_variant().decode())
 
 
 def why_not(name: str | None = None) -> str | None:
@@ -124,22 +128,33 @@ def library(name: str | None = None) -> ctypes.CDLL | None:
     use; None (logged once) when this machine cannot have it, so callers fall back to torch's ops."""
     problem = why_not(name)
     if problem is None:
-        name = name or _choose()
-        path = _library_path(name)
+        chosen = name or _choose()
         try:
-            if not path.exists():
-                _build(path, name)
-            lib = ctypes.CDLL(str(path))
-            lib.specchat_kernel_variant.restype = ctypes.c_char_p
-            built = lib.specchat_kernel_variant().decode()
-            if built != name:
-                raise OSError(f"the {name} build reports itself as {built} (does the compiler know {VARIANTS[name][0]}?)")
-            log.info("int4 on the CPU runs specchat's %s kernel (CPU flags: %s)", name, " ".join(cpu_features()))
-            return lib
+            return _load(chosen)
         except OSError as exc:
             problem = f"it could not be built or loaded ({exc})"
+        if name is None and not _requested() and chosen != "avx2":  # chosen by the flags: the reference instead
+            log.info("specchat's %s kernel %s; trying its avx2 variant", chosen, problem)
+            try:
+                return _load("avx2")
+            except OSError as exc:
+                problem = f"it could not be built or loaded ({exc})"
     log.info("int4 on the CPU runs torch's kernel: specchat's own cannot run here: %s", problem)
     return None
+
+
+def _load(name: str) -> ctypes.CDLL:
+    """Variant ``name``'s library, built first where the cache lacks it; OSError when it cannot be had."""
+    path = _library_path(name)
+    if not path.exists():
+        _build(path, name)
+    lib = ctypes.CDLL(str(path))
+    lib.specchat_kernel_variant.restype = ctypes.c_char_p
+    built = lib.specchat_kernel_variant().decode()
+    if built != name:
+        raise OSError(f"the {name} build reports itself as {built} (does the compiler know {VARIANTS[name][0]}?)")
+    log.info("int4 on the CPU runs specchat's %s kernel (CPU flags: %s)", name, " ".join(cpu_features()))
+    return lib
 
 
 def is_vnni(name: str | None = None) -> bool:

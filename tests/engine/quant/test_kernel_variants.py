@@ -99,8 +99,8 @@ def test_the_variant_follows_the_cpus_flags_unless_one_is_forced(
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     monkeypatch.setenv(cpu_kernel.ENV, env)
     assert cpu_kernel.why_not() is None
-    assert cpu_kernel.variant() == chosen
-    assert cpu_kernel.layout_tag() == ("1" if chosen == "avx2" else "1-vnni")
+    assert cpu_isa.choose() == chosen
+    assert cpu_kernel.layout_tag(chosen) == ("1" if chosen == "avx2" else "1-vnni")
 
 
 def test_a_forced_variant_the_cpu_lacks_or_an_unknown_name_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -109,7 +109,7 @@ def test_a_forced_variant_the_cpu_lacks_or_an_unknown_name_is_refused(monkeypatc
     monkeypatch.setenv(cpu_kernel.ENV, "avx512-vnni")
     assert cpu_kernel.why_not() == ("the avx512-vnni variant needs the CPU flags avx512f avx512bw avx512vl "
                                     "avx512_vnni, and this CPU lacks some")
-    assert cpu_kernel.variant() is None
+    assert cpu_kernel.variant() is None and cpu_kernel.library.__wrapped__() is None
     monkeypatch.setenv(cpu_kernel.ENV, "avx9")
     assert cpu_kernel.why_not() == f"{cpu_kernel.ENV}=avx9 is not one of torch, auto, avx512-vnni, avx-vnni, avx2"
 
@@ -117,6 +117,27 @@ def test_a_forced_variant_the_cpu_lacks_or_an_unknown_name_is_refused(monkeypatc
 def test_the_cpu_features_named_are_the_ones_the_cpu_reports(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: AVX512 | {"avx512_bf16"})
     assert cpu_kernel.cpu_features() == ["avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16"]
+
+
+def test_the_variant_named_is_the_one_loaded_and_packs_its_order() -> None:
+    """variant() reports the library the process loaded, and pack() without a variant lays codes
+    out for it: the two cannot disagree."""
+    if cpu_kernel.matmul() is None:
+        pytest.skip(f"specchat's CPU kernel cannot run here: {cpu_kernel.why_not()}")
+    name = cpu_kernel.variant()
+    assert name == cpu_kernel.library().specchat_kernel_variant().decode()
+    assert cpu_kernel.is_vnni() == (name != "avx2")
+
+
+def test_a_variant_the_compiler_cannot_build_falls_back_to_avx2(tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Chosen by the flags but unbuildable (a compiler without -mavx512vnni): the AVX2 reference runs,
+    and variant() says so (torch's kernel only where AVX2 cannot be had either)."""
+    _runnable("avx2")
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: AVX512)
+    monkeypatch.setitem(cpu_kernel.VARIANTS, "avx512-vnni", (("-mno-such-isa",), cpu_kernel.VARIANTS["avx512-vnni"][1]))
+    lib = cpu_kernel.library.__wrapped__()
+    assert lib is not None and lib.specchat_kernel_variant().decode() == "avx2"
 
 
 @pytest.mark.parametrize("name", list(cpu_kernel.VARIANTS))
