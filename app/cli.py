@@ -131,6 +131,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             stats["finish_reason"] = last.finish_reason
             stats["fallback_reason"] = engine.info.fallback_reason
             stats["compat_note"] = engine.info.compat_note
+            stats["cpu_kernel"] = engine.info.cpu_kernel
             out = {"profile": profile.name, "text": "".join(text), "token_ids": ids, "stats": stats}
             print(json_text(out))  # the exact text, its controls as JSON escapes (C1 ones too)
         else:
@@ -185,9 +186,13 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         rows.append({"name": name, "default": False, "invalid": True, "invalid_reason": profiles.invalid[name]})
     rows.sort(key=lambda r: r["name"])
     user_file = user_models_file()
+    from engine.quant import cpu_kernel
+
+    kernel = {"variant": cpu_kernel.variant(), "unavailable_reason": cpu_kernel.why_not(),
+              "cpu_features": cpu_kernel.cpu_features()}
     if args.json:
         print(json.dumps({"default": profiles.default, "files": [str(f) for f in profiles.files],
-                          "user_models_file": str(user_file), "profiles": rows,
+                          "user_models_file": str(user_file), "cpu_kernel": kernel, "profiles": rows,
                           "notices": list(profiles.notices)}, indent=2))
         return 0
     # names, descriptions and paths come from files: shown, never obeyed (_show)
@@ -217,6 +222,11 @@ def cmd_profiles(args: argparse.Namespace) -> int:
             _show(f"  {'':<18} runs here on the {r['runs_on']}: {r['runs_on_reason']}")
         for i, card in enumerate(r["card_plans"] or []):
             _show(f"  {'':<18} {'on a card' if i == 0 else '':<9} {card['line']}")
+    features = " ".join(kernel["cpu_features"]) or "none reported"
+    if kernel["variant"]:
+        print(f"\nint4 on the CPU: specchat's {kernel['variant']} kernel (CPU flags: {features})")
+    else:
+        print(f"\nint4 on the CPU: torch's kernel ({kernel['unavailable_reason']}; CPU flags: {features})")
     state = "" if user_file.exists() else " (not created yet)"
     _show(f"\nYour own profiles go in {user_file}{state}; SPECCHAT_CONFIG_DIR moves it.")
     return 0

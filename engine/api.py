@@ -21,7 +21,9 @@ class EngineInfo:
     the choice made and the byte figures behind it. ``fallback_reason`` says why
     the engine runs without its configured drafter, if it does. ``compat_note``
     counts and names the reserved special tokens on which target and draft
-    tokenizers differ (allowed: :mod:`engine.model.compat`), if any.
+    tokenizers differ (allowed: :mod:`engine.model.compat`), if any. ``cpu_kernel`` names the
+    CPU int4 kernel that multiplies the target's weights (a variant of specchat's,
+    :data:`engine.quant.cpu_kernel.VARIANTS`, or ``torch``); None off the CPU or without int4.
     """
 
     profile: str
@@ -36,6 +38,7 @@ class EngineInfo:
     draft_bytes: int | None = None
     free_bytes: int | None = None
     compat_note: str | None = None
+    cpu_kernel: str | None = None
 
 
 class ChatBackend(Protocol):

@@ -2,6 +2,7 @@
 speedup of every fixed K for a range of acceptance rates (docs/performance.md).
 
     .venv/bin/python scripts/spec_ceiling.py --profile coder [--rounds 12] [--alphas 0.7 0.8 0.87 0.95]
+    SPECCHAT_CPU_KERNEL=avx2 .venv/bin/python scripts/spec_ceiling.py --profile coder --threads 1 --cpu-time
 
 Loads the profile (target and draft), reads a 200-token prompt of random ids into both, then
 times, alternating in one loop, a draft step (one token through the draft, its own output
@@ -47,7 +48,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--alphas", type=float, nargs="+", default=[0.7, 0.8, 0.87, 0.95])
+    parser.add_argument("--cpu-time", action="store_true",
+                        help="time passes by this thread's CPU time (needs --threads 1): steadier on a shared machine")
     args = parser.parse_args()
+    if args.cpu_time and args.threads != 1:
+        raise SystemExit("--cpu-time counts this thread's CPU time: use it with --threads 1")
+    clock = time.thread_time if args.cpu_time else time.perf_counter
     torch.set_num_threads(args.threads)
     engine = load_engine(load_profiles().get(args.profile))
     draft = getattr(engine.decoder.drafter, "runner", None)  # a lookup drafter has none: d = 0
@@ -68,12 +74,16 @@ def main() -> None:
             for name, (lean, m) in passes.items():
                 cache = caches[id(lean)]
                 start = cache.get_seq_length()
-                t0 = time.perf_counter()
+                t0 = clock()
                 lean(torch.randint(100, 1000, (1, m), generator=gen), cache, start, m)
-                times[name].append(time.perf_counter() - t0)
+                times[name].append(clock() - t0)
                 for layer in cache.layers:
                     layer.crop(-m)
     ms = {name: statistics.median(v) * 1e3 for name, v in times.items()}
+    from engine.quant import cpu_kernel
+
+    print(f"CPU kernel {cpu_kernel.variant() or 'torch'} (CPU flags: {' '.join(cpu_kernel.cpu_features())})"
+          + ("; CPU time of this thread" if args.cpu_time else ""))
     print(f"{args.profile}, {args.threads} threads, medians of {args.rounds} alternating rounds (ms): "
           + ", ".join(f"{name} {v:.1f}" for name, v in ms.items()))
     t, d = ms["V(1)"], ms.get("d", 0.0)

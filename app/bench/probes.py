@@ -127,6 +127,11 @@ def machine_info(device: Device) -> dict[str, Any]:
         "torch_interop_threads": torch.get_num_interop_threads(),
         "memory_total_bytes": int(psutil.virtual_memory().total),
     }
+    if not device.is_cuda:  # which CPU kernel ran, and what the CPU offers: figures of two machines compared knowingly
+        from engine.quant import cpu_kernel
+
+        info["cpu_kernel"] = cpu_kernel.variant() or "torch"
+        info["cpu_features"] = cpu_kernel.cpu_features()
     if device.is_cuda:
         info["cuda"] = torch.version.cuda
         info["gpu"] = torch.cuda.get_device_name(device.torch_device)

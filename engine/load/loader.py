@@ -99,6 +99,16 @@ def profile_device_choice(profile: ModelProfile) -> tuple[Device, str | None]:
     return Device(torch.device(name)), reason
 
 
+def cpu_kernel_name(spec: ModelSpec, device: Device) -> str | None:
+    """Which CPU int4 kernel multiplies ``spec``'s weights on ``device``: a variant of specchat's
+    (``avx2``, ``avx512-vnni``, ``avx-vnni``) or ``torch``; None off the CPU or without int4."""
+    from engine.quant import cpu_kernel
+
+    if device.is_cuda or spec.quantization != "int4":
+        return None
+    return cpu_kernel.variant() or "torch"
+
+
 def check_int4_device(profile: ModelProfile, device: Device) -> None:
     """Raise :class:`QuantizationError` when an int4 model of ``profile`` would go to a card
     whose torch int4 kernels do not run (below compute capability 8.0, or a torch built for
@@ -422,10 +432,12 @@ def _load_local(profile: ModelProfile, memory_budget: int | None, device: Device
     log.info("memory plan: %s", plan.summary())
     fallback = plan.reason if plan.choice == "target+ngram" and profile.drafter == "model" else None
 
-    progress(f"loading target {profile.target.label}", 0.1)
+    kernel = cpu_kernel_name(profile.target, device)
+    stage = f"loading target {profile.target.label}{f' on the {kernel} CPU kernel' if kernel else ''}"
+    progress(stage, 0.1)
     target.resolved = prepare(target.resolved, progress)  # the converted copy: read as later starts read it
     layers = Steps("layers")  # minutes while an int4 cache is built: say how many layers are done
-    with ticking(progress, f"loading target {profile.target.label}", 0.1, end=0.55, steps=layers):
+    with ticking(progress, stage, 0.1, end=0.55, steps=layers):
         target_model = load_weights(target.resolved, profile.target, device, target.config, layers)
     tokenizer = load_tokenizer(target.resolved, profile.target)
 
@@ -473,6 +485,7 @@ def _load_local(profile: ModelProfile, memory_budget: int | None, device: Device
         draft_bytes=_footprint(draft_model) if draft_model is not None else None,
         free_bytes=free,
         compat_note=compat_note,
+        cpu_kernel=kernel,
     )
     progress("ready", 1.0)
     return ChatEngine(tokenizer=tokenizer, target_model=target_model, drafter=drafter, device=device, info=info)

@@ -35,9 +35,9 @@ from engine.quant.int4 import Int4Weights, QuantReport, nibble_pairs, quantize_m
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 3  # 2: two-plane (8-bit) groups; 3: Q6_K carried as 6-bit groups of 16
-_CACHE_NAME = re.compile(r"^(?P<model>.+)-(?P<key>[0-9a-f]{16})-(?P<tags>g\d+(?:-nohead)?(?:-planes)?)(?:-k(?P<layout>\d+))?\.safetensors$")
+_CACHE_NAME = re.compile(r"^(?P<model>.+)-(?P<key>[0-9a-f]{16})-(?P<tags>g\d+(?:-nohead)?(?:-planes)?)(?:-k(?P<layout>\d+(?:-vnni)?))?\.safetensors$")
 """What :func:`_cache_file` names a cache: the model's directory name, the key (source, version,
-weight files), the settings, the kernel layout's version."""
+weight files), the settings, the kernel layout's version (``-vnni``: the VNNI variants' order)."""
 
 
 def local_snapshot(location: str) -> Path | None:
@@ -74,7 +74,7 @@ def _cache_file(location: str, group_size: int, quantize_head: bool, wide_planes
         ident.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
     key = hashlib.sha256("|".join(ident).encode()).hexdigest()[:16]
     tags = (f"g{group_size}{'' if quantize_head else '-nohead'}{'-planes' if wide_planes else ''}"
-            f"{f'-k{cpu_kernel.LAYOUT_VERSION}' if layout else ''}")
+            f"{f'-k{cpu_kernel.layout_tag()}' if layout else ''}")
     return cache_dir(create=True) / "int4" / f"{root.name[:60]}-{key}-{tags}.safetensors"
 
 
@@ -103,7 +103,7 @@ def _save(path: Path, groups: dict[str, Int4Weights | KernelLayout], carried: li
     meta = {"carried": json.dumps(carried), "group_size": str(group_size),
             "planes": json.dumps({name: w.planes for name, w in groups.items() if w.planes != 1}),
             "groups": json.dumps({name: w.group_size for name, w in groups.items() if w.group_size != group_size}),
-            "layouts": json.dumps({name: [*l.shape, cpu_kernel.LAYOUT_VERSION] for name, l in layouts.items()})}
+            "layouts": json.dumps({name: [*l.shape, cpu_kernel.layout_tag()] for name, l in layouts.items()})}
     if source is not None:
         meta["source"] = source
     try:
@@ -131,7 +131,8 @@ def _drop_superseded(path: Path, source: str) -> list[Path]:
     name and settings under another key (an older version, weights since changed) or another
     version of the kernel's layout, written from the same source or before sources were recorded.
     Caches of other settings, of other directories, and the same key's cache for the other kernel
-    (a card's codes beside the CPU's layout) stay. Returns the removed."""
+    (a card's codes beside the CPU's layout) or for the other variant's order of the same layout stay.
+    Returns the removed."""
     from safetensors import safe_open
 
     mine = _CACHE_NAME.match(path.name)
@@ -144,6 +145,9 @@ def _drop_superseded(path: Path, source: str) -> list[Path]:
             continue
         if theirs["key"] == mine["key"] and None in (theirs["layout"], mine["layout"]):
             continue
+        if (theirs["key"] == mine["key"] and theirs["layout"] != mine["layout"]
+                and theirs["layout"].split("-")[0] == mine["layout"].split("-")[0]):
+            continue  # the other kernel variant's order of the same layout (SPECCHAT_CPU_KERNEL switches back)
         try:
             with safe_open(str(other), framework="pt") as f:
                 recorded = (f.metadata() or {}).get("source")
@@ -179,7 +183,7 @@ def _load(path: Path) -> tuple[dict[str, Int4Weights | KernelLayout], list[str]]
                 size, count = int(sizes.get(name, group_size)), int(planes.get(name, 1))
                 if name in layouts:
                     n, k, version = layouts[name]
-                    if version != cpu_kernel.LAYOUT_VERSION:
+                    if str(version) != cpu_kernel.layout_tag():
                         return None
                     table = (f.get_tensor(f"{name}.table") if f"{name}.table" in f.keys()
                              else torch.empty(n, 0, dtype=torch.uint8))  # on the file's mapping: Int4Linear copies

@@ -23,6 +23,15 @@ the first time an int4 model loads on a CPU with AVX2 and FMA. Without a C compi
 another CPU, or with ``SPECCHAT_CPU_KERNEL=torch`` in the environment, torch's kernel is used
 instead, with a note in the log; the output is then that kernel's (see docs/performance.md).
 The library links the OpenMP runtime torch has already loaded, so both share one thread pool.
+
+The same C is built in one of three variants (:data:`VARIANTS`), chosen by the CPU's flags in
+``/proc/cpuinfo``: ``avx512-vnni`` (AVX-512 F/BW/VL and VNNI: the integer dots are ``vpdpbusd``),
+``avx-vnni`` (the same instructions VEX-encoded, on AVX2 chips that have them) and ``avx2`` (the
+fallback and the reference). The VNNI variants store the codes of each whole 128 weights of a
+row's 256-weight blocks in :func:`vnni_order` (the int4 cache keeps one file per order); their
+int32 sums and the float work after them are the AVX2 variant's, so every output has the same
+bits on every variant. ``SPECCHAT_CPU_KERNEL=avx2`` (or ``avx512-vnni``, ``avx-vnni``) forces one
+(a forced variant the CPU lacks is refused, and torch's kernel runs).
 """
 from __future__ import annotations
 
@@ -41,29 +50,47 @@ from pathlib import Path
 import torch
 
 from engine.paths import cache_dir
+# the variants' choice lives in cpu_isa; ENV, VARIANTS, FEATURES, cpu_features and vnni_order are offered here too
+from engine.quant.cpu_isa import ENV, FEATURES, VARIANTS, choose as _choose, cpu_features, has as _has  # noqa: F401
+from engine.quant.cpu_isa import requested as _requested, vnni_order
 
 log = logging.getLogger(__name__)
 
 SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("int4_avx2.c", "attention_avx2.c"))
 HEADERS = (Path(__file__).with_name("csrc") / "simd_math.h",)
-FLAGS = ("-O3", "-mavx2", "-mfma", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
+FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 """-ffp-contract=off: every expression rounds as written (the attention step's rope is then
-torch's bit for bit); the kernels ask for their fused multiply-adds by name."""
+torch's bit for bit); the kernels ask for their fused multiply-adds by name. Each variant adds
+its instruction sets (:data:`VARIANTS`)."""
 GROUP = 32  # the kernel's group size
 K_MULTIPLE = 64  # inputs per row must fill whole pairs of groups (32 bytes of codes)
-ENV = "SPECCHAT_CPU_KERNEL"  # "torch" turns this kernel off
 
 Matmul = Callable[..., int]  # ctypes entry point over raw pointers (see matmul)
 
 
-def why_not() -> str | None:
-    """Why this kernel cannot be used on this machine (None when it can)."""
-    if os.environ.get(ENV, "").strip().lower() == "torch":
+def variant() -> str | None:
+    """The variant this process runs (:data:`VARIANTS`): the one :func:`library` loaded (building it on
+    first use), so that :func:`pack`'s order always matches it; None when the kernel cannot run."""
+    if why_not() is not None:
+        return None
+    lib = library()
+    return None if lib is None else str(lib.specchat_kernel_variant().decode())
+
+
+def why_not(name: str | None = None) -> str | None:
+    """Why this kernel (``name``: that variant of it) cannot be used on this machine (None when it can)."""
+    asked = _requested()
+    if asked == "torch":
         return f"{ENV}=torch is set"
+    if asked and asked not in VARIANTS:
+        return f"{ENV}={asked} is not one of torch, auto, {', '.join(VARIANTS)}"
     capability = torch.backends.cpu.get_cpu_capability()
     if not capability.startswith(("AVX2", "AVX512")):  # AVX512 variants include AVX2 and FMA
         return f"the CPU offers {capability}, and the kernel needs AVX2 and FMA"
-    if _compiler() is None and not _library_path().exists():
+    name = name or _choose()
+    if not _has(name):
+        return f"the {name} variant needs the CPU flags {' '.join(VARIANTS[name][1])}, and this CPU lacks some"
+    if _compiler() is None and not _library_path(name).exists():
         return "no C compiler was found (set CC, or install gcc)"
     return None
 
@@ -72,21 +99,22 @@ def _compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc") or shutil.which("clang")
 
 
-def _library_path() -> Path:
-    key = hashlib.sha256(b"".join(s.read_bytes() for s in (*SOURCES, *HEADERS)) + " ".join(FLAGS).encode()).hexdigest()[:16]
-    return cache_dir() / "kernels" / f"specchat_avx2-{key}.so"
+def _library_path(name: str = "avx2") -> Path:
+    flags = (*FLAGS, *VARIANTS[name][0])
+    key = hashlib.sha256(b"".join(s.read_bytes() for s in (*SOURCES, *HEADERS)) + " ".join(flags).encode()).hexdigest()[:16]
+    return cache_dir() / "kernels" / f"specchat_{name}-{key}.so"
 
 
-def _build(path: Path) -> None:
-    """Compile the kernel to ``path`` (written under a temporary name, renamed into place)."""
+def _build(path: Path, name: str = "avx2") -> None:
+    """Compile the kernel's variant ``name`` to ``path`` (written under a temporary name, renamed into place)."""
     compiler = _compiler()
     if compiler is None:
         raise OSError("no C compiler")
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}")
     try:
-        subprocess.run([compiler, *FLAGS, *map(str, SOURCES), "-o", str(tmp), "-lm"], check=True, capture_output=True,
-                       text=True, timeout=120)
+        subprocess.run([compiler, *FLAGS, *VARIANTS[name][0], *map(str, SOURCES), "-o", str(tmp), "-lm"], check=True,
+                       capture_output=True, text=True, timeout=120)
         os.replace(tmp, path)
     except subprocess.CalledProcessError as exc:
         raise OSError(f"{compiler} failed: {exc.stderr.strip()[-500:]}") from exc
@@ -95,29 +123,53 @@ def _build(path: Path) -> None:
 
 
 @functools.cache
-def library() -> ctypes.CDLL | None:
-    """The kernels' library, built and loaded on first use; None (logged once) when this machine
-    cannot have it, so callers fall back to torch's ops."""
-    problem = why_not()
+def library(name: str | None = None) -> ctypes.CDLL | None:
+    """The kernels' library (``name``: that variant, else :func:`variant`'s), built and loaded on first
+    use; None (logged once) when this machine cannot have it, so callers fall back to torch's ops."""
+    problem = why_not(name)
     if problem is None:
-        path = _library_path()
+        chosen = name or _choose()
         try:
-            if not path.exists():
-                _build(path)
-            return ctypes.CDLL(str(path))
+            return _load(chosen)
         except OSError as exc:
             problem = f"it could not be built or loaded ({exc})"
+        if name is None and not _requested() and chosen != "avx2":  # chosen by the flags: the reference instead
+            log.info("specchat's %s kernel %s; trying its avx2 variant", chosen, problem)
+            try:
+                return _load("avx2")
+            except OSError as exc:
+                problem = f"it could not be built or loaded ({exc})"
     log.info("int4 on the CPU runs torch's kernel: specchat's own cannot run here: %s", problem)
     return None
+
+
+def _load(name: str) -> ctypes.CDLL:
+    """Variant ``name``'s library, built first where the cache lacks it; OSError when it cannot be had."""
+    path = _library_path(name)
+    if not path.exists():
+        _build(path, name)
+    lib = ctypes.CDLL(str(path))
+    lib.specchat_kernel_variant.restype = ctypes.c_char_p
+    built = lib.specchat_kernel_variant().decode()
+    if built != name:
+        raise OSError(f"the {name} build reports itself as {built} (does the compiler know {VARIANTS[name][0]}?)")
+    log.info("int4 on the CPU runs specchat's %s kernel (CPU flags: %s)", name, " ".join(cpu_features()))
+    return lib
+
+
+def is_vnni(name: str | None = None) -> bool:
+    """Whether variant ``name`` (else this process's) stores codes in :func:`vnni_order`."""
+    name = name or variant()
+    return name is not None and name != "avx2"
 
 
 P, I64, INT, FLOAT = ctypes.c_void_p, ctypes.c_int64, ctypes.c_int, ctypes.c_float
 
 
-def _entry(name: str, *argtypes: type) -> Matmul | None:
-    """The library's function ``name`` taking ``argtypes`` and answering an int (None where
-    :func:`library` is)."""
-    lib = library()
+def _entry(name: str, variant: str | None, *argtypes: type) -> Matmul | None:
+    """The library's (``variant``'s, else this process's) function ``name`` taking ``argtypes`` and
+    answering an int (None where :func:`library` is)."""
+    lib = library(variant)
     if lib is None:
         return None
     fn = getattr(lib, name)
@@ -127,7 +179,7 @@ def _entry(name: str, *argtypes: type) -> Matmul | None:
 
 
 @functools.cache
-def matmul() -> Matmul | None:
+def matmul(variant: str | None = None) -> Matmul | None:
     """The int4 matmul's entry point (None where :func:`library` is).
 
     Signature: ``(codes, scales, bias | None, N, K, planes, x, M, y, ldy, threads, norm | None, eps,
@@ -137,31 +189,31 @@ def matmul() -> Matmul | None:
     into y instead of writing it), ``gated`` (x is ``[M, 2K]``, gate and up: the product reads
     ``silu(gate)·up``).
     """
-    return _entry("specchat_int4_mm", P, P, P, I64, I64, I64, P, I64, P, I64, INT, P, FLOAT, INT, INT)
+    return _entry("specchat_int4_mm", variant, P, P, P, I64, I64, I64, P, I64, P, I64, INT, P, FLOAT, INT, INT)
 
 
 @functools.cache
-def matmul8() -> Matmul | None:
+def matmul8(variant: str | None = None) -> Matmul | None:
     """The 8-bit matmul's entry point (two planes joined, :func:`pack8`; None where :func:`library` is).
 
     Signature: ``(codes, table, bias | None, N, K, x, M, y, ldy, threads, norm | None, eps, accumulate,
     gated) -> 0``: ``codes`` int8 ``[N, K]``, ``table`` fp32 ``[N, 2, K/32]``, the rest as :func:`matmul`.
     """
-    return _entry("specchat_int8_mm", P, P, P, I64, I64, P, I64, P, I64, INT, P, FLOAT, INT, INT)
+    return _entry("specchat_int8_mm", variant, P, P, P, I64, I64, P, I64, P, I64, INT, P, FLOAT, INT, INT)
 
 
 @functools.cache
-def matmul6() -> Matmul | None:
+def matmul6(variant: str | None = None) -> Matmul | None:
     """The 6-bit matmul's entry point (a GGUF's Q6_K, :func:`pack6`; None where :func:`library` is).
 
     Signature: ``(rows, stride, bias | None, N, K, x, M, y, ldy, threads, norm | None, eps, accumulate,
     gated) -> 0``: ``rows`` uint8 ``[N, stride]`` (codes and scales of each row), the rest as :func:`matmul`.
     """
-    return _entry("specchat_int6_mm", P, I64, P, I64, I64, P, I64, P, I64, INT, P, FLOAT, INT, INT)
+    return _entry("specchat_int6_mm", variant, P, I64, P, I64, I64, P, I64, P, I64, INT, P, FLOAT, INT, INT)
 
 
 @functools.cache
-def attention() -> Matmul | None:
+def attention(variant: str | None = None) -> Matmul | None:
     """The attention step's entry point (``csrc/attention_avx2.c``; None where :func:`library` is).
 
     Signature: ``(qkv, T, start, cos, sin, kbuf, vbuf, cap, H, KV, d, scale, out, threads,
@@ -169,7 +221,7 @@ def attention() -> Matmul | None:
     ``cos``/``sin`` fp32 ``[T, d]``, ``kbuf``/``vbuf`` fp32 ``[KV, cap, d]`` (positions
     ``start .. start + T - 1`` are written), ``out`` fp32 ``[T, H·d]``; see :func:`engine.model.cpu_attention.attention_step`.
     """
-    return _entry("specchat_attention", P, I64, I64, P, P, P, P, I64, I64, I64, I64, FLOAT, P, INT, INT)
+    return _entry("specchat_attention", variant, P, I64, I64, P, P, P, P, I64, I64, I64, I64, FLOAT, P, INT, INT)
 
 
 HUGE_PAGE = 2 << 20
@@ -207,6 +259,13 @@ def on_huge_pages(t: torch.Tensor, copy: bool = False) -> torch.Tensor:
 LAYOUT_VERSION = 1  # of pack's output; the int4 cache keeps weights in it (a change rebuilds those caches)
 
 
+def layout_tag(name: str | None = None) -> str:
+    """The layout :func:`pack` makes for variant ``name`` (else this process's), as the int4 cache records
+    it: :data:`LAYOUT_VERSION`, and ``-vnni`` for the VNNI variants' order (a cache of one order is not
+    read by a process of the other)."""
+    return f"{LAYOUT_VERSION}{'-vnni' if is_vnni(name) else ''}"
+
+
 @dataclass(frozen=True)
 class KernelLayout:
     """A weight as this kernel reads it, :func:`pack`'s output: the int4 cache keeps it so a warm start
@@ -236,7 +295,7 @@ def fits(k: int, group_size: int) -> bool:
 
 
 def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, planes: int,
-         six: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+         six: tuple[torch.Tensor, torch.Tensor] | None = None, variant: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's layout of int4 groups (those of :class:`engine.quant.int4.Int4Weights`).
 
     Args:
@@ -249,19 +308,24 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, planes: i
         kernel rounds them). Two planes (8-bit weights, :func:`engine.quant.int4.two_planes`)
         are joined back into one byte a weight (:func:`pack8`), or, in groups of 16, laid out as 6-bit
         codes (:func:`pack6`; ``six``: their :func:`six_bit_codes`, when the caller has them).
+        ``variant``: the kernel variant they are for (else this process's): the VNNI ones take the
+        codes in :func:`vnni_order`.
     """
     if planes == 2:
         if scale.shape[1] * SIX_BIT_GROUP == codes.shape[1]:
-            return pack6(codes, scale, zero, six)
-        return pack8(codes, scale, zero)
+            return pack6(codes, scale, zero, six, variant=variant)
+        return pack8(codes, scale, zero, variant=variant)
     n, width = codes.shape
+    if is_vnni(variant):
+        codes = vnni_order(codes)
     pairs = codes.to(torch.uint8).reshape(n, width // 64, 2, 32)
     packed = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(n, width // 2).contiguous()
     table = torch.stack([scale.reshape(n, planes, -1), zero.reshape(n, planes, -1)], dim=2)
     return packed, table.to(torch.bfloat16).contiguous()
 
 
-def pack8(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+def pack8(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
+          variant: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Two int4 planes (low ``l``, high ``h``, the high plane's scale 16 times the low one's) as
     8-bit weights, the layout of ``specchat_int8_mm``: int8 codes ``v = 16 h + l − 128``
     ``[N, K]`` and fp32 ``[N, 2, K/32]``: the scale ``s`` (the low plane's, rounded to bf16 as
@@ -277,6 +341,8 @@ def pack8(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> tuple
     z_lo, z_hi = (t.to(torch.bfloat16).float() for t in zero.reshape(n, 2, -1).unbind(1))
     u = codes[:, :k].to(torch.uint8) | (codes[:, k:].to(torch.uint8) << 4)  # 16 h + l, in place of wider ints
     u ^= 0x80  # u - 128, as the int8 the bits then read as (no [N, K] int16 copy of a 150k-row head)
+    if is_vnni(variant):
+        u = vnni_order(u)
     table = torch.stack([s_lo, z_lo + z_hi - 8.0 * s_lo], dim=1)
     return u.view(torch.int8).contiguous(), table.contiguous()
 
@@ -305,7 +371,7 @@ PACK_ROWS = 8192
 
 
 def pack6(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
-          found: tuple[torch.Tensor, torch.Tensor] | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+          found: tuple[torch.Tensor, torch.Tensor] | None = None, variant: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Two int4 planes in groups of 16 of 6-bit form (:func:`six_bit_codes`) as ``specchat_int6_mm``
     reads them: uint8 ``[N, stride]``, each row its codes (``K·3/4`` bytes: per 128 weights 64 bytes
     of nibbles, weight ``j`` low and ``j + 32`` high, then ``64 + j`` and ``96 + j``, and 32 bytes
@@ -316,7 +382,7 @@ def pack6(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
     """
     if codes.shape[0] > PACK_ROWS:  # rows are independent: a tall head in pieces (GBs of temporaries at once)
         pieces = [pack6(codes[r:r + PACK_ROWS], scale[r:r + PACK_ROWS], zero[r:r + PACK_ROWS],
-                        None if found is None else (found[0][r:r + PACK_ROWS], found[1][r:r + PACK_ROWS]))
+                        None if found is None else (found[0][r:r + PACK_ROWS], found[1][r:r + PACK_ROWS]), variant)
                   for r in range(0, codes.shape[0], PACK_ROWS)]
         return torch.cat([p for p, _ in pieces]), torch.empty(codes.shape[0], 0, dtype=torch.uint8)
     found = found if found is not None else six_bit_codes(codes, scale, zero)
@@ -326,6 +392,8 @@ def pack6(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
     n, k = q.shape
     if k % SIX_BIT_K_MULTIPLE:
         raise ValueError(f"6-bit weights need a multiple of {SIX_BIT_K_MULTIPLE} inputs, not {k}")
+    if is_vnni(variant):
+        q = vnni_order(q)
     chunks = q.reshape(n, k // 128, 4, 32)
     nibbles = torch.stack([chunks[:, :, 0] & 15 | (chunks[:, :, 1] & 15) << 4,
                            chunks[:, :, 2] & 15 | (chunks[:, :, 3] & 15) << 4], dim=2).reshape(n, k // 128, 64)
@@ -339,9 +407,14 @@ def pack6(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
     return out, torch.empty(n, 0, dtype=torch.uint8)
 
 
-def unpack_codes(packed: torch.Tensor, k: int | None = None) -> torch.Tensor:
+def unpack_codes(packed: torch.Tensor, k: int | None = None, variant: str | None = None) -> torch.Tensor:
     """The codes uint8 ``[N, planes·K]`` back from :func:`pack`'s ``packed`` (``k``, the inputs,
-    for 6-bit rows, whose codes come back as the planes of ``q + 96``)."""
+    for 6-bit rows, whose codes come back as the planes of ``q + 96``; ``variant``: the one it was
+    packed for, else this process's)."""
+    if is_vnni(variant):  # the VNNI order is its own inverse, plane by plane
+        plain = unpack_codes(packed, k, "avx2")
+        return torch.cat([vnni_order(p) for p in plain.split(plain.shape[1] // (1 if packed.dtype == torch.uint8
+                                                                                   and (k is None or packed.shape[1] == k // 2) else 2), dim=1)], dim=1)
     if packed.dtype == torch.uint8 and k is not None and packed.shape[1] != k // 2:  # 6-bit rows
         n = packed.shape[0]
         body = packed[:, : k // 4 * 3].reshape(n, k // 128, 96)
@@ -359,7 +432,8 @@ def unpack_codes(packed: torch.Tensor, k: int | None = None) -> torch.Tensor:
 
 
 def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, k: int, planes: int,
-           norm: tuple[torch.Tensor, float] | None = None, gated: bool = False) -> Callable[..., torch.Tensor]:
+           norm: tuple[torch.Tensor, float] | None = None, gated: bool = False,
+           variant: str | None = None) -> Callable[..., torch.Tensor]:
     """``f(x [..., K], residual=None) -> [..., N]`` through the kernel (fp32, or ``x``'s dtype).
 
     ``packed``/``scales`` as :func:`pack` makes them (rows may be several layers joined along
@@ -371,12 +445,14 @@ def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
     written there. ``gated``: x is
     ``[..., 2K]``, a SwiGLU MLP's gate and up projections side by side, and the product reads
     ``silu(gate)·up`` (computed as each row is quantized: three ops fewer). The kernel must
-    be available (:func:`matmul`).
+    be available (:func:`matmul`). ``variant``: the kernel variant ``packed`` was laid out for
+    (:func:`pack`'s), else this process's.
     """
     if gated and norm is not None:
         raise ValueError("a gated input takes no folded norm")
     six = planes == 2 and packed.dtype == torch.uint8
-    fn = matmul() if planes == 1 else matmul6() if six else matmul8()
+    entry = matmul if planes == 1 else matmul6 if six else matmul8
+    fn = entry() if variant is None else entry(variant)
     if fn is None:
         raise RuntimeError("specchat's CPU int4 kernel is not available here")
     if planes not in (1, 2):

@@ -178,6 +178,22 @@ def test_version_and_every_option_has_help_and_default(capsys) -> None:
     assert "(default: 256)" in gen_help and "(default: spec)" in gen_help
 
 
+def test_profiles_name_the_cpu_kernel_variant_and_the_cpus_flags(capsys, monkeypatch) -> None:
+    from engine.quant import cpu_kernel
+
+    monkeypatch.setenv(cpu_kernel.ENV, "torch")
+    assert main(["profiles", "--json"]) == 0
+    kernel = json.loads(capsys.readouterr().out)["cpu_kernel"]
+    assert kernel == {"variant": None, "unavailable_reason": f"{cpu_kernel.ENV}=torch is set",
+                      "cpu_features": cpu_kernel.cpu_features()}
+    assert main(["profiles"]) == 0
+    assert f"int4 on the CPU: torch's kernel ({cpu_kernel.ENV}=torch is set; CPU flags:" in capsys.readouterr().out
+    monkeypatch.setenv(cpu_kernel.ENV, "avx2")
+    if cpu_kernel.variant() == "avx2":
+        assert main(["profiles"]) == 0
+        assert "int4 on the CPU: specchat's avx2 kernel (CPU flags: avx2" in capsys.readouterr().out
+
+
 def test_profiles_names_the_user_config_file(capsys, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("SPECCHAT_CONFIG_DIR", str(tmp_path / "cfg"))
     assert main(["profiles"]) == 0

@@ -28,15 +28,73 @@
 
 #include "simd_math.h"
 
+/* The VNNI variants (built with -mavx512vnni -mavx512vl, or -mavxvnni; engine/quant/cpu_kernel.py picks one
+ * by the CPU's flags) take each integer dot of four groups with four vpdpbusd (u8 x s8 -> int32, four products
+ * a lane, no saturation) instead of vpmaddubsw and a tree of horizontal adds. For that, every whole 128 weights
+ * of the 8-group blocks are stored (and the activations quantized) in "VNNI order" (cpu_kernel.vnni_order):
+ * the AVX2 unpacking then yields four vectors w[p] whose 32-bit lane k holds part p (4 weights) of sub-block
+ * k (16 weights; lanes 0..3 the four groups' first 16, 4..7 their last 16), so summing the four dots lane by
+ * lane gives exactly the int32 sums the AVX2 tree gives, in the same lanes. The float work after them is the
+ * AVX2 code's, instruction for instruction: both variants give every output the same bits. */
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+#define SPECCHAT_VNNI 1
+#define DPBUSD(acc, u, s) _mm256_dpbusd_epi32((acc), (u), (s))
+#elif defined(__AVXVNNI__)
+#define SPECCHAT_VNNI 1
+#define DPBUSD(acc, u, s) _mm256_dpbusd_avx_epi32((acc), (u), (s))
+#else
+#define SPECCHAT_VNNI 0
+#endif
+
+#if SPECCHAT_VNNI
+/* sum_p dot(u[p], s[p]) per 32-bit lane: two chains of two, so the dots do not wait on one another. */
+static inline __m256i dot4(const __m256i *u, const __m256i *s, __m256i start) {
+    return _mm256_add_epi32(DPBUSD(DPBUSD(start, u[0], s[0]), u[1], s[1]),
+                            DPBUSD(DPBUSD(_mm256_setzero_si256(), u[2], s[2]), u[3], s[3]));
+}
+
+/* One row's int8 activations (K of them) in VNNI order: in each whole 128 of its 8-group blocks, the 4-byte
+ * unit (group, half, part) moves to (part, half, group). The move is its own inverse. */
+static void vnni_order(int8_t *xq, int64_t K) {
+    const int64_t blocks = K / 256 * 256;
+    for (int64_t c = 0; c < blocks; c += 128) {
+        uint32_t in[32], out[32];
+        memcpy(in, xq + c, sizeof in);
+        for (int g = 0; g < 4; g++)
+            for (int h = 0; h < 2; h++)
+                for (int p = 0; p < 4; p++) out[p * 8 + h * 4 + g] = in[g * 8 + h * 4 + p];
+        memcpy(xq + c, out, sizeof out);
+    }
+}
+#endif
+
+/* Which variant this build is (cpu_kernel.py checks it against the one it asked for). */
+const char *specchat_kernel_variant(void) {
+#if defined(__AVX512VNNI__) && defined(__AVX512VL__)
+    return "avx512-vnni";
+#elif defined(__AVXVNNI__)
+    return "avx-vnni";
+#else
+    return "avx2";
+#endif
+}
+
 #define ROWS 4      /* output rows sharing each activation load */
 #define MCHUNK 32   /* tokens per block, so a long prompt's activations stay in cache */
 /* Per token, -32 times the sums of each group's first and last 16 codes, four groups at a time: [firsts of
  * groups 4c..4c+3, lasts of the same], the order dot_rows6 sums its lanes in. Floats a token: */
 #define HALVES(G) (((G) + 3) / 4 * 8)
 #define MB 4        /* tokens sharing each unpacked row of codes in a pass of several (MB <= ROWS) */
+#if SPECCHAT_VNNI
+#define LONG_ROW 512  /* on the VNNI machine measured (AMD Zen 4, a shared host), rows from 512 bytes read from
+                       * memory 1.3-1.6x faster one at a time than four at a time (2048 x 1536 int4 streamed
+                       * from DRAM: 0.24 -> 0.17 ms; the 151936 x 1536 6-bit head 20 -> 12 ms); shorter ones
+                       * (pocket's 576 inputs) stay faster in tiles. The outputs' arithmetic is the same. */
+#else
 #define LONG_ROW 2048 /* bytes of codes a row from which rows go one at a time: four such rows
                        * (and their scales) are eight streams a thread, more than the hardware
                        * prefetchers follow (a 1536 x 8960 int4 product: 6.6 -> 3.9 ms here) */
+#endif
 
 static __thread int8_t *t_xq = NULL;
 static __thread float *t_dx = NULL;
@@ -135,12 +193,16 @@ static inline __attribute__((always_inline)) void dot_rows(int rows, int mb, int
                 const __m256i w[4] = {_mm256_and_si256(b0, m4), _mm256_and_si256(_mm256_srli_epi16(b0, 4), m4),
                                       _mm256_and_si256(b1, m4), _mm256_and_si256(_mm256_srli_epi16(b1, 4), m4)};
                 for (int i = 0; i < mb; i++) {
+#if SPECCHAT_VNNI
+                    const __m256i sum = dot4(w, x[i], _mm256_setzero_si256()); /* codes 0..15 are the u8 side */
+#else
                     __m256i p[4];
                     for (int c = 0; c < 4; c++) p[c] = _mm256_maddubs_epi16(w[c], x[i][c]);
                     /* int16 sums of up to 8 products (|sum| <= 8 * 15 * 127 < 32768: exact), then int32: lanes
                      * 0..3 the four groups' first 16 products summed, 4..7 their last 16 */
                     const __m256i sum = _mm256_madd_epi16(
                         _mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3])), ones);
+#endif
                     acc[r * mb + i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum),
                                                       _mm256_broadcast_ps((const __m128 *)&sc[r * mb + i][j]), acc[r * mb + i]);
                 }
@@ -239,6 +301,9 @@ static int prepare(const float *x, int64_t M, int64_t K, const float *norm, floa
             }
             dx[m * G + g] = quantize_group(v, xq + m * K + g * 32, xs + m * G + g, halves + m * H + g / 4 * 8 + g % 4);
         }
+#if SPECCHAT_VNNI
+        vnni_order(xq + m * K, K);
+#endif
     }
 
     *xq_out = xq;
@@ -254,12 +319,13 @@ static int prepare(const float *x, int64_t M, int64_t K, const float *norm, floa
  * (2 * 128 * 127 < 32768). */
 static inline __attribute__((always_inline)) void dot_rows8(int rows, int mb, int ahead, const int8_t *codes,
                                                             const float *st, int64_t K, const int8_t *xq,
-                                                            const float *dx, const float *xs, __m256 *acc_out,
-                                                            __m256 *zacc_out) {
+                                                            const float *dx, const float *xs, const float *halves,
+                                                            __m256 *acc_out, __m256 *zacc_out) {
     /* the accumulators in registers (through the pointers every update would go to memory and back) */
     __m256 acc[ROWS], zacc[ROWS];
     copy_acc(rows * mb, acc, zacc, acc_out, zacc_out);
-    const int64_t G = K / 32;
+    const int64_t G = K / 32, H = HALVES(G);
+    (void)H; /* the VNNI variant's offsets */
     const __m256i ones = _mm256_set1_epi16(1);
     float sc[ROWS][8] __attribute__((aligned(32)));
     int64_t g = 0;
@@ -278,7 +344,22 @@ static inline __attribute__((always_inline)) void dot_rows8(int rows, int mb, in
             __m256i x[ROWS][4];
             for (int i = 0; i < mb; i++)
                 for (int c = 0; c < 4; c++) x[i][c] = _mm256_loadu_si256((const __m256i *)(xq + i * K + (g + j + c) * 32));
+#if SPECCHAT_VNNI
+            /* v + 128 is the u8 side of the dots: their sums are sum v xq + 128 sum xq, and each lane starts from
+             * -128 times its 16 activations' sum (4 x prepare's halves, -32 x that sum: exact integers) */
+            __m256i start[ROWS];
+            for (int i = 0; i < mb; i++)
+                start[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_set1_ps(4.0f), _mm256_loadu_ps(halves + i * H + 2 * (g + j))));
+            const __m256i flip = _mm256_set1_epi8((char)0x80);
+#endif
             for (int r = 0; r < rows; r++) {
+#if SPECCHAT_VNNI
+                __m256i u[4];
+                for (int c = 0; c < 4; c++)
+                    u[c] = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(codes + r * K + (g + j + c) * 32)), flip);
+                for (int i = 0; i < mb; i++) {
+                    const __m256i sum = dot4(u, x[i], start[i]);
+#else
                 __m256i w[4], aw[4];
                 for (int c = 0; c < 4; c++) {
                     w[c] = _mm256_loadu_si256((const __m256i *)(codes + r * K + (g + j + c) * 32));
@@ -289,6 +370,7 @@ static inline __attribute__((always_inline)) void dot_rows8(int rows, int mb, in
                     for (int c = 0; c < 4; c++)
                         p[c] = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[c], _mm256_sign_epi8(x[i][c], w[c])), ones);
                     const __m256i sum = _mm256_hadd_epi32(_mm256_hadd_epi32(p[0], p[1]), _mm256_hadd_epi32(p[2], p[3]));
+#endif
                     acc[r * mb + i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum),
                                                       _mm256_broadcast_ps((const __m128 *)&sc[r * mb + i][j]), acc[r * mb + i]);
                 }
@@ -331,7 +413,9 @@ static inline __attribute__((always_inline)) void dot_rows6(int rows, int mb, in
     const int64_t G = K / 32, H = HALVES(G);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m256i m30 = _mm256_set1_epi8(0x30);
+#if !SPECCHAT_VNNI
     const __m256i ones = _mm256_set1_epi16(1);
+#endif
     const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
     const int64_t code_bytes = K / 4 * 3;
     /* per (row, token) and half super-block: its 8 scales in the order the summed lanes come, times dx */
@@ -370,6 +454,9 @@ static inline __attribute__((always_inline)) void dot_rows6(int rows, int mb, in
                                        _mm256_and_si256(_mm256_srli_epi16(hb, 2), m30));
                 for (int i = 0; i < mb; i++) {
                     const int a = r * mb + i;
+#if SPECCHAT_VNNI
+                    const __m256i sum = dot4(q, xa[i], _mm256_setzero_si256()); /* codes 0..63 are the u8 side */
+#else
                     __m256i p[4];
                     for (int k = 0; k < 4; k++)
                         p[k] = _mm256_maddubs_epi16(q[k], xa[i][k]);
@@ -377,6 +464,7 @@ static inline __attribute__((always_inline)) void dot_rows6(int rows, int mb, in
                      * lanes 0..3 the four groups' first 16 weights, 4..7 their last 16 */
                     const __m256i sum = _mm256_hadd_epi32(_mm256_madd_epi16(_mm256_hadd_epi16(p[0], p[1]), ones),
                                                           _mm256_madd_epi16(_mm256_hadd_epi16(p[2], p[3]), ones));
+#endif
                     acc[a] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), sd[a][h], acc[a]);
                 }
             }
@@ -423,7 +511,7 @@ static inline void tile_dot(const weights_t *wt, int rows, int mb, int64_t tile,
     } else if (wt->kind == INT8) {
         const int8_t *c = (const int8_t *)wt->codes + n0 * K;
         const float *z = (const float *)wt->table + n0 * 2 * G;
-#define INT8_DOT(R, B, A) dot_rows8(R, B, A, c, z, K, xq, dx, xs, acc, zacc)
+#define INT8_DOT(R, B, A) dot_rows8(R, B, A, c, z, K, xq, dx, xs, halves, acc, zacc)
         DOTS(INT8_DOT);
     } else {
         const uint8_t *c = wt->codes + n0 * wt->row_bytes;

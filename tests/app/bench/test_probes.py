@@ -53,3 +53,16 @@ def test_machine_info_describes_the_cpu_and_the_libraries() -> None:
     assert info["torch"] == torch.__version__ and info["transformers"] == transformers.__version__
     assert info["cpu_count"] == os.cpu_count() and info["memory_total_bytes"] > 0
     assert "gpu" not in info and "cuda" not in info
+
+
+def test_machine_info_names_the_cpu_kernel_that_ran_and_the_cpus_features(monkeypatch) -> None:
+    """Figures from two machines are never compared blindly: the bench's JSON says which CPU
+    kernel variant multiplied (or torch's) and which of the relevant flags the CPU reports."""
+    from engine.quant import cpu_kernel
+
+    monkeypatch.setenv(cpu_kernel.ENV, "avx2")
+    info = machine_info(CPU)
+    assert info["cpu_kernel"] == (cpu_kernel.variant() or "torch")
+    assert info["cpu_features"] == cpu_kernel.cpu_features()
+    monkeypatch.setenv(cpu_kernel.ENV, "torch")
+    assert machine_info(CPU)["cpu_kernel"] == "torch"

@@ -114,7 +114,8 @@ def test_two_planes_are_joined_into_the_8_bit_weights_they_stand_for() -> None:
     assert packed.shape == (24, 256) and packed.dtype == torch.int8
     assert table.shape == (24, 2, 8) and table.dtype == torch.float32
     assert torch.equal(cpu_kernel.unpack_codes(packed), weights.codes)
-    v = packed.float().view(24, 8, 32)
+    v = cpu_kernel.vnni_order(packed).float() if cpu_kernel.is_vnni() else packed.float()  # weight order
+    v = v.view(24, 8, 32)
     joined = (v * table[:, 0, :, None] + table[:, 1, :, None]).view(24, 256)
     assert torch.allclose(joined, _reference(weights, torch.eye(256)).T, rtol=0, atol=1e-6)
     off = weights.scale.clone()

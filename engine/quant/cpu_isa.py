@@ -1,0 +1,78 @@
+"""Which instruction sets specchat's CPU kernel (:mod:`engine.quant.cpu_kernel`) can be built for here,
+read from the CPU's flags, and the VNNI variants' order of the codes.
+
+``SPECCHAT_CPU_KERNEL`` picks: ``torch`` (torch's kernel), a variant's name (that variant), or
+``auto`` / unset (the first of :data:`VARIANTS` the CPU has).
+"""
+from __future__ import annotations
+
+import functools
+import os
+
+import torch
+
+ENV = "SPECCHAT_CPU_KERNEL"  # "torch" turns this kernel off; a variant's name forces that variant
+
+VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
+    # name: (compiler flags, /proc/cpuinfo flags it needs beyond AVX2 and FMA), the preferred first
+    "avx512-vnni": (("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
+                    ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")),
+    "avx-vnni": (("-mavx2", "-mfma", "-mavxvnni"), ("avx_vnni",)),
+    "avx2": (("-mavx2", "-mfma"), ()),
+}
+FEATURES = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_int8")
+"""The CPU flags worth naming beside a figure (:func:`cpu_features`)."""
+ALIASES = {"avx512": "avx512-vnni", "avx512vnni": "avx512-vnni", "avxvnni": "avx-vnni", "auto": "", "": ""}
+
+
+@functools.cache
+def cpu_flags() -> frozenset[str]:
+    """The CPU's flags as Linux lists them (empty elsewhere: then only AVX2 is assumed, from torch)."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return frozenset(line.split(":", 1)[1].split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def cpu_features() -> list[str]:
+    """Which of :data:`FEATURES` this CPU reports, for the bench's JSON and the docs' tables."""
+    flags = cpu_flags()
+    return [f for f in FEATURES if f in flags]
+
+
+def has(name: str) -> bool:
+    """Whether this CPU reports every flag variant ``name`` needs beyond AVX2 and FMA."""
+    return all(flag in cpu_flags() for flag in VARIANTS[name][1])
+
+
+def requested() -> str:
+    """What ``SPECCHAT_CPU_KERNEL`` asks for: "torch", a variant's name, "" (the best the CPU has)
+    or, for a value it cannot be, that value."""
+    raw = os.environ.get(ENV, "").strip().lower()
+    return ALIASES.get(raw, raw)
+
+
+def choose() -> str:
+    """The variant to run: the one asked for, else the first of :data:`VARIANTS` the CPU has."""
+    asked = requested()
+    return asked if asked in VARIANTS else next(name for name in VARIANTS if has(name))
+
+
+def vnni_order(codes: torch.Tensor) -> torch.Tensor:
+    """``codes`` ``[N, K]`` (one value a weight) in the VNNI variants' order: in each whole 128 of
+    the row's 256-weight blocks, the 4-weight unit (group of 32, half, part) moves to (part, half,
+    group), so that the AVX2 unpacking of 128 weights gives four vectors whose 32-bit lane ``k`` holds
+    part ``p`` of sub-block ``k`` (see ``csrc/int4_avx2.c``). Its own inverse; the tail beyond the
+    last whole 256 stays. A new tensor."""
+    n, k = codes.shape
+    blocks = k // 256 * 256
+    out = codes.clone()
+    if blocks:
+        units = codes[:, :blocks].reshape(n, blocks // 128, 4, 2, 4, 4)  # (chunk, group, half, part, byte)
+        out[:, :blocks] = units.permute(0, 1, 4, 3, 2, 5).reshape(n, blocks)
+    return out
+
