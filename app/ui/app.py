@@ -298,13 +298,8 @@ class SpecChatApp(App[None]):
         self.conversation.hud.set_speculation(not (was_on and not on))  # "switched off by you"
         if self.engine.profile is not None:
             self.conversation.hud.show_engine(info, self.engine.profile)
-        if on:
-            notice(self, "Speculation on.")
-        elif was_on:
-            notice(self, "Speculation off: plain decoding.")
-        else:
-            notice(self, f"Speculation cannot be switched on: {info.fallback_reason or 'no drafter is loaded'}.",
-                   severity="warning")
+        text, severity = self.engine.toggle_words(info)
+        notice(self, text, severity=severity)
 
     def switch_profile(self, name: str) -> None:
         """Load profile ``name`` in place of the current pair; the conversation continues.
