@@ -132,6 +132,8 @@ def plan_lines(plan: dict[str, Any]) -> list[str]:
     choice = plan.get("choice")
     if summary:
         lines.append(str(summary))
+    elif choice == "target+ngram" and plan.get("lookup"):  # the drafter by its HUD name ("suffix lookup")
+        lines.append(f"target + {plan['lookup']}")
     elif choice:
         lines.append(PLAN_CHOICES.get(str(choice), str(choice).replace("+", " + ")))
     planned, available = plan.get("planned_bytes"), plan.get("available_bytes")
