@@ -124,6 +124,7 @@ class SpecChatApp(App[None]):
         """Esc, seen on the terminal's input thread (app.ui.early_stop)."""
         if self.can_stop():
             self.conversation.stop_reply()
+            self.engine.interrupt()  # the engine stops now, not when the UI's reply worker next runs
 
     def get_system_commands(self, screen: Screen[Any]) -> Any:
         yield from unique_commands(self, super().get_system_commands(screen))
@@ -334,13 +335,13 @@ class SpecChatApp(App[None]):
     def on_engine_ready(self, message: EngineReady) -> None:
         from engine.child.backend import ProcessBackend
         from engine.child.launcher import lower_priority_except_launcher
-        from app.ui.loading import ui_nice
+        from app.ui.loading import key_threads, ui_nice
 
         if not self.screen_stack:  # loaded while the app was closing: nobody will use it
             message.backend.close()
             return
         if isinstance(message.backend, ProcessBackend) and ui_nice() > 0:
-            lower_priority_except_launcher(ui_nice())  # the engine's threads first (see UI_NICE)
+            lower_priority_except_launcher(ui_nice(), keep=key_threads())  # the engine first (see UI_NICE)
         self.engine.ready(message.backend, message.profile)
         info = message.backend.info
         self.conversation.hud.show_engine(info, message.profile, fresh=True)

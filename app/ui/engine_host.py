@@ -199,6 +199,13 @@ class EngineHost:
             return "Speculation off (by you): plain decoding until you press F5 again.", "information"
         return (f"Speculation cannot be switched on: {info.fallback_reason or 'no drafter is loaded'}.", "warning")
 
+    def interrupt(self) -> None:
+        """Stop the reply in the engine at once, where the backend can (safe from any thread:
+        Esc on the terminal's input thread); the reply's own cancel flag does the rest."""
+        stop = getattr(self.backend, "interrupt", None)
+        if stop is not None:
+            stop()
+
     @property
     def drafts_from_history(self) -> bool:
         """The loaded profile's drafter drafts from earlier chats (the suffix drafter)."""

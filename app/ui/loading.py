@@ -43,19 +43,19 @@ def default_loader(profile: "ModelProfile", memory_budget: int | None, progress:
         return load_engine(profile, memory_budget=memory_budget, progress=progress)
 
 
-UI_NICE = 0
-"""Nice value the UI's threads take once a local engine is loaded (Linux; 0: unchanged).
-``SPECCHAT_UI_NICE=10`` trades keys for speed: measured on 2 cores (app in tmux, 512
-tokens, medians of 4), the engine on both cores ran 207 tok/s with the UI at nice 10
-against 171 at nice 0 (and 170 at nice 5), but Esc took 0.6-1.8 s to stop a reply instead
-of 0.2 s, since every paint queued before the key ran on what the engine left."""
+UI_NICE = 10
+"""Nice value the UI's threads take once a local engine is loaded (Linux; 0: unchanged;
+``SPECCHAT_UI_NICE`` overrides it), so that the engine runs on every core and the UI takes
+what it leaves. The thread that reads the keyboard keeps its priority: Esc stops the engine
+from there at once (app.ui.early_stop, :meth:`EngineHost.interrupt`), whatever the UI is
+painting. Measured on 2 shared cores: docs/performance.md, "The app's decode speed"."""
 
 
 def engine_threads() -> int | None:
-    """Torch threads for the app's engine: ``SPECCHAT_THREADS``; else every core but one while
-    the UI runs at normal priority (it needs a core while a reply streams: on 2 cores a step
-    spread over both waited for the one the UI held), or torch's default (every core) when
-    the UI yields (:data:`UI_NICE`). None also on a single core."""
+    """Torch threads for the app's engine: ``SPECCHAT_THREADS``; else torch's default (every
+    core) while the UI yields to the engine (:data:`UI_NICE`), or every core but one when
+    ``SPECCHAT_UI_NICE=0`` keeps the UI at the engine's priority (a step spread over every
+    core then waits for the one the UI holds). None also on a single core."""
     import os
 
     if os.environ.get("SPECCHAT_THREADS"):
@@ -69,6 +69,14 @@ def ui_nice() -> int:
     import os
 
     return int(os.environ.get("SPECCHAT_UI_NICE", UI_NICE))
+
+
+def key_threads() -> set[int]:
+    """Native ids of the threads that read the keyboard (Textual's ``textual-input``): they
+    keep their priority when the UI lowers its own."""
+    import threading
+
+    return {t.native_id for t in threading.enumerate() if t.name == "textual-input" and t.native_id is not None}
 
 
 def needs_room(exc: BaseException) -> bool:

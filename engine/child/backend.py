@@ -152,6 +152,12 @@ class ProcessBackend:
             raise
         return _Reply(self._events(cancel), self._abandon)
 
+    def interrupt(self) -> None:
+        """Tell the child to stop the reply now, from any thread (a key's own thread): the
+        reply's reader forwards its ``cancel`` only when it next runs, which on a busy
+        machine, with the UI's threads at a lower priority, can be long after the key."""
+        self._cancel.set()
+
     def _abandon(self) -> None:
         """The reply's reader went away before reading anything: stop the child, free the engine."""
         self._cancel.set()

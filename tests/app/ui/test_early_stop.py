@@ -126,14 +126,17 @@ async def test_esc_from_the_input_thread_stops_the_reply_unless_a_dialog_is_open
         assert app.conversation.stream.cancel is not None and not app.conversation.stream.cancel.is_set()
         app.pop_screen()
         await wait_for(pilot, lambda: len(app.screen_stack) == 1)
+        interrupted: list[str] = []
+        loader.backends[0].interrupt = lambda: interrupted.append(threading.current_thread().name)  # type: ignore[attr-defined]
         from_input_thread(app._stop_early)
         assert app.conversation.stream.cancel.is_set()  # at once, before the UI's queue sees the key
+        assert interrupted == ["keys"]  # and the engine itself is told, from the key's own thread
         await wait_for(pilot, lambda: not app.conversation.generating)
         assert app.query_one(AssistantMessage).finish_reason == "cancelled"
         from_input_thread(app._stop_early)  # nothing streams: nothing to stop, no error
 
 
 def from_input_thread(fn: Callable[[], None]) -> None:
-    thread = threading.Thread(target=fn)
+    thread = threading.Thread(target=fn, name="keys")
     thread.start()
     thread.join(5)

@@ -77,14 +77,18 @@ def test_lowering_skips_the_launcher_and_threads_already_low(monkeypatch: pytest
     monkeypatch.setattr(os, "setpriority", lambda which, tid, value: changed.__setitem__(tid, value))
     release = threading.Event()
     other = threading.Thread(target=release.wait, args=(10,))  # a UI thread at the default priority
+    keys = threading.Thread(target=release.wait, args=(10,))  # the thread that reads the keyboard
     other.start()
+    keys.start()
     try:
-        count = lower_priority_except_launcher(5)
+        assert keys.native_id is not None
+        count = lower_priority_except_launcher(5, keep={keys.native_id})
     finally:
         release.set()
         other.join()
+        keys.join()
     assert changed.get(other.native_id) == 5 and set(changed.values()) == {5} and count == len(changed)
-    assert fresh.native_id not in changed and me not in changed
+    assert fresh.native_id not in changed and me not in changed and keys.native_id not in changed
 
 
 @LINUX_THREADS
@@ -140,3 +144,21 @@ def test_a_ui_that_lowers_its_priority_still_starts_engines_at_the_old_one(talke
         except OSError:
             pass
     assert result["ui"] == before + 5 and result["child"] == before and result["reply"]
+
+
+def test_interrupt_stops_the_childs_reply_from_another_thread(talker) -> None:
+    """Esc's thread stops the engine itself: the reply's reader need not run first."""
+    backend = ProcessBackend.start(profile_from_sources(str(talker), "none"), None, threads=1)
+    try:
+        events = backend.chat(MESSAGES, GenerationParams(max_new_tokens=200, stop_token_ids=(10_000,)))
+        first = next(events)
+        stopper = threading.Thread(target=backend.interrupt)
+        stopper.start()
+        stopper.join(5)
+        rest = list(events)
+        assert rest[-1].finish_reason == "cancelled"
+        assert len(first.token_ids) + sum(len(e.token_ids) for e in rest) < 200
+        again = list(backend.chat(MESSAGES, GenerationParams(max_new_tokens=4)))  # the next reply is not cancelled
+        assert again[-1].finish_reason != "cancelled"
+    finally:
+        backend.close()
