@@ -52,7 +52,11 @@ def speedup_figure(stats: Any, *, live: bool = False) -> str | None:
         return f"{value:.2f}×" + (f" ± {se:.2f}" if se is not None else "")
     if not _field(stats, "tokens"):
         return None
-    return "measuring…" if live else (_field(stats, "speedup_note") or "too short to measure")
+    if live:
+        return "measuring…"
+    if _field(stats, "server"):  # a server's reply: no plain reply to compare with (engine.remote)
+        return "unknown"
+    return _field(stats, "speedup_note") or "too short to measure"
 
 
 def spoken_reason(reason: str) -> str:

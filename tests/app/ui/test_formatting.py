@@ -40,3 +40,10 @@ def test_one_speedup_in_the_footer_and_the_export_with_its_error_or_why_not() ->
     # A reply decoded plainly shows no "× vs plain", even one saved with a figure before the floor existed.
     plain = {"mode": "plain", "proposed": 0, "tokens": 60, "tokens_per_s": 90.0, "speedup": 0.98}
     assert "×" not in reply_summary(plain) and "0.98" not in stats_line(plain)
+
+
+def test_a_server_reply_without_a_figure_says_unknown_not_too_short() -> None:
+    from app.ui.export import stats_line
+
+    server = {"server": "llama.cpp", "mode": "spec", "proposed": 30, "tokens": 200, "speedup": None}
+    assert "speedup unknown" in stats_line(server)
