@@ -8,11 +8,9 @@ For each configuration given (``--config NAME:ENV=VALUE,ENV=VALUE``; e.g.
   speculation switched off with F5 before the prompt, one 512-token reply; its
   ``tokens_per_s`` as the engine measured it (read from the saved history) over the
   headless run's.
-* **Esc**: a second prompt in the same app; once the reply streams, Esc is sent and
-  the pane is read every 5 ms until the reply's footer says "■ stopped". Also
-  reported: the reply's tokens when it stopped against its tokens when Esc went
-  (read off the HUD would be racy; the saved reply's count tells how many rounds
-  ran after Esc).
+* **echo**: a second prompt in the same app; while its reply streams, two letters are
+  typed into the prompt box and the pane is read every 5 ms until they show.
+* **Esc**: then Esc, and the pane is read every 5 ms until the reply's footer says "■ stopped".
 
     PYTHONPATH=$PWD .venv/bin/python scripts/app_speed.py --repeats 3 --config old:SPECCHAT_THREADS=1 --config new:
 
@@ -34,8 +32,7 @@ import uuid
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-PROMPT = ("Write a detailed, step-by-step explanation of how a hash table works, "
-          "with a short Python example and its output.")
+PROMPT = "Explain in two short paragraphs what a hash table is and why lookups in it are fast."
 ESC_PROMPT = "Write a long story about a lighthouse keeper and the sea, in ten chapters."
 
 
@@ -97,8 +94,8 @@ class Pane:
         subprocess.run(["tmux", "-S", str(self.socket), "kill-server"], capture_output=True)
 
 
-def in_app(args: argparse.Namespace, env: dict[str, str], data: Path) -> tuple[float, float]:
-    """(tok/s of a plain reply in the app, seconds from Esc to "■ stopped" on screen)."""
+def in_app(args: argparse.Namespace, env: dict[str, str], data: Path) -> tuple[float, float, float]:
+    """(tok/s of a plain reply in the app, seconds from typing to the echo, from Esc to "■ stopped")."""
     pane = Pane(data, env, args.profile, args.width, args.height)
     try:
         pane.wait_for("ready", args.timeout)
@@ -112,11 +109,15 @@ def in_app(args: argparse.Namespace, env: dict[str, str], data: Path) -> tuple[f
         pane.keys(ESC_PROMPT, literal=True)
         pane.keys("Enter")
         pane.wait_for("generating…", 30, every=0.05)
-        time.sleep(1.5)
+        time.sleep(1.0)
+        typed = time.monotonic()
+        pane.keys("qz", literal=True)
+        echoed = pane.wait_for("qz", 30, every=0.005)
+        time.sleep(0.5)
         sent = time.monotonic()
         pane.keys("Escape")
         shown = pane.wait_for("■ stopped", 30, every=0.005)
-        return speed, shown - sent
+        return speed, echoed - typed, shown - sent
     finally:
         pane.close()
 
@@ -140,20 +141,22 @@ def main() -> int:
         name, _, assignments = spec.partition(":")
         configs.append((name, dict(a.split("=", 1) for a in assignments.split(",") if a)))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    results: dict[str, list[tuple[float, float]]] = {name: [] for name, _ in configs}
+    results: dict[str, list[tuple[float, float, float]]] = {name: [] for name, _ in configs}
     with tempfile.TemporaryDirectory() as tmp:
         env.setdefault("SPECCHAT_STATE_DIR", str(Path(tmp) / "state"))
         for i in range(args.repeats):
             for name, extra in configs:
                 headless = headless_plain(args, env)
-                speed, esc = in_app(args, {**env, **extra}, Path(tmp) / f"{name}-{i}")
-                results[name].append((speed / headless, esc))
+                speed, echo, esc = in_app(args, {**env, **extra}, Path(tmp) / f"{name}-{i}")
+                results[name].append((speed / headless, echo, esc))
                 print(f"run {i + 1} {name}: headless plain {headless:.1f} tok/s · app plain {speed:.1f} tok/s · "
-                      f"app/headless {speed / headless:.3f} · Esc to '■ stopped' {1000 * esc:.0f} ms", flush=True)
+                      f"app/headless {speed / headless:.3f} · echo {1000 * echo:.0f} ms · "
+                      f"Esc to '■ stopped' {1000 * esc:.0f} ms", flush=True)
     for name, rows in results.items():
-        print(f"{name}: median app/headless {statistics.median(r for r, _ in rows):.3f}, "
-              f"median Esc {1000 * statistics.median(e for _, e in rows):.0f} ms "
-              f"(max {1000 * max(e for _, e in rows):.0f} ms) over {len(rows)} runs")
+        print(f"{name}: median app/headless {statistics.median(r for r, _, _ in rows):.3f}, "
+              f"median echo {1000 * statistics.median(e for _, e, _ in rows):.0f} ms, "
+              f"median Esc {1000 * statistics.median(e for _, _, e in rows):.0f} ms "
+              f"(max {1000 * max(e for _, _, e in rows):.0f} ms) over {len(rows)} runs")
     return 0
 
 

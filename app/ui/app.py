@@ -114,7 +114,8 @@ class SpecChatApp(App[None]):
         return self.conversation.generating and len(self.screen_stack) == 1
 
     def get_driver_class(self) -> type[Driver]:
-        return early_stop_driver(super().get_driver_class(), self._stop_early, esc_prefix=self.dialog_open)
+        return early_stop_driver(super().get_driver_class(), self._stop_early, esc_prefix=self.dialog_open,
+                                 on_input=lambda: self.engine.yield_to_ui())
 
     def dialog_open(self) -> bool:
         """A dialog is over the chat (safe from any thread): Alt+letter is read as Esc, letter."""

@@ -206,6 +206,14 @@ class EngineHost:
         if stop is not None:
             stop()
 
+    def yield_to_ui(self) -> None:
+        """A key, click or scroll arrived (on the terminal's input thread): the engine leaves
+        the UI a core for a moment, so what it changes shows at once although the UI's
+        threads run at a lower priority (:data:`app.ui.loading.UI_NICE`)."""
+        give = getattr(self.backend, "yield_to_ui", None)
+        if give is not None:
+            give()
+
     @property
     def drafts_from_history(self) -> bool:
         """The loaded profile's drafter drafts from earlier chats (the suffix drafter)."""

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import multiprocessing
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -42,6 +43,9 @@ if TYPE_CHECKING:
 
 POLL_S = 0.05
 """How often a waiting parent looks at its ``cancel`` event (seconds)."""
+
+YIELD_S = 0.25
+"""How long the child runs on one thread fewer after :meth:`ProcessBackend.yield_to_ui` (seconds)."""
 
 CLOSE_WAIT_S = 10.0
 """How long :meth:`ProcessBackend.close` waits for the child to exit before killing it."""
@@ -87,6 +91,7 @@ class ProcessBackend:
         self._info = info
         self._busy = threading.Lock()
         self._control_lock = threading.Lock()
+        self._yield_until: Any = None  # the shared deadline of yield_to_ui (set by start)
 
     @classmethod
     def start(cls, profile: "ModelProfile", memory_budget: int | None = None,
@@ -102,14 +107,17 @@ class ProcessBackend:
         ctx = multiprocessing.get_context("spawn")  # never fork a process that runs threads (the UI)
         conn, child_conn = ctx.Pipe()
         control, child_control = ctx.Pipe()
+        yield_until = ctx.Value("d", 0.0, lock=False)  # a time.monotonic() deadline, shared with the child
         with real_stderr():
             cancel = ctx.Event()  # its semaphore starts multiprocessing's resource tracker
-            process = ctx.Process(target=serve, args=(child_conn, child_control, cancel, profile, memory_budget, log, threads),
+            process = ctx.Process(target=serve, args=(child_conn, child_control, cancel, profile, memory_budget, log,
+                                                      threads, yield_until),
                                   name=f"specchat-engine-{profile.name}", daemon=True)
             LAUNCHER.run(process.start)
         child_conn.close()
         child_control.close()
         backend = cls(process, conn, control, cancel, EngineInfo(profile.name, "", "", "plain", ""))
+        backend._yield_until = yield_until
         try:
             while True:
                 message = backend._receive()
@@ -151,6 +159,13 @@ class ProcessBackend:
             self._busy.release()
             raise
         return _Reply(self._events(cancel), self._abandon)
+
+    def yield_to_ui(self, seconds: float = YIELD_S) -> None:
+        """Have the child decode on one thread fewer for ``seconds``, from any thread (a key's
+        own): on a machine where the engine takes every core and the UI's threads yield to
+        it, the UI then has a core to show the key on (its echo took over a second)."""
+        if self._yield_until is not None:
+            self._yield_until.value = time.monotonic() + seconds
 
     def interrupt(self) -> None:
         """Tell the child to stop the reply now, from any thread (a key's own thread): the

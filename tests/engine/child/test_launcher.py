@@ -162,3 +162,29 @@ def test_interrupt_stops_the_childs_reply_from_another_thread(talker) -> None:
         assert again[-1].finish_reason != "cancelled"
     finally:
         backend.close()
+
+
+def test_the_child_runs_a_thread_fewer_only_while_the_ui_asks() -> None:
+    from engine.child.serve import threads_now
+
+    assert threads_now(2, now=10.0, yield_until=10.25) == 1  # a key came: leave the UI a core
+    assert threads_now(2, now=10.3, yield_until=10.25) == 2  # then every core again
+    assert threads_now(1, now=10.0, yield_until=10.25) == 1  # never none
+    assert threads_now(8, now=0.0, yield_until=0.0) == 8
+
+
+def test_a_reply_goes_on_while_the_ui_asks_for_a_core(talker) -> None:
+    backend = ProcessBackend.start(profile_from_sources(str(talker), "none"), None, threads=2)
+    try:
+        params = GenerationParams(max_new_tokens=40, stop_token_ids=(10_000,))
+        events = backend.chat(MESSAGES, params)
+        ids = list(next(events).token_ids)
+        backend.yield_to_ui(60.0)
+        assert backend._yield_until.value > 0
+        for event in events:
+            ids.extend(event.token_ids)
+        assert len(ids) == 40
+        backend.yield_to_ui(0.0)
+        assert len(reply_ids(backend.chat(MESSAGES, params))) == 40  # and the next reply on every thread
+    finally:
+        backend.close()
