@@ -18,8 +18,10 @@ saying so; the conversation is the app's and nothing of it is lost.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 import time
+from contextlib import contextmanager
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -46,6 +48,14 @@ POLL_S = 0.05
 
 YIELD_S = 0.25
 """How long the child runs on one thread fewer after :meth:`ProcessBackend.yield_to_ui` (seconds)."""
+
+CHILD_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+"""Environment the child starts with, unless the user set these variables. OpenMP threads
+that wait for each other sleep instead of spinning: the app's engine always shares the
+machine with the UI, and a spinning thread burns the core its preempted partner needs.
+Measured here (2 cores shared, load 7-8; 64 plain tokens of pocket, alternating): 2.4-2.7
+tok/s spinning (OMP_WAIT_POLICY=ACTIVE), 2.6 by default, 4.6 with GOMP_SPINCOUNT=10000,
+26.7-48.2 sleeping (docs/performance.md, "The app's decode speed")."""
 
 CLOSE_WAIT_S = 10.0
 """How long :meth:`ProcessBackend.close` waits for the child to exit before killing it."""
@@ -113,7 +123,8 @@ class ProcessBackend:
             process = ctx.Process(target=serve, args=(child_conn, child_control, cancel, profile, memory_budget, log,
                                                       threads, yield_until),
                                   name=f"specchat-engine-{profile.name}", daemon=True)
-            LAUNCHER.run(process.start)
+            with child_environment(CHILD_ENV):
+                LAUNCHER.run(process.start)
         child_conn.close()
         child_control.close()
         backend = cls(process, conn, control, cancel, EngineInfo(profile.name, "", "", "plain", ""))
@@ -266,6 +277,19 @@ class ProcessBackend:
         how = "was killed" if code is not None and code < 0 else f"exited (code {code})"
         return EngineError(f"the engine process {how}; the conversation is kept: pick the profile again (F2) "
                            "to reload the models")
+
+
+@contextmanager
+def child_environment(values: dict[str, str]) -> Iterator[None]:
+    """Set ``values`` in this process's environment while a child starts (a spawned child
+    copies it), leaving any the user set; then put the environment back."""
+    added = {k: v for k, v in values.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
 
 
 def _error(message: FromChild) -> BaseException:

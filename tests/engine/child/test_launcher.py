@@ -188,3 +188,23 @@ def test_a_reply_goes_on_while_the_ui_asks_for_a_core(talker) -> None:
         assert len(reply_ids(backend.chat(MESSAGES, params))) == 40  # and the next reply on every thread
     finally:
         backend.close()
+
+
+def test_the_child_waits_passively_unless_the_user_chose(talker, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.child.backend import child_environment
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    with child_environment({"OMP_WAIT_POLICY": "PASSIVE"}):
+        assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert "OMP_WAIT_POLICY" not in os.environ  # the parent's own environment is left as it was
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    with child_environment({"OMP_WAIT_POLICY": "PASSIVE"}):
+        assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"  # the user's choice stands
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    backend = ProcessBackend.start(profile_from_sources(str(talker), "none"), None, threads=1)
+    try:
+        environ = Path(f"/proc/{backend.pid}/environ")
+        if environ.exists():
+            assert b"OMP_WAIT_POLICY=PASSIVE" in environ.read_bytes().split(b"\0")
+    finally:
+        backend.close()
