@@ -44,13 +44,14 @@ def headless_plain(args: argparse.Namespace, env: dict[str, str]) -> float:
 
 
 class Pane:
-    def __init__(self, data: Path, env: dict[str, str], profile: str, width: int, height: int) -> None:
+    def __init__(self, data: Path, env: dict[str, str], profile: str, width: int, height: int,
+                 root: Path = ROOT) -> None:
         data.mkdir(parents=True, exist_ok=True)
         self.socket, self.session, self.db = data / "tmux.sock", f"speed-{uuid.uuid4().hex[:6]}", data / "history.db"
-        app_env = {**env, "TERM": "xterm-256color", "SPECCHAT_DATA_DIR": str(data)}
+        app_env = {**env, "TERM": "xterm-256color", "SPECCHAT_DATA_DIR": str(data), "PYTHONPATH": str(root)}
         cli = " ".join([sys.executable, "-m", "app.cli", "--profile", profile])
         subprocess.run(["tmux", "-S", str(self.socket), "-f", "/dev/null", "new-session", "-d", "-s", self.session,
-                        "-x", str(width), "-y", str(height), cli], check=True, cwd=ROOT, env=app_env)
+                        "-x", str(width), "-y", str(height), cli], check=True, cwd=root, env=app_env)
 
     def screen(self) -> str:
         return subprocess.run(["tmux", "-S", str(self.socket), "capture-pane", "-p", "-t", self.session],
@@ -96,7 +97,8 @@ class Pane:
 
 def in_app(args: argparse.Namespace, env: dict[str, str], data: Path) -> tuple[float, float, float]:
     """(tok/s of a plain reply in the app, seconds from typing to the echo, from Esc to "■ stopped")."""
-    pane = Pane(data, env, args.profile, args.width, args.height)
+    root = Path(env.get("SPECCHAT_ROOT", str(ROOT)))  # another checkout's app (a config's SPECCHAT_ROOT=...)
+    pane = Pane(data, env, args.profile, args.width, args.height, root)
     try:
         pane.wait_for("ready", args.timeout)
         time.sleep(1.0)

@@ -72,7 +72,7 @@ class AutoSwitch:
         return (
             f"speculation switched off: {speedup:.2f}× over the last {rounds} rounds "
             f"(at most {upper:.2f}× within {self.z:g} standard errors); trying again after "
-            f"{self.reprobe_after} plain rounds or at the next reply"
+            f"{self.reprobe_after} plain rounds"
         )
 
     def plain_round(self) -> int | None:
