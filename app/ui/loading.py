@@ -43,25 +43,25 @@ def default_loader(profile: "ModelProfile", memory_budget: int | None, progress:
         return load_engine(profile, memory_budget=memory_budget, progress=progress)
 
 
-UI_NICE = 10
+UI_NICE = 0
 """Nice value the UI's threads take once a local engine is loaded (Linux; 0: unchanged;
-``SPECCHAT_UI_NICE`` overrides it), so that the engine runs on every core and the UI takes
-what it leaves. The thread that reads the keyboard keeps its priority: Esc stops the engine
-from there at once (app.ui.early_stop, :meth:`EngineHost.interrupt`), whatever the UI is
-painting. Measured on 2 shared cores: docs/performance.md, "The app's decode speed"."""
+``SPECCHAT_UI_NICE`` sets it). Not lowered by default: on a machine with other work the
+lowered UI starves. Measured on 2 shared cores (scripts/app_speed.py, tmux): at nice 10 a
+key typed while a reply streamed echoed after 0.48-1.32 s and Esc showed "stopped" after
+1.07-1.13 s, against 15-40 ms and 0.22-0.46 s at nice 0. The UI stays light instead: the
+engine's threads sleep while they wait (:data:`engine.child.backend.CHILD_ENV`), a key
+leaves the UI a core for a moment (:meth:`EngineHost.yield_to_ui`), and Esc stops the
+engine from the keyboard's own thread (:meth:`EngineHost.interrupt`)."""
 
 
 def engine_threads() -> int | None:
-    """Torch threads for the app's engine: ``SPECCHAT_THREADS``; else torch's default (every
-    core) while the UI yields to the engine (:data:`UI_NICE`), or every core but one when
-    ``SPECCHAT_UI_NICE=0`` keeps the UI at the engine's priority (a step spread over every
-    core then waits for the one the UI holds). None also on a single core."""
+    """Torch threads for the app's engine: ``SPECCHAT_THREADS``, else None (torch's default:
+    every core; it ran on every core but one, 0.66x of ``specchat generate`` on 2 cores)."""
     import os
 
     if os.environ.get("SPECCHAT_THREADS"):
         return max(1, int(os.environ["SPECCHAT_THREADS"]))
-    cores = os.cpu_count() or 1
-    return cores - 1 if cores > 1 and ui_nice() == 0 else None
+    return None
 
 
 def ui_nice() -> int:
