@@ -39,7 +39,8 @@ ESC_PROMPT = "Write a long story about a lighthouse keeper and the sea, in ten c
 def headless_plain(args: argparse.Namespace, env: dict[str, str]) -> float:
     cmd = [sys.executable, "-m", "app.cli", "generate", args.prompt, "--profile", args.profile, "--json",
            "--mode", "plain", "--max-new-tokens", str(args.max_new_tokens)]
-    out = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, check=True).stdout
+    extra = dict(a.split("=", 1) for a in args.headless_env.split(",") if a)
+    out = subprocess.run(cmd, cwd=ROOT, env={**env, **extra}, capture_output=True, text=True, check=True).stdout
     return float(json.loads(out)["stats"]["tokens_per_s"])
 
 
@@ -132,6 +133,8 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--config", action="append", default=[],
                         help="NAME:ENV=VALUE,... an app configuration to measure (repeatable; default: the app as is)")
+    parser.add_argument("--headless-env", default="",
+                        help="ENV=VALUE,... for the headless runs (e.g. OMP_WAIT_POLICY=PASSIVE, as the app's engine)")
     parser.add_argument("--width", type=int, default=120)
     parser.add_argument("--height", type=int, default=40)
     parser.add_argument("--timeout", type=float, default=300)
