@@ -12,7 +12,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from app.bench.cli import add_bench_parser, cmd_bench
 from app.models_cmd import add_models_parser, cmd_models
@@ -25,6 +25,9 @@ from app.server_cli import server_profile_from_args
 from engine.errors import SpecChatError
 from engine.text_safety import inert, json_text
 
+if TYPE_CHECKING:
+    from engine.events import ReplyStats
+
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -36,12 +39,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     parser.add_argument("--version", action="version", version=f"%(prog)s {specchat_version()}")
     gen = sub.add_parser("generate", help="answer one prompt headless (text, or one JSON object with --json)")
-    gen.add_argument("prompt", help="the user message")
+    gen.add_argument("prompt", help="the user message; - reads it from standard input")
     add_model_options(gen)
     gen.add_argument("--mode", choices=["spec", "ngram", "suffix", "plain"], default="spec",
                      help="spec: the profile's drafter; ngram: prompt lookup; suffix: lookup in this chat and "
                           "earlier ones; plain: the target alone")
     gen.add_argument("--json", action="store_true", help="print one JSON object: text, token_ids, stats")
+    gen.add_argument("--quiet", action="store_true",
+                     help="no timing line on stderr (tokens, tok/s, α, τ, speedup)")
     gen.add_argument("--system", help="system prompt (default: the profile's)")
     gen.add_argument("--max-new-tokens", type=int, default=256, help="stop after this many new tokens")
     gen.add_argument("--temperature", type=float, help="0 = greedy (default: the profile's)")
@@ -100,6 +105,11 @@ def polish_help(parser: argparse.ArgumentParser) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     from engine.events import ChatMessage
 
+    if args.prompt == "-":
+        args.prompt = sys.stdin.read()
+        if not args.prompt.strip():
+            raise SpecChatError("the prompt read from standard input is empty: pipe the message in, "
+                                "e.g. echo Hello | specchat generate -")
     if not args.prompt.strip():
         raise SpecChatError("the prompt is empty: give the message to answer, e.g. specchat generate \"Hello\"")
     profile = resolve_profile(args)
@@ -135,10 +145,30 @@ def cmd_generate(args: argparse.Namespace) -> int:
             out = {"profile": profile.name, "text": "".join(text), "token_ids": ids, "stats": stats}
             print(json_text(out))  # the exact text, its controls as JSON escapes (C1 ones too)
         else:
-            print()
+            print(flush=True)
+        if not args.quiet:
+            print(f"specchat: {timing_line(last.stats)}", file=sys.stderr)
     finally:
         engine.close()
     return 0
+
+
+def timing_line(stats: "ReplyStats") -> str:
+    """The reply's figures on one line: tokens, tok/s, α, τ and the speedup the app shows
+    (:func:`app.ui.formatting.speedup_figure`), or why there is none."""
+    from app.ui.formatting import fmt_float, fmt_rate, speedup_figure, spoken_reason
+
+    parts = [f"{stats.tokens} tokens", f"{fmt_rate(stats.tokens_per_s)} tok/s"]
+    if stats.proposed:
+        parts += [f"α/token {fmt_float(stats.alpha_per_token)}", f"accepted {fmt_float(stats.alpha)}",
+                  f"τ {fmt_float(stats.tau)}"]
+    speedup = speedup_figure(stats)
+    if speedup is not None:
+        parts.append(f"speedup {speedup}")
+    else:
+        parts.append("plain decoding" + (f" ({spoken_reason(stats.speculation_off_reason)})"
+                                         if stats.speculation_off_reason else ""))
+    return " · ".join(parts)
 
 
 def cmd_profiles(args: argparse.Namespace) -> int:

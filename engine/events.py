@@ -19,6 +19,15 @@ chat's continuation (the suffix drafter's global index)."""
 FinishReason = Literal["eos", "stop", "length", "context", "cancelled", "error"]
 """``context``: the context window (prompt + reply) is full."""
 
+TOO_SHORT = "too short to measure"
+"""``ReplyStats.speedup_note`` when the reply holds less evidence than the floor
+(:data:`engine.decode.cost_model.SPEEDUP_FLOOR` says what the floor is)."""
+PLAIN_REPLY = "decoded plainly"
+"""``ReplyStats.speedup_note`` when nothing was drafted in the reply: there is no speedup to show."""
+NOT_PAYING = "not paying here"
+"""``ReplyStats.speculation_off_reason`` after an automatic switch-off (the HUD shows
+"speculation off: not paying here"); the evidence is in ``speculation_off_detail``."""
+
 
 @dataclass(frozen=True)
 class SamplingParams:
@@ -151,8 +160,12 @@ class ReplyStats:
     ``speedup`` is measured, not assumed: ``tokens_per_s`` divided by
     ``plain_tokens_per_s``, the speed plain decoding would have had over the
     same stretch of time on this machine, estimated from every round of the
-    session (``engine.decode.pass_costs`` gives the estimator). ``None`` ("measuring…")
-    until that estimate is sound. ``plain_rounds`` counts this reply's rounds
+    session (``engine.decode.pass_costs`` gives the estimator), with its standard
+    error ``speedup_se``. It is the one figure every view shows (HUD, reply footer,
+    export, ``generate --json`` and its timing line). ``None`` below the evidence
+    floor (:data:`engine.decode.cost_model.SPEEDUP_FLOOR`) or when nothing was
+    drafted; ``speedup_note`` then says which (:data:`TOO_SHORT`,
+    :data:`PLAIN_REPLY`). ``plain_rounds`` counts this reply's rounds
     with K = 0 and ``plain_measured_tokens_per_s`` is their own speed: a
     cross-check of the estimate.
 
@@ -188,10 +201,15 @@ class ReplyStats:
     itl_ms: float | None = None
     plain_tokens_per_s: float | None = None
     speedup: float | None = None
+    speedup_se: float | None = None
+    speedup_note: str | None = None
     plain_rounds: int = 0
     plain_measured_tokens_per_s: float | None = None
     mode_tokens: tuple[tuple[Mode, int], ...] = ()
     speculation_off_reason: str | None = None
+    speculation_off_detail: str | None = None
+    """The evidence behind an automatic switch-off (for logs and ``--json``; the views say
+    :data:`NOT_PAYING`)."""
     truncated_turns: int = 0
     """Earlier messages left out so the conversation fits the context window."""
     by_origin: tuple[OriginFigures, ...] = ()

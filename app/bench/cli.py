@@ -106,14 +106,29 @@ def format_table(results: Sequence[dict[str, Any]], prompt_class: str = "all") -
     return "\n".join(lines)
 
 
+SHORT_CELL_TOKENS = 128
+"""A class's figure from one run (one prompt, one repeat) or from fewer new tokens than this
+is marked: a single 32-token run printed "grounded 15.52x"."""
+
+
+def _thin(r: dict[str, Any]) -> bool:
+    """The figure rests on one short run (see :data:`SHORT_CELL_TOKENS`)."""
+    return r.get("method") != "plain" and r["speedup"] is not None and (
+        r.get("prompts", 0) * r.get("repeats", 0) <= 1 or r.get("new_tokens", 0) < SHORT_CELL_TOKENS)
+
+
 def format_class_speedups(results: Sequence[dict[str, Any]]) -> str:
-    """Speedup over plain per method (rows) and prompt class (columns)."""
+    """Speedup over plain per method (rows) and prompt class (columns); a figure from a single
+    run or a few tokens is marked ``*`` and a footnote says why."""
     classes = list(dict.fromkeys(r["prompt_class"] for r in results))
     rows = list(dict.fromkeys(_label(r) for r in results))
-    cell = {(_label(r), r["prompt_class"]): r["speedup"] for r in results}
+    cell = {(_label(r), r["prompt_class"]): _x(r["speedup"]) + ("*" if _thin(r) else "") for r in results}
     lines = [f"{'speedup by class':<26}" + "".join(f"{c:>12}" for c in classes)]
     for row in rows:
-        lines.append(f"{row:<26}" + "".join(f"{_x(cell.get((row, c))):>12}" for c in classes))
+        lines.append(f"{row:<26}" + "".join(f"{cell.get((row, c), '-'):>12}" for c in classes))
+    if any(_thin(r) for r in results):
+        lines.append(f"* from a single run or fewer than {SHORT_CELL_TOKENS} new tokens: too short to rely on "
+                     "(more prompts or --repeats)")
     return "\n".join(lines)
 
 

@@ -120,7 +120,8 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         return self.conversation.generating and len(self.screen_stack) == 1
 
     def get_driver_class(self) -> type[Driver]:
-        return early_stop_driver(super().get_driver_class(), self._stop_early, esc_prefix=self.dialog_open)
+        return early_stop_driver(super().get_driver_class(), self._stop_early, esc_prefix=self.dialog_open,
+                                 on_input=lambda: self.engine.yield_to_ui())
 
     def dialog_open(self) -> bool:
         """A dialog is over the chat (safe from any thread): Alt+letter is read as Esc, letter."""
@@ -130,6 +131,7 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         """Esc, seen on the terminal's input thread (app.ui.early_stop)."""
         if self.can_stop():
             self.conversation.stop_reply()
+            self.engine.interrupt()  # the engine stops now, not when the UI's reply worker next runs
 
     def get_system_commands(self, screen: Screen[Any]) -> Any:
         yield from unique_commands(self, super().get_system_commands(screen))
@@ -316,13 +318,8 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         self.conversation.hud.set_speculation(not (was_on and not on))  # "switched off by you"
         if self.engine.profile is not None:
             self.conversation.hud.show_engine(info, self.engine.profile)
-        if on:
-            notice(self, "Speculation on.")
-        elif was_on:
-            notice(self, "Speculation off: plain decoding.")
-        else:
-            notice(self, f"Speculation cannot be switched on: {info.fallback_reason or 'no drafter is loaded'}.",
-                   severity="warning")
+        text, severity = self.engine.toggle_words(info)
+        notice(self, text, severity=severity)
 
     def switch_profile(self, name: str) -> None:
         """Load profile ``name`` in place of the current pair; the conversation continues.
@@ -358,13 +355,13 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
     def on_engine_ready(self, message: EngineReady) -> None:
         from engine.child.backend import ProcessBackend
         from engine.child.launcher import lower_priority_except_launcher
-        from app.ui.loading import ui_nice
+        from app.ui.loading import key_threads, ui_nice
 
         if not self.screen_stack:  # loaded while the app was closing: nobody will use it
             message.backend.close()
             return
         if isinstance(message.backend, ProcessBackend) and ui_nice() > 0:
-            lower_priority_except_launcher(ui_nice())  # the engine's threads first (see UI_NICE)
+            lower_priority_except_launcher(ui_nice(), keep=key_threads())  # the engine first (see UI_NICE)
         self.engine.ready(message.backend, message.profile)
         info = message.backend.info
         self.conversation.hud.show_engine(info, message.profile, fresh=True)

@@ -50,10 +50,17 @@ def _quietly(hook: Callable[[], T]) -> T | None:
         return None
 
 
+def _no_input() -> None:
+    return None
+
+
 def early_stop_driver(base: type[Driver], on_escape: Callable[[], None],
-                      esc_prefix: Callable[[], bool] = lambda: False) -> type[Driver]:
+                      esc_prefix: Callable[[], bool] = lambda: False,
+                      on_input: Callable[[], None] = _no_input) -> type[Driver]:
     """``base`` (the platform's driver) that calls ``on_escape`` on its input thread for each Esc,
-    and reads Alt+character as Esc then the character while ``esc_prefix()`` says so."""
+    ``on_input`` for every other key, click or scroll (the engine then leaves the UI a core for a
+    moment, to show it: :meth:`app.ui.engine_host.EngineHost.yield_to_ui`), and reads Alt+character
+    as Esc then the character while ``esc_prefix()`` says so."""
 
     class EarlyStopDriver(base):  # type: ignore[valid-type,misc]
         def process_message(self, message: Message) -> None:
@@ -63,6 +70,8 @@ def early_stop_driver(base: type[Driver], on_escape: Callable[[], None],
             for key in keys:
                 if isinstance(key, events.Key) and key.key == "escape":
                     _quietly(on_escape)  # the key still goes through the queue
+                elif isinstance(key, (events.Key, events.MouseDown, events.MouseScrollUp, events.MouseScrollDown)):
+                    _quietly(on_input)
                 super().process_message(key)
 
     EarlyStopDriver.__name__ = EarlyStopDriver.__qualname__ = f"EarlyStop{base.__name__}"

@@ -20,6 +20,7 @@ from app.ui.messages import EngineFailed, EngineReady
 from engine.api import ChatBackend, EngineInfo
 from engine.progress import ProgressFn
 from engine.errors import SpecChatError
+from engine.events import NOT_PAYING
 
 if TYPE_CHECKING:
     from engine.config.profiles import ModelProfile, Profiles
@@ -65,6 +66,10 @@ class EngineHost:
         self.backend: ChatBackend | None = None
         self.loading = False
         self.speculation_on = True
+        self.speculation_forced = False
+        """Switched on by hand over an automatic switch-off (the engine no longer steps aside)."""
+        self.last_toggle: tuple[bool, bool] = (True, False)
+        """What the last toggle found: speculation on, and off by itself (:data:`NOT_PAYING`)."""
         self.lock = threading.Lock()
         self._cuda: bool | None = None
 
@@ -156,7 +161,7 @@ class EngineHost:
         """A load finished: ``backend`` serves ``profile`` with speculation on."""
         self.loading = False
         self.backend, self.profile = backend, profile
-        self.speculation_on = True
+        self.speculation_on, self.speculation_forced = True, False
         if self.profiles is not None and profile.name in self.profiles.names():
             remember_profile(profile.name)  # not a --target/--server pair made on the fly
 
@@ -171,13 +176,45 @@ class EngineHost:
     def toggle_speculation(self) -> tuple[bool, EngineInfo]:
         """Turn speculation off if the engine speculates, else on; answers whether it was on
         and the engine's info after. Reads the engine's mode, so after an automatic
-        switch-off the first toggle turns it on. Raises SpecChatError from the backend."""
+        switch-off the first toggle turns it on (forced on: the engine no longer switches
+        it off on evidence, :mod:`engine.decode.auto_switch`). Raises SpecChatError from the backend."""
         assert self.backend is not None
-        was_on = self.backend.info.mode != "plain"
+        before = self.backend.info
+        was_on = before.mode != "plain"
         self.backend.set_speculation(not was_on)
         info = self.backend.info
         self.speculation_on = info.mode != "plain"
+        self.speculation_forced = self.speculation_on and before.fallback_reason == NOT_PAYING
+        self.last_toggle = (was_on, before.fallback_reason == NOT_PAYING)
         return was_on, info
+
+    def toggle_words(self, info: EngineInfo) -> tuple[str, str]:
+        """What the last :meth:`toggle_speculation` did, in terms of the state the user saw
+        before it (on, off by hand, or off by itself), and the notice's severity."""
+        was_on, auto_off = self.last_toggle
+        if self.speculation_on and auto_off:
+            return ("Speculation was off (automatic: not paying here); now forced on until you press F5 again.",
+                    "information")
+        if self.speculation_on:
+            return "Speculation on: it steps aside by itself where it does not pay.", "information"
+        if was_on:
+            return "Speculation off (by you): plain decoding until you press F5 again.", "information"
+        return (f"Speculation cannot be switched on: {info.fallback_reason or 'no drafter is loaded'}.", "warning")
+
+    def interrupt(self) -> None:
+        """Stop the reply in the engine at once, where the backend can (safe from any thread:
+        Esc on the terminal's input thread); the reply's own cancel flag does the rest."""
+        stop = getattr(self.backend, "interrupt", None)
+        if stop is not None:
+            stop()
+
+    def yield_to_ui(self) -> None:
+        """A key, click or scroll arrived (on the terminal's input thread): the engine leaves
+        the UI a core for a moment, so what it changes shows at once although the UI's
+        threads run at a lower priority (:data:`app.ui.loading.UI_NICE`)."""
+        give = getattr(self.backend, "yield_to_ui", None)
+        if give is not None:
+            give()
 
     @property
     def drafts_from_history(self) -> bool:

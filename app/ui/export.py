@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from app.ui.formatting import fmt_float, fmt_percent, fmt_rate, fmt_speedup, modes_label
+from app.ui.formatting import fmt_float, fmt_percent, fmt_rate, modes_label, speedup_figure
 from app.store.history import History, HistoryError
 from app.store.paths import data_dir, ensure_private_dir
 from app.ui.screens.edit import EditScreen
@@ -34,7 +34,7 @@ def stats_line(stats: dict[str, Any]) -> str:
         f"τ {fmt_float(stats.get('tau'))}",
         f"{fmt_rate(stats.get('tokens_per_s'))} tok/s",
         f"ITL {fmt_float(stats.get('itl_ms'), 1)} ms",
-        f"speedup {fmt_speedup(stats.get('speedup'))}",
+        f"speedup {speedup_figure(stats) or 'none (decoded plainly)'}",
         f"plain estimate {fmt_rate(stats.get('plain_tokens_per_s'))} tok/s"
         + (f" ({stats['plain_rounds']} K=0 rounds: {fmt_rate(stats.get('plain_measured_tokens_per_s'))} tok/s)"
            if stats.get("plain_rounds") else ""),

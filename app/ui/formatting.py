@@ -29,6 +29,44 @@ def fmt_speedup(value: float | None) -> str:
     return DASH if value is None else f"{value:.2f}×"
 
 
+def _field(stats: Any, key: str) -> Any:
+    """``key`` of a reply's statistics, a dict (saved) or a ReplyStats (live)."""
+    return stats.get(key) if isinstance(stats, dict) else getattr(stats, key, None)
+
+
+def speedup_figure(stats: Any, *, live: bool = False) -> str | None:
+    """The one speedup every view shows (HUD, folded line, reply footer, export, ``generate``):
+    ``"1.18× ± 0.04"``; ``"measuring…"`` while a reply below the evidence floor streams,
+    ``"too short to measure"`` once it ended; None for a reply decoded plainly (nothing
+    drafted: no speedup to show, also for replies saved before the engine said so).
+    Statistics saved before the error existed show their figure without one."""
+    from engine.events import PLAIN_REPLY
+
+    if stats is None or _field(stats, "speedup_note") == PLAIN_REPLY:
+        return None
+    if _field(stats, "mode") == "plain" and not _field(stats, "proposed"):
+        return None
+    value = _field(stats, "speedup")
+    if value is not None:
+        se = _field(stats, "speedup_se")
+        return f"{value:.2f}×" + (f" ± {se:.2f}" if se is not None else "")
+    if not _field(stats, "tokens"):
+        return None
+    if live:
+        return "measuring…"
+    if _field(stats, "server"):  # a server's reply: no plain reply to compare with (engine.remote)
+        return "unknown"
+    return _field(stats, "speedup_note") or "too short to measure"
+
+
+def spoken_reason(reason: str) -> str:
+    """Why decoding is plain, as the views say it: an automatic switch-off (the engine's
+    ``NOT_PAYING``) reads "speculation off: not paying here"."""
+    from engine.events import NOT_PAYING
+
+    return f"speculation off: {NOT_PAYING}" if reason == NOT_PAYING else reason
+
+
 def fmt_bytes(value: int | None) -> str:
     """Bytes in binary units: ``1536 -> "1.5 KiB"``."""
     if value is None:
@@ -98,6 +136,8 @@ def plan_lines(plan: dict[str, Any]) -> list[str]:
     choice = plan.get("choice")
     if summary:
         lines.append(str(summary))
+    elif choice == "target+ngram" and plan.get("lookup"):  # the drafter by its HUD name ("suffix lookup")
+        lines.append(f"target + {plan['lookup']}")
     elif choice:
         lines.append(PLAN_CHOICES.get(str(choice), str(choice).replace("+", " + ")))
     planned, available = plan.get("planned_bytes"), plan.get("available_bytes")
@@ -123,8 +163,9 @@ def reply_summary(stats: dict[str, Any] | None) -> str:
         parts += [f"accepted {fmt_percent(stats.get('alpha'))}", f"α/token {fmt_float(stats.get('alpha_per_token'))}",
                   f"τ {fmt_float(stats.get('tau'))}"]
     parts.append(f"{fmt_rate(stats.get('tokens_per_s'))} tok/s")
-    if stats.get("speedup") is not None:
-        parts.append(f"{fmt_speedup(stats.get('speedup'))} vs plain")
+    speedup = speedup_figure(stats)
+    if speedup is not None:
+        parts.append(f"{speedup} vs plain" if stats.get("speedup") is not None else f"speedup {speedup}")
     parts.append(f"{stats.get('tokens', 0)} tokens")
     return " · ".join(parts)
 

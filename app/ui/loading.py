@@ -44,24 +44,24 @@ def default_loader(profile: "ModelProfile", memory_budget: int | None, progress:
 
 
 UI_NICE = 0
-"""Nice value the UI's threads take once a local engine is loaded (Linux; 0: unchanged).
-``SPECCHAT_UI_NICE=10`` trades keys for speed: measured on 2 cores (app in tmux, 512
-tokens, medians of 4), the engine on both cores ran 207 tok/s with the UI at nice 10
-against 171 at nice 0 (and 170 at nice 5), but Esc took 0.6-1.8 s to stop a reply instead
-of 0.2 s, since every paint queued before the key ran on what the engine left."""
+"""Nice value the UI's threads take once a local engine is loaded (Linux; 0: unchanged;
+``SPECCHAT_UI_NICE`` sets it). Not lowered by default: on a machine with other work the
+lowered UI starves. Measured on 2 shared cores (scripts/app_speed.py, tmux): at nice 10 a
+key typed while a reply streamed echoed after 0.48-1.32 s and Esc showed "stopped" after
+1.07-1.13 s, against 15-40 ms and 0.22-0.46 s at nice 0. The UI stays light instead: the
+engine's threads sleep while they wait (:data:`engine.child.backend.CHILD_ENV`), a key
+leaves the UI a core for a moment (:meth:`EngineHost.yield_to_ui`), and Esc stops the
+engine from the keyboard's own thread (:meth:`EngineHost.interrupt`)."""
 
 
 def engine_threads() -> int | None:
-    """Torch threads for the app's engine: ``SPECCHAT_THREADS``; else every core but one while
-    the UI runs at normal priority (it needs a core while a reply streams: on 2 cores a step
-    spread over both waited for the one the UI held), or torch's default (every core) when
-    the UI yields (:data:`UI_NICE`). None also on a single core."""
+    """Torch threads for the app's engine: ``SPECCHAT_THREADS``, else None (torch's default:
+    every core; it ran on every core but one, 0.66x of ``specchat generate`` on 2 cores)."""
     import os
 
     if os.environ.get("SPECCHAT_THREADS"):
         return max(1, int(os.environ["SPECCHAT_THREADS"]))
-    cores = os.cpu_count() or 1
-    return cores - 1 if cores > 1 and ui_nice() == 0 else None
+    return None
 
 
 def ui_nice() -> int:
@@ -69,6 +69,14 @@ def ui_nice() -> int:
     import os
 
     return int(os.environ.get("SPECCHAT_UI_NICE", UI_NICE))
+
+
+def key_threads() -> set[int]:
+    """Native ids of the threads that read the keyboard (Textual's ``textual-input``): they
+    keep their priority when the UI lowers its own."""
+    import threading
+
+    return {t.native_id for t in threading.enumerate() if t.name == "textual-input" and t.native_id is not None}
 
 
 def needs_room(exc: BaseException) -> bool:

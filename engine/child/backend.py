@@ -18,7 +18,10 @@ saying so; the conversation is the app's and nothing of it is lost.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
+import time
+from contextlib import contextmanager
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -42,6 +45,17 @@ if TYPE_CHECKING:
 
 POLL_S = 0.05
 """How often a waiting parent looks at its ``cancel`` event (seconds)."""
+
+YIELD_S = 0.25
+"""How long the child runs on one thread fewer after :meth:`ProcessBackend.yield_to_ui` (seconds)."""
+
+CHILD_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
+"""Environment the child starts with, unless the user set these variables. OpenMP threads
+that wait for each other sleep instead of spinning: the app's engine always shares the
+machine with the UI, and a spinning thread burns the core its preempted partner needs.
+Measured here (2 cores shared, load 7-8; 64 plain tokens of pocket, alternating): 2.4-2.7
+tok/s spinning (OMP_WAIT_POLICY=ACTIVE), 2.6 by default, 4.6 with GOMP_SPINCOUNT=10000,
+26.7-48.2 sleeping (docs/performance.md, "The app's decode speed")."""
 
 CLOSE_WAIT_S = 10.0
 """How long :meth:`ProcessBackend.close` waits for the child to exit before killing it."""
@@ -87,6 +101,7 @@ class ProcessBackend:
         self._info = info
         self._busy = threading.Lock()
         self._control_lock = threading.Lock()
+        self._yield_until: Any = None  # the shared deadline of yield_to_ui (set by start)
 
     @classmethod
     def start(cls, profile: "ModelProfile", memory_budget: int | None = None,
@@ -102,14 +117,18 @@ class ProcessBackend:
         ctx = multiprocessing.get_context("spawn")  # never fork a process that runs threads (the UI)
         conn, child_conn = ctx.Pipe()
         control, child_control = ctx.Pipe()
+        yield_until = ctx.Value("d", 0.0, lock=False)  # a time.monotonic() deadline, shared with the child
         with real_stderr():
             cancel = ctx.Event()  # its semaphore starts multiprocessing's resource tracker
-            process = ctx.Process(target=serve, args=(child_conn, child_control, cancel, profile, memory_budget, log, threads),
+            process = ctx.Process(target=serve, args=(child_conn, child_control, cancel, profile, memory_budget, log,
+                                                      threads, yield_until),
                                   name=f"specchat-engine-{profile.name}", daemon=True)
-            LAUNCHER.run(process.start)
+            with child_environment(CHILD_ENV):
+                LAUNCHER.run(process.start)
         child_conn.close()
         child_control.close()
         backend = cls(process, conn, control, cancel, EngineInfo(profile.name, "", "", "plain", ""))
+        backend._yield_until = yield_until
         try:
             while True:
                 message = backend._receive()
@@ -151,6 +170,19 @@ class ProcessBackend:
             self._busy.release()
             raise
         return _Reply(self._events(cancel), self._abandon)
+
+    def yield_to_ui(self, seconds: float = YIELD_S) -> None:
+        """Have the child decode on one thread fewer for ``seconds``, from any thread (a key's
+        own): on a machine where the engine takes every core and the UI's threads yield to
+        it, the UI then has a core to show the key on (its echo took over a second)."""
+        if self._yield_until is not None:
+            self._yield_until.value = time.monotonic() + seconds
+
+    def interrupt(self) -> None:
+        """Tell the child to stop the reply now, from any thread (a key's own thread): the
+        reply's reader forwards its ``cancel`` only when it next runs, which on a busy
+        machine, with the UI's threads at a lower priority, can be long after the key."""
+        self._cancel.set()
 
     def _abandon(self) -> None:
         """The reply's reader went away before reading anything: stop the child, free the engine."""
@@ -245,6 +277,19 @@ class ProcessBackend:
         how = "was killed" if code is not None and code < 0 else f"exited (code {code})"
         return EngineError(f"the engine process {how}; the conversation is kept: pick the profile again (F2) "
                            "to reload the models")
+
+
+@contextmanager
+def child_environment(values: dict[str, str]) -> Iterator[None]:
+    """Set ``values`` in this process's environment while a child starts (a spawned child
+    copies it), leaving any the user set; then put the environment back."""
+    added = {k: v for k, v in values.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for key in added:
+            os.environ.pop(key, None)
 
 
 def _error(message: FromChild) -> BaseException:

@@ -12,7 +12,7 @@ import os
 import queue
 import sys
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -56,17 +56,19 @@ LAUNCHER = Launcher()
 """The process's one launcher."""
 
 
-def lower_priority_except_launcher(nice: int) -> int:
+def lower_priority_except_launcher(nice: int, keep: Collection[int] = ()) -> int:
     """Raise the nice value of every thread of this process to at least ``nice``, except the
-    thread that starts engine children; returns how many threads were changed. Linux only
-    (elsewhere nothing happens). Raising one's own nice value needs no privilege."""
+    thread that starts engine children and the threads whose native ids are in ``keep``;
+    returns how many threads were changed. Linux only (elsewhere nothing happens). Raising
+    one's own nice value needs no privilege (lowering it again does: a kept thread must be
+    kept from the start)."""
     tasks = Path("/proc/self/task")
     if not hasattr(os, "setpriority") or not tasks.is_dir():
         return 0
     changed = 0
     for entry in tasks.iterdir():
         tid = int(entry.name)
-        if tid == LAUNCHER.native_id:
+        if tid == LAUNCHER.native_id or tid in keep:
             continue
         try:
             if os.getpriority(os.PRIO_PROCESS, tid) < nice:

@@ -4,9 +4,10 @@ from __future__ import annotations
 import os
 import signal
 import threading
+import time
 from multiprocessing.connection import Connection
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.api import ChatBackend
 from engine.child.protocol import (
@@ -19,12 +20,22 @@ if TYPE_CHECKING:
     from engine.config.profiles import ModelProfile
 
 
+def threads_now(full: int, now: float, yield_until: float) -> int:
+    """Torch threads for the next round: one fewer than ``full`` until the UI's deadline
+    ``yield_until`` (``time.monotonic()``) passes (a key arrived: the UI needs a core to
+    show it), else ``full``."""
+    return max(1, full - 1) if now < yield_until else full
+
+
 def serve(conn: Connection, control: Connection, cancel: "ProcessEvent", profile: "ModelProfile",
-          memory_budget: int | None, log: Path | None, threads: int | None = None) -> None:
+          memory_budget: int | None, log: Path | None, threads: int | None = None,
+          yield_until: Any = None) -> None:
     """The child's main loop (the target of the spawned process).
 
     ``log``: a file that takes the child's stdout and stderr; ``threads``: torch's
-    intra-op threads (None: torch's default)."""
+    intra-op threads (None: torch's default); ``yield_until``: a shared double, a
+    ``time.monotonic()`` deadline before which each round runs on one thread fewer
+    (:meth:`~engine.child.backend.ProcessBackend.yield_to_ui`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when the engine stops
     if threads is not None:
         import torch
@@ -47,6 +58,9 @@ def serve(conn: Connection, control: Connection, cancel: "ProcessEvent", profile
         conn.send(failure(exc))
         return
     conn.send(Ready(engine.info))
+    import torch
+
+    full = torch.get_num_threads()
     threading.Thread(target=_answer_control, args=(engine, control), name="control", daemon=True).start()
     try:
         while True:
@@ -56,12 +70,21 @@ def serve(conn: Connection, control: Connection, cancel: "ProcessEvent", profile
                 return
             if not isinstance(request, ChatRequest):
                 return  # CloseRequest
+            current = full
             try:
                 for event in engine.chat(request.messages, request.params, cancel):
                     conn.send(Round(event, engine.info))
+                    if yield_until is not None:  # the next round: leave the UI a core while it asks
+                        wanted = threads_now(full, time.monotonic(), yield_until.value)
+                        if wanted != current:
+                            torch.set_num_threads(wanted)
+                            current = wanted
                 conn.send(ReplyEnd(engine.info))
             except Exception as exc:  # noqa: BLE001 - the parent raises it in its thread
                 conn.send(failure(exc))
+            finally:
+                if current != full:
+                    torch.set_num_threads(full)
     finally:
         engine.close()
 

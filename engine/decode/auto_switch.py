@@ -8,10 +8,16 @@ below 1.0. A single slow stretch, or a window still holding the previous
 reply's rounds, cannot do it: the window starts empty with every reply.
 
 After a switch-off, speculation is tried again (re-probed) after
-``reprobe_after`` plain rounds, in the same reply or a later one, and at the
-start of every new reply; each further switch-off in the session doubles the
+``reprobe_after`` plain rounds, counted across replies (a new reply does not
+lift it: re-probing at every reply cost each reply a window of losing rounds,
+and in the app a notice); each further switch-off in the session doubles the
 wait, up to ``max_reprobe_after`` rounds. A switch by hand (F5) ends the
-automatic state: the user's choice stands.
+automatic state: the user's choice stands. Switched on by hand *while* an
+automatic switch-off was in force, speculation is forced on: no evidence
+switches it off again until the next switch by hand.
+
+The step aside is quiet: the decoder sends no notice for it, and the views say
+:data:`engine.events.NOT_PAYING` where they show why decoding is plain.
 """
 from __future__ import annotations
 
@@ -34,24 +40,25 @@ class AutoSwitch:
         self.margin = margin
         self.z = z
         self.off = False  # an automatic switch-off is in force
+        self.forced = False  # switched on by hand over an automatic switch-off: never off on evidence
         self.plain_rounds = 0  # plain rounds since it began
         self._rounds: deque[tuple[int, float]] = deque(maxlen=max(window, 2))
 
-    def new_reply(self) -> bool:
-        """A reply starts: the window empties. True when an automatic switch-off is lifted (re-probe)."""
+    def new_reply(self) -> None:
+        """A reply starts: the window empties (an automatic switch-off stays until its re-probe)."""
         self._rounds.clear()
-        lifted, self.off = self.off, False
-        return lifted
 
-    def reset(self) -> None:
-        """Speculation switched by hand: forget the automatic state and the backoff."""
+    def reset(self, forced: bool = False) -> None:
+        """Speculation switched by hand: forget the automatic state and the backoff; ``forced``:
+        switched on over an automatic switch-off, so evidence no longer switches it off."""
         self._rounds.clear()
         self.off = False
+        self.forced = forced
         self.reprobe_after = self.base_reprobe_after
 
     def observe(self, emitted: int, plain_equivalent: float | None) -> str | None:
         """One speculative round; returns the reason when the evidence says switch off."""
-        if self.window <= 0 or plain_equivalent is None:
+        if self.window <= 0 or plain_equivalent is None or self.forced:
             return None
         self._rounds.append((emitted, plain_equivalent))
         if len(self._rounds) < self.window:
@@ -65,7 +72,7 @@ class AutoSwitch:
         return (
             f"speculation switched off: {speedup:.2f}× over the last {rounds} rounds "
             f"(at most {upper:.2f}× within {self.z:g} standard errors); trying again after "
-            f"{self.reprobe_after} plain rounds or at the next reply"
+            f"{self.reprobe_after} plain rounds"
         )
 
     def plain_round(self) -> int | None:

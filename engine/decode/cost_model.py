@@ -28,15 +28,23 @@ The two acceptance figures (Leviathan et al. 2022 call the per-token one α):
 """
 from __future__ import annotations
 
+import math
 import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
 from engine.decode.pass_costs import WINDOW, PassCosts, Stretch
-from engine.events import DraftOrigin, Mode, OriginFigures, ReplyStats
+from engine.events import PLAIN_REPLY, TOO_SHORT, DraftOrigin, Mode, OriginFigures, ReplyStats
 
 EMA = 0.2  # weight of the newest sample in the running draft-step average
 
+
+SPEEDUP_FLOOR = {"tokens": 32, "drafting_rounds": 8, "plain_samples": 8}
+"""The evidence a reply's speedup needs before any view shows it: this many tokens in the
+reply, rounds of it that drafted something, and one-token rounds (the plain step's samples,
+session-wide). Below it the speedup is None and ``speedup_note`` says
+:data:`~engine.events.TOO_SHORT`: an 8-token reply, or a plain speed from a handful of
+calibration rounds, gave figures like 0.37× and 4.16×."""
 
 LOOKUP_TRUSTED = 4
 """Before anything is measured, a lookup match of at least this many tokens is taken over
@@ -256,12 +264,17 @@ class ReplyTally:
     prefill_s: float = 0.0
     positions: PositionCounts = field(default_factory=PositionCounts)
     speculation_off_reason: str | None = None
+    speculation_off_detail: str | None = None
     stretch: Stretch = field(default_factory=Stretch)
     mode_tokens: dict[str, int] = field(default_factory=dict)
     plain_rounds: int = 0
     plain_rounds_s: float = 0.0
     origins: dict[DraftOrigin, list[int]] = field(default_factory=dict)
     """Per draft origin: rounds, proposed, accepted, emitted (the order they first drafted)."""
+    drafting_rounds: int = 0
+    evidence: list[float] = field(default_factory=lambda: [0.0] * 6)
+    """Sums over rounds with a plain equivalent ``c`` (tokens emitted ``e``): count, e, c, e², ec, c²
+    (the spread of the per-round ratio, for the speedup's standard error)."""
 
     def record(
         self, k: int, proposed: int, n_accepted: int, emitted: int, draft_s: float, verify_s: float,
@@ -283,21 +296,54 @@ class ReplyTally:
         self.positions.add(proposed, n_accepted)
         wall = draft_s + verify_s + other_s
         self.stretch.add(proposed + 1, verify_s, wall)
+        plain_equivalent = self.costs.passes.plain_equivalent(proposed + 1, verify_s, wall)
+        if plain_equivalent is not None:
+            e, c = float(emitted), plain_equivalent
+            for i, x in enumerate((1.0, e, c, e * e, e * c, c * c)):
+                self.evidence[i] += x
         round_mode = mode or self.mode
         self.mode_tokens[round_mode] = self.mode_tokens.get(round_mode, 0) + emitted
         if proposed == 0:
             self.plain_rounds += 1
             self.plain_rounds_s += wall
-        elif origin is not None:
+        else:
+            self.drafting_rounds += 1
+        if proposed and origin is not None:
             counts = self.origins.setdefault(origin, [0, 0, 0, 0])
             for i, n in enumerate((1, proposed, n_accepted, emitted)):
                 counts[i] += n
+
+    def speedup(self, plain_tokens: float | None) -> tuple[float | None, float | None, str | None]:
+        """``(speedup, standard error, note)``: the figure when the reply is past
+        :data:`SPEEDUP_FLOOR`, else None and why (:data:`~engine.events.PLAIN_REPLY`,
+        :data:`~engine.events.TOO_SHORT`).
+
+        The error combines the spread of the rounds' own ratios (tokens emitted over
+        plain equivalent; a ratio estimator's delta-method error) with that of the
+        plain step it is measured against (the median of the one-token rounds)."""
+        if self.tokens and not self.proposed:
+            return None, None, PLAIN_REPLY
+        floor = SPEEDUP_FLOOR
+        if (plain_tokens is None or plain_tokens <= 0 or self.tokens < floor["tokens"]
+                or self.drafting_rounds < floor["drafting_rounds"]
+                or self.costs.passes.plain_samples < floor["plain_samples"]):
+            return None, None, TOO_SHORT
+        value = self.tokens / plain_tokens
+        n, e, c, ee, ec, cc = self.evidence
+        relative = 0.0
+        if n >= 2 and c > 0:
+            ratio = e / c
+            spread = max(ee - 2 * ratio * ec + ratio * ratio * cc, 0.0) / (n - 1)
+            relative += spread / n / (c / n) ** 2 / ratio ** 2 if ratio > 0 else 0.0
+        relative += self.costs.passes.plain_step_relative_se() ** 2
+        return value, value * math.sqrt(relative), None
 
     def snapshot(self) -> ReplyStats:
         decode_s = self.draft_s + self.verify_s + self.other_s
         tps = self.tokens / decode_s if decode_s > 0 and self.tokens else None
         plain_tokens = self.stretch.plain_tokens(self.costs.passes) if self.tokens else None
         sound = plain_tokens is not None and plain_tokens > 0 and decode_s > 0
+        speedup, speedup_se, speedup_note = self.speedup(plain_tokens if sound else None)
         return ReplyStats(
             mode=self.mode,
             drafter=self.drafter,
@@ -320,10 +366,13 @@ class ReplyTally:
             tokens_per_s=tps,
             itl_ms=1000 * decode_s / self.tokens if self.tokens else None,
             plain_tokens_per_s=plain_tokens / decode_s if sound and plain_tokens else None,
-            speedup=self.tokens / plain_tokens if sound and plain_tokens else None,
+            speedup=speedup,
+            speedup_se=speedup_se,
+            speedup_note=speedup_note,
             plain_rounds=self.plain_rounds,
             plain_measured_tokens_per_s=self.plain_rounds / self.plain_rounds_s if self.plain_rounds_s > 0 else None,
             mode_tokens=tuple((m, n) for m, n in self.mode_tokens.items() if n),
             speculation_off_reason=self.speculation_off_reason,
+            speculation_off_detail=self.speculation_off_detail,
             by_origin=tuple(OriginFigures(o, *counts) for o, counts in self.origins.items()),
         )

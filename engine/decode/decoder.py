@@ -25,7 +25,7 @@ from transformers import PreTrainedModel
 from engine.model.device import Device
 from engine.decode.drafters import EMPTY_DRAFT, Draft, Drafter
 from engine.errors import ContextLengthError, EngineError, NonFiniteLogitsError
-from engine.events import GenerationParams, Mode, RoundEvent, TokenSource
+from engine.events import NOT_PAYING, GenerationParams, Mode, RoundEvent, TokenSource
 from engine.decode.runner import ModelRunner
 from engine.decode.sampling import GumbelNoise, Randomness, make_randomness, warp
 from engine.decode.schedule import Schedule
@@ -87,7 +87,9 @@ class SpecDecoder:
         self.window = window
         self.speculation_enabled = True
         self.off_reason: str | None = None
-        """Why speculation is off for now (by hand, or switched off automatically)."""
+        """Why speculation is off for now (by hand, or switched off automatically: :data:`NOT_PAYING`)."""
+        self.off_detail: str | None = None
+        """The evidence behind an automatic switch-off."""
         self.fallback_reason: str | None = None
         """Why the drafter was dropped for good (out of memory)."""
 
@@ -104,10 +106,13 @@ class SpecDecoder:
         return self.fallback_reason or self.off_reason
 
     def set_speculation(self, enabled: bool) -> None:
-        """Switch speculation on or off by hand (also undoes an automatic switch-off)."""
+        """Switch speculation on or off by hand (also undoes an automatic switch-off). On over
+        an automatic switch-off, it is forced on (:class:`~engine.decode.auto_switch.AutoSwitch`)."""
+        forced = enabled and not self.speculation_enabled and self.off_reason == NOT_PAYING
         self.speculation_enabled = enabled
         self.off_reason = None if enabled else "speculation switched off by the user"
-        self.schedule.switch.reset()
+        self.off_detail = None
+        self.schedule.switch.reset(forced)
 
     def drop_drafter(self, reason: str) -> str:
         """Free the drafter for good and go on with plain decoding; returns the notice."""
@@ -149,12 +154,12 @@ class SpecDecoder:
             )
         seq = list(prompt_ids)
         self._plan_captures(params)
-        if self.schedule.switch.new_reply():  # re-probe after an automatic switch-off
-            self.speculation_enabled, self.off_reason = True, None
+        self.schedule.switch.new_reply()
         generator = make_randomness(params.sampling, len(seq), self.target.vocab_size, self.device)
         drafter_name = self.drafter.name if self.drafter is not None else "none"
         stats = ReplyTally(self.mode, drafter_name, params.k is None, self.costs)
         stats.speculation_off_reason = self.plain_reason
+        stats.speculation_off_detail = self.off_detail if self.fallback_reason is None else None
         start = self.device.mark()
         notice = self._prefill(seq)
         stats.prefill_s = self.device.seconds_between([start, self.device.mark()])[0]
@@ -244,14 +249,15 @@ class SpecDecoder:
                      mode=round_mode, origin=origin)
         plain_equivalent = self.costs.plain_equivalent(drafted, verify_s, draft_s + verify_s + other_s)
         switched = self.schedule.verdict(params, round_mode, len(emitted), plain_equivalent)
-        if switched is not None:
-            on, reason = switched
-            self.speculation_enabled, self.off_reason = on, None if on else reason
-            notice = notice or reason
+        if switched is not None:  # quiet: the stats say it (NOT_PAYING), no notice
+            on, detail = switched
+            self.speculation_enabled, self.off_reason = on, None if on else NOT_PAYING
+            self.off_detail = None if on else detail
         stats.mode = self.mode
         notice = notice or self._capture_notice()
-        if notice is not None:
+        if notice is not None or switched is not None:
             stats.speculation_off_reason = self.plain_reason
+            stats.speculation_off_detail = self.off_detail if self.fallback_reason is None else None
         event = RoundEvent(tuple(emitted), tuple(sources[: len(emitted)]), stats.snapshot(), finish, notice, origin)
         return event, len(emitted)
 

@@ -113,6 +113,14 @@ class PassCosts:
     def plain_samples(self) -> int:
         return len(self._plain_rounds)
 
+    def plain_step_relative_se(self) -> float:
+        """The plain step's standard error over its value: a median's, ``sqrt(pi / 2)`` times
+        a mean's (0 while fewer than two samples or no sound step)."""
+        samples = self._plain_rounds
+        if self._plain is None or self._plain <= 0 or len(samples) < 2:
+            return 0.0
+        return math.sqrt(math.pi / 2) * statistics.stdev(samples) / math.sqrt(len(samples)) / self._plain
+
     @property
     def line_sound(self) -> bool:
         return self._line is not None

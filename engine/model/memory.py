@@ -286,6 +286,9 @@ class Plan:
     target: ModelEstimate
     draft: ModelEstimate | None
     planned_bytes: int
+    lookup: str = "n-gram lookup"
+    """The lookup drafter of a ``target+ngram`` plan, by the name the HUD gives it (the
+    suffix drafter is "suffix lookup")."""
 
     @property
     def headroom_bytes(self) -> int:
@@ -306,8 +309,9 @@ class Plan:
         if self.choice == "target+draft" and self.draft is not None:
             parts.append(f"draft {fmt_bytes(self.draft.resident_bytes)}")
         cap = f" (budget {fmt_bytes(self.budget_bytes)})" if self.budget_bytes is not None else ""
+        choice = f"target+{self.lookup}" if self.choice == "target+ngram" else self.choice
         return (
-            f"{self.choice}: {' + '.join(parts)} of {fmt_bytes(self.available_bytes)} available{cap}, "
+            f"{choice}: {' + '.join(parts)} of {fmt_bytes(self.available_bytes)} available{cap}, "
             f"headroom {fmt_bytes(self.headroom_bytes)}"
         )
 
@@ -374,7 +378,8 @@ def plan_memory(
                                d_spec.quantize_head, graphs)
 
     def make(choice: Choice, reason: str, planned: int) -> Plan:
-        return Plan(choice, reason, free_bytes, budget, reserve_bytes, available, ctx, target, draft, planned)
+        lookup = "suffix lookup" if profile.drafter == "suffix" else "n-gram lookup"
+        return Plan(choice, reason, free_bytes, budget, reserve_bytes, available, ctx, target, draft, planned, lookup)
 
     if target.total_bytes > available:
         limit = f"the memory budget of {fmt_bytes(budget)}" if budget is not None and budget < free_bytes else "free memory"

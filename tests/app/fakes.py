@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from engine.api import EngineInfo
 from engine.progress import ProgressFn
-from engine.events import ChatEvent, ChatMessage, GenerationParams, ReplyStats, TextPiece
+from engine.events import NOT_PAYING, ChatEvent, ChatMessage, GenerationParams, ReplyStats, TextPiece
 from engine.config.profiles import ModelProfile, ModelSpec, Profiles
 
 DEFAULT_SCRIPT: tuple[tuple[tuple[str, str], ...], ...] = (
@@ -65,7 +65,7 @@ class FakeBackend:
         self.fallback_reason = fallback_reason
         self.notice_round = notice_round
         self.auto_off_round = auto_off_round
-        """After this round the engine switches speculation off by itself (with a notice)."""
+        """After this round the engine switches speculation off by itself (quietly, as the engine does)."""
         self.auto_off_reason: str | None = None
         self.speculation = True
         self.closed = False
@@ -106,6 +106,7 @@ class FakeBackend:
             elapsed_s=0.1 * rounds, tokens_per_s=40.0 + rounds, itl_ms=25.0 - rounds,
             plain_tokens_per_s=20.0 if rounds >= 2 else None,
             speedup=(40.0 + rounds) / 20.0 if rounds >= 2 else None,
+            speedup_se=0.05 if rounds >= 2 else None,
             speculation_off_reason=None if self.speculation else (self.auto_off_reason or "switched off"),
             mode_tokens=mode_tokens or ((info.mode, tokens),),  # type: ignore[arg-type]
         )
@@ -134,7 +135,7 @@ class FakeBackend:
             notice = self.notice_round[1] if self.notice_round and self.notice_round[0] == i else None
             if self.auto_off_round == i and self.speculation:
                 self.speculation = False
-                self.auto_off_reason = notice = "speculation switched off: 0.60× over the last 32 rounds"
+                self.auto_off_reason = NOT_PAYING  # as the engine does: quietly, no notice
             yield ChatEvent(
                 "".join(p.text for p in pieces), pieces, tuple(range(len(pieces))),
                 self._stats(i, tokens, accepted, tuple(modes.items())), finish_reason="eos" if last else None,

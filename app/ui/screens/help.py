@@ -10,13 +10,22 @@ from textual.widgets import Markdown
 
 from app.ui.screens.dialog import Dialog
 
-INTRO = """\
+ALPHA_TERM = (
+    "**α**: the chance that a drafted token is accepted, given that the ones before it were "
+    "(accepted ÷ draft positions reached; the α of τ = (1 − α^(K+1)) / (1 − α)); the HUD shows it as "
+    "α/token. Its **accepted** row is another figure: accepted ÷ proposed, which falls as K grows."
+)
+"""α in the words the README's "Terms" uses too (tests/app/ui/test_names.py keeps them equal)."""
+
+INTRO = f"""\
 # specchat keys
 
-A draft model (or n-gram lookup) proposes **K** tokens, the target verifies them
+A draft model (or a lookup) proposes **K** tokens, the target verifies them
 in one pass: the reply is exactly the target's, only faster. The HUD shows
-**α** (share of drafted tokens accepted), **τ** (tokens per target pass),
-tokens/s, inter-token latency and the **measured** speedup over plain decoding.
+α, **τ** (tokens per target pass), tokens/s, inter-token latency and the
+**measured** speedup over plain decoding, with its standard error.
+
+{ALPHA_TERM}
 
 Everything below is also in the command palette (**ctrl+p**).
 """
@@ -52,7 +61,9 @@ class HelpScreen(Dialog[None]):
     def __init__(self, sections: list[tuple[str, list[BindingType]]]) -> None:
         super().__init__()
         self._sections = sections
+        self.markdown = help_markdown(sections)
+        """The page's text."""
 
     def compose(self) -> ComposeResult:
         with VerticalScroll(id="help-body", classes="dialog"):
-            yield Markdown(help_markdown(self._sections))
+            yield Markdown(self.markdown)

@@ -24,10 +24,11 @@ from app.ui.formatting import (
     fmt_float,
     fmt_percent,
     fmt_rate,
-    fmt_speedup,
     mode_label,
     modes_label,
     plan_lines,
+    speedup_figure,
+    spoken_reason,
 )
 from app.ui.widgets import hud_server
 from app.store.pieces import PIECE_SOURCES, drafted_source
@@ -74,11 +75,11 @@ def sparkline(values: Sequence[float], width: int) -> Content:
     return Content.styled(cells, "$text-success")
 
 
-def speedup_text(stats: ReplyStats | None) -> str:
-    """The speedup, or "measuring…" while the plain-speed estimate is not sound yet."""
-    if stats is not None and stats.speedup is None and stats.tokens:
-        return "measuring…"
-    return fmt_speedup(stats.speedup if stats else None)
+def speedup_text(stats: ReplyStats | None, live: bool = True) -> str:
+    """The reply's one speedup with its standard error (:func:`speedup_figure`): "measuring…"
+    while a reply below the evidence floor streams, "too short to measure" after; "—" for a
+    reply that drafted nothing."""
+    return speedup_figure(stats, live=live) or DASH
 
 
 def plain_text(stats: ReplyStats | None) -> str:
@@ -295,7 +296,7 @@ class Hud(VerticalScroll):
         mode, reason = self._mode()
         rows.append(row("mode", mode, "bold $text-success" if mode.startswith("spec") else "bold $text-warning"))
         if reason:
-            rows.append(row("why", reason, "$text-warning"))
+            rows.append(row("why", spoken_reason(reason), "$text-warning"))
         rows.append(row("drafter", (self.stats.drafter if self.live and self.stats else None) or self.info.drafter))
         rows.append(row("device", self.info.device))
         return lines(*rows)
@@ -316,7 +317,7 @@ class Hud(VerticalScroll):
             *self._origin_rows(s),
             row("tok/s", fmt_rate(s.tokens_per_s if s else None)),
             row("ITL", DASH if s is None or s.itl_ms is None else f"{s.itl_ms:.1f} ms"),
-            row("speedup", speedup_text(s), "bold"),
+            row("speedup", speedup_text(s, self.live), "bold"),
             row("plain", plain_text(s)),
             *([row("modes", modes_label(s.to_dict()))] if s is not None and len(s.mode_tokens) > 1 else []),
             row("tokens", str(s.tokens) if s else DASH),

@@ -9,9 +9,11 @@ from typing import Protocol
 
 from textual.content import Content
 
-from app.ui.formatting import DASH, fmt_float, fmt_percent, fmt_rate, fmt_speedup, mode_label
+from app.ui.formatting import (
+    DASH, fmt_float, fmt_percent, fmt_rate, fmt_speedup, mode_label, speedup_figure, spoken_reason,
+)
 from engine.api import EngineInfo
-from engine.events import ReplyStats
+from engine.events import NOT_PAYING, ReplyStats
 
 
 class HudState(Protocol):
@@ -45,18 +47,27 @@ def status_line(hud: HudState, toggle_key: str = "F6") -> Content:
         return Content.assemble((name, "bold"), SEP, ("not loaded", "$text-warning"), hint)
     s = hud.stats
     mode = (s.mode if (hud.live and s) else hud.info.mode) or ""
-    parts: list[tuple[str, str] | str] = [(name, "bold"), SEP, (SHORT_MODES.get(mode, mode_label(mode)),
+    label = SHORT_MODES.get(mode, mode_label(mode))
+    reason = (s.speculation_off_reason if hud.live and s else None) or hud.info.fallback_reason
+    if mode == "plain" and reason == NOT_PAYING:
+        label = spoken_reason(reason)  # stepped aside on the evidence: say so in words
+    parts: list[tuple[str, str] | str] = [(name, "bold"), SEP, (label,
                                           "$text-success" if mode in ("spec", "ngram") else "$text-warning")]
     if s is not None:
         if s.proposed:
             parts += [SEP, f"accepted {fmt_percent(s.alpha)}", SEP, f"τ {fmt_float(s.tau)}"]
         parts += [SEP, f"{fmt_rate(s.tokens_per_s)} tok/s"]
-        if s.speedup is not None:
-            parts += [SEP, (fmt_speedup(s.speedup), "bold")]
-        elif getattr(s, "server", "") and not hud.live:  # a server reply: no plain reply to compare with
-            parts += [SEP, "speedup unknown"]
-        elif s.tokens and mode != "plain":
-            parts += [SEP, "measuring…"]
+        if getattr(s, "server", ""):  # a server reply: its own figures (engine.remote.figures)
+            if s.speedup is not None:
+                parts += [SEP, (fmt_speedup(s.speedup), "bold")]
+            elif not hud.live:  # no plain reply to compare with
+                parts += [SEP, "speedup unknown"]
+            elif s.tokens and mode != "plain":
+                parts += [SEP, "measuring…"]
+        else:
+            speedup = speedup_figure(s, live=hud.live)  # the same figure as the HUD's and the footer's
+            if speedup is not None:
+                parts += [SEP, (speedup, "bold" if s.speedup is not None else "")]
     parts.append(("  live" if hud.live else "", "$text-success"))
     parts.append(hint)
     return Content.assemble(*parts)

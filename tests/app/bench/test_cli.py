@@ -46,8 +46,12 @@ def test_speedups_by_class() -> None:
     assert format_class_speedups(summarise(RUNS)).splitlines() == [
         "speedup by class                  chat        code         all",
         "plain                            1.00x       1.00x       1.00x",
-        "spec K=2                         2.00x       2.00x       2.00x",
+        "spec K=2                        2.00x*      2.00x*      2.00x*",
+        "* from a single run or fewer than 128 new tokens: too short to rely on (more prompts or --repeats)",
     ]
+    # Two prompts of 80 new tokens each: the class figures are still short, the overall one is not.
+    longer = [{**r, "new_tokens": 80 if r["prompt_class"] != "all" else 160} for r in summarise(RUNS)]
+    assert [line.split()[-1] for line in format_class_speedups(longer).splitlines()[1:3]] == ["1.00x", "2.00x"]
 
 
 def test_mismatches_are_reported_with_where_they_start() -> None:

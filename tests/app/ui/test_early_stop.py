@@ -126,14 +126,39 @@ async def test_esc_from_the_input_thread_stops_the_reply_unless_a_dialog_is_open
         assert app.conversation.stream.cancel is not None and not app.conversation.stream.cancel.is_set()
         app.pop_screen()
         await wait_for(pilot, lambda: len(app.screen_stack) == 1)
+        interrupted: list[str] = []
+        loader.backends[0].interrupt = lambda: interrupted.append(threading.current_thread().name)  # type: ignore[attr-defined]
         from_input_thread(app._stop_early)
         assert app.conversation.stream.cancel.is_set()  # at once, before the UI's queue sees the key
+        assert interrupted == ["keys"]  # and the engine itself is told, from the key's own thread
         await wait_for(pilot, lambda: not app.conversation.generating)
         assert app.query_one(AssistantMessage).finish_reason == "cancelled"
         from_input_thread(app._stop_early)  # nothing streams: nothing to stop, no error
 
 
 def from_input_thread(fn: Callable[[], None]) -> None:
-    thread = threading.Thread(target=fn)
+    thread = threading.Thread(target=fn, name="keys")
     thread.start()
     thread.join(5)
+
+
+def test_every_other_key_click_or_scroll_asks_the_engine_for_a_core() -> None:
+    seen: list[str] = []
+    driver = early_stop_driver(RecordingDriver, lambda: seen.append("stop"), on_input=lambda: seen.append("input"))()
+    for message in (events.Key("a", "a"), events.Key("escape", None), events.MouseScrollDown(None, 0, 0, 0, 0, 0, False, False, False)):
+        driver.process_message(message)
+    assert seen == ["input", "stop", "input"] and len(driver.sent) == 3  # type: ignore[attr-defined]
+
+
+@pytest.mark.anyio
+async def test_the_app_asks_the_loaded_engine_to_yield_from_the_input_thread(
+        make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        asked: list[str] = []
+        loader.backends[0].yield_to_ui = lambda: asked.append(threading.current_thread().name)  # type: ignore[attr-defined]
+        driver_class = app.get_driver_class()
+        assert driver_class.__name__.startswith("EarlyStop")
+        from_input_thread(app.engine.yield_to_ui)  # what the driver's on_input is
+        assert asked == ["keys"]

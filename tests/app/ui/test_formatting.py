@@ -24,3 +24,26 @@ def test_plan_lines_read_as_people_read_them() -> None:
                    "headroom_bytes": 7 * 2**29}
     assert plan_lines(engine_plan) == ["target + draft model", "needs 1.5 GiB of 5.0 GiB", "headroom 3.5 GiB",
                                        "context 8,192 tokens"]
+
+
+def test_one_speedup_in_the_footer_and_the_export_with_its_error_or_why_not() -> None:
+    from app.ui.export import stats_line
+
+    measured = {"mode": "ngram", "proposed": 40, "tokens": 60, "tokens_per_s": 90.0, "speedup": 1.234,
+                "speedup_se": 0.041}
+    assert "1.23× ± 0.04 vs plain" in reply_summary(measured)
+    assert "speedup 1.23× ± 0.04" in stats_line(measured)
+    short = {"mode": "ngram", "proposed": 6, "tokens": 8, "tokens_per_s": 90.0, "speedup": None,
+             "speedup_note": "too short to measure"}
+    assert "speedup too short to measure" in reply_summary(short) and "vs plain" not in reply_summary(short)
+    assert "speedup too short to measure" in stats_line(short)
+    # A reply decoded plainly shows no "× vs plain", even one saved with a figure before the floor existed.
+    plain = {"mode": "plain", "proposed": 0, "tokens": 60, "tokens_per_s": 90.0, "speedup": 0.98}
+    assert "×" not in reply_summary(plain) and "0.98" not in stats_line(plain)
+
+
+def test_a_server_reply_without_a_figure_says_unknown_not_too_short() -> None:
+    from app.ui.export import stats_line
+
+    server = {"server": "llama.cpp", "mode": "spec", "proposed": 30, "tokens": 200, "speedup": None}
+    assert "speedup unknown" in stats_line(server)

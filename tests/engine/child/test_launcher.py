@@ -77,14 +77,18 @@ def test_lowering_skips_the_launcher_and_threads_already_low(monkeypatch: pytest
     monkeypatch.setattr(os, "setpriority", lambda which, tid, value: changed.__setitem__(tid, value))
     release = threading.Event()
     other = threading.Thread(target=release.wait, args=(10,))  # a UI thread at the default priority
+    keys = threading.Thread(target=release.wait, args=(10,))  # the thread that reads the keyboard
     other.start()
+    keys.start()
     try:
-        count = lower_priority_except_launcher(5)
+        assert keys.native_id is not None
+        count = lower_priority_except_launcher(5, keep={keys.native_id})
     finally:
         release.set()
         other.join()
+        keys.join()
     assert changed.get(other.native_id) == 5 and set(changed.values()) == {5} and count == len(changed)
-    assert fresh.native_id not in changed and me not in changed
+    assert fresh.native_id not in changed and me not in changed and keys.native_id not in changed
 
 
 @LINUX_THREADS
@@ -140,3 +144,67 @@ def test_a_ui_that_lowers_its_priority_still_starts_engines_at_the_old_one(talke
         except OSError:
             pass
     assert result["ui"] == before + 5 and result["child"] == before and result["reply"]
+
+
+def test_interrupt_stops_the_childs_reply_from_another_thread(talker) -> None:
+    """Esc's thread stops the engine itself: the reply's reader need not run first."""
+    backend = ProcessBackend.start(profile_from_sources(str(talker), "none"), None, threads=1)
+    try:
+        events = backend.chat(MESSAGES, GenerationParams(max_new_tokens=200, stop_token_ids=(10_000,)))
+        first = next(events)
+        stopper = threading.Thread(target=backend.interrupt)
+        stopper.start()
+        stopper.join(5)
+        rest = list(events)
+        assert rest[-1].finish_reason == "cancelled"
+        assert len(first.token_ids) + sum(len(e.token_ids) for e in rest) < 200
+        again = list(backend.chat(MESSAGES, GenerationParams(max_new_tokens=4)))  # the next reply is not cancelled
+        assert again[-1].finish_reason != "cancelled"
+    finally:
+        backend.close()
+
+
+def test_the_child_runs_a_thread_fewer_only_while_the_ui_asks() -> None:
+    from engine.child.serve import threads_now
+
+    assert threads_now(2, now=10.0, yield_until=10.25) == 1  # a key came: leave the UI a core
+    assert threads_now(2, now=10.3, yield_until=10.25) == 2  # then every core again
+    assert threads_now(1, now=10.0, yield_until=10.25) == 1  # never none
+    assert threads_now(8, now=0.0, yield_until=0.0) == 8
+
+
+def test_a_reply_goes_on_while_the_ui_asks_for_a_core(talker) -> None:
+    backend = ProcessBackend.start(profile_from_sources(str(talker), "none"), None, threads=2)
+    try:
+        params = GenerationParams(max_new_tokens=40, stop_token_ids=(10_000,))
+        events = backend.chat(MESSAGES, params)
+        ids = list(next(events).token_ids)
+        backend.yield_to_ui(60.0)
+        assert backend._yield_until.value > 0
+        for event in events:
+            ids.extend(event.token_ids)
+        assert len(ids) == 40
+        backend.yield_to_ui(0.0)
+        assert len(reply_ids(backend.chat(MESSAGES, params))) == 40  # and the next reply on every thread
+    finally:
+        backend.close()
+
+
+def test_the_child_waits_passively_unless_the_user_chose(talker, monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.child.backend import child_environment
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    with child_environment({"OMP_WAIT_POLICY": "PASSIVE"}):
+        assert os.environ["OMP_WAIT_POLICY"] == "PASSIVE"
+    assert "OMP_WAIT_POLICY" not in os.environ  # the parent's own environment is left as it was
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    with child_environment({"OMP_WAIT_POLICY": "PASSIVE"}):
+        assert os.environ["OMP_WAIT_POLICY"] == "ACTIVE"  # the user's choice stands
+    monkeypatch.delenv("OMP_WAIT_POLICY")
+    backend = ProcessBackend.start(profile_from_sources(str(talker), "none"), None, threads=1)
+    try:
+        environ = Path(f"/proc/{backend.pid}/environ")
+        if environ.exists():
+            assert b"OMP_WAIT_POLICY=PASSIVE" in environ.read_bytes().split(b"\0")
+    finally:
+        backend.close()

@@ -10,7 +10,8 @@ import random
 import pytest
 
 from engine.decode.pass_costs import MIN_PLAIN, PassCosts, speedup_upper_bound
-from engine.decode.cost_model import CostModel, ReplyTally
+from engine.decode.cost_model import SPEEDUP_FLOOR, CostModel, ReplyTally
+from engine.events import PLAIN_REPLY, TOO_SHORT
 
 # The int4 pocket target as the lead measured it: 1 token 10 ms, 5 tokens 16 ms.
 ONE, SLOPE, BASE, OTHER = 0.010, 0.0015, 0.0085, 0.001
@@ -61,9 +62,11 @@ def test_plain_decoding_reads_one_under_changing_load_and_a_stall() -> None:
         load = 1.0 if i < 20 else 3.0  # another process takes the core a third of the way in
         play(stats, costs, 0, 0, 1, load, stall=1.0 if i == 40 else 0.0)
         if i < MIN_PLAIN - 1:
-            assert stats.snapshot().speedup is None  # "measuring…"
+            assert stats.snapshot().plain_tokens_per_s is None  # not sound yet
     snap = stats.snapshot()
-    assert snap.speedup == pytest.approx(1.0, abs=0.01)
+    assert snap.plain_tokens_per_s is not None and snap.tokens_per_s is not None
+    assert snap.tokens_per_s / snap.plain_tokens_per_s == pytest.approx(1.0, abs=0.01)
+    assert snap.speedup is None and snap.speedup_note == PLAIN_REPLY  # a plain reply shows no "× vs plain"
     assert snap.plain_rounds == 60 and snap.mode_tokens == (("plain", 60),)
 
 
@@ -95,3 +98,49 @@ def test_upper_bound_needs_consistent_evidence() -> None:
     noisy = [(4, 2.0), (1, 6.0)] * 4  # 0.625x overall, rounds all over the place
     ratio, upper = speedup_upper_bound(noisy)
     assert ratio == pytest.approx(0.625) and upper > 1.0
+
+
+def test_one_estimate_with_its_error_and_none_below_the_floor() -> None:
+    """The speedup comes with a standard error, and no figure is given from too little evidence:
+    too few tokens, drafting rounds or plain-step samples say "too short to measure"."""
+    costs = CostModel()
+    stats = ReplyTally("ngram", "n-gram lookup", True, costs)
+    rng = random.Random(3)
+    floor = SPEEDUP_FLOOR
+    seen_too_short = False
+    for i in range(120):
+        load = 1.0 + 0.2 * rng.random()
+        if i % 4 == 0:
+            play(stats, costs, 0, 0, 1, load)
+        else:
+            play(stats, costs, 4, 2, 3, load)
+        snap = stats.snapshot()
+        short = (snap.tokens < floor["tokens"] or stats.drafting_rounds < floor["drafting_rounds"]
+                 or costs.passes.plain_samples < floor["plain_samples"])
+        if short and snap.proposed:
+            seen_too_short = True
+            assert snap.speedup is None and snap.speedup_se is None and snap.speedup_note == TOO_SHORT
+    assert seen_too_short
+    snap = stats.snapshot()
+    assert snap.speedup is not None and snap.speedup_note is None
+    assert snap.speedup_se is not None and 0 < snap.speedup_se < 0.1 * snap.speedup
+    assert snap.speedup == pytest.approx(snap.tokens_per_s / snap.plain_tokens_per_s)
+
+
+def test_a_noisy_plain_step_widens_the_error() -> None:
+    def final(spread: float) -> tuple[float, float]:
+        costs = CostModel()
+        stats = ReplyTally("ngram", "n-gram lookup", True, costs)
+        rng = random.Random(5)
+        for i in range(80):
+            if i % 4 == 0:
+                verify = ONE * (1 + spread * rng.random())
+                costs.observe(0, 0, 0.0, verify, OTHER, key=8)
+                stats.record(0, 0, 0, 1, 0.0, verify, OTHER)
+            else:
+                play(stats, costs, 4, 2, 3, 1.0)
+        snap = stats.snapshot()
+        assert snap.speedup is not None and snap.speedup_se is not None
+        return snap.speedup, snap.speedup_se
+
+    assert final(1.0)[1] > 2 * final(0.0)[1]

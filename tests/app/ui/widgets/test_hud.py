@@ -37,8 +37,10 @@ def test_hud_says_measuring_until_the_estimate_is_sound_and_shows_its_cross_chec
     from engine.events import ReplyStats
 
     assert speedup_text(None) == "—" and speedup_text(ReplyStats()) == "—"  # no tokens yet
-    assert speedup_text(ReplyStats(tokens=3)) == "measuring…"
-    assert speedup_text(ReplyStats(tokens=30, speedup=1.8)) == "1.80×"
+    assert speedup_text(ReplyStats(mode="ngram", tokens=3)) == "measuring…"
+    assert speedup_text(ReplyStats(mode="ngram", tokens=3), live=False) == "too short to measure"
+    assert speedup_text(ReplyStats(mode="plain", tokens=40, speedup=0.98), live=False) == "—"  # decoded plainly
+    assert speedup_text(ReplyStats(mode="ngram", tokens=30, proposed=20, speedup=1.8, speedup_se=0.1)) == "1.80× ± 0.10"
     assert plain_text(ReplyStats(tokens=3)) == "—"
     assert plain_text(ReplyStats(plain_tokens_per_s=95.04)) == "95.0 est"
     sound = ReplyStats(plain_tokens_per_s=95.04, plain_rounds=3, plain_measured_tokens_per_s=97.0)
@@ -142,7 +144,7 @@ async def test_the_sparkline_gets_each_rounds_own_acceptance() -> None:
         hud.set_stats(backend._stats(2, 6, 3), live=True)  # nothing new proposed: no column
         assert list(hud.round_alpha) == [0.5, 0.25] and shown(hud, "spark") == "▅▃"
         assert shown(hud, "stats") == ("─ live ────────────────────\nK        4 adaptive\naccepted 38% of proposed\n"
-                                       "α/token  —\nτ        3.00\ntok/s    42.0\nITL      23.0 ms\nspeedup  2.10×\n"
+                                       "α/token  —\nτ        3.00\ntok/s    42.0\nITL      23.0 ms\nspeedup  2.10× ± 0.05\n"
                                        "plain    20.0 est\ntokens   6")
         assert shown(hud, "positions") == ("acceptance by draft position\n 1 ██████████████▍  0.90\n"
                                            " 2 ███████████▎     0.70\n 3 ████████         0.50")

@@ -1,0 +1,169 @@
+"""The app's decode speed against headless ``specchat generate --mode plain``, and how fast Esc stops a reply.
+
+For each configuration given (``--config NAME:ENV=VALUE,ENV=VALUE``; e.g.
+``old:SPECCHAT_THREADS=1`` and ``new:``), in alternation with a headless
+``generate --mode plain --json`` run on the same prompt:
+
+* **speed**: the real app in a tmux pane (a real terminal, Textual painting),
+  speculation switched off with F5 before the prompt, one 512-token reply; its
+  ``tokens_per_s`` as the engine measured it (read from the saved history) over the
+  headless run's.
+* **echo**: a second prompt in the same app; while its reply streams, two letters are
+  typed into the prompt box and the pane is read every 5 ms until they show.
+* **Esc**: then Esc, and the pane is read every 5 ms until the reply's footer says "■ stopped".
+
+    PYTHONPATH=$PWD .venv/bin/python scripts/app_speed.py --repeats 3 --config old:SPECCHAT_THREADS=1 --config new:
+
+Prints each run and the medians. Needs tmux. Every other process on the machine shifts the figures.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sqlite3
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PROMPT = "Explain in two short paragraphs what a hash table is and why lookups in it are fast."
+ESC_PROMPT = "Write a long story about a lighthouse keeper and the sea, in ten chapters."
+
+
+def headless_plain(args: argparse.Namespace, env: dict[str, str]) -> float:
+    cmd = [sys.executable, "-m", "app.cli", "generate", args.prompt, "--profile", args.profile, "--json",
+           "--mode", "plain", "--max-new-tokens", str(args.max_new_tokens)]
+    extra = dict(a.split("=", 1) for a in args.headless_env.split(",") if a)
+    out = subprocess.run(cmd, cwd=ROOT, env={**env, **extra}, capture_output=True, text=True, check=True).stdout
+    return float(json.loads(out)["stats"]["tokens_per_s"])
+
+
+class Pane:
+    def __init__(self, data: Path, env: dict[str, str], profile: str, width: int, height: int,
+                 root: Path = ROOT) -> None:
+        data.mkdir(parents=True, exist_ok=True)
+        self.socket, self.session, self.db = data / "tmux.sock", f"speed-{uuid.uuid4().hex[:6]}", data / "history.db"
+        app_env = {**env, "TERM": "xterm-256color", "SPECCHAT_DATA_DIR": str(data), "PYTHONPATH": str(root)}
+        cli = " ".join([sys.executable, "-m", "app.cli", "--profile", profile])
+        subprocess.run(["tmux", "-S", str(self.socket), "-f", "/dev/null", "new-session", "-d", "-s", self.session,
+                        "-x", str(width), "-y", str(height), cli], check=True, cwd=root, env=app_env)
+
+    def screen(self) -> str:
+        return subprocess.run(["tmux", "-S", str(self.socket), "capture-pane", "-p", "-t", self.session],
+                              capture_output=True, text=True).stdout
+
+    def keys(self, *keys: str, literal: bool = False) -> None:
+        subprocess.run(["tmux", "-S", str(self.socket), "send-keys", "-t", self.session,
+                        *(["-l"] if literal else []), *keys], check=True)
+
+    def wait_for(self, text: str, timeout: float, every: float = 0.2) -> float:
+        deadline = time.monotonic() + timeout
+        while text not in self.screen():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"no {text!r} on screen in time:\n" + self.screen())
+            time.sleep(every)
+        return time.monotonic()
+
+    def replies(self) -> list[dict]:
+        if not self.db.exists():
+            return []
+        try:
+            conn = sqlite3.connect(self.db, timeout=1)
+            try:
+                rows = conn.execute("SELECT stats, finish_reason FROM messages WHERE role = 'assistant' "
+                                    "AND finish_reason IS NOT NULL ORDER BY id").fetchall()
+            finally:
+                conn.close()
+        except sqlite3.Error:
+            return []
+        return [{**json.loads(s), "finish_reason": f} for s, f in rows if s]
+
+    def wait_replies(self, n: int, timeout: float) -> list[dict]:
+        deadline = time.monotonic() + timeout
+        while len(rows := self.replies()) < n:
+            if time.monotonic() > deadline:
+                raise SystemExit("no finished reply in time:\n" + self.screen())
+            time.sleep(0.2)
+        return rows
+
+    def close(self) -> None:
+        subprocess.run(["tmux", "-S", str(self.socket), "kill-server"], capture_output=True)
+
+
+def in_app(args: argparse.Namespace, env: dict[str, str], data: Path) -> tuple[float, float, float]:
+    """(tok/s of a plain reply in the app, seconds from typing to the echo, from Esc to "■ stopped")."""
+    root = Path(env.get("SPECCHAT_ROOT", str(ROOT)))  # another checkout's app (a config's SPECCHAT_ROOT=...)
+    pane = Pane(data, env, args.profile, args.width, args.height, root)
+    try:
+        pane.wait_for("ready", args.timeout)
+        time.sleep(1.0)
+        pane.keys("F5")
+        pane.wait_for("Speculation off", 30)
+        pane.keys(args.prompt, literal=True)
+        pane.keys("Enter")
+        speed = float(pane.wait_replies(1, args.timeout)[-1]["tokens_per_s"])
+        time.sleep(1.0)
+        pane.keys(ESC_PROMPT, literal=True)
+        pane.keys("Enter")
+        pane.wait_for("generating…", 30, every=0.05)
+        time.sleep(1.0)
+        typed = time.monotonic()
+        pane.keys("qz", literal=True)
+        echoed = pane.wait_for("qz", 30, every=0.005)
+        time.sleep(0.5)
+        sent = time.monotonic()
+        pane.keys("Escape")
+        shown = pane.wait_for("■ stopped", 30, every=0.005)
+        return speed, echoed - typed, shown - sent
+    finally:
+        pane.close()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--profile", default="pocket")
+    parser.add_argument("--prompt", default=PROMPT)
+    parser.add_argument("--max-new-tokens", type=int, default=512, help="headless reply length (the app's is 512)")
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--config", action="append", default=[],
+                        help="NAME:ENV=VALUE,... an app configuration to measure (repeatable; default: the app as is)")
+    parser.add_argument("--headless-env", default="",
+                        help="ENV=VALUE,... for the headless runs (e.g. OMP_WAIT_POLICY=PASSIVE, as the app's engine)")
+    parser.add_argument("--width", type=int, default=120)
+    parser.add_argument("--height", type=int, default=40)
+    parser.add_argument("--timeout", type=float, default=300)
+    args = parser.parse_args()
+    if shutil.which("tmux") is None:
+        raise SystemExit("needs tmux")
+    configs: list[tuple[str, dict[str, str]]] = []
+    for spec in args.config or ["app:"]:
+        name, _, assignments = spec.partition(":")
+        configs.append((name, dict(a.split("=", 1) for a in assignments.split(",") if a)))
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    results: dict[str, list[tuple[float, float, float]]] = {name: [] for name, _ in configs}
+    with tempfile.TemporaryDirectory() as tmp:
+        env.setdefault("SPECCHAT_STATE_DIR", str(Path(tmp) / "state"))
+        for i in range(args.repeats):
+            for name, extra in configs:
+                headless = headless_plain(args, env)
+                speed, echo, esc = in_app(args, {**env, **extra}, Path(tmp) / f"{name}-{i}")
+                results[name].append((speed / headless, echo, esc))
+                print(f"run {i + 1} {name}: headless plain {headless:.1f} tok/s · app plain {speed:.1f} tok/s · "
+                      f"app/headless {speed / headless:.3f} · echo {1000 * echo:.0f} ms · "
+                      f"Esc to '■ stopped' {1000 * esc:.0f} ms", flush=True)
+    for name, rows in results.items():
+        print(f"{name}: median app/headless {statistics.median(r for r, _, _ in rows):.3f}, "
+              f"median echo {1000 * statistics.median(e for _, e, _ in rows):.0f} ms, "
+              f"median Esc {1000 * statistics.median(e for _, _, e in rows):.0f} ms "
+              f"(max {1000 * max(e for _, _, e in rows):.0f} ms) over {len(rows)} runs")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
