@@ -32,6 +32,7 @@ from app.ui.loading import Loader
 from app.ui.messages import EngineFailed, EngineReady, LoadProgress
 from app.ui.notices import notice
 from app.ui.quitting import ExitOnSignals, ask_before_quit
+from app.ui.resume import chat_to_reopen, profile_for, remember_open_chat
 from app.ui.screens.chats import ChatsResult, ChatsScreen
 from app.ui.screens.copy import CopyChoice, CopyScreen, copy_choices, last_code_block, last_reply
 from app.ui.screens.dialog import AskDialog, Dialog
@@ -89,7 +90,7 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         # compact, and no palette hint (F1's first line names ctrl+p): every key fits in 80 columns
         yield Footer(compact=True, show_command_palette=False)
 
-    def on_mount(self) -> None:
+    async def on_mount(self) -> None:
         lag = self.archive.open(lambda text: self.post_message(HistoryLag(text)), self.post_message)
         if lag:
             notice(self, lag, severity="error", title="History")
@@ -97,13 +98,18 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         self.conversation.start((self.archive.db(history.recent_prompts) if history else None) or [])
         self.conversation.fit_hud(self.size.width)
         self.signals.install()
+        last = self.archive.db(chat_to_reopen, history) if history else None  # app.ui.resume
+        reopened = last is not None and await self.conversation.open_chat(last.id) is not None
         for step in (self.engine.read_profiles(), self.engine.initial_profile()):
             if isinstance(step, Refusal):
                 notice(self, step.text, severity=step.severity, title=step.title)
             elif step is not None:
-                self._start_load(step)
-                return
-        self.conversation.hud.set_error("no profile loaded — F2 to pick one")
+                self._start_load(profile_for(last, self.engine, step))
+                break
+        else:
+            self.conversation.hud.set_error("no profile loaded — F2 to pick one")
+        if reopened and last is not None:
+            self.sub_title = last.title
 
     # -- keys and screens ---------------------------------------------------------------
 
@@ -215,6 +221,7 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         chat = await self.conversation.open_chat(chat_id)
         if chat is None:
             return
+        remember_open_chat(chat.id, private=False)
         self.sub_title = chat.title
         current = self.engine.profile
         if chat.profile and current is not None and chat.profile != current.name:
@@ -414,4 +421,5 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         self.signals.remove()
         self.conversation.stop_reply()
         self.engine.close()
-        self.archive.close()
+        self.archive.close()  # the saver has written the open chat's rows: it has its id now
+        remember_open_chat(self.conversation.chat_id, self.conversation.private)
