@@ -237,7 +237,7 @@ class History:
                     raise ChatDeleted(chat_id) from exc
                 raise HistoryError(describe("Saving chat history failed", exc), locked=is_lock_error(exc)) from exc
 
-    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def _query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
             try:
                 self._ensure_ready()
@@ -259,12 +259,20 @@ class History:
 
     def list_chats(self) -> list[ChatRecord]:
         """All chats, most recently updated first."""
-        rows = self._query(
-            "SELECT c.id, c.title, c.profile, c.system_prompt, c.created, c.updated,"
-            " (SELECT count(*) FROM messages m WHERE m.chat_id = c.id)"
-            " FROM chats c ORDER BY c.updated DESC, c.id DESC"
-        )
+        rows = self._query(f"SELECT {_CHAT_COLUMNS} FROM chats c ORDER BY c.updated DESC, c.id DESC")
         return [ChatRecord(*row) for row in rows]
+
+    def search_chats(self, text: str) -> list[tuple[ChatRecord, str | None]]:
+        """Chats whose title or a message contains ``text`` (case-insensitive for ASCII; ``%``,
+        ``_`` and ``\\`` match themselves), most recently updated first, each with the first
+        message that contains it (None: only the title does)."""
+        pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        rows = self._query(
+            f"SELECT {_CHAT_COLUMNS}, found FROM (SELECT *, (SELECT m.content FROM messages m WHERE"
+            " m.chat_id = chats.id AND m.content LIKE :p ESCAPE '\\' ORDER BY m.id LIMIT 1) AS found FROM chats) c"
+            " WHERE c.title LIKE :p ESCAPE '\\' OR found IS NOT NULL ORDER BY c.updated DESC, c.id DESC",
+            {"p": pattern})
+        return [(ChatRecord(*row[:-1]), row[-1]) for row in rows]
 
     def get_chat(self, chat_id: int) -> ChatRecord | None:
         """One chat, or None if it does not exist."""
@@ -379,6 +387,11 @@ class History:
                 [(str(t), str(s)) for t, s in loaded] if loaded else None, finish, created, bool(superseded),
             ))
         return out
+
+
+_CHAT_COLUMNS = ("c.id, c.title, c.profile, c.system_prompt, c.created, c.updated,"
+                 " (SELECT count(*) FROM messages m WHERE m.chat_id = c.id)")
+"""A :class:`ChatRecord`'s fields, in order, from ``chats c``."""
 
 
 def _dump(value: Any) -> str | None:
