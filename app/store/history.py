@@ -247,12 +247,13 @@ class History:
 
     # -- chats ---------------------------------------------------------------------
 
-    def create_chat(self, title: str, profile: str | None, system_prompt: str | None = None) -> int:
+    def create_chat(self, title: str, profile: str | None, system_prompt: str | None = None,
+                    sampling: dict[str, Any] | None = None) -> int:
         """Start a conversation and return its id."""
         now = time.time()
         cur = self._run(
-            "INSERT INTO chats(title, profile, system_prompt, created, updated) VALUES (?,?,?,?,?)",
-            (title, profile, system_prompt, now, now),
+            "INSERT INTO chats(title, profile, system_prompt, created, updated, sampling) VALUES (?,?,?,?,?,?)",
+            (title, profile, system_prompt, now, now, _dump(sampling)),
         )
         assert cur.lastrowid is not None
         return cur.lastrowid
@@ -260,7 +261,7 @@ class History:
     def list_chats(self) -> list[ChatRecord]:
         """All chats, most recently updated first."""
         rows = self._query(f"SELECT {_CHAT_COLUMNS} FROM chats c ORDER BY c.updated DESC, c.id DESC")
-        return [ChatRecord(*row) for row in rows]
+        return [_chat(row) for row in rows]
 
     def search_chats(self, text: str) -> list[tuple[ChatRecord, str | None]]:
         """Chats whose title or a message contains ``text`` (case-insensitive for ASCII; ``%``,
@@ -272,16 +273,12 @@ class History:
             " m.chat_id = chats.id AND m.content LIKE :p ESCAPE '\\' ORDER BY m.id LIMIT 1) AS found FROM chats) c"
             " WHERE c.title LIKE :p ESCAPE '\\' OR found IS NOT NULL ORDER BY c.updated DESC, c.id DESC",
             {"p": pattern})
-        return [(ChatRecord(*row[:-1]), row[-1]) for row in rows]
+        return [(_chat(row[:-1]), row[-1]) for row in rows]
 
     def get_chat(self, chat_id: int) -> ChatRecord | None:
         """One chat, or None if it does not exist."""
-        rows = self._query(
-            "SELECT id, title, profile, system_prompt, created, updated,"
-            " (SELECT count(*) FROM messages WHERE chat_id = ?) FROM chats WHERE id = ?",
-            (chat_id, chat_id),
-        )
-        return ChatRecord(*rows[0]) if rows else None
+        rows = self._query(f"SELECT {_CHAT_COLUMNS} FROM chats c WHERE c.id = ?", (chat_id,))
+        return _chat(rows[0]) if rows else None
 
     def rename_chat(self, chat_id: int, title: str) -> None:
         self._run("UPDATE chats SET title = ? WHERE id = ?", (title, chat_id))
@@ -289,6 +286,10 @@ class History:
     def set_system_prompt(self, chat_id: int, system_prompt: str | None) -> None:
         """Set the chat's own system prompt; None means "use the profile's"."""
         self._run("UPDATE chats SET system_prompt = ? WHERE id = ?", (system_prompt, chat_id))
+
+    def set_sampling(self, chat_id: int, sampling: dict[str, Any] | None) -> None:
+        """Set the chat's own sampling; None follows the profile's."""
+        self._run("UPDATE chats SET sampling = ? WHERE id = ?", (_dump(sampling), chat_id))
 
     def set_profile(self, chat_id: int, profile: str | None) -> None:
         self._run("UPDATE chats SET profile = ?, updated = ? WHERE id = ?", (profile, time.time(), chat_id))
@@ -390,8 +391,13 @@ class History:
 
 
 _CHAT_COLUMNS = ("c.id, c.title, c.profile, c.system_prompt, c.created, c.updated,"
-                 " (SELECT count(*) FROM messages m WHERE m.chat_id = c.id)")
-"""A :class:`ChatRecord`'s fields, in order, from ``chats c``."""
+                 " (SELECT count(*) FROM messages m WHERE m.chat_id = c.id), c.sampling")
+"""A :class:`ChatRecord`'s fields, in order, from ``chats c`` (read by :func:`_chat`)."""
+
+
+def _chat(row: Sequence[Any]) -> ChatRecord:
+    sampling = _load(row[7])
+    return ChatRecord(*row[:7], sampling=sampling if isinstance(sampling, dict) else None)
 
 
 def _dump(value: Any) -> str | None:

@@ -58,6 +58,8 @@ class ChatRecord:
     created: float
     updated: float
     message_count: int = 0
+    sampling: dict[str, Any] | None = None
+    """The chat's own sampling (app.ui.sampling.ChatSampling.to_dict); None follows the profile."""
 
 
 @dataclass(frozen=True)
