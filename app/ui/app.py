@@ -20,6 +20,7 @@ from textual.widgets import Footer, Header
 
 from app.store.saver import HistoryLag, HistoryRescued
 from app.ui.archive import Archive
+from app.ui.chat_dialogs import ask_edited_prompt, ask_sampling, ask_system_prompt
 from app.ui.commands import ProfileCommands, unique_commands
 from app.ui.early_stop import early_stop_driver
 from app.ui.export import ask_export
@@ -36,7 +37,6 @@ from app.ui.resume import chat_to_reopen, profile_for, remember_open_chat
 from app.ui.screens.chats import ChatsResult, ChatsScreen
 from app.ui.screens.copy import CopyChoice, CopyScreen, copy_choices, last_code_block, last_reply
 from app.ui.screens.dialog import AskDialog, Dialog
-from app.ui.screens.edit import EditScreen
 from app.ui.screens.help import HelpScreen
 from app.ui.screens.profiles import ProfilePicker
 from app.ui.terminal_safety import SafeTerminal
@@ -269,27 +269,15 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
     def action_edit_last_prompt(self) -> None:
         """Edit the last prompt and ask it again; the earlier exchange stays (dimmed)."""
         last = self.conversation.last_exchange()
-        if last is None:
-            return
-        user, reply = last
-
-        def done(text: str | None) -> None:
-            if text is not None and text.strip():
-                self.conversation.ask_edited(user, reply, text)
-
-        self.push_screen(EditScreen("Edit the last prompt", user.text, multiline=True,
-                                    hint="ctrl+s asks it again (the earlier answer stays, dimmed) · Esc cancels"),
-                         done)
+        if last is not None:
+            self.push_screen(*ask_edited_prompt(self.conversation, *last))
 
     def action_edit_system_prompt(self) -> None:
-        def done(value: str | None) -> None:
-            if value is not None:
-                self.conversation.set_system_prompt(value)
+        self.push_screen(*ask_system_prompt(self.conversation))
 
-        self.push_screen(EditScreen(
-            "System prompt for this chat", self.conversation.system_prompt or "", multiline=True,
-            hint="ctrl+s saves · Esc cancels · leave the profile's text to follow the profile, clear it for none",
-        ), done)
+    def action_sampling(self) -> None:
+        """F10: the chat's temperature, top-p, top-k and seed (app.ui.sampling)."""
+        self.push_screen(*ask_sampling(self.conversation))
 
     def action_export_chat(self) -> None:
         chat_id = self.conversation.chat_id
