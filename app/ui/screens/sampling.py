@@ -15,10 +15,10 @@ if TYPE_CHECKING:
     from engine.events import ReplySettings
 
 FIELDS = (
-    ("temperature", "Temperature", "0 is greedy: the same reply each time"),
-    ("top_p", "Top-p", "keep the likeliest tokens up to this share, (0, 1]"),
-    ("top_k", "Top-k", "keep this many likeliest tokens; 0 keeps all"),
-    ("seed", "Seed", "blank: each reply differs; a number: reproducible"),
+    ("temperature", "Temperature", "0: greedy, the same every time"),
+    ("top_p", "Top-p", "likeliest tokens' share, (0, 1]"),
+    ("top_k", "Top-k", "likeliest tokens kept; 0: all"),
+    ("seed", "Seed", "blank: replies differ each time"),
 )
 """``(field, label, what it does)`` in the dialog's order."""
 
@@ -50,7 +50,7 @@ class SamplingScreen(Dialog["ChatSampling | None"]):
                 with Horizontal(classes="sampling-row"):
                     yield Label(label, classes="sampling-label")
                     yield Input("" if value is None else f"{value:g}" if isinstance(value, float) else str(value),
-                                placeholder=placeholder, id=f"sampling-{name}")
+                                placeholder=placeholder, id=f"sampling-{name}", compact=True)
                     yield Label(help_text, classes="sampling-help")
             yield Label("", id="sampling-error", markup=False)
             with Horizontal(classes="dialog-buttons"):
