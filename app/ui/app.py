@@ -33,7 +33,7 @@ from app.ui.loading import Loader
 from app.ui.messages import EngineFailed, EngineReady, LoadProgress
 from app.ui.notices import notice
 from app.ui.quitting import ExitOnSignals, ask_before_quit
-from app.ui.resume import chat_to_reopen, profile_for, remember_open_chat
+from app.ui.resume import remember_open_chat, reopen_last
 from app.ui.screens.chats import ChatsResult, ChatsScreen
 from app.ui.screens.copy import CopyChoice, CopyScreen, copy_choices, last_code_block, last_reply
 from app.ui.screens.dialog import AskDialog, Dialog
@@ -98,18 +98,20 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         self.conversation.start((self.archive.db(history.recent_prompts) if history else None) or [])
         self.conversation.fit_hud(self.size.width)
         self.signals.install()
-        last = self.archive.db(chat_to_reopen, history) if history else None  # app.ui.resume
-        reopened = last is not None and await self.conversation.open_chat(last.id) is not None
+        first = None
         for step in (self.engine.read_profiles(), self.engine.initial_profile()):
             if isinstance(step, Refusal):
                 notice(self, step.text, severity=step.severity, title=step.title)
-            elif step is not None:
-                self._start_load(profile_for(last, self.engine, step))
-                break
-        else:
+            else:
+                first = step or first
+        start = await reopen_last(self.conversation, first)  # the chat used last, with its profile
+        if start.profile is None:
             self.conversation.hud.set_error("no profile loaded — F2 to pick one")
-        if reopened and last is not None:
-            self.sub_title = last.title
+        else:
+            self._start_load(start.profile)
+        self.sub_title = start.title or self.sub_title
+        if start.notice:
+            notice(self, start.notice)
 
     # -- keys and screens ---------------------------------------------------------------
 

@@ -9,14 +9,35 @@ never remembered nor reopened. ctrl+n still starts a new chat.
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from app.store.history import ChatRecord, History
 from app.store.state import last_chat, remember_chat
 
 if TYPE_CHECKING:
     from app.ui.engine_host import EngineHost
+    from app.ui.widgets.conversation import Conversation
     from engine.config.profiles import ModelProfile
+
+
+class Start(NamedTuple):
+    """How the app starts: the profile to load (None: none can be), the reopened chat's
+    title for the header (None: a new chat) and a notice to show (or None)."""
+
+    profile: "ModelProfile | None"
+    title: str | None
+    notice: str | None
+
+
+async def reopen_last(conversation: "Conversation", first: "ModelProfile | None") -> Start:
+    """Show the chat used last in ``conversation`` (see :func:`start_with`); ``first`` is the
+    profile that would load anyway."""
+    history = conversation.archive.history
+    last = conversation.archive.db(chat_to_reopen, history) if history is not None else None
+    profile, last, said = start_with(last, conversation.host, first)
+    if last is not None and await conversation.open_chat(last.id) is None:
+        last = None
+    return Start(profile, last.title if last is not None else None, said)
 
 
 def chat_to_reopen(history: History) -> ChatRecord | None:
@@ -33,14 +54,24 @@ def chat_to_reopen(history: History) -> ChatRecord | None:
     return chats[0]
 
 
-def profile_for(chat: ChatRecord | None, engine: "EngineHost", first: "ModelProfile") -> "ModelProfile":
-    """The profile to load first: the reopened chat's own, when none was asked for on the
-    command line and it is one of the profiles; else ``first`` (what would load anyway)."""
+def start_with(chat: ChatRecord | None, engine: "EngineHost", first: "ModelProfile | None",
+               ) -> "tuple[ModelProfile | None, ChatRecord | None, str | None]":
+    """The profile to load first, the chat to reopen and what to tell the user, given the chat
+    used last and ``first``, the profile that would load anyway. With no profile asked for on
+    the command line the chat continues with its own profile (when it is one of the profiles;
+    else with ``first``, which is said). A profile asked for (``--profile``, ``--target``,
+    ``--server``) is what the user wants to talk to: the chat is reopened only if it was with it."""
+    if chat is None or first is None:
+        return first, chat, None
     choice, profiles = engine.choice, engine.profiles
-    asked = choice.name or choice.target or choice.server_profile
-    if chat is None or not chat.profile or asked or profiles is None or chat.profile not in profiles.names():
-        return first
-    return profiles.get(chat.profile)
+    if choice.name or choice.target or choice.server_profile:
+        return first, (chat if chat.profile == first.name else None), None
+    if not chat.profile or chat.profile == first.name:
+        return first, chat, None
+    if profiles is not None and chat.profile in profiles.names():
+        return profiles.get(chat.profile), chat, None
+    return first, chat, (f"This chat was with {chat.profile}, which is not available; it continues with "
+                         f"{first.name} (F2 switches).")
 
 
 def remember_open_chat(chat_id: int | None, private: bool) -> None:

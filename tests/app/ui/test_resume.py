@@ -110,14 +110,36 @@ async def test_the_reopened_chat_loads_its_own_profile_first(make_app: Callable[
         assert [b.profile.name for b in loader.backends[loaded_before:]] == ["lookup"]  # one load, no switch
 
 
-async def test_a_profile_named_on_the_command_line_wins_over_the_chats(make_app: Callable[..., SpecChatApp],
-                                                                       loader: FakeLoader) -> None:
+async def test_a_profile_named_on_the_command_line_reopens_only_a_chat_with_it(
+        make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
     await chat_once(make_app(profile="lookup"), "with lookup")
-    app = make_app(profile="fast")
+    app = make_app(profile="fast")  # asked for another model: a new chat with it, the old one kept as it was
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert shown(app) == [] and app.conversation.chat_id is None
+        assert app.engine.profile is not None and app.engine.profile.name == "fast"
+        assert app.archive.history is not None and app.archive.history.list_chats()[0].profile == "lookup"
+    app = make_app(profile="lookup")
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         assert shown(app) == ["with lookup"]
-        assert app.engine.profile is not None and app.engine.profile.name == "fast"
+
+
+async def test_a_chat_whose_profile_is_gone_is_reopened_with_the_one_loaded_and_says_so(
+        make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
+    history = History.open()
+    try:
+        chat = history.create_chat("old model", "retired")
+        history.add_message(chat, "user", "from before")
+        history.add_message(chat, "assistant", "ok", profile="retired", finish_reason="eos")
+    finally:
+        history.close()
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert shown(app) == ["from before"] and app.engine.profile is not None
+        assert app.engine.profile.name == "fast"
+        assert any("was with retired, which is not available" in n.message for n in app._notifications)
 
 
 def test_a_chat_written_after_the_remembered_one_is_reopened(specchat_dirs: object) -> None:
