@@ -223,7 +223,7 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         chat = await self.conversation.open_chat(chat_id)
         if chat is None:
             return
-        remember_open_chat(chat.id, private=False)
+        remember_open_chat(self.conversation)
         self.sub_title = chat.title
         current = self.engine.profile
         if chat.profile and current is not None and chat.profile != current.name:
@@ -412,4 +412,4 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         self.conversation.stop_reply()
         self.engine.close()
         self.archive.close()  # the saver has written the open chat's rows: it has its id now
-        remember_open_chat(self.conversation.chat_id, self.conversation.private)
+        remember_open_chat(self.conversation)

@@ -74,7 +74,10 @@ def start_with(chat: ChatRecord | None, engine: "EngineHost", first: "ModelProfi
                          f"{first.name} (F2 switches).")
 
 
-def remember_open_chat(chat_id: int | None, private: bool) -> None:
-    """Remember the open chat as used now (nothing for a private or not yet saved chat)."""
-    if chat_id is not None and not private:
-        remember_chat(chat_id, time.time())
+def remember_open_chat(conversation: "Conversation") -> None:
+    """Remember the open chat as used now: nothing for a private chat, one not saved yet,
+    or one in a history kept in memory (its id means nothing in the file next time)."""
+    history = conversation.archive.history
+    if (conversation.chat_id is not None and not conversation.private
+            and history is not None and history.path is not None):
+        remember_chat(conversation.chat_id, time.time())

@@ -1,13 +1,15 @@
 """After a restart the app reopens the chat used last, with its own profile; never a private one."""
 from __future__ import annotations
 
+import sqlite3
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import pytest
 
 from app.store.history import History
-from app.store.state import remember_chat
+from app.store.state import last_chat, remember_chat
 from app.ui.app import SpecChatApp
 from app.ui.resume import chat_to_reopen
 from app.ui.widgets.chat_view import AssistantMessage, UserMessage
@@ -157,3 +159,13 @@ def test_a_chat_written_after_the_remembered_one_is_reopened(specchat_dirs: obje
         assert chat_to_reopen(history).id == second  # type: ignore[union-attr]
     finally:
         history.close()
+
+
+async def test_a_chat_in_a_history_kept_in_memory_is_not_remembered(make_app: Callable[..., SpecChatApp],
+                                                                    specchat_dirs: Path) -> None:
+    specchat_dirs.mkdir(parents=True)
+    newer = sqlite3.connect(specchat_dirs / "history.db")
+    newer.execute("PRAGMA user_version = 99")  # written by a newer specchat: this one keeps chats in memory
+    newer.close()
+    await chat_once(make_app(), "in memory only")
+    assert last_chat() is None
