@@ -20,7 +20,6 @@ The schema and its versioned upgrades are in :mod:`app.store.schema`.
 """
 from __future__ import annotations
 
-import json
 import os
 import sqlite3
 import threading
@@ -31,7 +30,8 @@ from typing import Any
 
 from app.store.paths import data_dir, ensure_private_dir
 from app.store.pieces import Pieces
-from app.store.records import ChatDeleted, ChatRecord, HistoryError, MessageRecord, describe, is_missing_parent
+from app.store.records import (CHAT_COLUMNS, ChatDeleted, ChatRecord, HistoryError, MessageRecord, chat_from_row,
+                               describe, is_missing_parent, message_from_row, to_json)
 from app.store.schema import NewerSchema, is_corruption_error, is_lock_error, migrate
 
 __all__ = ["BUSY_TIMEOUT_S", "OPEN_ATTEMPTS", "ChatDeleted", "ChatRecord", "History", "HistoryError",
@@ -237,7 +237,7 @@ class History:
                     raise ChatDeleted(chat_id) from exc
                 raise HistoryError(describe("Saving chat history failed", exc), locked=is_lock_error(exc)) from exc
 
-    def _query(self, sql: str, params: Sequence[Any] = ()) -> list[tuple[Any, ...]]:
+    def _query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
             try:
                 self._ensure_ready()
@@ -247,33 +247,38 @@ class History:
 
     # -- chats ---------------------------------------------------------------------
 
-    def create_chat(self, title: str, profile: str | None, system_prompt: str | None = None) -> int:
+    def create_chat(self, title: str, profile: str | None, system_prompt: str | None = None,
+                    sampling: dict[str, Any] | None = None) -> int:
         """Start a conversation and return its id."""
         now = time.time()
         cur = self._run(
-            "INSERT INTO chats(title, profile, system_prompt, created, updated) VALUES (?,?,?,?,?)",
-            (title, profile, system_prompt, now, now),
+            "INSERT INTO chats(title, profile, system_prompt, created, updated, sampling) VALUES (?,?,?,?,?,?)",
+            (title, profile, system_prompt, now, now, to_json(sampling)),
         )
         assert cur.lastrowid is not None
         return cur.lastrowid
 
     def list_chats(self) -> list[ChatRecord]:
         """All chats, most recently updated first."""
+        rows = self._query(f"SELECT {CHAT_COLUMNS} FROM chats c ORDER BY c.updated DESC, c.id DESC")
+        return [chat_from_row(row) for row in rows]
+
+    def search_chats(self, text: str) -> list[tuple[ChatRecord, str | None]]:
+        """Chats whose title or a message contains ``text`` (case-insensitive for ASCII; ``%``,
+        ``_`` and ``\\`` match themselves), most recently updated first, each with the first
+        message that contains it (None: only the title does)."""
+        pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
         rows = self._query(
-            "SELECT c.id, c.title, c.profile, c.system_prompt, c.created, c.updated,"
-            " (SELECT count(*) FROM messages m WHERE m.chat_id = c.id)"
-            " FROM chats c ORDER BY c.updated DESC, c.id DESC"
-        )
-        return [ChatRecord(*row) for row in rows]
+            f"SELECT {CHAT_COLUMNS}, found FROM (SELECT *, (SELECT m.content FROM messages m WHERE"
+            " m.chat_id = chats.id AND m.content LIKE :p ESCAPE '\\' ORDER BY m.id LIMIT 1) AS found FROM chats) c"
+            " WHERE c.title LIKE :p ESCAPE '\\' OR found IS NOT NULL ORDER BY c.updated DESC, c.id DESC",
+            {"p": pattern})
+        return [(chat_from_row(row[:-1]), row[-1]) for row in rows]
 
     def get_chat(self, chat_id: int) -> ChatRecord | None:
         """One chat, or None if it does not exist."""
-        rows = self._query(
-            "SELECT id, title, profile, system_prompt, created, updated,"
-            " (SELECT count(*) FROM messages WHERE chat_id = ?) FROM chats WHERE id = ?",
-            (chat_id, chat_id),
-        )
-        return ChatRecord(*rows[0]) if rows else None
+        rows = self._query(f"SELECT {CHAT_COLUMNS} FROM chats c WHERE c.id = ?", (chat_id,))
+        return chat_from_row(rows[0]) if rows else None
 
     def rename_chat(self, chat_id: int, title: str) -> None:
         self._run("UPDATE chats SET title = ? WHERE id = ?", (title, chat_id))
@@ -281,6 +286,10 @@ class History:
     def set_system_prompt(self, chat_id: int, system_prompt: str | None) -> None:
         """Set the chat's own system prompt; None means "use the profile's"."""
         self._run("UPDATE chats SET system_prompt = ? WHERE id = ?", (system_prompt, chat_id))
+
+    def set_sampling(self, chat_id: int, sampling: dict[str, Any] | None) -> None:
+        """Set the chat's own sampling; None follows the profile's."""
+        self._run("UPDATE chats SET sampling = ? WHERE id = ?", (to_json(sampling), chat_id))
 
     def set_profile(self, chat_id: int, profile: str | None) -> None:
         self._run("UPDATE chats SET profile = ?, updated = ? WHERE id = ?", (profile, time.time(), chat_id))
@@ -316,7 +325,7 @@ class History:
         cur, _ = self._write_chat(chat_id, (
             ("INSERT INTO messages(chat_id, role, content, profile, stats, pieces, finish_reason, created)"
              " VALUES (?,?,?,?,?,?,?,?)",
-             (chat_id, role, content, profile, _dump(stats), _dump(pieces), finish_reason, now)),
+             (chat_id, role, content, profile, to_json(stats), to_json(pieces), finish_reason, now)),
             ("UPDATE chats SET updated = ?, profile = coalesce(?, profile) WHERE id = ?", (now, profile, chat_id)),
         ))
         assert cur.lastrowid is not None
@@ -336,7 +345,7 @@ class History:
         :class:`ChatDeleted` if the chat (and so the message) is gone."""
         self._write_chat(chat_id, ((
             "UPDATE messages SET content = ?, stats = ?, pieces = ?, finish_reason = ? WHERE id = ? AND chat_id = ?",
-            (content, _dump(stats), _dump(pieces), finish_reason, message_id, chat_id),
+            (content, to_json(stats), to_json(pieces), finish_reason, message_id, chat_id),
         ),))
 
     def mark_superseded(self, chat_id: int, first_id: int) -> None:
@@ -371,24 +380,4 @@ class History:
             " FROM messages WHERE chat_id = ? ORDER BY id",
             (chat_id,),
         )
-        out = []
-        for mid, cid, role, content, profile, stats, pieces, finish, created, superseded in rows:
-            loaded = _load(pieces)
-            out.append(MessageRecord(
-                mid, cid, role, content, profile, _load(stats),
-                [(str(t), str(s)) for t, s in loaded] if loaded else None, finish, created, bool(superseded),
-            ))
-        return out
-
-
-def _dump(value: Any) -> str | None:
-    return None if value is None else json.dumps(value, ensure_ascii=False)
-
-
-def _load(text: str | None) -> Any:
-    if not text:
-        return None
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
+        return [message_from_row(row) for row in rows]

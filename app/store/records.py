@@ -1,12 +1,15 @@
-"""What the history hands out and how it fails: the chat and message records, and
-:class:`HistoryError` (with :class:`ChatDeleted`, a write refused for good).
+"""What the history hands out and how it fails: the chat and message records (and how
+they are read from their rows), and :class:`HistoryError` (with :class:`ChatDeleted`, a
+write refused for good).
 
 Kept apart from :mod:`app.store.history` (which re-exports them) so that module stays
 about the database itself.
 """
 from __future__ import annotations
 
+import json
 import sqlite3
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -58,6 +61,8 @@ class ChatRecord:
     created: float
     updated: float
     message_count: int = 0
+    sampling: dict[str, Any] | None = None
+    """The chat's own sampling (app.ui.sampling.ChatSampling.to_dict); None follows the profile."""
 
 
 @dataclass(frozen=True)
@@ -75,3 +80,35 @@ class MessageRecord:
     created: float
     superseded: bool = False
     """Replaced by an edited prompt: shown dimmed, left out of what the model reads."""
+
+
+CHAT_COLUMNS = ("c.id, c.title, c.profile, c.system_prompt, c.created, c.updated,"
+                " (SELECT count(*) FROM messages m WHERE m.chat_id = c.id), c.sampling")
+"""A :class:`ChatRecord`'s fields, in order, from ``chats c`` (read by :func:`chat_from_row`)."""
+
+
+def chat_from_row(row: Sequence[Any]) -> ChatRecord:
+    sampling = from_json(row[7])
+    return ChatRecord(*row[:7], sampling=sampling if isinstance(sampling, dict) else None)
+
+
+def message_from_row(row: Sequence[Any]) -> MessageRecord:
+    """A message from ``id, chat_id, role, content, profile, stats, pieces, finish_reason,
+    created, superseded``; JSON that cannot be read is left out (None)."""
+    mid, cid, role, content, profile, stats, pieces, finish, created, superseded = row
+    loaded = from_json(pieces)
+    return MessageRecord(mid, cid, role, content, profile, from_json(stats),
+                         [(str(t), str(s)) for t, s in loaded] if loaded else None, finish, created, bool(superseded))
+
+
+def to_json(value: Any) -> str | None:
+    return None if value is None else json.dumps(value, ensure_ascii=False)
+
+
+def from_json(text: str | None) -> Any:
+    if not text:
+        return None
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None

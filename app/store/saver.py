@@ -66,6 +66,8 @@ class ChatRef:
     title: str
     profile: str | None = None
     system_prompt: str | None = None
+    sampling: dict[str, Any] | None = None
+    """The chat's own sampling, saved with it when the saver creates it."""
     id: int | None = None
     deleted_id: int | None = None
     """Set while its unsaved exchanges wait to be written to a new chat: the id deleted elsewhere."""
@@ -268,7 +270,7 @@ class HistorySaver:
         h = self.history
         chat = record.chat
         if chat.id is None:
-            chat.id = h.create_chat(chat.title, chat.profile, chat.system_prompt)
+            chat.id = h.create_chat(chat.title, chat.profile, chat.system_prompt, chat.sampling)
         if record.user_id is not None and record.assistant_id is None and not h.has_message(chat.id, record.user_id):
             record.user_id = None  # the prompt it answers again went with a deleted chat: written again here
         if record.user_id is None:

@@ -77,6 +77,9 @@ MIGRATIONS: tuple[tuple[int, str], ...] = (
     # Ids are never reused (AUTOINCREMENT): a chat deleted in one window can no longer be
     # written into by another window that still has it open, through a new chat given its id.
     (3, _AUTOINCREMENT),
+    # A chat's own sampling (temperature, top-p, top-k, seed over its profile's), as JSON;
+    # NULL follows the profile (app.ui.sampling).
+    (4, "ALTER TABLE chats ADD COLUMN sampling TEXT;"),
 )
 """``(version, SQL script)`` in order: the script upgrades a file at ``version - 1``
 to ``version``. Append a step (never edit a released one) to change the schema."""

@@ -1,4 +1,5 @@
-"""Small state kept between runs, in the user state dir: the last profile used.
+"""Small state kept between runs, in the user state dir: the last profile used and the
+last chat open (with when it was left, to weigh against chats written since).
 
 A missing or unreadable file means "nothing remembered"; a failed write is
 ignored (remembering is a convenience, never a reason to stop the app).
@@ -6,6 +7,7 @@ ignored (remembering is a convenience, never a reason to stop the app).
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -38,6 +40,30 @@ def remember_profile(name: str) -> None:
     if data.get("last_profile") == name:
         return
     data["last_profile"] = name
+    _write(data)
+
+
+def last_chat() -> tuple[int, float] | None:
+    """``(chat id, when it was last open)`` of the chat remembered by :func:`remember_chat`."""
+    entry = _read().get("last_chat")
+    if not isinstance(entry, dict):
+        return None
+    chat_id, at = entry.get("id"), entry.get("at")
+    if (not isinstance(chat_id, int) or isinstance(chat_id, bool) or not isinstance(at, (int, float))
+            or isinstance(at, bool) or not math.isfinite(at)):
+        return None
+    return chat_id, float(at)
+
+
+def remember_chat(chat_id: int, at: float) -> None:
+    """Remember saved chat ``chat_id`` as open at time ``at`` (the app reopens it next time
+    unless another chat was written after ``at``). A private chat is never passed here."""
+    data = _read()
+    data["last_chat"] = {"id": int(chat_id), "at": float(at)}
+    _write(data)
+
+
+def _write(data: dict[str, Any]) -> None:
     path = state_file()
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ from textual.widgets import Footer, Header
 
 from app.store.saver import HistoryLag, HistoryRescued
 from app.ui.archive import Archive
+from app.ui.chat_dialogs import ask_edited_prompt, ask_sampling, ask_system_prompt
 from app.ui.commands import ProfileCommands, unique_commands
 from app.ui.early_stop import early_stop_driver
 from app.ui.export import ask_export
@@ -32,10 +33,10 @@ from app.ui.loading import Loader
 from app.ui.messages import EngineFailed, EngineReady, LoadProgress
 from app.ui.notices import notice
 from app.ui.quitting import ExitOnSignals, ask_before_quit
+from app.ui.resume import remember_open_chat, reopen_last
 from app.ui.screens.chats import ChatsResult, ChatsScreen
 from app.ui.screens.copy import CopyChoice, CopyScreen, copy_choices, last_code_block, last_reply
 from app.ui.screens.dialog import AskDialog, Dialog
-from app.ui.screens.edit import EditScreen
 from app.ui.screens.help import HelpScreen
 from app.ui.screens.profiles import ProfilePicker
 from app.ui.terminal_safety import SafeTerminal
@@ -89,7 +90,7 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         # compact, and no palette hint (F1's first line names ctrl+p): every key fits in 80 columns
         yield Footer(compact=True, show_command_palette=False)
 
-    def on_mount(self) -> None:
+    async def on_mount(self) -> None:
         lag = self.archive.open(lambda text: self.post_message(HistoryLag(text)), self.post_message)
         if lag:
             notice(self, lag, severity="error", title="History")
@@ -97,13 +98,20 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         self.conversation.start((self.archive.db(history.recent_prompts) if history else None) or [])
         self.conversation.fit_hud(self.size.width)
         self.signals.install()
+        first = None
         for step in (self.engine.read_profiles(), self.engine.initial_profile()):
             if isinstance(step, Refusal):
                 notice(self, step.text, severity=step.severity, title=step.title)
-            elif step is not None:
-                self._start_load(step)
-                return
-        self.conversation.hud.set_error("no profile loaded — F2 to pick one")
+            else:
+                first = step or first
+        start = await reopen_last(self.conversation, first)  # the chat used last, with its profile
+        if start.profile is None:
+            self.conversation.hud.set_error("no profile loaded — F2 to pick one")
+        else:
+            self._start_load(start.profile)
+        self.sub_title = start.title or self.sub_title
+        if start.notice:
+            notice(self, start.notice)
 
     # -- keys and screens ---------------------------------------------------------------
 
@@ -217,6 +225,7 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         chat = await self.conversation.open_chat(chat_id)
         if chat is None:
             return
+        remember_open_chat(self.conversation)
         self.sub_title = chat.title
         current = self.engine.profile
         if chat.profile and current is not None and chat.profile != current.name:
@@ -264,27 +273,15 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
     def action_edit_last_prompt(self) -> None:
         """Edit the last prompt and ask it again; the earlier exchange stays (dimmed)."""
         last = self.conversation.last_exchange()
-        if last is None:
-            return
-        user, reply = last
-
-        def done(text: str | None) -> None:
-            if text is not None and text.strip():
-                self.conversation.ask_edited(user, reply, text)
-
-        self.push_screen(EditScreen("Edit the last prompt", user.text, multiline=True,
-                                    hint="ctrl+s asks it again (the earlier answer stays, dimmed) · Esc cancels"),
-                         done)
+        if last is not None:
+            self.push_screen(*ask_edited_prompt(self.conversation, *last))
 
     def action_edit_system_prompt(self) -> None:
-        def done(value: str | None) -> None:
-            if value is not None:
-                self.conversation.set_system_prompt(value)
+        self.push_screen(*ask_system_prompt(self.conversation))
 
-        self.push_screen(EditScreen(
-            "System prompt for this chat", self.conversation.system_prompt or "", multiline=True,
-            hint="ctrl+s saves · Esc cancels · leave the profile's text to follow the profile, clear it for none",
-        ), done)
+    def action_sampling(self) -> None:
+        """F10: the chat's temperature, top-p, top-k and seed (app.ui.sampling)."""
+        self.push_screen(*ask_sampling(self.conversation))
 
     def action_export_chat(self) -> None:
         chat_id = self.conversation.chat_id
@@ -411,4 +408,5 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         self.signals.remove()
         self.conversation.stop_reply()
         self.engine.close()
-        self.archive.close()
+        self.archive.close()  # the saver has written the open chat's rows: it has its id now
+        remember_open_chat(self.conversation)

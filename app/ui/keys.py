@@ -28,6 +28,8 @@ BINDINGS: list[BindingType] = [
     Binding("f8", "edit_system_prompt", "System prompt", show=False, priority=True),
     Binding("f9", "export_chat", "Export", show=False, priority=True,
             tooltip="the chat as Markdown with its statistics"),
+    Binding("f10", "sampling", "Sampling…", show=False, priority=True,
+            tooltip="temperature, top-p, top-k and seed for this chat"),
 ]
 MAIN_SCREEN_ACTIONS = frozenset(b.action for b in BINDINGS if isinstance(b, Binding)) - {"quit", "stop"}
 """The keys that act on the chat: a dialog on top takes them instead."""

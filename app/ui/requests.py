@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Iterable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
+from app.ui.sampling import ChatSampling
 from engine.events import ChatMessage, GenerationParams
 from engine.events import generation_params as params_for
 
@@ -38,10 +39,11 @@ def turns_from(messages: Iterable[Turn]) -> list[ChatMessage]:
 
 
 def generation_params(profile: "ModelProfile", max_new_tokens: int = MAX_NEW_TOKENS, *,
-                      private: bool = False) -> GenerationParams:
-    """Sampling and the K schedule from the profile (``k=None`` means adaptive); ``private``:
-    the engine keeps nothing of the reply for later chats."""
-    params = params_for(profile, max_new_tokens)
+                      private: bool = False, sampling: ChatSampling | None = None) -> GenerationParams:
+    """Sampling and the K schedule from the profile (``k=None`` means adaptive), with the
+    chat's own ``sampling`` over it (app.ui.sampling); ``private``: the engine keeps nothing
+    of the reply for later chats."""
+    params = params_for(profile, max_new_tokens, **(sampling or ChatSampling()).overrides())
     return dataclasses.replace(params, private=True) if private else params
 
 

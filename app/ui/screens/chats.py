@@ -1,4 +1,10 @@
-"""Past chats: reopen, rename, delete, export, or start a new one."""
+"""Past chats: search, reopen, rename, delete, export, or start a new one.
+
+The search box (``/`` or ctrl+f from the list) filters the chats by title and message
+text as it is typed (:meth:`app.store.history.History.search_chats`); a match in a
+message shows the words around it. Enter in the box opens the highlighted match, Down
+goes to the list.
+"""
 from __future__ import annotations
 
 import time
@@ -23,8 +29,23 @@ ChatsResult = tuple[str, "int | None"]
 """``("open", chat_id)`` or ``("new", None)``."""
 
 
-def chat_option(chat: ChatRecord, current: bool) -> Option:
-    """A saved chat's row; its title and profile come from the history file: shown, never obeyed."""
+SNIPPET_CHARS = 60
+"""About how much of a matching message a search result shows."""
+
+
+def snippet(text: str, query: str, width: int = SNIPPET_CHARS) -> str:
+    """The words of ``text`` around the first ``query`` (ASCII case-insensitive, as SQLite's
+    LIKE matches), on one line, with … where text was cut."""
+    flat = " ".join(text.split())
+    at = max(flat.lower().find(" ".join(query.split()).lower()), 0)
+    start = max(0, min(at - width // 3, len(flat) - width))
+    part = flat[start:start + width]
+    return ("…" if start > 0 else "") + part + ("…" if start + width < len(flat) else "")
+
+
+def chat_option(chat: ChatRecord, current: bool, found: str | None = None) -> Option:
+    """A saved chat's row (``found``: the words of a message that matched a search); its title,
+    profile and messages come from the history file: shown, never obeyed."""
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(chat.updated))
     return Option(
         Content.assemble(
@@ -32,6 +53,7 @@ def chat_option(chat: ChatRecord, current: bool) -> Option:
             ("  ● open" if current else "", "$text-success"),
             "\n  ",
             (inert(f"{when} · {chat.profile or '—'} · {chat.message_count} messages"), "$text-muted"),
+            *(("\n  ", (inert(found), "italic")) if found else ()),
         ),
         id=str(chat.id),
     )
@@ -55,6 +77,8 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
         Binding("r", "rename", "Rename", priority=True),
         Binding("d,delete", "delete", "Delete", priority=True),
         Binding("e", "export", "Export", priority=True),
+        Binding("slash,ctrl+f", "search", "Search", priority=True),
+        Binding("down", "to_list", "To the list", show=False),  # from the search box
     ]
 
     def __init__(self, archive: Archive, current: int | None) -> None:
@@ -67,6 +91,7 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
             yield Label("Chats", classes="dialog-title")
             yield Label("Enter opens · n new · r rename · d delete · e export · Esc closes",
                         classes="dialog-hint")
+            yield Input(placeholder="/ searches titles and messages", id="chat-search")
             yield OptionList(id="chat-list")
         yield Footer()
 
@@ -79,16 +104,43 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
         highlighted = option_list.highlighted
         option_list.clear_options()
         history = self._archive.history
+        query = self.query_one("#chat-search", Input).value
         try:
-            chats = history.list_chats() if history is not None else []
+            if history is None:
+                chats: list[tuple[ChatRecord, str | None]] = []
+            elif query.strip():
+                chats = [(c, found and snippet(found, query)) for c, found in history.search_chats(query.strip())]
+            else:
+                chats = [(c, None) for c in history.list_chats()]
         except HistoryError as exc:
             self.notify(inert(str(exc)), severity="error", markup=False)
             chats = []
         if not chats:
-            option_list.add_option(Option(Content.styled("No saved chats yet.", "$text-muted"), disabled=True))
+            empty = f"No chat contains “{inert(query.strip())}”." if query.strip() else "No saved chats yet."
+            option_list.add_option(Option(Content.styled(empty, "$text-muted"), disabled=True))
             return
-        option_list.add_options(chat_option(c, c.id == self._current) for c in chats)
+        option_list.add_options(chat_option(c, c.id == self._current, found) for c, found in chats)
         option_list.highlighted = 0 if highlighted is None else min(highlighted, len(chats) - 1)
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        """The search box changed: show the chats that match, the first highlighted."""
+        event.stop()
+        self.query_one(OptionList).highlighted = None
+        self._reload()
+
+    def action_search(self) -> None:
+        self._typing()
+        self.query_one("#chat-search", Input).focus()
+
+    def action_to_list(self) -> None:
+        if isinstance(self.focused, Input):
+            self.query_one(OptionList).focus()
+
+    def entered(self, value: str) -> None:
+        """Enter in the search box opens the highlighted match."""
+        option = self.query_one(OptionList).highlighted_option
+        if option is not None and not option.disabled:
+            self.picked(option)
 
     def _selected_chat(self) -> ChatRecord | None:
         """The highlighted chat, as saved now (None: no chat, or it is gone)."""

@@ -30,6 +30,7 @@ from app.ui.messages import ReplyChunk, ReplyFinished
 from app.ui.notices import notice
 from app.ui.reply_stream import ReplyJob, ReplyStream, stream_reply
 from app.ui.requests import build_messages, generation_params, turns_from
+from app.ui.sampling import ChatSampling
 from app.ui.widgets.chat_log import ChatLog
 from app.ui.widgets.chat_view import AssistantMessage, UserMessage
 from app.ui.widgets.hud import Hud
@@ -66,6 +67,8 @@ class Conversation(Horizontal):
         self._chat: ChatRef | None = None
         self.chat_system_prompt: str | None = None
         """The chat's own system prompt; None follows the profile's."""
+        self.sampling = ChatSampling()
+        """The chat's own temperature, top-p, top-k and seed over the profile's (app.ui.sampling)."""
         self.private = False
         """A private chat: nothing of it is saved, and the engine is told not to learn from
         its replies (``GenerationParams.private``), so no later chat is drafted from it."""
@@ -153,6 +156,7 @@ class Conversation(Horizontal):
         await self._reset()
         self._chat = None
         self.chat_system_prompt = None
+        self.set_sampling(ChatSampling(), save=False)
         self.private = private
         self._recall_mark = len(self.prompt.prompts)
         self.show_welcome()
@@ -168,8 +172,9 @@ class Conversation(Horizontal):
             return None
         await self._reset()
         self.private = False
-        self._chat = ChatRef(chat.title, chat.profile, chat.system_prompt, id=chat.id)
+        self._chat = ChatRef(chat.title, chat.profile, chat.system_prompt, chat.sampling, id=chat.id)
         self.chat_system_prompt = chat.system_prompt
+        self.set_sampling(ChatSampling.from_dict(chat.sampling), save=False)
         widgets = widgets_for(records, self.show_sources)
         if widgets:
             await self.chat_log.show_chat(widgets)  # the newest first; older ones as the user scrolls up
@@ -194,6 +199,16 @@ class Conversation(Horizontal):
             self.archive.db(self.archive.history.set_system_prompt, self.chat_id, self.chat_system_prompt)
         notice(self, "System prompt set." if value else "No system prompt for this chat.")
 
+    def set_sampling(self, sampling: ChatSampling, *, save: bool = True) -> None:
+        """The chat's own sampling, from the next reply on; shown on the prompt box's border
+        and (``save``) saved with the chat, or with it once the saver creates it."""
+        self.sampling = sampling
+        self.prompt.border_subtitle = sampling.label(self.host.profile)
+        if save and self._chat is not None:
+            self._chat.sampling = sampling.to_dict()
+            if self._chat.id is not None and self.archive.history is not None:
+                self.archive.db(self.archive.history.set_sampling, self._chat.id, self._chat.sampling)
+
     def model_state(self, loading: str | None, loaded: bool = True) -> None:
         """The prompt box says what the model is doing: ``loading`` (the profile's name; Enter
         queues meanwhile), else whether a model is ``loaded``."""
@@ -201,7 +216,8 @@ class Conversation(Horizontal):
                                    else PLACEHOLDER if loaded else NO_MODEL_PLACEHOLDER)
 
     def profile_changed(self, name: str) -> None:
-        """A new profile is loaded: the chat continues with it."""
+        """A new profile is loaded: the chat continues with it (and its sampling over the profile's)."""
+        self.set_sampling(self.sampling, save=False)
         if self.chat_id is not None and self.archive.history is not None:
             self.archive.db(self.archive.history.set_profile, self.chat_id, name)
 
@@ -258,7 +274,7 @@ class Conversation(Horizontal):
         saver = None if self.private else self.archive.saver
         assert backend is not None and profile is not None
         if self._chat is None:  # created in the database by the saver's first write
-            self._chat = ChatRef(chat_title(text), profile.name, self.chat_system_prompt)
+            self._chat = ChatRef(chat_title(text), profile.name, self.chat_system_prompt, self.sampling.to_dict())
         user_id = answers.saved_id() if answers is not None else None
         earlier = None if supersedes is None else (
             supersedes.message_id if supersedes.message_id is not None else supersedes.record)
@@ -280,8 +296,8 @@ class Conversation(Horizontal):
         self.generating = True
         self.hud.start_reply()
         job = ReplyJob(self.stream.reply_id, backend, self.host.lock, build_messages(self.system_prompt, self.turns()),
-                       generation_params(profile, private=self.private), self.stream.cancel, self.stream.outbox,
-                       saver, record)
+                       generation_params(profile, private=self.private, sampling=self.sampling), self.stream.cancel,
+                       self.stream.outbox, saver, record)
         self.run_worker(partial(stream_reply, job, self.post_message), thread=True, group="reply",
                         exit_on_error=False)
 

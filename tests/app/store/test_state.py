@@ -53,3 +53,22 @@ def test_a_failed_write_is_ignored(tmp_path: Path) -> None:
     (tmp_path / "state").write_text("a file where the state dir should be")
     remember_profile("fast")  # no exception
     assert last_profile() is None
+
+
+def test_the_last_chat_is_remembered_with_when_it_was_left_and_the_profile_kept() -> None:
+    from app.store.state import last_chat, remember_chat
+
+    assert last_chat() is None
+    remember_profile("fast")
+    remember_chat(7, 1234.5)
+    assert last_chat() == (7, 1234.5) and last_profile() == "fast"
+
+
+@pytest.mark.parametrize("entry", ['7', '{"id": "7", "at": 1}', '{"id": 7}', '{"id": true, "at": 1}',
+                                   '{"id": 7, "at": "x"}', '{"id": 7, "at": NaN}'])
+def test_a_damaged_last_chat_remembers_nothing(entry: str) -> None:
+    from app.store.state import last_chat
+
+    state_file().parent.mkdir(parents=True)
+    state_file().write_text('{"last_chat": %s}' % entry)
+    assert last_chat() is None

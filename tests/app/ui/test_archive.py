@@ -80,11 +80,11 @@ async def test_reopen_chat_after_restart(make_app: Callable[..., SpecChatApp]) -
     again = make_app(loader=loader)
     async with again.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
-        assert not again.query(UserMessage)
-        await pilot.press("f3")
+        assert [m.text for m in again.query(UserMessage)] == ["remember me"]  # the last chat, reopened
+        await pilot.press("f3")  # and opening it from F3 shows it the same
         await wait_for(pilot, lambda: isinstance(again.screen, ChatsScreen))
         await pilot.press("enter")
-        await wait_for(pilot, lambda: bool(again.query(UserMessage)))
+        await wait_for(pilot, lambda: not isinstance(again.screen, ChatsScreen) and bool(again.query(UserMessage)))
         assert again.query_one(UserMessage).text == "remember me"
         reply = again.query_one(AssistantMessage)
         assert reply.text.startswith("Hello there!") and reply.finish_reason == "eos"

@@ -1,0 +1,120 @@
+"""A chat's own sampling: temperature, top-p, top-k and seed, each over its profile's value.
+
+Set in the sampling dialog (:mod:`app.ui.screens.sampling`), saved with the chat (the
+``sampling`` JSON column, :mod:`app.store.schema` step 4), sent with every request
+(:func:`app.ui.requests.generation_params`) and shown on the prompt box's border. A
+value left unset follows the profile; no seed means each reply draws fresh randomness
+(ctrl+r answers differently when T > 0), a seed makes a reply reproducible.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from engine.events import ReplySettings
+
+SEED_LIMIT = 2**63
+"""Seeds are 0 ≤ seed < 2**63 (they travel as JSON and through the engine's hash)."""
+
+
+@dataclass(frozen=True)
+class ChatSampling:
+    """A chat's sampling overrides; None follows the profile (for the seed: no seed)."""
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    seed: int | None = None
+
+    def to_dict(self) -> dict[str, Any] | None:
+        """What the history keeps: the values that are set (None when none is)."""
+        data = {key: value for key, value in asdict(self).items() if value is not None}
+        return data or None
+
+    @classmethod
+    def from_dict(cls, data: object) -> "ChatSampling":
+        """Read back what :meth:`to_dict` saved; a value that is missing or invalid (an
+        edited or damaged file) follows the profile instead of breaking the chat."""
+        if not isinstance(data, dict):
+            return cls()
+        fields = {key: str(data[key]) for key in ("temperature", "top_p", "top_k", "seed")
+                  if isinstance(data.get(key), (int, float)) and not isinstance(data.get(key), bool)}
+        out = {}
+        for key, text in fields.items():
+            parsed = parse_sampling(**{key: text})
+            if isinstance(parsed, ChatSampling):
+                out[key] = getattr(parsed, key)
+        return cls(**out)
+
+    def overrides(self) -> dict[str, Any]:
+        """Keyword arguments for :func:`engine.events.generation_params`."""
+        return asdict(self)
+
+    def label(self, profile: "ReplySettings | None") -> str:
+        """A short line for the prompt box's border, e.g. ``T 0.7 · top-p 0.9 · seed 42``:
+        empty while the chat is greedy by its profile (nothing to say)."""
+        temperature = self.temperature if self.temperature is not None else (
+            profile.temperature if profile is not None else 0.0)
+        if temperature <= 0:
+            return "greedy" if self.to_dict() else ""
+        top_p = self.top_p if self.top_p is not None else (profile.top_p if profile is not None else 1.0)
+        top_k = self.top_k if self.top_k is not None else (profile.top_k if profile is not None else 0)
+        parts = [f"T {temperature:g}"]
+        if top_p < 1:
+            parts.append(f"top-p {top_p:g}")
+        if top_k > 0:
+            parts.append(f"top-k {top_k}")
+        parts.append(f"seed {self.seed}" if self.seed is not None else "no seed")
+        return " · ".join(parts)
+
+
+@dataclass(frozen=True)
+class BadValue:
+    """A field the dialog cannot take: which one, and a sentence saying what it takes."""
+
+    field: str
+    message: str
+
+
+def parse_sampling(temperature: str = "", top_p: str = "", top_k: str = "",
+                   seed: str = "") -> ChatSampling | BadValue:
+    """The dialog's fields as a :class:`ChatSampling` (a blank field: the profile's value,
+    or no seed), or the first field that is wrong."""
+    values: dict[str, Any] = {}
+    rules: tuple[tuple[str, str, Callable[[str], float | int | None], Callable[[Any], bool], str], ...] = (
+        ("temperature", temperature, _number, lambda v: v >= 0,
+         "Temperature must be a number of 0 or more (0 is greedy)"),
+        ("top_p", top_p, _number, lambda v: 0 < v <= 1,
+         "Top-p must be a number above 0 and at most 1 (1 keeps every token)"),
+        ("top_k", top_k, _whole, lambda v: v >= 0,
+         "Top-k must be a whole number of 0 or more (0 keeps every token)"),
+        ("seed", seed, _whole, lambda v: 0 <= v < SEED_LIMIT,
+         f"The seed must be a whole number from 0 to {SEED_LIMIT - 1}, or blank for none"),
+    )
+    for name, raw, read, valid, rule in rules:
+        text = raw.strip()
+        if not text:
+            continue
+        value = read(text)
+        if value is None or not valid(value):
+            return BadValue(name, f"{rule}, not “{text}”.")
+        values[name] = value
+    return ChatSampling(**values)
+
+
+def _number(text: str) -> float | None:
+    try:
+        value = float(text)
+    except ValueError:
+        return None
+    return value if math.isfinite(value) else None
+
+
+def _whole(text: str) -> int | None:
+    try:
+        return int(text)
+    except ValueError:
+        return None

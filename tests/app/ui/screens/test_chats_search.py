@@ -1,0 +1,133 @@
+"""F3's search box: chats filtered by title and message text, wildcards literal, Enter opens."""
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from textual.widgets import Input, OptionList
+
+from app.store.history import History
+from app.ui.app import SpecChatApp
+from app.ui.screens.chats import ChatsScreen, snippet
+from tests.app.helpers import ready, wait_for
+
+pytestmark = pytest.mark.anyio
+
+CHATS = {
+    "Tea plans": ["what tea is best?", "Green tea, brewed at 80 degrees."],
+    "Rust lifetimes": ["explain 'a in fn f<'a>", "A lifetime names how long a borrow lives."],
+    "Discounts": ["is 50% off a good deal", "It depends on the price."],
+    "snake_case": ["rename my_var", "Use snake_case for Python variables."],
+    "Paths": ["where is C:\\Users", "In the root of the drive."],
+}
+
+
+def fill(history: History) -> dict[str, int]:
+    ids = {}
+    for title, (prompt, reply) in CHATS.items():
+        ids[title] = history.create_chat(title, "fast")
+        history.add_message(ids[title], "user", prompt)
+        history.add_message(ids[title], "assistant", reply, profile="fast", finish_reason="eos")
+    return ids
+
+
+def titles(found: list[tuple[object, str | None]]) -> set[str]:
+    return {chat.title for chat, _ in found}  # type: ignore[attr-defined]
+
+
+def test_search_matches_titles_and_messages_with_wildcards_taken_literally(tmp_path: Path) -> None:
+    history = History.open(tmp_path / "h.db")
+    try:
+        fill(history)
+        assert titles(history.search_chats("TEA")) == {"Tea plans"}
+        assert titles(history.search_chats("borrow")) == {"Rust lifetimes"}  # a reply's words
+        assert titles(history.search_chats("%")) == {"Discounts"}
+        assert titles(history.search_chats("50%")) == {"Discounts"}
+        assert titles(history.search_chats("_")) == {"snake_case"}  # not "any one character"
+        assert titles(history.search_chats("my_v")) == {"snake_case"}
+        assert titles(history.search_chats("\\")) == {"Paths"}
+        assert history.search_chats("e_a") == [] and history.search_chats("nothing like it") == []
+        found = dict((c.title, text) for c, text in history.search_chats("brewed"))
+        assert found == {"Tea plans": "Green tea, brewed at 80 degrees."}
+        assert dict((c.title, text) for c, text in history.search_chats("plans")) == {"Tea plans": None}
+    finally:
+        history.close()
+
+
+def test_a_snippet_is_the_words_around_the_match_on_one_line() -> None:
+    text = "word " * 40 + "needle\nin the\thay " + "more " * 40
+    cut = snippet(text, "NEEDLE in the", width=30)
+    assert cut.startswith("…") and cut.endswith("…") and "needle in the hay" in cut and "\n" not in cut
+    assert snippet("short needle", "needle") == "short needle"
+
+
+def rows(screen: ChatsScreen) -> list[str]:
+    options = screen.query_one(OptionList)
+    return [str(options.get_option_at_index(i).prompt).split("\n")[0] for i in range(options.option_count)]
+
+
+async def test_typing_in_the_search_box_filters_and_enter_opens(make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert app.archive.history is not None
+        ids = fill(app.archive.history)
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen))
+        screen = app.screen
+        assert isinstance(screen, ChatsScreen) and len(rows(screen)) == len(CHATS)
+        await pilot.press("slash", *"tea")  # "/" goes to the box; then letters are text, not n/r/d/e
+        await wait_for(pilot, lambda: rows(screen) == ["Tea plans"])
+        assert screen.query_one(Input).value == "tea" and app.screen is screen
+        await pilot.press("backspace", "backspace", "backspace", *"50%")  # a wildcard in LIKE: literal here
+        await wait_for(pilot, lambda: rows(screen) == ["Discounts"])
+        option = screen.query_one(OptionList).get_option_at_index(0)
+        assert "is 50% off a good deal" in str(option.prompt)  # the matching words are shown
+        screen.query_one(Input).value = ""
+        await pilot.press(*"zzz")
+        await wait_for(pilot, lambda: rows(screen) == ["No chat contains “zzz”."])
+        await pilot.press("enter")  # nothing to open
+        await pilot.pause(0.1)
+        assert app.screen is screen
+        screen.query_one(Input).value = ""
+        await pilot.press(*"lifetime", "enter")
+        await wait_for(pilot, lambda: app.screen is not screen and app.conversation.chat_id == ids["Rust lifetimes"])
+        assert app.sub_title == "Rust lifetimes"
+
+
+async def test_down_from_the_box_picks_among_the_matches(make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert app.archive.history is not None
+        ids = fill(app.archive.history)
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen))
+        screen = app.screen
+        assert isinstance(screen, ChatsScreen)
+        await pilot.press("ctrl+f", *"is")  # in three chats, newest first
+        await wait_for(pilot, lambda: rows(screen) == ["Paths", "Discounts", "Tea plans"])
+        await pilot.press("down")
+        await wait_for(pilot, lambda: app.focused is screen.query_one(OptionList))
+        await pilot.press("down", "enter")
+        await wait_for(pilot, lambda: app.conversation.chat_id == ids["Discounts"])
+
+
+async def test_titles_and_messages_found_are_shown_inert(make_app: Callable[..., SpecChatApp]) -> None:
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        history = app.archive.history
+        assert history is not None
+        chat = history.create_chat("[b]bold[/b] \x1b]0;pwned\x07", "fast")
+        history.add_message(chat, "user", "find \x1b[31mred[/] me")
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen))
+        screen = app.screen
+        assert isinstance(screen, ChatsScreen)
+        await pilot.press("slash", *"find")
+        await wait_for(pilot, lambda: len(rows(screen)) == 1 and "find" in str(
+            screen.query_one(OptionList).get_option_at_index(0).prompt))
+        text = str(screen.query_one(OptionList).get_option_at_index(0).prompt)
+        assert "\x1b" not in text and "\x07" not in text and "[b]bold[/b]" in text

@@ -1,0 +1,171 @@
+"""After a restart the app reopens the chat used last, with its own profile; never a private one."""
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from app.store.history import History
+from app.store.state import last_chat, remember_chat
+from app.ui.app import SpecChatApp
+from app.ui.resume import chat_to_reopen
+from app.ui.widgets.chat_view import AssistantMessage, UserMessage
+from tests.app.fakes import FakeLoader
+from tests.app.helpers import ready, send, wait_for
+
+pytestmark = pytest.mark.anyio
+
+
+def shown(app: SpecChatApp) -> list[str]:
+    return [m.text for m in app.query(UserMessage)]
+
+
+async def chat_once(app: SpecChatApp, *prompts: str, private: bool = False, size: tuple[int, int] = (120, 40)) -> None:
+    """Run ``app``, send ``prompts`` (in a new private chat if asked), and quit."""
+    async with app.run_test(size=size) as pilot:
+        await ready(pilot)
+        if private:
+            await app.action_new_chat(private=True)
+        for prompt in prompts:
+            await send(pilot, prompt)
+            await wait_for(pilot, lambda: not app.conversation.generating and len(app.query(AssistantMessage)) > 0)
+        await wait_for(pilot, lambda: not app.conversation.generating)
+
+
+async def test_a_restart_reopens_the_last_chat_and_continues_it(make_app: Callable[..., SpecChatApp],
+                                                                loader: FakeLoader) -> None:
+    await chat_once(make_app(), "first question")
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert shown(app) == ["first question"]
+        assert app.query_one(AssistantMessage).text.startswith("Hello there!")
+        assert not app.query("#welcome") and app.sub_title == "first question"
+        first_id = app.conversation.chat_id
+        assert first_id is not None
+        await send(pilot, "second question")  # continues the same chat, which the model sees whole
+        await wait_for(pilot, lambda: not app.conversation.generating and len(app.query(AssistantMessage)) == 2)
+        sent = [(m.role, m.content) for m in loader.backends[-1].calls[-1]]
+        assert [c for r, c in sent if r == "user"] == ["first question", "second question"]
+        assert app.conversation.chat_id == first_id
+        await app.action_new_chat()  # ctrl+n still gives a blank chat
+        await pilot.pause()
+        assert shown(app) == [] and app.query("#welcome")
+
+
+async def test_a_private_chat_is_never_reopened(make_app: Callable[..., SpecChatApp]) -> None:
+    await chat_once(make_app(), "saved one")
+    await chat_once(make_app(), "secret", private=True)
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert shown(app) == ["saved one"]  # the last saved chat, not the private one
+        assert not app.conversation.private
+
+
+async def test_with_no_history_the_app_starts_blank(make_app: Callable[..., SpecChatApp]) -> None:
+    await chat_once(make_app(), "secret", private=True)
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert shown(app) == [] and app.query("#welcome") and app.conversation.chat_id is None
+
+
+async def test_a_chat_opened_from_f3_is_the_one_reopened(make_app: Callable[..., SpecChatApp]) -> None:
+    await chat_once(make_app(), "older")
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        older = app.conversation.chat_id
+        await app.action_new_chat()
+        await send(pilot, "newer")
+        await wait_for(pilot, lambda: not app.conversation.generating and len(app.query(AssistantMessage)) == 1)
+        await wait_for(pilot, lambda: app.conversation.chat_id is not None)
+        assert older is not None
+        await app.open_chat(older)
+        await pilot.pause()
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert shown(app) == ["older"]
+
+
+async def test_the_reopened_chat_loads_its_own_profile_first(make_app: Callable[..., SpecChatApp],
+                                                             loader: FakeLoader) -> None:
+    app = make_app(profile="lookup")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "with lookup")
+        await wait_for(pilot, lambda: not app.conversation.generating and len(app.query(AssistantMessage)) == 1)
+        await app.action_new_chat()
+        app.switch_profile("fast")  # remembered as the last profile; the lookup chat keeps its own
+        await wait_for(pilot, lambda: app.engine.backend is not None and app.engine.profile is not None
+                       and app.engine.profile.name == "fast")
+    loaded_before = len(loader.backends)
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert shown(app) == ["with lookup"]
+        assert [b.profile.name for b in loader.backends[loaded_before:]] == ["lookup"]  # one load, no switch
+
+
+async def test_a_profile_named_on_the_command_line_reopens_only_a_chat_with_it(
+        make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
+    await chat_once(make_app(profile="lookup"), "with lookup")
+    app = make_app(profile="fast")  # asked for another model: a new chat with it, the old one kept as it was
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert shown(app) == [] and app.conversation.chat_id is None
+        assert app.engine.profile is not None and app.engine.profile.name == "fast"
+        assert app.archive.history is not None and app.archive.history.list_chats()[0].profile == "lookup"
+    app = make_app(profile="lookup")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert shown(app) == ["with lookup"]
+
+
+async def test_a_chat_whose_profile_is_gone_is_reopened_with_the_one_loaded_and_says_so(
+        make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
+    history = History.open()
+    try:
+        chat = history.create_chat("old model", "retired")
+        history.add_message(chat, "user", "from before")
+        history.add_message(chat, "assistant", "ok", profile="retired", finish_reason="eos")
+    finally:
+        history.close()
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert shown(app) == ["from before"] and app.engine.profile is not None
+        assert app.engine.profile.name == "fast"
+        assert any("was with retired, which is not available" in n.message for n in app._notifications)
+
+
+def test_a_chat_written_after_the_remembered_one_is_reopened(specchat_dirs: object) -> None:
+    history = History.open()
+    try:
+        first = history.create_chat("first", "fast")
+        remember_chat(first, time.time())
+        assert chat_to_reopen(history).id == first  # type: ignore[union-attr]
+        time.sleep(0.01)
+        second = history.create_chat("second", "fast")  # the app was killed before remembering it
+        assert chat_to_reopen(history).id == second  # type: ignore[union-attr]
+        remember_chat(first, time.time())
+        assert chat_to_reopen(history).id == first  # type: ignore[union-attr]
+        history.delete_chat(first)
+        assert chat_to_reopen(history).id == second  # type: ignore[union-attr]
+    finally:
+        history.close()
+
+
+async def test_a_chat_in_a_history_kept_in_memory_is_not_remembered(make_app: Callable[..., SpecChatApp],
+                                                                    specchat_dirs: Path) -> None:
+    specchat_dirs.mkdir(parents=True)
+    newer = sqlite3.connect(specchat_dirs / "history.db")
+    newer.execute("PRAGMA user_version = 99")  # written by a newer specchat: this one keeps chats in memory
+    newer.close()
+    await chat_once(make_app(), "in memory only")
+    assert last_chat() is None
