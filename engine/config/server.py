@@ -30,6 +30,16 @@ NOT_A_VARIABLE = ("api_key_env must name an environment variable (like OPENAI_AP
                   "never put the key itself in a models file or on the command line")
 
 
+_CONVENTIONAL_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+
+
+def shown_env_name(name: str) -> str:
+    """``api_key_env`` as it may be printed: a name in capitals (``OPENAI_API_KEY``) or a short
+    one as it is; a long name in mixed or lower case (a token such as ``ghp_16C7e42F…`` is a
+    valid name too) as ``(not shown)``, in case the key itself was given instead of its name."""
+    return name if _CONVENTIONAL_NAME.fullmatch(name) or len(name) < 20 else "(not shown)"
+
+
 def redact_url(url: str) -> str:
     """``url`` with the password of its user part shown as ``***`` (``http://user:***@host``); a user
     part without a password (often a token) is hidden whole (``http://***@host``)."""
@@ -77,7 +87,7 @@ class ServerSpec:
 
     def __repr__(self) -> str:
         return (f"ServerSpec(url={redact_url(self.url)!r}, model={self.model!r}, "
-                f"api_key_env={self.api_key_env!r}, timeout={self.timeout!r})")
+                f"api_key_env={self.api_key_env if self.api_key_env is None else shown_env_name(self.api_key_env)!r}, timeout={self.timeout!r})")
 
     @property
     def root(self) -> str:
@@ -99,6 +109,12 @@ class ServerSpec:
         if self.api_key_env is None:
             return None
         key = os.environ.get(self.api_key_env)
+        if not key and shown_env_name(self.api_key_env) != self.api_key_env:
+            raise EngineError(
+                "the API key's variable named by api_key_env (--api-key-env) is not set; its name is not repeated "
+                "here, as a long name in lower or mixed case may be the key itself: put the key in a variable "
+                "such as OPENAI_API_KEY and give that name"
+            )
         if not key:
             raise EngineError(
                 f"the profile reads its API key from ${self.api_key_env}, which is not set: "
