@@ -37,6 +37,9 @@ CHAT_PATH = "/v1/chat/completions"
 SPEC_OFF: dict[str, int] = {"speculative.n_max": 0, "speculative.n_min": 0}
 """llama-server's per-request options that turn drafting off (where the build reads them)."""
 CALIBRATE_EVERY = 8
+MAX_TOKEN_CHARS = 256
+"""More characters than any token spells: a reply longer than ``max_tokens`` times this went
+past its budget, however few chunks carried it."""
 CALIBRATION_TOKENS = 64
 PROBE_TIMEOUT_S = 10.0
 METRICS_SETTLE_S = 0.2
@@ -53,6 +56,8 @@ class _Run:
     t_last: float | None = None
     chunks: int = 0
     text: list[str] = field(default_factory=list)
+    chars: int = 0
+    """Characters in ``text``."""
     finish: str | None = None
     timings: dict[str, Any] | None = None
     usage: dict[str, Any] | None = None
@@ -229,13 +234,20 @@ class ServerBackend:
                 if text and budget is not None and run.chunks >= budget:
                     run.finish, run.over_budget = "length", True
                     return
+                over = False
+                if text and budget is not None and len(text) > budget * MAX_TOKEN_CHARS - run.chars:
+                    text, over = text[:budget * MAX_TOKEN_CHARS - run.chars], True  # no budget's tokens spell more
                 run.finish = choice.get("finish_reason") or run.finish
                 if text:
                     run.chunks += 1
                     run.t_first = run.t_first or now
                     run.t_last = now
                     run.text.append(text)
+                    run.chars += len(text)
                     yield text
+                if over:
+                    run.finish, run.over_budget = "length", True
+                    return
             if cancel.is_set():
                 return
 

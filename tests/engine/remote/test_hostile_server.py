@@ -9,7 +9,7 @@ import pytest
 from engine.config.server import ServerSpec
 from engine.errors import ProfileError
 from engine.events import ChatMessage, GenerationParams, SamplingParams
-from engine.remote.backend import ServerBackend
+from engine.remote.backend import MAX_TOKEN_CHARS, ServerBackend
 from engine.remote.client import ServerClient, ServerError
 from tests.fake_server import (
     FakeServer, chunk, llama_routes, models_route, props_route, reply_stream, send_json, send_text, start_sse,
@@ -113,6 +113,21 @@ def test_a_server_that_sends_events_without_text_forever_is_cut_too() -> None:
     with FakeServer(llama_routes(empty)) as fake:
         events = list(ServerBackend.connect(ServerSpec(fake.url), "srv").chat(MESSAGES, params(5)))
     assert events[-1].finish_reason == "length"
+
+
+def test_a_server_that_sends_huge_chunks_is_cut_at_what_the_budget_could_hold() -> None:
+    """Each chunk counted as a token let 5 chunks of 100 KB through for --max-new-tokens 5 (500 KB
+    printed): no token is that long, so the text is cut where the budget's tokens would end."""
+    def huge(req, body):  # type: ignore[no-untyped-def]
+        start_sse(req)
+        write_events(req, [chunk("word " * 20_000) for _ in range(50)] + ["data: [DONE]\n\n"])
+
+    with FakeServer(llama_routes(huge)) as fake:
+        events = list(ServerBackend.connect(ServerSpec(fake.url), "srv").chat(MESSAGES, params(5)))
+    text = "".join(e.text for e in events)
+    assert text == ("word " * 20_000)[:5 * MAX_TOKEN_CHARS]
+    assert events[-1].finish_reason == "length"
+    assert events[-1].notice is not None and "5-token limit" in events[-1].notice
 
 
 def test_a_reply_that_ends_at_the_budget_keeps_its_figures() -> None:
