@@ -224,13 +224,16 @@ class ServerBackend:
             if budget is not None and events > 2 * budget + 16:  # events without text, forever
                 run.finish, run.over_budget = "length", True
                 return
-            run.timings = payload.get("timings") or run.timings
-            run.usage = payload.get("usage") or run.usage
-            for choice in payload.get("choices") or ():
+            for key in ("timings", "usage"):  # a server's figures, where they are the shape they must be
+                if isinstance(payload.get(key), dict) and payload[key]:
+                    setattr(run, key, payload[key])
+            choices = payload.get("choices")
+            for choice in choices if isinstance(choices, list) else ():
                 if not isinstance(choice, dict):
                     continue
                 part = choice.get("delta") or choice.get("message") or {}
                 text = part.get("content") if isinstance(part, dict) else None
+                text = text if isinstance(text, str) else None  # a number or list where the text goes: left out
                 if text and budget is not None and run.chunks >= budget:
                     run.finish, run.over_budget = "length", True
                     return

@@ -130,6 +130,26 @@ def test_a_server_that_sends_huge_chunks_is_cut_at_what_the_budget_could_hold() 
     assert events[-1].notice is not None and "5-token limit" in events[-1].notice
 
 
+@pytest.mark.parametrize("odd", [
+    {"choices": [{"delta": {"content": 123}, "index": 0, "finish_reason": None}]},
+    {"choices": [{"delta": {"content": ["x" + HOSTILE["osc52-clipboard"]]}, "index": 0, "finish_reason": None}]},
+    {"choices": [], "timings": HOSTILE["osc52-clipboard"], "usage": [1]},
+    {"choices": [{"delta": {"content": "!"}, "finish_reason": ["stop"]}]},
+], ids=["int-content", "list-content", "str-timings-list-usage", "list-finish"])
+def test_a_chunk_of_the_wrong_shape_is_left_out_not_a_traceback(odd: dict) -> None:  # type: ignore[type-arg]
+    """A number or list where the text goes, a string where timings go: these raised TypeError or
+    AttributeError out of ``generate`` (a traceback); the chunk's parts of the wrong type are ignored."""
+    def odd_stream(req, body):  # type: ignore[no-untyped-def]
+        start_sse(req)
+        write_events(req, [chunk("a"), odd, chunk("b"), chunk(None, "stop"), "data: [DONE]\n\n"])
+
+    with FakeServer(llama_routes(odd_stream)) as fake:
+        events = list(ServerBackend.connect(ServerSpec(fake.url), "srv").chat(MESSAGES, params(50)))
+    text = "".join(e.text for e in events)
+    assert text in ("ab", "a!b") and raw_in(text) == []
+    assert events[-1].finish_reason == "eos"
+
+
 def test_a_reply_that_ends_at_the_budget_keeps_its_figures() -> None:
     def exact(req, body):  # type: ignore[no-untyped-def]
         start_sse(req)
