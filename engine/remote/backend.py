@@ -30,7 +30,7 @@ from engine.errors import EngineError
 from engine.events import ChatEvent, ChatMessage, FinishReason, GenerationParams, TextPiece
 from engine.remote.client import ServerClient, ServerError
 from engine.config.server import ServerSpec
-from engine.remote.figures import Figures, ServerStats, SpecCounters, parse_spec_counters, reply_figures
+from engine.remote.figures import Figures, ServerStats, clean_timings, SpecCounters, parse_spec_counters, reply_figures
 from engine.text_safety import inert
 
 CHAT_PATH = "/v1/chat/completions"
@@ -224,9 +224,10 @@ class ServerBackend:
             if budget is not None and events > 2 * budget + 16:  # events without text, forever
                 run.finish, run.over_budget = "length", True
                 return
-            for key in ("timings", "usage"):  # a server's figures, where they are the shape they must be
-                if isinstance(payload.get(key), dict) and payload[key]:
-                    setattr(run, key, payload[key])
+            if isinstance(payload.get("timings"), dict) and payload["timings"]:  # only counts and finite rates
+                run.timings = clean_timings(payload["timings"])
+            if isinstance(payload.get("usage"), dict) and payload["usage"]:
+                run.usage = payload["usage"]
             choices = payload.get("choices")
             for choice in choices if isinstance(choices, list) else ():
                 if not isinstance(choice, dict):

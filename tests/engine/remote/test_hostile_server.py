@@ -3,6 +3,8 @@ a reply that never ends. Nothing it says may reach a terminal raw; no secret is 
 from __future__ import annotations
 
 import base64
+import json
+import math
 
 import pytest
 
@@ -148,6 +150,30 @@ def test_a_chunk_of_the_wrong_shape_is_left_out_not_a_traceback(odd: dict) -> No
     text = "".join(e.text for e in events)
     assert text in ("ab", "a!b") and raw_in(text) == []
     assert events[-1].finish_reason == "eos"
+
+
+@pytest.mark.parametrize("bad", [
+    {"draft_n": "abc"}, {"draft_n": float("nan")}, {"draft_n": [1]}, {"draft_n": float("inf")},
+    {"draft_n": 5, "draft_n_accepted": "x"}, {"draft_n": 5, "draft_n_accepted": 50}, {"draft_n": -4, "draft_n_accepted": -2},
+    {"predicted_per_second": float("inf")}, {"predicted_per_second": float("nan")}, {"predicted_per_second": -3.0},
+], ids=["str", "nan", "list", "inf", "str-accepted", "accepted-over-drafted", "negative", "inf-rate", "nan-rate",
+        "negative-rate"])
+def test_timings_that_are_not_counts_give_no_figures_not_a_traceback(bad: dict) -> None:  # type: ignore[type-arg]
+    """draft_n "abc" / NaN / [1] / Infinity raised ValueError, TypeError or OverflowError out of the
+    reply; 50 accepted of 5 drafted showed α 10.0; an infinite rate showed inf tok/s."""
+    def chat(req, body):  # type: ignore[no-untyped-def]
+        start_sse(req)
+        events = reply_stream(["a", "b"])
+        events[-2]["timings"] = {"predicted_n": 2, "predicted_ms": 1.0, **bad}
+        req.wfile.write("".join(e if isinstance(e, str) else "data: " + json.dumps(e) + "\n\n"
+                                for e in events).encode())
+
+    with FakeServer(llama_routes(chat)) as fake:
+        events = list(ServerBackend.connect(ServerSpec(fake.url), "srv").chat(MESSAGES, params(20)))
+    stats = events[-1].stats
+    assert "".join(e.text for e in events) == "ab"
+    assert stats.alpha is None or 0.0 <= stats.alpha <= 1.0
+    assert stats.tokens_per_s is None or math.isfinite(stats.tokens_per_s)
 
 
 def test_a_reply_that_ends_at_the_budget_keeps_its_figures() -> None:
