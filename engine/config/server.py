@@ -24,7 +24,8 @@ SERVER_KEYS: tuple[str, ...] = ("url", "model", "api_key_env", "timeout")
 
 DEFAULT_TIMEOUT_S = 120.0
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#]*)@")
+_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://|)(?P<userinfo>[^/?#]*)@")
+"""A URL's user part, its scheme left out too (``user:secret@host``, a mistake still shown)."""
 NOT_A_VARIABLE = ("api_key_env must name an environment variable (like OPENAI_API_KEY), and what was given is not "
                   "a variable's name (it is not repeated here, in case it is the key itself); "
                   "never put the key itself in a models file or on the command line")
@@ -67,7 +68,10 @@ class ServerSpec:
 
     def __post_init__(self) -> None:
         shown = redact_url(self.url) if isinstance(self.url, str) else self.url
-        parts = urlsplit(self.url) if isinstance(self.url, str) else None
+        try:
+            parts = urlsplit(self.url) if isinstance(self.url, str) else None
+        except ValueError as exc:  # "Invalid IPv6 URL": a bracket left open
+            raise ProfileError(f"server url {shown!r} cannot be read ({exc})") from None
         if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
             raise ProfileError(f"server url must look like http://127.0.0.1:8080, got {shown!r}")
         try:
