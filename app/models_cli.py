@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -38,15 +39,23 @@ def add_model_options(parser: argparse.ArgumentParser, subcommand: bool = True) 
     parser.add_argument("--api-key-env", default=default, metavar="VAR", help="environment variable holding the server's API key")
 
 
+MAX_THREADS = 1024
+"""The most ``--threads`` accepted: torch segfaults given 100,000 (the thread pool is made at
+the first kernel, or at exit) and overflows past a C long; no machine here has this many cores."""
+
+
 def positive_int(text: str) -> int:
-    """An argparse ``type``: a whole number of at least 1 (``--threads``), else argparse's
-    one-line usage error naming the option and the value."""
+    """An argparse ``type``: a whole number from 1 to :data:`MAX_THREADS` (``--threads``), else
+    argparse's one-line usage error naming the option and the value."""
     try:
         value = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a whole number of at least 1, got {text!r}") from None
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1 (the number of CPU threads to use), got {value}")
+    if value > MAX_THREADS:
+        raise argparse.ArgumentTypeError(f"must be at most {MAX_THREADS} (the number of CPU threads to use; "
+                                         f"this machine has {os.cpu_count() or 'an unknown number of'} CPUs), got {value}")
     return value
 
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.errors import SpecChatError
+from engine.text_safety import inert
 
 if TYPE_CHECKING:
     from engine.fetch.inventory import CachedModel
@@ -36,6 +37,12 @@ def human(n: int) -> str:
     return f"{n / 1e3:.0f} kB"
 
 
+def _say(text: str) -> None:
+    """Print ``text`` with its control characters shown, not obeyed: the cache's file names come
+    from wheels and profiles, and a name holding ``ESC ] 52`` would write the clipboard."""
+    print(inert(text))
+
+
 def cmd_models(args: argparse.Namespace, ask: Callable[[str], str] | None = None) -> int:
     """List the cache's models, or remove one (``ask`` asks for the confirmation; default: input)."""
     from engine.config.models_file import load_profiles
@@ -53,16 +60,16 @@ def cmd_models(args: argparse.Namespace, ask: Callable[[str], str] | None = None
         print(json.dumps({"cache_dir": str(root), "models": rows}, indent=2))
         return 0
     if not models:
-        print(f"No models downloaded yet (cache: {root}). A profile downloads its models the first time it is used.")
+        _say(f"No models downloaded yet (cache: {root}). A profile downloads its models the first time it is used.")
         return 0
     width = max(len(m.name) for m in models)
-    print(f"Models in {root} ({human(sum(m.size for m in models))} in all):\n")
+    _say(f"Models in {root} ({human(sum(m.size for m in models))} in all):\n")
     for m in models:
         users = f"used by {', '.join(m.profiles)}" if m.profiles else "used by no profile"
-        print(f"  {m.name:<{width}}  {human(m.size):>9}  {users}")
+        _say(f"  {m.name:<{width}}  {human(m.size):>9}  {users}")
         for f in m.files:
-            print(f"  {'':<4}{f.kind:<15} {human(f.size):>9}  {f.path.relative_to(root)}")
-    print("\nRemove one with `specchat models remove NAME` (or a profile's name: every model it uses).")
+            _say(f"  {'':<4}{f.kind:<15} {human(f.size):>9}  {f.path.relative_to(root)}")
+    _say("\nRemove one with `specchat models remove NAME` (or a profile's name: every model it uses).")
     return 0
 
 
@@ -75,11 +82,11 @@ def _remove(args: argparse.Namespace, models: "list[CachedModel]", root: Path, a
         raise SpecChatError(f"no downloaded model or profile is called {args.name!r} (downloaded: {known})")
     total = sum(m.size for m in chosen)
     users = sorted({p for m in chosen for p in m.profiles})
-    print(f"This deletes {human(total)} from {root}:")
+    _say(f"This deletes {human(total)} from {root}:")
     for m in chosen:
-        print(f"  {m.name} ({human(m.size)}, {len(m.files)} {'entry' if len(m.files) == 1 else 'entries'})")
+        _say(f"  {m.name} ({human(m.size)}, {len(m.files)} {'entry' if len(m.files) == 1 else 'entries'})")
     if users:
-        print(f"Used by {', '.join(users)}: the next start of {'it' if len(users) == 1 else 'any of them'} "
+        _say(f"Used by {', '.join(users)}: the next start of {'it' if len(users) == 1 else 'any of them'} "
               "downloads it again.")
     if not args.yes:
         try:
@@ -87,8 +94,8 @@ def _remove(args: argparse.Namespace, models: "list[CachedModel]", root: Path, a
         except EOFError:
             answer = ""
         if answer.strip().lower() not in ("y", "yes"):
-            print("Nothing deleted.")
+            _say("Nothing deleted.")
             return 1
     freed = sum(remove(m, root) for m in chosen)
-    print(f"Deleted {human(freed)}.")
+    _say(f"Deleted {human(freed)}.")
     return 0

@@ -103,12 +103,16 @@ def write_new_file(path: Path, text: str) -> Path:
 
 
 def export_chat(history: History, chat_id: int, path: Path | None = None) -> Path:
-    """Write the chat to ``path`` (default :func:`default_export_path`), created with mode 0600;
+    """Write the chat to ``path`` (default :func:`default_export_path`; given a folder, its name
+    in that folder), created with mode 0600;
     if ``path`` exists, to ``<stem>-2<suffix>`` (and so on) instead. Returns the path written."""
     if path is None:
         chat = history.get_chat(chat_id)
         path = default_export_path(chat_id, chat.title if chat else "chat")
     path = Path(path).expanduser()
+    if path.is_dir():  # a folder given: the default name inside it
+        chat = history.get_chat(chat_id)
+        path = path / default_export_path(chat_id, chat.title if chat else "chat").name
     try:
         if path.parent == data_dir() / "exports":
             ensure_private_dir(path.parent)

@@ -69,7 +69,7 @@ def write_unsaved(app: "App[Any]", conversation: "Conversation", archive: Archiv
     messages = [] if conversation.private else conversation.messages()
     saver = archive.saver
     for chat, prompt, reply in saver.pending() if saver is not None else []:
-        if chat.id is None or chat.id != conversation.chat_id:  # another chat's: not on screen
+        if chat is not conversation.chat_ref:  # another chat's, not on screen (ids may not be set yet)
             messages += [("user", f"({chat.title}) {prompt}"), ("assistant", reply)]
     text = transcript_markdown(app.sub_title or "specchat chat", messages, conversation.prompt.text)
     try:

@@ -169,6 +169,8 @@ def _read(path: Path, lenient: bool) -> tuple[dict[str, ModelProfile], str | Non
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ProfileError(f"models file not found: {path}") from None
+    except IsADirectoryError:
+        raise ProfileError(f"models file {path} is a folder, not a file") from None
     except (OSError, UnicodeDecodeError) as exc:
         raise ProfileError(f"cannot read models file {path}: {exc}") from None
     try:
@@ -219,12 +221,12 @@ def load_profiles(models_file: Path | str | None = None) -> Profiles:
     shipped = shipped_models_file()
     paths: list[Path] = [shipped]
     user = user_models_file()
-    if user.is_file():
+    if user.exists():  # a folder there is named in a notice, not skipped in silence
         paths.append(user)
     extra = models_file if models_file is not None else os.environ.get(MODELS_ENV) or None
     if extra is not None:
         extra_path = Path(extra).expanduser().absolute()
-        if not extra_path.is_file():
+        if not extra_path.exists():
             raise ProfileError(f"models file not found: {extra_path}")
         paths.append(extra_path)
     merged: dict[str, ModelProfile] = {}

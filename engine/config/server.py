@@ -24,10 +24,21 @@ SERVER_KEYS: tuple[str, ...] = ("url", "model", "api_key_env", "timeout")
 
 DEFAULT_TIMEOUT_S = 120.0
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
-_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://)(?P<userinfo>[^/?#]*)@")
+_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://|)(?P<userinfo>[^/?#]*)@")
+"""A URL's user part, its scheme left out too (``user:secret@host``, a mistake still shown)."""
 NOT_A_VARIABLE = ("api_key_env must name an environment variable (like OPENAI_API_KEY), and what was given is not "
                   "a variable's name (it is not repeated here, in case it is the key itself); "
                   "never put the key itself in a models file or on the command line")
+
+
+_CONVENTIONAL_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+
+
+def shown_env_name(name: str) -> str:
+    """``api_key_env`` as it may be printed: a name in capitals (``OPENAI_API_KEY``) or a short
+    one as it is; a long name in mixed or lower case (a token such as ``ghp_16C7e42F…`` is a
+    valid name too) as ``(not shown)``, in case the key itself was given instead of its name."""
+    return name if _CONVENTIONAL_NAME.fullmatch(name) or len(name) < 20 else "(not shown)"
 
 
 def redact_url(url: str) -> str:
@@ -57,7 +68,10 @@ class ServerSpec:
 
     def __post_init__(self) -> None:
         shown = redact_url(self.url) if isinstance(self.url, str) else self.url
-        parts = urlsplit(self.url) if isinstance(self.url, str) else None
+        try:
+            parts = urlsplit(self.url) if isinstance(self.url, str) else None
+        except ValueError as exc:  # "Invalid IPv6 URL": a bracket left open
+            raise ProfileError(f"server url {shown!r} cannot be read ({exc})") from None
         if parts is None or parts.scheme not in ("http", "https") or not parts.hostname:
             raise ProfileError(f"server url must look like http://127.0.0.1:8080, got {shown!r}")
         try:
@@ -77,7 +91,7 @@ class ServerSpec:
 
     def __repr__(self) -> str:
         return (f"ServerSpec(url={redact_url(self.url)!r}, model={self.model!r}, "
-                f"api_key_env={self.api_key_env!r}, timeout={self.timeout!r})")
+                f"api_key_env={self.api_key_env if self.api_key_env is None else shown_env_name(self.api_key_env)!r}, timeout={self.timeout!r})")
 
     @property
     def root(self) -> str:
@@ -99,6 +113,12 @@ class ServerSpec:
         if self.api_key_env is None:
             return None
         key = os.environ.get(self.api_key_env)
+        if not key and shown_env_name(self.api_key_env) != self.api_key_env:
+            raise EngineError(
+                "the API key's variable named by api_key_env (--api-key-env) is not set; its name is not repeated "
+                "here, as a long name in lower or mixed case may be the key itself: put the key in a variable "
+                "such as OPENAI_API_KEY and give that name"
+            )
         if not key:
             raise EngineError(
                 f"the profile reads its API key from ${self.api_key_env}, which is not set: "

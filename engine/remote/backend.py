@@ -30,13 +30,16 @@ from engine.errors import EngineError
 from engine.events import ChatEvent, ChatMessage, FinishReason, GenerationParams, TextPiece
 from engine.remote.client import ServerClient, ServerError
 from engine.config.server import ServerSpec
-from engine.remote.figures import Figures, ServerStats, SpecCounters, parse_spec_counters, reply_figures
+from engine.remote.figures import Figures, ServerStats, clean_timings, SpecCounters, parse_spec_counters, reply_figures
 from engine.text_safety import inert
 
 CHAT_PATH = "/v1/chat/completions"
 SPEC_OFF: dict[str, int] = {"speculative.n_max": 0, "speculative.n_min": 0}
 """llama-server's per-request options that turn drafting off (where the build reads them)."""
 CALIBRATE_EVERY = 8
+MAX_TOKEN_CHARS = 256
+"""More characters than any token spells: a reply longer than ``max_tokens`` times this went
+past its budget, however few chunks carried it."""
 CALIBRATION_TOKENS = 64
 PROBE_TIMEOUT_S = 10.0
 METRICS_SETTLE_S = 0.2
@@ -53,6 +56,8 @@ class _Run:
     t_last: float | None = None
     chunks: int = 0
     text: list[str] = field(default_factory=list)
+    chars: int = 0
+    """Characters in ``text``."""
     finish: str | None = None
     timings: dict[str, Any] | None = None
     usage: dict[str, Any] | None = None
@@ -219,23 +224,34 @@ class ServerBackend:
             if budget is not None and events > 2 * budget + 16:  # events without text, forever
                 run.finish, run.over_budget = "length", True
                 return
-            run.timings = payload.get("timings") or run.timings
-            run.usage = payload.get("usage") or run.usage
-            for choice in payload.get("choices") or ():
+            if isinstance(payload.get("timings"), dict) and payload["timings"]:  # only counts and finite rates
+                run.timings = clean_timings(payload["timings"])
+            if isinstance(payload.get("usage"), dict) and payload["usage"]:
+                run.usage = payload["usage"]
+            choices = payload.get("choices")
+            for choice in choices if isinstance(choices, list) else ():
                 if not isinstance(choice, dict):
                     continue
                 part = choice.get("delta") or choice.get("message") or {}
                 text = part.get("content") if isinstance(part, dict) else None
+                text = text if isinstance(text, str) else None  # a number or list where the text goes: left out
                 if text and budget is not None and run.chunks >= budget:
                     run.finish, run.over_budget = "length", True
                     return
+                over = False
+                if text and budget is not None and len(text) > budget * MAX_TOKEN_CHARS - run.chars:
+                    text, over = text[:budget * MAX_TOKEN_CHARS - run.chars], True  # no budget's tokens spell more
                 run.finish = choice.get("finish_reason") or run.finish
                 if text:
                     run.chunks += 1
                     run.t_first = run.t_first or now
                     run.t_last = now
                     run.text.append(text)
+                    run.chars += len(text)
                     yield text
+                if over:
+                    run.finish, run.over_budget = "length", True
+                    return
             if cancel.is_set():
                 return
 

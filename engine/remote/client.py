@@ -17,6 +17,7 @@ import http.client
 import json
 import socket
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 from urllib.parse import urlsplit
@@ -202,8 +203,11 @@ def _read_all(resp: http.client.HTTPResponse, url: str, timeout: float, cancel: 
 
 
 def _events(resp: http.client.HTTPResponse, url: str, timeout: float, cancel: threading.Event) -> Iterator[str]:
-    """The ``data`` of each server-sent event (several ``data:`` lines joined by newlines)."""
+    """The ``data`` of each server-sent event (several ``data:`` lines joined by newlines).
+    Keep-alive comments alone for ``timeout`` seconds are a timeout, as silence is (they would
+    keep the socket's own timeout from ever firing)."""
     data: list[str] = []
+    last_data = time.monotonic()
     while True:
         try:
             line = resp.readline()
@@ -223,16 +227,17 @@ def _events(resp: http.client.HTTPResponse, url: str, timeout: float, cancel: th
                 yield "\n".join(data)
             return
         text = line.decode("utf-8", "replace").rstrip("\r\n")
-        if not text:
-            if data:
-                yield "\n".join(data)
-                data = []
-            continue
-        if text.startswith(":"):
-            continue  # a comment: servers send them as keep-alive pings
         name, _, value = text.partition(":")
         if name == "data":
             data.append(value[1:] if value.startswith(" ") else value)
+            last_data = time.monotonic()
+        elif not text and data:
+            yield "\n".join(data)
+            data = []
+        elif time.monotonic() - last_data > timeout:  # comments (keep-alive pings), blank lines, other fields
+            raise ServerError("timeout", f"{url}: the server sent only keep-alive comments for {timeout:g} s "
+                                         "(timeout); the reply so far is kept. Raise `timeout` in the profile "
+                                         "if the server is just slow")
 
 
 def parse_json(text: str, url: str) -> Any:

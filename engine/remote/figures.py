@@ -154,6 +154,29 @@ def conditional_rates(per_pos: dict[int, float], drafts: float) -> tuple[float, 
     return tuple(rates)
 
 
+_COUNTS = ("predicted_n", "prompt_n", "cache_n", "draft_n", "draft_n_accepted")
+
+
+def clean_timings(raw: dict[str, Any]) -> dict[str, Any]:
+    """A server's ``timings`` with only the values a server could have measured: counts as
+    whole numbers >= 0, times and rates as finite numbers >= 0 (a string, NaN, a list or an
+    infinity is left out), and ``draft_n_accepted`` with ``draft_n`` only when it is at most
+    that (else both left out: an acceptance rate over 1 is no figure)."""
+    out: dict[str, Any] = {}
+    for key, value in raw.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+            continue
+        if key in _COUNTS:
+            if value != int(value):
+                continue
+            value = int(value)
+        out[key] = value
+    if "draft_n_accepted" in out and out["draft_n_accepted"] > out.get("draft_n", -1):
+        out.pop("draft_n_accepted")
+        out.pop("draft_n", None)
+    return out
+
+
 def reply_figures(timings: dict[str, Any] | None, delta: SpecCounters | None, tokens: int,
                   *, metrics_known: bool, server: str) -> Figures:
     """α, τ and per-position acceptance of one reply from whichever source has them.

@@ -68,6 +68,15 @@ def test_a_key_given_as_the_variables_name_is_refused_unprinted(capsys: pytest.C
     assert "sk-live-abc123" not in err and "--api-key-env must name an environment variable" in err
 
 
+def test_a_key_shaped_like_a_variables_name_is_not_printed_when_unset(capsys: pytest.CaptureFixture[str],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    key = "ghp_16C7e42F292c6912E7710c838347Ae178B4a"  # a GitHub token is a valid identifier
+    monkeypatch.delenv(key, raising=False)
+    assert main(["generate", "hi", "--server", "http://127.0.0.1:9", "--api-key-env", key]) == 2
+    err = capsys.readouterr().err
+    assert key not in err and "not set" in err and "--api-key-env" in err
+
+
 def test_a_password_in_the_server_url_is_never_printed(capsys: pytest.CaptureFixture[str]) -> None:
     with FakeServer({}) as fake:  # answers 404 to everything: the error names the server
         url = fake.url.replace("http://", "http://alice:hunter2@")

@@ -124,3 +124,21 @@ def test_an_empty_cache_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     assert main(["models"]) == 0
     assert "No models downloaded yet" in capsys.readouterr().out
     assert not (tmp_path / "none").exists()  # listing creates nothing
+
+
+def test_cache_file_names_are_printed_inert(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    from tests.hostile import HOSTILE, raw_in
+
+    root = tmp_path / "cache"
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(root))
+    name = "ev" + HOSTILE["osc52-clipboard"] + "il"
+    put(root / "files" / name / "m.gguf", 10)
+    put(root / "wheels" / (name + "-1.0-py3-none-any.whl"), 10)
+    assert main(["models"]) == 0  # printed the names as they are: ESC ] 52 wrote the clipboard
+    out = capsys.readouterr().out
+    assert raw_in(out) == [] and "ev␛]52;c;" in out
+    assert main(["models", "remove", "nothing-here", "--yes"]) == 2  # the error lists what is there
+    err = capsys.readouterr().err
+    assert raw_in(err) == []
+    assert main(["models", "remove", name, "--yes"]) == 0
+    assert raw_in(capsys.readouterr().out) == []

@@ -148,7 +148,15 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
         history = self._archive.history
         if option is None or not option.id or history is None:
             return None
-        return self._archive.db(history.get_chat, int(option.id))
+        try:
+            chat = history.get_chat(int(option.id))
+        except HistoryError as exc:
+            self.notify(inert(str(exc)), severity="error", markup=False)
+            return None
+        if chat is None:  # deleted in another window since the list was read: say so, show the list as it is
+            self.notify("That chat no longer exists (deleted in another window).", severity="warning", markup=False)
+            self._reload()
+        return chat
 
     def picked(self, option: Option) -> None:
         if option.id:

@@ -106,6 +106,11 @@ class Conversation(Horizontal):
     # -- the chat --------------------------------------------------------------------
 
     @property
+    def chat_ref(self) -> ChatRef | None:
+        """The chat on screen as the saver knows it (its id may not be set yet)."""
+        return self._chat
+
+    @property
     def chat_id(self) -> int | None:
         """The saved chat's id; None before the saver wrote its first row."""
         return self._chat.id if self._chat is not None else None

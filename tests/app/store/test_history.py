@@ -122,3 +122,13 @@ def test_drafting_texts_are_the_newest_messages_within_the_budget_oldest_first(s
     history.delete_chat(chat)
     assert history.drafting_texts(100) == []
     history.close()
+
+
+def test_a_data_folder_that_is_a_file_is_named_as_such(specchat_dirs: Path) -> None:
+    specchat_dirs.parent.mkdir(parents=True, exist_ok=True)
+    specchat_dirs.write_text("not a folder")  # the notice said "[Errno 17] File exists: '.../data'"
+    history = History.open()
+    assert history.path is None and history.notice is not None
+    assert f"{specchat_dirs} is a file, not a folder" in history.notice and "SPECCHAT_DATA_DIR" in history.notice
+    assert "Errno" not in history.notice
+    assert specchat_dirs.read_text() == "not a folder"

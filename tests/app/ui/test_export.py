@@ -78,3 +78,14 @@ def test_unsaved_transcript_export_is_inert() -> None:
     text = transcript_markdown(f"title {ALL}", [("user", f"ask {ALL}"), ("assistant", f"reply {ALL}")], f"unsent {ALL}")
     assert raw_in(text) == []
     assert text.count("␛]52;c;cm0gLXJmIH4=␇") == 4
+
+
+def test_export_to_a_folder_writes_the_default_name_inside_it(specchat_dirs: Path, tmp_path: Path) -> None:
+    history = History.open()
+    chat = history.create_chat("Notes", "fast")
+    history.add_message(chat, "user", "hello", profile="fast")
+    folder = tmp_path / "out"
+    folder.mkdir()
+    written = export_chat(history, chat, folder)  # was a new file "out-2" beside the folder
+    assert written == folder / f"notes-{chat}.md" and written.read_text().startswith("# Notes")
+    assert not (tmp_path / "out-2").exists()

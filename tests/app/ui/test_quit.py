@@ -126,3 +126,24 @@ async def test_sigterm_with_writes_failing_exports_what_would_be_lost(
     assert app.return_code == 128 + signal.SIGTERM
     (exported,) = (specchat_dirs / "exports").glob("unsaved-chat-*.md")
     assert "my unsaved question" in exported.read_text()
+
+
+async def test_an_unsaved_chat_that_never_got_an_id_is_exported_once(
+    make_app: Callable[..., SpecChatApp], specchat_dirs: Path
+) -> None:
+    """Writes failing from the first message: the chat on screen was also taken for another
+    chat's pending reply (its id never set) and exported twice, once as "(title) prompt"."""
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        _make_history_read_only(app)
+        await send(pilot, "secret question")
+        await wait_for(pilot, lambda: not app.conversation.generating and app.archive.saver.lagging)
+        assert app.conversation.chat_id is None
+        await pilot.press("ctrl+q")
+        await wait_for(pilot, lambda: isinstance(app.screen, QuitScreen))
+        await pilot.press("e")
+        await wait_for(pilot, lambda: app.return_code is not None)
+    (exported,) = (specchat_dirs / "exports").glob("unsaved-chat-*.md")
+    text = exported.read_text()
+    assert text.count("secret question") == 1 and text.count("## Assistant") == 1

@@ -2,6 +2,7 @@
 and a message that names the file, the profile and the key for every mistake."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -135,6 +136,17 @@ def test_syntax_error_in_user_file_names_it_and_leaves_only_it_out(tmp_path: Pat
     assert profiles.get().name == "pocket"  # the shipped profiles still work
     (notice,) = profiles.notices
     assert str(user) in notice and "TOML syntax error" in notice and "line 1" in notice
+
+
+def test_a_user_models_toml_that_is_a_folder_is_named_not_skipped_in_silence(tmp_path: Path) -> None:
+    user = user_file(tmp_path)
+    user.mkdir(parents=True)  # the user's profiles were never read, and nothing said so
+    profiles = load_profiles()
+    assert profiles.get().name == "pocket"
+    (notice,) = profiles.notices
+    assert str(user) in notice and "folder" in notice
+    with pytest.raises(ProfileError, match=f"models file {re.escape(str(tmp_path))}.* is a folder"):
+        load_profiles(tmp_path)  # --models given a folder: not "not found"
 
 
 def test_one_bad_user_profile_disables_that_profile_only(tmp_path: Path) -> None:

@@ -7,7 +7,7 @@ import pytest
 
 from engine.errors import EngineError, ProfileError
 from engine.config.models_file import load_profiles
-from engine.config.server import ServerSpec
+from engine.config.server import ServerSpec, redact_url
 
 
 def write(tmp_path: Path, body: str) -> Path:
@@ -60,3 +60,18 @@ def test_local_backend_may_be_named(tmp_path: Path) -> None:
     path = write(tmp_path, '[profiles.loc]\nbackend = "local"\ntarget = "org/m"\ndrafter = "ngram"\n')
     p = load_profiles(path).get("loc")
     assert p.backend == "local" and p.server is None
+
+
+@pytest.mark.parametrize("url", ["http://alice:s3cret@[::1", "http://alice:s3cret@[zz]:80"])
+def test_a_malformed_url_with_a_password_is_a_profile_error_that_hides_it(url: str) -> None:
+    """urlsplit's ValueError ("Invalid IPv6 URL") came out of generate as a traceback."""
+    with pytest.raises(ProfileError) as err:
+        ServerSpec(url)
+    assert "s3cret" not in str(err.value) and "alice:***@" in str(err.value)
+
+
+def test_a_password_in_a_url_without_its_scheme_is_hidden_too() -> None:
+    assert redact_url("alice:s3cret@127.0.0.1:9") == "alice:***@127.0.0.1:9"
+    with pytest.raises(ProfileError) as err:
+        ServerSpec("alice:s3cret@127.0.0.1:9")  # printed as given: 'alice:s3cret@127.0.0.1:9'
+    assert "s3cret" not in str(err.value)

@@ -112,6 +112,30 @@ def test_silence_past_the_timeout_is_a_timeout_error() -> None:
         assert "the server sent nothing for 0.3 s (timeout); the reply so far is kept" in str(error)
 
 
+def test_keep_alive_comments_alone_past_the_timeout_are_a_timeout_error() -> None:
+    """A server that sends only ``: ping`` comments, forever, is as stalled as a silent one: the
+    comments kept the socket's timeout from ever firing and ``generate`` waited for good."""
+    release = threading.Event()
+
+    def pinging(req, body):  # type: ignore[no-untyped-def]
+        start_sse(req)
+        write_events(req, [{"n": 1}])
+        while not release.is_set():
+            write_events(req, [": ping\n\n"])
+            release.wait(0.02)
+
+    with FakeServer({CHAT: pinging}) as fake:
+        outcome: list[Any] = []
+        reader = threading.Thread(target=lambda: outcome.append(catch(fake, timeout=0.3)), daemon=True)
+        reader.start()
+        reader.join(20)
+        release.set()
+        assert outcome, "the reader still waits after 20 s of keep-alive comments"
+        got, error = outcome[0]
+        assert got == [{"n": 1}] and error.kind == "timeout"
+        assert "the server sent only keep-alive comments for 0.3 s (timeout); the reply so far is kept" in str(error)
+
+
 def test_cancel_ends_a_silent_stream_quietly() -> None:
     release = threading.Event()
 

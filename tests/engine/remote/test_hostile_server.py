@@ -3,13 +3,15 @@ a reply that never ends. Nothing it says may reach a terminal raw; no secret is 
 from __future__ import annotations
 
 import base64
+import json
+import math
 
 import pytest
 
 from engine.config.server import ServerSpec
 from engine.errors import ProfileError
 from engine.events import ChatMessage, GenerationParams, SamplingParams
-from engine.remote.backend import ServerBackend
+from engine.remote.backend import MAX_TOKEN_CHARS, ServerBackend
 from engine.remote.client import ServerClient, ServerError
 from tests.fake_server import (
     FakeServer, chunk, llama_routes, models_route, props_route, reply_stream, send_json, send_text, start_sse,
@@ -113,6 +115,65 @@ def test_a_server_that_sends_events_without_text_forever_is_cut_too() -> None:
     with FakeServer(llama_routes(empty)) as fake:
         events = list(ServerBackend.connect(ServerSpec(fake.url), "srv").chat(MESSAGES, params(5)))
     assert events[-1].finish_reason == "length"
+
+
+def test_a_server_that_sends_huge_chunks_is_cut_at_what_the_budget_could_hold() -> None:
+    """Each chunk counted as a token let 5 chunks of 100 KB through for --max-new-tokens 5 (500 KB
+    printed): no token is that long, so the text is cut where the budget's tokens would end."""
+    def huge(req, body):  # type: ignore[no-untyped-def]
+        start_sse(req)
+        write_events(req, [chunk("word " * 20_000) for _ in range(50)] + ["data: [DONE]\n\n"])
+
+    with FakeServer(llama_routes(huge)) as fake:
+        events = list(ServerBackend.connect(ServerSpec(fake.url), "srv").chat(MESSAGES, params(5)))
+    text = "".join(e.text for e in events)
+    assert text == ("word " * 20_000)[:5 * MAX_TOKEN_CHARS]
+    assert events[-1].finish_reason == "length"
+    assert events[-1].notice is not None and "5-token limit" in events[-1].notice
+
+
+@pytest.mark.parametrize("odd", [
+    {"choices": [{"delta": {"content": 123}, "index": 0, "finish_reason": None}]},
+    {"choices": [{"delta": {"content": ["x" + HOSTILE["osc52-clipboard"]]}, "index": 0, "finish_reason": None}]},
+    {"choices": [], "timings": HOSTILE["osc52-clipboard"], "usage": [1]},
+    {"choices": [{"delta": {"content": "!"}, "finish_reason": ["stop"]}]},
+], ids=["int-content", "list-content", "str-timings-list-usage", "list-finish"])
+def test_a_chunk_of_the_wrong_shape_is_left_out_not_a_traceback(odd: dict) -> None:  # type: ignore[type-arg]
+    """A number or list where the text goes, a string where timings go: these raised TypeError or
+    AttributeError out of ``generate`` (a traceback); the chunk's parts of the wrong type are ignored."""
+    def odd_stream(req, body):  # type: ignore[no-untyped-def]
+        start_sse(req)
+        write_events(req, [chunk("a"), odd, chunk("b"), chunk(None, "stop"), "data: [DONE]\n\n"])
+
+    with FakeServer(llama_routes(odd_stream)) as fake:
+        events = list(ServerBackend.connect(ServerSpec(fake.url), "srv").chat(MESSAGES, params(50)))
+    text = "".join(e.text for e in events)
+    assert text in ("ab", "a!b") and raw_in(text) == []
+    assert events[-1].finish_reason == "eos"
+
+
+@pytest.mark.parametrize("bad", [
+    {"draft_n": "abc"}, {"draft_n": float("nan")}, {"draft_n": [1]}, {"draft_n": float("inf")},
+    {"draft_n": 5, "draft_n_accepted": "x"}, {"draft_n": 5, "draft_n_accepted": 50}, {"draft_n": -4, "draft_n_accepted": -2},
+    {"predicted_per_second": float("inf")}, {"predicted_per_second": float("nan")}, {"predicted_per_second": -3.0},
+], ids=["str", "nan", "list", "inf", "str-accepted", "accepted-over-drafted", "negative", "inf-rate", "nan-rate",
+        "negative-rate"])
+def test_timings_that_are_not_counts_give_no_figures_not_a_traceback(bad: dict) -> None:  # type: ignore[type-arg]
+    """draft_n "abc" / NaN / [1] / Infinity raised ValueError, TypeError or OverflowError out of the
+    reply; 50 accepted of 5 drafted showed α 10.0; an infinite rate showed inf tok/s."""
+    def chat(req, body):  # type: ignore[no-untyped-def]
+        start_sse(req)
+        events = reply_stream(["a", "b"])
+        events[-2]["timings"] = {"predicted_n": 2, "predicted_ms": 1.0, **bad}
+        req.wfile.write("".join(e if isinstance(e, str) else "data: " + json.dumps(e) + "\n\n"
+                                for e in events).encode())
+
+    with FakeServer(llama_routes(chat)) as fake:
+        events = list(ServerBackend.connect(ServerSpec(fake.url), "srv").chat(MESSAGES, params(20)))
+    stats = events[-1].stats
+    assert "".join(e.text for e in events) == "ab"
+    assert stats.alpha is None or 0.0 <= stats.alpha <= 1.0
+    assert stats.tokens_per_s is None or math.isfinite(stats.tokens_per_s)
 
 
 def test_a_reply_that_ends_at_the_budget_keeps_its_figures() -> None:

@@ -171,3 +171,24 @@ async def test_an_unreadable_history_is_a_notice_and_an_empty_list(make_app: Cal
         assert rows(screen) == ["No saved chats yet."]
         assert any(n.message == "Reading chat history failed: database is locked" and n.severity == "error"
                    for n in app._notifications)
+
+
+@pytest.mark.parametrize("key", ["r", "d", "e"])
+async def test_a_chat_deleted_in_another_window_is_said_gone_and_the_list_refreshed(
+        make_app: Callable[..., SpecChatApp], key: str) -> None:
+    """Rename, delete and export of a chat another window deleted did nothing without a word,
+    and its row stayed in the list."""
+    from app.store.history import History
+
+    app = make_app()
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        await ready(pilot)
+        keep, gone = chats(app, "keep", "gone")
+        screen, _ = await opened(pilot)
+        other = History.open()
+        other.delete_chat(gone)
+        other.close()
+        await pilot.press(key)
+        await wait_for(pilot, lambda: rows(screen) == ["keep"])
+        assert app.screen is screen
+        assert any("no longer exists" in n.message for n in app._notifications)
