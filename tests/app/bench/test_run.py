@@ -89,9 +89,9 @@ def test_bench_json_structure_and_identical_outputs(pair: tuple[Path, Path], tmp
     by = {(r["method"], r["prompt_class"]): r for r in results}
     assert by[("plain", "all")]["k"] is None and by[("plain", "all")]["speedup"] == pytest.approx(1.0)
     assert by[("plain", "all")]["tau"] == pytest.approx(1.0) and by[("plain", "all")]["alpha"] is None
-    # The cross-check: plain's self-reported figure (its own estimate) against the bench's 1.0.
-    assert 0.75 <= by[("plain", "all")]["engine_speedup"] <= 1.33
-    assert by[("plain", "all")]["engine_over_bench"] == pytest.approx(by[("plain", "all")]["engine_speedup"])
+    # A reply decoded plainly reports no speedup of its own (issue 37: no "× vs plain" on a plain
+    # reply), so the bench has nothing to cross-check for plain.
+    assert by[("plain", "all")]["engine_speedup"] is None and by[("plain", "all")]["engine_over_bench"] is None
     assert by[("hf-plain", "all")]["engine_speedup"] is None
     assert by[("spec", "all")]["k"] == 2 and by[("hf-assisted-constant", "all")]["k"] == 2
     assert by[("hf-prompt-lookup", "all")]["tau"] >= 1.0 and by[("hf-prompt-lookup", "all")]["alpha"] is None
