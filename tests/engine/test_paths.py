@@ -72,7 +72,8 @@ def test_a_cache_subfolder_blocked_by_a_file_is_named(tmp_path: Path, monkeypatc
     import torch
 
     from engine.errors import StorageError
-    from engine.quant import _save, quantize_weight
+    from engine.quant import quantize_weight
+    from engine.quant.cache import _save
 
     monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
     (tmp_path / "cache").mkdir()
