@@ -49,8 +49,7 @@ UI_NICE = 0
 lowered UI starves. Measured on 2 shared cores (scripts/app_speed.py, tmux): at nice 10 a
 key typed while a reply streamed echoed after 0.48-1.32 s and Esc showed "stopped" after
 1.07-1.13 s, against 15-40 ms and 0.22-0.46 s at nice 0. The UI stays light instead: the
-engine's threads sleep while they wait (:data:`engine.child.backend.CHILD_ENV`), a key
-leaves the UI a core for a moment (:meth:`EngineHost.yield_to_ui`), and Esc stops the
+a key leaves the UI a core for a moment (:meth:`EngineHost.yield_to_ui`), and Esc stops the
 engine from the keyboard's own thread (:meth:`EngineHost.interrupt`)."""
 
 

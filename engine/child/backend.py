@@ -49,13 +49,13 @@ POLL_S = 0.05
 YIELD_S = 0.25
 """How long the child runs on one thread fewer after :meth:`ProcessBackend.yield_to_ui` (seconds)."""
 
-CHILD_ENV = {"OMP_WAIT_POLICY": "PASSIVE"}
-"""Environment the child starts with, unless the user set these variables. OpenMP threads
-that wait for each other sleep instead of spinning: the app's engine always shares the
-machine with the UI, and a spinning thread burns the core its preempted partner needs.
-Measured here (2 cores shared, load 7-8; 64 plain tokens of pocket, alternating): 2.4-2.7
-tok/s spinning (OMP_WAIT_POLICY=ACTIVE), 2.6 by default, 4.6 with GOMP_SPINCOUNT=10000,
-26.7-48.2 sleeping (docs/performance.md, "The app's decode speed")."""
+CHILD_ENV: dict[str, str] = {}
+"""Environment the child starts with, unless the user set these variables: none now, so the
+app's engine waits for its OpenMP threads as ``specchat generate`` does. Sleeping waits
+(``OMP_WAIT_POLICY=PASSIVE``) had been chosen on a 2-core machine shared with five other
+sessions; on the same machine quiet (2026-11-26, `scripts/app_speed.py`, pocket, plain, 512
+tokens, alternating) they made the app the slowest of all: 75-88 tok/s against 137-143 with
+OpenMP's spinning waits and 106-118 for the engine on one thread (docs/performance.md)."""
 
 CLOSE_WAIT_S = 10.0
 """How long :meth:`ProcessBackend.close` waits for the child to exit before killing it."""
