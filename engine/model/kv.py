@@ -20,6 +20,29 @@ from __future__ import annotations
 import torch
 
 
+class _LayerBuffers:
+    """One layer's key and value buffers ``[1, kv_heads, capacity, d]`` and how many tokens of
+    them are cached: what :class:`GrowingKV` and :class:`StaticKV` layers share."""
+
+    def __init__(self) -> None:
+        self.k: torch.Tensor | None = None
+        self.v: torch.Tensor | None = None
+        self.length = 0
+
+    @property
+    def is_initialized(self) -> bool:
+        return self.k is not None
+
+    @property
+    def keys(self) -> torch.Tensor | None:
+        return self.k[:, :, : self.length] if self.k is not None else None
+
+    def crop(self, n: int) -> None:
+        """Move the length: ``n < 0`` drops the last ``-n`` tokens, ``n >= 0`` keeps the first ``n``
+        (nothing is copied or cleared)."""
+        self.length = max(self.length + n, 0) if n < 0 else min(n, self.length)
+
+
 class GrowingKV:
     """The lean path's KV cache: per-layer buffers that grow by doubling, up to ``limit``.
 
@@ -31,23 +54,10 @@ class GrowingKV:
     last ``n`` tokens (``crop(n)``, n >= 0, keeps the first ``n``).
     """
 
-    class Layer:
+    class Layer(_LayerBuffers):
         def __init__(self, owner: "GrowingKV | None" = None) -> None:
-            self.k: torch.Tensor | None = None
-            self.v: torch.Tensor | None = None
-            self.length = 0
+            super().__init__()
             self.owner = owner
-
-        @property
-        def is_initialized(self) -> bool:
-            return self.k is not None
-
-        @property
-        def keys(self) -> torch.Tensor | None:
-            return self.k[:, :, : self.length] if self.k is not None else None
-
-        def crop(self, n: int) -> None:
-            self.length = max(self.length + n, 0) if n < 0 else min(n, self.length)
 
         def reserve(self, t: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             """Room for ``t`` more tokens: the whole key and value buffers ``[1, kv_heads, cap, d]``
@@ -101,24 +111,10 @@ class StaticKV:
     (which holds the buffers' addresses) knows when to capture again.
     """
 
-    class Layer:
+    class Layer(_LayerBuffers):
         def __init__(self, owner: "StaticKV") -> None:
+            super().__init__()
             self.owner = owner
-            self.k: torch.Tensor | None = None
-            self.v: torch.Tensor | None = None
-            self.length = 0
-
-        @property
-        def is_initialized(self) -> bool:
-            return self.k is not None
-
-        @property
-        def keys(self) -> torch.Tensor | None:
-            return self.k[:, :, : self.length] if self.k is not None else None
-
-        def crop(self, n: int) -> None:
-            """Move the length (nothing is copied or cleared: see the module's docstring)."""
-            self.length = max(self.length + n, 0) if n < 0 else min(n, self.length)
 
         def write(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             """Store keys and values ``[1, kv_heads, T, d]`` at ``positions`` ``[T]`` (long, on the
