@@ -22,6 +22,10 @@ FinishReason = Literal["eos", "stop", "length", "context", "cancelled", "error"]
 TOO_SHORT = "too short to measure"
 """``ReplyStats.speedup_note`` when the reply holds less evidence than the floor
 (:data:`engine.decode.cost_model.SPEEDUP_FLOOR` says what the floor is)."""
+TOO_NOISY = "too uncertain to measure"
+"""``ReplyStats.speedup_note`` when the reply is past the floor but its speedup's standard error
+is more than :data:`engine.decode.cost_model.SPEEDUP_MAX_RELATIVE_SE` of the figure (a busy
+machine's timings): "1.07× ± 3.22" says nothing a reader can use."""
 PLAIN_REPLY = "decoded plainly"
 """``ReplyStats.speedup_note`` when nothing was drafted in the reply: there is no speedup to show."""
 NOT_PAYING = "not paying here"

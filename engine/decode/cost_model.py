@@ -34,7 +34,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 from engine.decode.pass_costs import WINDOW, PassCosts, Stretch
-from engine.events import PLAIN_REPLY, TOO_SHORT, DraftOrigin, Mode, OriginFigures, ReplyStats
+from engine.events import PLAIN_REPLY, TOO_NOISY, TOO_SHORT, DraftOrigin, Mode, OriginFigures, ReplyStats
 
 EMA = 0.2  # weight of the newest sample in the running draft-step average
 
@@ -45,6 +45,11 @@ reply, rounds of it that drafted something, and one-token rounds (the plain step
 session-wide). Below it the speedup is None and ``speedup_note`` says
 :data:`~engine.events.TOO_SHORT`: an 8-token reply, or a plain speed from a handful of
 calibration rounds, gave figures like 0.37× and 4.16×."""
+
+SPEEDUP_MAX_RELATIVE_SE = 0.25
+"""The largest standard error, relative to the figure, at which a speedup is shown (two standard
+errors then span ±50% of it); above it the speedup is None and ``speedup_note`` says
+:data:`~engine.events.TOO_NOISY`. The app on a loaded machine showed "1.07× ± 3.22"."""
 
 LOOKUP_TRUSTED = 4
 """Before anything is measured, a lookup match of at least this many tokens is taken over
@@ -315,8 +320,9 @@ class ReplyTally:
 
     def speedup(self, plain_tokens: float | None) -> tuple[float | None, float | None, str | None]:
         """``(speedup, standard error, note)``: the figure when the reply is past
-        :data:`SPEEDUP_FLOOR`, else None and why (:data:`~engine.events.PLAIN_REPLY`,
-        :data:`~engine.events.TOO_SHORT`).
+        :data:`SPEEDUP_FLOOR` and known to within :data:`SPEEDUP_MAX_RELATIVE_SE`, else None and
+        why (:data:`~engine.events.PLAIN_REPLY`, :data:`~engine.events.TOO_SHORT`,
+        :data:`~engine.events.TOO_NOISY`).
 
         The error combines the spread of the rounds' own ratios (tokens emitted over
         plain equivalent; a ratio estimator's delta-method error) with that of the
@@ -336,6 +342,8 @@ class ReplyTally:
             spread = max(ee - 2 * ratio * ec + ratio * ratio * cc, 0.0) / (n - 1)
             relative += spread / n / (c / n) ** 2 / ratio ** 2 if ratio > 0 else 0.0
         relative += self.costs.passes.plain_step_relative_se() ** 2
+        if math.sqrt(relative) > SPEEDUP_MAX_RELATIVE_SE:
+            return None, None, TOO_NOISY
         return value, value * math.sqrt(relative), None
 
     def snapshot(self) -> ReplyStats:

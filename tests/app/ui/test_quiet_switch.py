@@ -57,8 +57,8 @@ async def test_speculation_that_does_not_pay_steps_aside_quietly(make_app: Calla
         footer = str(app.query(AssistantMessage).last().query_one(".reply-footer").render())
         stats = app.query(AssistantMessage).last().stats or {}
         assert ("vs plain" in footer) == (stats.get("speedup") is not None)
-        if stats.get("speedup") is None:
-            assert "too short to measure" in footer
+        if stats.get("speedup") is None:  # either note, said in words (a timing-dependent choice here)
+            assert any(note in footer for note in ("too short to measure", "too uncertain to measure"))
         await send(pilot, "w4 w5")
         await wait_for(pilot, lambda: len(app.query(AssistantMessage)) == 2 and not app.conversation.generating,
                        timeout=60)

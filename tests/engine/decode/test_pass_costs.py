@@ -144,3 +144,23 @@ def test_a_noisy_plain_step_widens_the_error() -> None:
         return snap.speedup, snap.speedup_se
 
     assert final(1.0)[1] > 2 * final(0.0)[1]
+
+
+def test_a_speedup_known_only_to_within_its_own_size_is_not_shown() -> None:
+    """Past the floor, a figure whose standard error exceeds SPEEDUP_MAX_RELATIVE_SE of it (a busy
+    machine's plain step, here spread over 1 to 51 times its cost) is None and "too uncertain"."""
+    from engine.events import TOO_NOISY
+
+    costs = CostModel()
+    stats = ReplyTally("ngram", "n-gram lookup", True, costs)
+    rng = random.Random(5)
+    for i in range(80):
+        if i % 4 == 0:
+            verify = ONE * (1 + 50 * rng.random())
+            costs.observe(0, 0, 0.0, verify, OTHER, key=8)
+            stats.record(0, 0, 0, 1, 0.0, verify, OTHER)
+        else:
+            play(stats, costs, 4, 2, 3, 1.0)
+    snap = stats.snapshot()
+    assert snap.tokens >= SPEEDUP_FLOOR["tokens"] and stats.drafting_rounds >= SPEEDUP_FLOOR["drafting_rounds"]
+    assert snap.speedup is None and snap.speedup_se is None and snap.speedup_note == TOO_NOISY
