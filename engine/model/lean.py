@@ -286,22 +286,27 @@ class LeanForward:
                 and (t == 1 or start > 0 or row_exact)):
             return self._native(x, past_key_values, start, cos, sin, logits_to_keep)
         cos, sin = cos.unsqueeze(1), _signed_sin(sin.unsqueeze(1))
-        half = self.head_dim // 2
         mask = None
         if t > 1 and start > 0 and not row_exact:  # causal over the new tokens; every cached token is visible
             mask = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(diagonal=start)
-        qk_shape, kv_shape = (1, t, self.n_heads + self.n_kv, self.head_dim), (1, t, self.n_kv, self.head_dim)
         for i, layer in enumerate(self.layers):
-            qkv = layer.qkv(x) if layer.folded else layer.qkv(_rms_norm(x, layer.norm1, layer.eps1))
-            # Rope on q and k at once (elementwise, so the same numbers as one at a time).
-            qk = qkv[..., : self.qk_width].view(qk_shape).transpose(1, 2)
-            qk = qk * cos + qk.roll(half, dims=-1) * sin
-            q, k = qk.split((self.n_heads, self.n_kv), dim=1)
-            v = qkv[..., self.qk_width :].view(kv_shape).transpose(1, 2)
+            q, k, v = self._qkv(layer, x, cos, sin)
             k, v = past_key_values.update(k, v, i)
             a = self._attention(q, k, v, mask, start, row_exact)
             x = _finish_layer(layer, x, a.transpose(1, 2).reshape(1, t, -1))
         return self._logits(x, logits_to_keep)
+
+    def _qkv(self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor,
+             sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """A layer's queries, keys and values for ``x`` ``[1, T, hidden]``, rope applied to q and k
+        at once (elementwise, so the same numbers as one at a time; ``sin`` already signed,
+        :func:`_signed_sin`): ``[1, heads, T, d]``, ``[1, kv_heads, T, d]`` twice."""
+        t = x.shape[1]
+        qkv = layer.qkv(x) if layer.folded else layer.qkv(_rms_norm(x, layer.norm1, layer.eps1))
+        qk = qkv[..., : self.qk_width].view(1, t, self.n_heads + self.n_kv, self.head_dim).transpose(1, 2)
+        qk = qk * cos + qk.roll(self.head_dim // 2, dims=-1) * sin
+        q, k = qk.split((self.n_heads, self.n_kv), dim=1)
+        return q, k, qkv[..., self.qk_width :].view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
 
     def static_pass(self, input_ids: torch.Tensor, cache: StaticKV, positions: torch.Tensor, keep: int,
                     length: int | None = None) -> torch.Tensor:
@@ -334,14 +339,8 @@ class LeanForward:
             mask = mask[:, :length]
         if group > 1:
             mask = mask.repeat(group, 1)  # row g·T + i is row i's
-        half = self.head_dim // 2
-        qk_shape, kv_shape = (1, t, self.n_heads + self.n_kv, self.head_dim), (1, t, self.n_kv, self.head_dim)
         for layer, kv in zip(self.layers, cache.layers):
-            qkv = layer.qkv(x) if layer.folded else layer.qkv(_rms_norm(x, layer.norm1, layer.eps1))
-            qk = qkv[..., : self.qk_width].view(qk_shape).transpose(1, 2)
-            qk = qk * cos + qk.roll(half, dims=-1) * sin
-            q, k = qk.split((self.n_heads, self.n_kv), dim=1)
-            v = qkv[..., self.qk_width :].view(kv_shape).transpose(1, 2)
+            q, k, v = self._qkv(layer, x, cos, sin)
             keys, values = kv.write(k, v, positions)
             if length is not None:
                 keys, values = keys[:, :, :length], values[:, :, :length]
