@@ -18,10 +18,8 @@ saying so; the conversation is the app's and nothing of it is lost.
 from __future__ import annotations
 
 import multiprocessing
-import os
 import threading
 import time
-from contextlib import contextmanager
 from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection
 from pathlib import Path
@@ -48,14 +46,6 @@ POLL_S = 0.05
 
 YIELD_S = 0.25
 """How long the child runs on one thread fewer after :meth:`ProcessBackend.yield_to_ui` (seconds)."""
-
-CHILD_ENV: dict[str, str] = {}
-"""Environment the child starts with, unless the user set these variables: none now, so the
-app's engine waits for its OpenMP threads as ``specchat generate`` does. Sleeping waits
-(``OMP_WAIT_POLICY=PASSIVE``) had been chosen on a 2-core machine shared with five other
-sessions; on the same machine quiet (2026-11-26, `scripts/app_speed.py`, pocket, plain, 512
-tokens, alternating) they made the app the slowest of all: 75-88 tok/s against 137-143 with
-OpenMP's spinning waits and 106-118 for the engine on one thread (docs/performance.md)."""
 
 CLOSE_WAIT_S = 10.0
 """How long :meth:`ProcessBackend.close` waits for the child to exit before killing it."""
@@ -123,8 +113,11 @@ class ProcessBackend:
             process = ctx.Process(target=serve, args=(child_conn, child_control, cancel, profile, memory_budget, log,
                                                       threads, yield_until),
                                   name=f"specchat-engine-{profile.name}", daemon=True)
-            with child_environment(CHILD_ENV):
-                LAUNCHER.run(process.start)
+            # The child inherits this environment as it is: its OpenMP threads wait as `specchat
+            # generate`'s do. Sleeping waits (OMP_WAIT_POLICY=PASSIVE), chosen on a shared loaded
+            # machine, made the app slowest on a quiet one (2026-11-26, scripts/app_speed.py, pocket,
+            # plain, 512 tokens: 75-88 tok/s against 122-140; docs/performance.md).
+            LAUNCHER.run(process.start)
         child_conn.close()
         child_control.close()
         backend = cls(process, conn, control, cancel, EngineInfo(profile.name, "", "", "plain", ""))
@@ -277,19 +270,6 @@ class ProcessBackend:
         how = "was killed" if code is not None and code < 0 else f"exited (code {code})"
         return EngineError(f"the engine process {how}; the conversation is kept: pick the profile again (F2) "
                            "to reload the models")
-
-
-@contextmanager
-def child_environment(values: dict[str, str]) -> Iterator[None]:
-    """Set ``values`` in this process's environment while a child starts (a spawned child
-    copies it), leaving any the user set; then put the environment back."""
-    added = {k: v for k, v in values.items() if k not in os.environ}
-    os.environ.update(added)
-    try:
-        yield
-    finally:
-        for key in added:
-            os.environ.pop(key, None)
 
 
 def _error(message: FromChild) -> BaseException:
