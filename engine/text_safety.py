@@ -52,7 +52,7 @@ def inert(text: str) -> str:
 
 def is_inert(text: str) -> bool:
     """Whether ``text`` holds nothing a terminal would act on (what :func:`inert` returns)."""
-    return not re.search(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]", text)
+    return not _UNSAFE.search(text)
 
 
 _JSON_RAW = re.compile(r"[\x7f-\x9f\u2028\u2029]")
