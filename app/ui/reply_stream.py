@@ -19,6 +19,7 @@ from textual.message import Message
 
 from app.store.pieces import Pieces, extend_pieces, piece_runs
 from app.store.saver import HistorySaver, ReplyRecord
+from app.ui.collector import StreamingCollector
 from app.ui.messages import Outbox, ReplyChunk, ReplyFinished
 from app.ui.pacing import PaintPacer
 from app.ui.widgets.chat_view import AssistantMessage
@@ -39,6 +40,8 @@ class ReplyStream:
         self.outbox = Outbox()
         self.pacer = PaintPacer()
         """When the next rounds of the streaming reply are painted (app.ui.pacing)."""
+        self.collector = StreamingCollector()
+        """The heap is frozen while a reply streams (app.ui.collector)."""
 
     def begin(self, widget: AssistantMessage) -> None:
         """A reply starts, shown in ``widget``."""
@@ -47,6 +50,7 @@ class ReplyStream:
         self.cancel = threading.Event()
         self.outbox = Outbox()
         self.pacer.start()
+        self.collector.reply_started()
 
     def is_current(self, reply_id: int) -> bool:
         return reply_id == self.reply_id and self.widget is not None
@@ -66,6 +70,7 @@ class ReplyStream:
         self.stop()
         self.reply_id += 1
         self.end()
+        self.collector.reply_over()  # its ReplyFinished will be dropped: collect now
 
 
 @dataclass(frozen=True)

@@ -362,6 +362,8 @@ class Conversation(Horizontal):
         if self.screen.is_active and self.screen.focused is None:
             self.prompt.focus()
         self.send_queued()
+        if not self.generating:  # no queued prompt took over: collect once the last frame is out
+            self.call_after_refresh(self.stream.collector.reply_over)
 
     def _sources(self) -> set[str]:
         """The token sources in the transcript's replies (the legend must name every colour shown)."""
