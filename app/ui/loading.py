@@ -30,15 +30,15 @@ def default_loader(profile: "ModelProfile", memory_budget: int | None, progress:
     Local models load in a child process (:mod:`engine.child.backend`): the decode loop
     then never waits for the UI's Python. Its output goes to ``engine.log`` in
     the user state dir. A server profile only talks HTTP and stays here."""
-    from engine.fetch.hublog import hub_messages_as_progress
-    from engine.load.loader import load_engine
-
-    if profile.backend != "server":
+    if profile.backend != "server":  # torch is imported in the child only (app.ui.collector says why)
         from engine.child.backend import ProcessBackend
         from engine.paths import state_dir
 
         return ProcessBackend.start(profile, memory_budget, progress, log=state_dir() / ENGINE_LOG,
                                     threads=engine_threads())
+    from engine.fetch.hublog import hub_messages_as_progress
+    from engine.load.loader import load_engine
+
     with hub_messages_as_progress(progress):  # hub retries as progress, not raw text over the screen
         return load_engine(profile, memory_budget=memory_budget, progress=progress)
 

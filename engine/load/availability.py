@@ -11,17 +11,52 @@ package is not installed. A ``device = "cpu"`` profile runs on the CPU wherever 
 from __future__ import annotations
 
 import importlib.util
+import os
+import re
+import sys
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from engine.config.profiles import ModelProfile
 
 
-def cuda_present() -> bool:
-    """True when the engine would run on CUDA here (``SPECCHAT_DEVICE`` respected)."""
-    from engine.model.device import Device
+GPU_DRIVER_PATHS = ("/proc/driver/nvidia/version", "/dev/nvidiactl", "/dev/nvidia0", "/dev/dxg", "/dev/kfd")
+"""Files that exist where an NVIDIA (Linux, WSL) or ROCm driver is loaded."""
 
-    return Device.auto().is_cuda
+_BUILD_LINE = re.compile(r"^(cuda|hip)\s*(?::[^=]*)?=\s*['\"][^'\"]+['\"]", re.MULTILINE)
+
+
+def cuda_present() -> bool:
+    """True when the engine would run on CUDA here (``SPECCHAT_DEVICE`` respected).
+
+    Asks torch when it is imported already. Otherwise (the app's UI process, which
+    leaves torch to the engine's child: :mod:`app.ui.collector` says why) it answers
+    without importing it: torch built for a GPU (its ``version.py`` names a CUDA or
+    ROCm version) and a GPU driver loaded (:data:`GPU_DRIVER_PATHS`). A wrong guess
+    only labels a profile; loading it still asks torch itself."""
+    name = os.environ.get("SPECCHAT_DEVICE")
+    if name:
+        return name.startswith("cuda")
+    if "torch" in sys.modules:
+        from engine.model.device import Device
+
+        return Device.auto().is_cuda
+    return torch_built_for_gpu() and any(os.path.exists(path) for path in GPU_DRIVER_PATHS)
+
+
+def torch_built_for_gpu(version_text: str | None = None) -> bool:
+    """Whether the installed torch is a CUDA or ROCm build, read from ``torch/version.py``
+    (``version_text``: that file's text, for tests) without importing torch."""
+    if version_text is None:
+        spec = importlib.util.find_spec("torch")
+        folders = list(spec.submodule_search_locations or []) if spec is not None else []
+        try:
+            version_text = next((Path(f) / "version.py").read_text() for f in folders
+                                if (Path(f) / "version.py").is_file())
+        except (StopIteration, OSError):
+            return False
+    return _BUILD_LINE.search(version_text) is not None
 
 
 def unavailable_reason(profile: "ModelProfile", *, cuda: bool) -> str | None:

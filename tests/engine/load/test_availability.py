@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 from typing import Any
 
 import pytest
@@ -71,3 +72,26 @@ def test_cuda_present_follows_specchat_device_then_torch(monkeypatch: pytest.Mon
     assert cuda_present() is False
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     assert cuda_present() is True
+
+
+def test_torch_build_is_read_from_its_version_file_without_importing_it() -> None:
+    from engine.load.availability import torch_built_for_gpu
+
+    assert torch_built_for_gpu("cuda: Optional[str] = '12.8'\nhip: Optional[str] = None\n")
+    assert torch_built_for_gpu("cuda: Optional[str] = None\nhip: Optional[str] = '6.2.4'\n")
+    assert torch_built_for_gpu("cuda = '11.8'\n")
+    assert not torch_built_for_gpu("__version__ = '2.13.0+cpu'\ncuda: Optional[str] = None\nhip: Optional[str] = None\n")
+    assert torch_built_for_gpu() is (torch.version.cuda is not None or torch.version.hip is not None)  # this install
+
+
+def test_without_torch_imported_a_gpu_needs_a_gpu_build_and_a_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    import engine.load.availability as availability
+
+    monkeypatch.delenv("SPECCHAT_DEVICE", raising=False)
+    monkeypatch.delitem(sys.modules, "torch")  # as in the app's UI process
+    for build, driver, expected in [(True, True, True), (True, False, False), (False, True, False)]:
+        monkeypatch.setattr(availability, "torch_built_for_gpu", lambda build=build: build)
+        monkeypatch.setattr(availability.os.path, "exists",
+                            lambda path, driver=driver: driver and path in availability.GPU_DRIVER_PATHS)
+        assert cuda_present() is expected
+    assert "torch" not in sys.modules  # answered without importing it
