@@ -23,6 +23,7 @@ from textual._xterm_parser import XTermParser
 from textual.driver import Driver
 from textual.message import Message
 
+from app.ui.key_reader import read_keys
 from engine.text_safety import inert
 
 PASTE_START = "\x1b[200~"
@@ -82,7 +83,8 @@ class PasteParser(XTermParser):
 
 def safe_driver_class(base: type[Driver]) -> type[Driver]:
     """``base`` (Textual's driver for this platform), reading input with :class:`PasteParser`
-    where it is Textual's Linux driver; any other driver as it is."""
+    and :func:`~app.ui.key_reader.read_keys` where it is Textual's Linux driver; any other
+    driver as it is."""
     from textual.drivers import linux_driver
 
     if base is not linux_driver.LinuxDriver:
@@ -90,8 +92,8 @@ def safe_driver_class(base: type[Driver]) -> type[Driver]:
 
     class PasteSafeLinuxDriver(linux_driver.LinuxDriver):
         def run_input_thread(self) -> None:
-            linux_driver.XTermParser = PasteParser  # type: ignore[misc]  # the parser this loop makes
-            super().run_input_thread()
+            # Textual's loop, with this parser, and Esc read as Esc after 30 ms (app.ui.key_reader)
+            read_keys(self, PasteParser(getattr(self, "_debug", False)))
 
     return PasteSafeLinuxDriver
 

@@ -1,0 +1,86 @@
+"""The terminal's input loop, with Esc read as Esc after 30 ms instead of Textual's 100-200 ms.
+
+A lone ESC byte is either the Esc key or the start of a longer sequence (an
+arrow, Alt+letter); a reader can only tell by waiting a moment for more bytes.
+Textual waits ``ESCDELAY`` (100 ms by default) and, because its input thread
+looks at the clock only when its 100 ms ``select`` times out, Esc became a key
+100-200 ms after it was typed: most of the time Esc took to stop a reply
+(``scripts/app_speed.py``: 110-118 ms from the Esc sent to the key read, of
+280-350 ms to "■ stopped").
+
+Here the loop is the same (read, feed Textual's own parser, tick it), but its
+``select`` waits only until the parser's pending Esc times out, and that wait is
+:data:`ESC_WAIT_S` unless the user set ``ESCDELAY`` (milliseconds, as for
+ncurses and Textual). A terminal writes a key's sequence in one go, so the rest
+of an arrow or Alt+letter arrives well within it, also over SSH; people do not
+type two keys 30 ms apart (neovim's ``ttimeoutlen`` is 50 ms, tmux's
+``escape-time`` 10 ms).
+"""
+from __future__ import annotations
+
+import os
+import selectors
+from codecs import getincrementaldecoder
+from typing import Any
+
+from textual import constants
+from textual._parser import ParseError
+from textual._time import get_time
+from textual._xterm_parser import XTermParser
+
+ESC_WAIT_S = 0.03
+"""How long a lone ESC waits for the rest of a sequence before it is the Esc key (seconds)."""
+
+IDLE_WAIT_S = 0.1
+"""How long the loop waits for input when nothing is pending (the exit flag is read as often)."""
+
+
+def escape_wait(environ: "os._Environ[str] | dict[str, str]" = os.environ) -> float:
+    """:data:`ESC_WAIT_S`, or the user's ``ESCDELAY`` in milliseconds (as Textual reads it)."""
+    try:
+        return max(1, int(environ["ESCDELAY"])) / 1000.0
+    except (KeyError, ValueError):
+        return ESC_WAIT_S
+
+
+def input_wait(parser: Any, now: float) -> float:
+    """Seconds the loop may block in ``select``: until the parser's pending timeout (a lone
+    ESC's) is due, at most :data:`IDLE_WAIT_S`."""
+    due = getattr(parser, "_timeout_time", None)  # Textual's Parser; None when nothing is pending
+    if due is None:
+        return IDLE_WAIT_S
+    return min(IDLE_WAIT_S, max(0.0, due - now))
+
+
+def read_keys(driver: Any, parser: XTermParser) -> None:
+    """The body of a Linux driver's input thread: read ``driver.fileno``, feed ``parser``
+    (Textual's, or one derived from it), hand each event to ``driver.process_message``,
+    until ``driver.exit_event`` is set."""
+    constants.ESCAPE_DELAY = escape_wait()  # type: ignore[misc]  # Textual's parser reads it at each ESC
+    selector = selectors.SelectSelector()
+    selector.register(driver.fileno, selectors.EVENT_READ)
+    decode = getincrementaldecoder("utf-8")().decode
+
+    def take(ready: list[tuple[selectors.SelectorKey, int]], final: bool = False) -> None:
+        for _key, mask in ready:
+            if mask & selectors.EVENT_READ:
+                data = decode(os.read(driver.fileno, 4096), final=final)
+                if not data:  # stdin piped and closed
+                    break
+                for event in parser.feed(data):
+                    driver.process_message(event)
+        for event in parser.tick():
+            driver.process_message(event)
+
+    try:
+        while not driver.exit_event.is_set():
+            take(selector.select(input_wait(parser, get_time())))
+        selector.unregister(driver.fileno)
+        take(selector.select(IDLE_WAIT_S), final=True)
+    finally:
+        selector.close()
+        try:
+            for _event in parser.feed(""):
+                pass
+        except (EOFError, ParseError):
+            pass

@@ -1,0 +1,66 @@
+"""The input loop's wait: Esc becomes a key after ESC_WAIT_S, not after Textual's 100-200 ms."""
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+from textual import events
+from textual._xterm_parser import XTermParser
+
+from app.ui.key_reader import ESC_WAIT_S, IDLE_WAIT_S, escape_wait, input_wait, read_keys
+
+
+def test_the_wait_is_the_users_escdelay_else_ours() -> None:
+    assert escape_wait({}) == ESC_WAIT_S
+    assert escape_wait({"ESCDELAY": "25"}) == 0.025
+    assert escape_wait({"ESCDELAY": "0"}) == 0.001  # as Textual: at least a millisecond
+    assert escape_wait({"ESCDELAY": "soon"}) == ESC_WAIT_S
+
+
+def test_select_waits_only_until_a_pending_esc_is_due() -> None:
+    from textual import constants
+
+    constants.ESCAPE_DELAY = ESC_WAIT_S  # as read_keys sets it
+    parser = XTermParser()
+    assert input_wait(parser, time.monotonic()) == IDLE_WAIT_S  # nothing pending
+    before = time.monotonic()
+    list(parser.feed("\x1b"))  # a lone ESC: the parser waits for more
+    after = time.monotonic()
+    due = parser._timeout_time
+    assert due is not None
+    assert abs(input_wait(parser, due - 0.01) - 0.01) < 1e-9
+    assert before + ESC_WAIT_S <= due <= after + ESC_WAIT_S  # our wait, not Textual's 100 ms
+    assert input_wait(parser, due + 1) == 0.0
+
+
+class PipeDriver:
+    """What read_keys needs of a driver: a file descriptor, an exit flag, process_message."""
+
+    def __init__(self, fileno: int) -> None:
+        self.fileno = fileno
+        self.exit_event = threading.Event()
+        self.keys: list[str] = []
+
+    def process_message(self, message: object) -> None:
+        if isinstance(message, events.Key):
+            self.keys.append(message.key)
+
+
+def test_a_lone_esc_is_read_as_esc_within_the_wait_and_a_sequence_stays_one_key() -> None:
+    read_end, write_end = os.pipe()
+    driver = PipeDriver(read_end)
+    thread = threading.Thread(target=read_keys, args=(driver, XTermParser()), daemon=True)
+    thread.start()
+    try:
+        os.write(write_end, b"\x1b[A")  # an arrow: one key, not Esc then "[A"
+        os.write(write_end, b"\x1b")
+        deadline = time.monotonic() + 5
+        while len(driver.keys) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+    finally:
+        driver.exit_event.set()
+        thread.join(5)
+        os.close(write_end)
+        os.close(read_end)
+    assert driver.keys == ["up", "escape"]
