@@ -257,17 +257,25 @@ class AssistantMessage(Vertical):
         await self.query_one(".body", Markdown).append(text)
 
     async def finish(self, finish_reason: str, stats: dict[str, Any] | None) -> None:
-        """End the reply: re-render the whole text once.
+        """End the reply: its footer ("■ stopped", the summary) at once, then the whole text
+        rendered again once the footer's frame is out.
 
         The final full render makes a reply that ends inside a code fence (or was
-        stopped mid-table) come out exactly as a fresh parse would show it.
+        stopped mid-table) come out exactly as a fresh parse would show it. It
+        parses and lays out every block of the reply (tens of milliseconds for a
+        long one), so it waits for the next frame: Esc's "■ stopped" shows first.
         """
         self.finish_reason = finish_reason
         self.stats = stats
+        self._update_state()
+        self.call_after_refresh(self._render_final)
+
+    async def _render_final(self) -> None:
+        if not self.is_attached:
+            return
         await self.query_one(".body", Markdown).update(self.text)
         if self._show_sources:  # else built when the colour view is switched on
             self.query_one(".sources", Static).update(pieces_content(self.pieces))
-        self._update_state()
 
     def set_superseded(self) -> None:
         """Answered again: this earlier reply stays, dimmed, and is no longer sent to the model."""
