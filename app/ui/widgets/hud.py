@@ -243,7 +243,18 @@ class Hud(VerticalScroll):
         key = (content.plain, tuple(content.spans))  # Content's == compares the text alone
         if self._shown.get(selector) != key:
             self._shown[selector] = key
-            self.query_one(selector, Static).update(content)
+            part = self.query_one(selector, Static)
+            part.update(content, layout=self._height_changes(part, content))
+
+    def _height_changes(self, part: Static, content: Content) -> bool:
+        """Whether showing ``content`` in ``part`` changes its height. Most updates while a reply
+        streams are figures of the same width: then only the part is painted again, not the
+        whole screen laid out (a layout re-renders every widget shown: the chat's too). A hidden
+        part, or one not laid out yet, is laid out when it is shown."""
+        width = part.content_region.width
+        if not part.display or not width:
+            return False  # hidden (the one-line HUD's parts, or its line): laid out when shown
+        return content.get_height(part.styles, width) != part.content_region.height
 
     def _mode(self) -> tuple[str, str | None]:
         """The mode shown and why speculation is off, if it is."""

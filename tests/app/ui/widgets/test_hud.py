@@ -11,7 +11,7 @@ from textual.widgets import Static
 from app.ui.app import SpecChatApp
 from app.ui.widgets.chat_view import SOURCE_STYLES, AssistantMessage
 from app.ui.widgets.hud import Hud, plain_text, sparkline, speedup_text
-from engine.events import OriginFigures
+from engine.events import OriginFigures, ReplyStats
 from tests.app.fakes import FakeBackend, FakeLoader, make_profiles
 from tests.app.helpers import ready, send, wait_for
 
@@ -86,6 +86,37 @@ async def test_the_hud_redraws_only_the_parts_that_changed(make_app: Callable[..
         hud.set_notice("draft dropped")
         hud.flush()
         assert set(updated) <= {"hud-line", "hud-engine"} and updated
+
+
+async def test_a_figure_that_keeps_its_part_the_same_height_repaints_the_part_without_a_layout(
+        make_app: Callable[..., SpecChatApp], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A layout re-renders every widget on screen (the streaming reply's too); while a reply
+    streams the HUD's figures change every paint, its parts' heights almost never."""
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await ready(pilot)
+        hud = app.query_one(Hud)
+        hud.set_stats(ReplyStats(mode="ngram", tokens=30, proposed=20, accepted=12, rounds=10,
+                                 tokens_per_s=41.0), live=True)
+        hud.flush()
+        await pilot.pause()
+        layouts: dict[str | None, bool] = {}
+        original = Static.update
+
+        def spy(self: Static, content: object = "", *, layout: bool = True) -> None:
+            layouts[self.id] = layout
+            original(self, content, layout=layout)
+
+        monkeypatch.setattr(Static, "update", spy)
+        hud.set_stats(ReplyStats(mode="ngram", tokens=31, proposed=22, accepted=13, rounds=11,
+                                 tokens_per_s=42.5), live=True)
+        hud.flush()
+        assert layouts.get("hud-stats") is False  # the same rows, other figures
+        assert layouts.get("hud-line", False) is False  # hidden at this width: laid out when shown
+        layouts.clear()
+        hud.set_notice("the draft was dropped: not enough memory for both models; plain decoding goes on")
+        hud.flush()
+        assert layouts.get("hud-engine") is True  # a longer text wraps onto more lines
 
 #----
 
