@@ -20,6 +20,8 @@ from collections.abc import Callable, Iterable
 
 from textual import events
 from textual.binding import Binding
+from textual.content import Content
+from textual.geometry import Size
 from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import TextArea
@@ -77,6 +79,20 @@ class PromptArea(TextArea):
         """Index into ``prompts`` of the prompt now shown, while browsing."""
         self.scroll_target: Callable[[], Widget | None] = lambda: None
         """The widget PageUp/PageDown scroll (the transcript)."""
+
+    # -- height ----------------------------------------------------------------------
+
+    def get_content_height(self, container: Size, viewport: Size, width: int) -> int:
+        """The text's height, or the whole placeholder's while the box is empty: at 80 columns the
+        loading placeholder wraps to two lines, and a one-line box cut it off before "ready"."""
+        height = super().get_content_height(container, viewport, width)
+        if not self.text and self.placeholder:
+            height = max(height, len(Content.from_text(self.placeholder).wrap(width)))
+        return height
+
+    def watch_placeholder(self) -> None:
+        """A new placeholder may need another height (loading, then ready)."""
+        self.refresh(layout=True)
 
     # -- keys ----------------------------------------------------------------------
 

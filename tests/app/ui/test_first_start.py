@@ -33,6 +33,27 @@ async def test_the_prompt_box_says_it_waits_for_the_model(make_app: Callable[...
         assert [m.text for m in app.query(UserMessage)] == ["hello while loading"]
 
 
+async def test_the_whole_loading_placeholder_shows_in_a_narrow_box(make_app: Callable[..., SpecChatApp],
+                                                                   loader: FakeLoader) -> None:
+    """A loading placeholder wider than the box wraps to two lines (at 80 columns "pocket"'s
+    does): the empty box grows to show both (a one-line box cut it off before "ready"), also
+    once a queued prompt empties it, and goes back to one line with the short ready placeholder."""
+    loader.gate = threading.Event()
+    app = make_app()
+    async with app.run_test(size=(70, 24)) as pilot:
+        await wait_for(pilot, lambda: app.engine.loading)
+        prompt = app.conversation.prompt
+        await pilot.pause()
+        assert prompt.content_size.height == 2 and "ready" in prompt.render_line(1).text
+        await send(pilot, "hello while loading")
+        await pilot.pause()
+        assert not prompt.text and prompt.content_size.height == 2
+        loader.gate.set()
+        await ready(pilot)
+        await pilot.pause()
+        assert prompt.content_size.height == 1 and prompt.render_line(0).text.startswith("Ask something")
+
+
 async def test_a_failed_load_says_no_model_is_loaded(make_app: Callable[..., SpecChatApp],
                                                      loader: FakeLoader) -> None:
     loader.error = ModelSourceError("no such model")

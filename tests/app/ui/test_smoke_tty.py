@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import sys
 import time
 import uuid
@@ -16,44 +15,10 @@ from pathlib import Path
 
 import pytest
 
+from tests.app.tmux import Tmux, saved_messages
+
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
 ROOT = Path(__file__).resolve().parents[3]
-
-
-class Tmux:
-    def __init__(self, session: str, socket: Path) -> None:
-        self.session = session
-        self.socket = socket
-
-    def run(self, *args: str) -> str:
-        return subprocess.run(["tmux", "-S", str(self.socket), *args], check=True,
-                              capture_output=True, text=True).stdout
-
-    def keys(self, *keys: str) -> None:
-        """Send keys, then pause like a person would (a burst can arrive as one paste)."""
-        self.run("send-keys", "-t", self.session, *keys)
-        time.sleep(0.3)
-
-    def screen(self) -> str:
-        return self.run("capture-pane", "-p", "-t", self.session)
-
-    def wait_for(self, text: str, timeout: float = 15.0, regex: bool = False) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            screen = self.screen()
-            if (re.search(text, screen) if regex else text in screen):
-                return screen
-            time.sleep(0.1)
-        raise AssertionError(f"{text!r} never appeared; screen:\n{self.screen()}")
-
-    def wait_gone(self, text: str, timeout: float = 15.0) -> str:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            screen = self.screen()
-            if text not in screen:
-                return screen
-            time.sleep(0.1)
-        raise AssertionError(f"{text!r} never went; screen:\n{self.screen()}")
 
 
 @pytest.fixture
@@ -62,14 +27,12 @@ def tmux(tmp_path: Path) -> Iterator[Tmux]:
     session = f"specchat-{uuid.uuid4().hex[:8]}"
     env = {**os.environ, "TERM": "xterm-256color", "SPECCHAT_DATA_DIR": str(tmp_path / "data"),
            "SPECCHAT_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT)}
-    subprocess.run(["tmux", "-S", str(socket), "-f", "/dev/null", "new-session", "-d", "-s", session,
-                    "-x", "120", "-y", "36", f"{sys.executable} -m tests.app.tty_app; sleep 30"],
-                   check=True, cwd=ROOT, env=env)
-    t = Tmux(session, socket)
+    t = Tmux.start(socket, session, f"{sys.executable} -m tests.app.tty_app; sleep 30", width=120, height=36,
+                   cwd=ROOT, env=env)
     try:
         yield t
     finally:
-        subprocess.run(["tmux", "-S", str(socket), "kill-server"], capture_output=True)
+        t.kill_server()
 
 
 def test_real_terminal_keys(tmux: Tmux) -> None:
@@ -93,22 +56,6 @@ def test_real_terminal_keys(tmux: Tmux) -> None:
     while "fake:0" in tmux.screen() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert "fake:0" not in tmux.screen()
-
-
-def saved_messages(data_dir: Path) -> list[tuple[str, str, str | None]]:
-    """(role, content, finish_reason) of every saved message, in order."""
-    import sqlite3
-
-    path = data_dir / "history.db"
-    if not path.exists():
-        return []
-    conn = sqlite3.connect(path, timeout=5)
-    try:
-        return conn.execute("SELECT role, content, finish_reason FROM messages ORDER BY id").fetchall()
-    except sqlite3.OperationalError:  # the app has not created the tables yet
-        return []
-    finally:
-        conn.close()
 
 
 def test_text_and_enter_in_one_burst_send_whole_messages(tmux: Tmux, tmp_path: Path) -> None:
@@ -138,13 +85,11 @@ def real_app(tmp_path: Path, pocket_dir: Path) -> Iterator[Tmux]:
            "SPECCHAT_CONFIG_DIR": str(tmp_path / "config"), "SPECCHAT_CACHE_DIR": str(tmp_path / "cache"),
            "SPECCHAT_STATE_DIR": str(tmp_path / "state")}
     command = f"{sys.executable} -m app.cli --target {pocket_dir}; sleep 30"
-    subprocess.run(["tmux", "-S", str(socket), "-f", "/dev/null", "new-session", "-d", "-s", session,
-                    "-x", "140", "-y", "45", command], check=True, cwd=ROOT, env=env)
-    t = Tmux(session, socket)
+    t = Tmux.start(socket, session, command, width=140, height=45, cwd=ROOT, env=env)
     try:
         yield t
     finally:
-        subprocess.run(["tmux", "-S", str(socket), "kill-server"], capture_output=True)
+        t.kill_server()
 
 
 @pytest.mark.slow
