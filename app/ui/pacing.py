@@ -12,14 +12,22 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
-PAINT_EVERY_S = 0.1
-"""The shortest time between two paints (at most 10 a second): smooth enough to read."""
+PAINT_EVERY_S = 0.25
+"""The shortest time between two paints (at most 4 a second): a line or two of a reply at a time."""
 
 PAINT_MAX_S = 0.5
 """The longest: however costly a paint is, a reply visibly moves twice a second."""
 
-UI_BUDGET = 0.15
-"""The share of one core the UI thread may use while a reply streams."""
+UI_BUDGET = 0.05
+"""The share of one core the UI thread may use while a reply streams.
+
+On 2 cores the engine's two threads take both, and every millisecond the UI runs
+stalls one of them (the other waits at the step's end): the UI's CPU comes out of
+the reply's speed almost one for one. Measured (``scripts/app_speed.py --repeats 4``,
+pocket, plain, 120×40 tmux pane, 2-core Zen 4, alternating, medians of app ÷ headless
+``generate``): 0.1 s fastest and 15% of a core: 0.80×; 0.25 s and 15%: 0.87×; 0.25 s and
+5%: 0.99×. A paint costs 10-30 ms of the UI thread (a layout of the screen), so a reply
+moves 2-4 times a second."""
 
 
 class PaintPacer:
