@@ -1,15 +1,21 @@
-"""What the default profile's drafter gives on ordinary chat prompts in the app, as the app shows it.
+"""What the default profile's drafter gives on ordinary prompts in the app, as the app shows it, and whether it is true.
 
-Runs the real app in tmux (``--profile``, default pocket), sends the bench's chat prompts
-and a few more ordinary ones one after the other in one chat, and prints each reply's
-saved figures: tokens, tok/s, the speedup with its standard error (or why there is none),
-the modes it ran in and why speculation was off, if it was.
+Runs the real app twice in tmux (``--profile``, default pocket): one with speculation as
+it starts, one switched to plain with F5. Each prompt (the bench's chat and code prompts,
+then a few more ordinary ones) goes to both, in a new chat each, alternating, and each
+reply's saved figures are printed: tokens, tok/s, the HUD's speedup with its standard error
+(or why there is none), the modes it ran in and why speculation was off, if it was. Then
+the check: the reply's tok/s over the plain app's on the same prompt (greedy: the same
+tokens), against the HUD's figure.
 
     PYTHONPATH=$PWD .venv/bin/python scripts/app_chat_speedup.py
 """
 from __future__ import annotations
 
 import argparse
+import statistics
+import subprocess
+import tomllib
 import os
 import sys
 import tempfile
@@ -19,13 +25,36 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from app_speed import ROOT, Pane  # noqa: E402
 
-PROMPTS = [
-    "Explain why there are two high tides a day, in simple terms, for a curious twelve-year-old.",
-    "I keep waking up at 4 a.m. and can't fall asleep again. What are some practical things I could try?",
+
+def bench_prompts(classes: tuple[str, ...] = ("chat", "code")) -> list[str]:
+    """The last user message of each of the bench's prompts of ``classes``."""
+    with open(ROOT / "app" / "bench" / "prompts.toml", "rb") as f:
+        shipped = tomllib.load(f)["prompt"]
+    return [p["messages"][-1]["content"] for p in shipped if p["class"] in classes]
+
+
+EXTRA = [
     "What should I pack for a three-day hiking trip in autumn?",
     "Give me three ideas for a birthday dinner at home.",
     "How do I politely decline a meeting invitation from a colleague?",
 ]
+
+
+def send(pane: Pane, prompt: str) -> None:
+    """A new chat, then ``prompt`` as one bracketed paste (it may hold line breaks), then Enter."""
+    pane.keys("C-n")
+    time.sleep(0.5)
+    subprocess.run(["tmux", "-S", str(pane.socket), "set-buffer", "--", prompt], check=True)
+    subprocess.run(["tmux", "-S", str(pane.socket), "paste-buffer", "-p", "-t", pane.session], check=True)
+    time.sleep(0.3)
+    pane.keys("Enter")
+
+
+def line(s: dict) -> str:
+    speedup = (f"{s['speedup']:.2f}× ± {s.get('speedup_se') or 0:.2f}" if s.get("speedup") is not None
+               else s.get("speedup_note") or "none")
+    return (f"{s['tokens']} tokens · {s['tokens_per_s']:.1f} tok/s · speedup {speedup} · modes {s.get('mode_tokens')} · "
+            f"α {s.get('alpha')} · off: {s.get('speculation_off_reason')} {s.get('speculation_off_detail') or ''}")
 
 
 def main() -> int:
@@ -34,25 +63,37 @@ def main() -> int:
     parser.add_argument("--timeout", type=float, default=600)
     args = parser.parse_args()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    prompts = bench_prompts() + EXTRA
+    checks: list[float] = []
     with tempfile.TemporaryDirectory() as tmp:
         env.setdefault("SPECCHAT_STATE_DIR", str(Path(tmp) / "state"))
-        pane = Pane(Path(tmp) / "app", env, args.profile, 160, 48)
+        spec = Pane(Path(tmp) / "spec", env, args.profile, 120, 40)
+        plain = Pane(Path(tmp) / "plain", env, args.profile, 120, 40)
         try:
-            pane.wait_for("ready", args.timeout)
-            for i, prompt in enumerate(PROMPTS, start=1):
-                time.sleep(1.0)
-                pane.keys(prompt, literal=True)
-                pane.keys("Enter")
-                s = pane.wait_replies(i, args.timeout)[-1]
-                speedup = (f"{s['speedup']:.2f}× ± {s.get('speedup_se') or 0:.2f}" if s.get("speedup") is not None
-                           else s.get("speedup_note") or "none")
-                print(f"{i}. {s['tokens']} tokens · {s['tokens_per_s']:.1f} tok/s · speedup {speedup} · "
-                      f"modes {s.get('mode_tokens')} · accepted {s.get('alpha')} · τ {s.get('tau')} · "
-                      f"off: {s.get('speculation_off_reason')} {s.get('speculation_off_detail') or ''}", flush=True)
-            screen = pane.screen()
+            spec.wait_ready(args.timeout)
+            plain.wait_ready(args.timeout)
+            time.sleep(1.0)
+            plain.keys("F5")
+            plain.wait_for("Speculation off", 30)
+            for i, prompt in enumerate(prompts, start=1):
+                send(spec, prompt)
+                s = spec.wait_replies(i, args.timeout)[-1]
+                send(plain, prompt)
+                p = plain.wait_replies(i, args.timeout)[-1]
+                print(f"{i}. app:   {line(s)}", flush=True)
+                print(f"   plain: {p['tokens']} tokens · {p['tokens_per_s']:.1f} tok/s", flush=True)
+                if s.get("speedup") is not None and p["tokens"] == s["tokens"]:
+                    measured = s["tokens_per_s"] / p["tokens_per_s"]
+                    checks.append(s["speedup"] / measured)
+                    print(f"   measured {measured:.2f}× against the plain app: the HUD's figure is "
+                          f"{s['speedup'] / measured:.2f} of it", flush=True)
+            screen = spec.screen()
             print("notices on screen mentioning speculation:", "switched off" in screen or "back on" in screen)
+            if checks:
+                print(f"HUD ÷ measured: median {statistics.median(checks):.2f}, range {min(checks):.2f}-{max(checks):.2f}")
         finally:
-            pane.close()
+            spec.close()
+            plain.close()
     return 0
 
 

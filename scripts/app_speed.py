@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import sqlite3
 import statistics
@@ -70,6 +71,16 @@ class Pane:
             time.sleep(every)
         return time.monotonic()
 
+    def wait_ready(self, timeout: float) -> float:
+        """Until the load notice ("pocket ready.") shows; the prompt box's placeholder says
+        "sent when the model is ready" all through the load."""
+        deadline = time.monotonic() + timeout
+        while not re.search(r"\bready[.:]", self.screen()):
+            if time.monotonic() > deadline:
+                raise SystemExit("the model never got ready:\n" + self.screen())
+            time.sleep(0.2)
+        return time.monotonic()
+
     def replies(self) -> list[dict]:
         if not self.db.exists():
             return []
@@ -101,7 +112,7 @@ def in_app(args: argparse.Namespace, env: dict[str, str], data: Path) -> tuple[f
     root = Path(env.get("SPECCHAT_ROOT", str(ROOT)))  # another checkout's app (a config's SPECCHAT_ROOT=...)
     pane = Pane(data, env, args.profile, args.width, args.height, root)
     try:
-        pane.wait_for("ready", args.timeout)
+        pane.wait_ready(args.timeout)
         time.sleep(1.0)
         pane.keys("F5")
         pane.wait_for("Speculation off", 30)

@@ -94,7 +94,7 @@ def real_app(tmp_path: Path, pocket_dir: Path) -> Iterator[Tmux]:
 
 @pytest.mark.slow
 def test_real_specchat_answers_and_shows_the_hud(real_app: Tmux) -> None:
-    real_app.wait_for("ready", timeout=120)
+    real_app.wait_for(r"\bready[.:]", timeout=120, regex=True)  # the notice, not the placeholder
     real_app.keys("-l", "Repeat after me exactly: the quick brown fox jumps over the lazy dog.")
     real_app.keys("Enter")
     screen = real_app.wait_for(r"· \d+ tokens", timeout=240, regex=True)  # the footer under a finished reply
