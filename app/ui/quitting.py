@@ -17,7 +17,9 @@ the spot, leaving the terminal in the app's modes.
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +37,12 @@ if TYPE_CHECKING:
     from app.ui.widgets.conversation import Conversation
 
 SIGNALS = (signal.SIGTERM, signal.SIGHUP)
+EXIT_ANYWAY_S = 3.0
+"""After SIGTERM/SIGHUP, how long the normal exit may take beyond the saver's own wait before
+the process ends anyway (the saver flushed once more first). A terminal closed under the app
+(tmux killed, an SSH link dropped) hangs up with SIGHUP and then SIGCONT; Textual's output
+thread could then wait forever on its queue, and the app stayed behind, holding its memory
+and its engine, after the window was gone."""
 QUIT_ANSWERED_WAIT_S = 1.0
 """The saver's last chance once the user answered (exported or discarded): not the full
 wait for a lock, which would only keep them waiting for writes that keep failing."""
@@ -120,3 +128,16 @@ class ExitOnSignals:
             if path is not None:
                 message = f"specchat: the unsaved chat was exported to {path}"
         self._app.exit(return_code=128 + sig, message=message)
+        threading.Thread(target=self._exit_anyway, args=(sig,), name="exit-anyway", daemon=True).start()
+
+    def _exit_anyway(self, sig: int) -> None:
+        """The last resort (a daemon thread: a normal exit ends it): once the normal exit has had
+        the saver's wait and :data:`EXIT_ANYWAY_S` more, flush the saver once more and end."""
+        time.sleep(self._archive.exit_wait_s + EXIT_ANYWAY_S)
+        saver = self._archive.saver
+        if saver is not None:
+            try:
+                saver.flush(QUIT_ANSWERED_WAIT_S)
+            except Exception:  # noqa: BLE001 - ending anyway
+                pass
+        os._exit(128 + sig)

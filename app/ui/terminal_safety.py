@@ -18,6 +18,7 @@ parser's own way.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from typing import Any
 from textual import events
 from textual._xterm_parser import XTermParser
 from textual.driver import Driver
@@ -91,11 +92,46 @@ def safe_driver_class(base: type[Driver]) -> type[Driver]:
         return base
 
     class PasteSafeLinuxDriver(linux_driver.LinuxDriver):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self._file = HungUpSafe(self._file)  # what Textual's output thread writes to
+
         def run_input_thread(self) -> None:
             # Textual's loop, with this parser, and Esc read as Esc after 30 ms (app.ui.key_reader)
             read_keys(self, PasteParser(getattr(self, "_debug", False)))
 
     return PasteSafeLinuxDriver
+
+
+class HungUpSafe:
+    """The terminal's output file, whose writes are dropped once the terminal has gone.
+
+    A terminal closed under the app (tmux killed, an SSH link dropped) fails every write
+    with EIO. Textual's output thread died on the first, its queue filled, and the app's
+    next write, or its exit, waited on that queue for ever: the app stayed behind with
+    its engine loaded (:data:`app.ui.quitting.EXIT_ANYWAY_S` is the last resort)."""
+
+    def __init__(self, file: Any) -> None:
+        self._file = file
+        self.gone = False
+
+    def write(self, text: str) -> int:
+        if not self.gone:
+            try:
+                return self._file.write(text)
+            except OSError:
+                self.gone = True
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self._file.flush()
+            except OSError:
+                self.gone = True
+
+    def __getattr__(self, name: str) -> Any:  # fileno, isatty, encoding, ...
+        return getattr(self._file, name)
 
 
 class SafeTerminal:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import pty
 import select
+import shutil
 import signal
 import sqlite3
 import subprocess
@@ -106,3 +107,41 @@ def test_a_signal_saves_the_chat_and_restores_the_terminal(tmp_path: Path, sig: 
         assert sequence in after, f"the terminal was not restored: the app never {what}"
     rows = _rows(db)
     assert rows[0] == ("user", "hello from the pty") and rows[1][0] == "assistant" and rows[1][1]
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+def test_closing_the_terminal_mid_reply_ends_the_app_and_keeps_the_reply(tmp_path: Path) -> None:
+    """A terminal closed under a streaming reply (tmux killed, an SSH link dropped): the kernel
+    hangs the terminal up (SIGHUP, then SIGCONT) and every write fails. The app used to stay
+    behind for good, its main thread waiting on Textual's output queue, its engine loaded."""
+    from tests.app.tmux import Tmux, saved_messages
+
+    env = {**os.environ, "TERM": "xterm-256color", "SPECCHAT_DATA_DIR": str(tmp_path / "data"),
+           "SPECCHAT_STATE_DIR": str(tmp_path / "state"), "SPECCHAT_CONFIG_DIR": str(tmp_path / "config"),
+           "PYTHONPATH": str(ROOT), "TTY_APP_LONG": "1"}
+    tmux = Tmux.start(tmp_path / "tmux.sock", "hangup", f"{sys.executable} -m tests.app.tty_app",
+                      width=120, height=36, cwd=ROOT, env=env)
+    try:
+        tmux.wait_for("fake:0")
+        pid = int(tmux.run("display", "-p", "-t", tmux.session, "#{pane_pid}").strip())
+        tmux.keys("-l", "tell me a long story")
+        tmux.keys("Enter")
+        tmux.wait_for("word40")  # streaming, the screen changing all the time
+    finally:
+        tmux.kill_server()
+    from app.ui.archive import SAVE_FLUSH_AT_EXIT_S
+    from app.ui.quitting import EXIT_ANYWAY_S
+
+    deadline = time.monotonic() + SAVE_FLUSH_AT_EXIT_S + EXIT_ANYWAY_S + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.2)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        raise AssertionError("the app outlived its terminal")
+    rows = saved_messages(tmp_path / "data")
+    assert [role for role, _, _ in rows] == ["user", "assistant"]
+    assert rows[1][1].startswith("word0 word1") and "word40" in rows[1][1]  # what was on screen is kept

@@ -179,3 +179,41 @@ async def test_a_servers_reply_errors_and_build_are_shown_inert() -> None:
             await pilot.pause()
             out = screen_output(app)
             assert "boom" in out and foreign_controls(out) == []  # the error's toast
+
+
+class HungUpTerminal:
+    """A terminal that has gone: every write fails with EIO, as on a hung-up tty."""
+
+    def write(self, text: str) -> int:
+        raise OSError(5, "Input/output error")
+
+    def flush(self) -> None:
+        raise OSError(5, "Input/output error")
+
+    def fileno(self) -> int:
+        return 2
+
+
+def test_textual_output_thread_outlives_a_hung_up_terminal() -> None:
+    """Textual's output thread died on the first failed write; its queue (30 writes) then filled
+    and the app's exit waited on it for ever: the app outlived its closed terminal."""
+    import threading
+
+    from textual.drivers._writer_thread import WriterThread
+
+    from app.ui.terminal_safety import HungUpSafe
+
+    out = HungUpSafe(HungUpTerminal())
+    writer = WriterThread(out)  # type: ignore[arg-type]
+    writer.start()
+    done = threading.Event()
+
+    def frames_then_exit() -> None:
+        for i in range(100):
+            writer.write(f"frame {i}")
+        writer.stop()  # what the driver's close does at exit
+        done.set()
+
+    threading.Thread(target=frames_then_exit, daemon=True).start()
+    assert done.wait(10), "the output thread's queue never drained"
+    assert out.gone and out.fileno() == 2
