@@ -190,7 +190,7 @@ class ProcessBackend:
                 message = self._receive(cancel)
                 if isinstance(message, Round):
                     self._info = message.info
-                    yield message.event
+                    yield from message.events
                     continue
                 ended = True
                 if isinstance(message, ReplyEnd):

@@ -70,9 +70,11 @@ class Ready:
 
 @dataclass(frozen=True)
 class Round:
-    """One round of the reply (child → parent)."""
+    """The reply's rounds since the last message (child → parent): the first at once, then
+    those of up to :data:`engine.child.serve.SEND_EVERY_S`, so the parent reads a message a
+    paint, not one a token (a round of pocket's plain decoding is 5-7 ms)."""
 
-    event: ChatEvent
+    events: tuple[ChatEvent, ...]
     info: EngineInfo
 
 

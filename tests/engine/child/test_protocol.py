@@ -13,7 +13,7 @@ from engine.events import ChatEvent, ChatMessage, GenerationParams
 def test_requests_and_rounds_pickle_as_they_are() -> None:
     info = EngineInfo("pocket", "target", "", "ngram", "")
     request = ChatRequest([ChatMessage("user", "hi")], GenerationParams(max_new_tokens=3, k=2))
-    round_ = Round(ChatEvent(text="Hi", pieces=(), token_ids=(1, 2), stats=None), info)
+    round_ = Round((ChatEvent(text="Hi", pieces=(), token_ids=(1, 2), stats=None),), info)
     assert pickle.loads(pickle.dumps(request)) == request
     assert pickle.loads(pickle.dumps(round_)) == round_
 

@@ -132,8 +132,8 @@ def test_load_reply_switch_and_close(monkeypatch: pytest.MonkeyPatch, signals: l
     assert seen == [(PROFILE, 123)] and signals == [("SIGINT", "SIG_IGN")]
 
     child.conn.send(ChatRequest(MESSAGES, PARAMS))
-    assert child.recv() == Round(event("Hel"), engine.info)
-    assert child.recv() == Round(event("lo", "eos"), engine.info)
+    assert child.recv() == Round((event("Hel"),), engine.info)  # the first round at once
+    assert child.recv() == Round((event("lo", "eos"),), engine.info)  # the last at once
     assert child.recv() == ReplyEnd(engine.info)
     assert engine.asked == [(MESSAGES, PARAMS, child.cancel)]  # the shared cancel event reaches the engine
 
@@ -164,7 +164,7 @@ def test_an_error_mid_reply_ends_that_reply_only(monkeypatch: pytest.MonkeyPatch
     while not isinstance(child.recv(), Ready):
         pass
     child.conn.send(ChatRequest(MESSAGES, PARAMS))
-    assert child.recv() == Round(event("Hel"), engine.info)
+    assert child.recv() == Round((event("Hel"),), engine.info)
     failure = child.recv()
     assert isinstance(failure, Failure) and str(failure.error) == "the target ran out of memory"
     engine.fail_after = None
@@ -205,3 +205,28 @@ def test_the_childs_output_goes_to_its_log(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout == "" and done.stderr == ""
     assert log.read_text().splitlines() == ["to stdout", "to stderr", "raw fd 2"]
+
+
+def test_rounds_go_out_together_the_first_and_the_last_at_once() -> None:
+    """A message a round cost the app's reader a wake-up and an unpickling each (pocket: 140 a
+    second); the rounds of SEND_EVERY_S travel in one message, none is dropped or reordered."""
+    from engine.child.serve import SEND_EVERY_S, RoundBatch
+
+    class Pipe:
+        def __init__(self) -> None:
+            self.sent: list[Round] = []
+
+        def send(self, message: Round) -> None:
+            self.sent.append(message)
+
+    engine, pipe = FakeEngine(), Pipe()
+    batch = RoundBatch(pipe, engine)  # type: ignore[arg-type]
+    step = SEND_EVERY_S / 4.5  # the fifth round after a message is past SEND_EVERY_S
+    texts = [f"t{i}" for i in range(12)]
+    for i, text in enumerate(texts):
+        batch.add(event(text, "eos" if i == len(texts) - 1 else None), now=100.0 + i * step)
+    batch.send()  # nothing left: sends nothing
+    assert [len(m.events) for m in pipe.sent] == [1, 5, 5, 1]  # first at once, then every SEND_EVERY_S, the end at once
+    assert [e.text for m in pipe.sent for e in m.events] == texts
+    batch.add(replace(event("note"), notice="draft dropped"), now=200.0)
+    assert pipe.sent[-1].events[-1].notice == "draft dropped"  # a notice is not kept waiting
