@@ -61,6 +61,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="pocket")
     parser.add_argument("--timeout", type=float, default=600)
+    parser.add_argument("--repeats", type=int, default=1, help="replies to each prompt in each app (medians compared)")
     args = parser.parse_args()
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     prompts = bench_prompts() + EXTRA
@@ -75,18 +76,27 @@ def main() -> int:
             time.sleep(1.0)
             plain.keys("F5")
             plain.wait_for("Speculation off", 30)
+            done = 0
             for i, prompt in enumerate(prompts, start=1):
-                send(spec, prompt)
-                s = spec.wait_replies(i, args.timeout)[-1]
-                send(plain, prompt)
-                p = plain.wait_replies(i, args.timeout)[-1]
-                print(f"{i}. app:   {line(s)}", flush=True)
-                print(f"   plain: {p['tokens']} tokens · {p['tokens_per_s']:.1f} tok/s", flush=True)
-                if s.get("speedup") is not None and p["tokens"] == s["tokens"]:
-                    measured = s["tokens_per_s"] / p["tokens_per_s"]
-                    checks.append(s["speedup"] / measured)
-                    print(f"   measured {measured:.2f}× against the plain app: the HUD's figure is "
-                          f"{s['speedup'] / measured:.2f} of it", flush=True)
+                ours, theirs = [], []
+                for _ in range(args.repeats):  # alternating: the spec app, then the plain one
+                    done += 1
+                    send(spec, prompt)
+                    ours.append(spec.wait_replies(done, args.timeout)[-1])
+                    send(plain, prompt)
+                    theirs.append(plain.wait_replies(done, args.timeout)[-1])
+                for s in ours:
+                    print(f"{i}. app:   {line(s)}", flush=True)
+                plain_tps = statistics.median(p["tokens_per_s"] for p in theirs)
+                print(f"   plain: {theirs[0]['tokens']} tokens · {plain_tps:.1f} tok/s "
+                      f"(median of {[round(p['tokens_per_s'], 1) for p in theirs]})", flush=True)
+                shown = [s["speedup"] for s in ours if s.get("speedup") is not None]
+                if shown and all(s["tokens"] == theirs[0]["tokens"] for s in ours):
+                    measured = statistics.median(s["tokens_per_s"] for s in ours) / plain_tps
+                    hud = statistics.median(shown)
+                    checks.append(hud / measured)
+                    print(f"   measured {measured:.2f}× against the plain app (medians): the HUD's "
+                          f"{hud:.2f}× is {hud / measured:.2f} of it", flush=True)
             screen = spec.screen()
             print("notices on screen mentioning speculation:", "switched off" in screen or "back on" in screen)
             if checks:

@@ -141,7 +141,7 @@ class CostModel:
     ) -> None:
         """Learn from one round that proposed ``proposed`` tokens of kind ``key`` (``free``: from a
         lookup, whose cost says nothing of the draft model's step)."""
-        self.passes.add(proposed + 1, verify_s, draft_s + verify_s + other_s)
+        self.passes.add(proposed + 1, verify_s, draft_s + verify_s + other_s, draft_s)
         self.overheads.append(other_s)
         if proposed == 0:
             self.rounds_since_plain = 0

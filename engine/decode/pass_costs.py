@@ -14,9 +14,11 @@ pending token and K drafted ones; ``n = 1`` is a plain decoding step).
   process taking the core) however slow it was; a mean or a least-squares fit
   through raw samples does not.
 * **The plain step, p.** The median wall time of whole rounds that fed one
-  token (target pass plus bookkeeping). Such rounds are plain mode, n-gram
-  rounds that found no match, and rare forced calibration rounds
-  (``SpecDecoder.calibrate_every``). One-token passes are never read off the
+  token (target pass plus bookkeeping), less the time such a round spent
+  looking for a draft: plain decoding does not look. Such rounds are plain mode,
+  n-gram rounds that found no match, and rare forced calibration rounds
+  (``SpecDecoder.calibrate_every``). Counting a miss's lookup in p made plain
+  decoding look slower than it is, and the speedup larger. One-token passes are never read off the
   line: on a CPU they take another kernel (matrix-vector), and SmolLM2-135M
   fp32 on one thread measured 42 ms for one token against 72 ms predicted by a
   line through 2..9 tokens. :data:`MIN_PLAIN` such rounds make p sound.
@@ -78,15 +80,16 @@ class PassCosts:
         self._line: tuple[float, float] | None = None  # (a, b): t(n) = a + b n for n >= 2
         self.passes = 0
 
-    def add(self, n: int, pass_s: float, round_s: float) -> None:
-        """One round: a target pass over ``n`` tokens took ``pass_s``, the whole round ``round_s``."""
+    def add(self, n: int, pass_s: float, round_s: float, draft_s: float = 0.0) -> None:
+        """One round: a target pass over ``n`` tokens took ``pass_s``, the whole round ``round_s``,
+        of which ``draft_s`` went to drafting (for ``n = 1``: a lookup that found nothing)."""
         self.passes += 1
         size = self._sizes.setdefault(n, _Size())
         size.samples.append(pass_s)
         size.last_pass = self.passes
         size.median = statistics.median(size.samples) if len(size.samples) >= MIN_SAMPLES else None
-        if n == 1:
-            self._plain_rounds.append(round_s)
+        if n == 1:  # plain decoding would not have looked for a draft
+            self._plain_rounds.append(round_s - draft_s)
             self._plain = statistics.median(self._plain_rounds) if len(self._plain_rounds) >= MIN_PLAIN else None
         for stale in [m for m, s in self._sizes.items() if self.passes - s.last_pass > STALE_PASSES]:
             del self._sizes[stale]

@@ -41,6 +41,17 @@ def test_plain_step_is_a_median_and_one_slow_round_does_not_move_it() -> None:
     assert costs.plain_step_s == pytest.approx(0.011)
 
 
+def test_a_one_token_round_that_looked_for_a_draft_counts_in_the_plain_step_without_the_look() -> None:
+    """An n-gram round that found nothing fed one token, but plain decoding would not have
+    looked: counting the lookup made plain decoding read slower than it is."""
+    costs, model = PassCosts(), CostModel()
+    for _ in range(MIN_PLAIN):
+        costs.add(1, 0.010, 0.0115, draft_s=0.0005)
+        model.observe(0, 0, 0.0005, 0.010, 0.001)
+    assert costs.plain_step_s == pytest.approx(0.011)
+    assert model.passes.plain_step_s == pytest.approx(0.011)
+
+
 def test_line_through_sizes_two_up_ignores_outliers_and_never_gives_the_one_token_cost() -> None:
     costs = PassCosts()
     rng = random.Random(0)
