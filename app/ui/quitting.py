@@ -128,7 +128,8 @@ class ExitOnSignals:
             if path is not None:
                 message = f"specchat: the unsaved chat was exported to {path}"
         self._app.exit(return_code=128 + sig, message=message)
-        threading.Thread(target=self._exit_anyway, args=(sig,), name="exit-anyway", daemon=True).start()
+        if not self._app.is_headless:  # a real terminal; under run_test the process is the test's
+            threading.Thread(target=self._exit_anyway, args=(sig,), name="exit-anyway", daemon=True).start()
 
     def _exit_anyway(self, sig: int) -> None:
         """The last resort (a daemon thread: a normal exit ends it): once the normal exit has had

@@ -147,3 +147,57 @@ async def test_an_unsaved_chat_that_never_got_an_id_is_exported_once(
     (exported,) = (specchat_dirs / "exports").glob("unsaved-chat-*.md")
     text = exported.read_text()
     assert text.count("secret question") == 1 and text.count("## Assistant") == 1
+
+
+def test_after_a_signal_a_stuck_exit_ends_the_process_once_the_saver_had_its_wait(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last resort behind a terminal closed under the app: if the normal exit never ends
+    (Textual's output queue, before HungUpSafe), the process ends with 128 + the signal after
+    the saver's wait and EXIT_ANYWAY_S, the saver flushed once more; never under run_test."""
+    import signal
+    import threading
+
+    from app.ui import quitting
+
+    slept: list[float] = []
+    ended = threading.Event()
+    codes: list[int] = []
+    monkeypatch.setattr(quitting.time, "sleep", slept.append)
+    monkeypatch.setattr(quitting.os, "_exit", lambda code: (codes.append(code), ended.set()))
+
+    class Saver:
+        flushed: list[float] = []
+
+        def flush(self, timeout: float) -> bool:
+            self.flushed.append(timeout)
+            return True
+
+    class Archive:
+        exit_wait_s = 10.0
+        saver = Saver()
+
+        def at_risk(self, on_screen: bool) -> None:
+            return None
+
+    class App:
+        def __init__(self, headless: bool) -> None:
+            self.is_headless = headless
+            self.exits: list[int] = []
+
+        def exit(self, return_code: int = 0, message: object = None) -> None:
+            self.exits.append(return_code)
+
+    class Conversation:
+        private = False
+
+        def messages(self) -> list[object]:
+            return []
+
+    headless = App(headless=True)
+    quitting.ExitOnSignals(headless, Conversation(), Archive()).on_signal(signal.SIGHUP)  # type: ignore[arg-type]
+    assert headless.exits == [128 + signal.SIGHUP] and not ended.wait(0.5)  # a test's process is left alone
+    real = App(headless=False)
+    quitting.ExitOnSignals(real, Conversation(), Archive()).on_signal(signal.SIGHUP)  # type: ignore[arg-type]
+    assert ended.wait(5)
+    assert real.exits == [128 + signal.SIGHUP] and codes == [128 + signal.SIGHUP]
+    assert slept == [Archive.exit_wait_s + quitting.EXIT_ANYWAY_S] and Saver.flushed == [quitting.QUIT_ANSWERED_WAIT_S]
