@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/step_parts.py --profile coder [--tokens 1] [--passes 48] [--threads 2]
 
-Loads the profile's target (no draft), reads a 200-token prompt of random ids, then runs passes
+Loads the profile's target (no draft; ``--draft``: its draft model instead), reads a 200-token prompt of random ids, then runs passes
 of M new tokens through the lean forward (its native path: every projection and the attention
 step on specchat's CPU kernels), cropping the cache back after each, with a wall-clock timer
 around each of the pass's parts: the joint q/k/v product (``qkv``), the attention step
@@ -53,11 +53,12 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, nargs="+", default=[1])
     parser.add_argument("--passes", type=int, default=48)
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--draft", action="store_true", help="time the profile's draft model instead of its target")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    profile = dataclasses.replace(load_profiles().get(args.profile), drafter="none", draft=None)
-    engine = load_engine(profile)
-    lean = engine.decoder.target._lean  # type: ignore[attr-defined]
+    profile = load_profiles().get(args.profile)
+    engine = load_engine(profile if args.draft else dataclasses.replace(profile, drafter="none", draft=None))
+    lean = (engine.decoder.drafter.runner if args.draft else engine.decoder.target)._lean  # type: ignore[attr-defined]
     if lean is None or not lean.native_attention:
         raise SystemExit(f"{args.profile}'s target does not run the lean forward's native path here")
     from engine.quant import cpu_kernel
