@@ -11,7 +11,8 @@ around each of the pass's parts: the joint q/k/v product (``qkv``), the attentio
 the whole pass is the Python and torch glue between them (``glue``: the embedding, the rotary
 tables, the cache's bookkeeping, the calls' argument checks). Medians per pass in ms.
 The timers cost about a microsecond each (a few hundred a pass): the parts' sum is what it is
-with them; the untimed pass (``pass, untimed``) is measured in the same loop.
+with them, the calls made from Python; the untimed pass (``pass, untimed``: one call a layer, where
+:mod:`engine.model.cpu_layer` makes them from C) is measured in the same loop.
 """
 from __future__ import annotations
 
@@ -72,7 +73,10 @@ def main() -> None:
                "head": timed(lean.head, "head", totals),
                "attention": timed(cpu_attention.attention_step, "attention", totals)}
 
+    one_call = lean.native_layers  # a layer's calls made from C (engine/model/cpu_layer.py): not timed part by part
+
     def use(which: dict[str, Any]) -> None:
+        lean.native_layers = one_call if which is plain else None
         for layer, (qkv, o, gate_up, down) in zip(lean.layers, which["layers"]):
             layer.qkv, layer.o, layer.gate_up, layer.down = qkv, o, gate_up, down
         lean.head = which["head"]

@@ -56,7 +56,7 @@ from engine.quant.cpu_isa import requested as _requested, vnni_order
 
 log = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("int4_avx2.c", "attention_avx2.c"))
+SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("int4_avx2.c", "attention_avx2.c", "layer.c"))
 HEADERS = (Path(__file__).with_name("csrc") / "simd_math.h",)
 FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 """-ffp-contract=off: every expression rounds as written (the attention step's rope is then
@@ -499,4 +499,8 @@ def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
         return y if x.dtype == torch.float32 else y.to(x.dtype)
 
     f.keep = (packed, scales, bias32, norm32)  # type: ignore[attr-defined]  # the pointers' owners live as long as f
+    # what engine/model/cpu_layer.py hands csrc/layer.c: (kind 0 int4 / 1 8-bit / 2 6-bit, codes, table, stride, bias,
+    # N, K), and the folded norm's (weight, eps)
+    f.spec = (0 if planes == 1 else 2 if six else 1, codes_ptr, scales_ptr, int(packed.stride(0)), bias_ptr, n, k)  # type: ignore[attr-defined]
+    f.norm_spec = (norm_ptr, eps, gated)  # type: ignore[attr-defined]
     return f
