@@ -37,7 +37,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.model import cpu_attention
+from engine.model import cpu_attention, cpu_layer
 from engine.model.kv import GrowingKV, StaticKV
 from engine.quant.int4 import Int4Linear, joint_bias
 
@@ -125,6 +125,7 @@ def _joint(layers: list[Int4Linear], norm: tuple[torch.Tensor, float]) -> Callab
             start += n
         return y
 
+    f.parts = [call for call, _ in calls]  # type: ignore[attr-defined]  # for engine.model.cpu_layer
     return f
 
 
@@ -205,6 +206,9 @@ class LeanForward:
                 logits_to_keep: int) -> torch.Tensor:
         """The forward of :meth:`__call__` with each layer's attention in one call of specchat's CPU
         attention step (row-exact by construction) and every projection on its int4 kernel."""
+        if self.native_layers is not None:  # the same calls from C, one a layer
+            return self._logits(cpu_layer.run(self.native_layers, cache.layers, self._kv_like, x, start, cos, sin),
+                                logits_to_keep)
         t = x.shape[1]
         for layer, kv in zip(self.layers, cache.layers):
             qkv = layer.qkv(x)
@@ -256,6 +260,13 @@ class LeanForward:
         (:func:`engine.model.cpu_attention.attention_step`) wherever the cache is a :class:`GrowingKV`,
         but in a first prefill (no cache yet, many rows: SDPA's blocked causal kernel)."""
         self._kv_like = torch.empty(1, self.n_kv, 0, self.head_dim)
+        built = ([cpu_layer.build(layer, self.n_heads, self.n_kv, self.head_dim, self.scale) for layer in self.layers]
+                 if self.native_attention and cpu_layer.entry() is not None else [])
+        self.native_layers: list[cpu_layer.Layer] | None = (built if built and all(b is not None for b in built)
+                                                             else None)  # type: ignore[assignment]
+        """With :attr:`native_attention`, each layer's five or six kernel calls made from C in one
+        (:mod:`engine.model.cpu_layer`; the same calls, the same bits); None where a layer's parts are
+        not all specchat's kernels. Set it to None to run the calls from Python."""
         self._rope_tables: dict[tuple[int, torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
 
     @torch.inference_mode()

@@ -56,7 +56,7 @@ from engine.quant.cpu_isa import requested as _requested, vnni_order
 
 log = logging.getLogger(__name__)
 
-SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("int4_avx2.c", "attention_avx2.c"))
+SOURCES = tuple(Path(__file__).with_name("csrc") / name for name in ("int4_avx2.c", "attention_avx2.c", "layer.c"))
 HEADERS = (Path(__file__).with_name("csrc") / "simd_math.h",)
 FLAGS = ("-O3", "-ffp-contract=off", "-fopenmp", "-shared", "-fPIC")
 """-ffp-contract=off: every expression rounds as written (the attention step's rope is then
@@ -431,72 +431,5 @@ def unpack_codes(packed: torch.Tensor, k: int | None = None, variant: str | None
     return torch.cat([b & 0x0F, b >> 4], dim=2).reshape(n, 2 * half)
 
 
-def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, k: int, planes: int,
-           norm: tuple[torch.Tensor, float] | None = None, gated: bool = False,
-           variant: str | None = None) -> Callable[..., torch.Tensor]:
-    """``f(x [..., K], residual=None) -> [..., N]`` through the kernel (fp32, or ``x``'s dtype).
-
-    ``packed``/``scales`` as :func:`pack` makes them (rows may be several layers joined along
-    N); ``bias`` ``[N]`` or None; ``norm`` ``(weight [K], eps)``: x's rows are RMS-normalised
-    first (a layer's pre-norm folded into its projection). With ``residual`` (fp32
-    ``[..., N]``, contiguous) the product is added into it in place and it is returned: a
-    residual add without an op of its own, the same sum as ``residual + f(x)``; with ``out`` (fp32
-    ``[..., N]``, rows any distance apart, e.g. a column slice of a wider tensor) the product is
-    written there. ``gated``: x is
-    ``[..., 2K]``, a SwiGLU MLP's gate and up projections side by side, and the product reads
-    ``silu(gate)·up`` (computed as each row is quantized: three ops fewer). The kernel must
-    be available (:func:`matmul`). ``variant``: the kernel variant ``packed`` was laid out for
-    (:func:`pack`'s), else this process's.
-    """
-    if gated and norm is not None:
-        raise ValueError("a gated input takes no folded norm")
-    six = planes == 2 and packed.dtype == torch.uint8
-    entry = matmul if planes == 1 else matmul6 if six else matmul8
-    fn = entry() if variant is None else entry(variant)
-    if fn is None:
-        raise RuntimeError("specchat's CPU int4 kernel is not available here")
-    if planes not in (1, 2):
-        raise ValueError(f"the kernel takes one or two planes, not {planes}")
-    n = int(packed.shape[0])
-    bias32 = bias.to(torch.float32).contiguous() if bias is not None else None
-    norm32 = norm[0].to(torch.float32).contiguous() if norm is not None else None
-    eps = float(norm[1]) if norm is not None else 0.0
-    codes_ptr, scales_ptr = packed.data_ptr(), scales.data_ptr()
-    bias_ptr = bias32.data_ptr() if bias32 is not None else None
-    norm_ptr = norm32.data_ptr() if norm32 is not None else None
-    threads = torch.get_num_threads
-    width = 2 * k if gated else k
-
-    def f(x: torch.Tensor, residual: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
-        flat = x.reshape(-1, width)
-        if flat.dtype != torch.float32 or not flat.is_contiguous():
-            flat = flat.to(torch.float32).contiguous()
-        m = int(flat.shape[0])
-        target = residual if residual is not None else out
-        if target is None:
-            y = torch.empty((m, n), dtype=torch.float32)
-            ldy = n
-        else:
-            ldy = int(target.stride(-2)) if target.dim() > 1 else n
-            if (target.dtype != torch.float32 or target.stride(-1) != 1 or target.shape[-1] != n
-                    or target.numel() != m * n or (m > 1 and ldy < n)):
-                raise ValueError(f"the residual or output must be a float32 tensor of {m} x {n} with unit column stride")
-            y = target
-        if planes == 1:
-            failed = fn(codes_ptr, scales_ptr, bias_ptr, n, k, 1, flat.data_ptr(), m, y.data_ptr(), ldy, threads(),
-                        norm_ptr, eps, residual is not None, gated)
-        elif six:
-            failed = fn(codes_ptr, int(packed.stride(0)), bias_ptr, n, k, flat.data_ptr(), m, y.data_ptr(), ldy,
-                        threads(), norm_ptr, eps, residual is not None, gated)
-        else:
-            failed = fn(codes_ptr, scales_ptr, bias_ptr, n, k, flat.data_ptr(), m, y.data_ptr(), ldy, threads(),
-                        norm_ptr, eps, residual is not None, gated)
-        if failed:
-            raise MemoryError(f"specchat's int4 kernel could not get scratch memory for {m} x {k} activations")
-        if target is not None:
-            return target
-        y = y.view(*x.shape[:-1], n)
-        return y if x.dtype == torch.float32 else y.to(x.dtype)
-
-    f.keep = (packed, scales, bias32, norm32)  # type: ignore[attr-defined]  # the pointers' owners live as long as f
-    return f
+# the callable over these pointers lives in its own module (it imports this one); offered here as before
+from engine.quant.cpu_linear import linear  # noqa: E402,F401

@@ -90,7 +90,11 @@ const char *specchat_kernel_variant(void) {
                        * memory 1.3-1.6x faster one at a time than four at a time (2048 x 1536 int4 streamed
                        * from DRAM: 0.24 -> 0.17 ms; the 151936 x 1536 6-bit head 20 -> 12 ms); shorter ones
                        * (pocket's 576 inputs) stay faster in tiles. The outputs' arithmetic is the same. */
+#define SIX_TILE_ROW 4096 /* ... except 6-bit rows from this many bytes (coder's Q6_K down, 8960 inputs: 7840), which
+                          * stream faster again in tiles of four there (14 such layers, two threads: 0.59 -> 0.46 ms
+                          * a layer), while the 6-bit head's 1344-byte rows run 1.3x slower so */
 #else
+#define SIX_TILE_ROW INT64_MAX /* the AVX2 variant: long 6-bit rows go one at a time like any other */
 #define LONG_ROW 2048 /* bytes of codes a row from which rows go one at a time: four such rows
                        * (and their scales) are eight streams a thread, more than the hardware
                        * prefetchers follow (a 1536 x 8960 int4 product: 6.6 -> 3.9 ms here) */
@@ -435,7 +439,17 @@ static inline __attribute__((always_inline)) void dot_rows6(int rows, int mb, in
             }
         }
         for (int r = 0; r < rows; r++) /* the next tile's same 192 bytes, ahead of need */
-            for (int c = 0; c < 192; c += 64) _mm_prefetch((const char *)(w + (r + ahead) * stride + 192 * b + c), _MM_HINT_T0);
+            for (int c = 0; c < 192; c += 64) {
+#if SPECCHAT_VNNI
+                /* a tile of long rows (SIX_TILE_ROW) reads some 30 KB before it needs these: into L2, not
+                 * L1, where they would be gone by then (coder's Q6_K down: 0.44 -> 0.38 ms a layer here) */
+                if (rows > 1) {
+                    _mm_prefetch((const char *)(w + (r + ahead) * stride + 192 * b + c), _MM_HINT_T1);
+                    continue;
+                }
+#endif
+                _mm_prefetch((const char *)(w + (r + ahead) * stride + 192 * b + c), _MM_HINT_T0);
+            }
         for (int h = 0; h < 2; h++) {
             __m256i xa[ROWS][4];
             for (int i = 0; i < mb; i++)
@@ -532,7 +546,8 @@ static int run(const weights_t *wt, const float *bias, int64_t N, const float *x
     if (prepare(x, M, K, norm, eps, gated, &xq, &dx, &xs, &halves)) return -1;
     for (int64_t m0 = 0; m0 < M; m0 += MCHUNK) {
         const int64_t m1 = m0 + MCHUNK < M ? m0 + MCHUNK : M;
-        const int64_t tile = m1 - m0 > 1 || wt->row_bytes >= LONG_ROW ? 1 : ROWS;
+        const int tiled = wt->row_bytes < LONG_ROW || (wt->kind == INT6 && wt->row_bytes >= SIX_TILE_ROW);
+        const int64_t tile = m1 - m0 > 1 || !tiled ? 1 : ROWS;
         const int64_t tiles = (N + tile - 1) / tile;
 #pragma omp parallel for schedule(static) num_threads(threads)
         for (int64_t t = 0; t < tiles; t++) {

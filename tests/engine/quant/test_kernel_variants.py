@@ -45,11 +45,12 @@ def _runnable(name: str) -> None:
 @pytest.mark.parametrize("name", VNNI)
 @pytest.mark.parametrize("kind, n, k", [("int4", 37, 576), ("int4", 40, 1536), ("int4", 12, 64), ("int4", 9, 8960),
                                         ("8-bit", 21, 2112), ("8-bit", 16, 1536), ("6-bit", 19, 1536),
-                                        ("6-bit", 8, 2304)])
+                                        ("6-bit", 8, 2304), ("6-bit", 9, 8960)])
 def test_each_vnni_variant_gives_every_output_the_avx2_bits(name: str, kind: str, n: int, k: int) -> None:
     """Random layers of each layout (K with and without a tail after its 256-weight blocks, rows off
-    the kernel's tile, long rows one at a time), one token and passes of several: the VNNI variant's
-    outputs equal the AVX2 reference's exactly, and so do a folded norm, a gate and a residual add."""
+    the kernel's tile, long rows one at a time, long 6-bit rows in tiles again on VNNI), one token and
+    passes of several: the VNNI variant's outputs equal the AVX2 reference's exactly, and so do a folded
+    norm, a gate and a residual add; a token's row is the same alone and in a pass of seven."""
     _runnable(name)
     weights = _weights(kind, n, k, seed=n + k)
     planes = weights.planes
@@ -65,6 +66,8 @@ def test_each_vnni_variant_gives_every_output_the_avx2_bits(name: str, kind: str
         gated = cpu_kernel.linear(packed, table, None, k, planes, gated=True, variant=variant)
         residual = torch.ones(7, n)
         out[variant] = [plain(x[:1]), plain(x[:3]), plain(x), normed(x[:4]), gated(gate), plain(x, residual=residual)]
+    for variant in out:
+        assert torch.equal(out[variant][0], out[variant][2][:1])
     for reference, got in zip(out["avx2"], out[name], strict=True):
         assert torch.equal(reference, got), float((reference - got).abs().max())
 
