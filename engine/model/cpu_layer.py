@@ -24,7 +24,7 @@ MAX_RUNS = 4  # q/k/v runs a layer may have (csrc/layer.c's specchat_layer_t.qkv
 
 
 class Product(ctypes.Structure):
-    """One product as ``csrc/layer.c`` calls it (:func:`engine.quant.cpu_kernel.linear`'s ``spec``)."""
+    """One product as ``csrc/layer.c`` calls it (:func:`engine.quant.cpu_linear.linear`'s ``spec``)."""
 
     _fields_ = [("kind", ctypes.c_int64), ("codes", ctypes.c_void_p), ("table", ctypes.c_void_p),
                 ("stride", ctypes.c_int64), ("bias", ctypes.c_void_p), ("N", ctypes.c_int64), ("K", ctypes.c_int64)]
@@ -58,7 +58,7 @@ def _plain(call: Callable[..., Any], gated: bool) -> bool:
 
 def build(layer: Any, n_heads: int, n_kv: int, head_dim: int, scale: float) -> Layer | None:
     """The :class:`Layer` of a folded :class:`engine.model.lean._Layer` (its callables made by
-    :func:`engine.quant.cpu_kernel.linear`); None where any part is not of that kind."""
+    :func:`engine.quant.cpu_linear.linear`); None where any part is not of that kind."""
     runs = getattr(layer.qkv, "parts", None) or [layer.qkv]
     products = [_product(c) for c in (*runs, layer.o, layer.gate_up, layer.down)]
     norms = _norm(runs[0]), _norm(layer.gate_up)

@@ -430,6 +430,3 @@ def unpack_codes(packed: torch.Tensor, k: int | None = None, variant: str | None
     b = packed.reshape(n, half // 32, 1, 32)
     return torch.cat([b & 0x0F, b >> 4], dim=2).reshape(n, 2 * half)
 
-
-# the callable over these pointers lives in its own module (it imports this one); offered here as before
-from engine.quant.cpu_linear import linear  # noqa: E402,F401

@@ -50,6 +50,7 @@ from torch import nn
 
 from engine.errors import QuantizationError
 import engine.quant.cpu_kernel as cpu_kernel
+import engine.quant.cpu_linear as cpu_linear
 from engine.quant.cpu_kernel import KernelLayout
 from engine.quant.groups import (  # noqa: F401 - re-exported: the layer's callers name them here
     CUDA_INNER_K_TILES, GROUP_SIZES, Int4Weights, SixBit, check_shape, cuda_inner_k_tiles, cuda_int4_problem,
@@ -156,7 +157,7 @@ class Int4Linear(nn.Module):
         On specchat's kernel (:meth:`folds`) the result also takes ``f(x, residual=r)`` (the
         product added into ``r`` in place), ``norm = (weight, eps)`` RMS-normalises x's rows
         first, and ``gated`` takes ``[..., 2K]`` (gate, up) and multiplies ``silu(gate)·up``:
-        see :func:`engine.quant.cpu_kernel.linear`.
+        see :func:`engine.quant.cpu_linear.linear`.
         """
         first = layers[0]
         if len(layers) > 1 and not Int4Linear.can_fuse(layers):
@@ -173,7 +174,7 @@ class Int4Linear(nn.Module):
                 offset += rows
         if first.kernel == "specchat":
             table = torch.cat([l.scales_and_zeros for l in layers]) if len(layers) > 1 else first.scales_and_zeros
-            return cpu_kernel.linear(packed, table, joint_bias(layers), first.in_features, first.planes, norm, gated)
+            return cpu_linear.linear(packed, table, joint_bias(layers), first.in_features, first.planes, norm, gated)
         if norm is not None or gated:
             raise QuantizationError("only specchat's CPU kernel folds a norm or a gate into its matmul")
         sz = torch.cat([l.scales_and_zeros for l in layers], dim=1).contiguous()
@@ -196,7 +197,7 @@ class Int4Linear(nn.Module):
             return None
         ids = ids.to(torch.long)
         bias = self.bias.detach()[ids] if self.bias is not None else None
-        return cpu_kernel.linear(self.packed[ids].contiguous(), self.scales_and_zeros[ids].contiguous(), bias,
+        return cpu_linear.linear(self.packed[ids].contiguous(), self.scales_and_zeros[ids].contiguous(), bias,
                                  self.in_features, self.planes)
 
     @staticmethod

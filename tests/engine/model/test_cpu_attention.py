@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from engine.model import cpu_attention
 from engine.model.lean import GrowingKV, _signed_sin
-from engine.quant import cpu_kernel
+from engine.quant import cpu_kernel, cpu_linear
 
 
 @pytest.fixture(autouse=True)
@@ -106,8 +106,8 @@ def test_silu_times_up_is_computed_where_the_down_projection_quantizes_its_input
     weights = quantize_weight(torch.randn(48, 128, generator=gen), 32)
     packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, 1)
     gate_up = torch.randn(3, 256, generator=gen) * 4
-    gated = cpu_kernel.linear(packed, table, None, 128, 1, gated=True)(gate_up)
-    plain = cpu_kernel.linear(packed, table, None, 128, 1)(F.silu(gate_up[:, :128]) * gate_up[:, 128:])
+    gated = cpu_linear.linear(packed, table, None, 128, 1, gated=True)(gate_up)
+    plain = cpu_linear.linear(packed, table, None, 128, 1)(F.silu(gate_up[:, :128]) * gate_up[:, 128:])
     assert torch.allclose(gated, plain, rtol=1e-3, atol=1e-3 * float(plain.abs().max()))
     with pytest.raises(ValueError, match="no folded norm"):
-        cpu_kernel.linear(packed, table, None, 128, 1, norm=(torch.ones(128), 1e-5), gated=True)
+        cpu_linear.linear(packed, table, None, 128, 1, norm=(torch.ones(128), 1e-5), gated=True)

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.quant import cpu_kernel
+from engine.quant import cpu_kernel, cpu_linear
 from engine.quant.int4 import Int4Linear, Int4Weights, quantize_weight, quantize_weight8
 
 CPU = torch.device("cpu")
@@ -87,7 +87,7 @@ def test_a_row_count_off_the_kernels_tile_is_computed_whole(planes: int) -> None
     packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, planes)
     bias = torch.randn(10)
     x = torch.randn(3, 576)
-    y = cpu_kernel.linear(packed, table, bias, 576, planes)(x)
+    y = cpu_linear.linear(packed, table, bias, 576, planes)(x)
     err = (y - bias - _reference(weights, x)).abs()
     assert bool((err <= _int8_bound(weights, x)).all())
 
@@ -194,12 +194,12 @@ def test_a_folded_pre_norm_and_a_residual_add_in_place_are_the_ops_they_replace(
     packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, 1)
     gamma, eps = torch.rand(256) + 0.5, 1e-5
     x = torch.randn(5, 256) * 3
-    folded = cpu_kernel.linear(packed, table, None, 256, 1, norm=(gamma, eps))(x)
+    folded = cpu_linear.linear(packed, table, None, 256, 1, norm=(gamma, eps))(x)
     normed = torch.nn.functional.rms_norm(x, (256,), gamma, eps)
     err = (folded - _reference(weights, normed)).abs()
     assert bool((err <= _int8_bound(weights, normed) * 1.01 + 1e-4).all())
 
-    plain = cpu_kernel.linear(packed, table, torch.randn(64), 256, 1)
+    plain = cpu_linear.linear(packed, table, torch.randn(64), 256, 1)
     residual = torch.randn(5, 64)
     want = residual + plain(x)
     got = plain(x, residual=residual)

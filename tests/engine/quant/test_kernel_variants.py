@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.quant import cpu_isa, cpu_kernel
+from engine.quant import cpu_isa, cpu_kernel, cpu_linear
 from engine.quant.int4 import Int4Weights, quantize_weight, quantize_weight8, two_planes
 
 VNNI = [name for name in cpu_kernel.VARIANTS if name != "avx2"]
@@ -61,9 +61,9 @@ def test_each_vnni_variant_gives_every_output_the_avx2_bits(name: str, kind: str
     out = {}
     for variant in ("avx2", name):
         packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, planes, variant=variant)
-        plain = cpu_kernel.linear(packed, table, bias, k, planes, variant=variant)
-        normed = cpu_kernel.linear(packed, table, None, k, planes, norm=norm, variant=variant)
-        gated = cpu_kernel.linear(packed, table, None, k, planes, gated=True, variant=variant)
+        plain = cpu_linear.linear(packed, table, bias, k, planes, variant=variant)
+        normed = cpu_linear.linear(packed, table, None, k, planes, norm=norm, variant=variant)
+        gated = cpu_linear.linear(packed, table, None, k, planes, gated=True, variant=variant)
         residual = torch.ones(7, n)
         out[variant] = [plain(x[:1]), plain(x[:3]), plain(x), normed(x[:4]), gated(gate), plain(x, residual=residual)]
     for variant in out:

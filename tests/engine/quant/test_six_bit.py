@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.quant import cpu_kernel
+from engine.quant import cpu_kernel, cpu_linear
 from engine.quant.gguf_blocks import decode_q6_k_rows
 from engine.quant.int4 import Int4Linear, Int4Weights, is_six_bit, kernel_weights, quantize_weight, two_planes
 
@@ -87,7 +87,7 @@ def test_outputs_are_the_dequantized_product_of_the_rounded_activations(n: int, 
     tiles (10 rows) and rows long enough to go one at a time (8960 inputs) included."""
     weights = six_bit(n, k, seed=n + k)
     bias = torch.randn(n)
-    f = cpu_kernel.linear(*cpu_kernel.pack(weights.codes, weights.scale, weights.zero, 2), bias, k, 2)
+    f = cpu_linear.linear(*cpu_kernel.pack(weights.codes, weights.scale, weights.zero, 2), bias, k, 2)
     x = torch.randn(5, k)
     want = _simulated(weights, x) + bias.double()
     assert float((f(x).double() - want).abs().max()) <= 1e-5 * float(want.abs().max())
@@ -115,14 +115,14 @@ def test_a_folded_norm_a_gate_and_a_residual_are_the_ops_they_replace() -> None:
     gamma, eps = torch.rand(256) + 0.5, 1e-5
     x = torch.randn(3, 512)
     normed = torch.nn.functional.rms_norm(x[:, :256], (256,), gamma, eps)
-    folded = cpu_kernel.linear(packed, table, None, 256, 2, norm=(gamma, eps))(x[:, :256])
+    folded = cpu_linear.linear(packed, table, None, 256, 2, norm=(gamma, eps))(x[:, :256])
     want = _simulated(weights, normed)
     assert float((folded.double() - want).abs().max()) <= 1e-3 * float(want.abs().max())
-    gated = cpu_kernel.linear(packed, table, None, 256, 2, gated=True)(x)
+    gated = cpu_linear.linear(packed, table, None, 256, 2, gated=True)(x)
     mixed = torch.nn.functional.silu(x[:, :256]) * x[:, 256:]
     want = _simulated(weights, mixed)
     assert float((gated.double() - want).abs().max()) <= 1e-3 * float(want.abs().max())
-    plain = cpu_kernel.linear(packed, table, None, 256, 2)
+    plain = cpu_linear.linear(packed, table, None, 256, 2)
     residual = torch.randn(3, 32)
     expected = residual + plain(x[:, :256])
     assert torch.equal(plain(x[:, :256], residual=residual), expected)
