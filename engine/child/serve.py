@@ -18,6 +18,7 @@ if TYPE_CHECKING:
     from multiprocessing.synchronize import Event as ProcessEvent
 
     from engine.config.profiles import ModelProfile
+    from engine.events import ChatEvent
 
 
 SEND_EVERY_S = 0.05
@@ -34,10 +35,10 @@ class RoundBatch:
     def __init__(self, conn: Connection, engine: ChatBackend) -> None:
         self._conn = conn
         self._engine = engine
-        self._events: list[Any] = []
+        self._events: list[ChatEvent] = []
         self._sent_at: float | None = None
 
-    def add(self, event: Any, now: float) -> None:
+    def add(self, event: ChatEvent, now: float) -> None:
         self._events.append(event)
         if (self._sent_at is None or now - self._sent_at >= SEND_EVERY_S
                 or event.finish_reason is not None or event.notice):

@@ -81,15 +81,8 @@ def build(layer: Any, n_heads: int, n_kv: int, head_dim: int, scale: float) -> L
 
 
 def entry() -> Callable[..., int] | None:
-    """``specchat_layer`` (None where :func:`engine.quant.cpu_kernel.library` is)."""
-    lib = cpu_kernel.library()
-    if lib is None:
-        return None
-    fn = lib.specchat_layer
-    P, I64 = ctypes.c_void_p, ctypes.c_int64
-    fn.argtypes = [P, P, I64, I64, P, P, P, P, I64, P, P, P, ctypes.c_int]
-    fn.restype = ctypes.c_int
-    return fn  # type: ignore[no-any-return]
+    """``specchat_layer`` (:func:`engine.quant.cpu_kernel.layer_step`: made once; None where the library is not)."""
+    return cpu_kernel.layer_step()
 
 
 def run(layers: Sequence[Layer], kv_layers: Sequence[Any], like: torch.Tensor, x: torch.Tensor, start: int,

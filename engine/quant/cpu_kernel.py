@@ -224,6 +224,16 @@ def attention(variant: str | None = None) -> Matmul | None:
     return _entry("specchat_attention", variant, P, I64, I64, P, P, P, P, I64, I64, I64, I64, FLOAT, P, INT, INT)
 
 
+@functools.cache
+def layer_step(variant: str | None = None) -> Matmul | None:
+    """A whole decoder layer's entry point (``csrc/layer.c``; None where :func:`library` is).
+
+    Signature: ``(layer, x, T, start, cos, sin, kbuf, vbuf, cap, qkv, att, gate_up, threads) -> 0``
+    over raw pointers; see :func:`engine.model.cpu_layer.run`.
+    """
+    return _entry("specchat_layer", variant, P, P, I64, I64, P, P, P, P, I64, P, P, P, INT)
+
+
 HUGE_PAGE = 2 << 20
 HUGE_MIN_BYTES = 4 << 20
 """Weights at least this large go on huge pages (:func:`on_huge_pages`); smaller ones would

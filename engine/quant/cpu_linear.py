@@ -1,7 +1,7 @@
 """specchat's CPU kernel as a callable: ``f(x, residual=None, out=None)`` over a packed weight's pointers.
 
-Split from :mod:`engine.quant.cpu_kernel` (which builds and loads the library, picks its variant and
-packs weights for it, and offers :func:`linear` under its own name too). Each callable also carries
+Split from :mod:`engine.quant.cpu_kernel`, which builds and loads the library, picks its variant and
+packs weights for it (this module imports it, not the other way round). Each callable also carries
 what :mod:`engine.model.cpu_layer` needs to make the same call from C (``spec``, ``norm_spec``).
 """
 from __future__ import annotations
@@ -18,7 +18,7 @@ def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
            variant: str | None = None) -> Callable[..., torch.Tensor]:
     """``f(x [..., K], residual=None) -> [..., N]`` through the kernel (fp32, or ``x``'s dtype).
 
-    ``packed``/``scales`` as :func:`pack` makes them (rows may be several layers joined along
+    ``packed``/``scales`` as :func:`engine.quant.cpu_kernel.pack` makes them (rows may be several layers joined along
     N); ``bias`` ``[N]`` or None; ``norm`` ``(weight [K], eps)``: x's rows are RMS-normalised
     first (a layer's pre-norm folded into its projection). With ``residual`` (fp32
     ``[..., N]``, contiguous) the product is added into it in place and it is returned: a
@@ -28,7 +28,7 @@ def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
     ``[..., 2K]``, a SwiGLU MLP's gate and up projections side by side, and the product reads
     ``silu(gate)·up`` (computed as each row is quantized: three ops fewer). The kernel must
     be available (:func:`engine.quant.cpu_kernel.matmul`). ``variant``: the kernel variant ``packed`` was laid out for
-    (:func:`pack`'s), else this process's.
+    (:func:`engine.quant.cpu_kernel.pack`'s), else this process's.
     """
     if gated and norm is not None:
         raise ValueError("a gated input takes no folded norm")

@@ -20,7 +20,7 @@ int specchat_attention(float *qkv, int64_t T, int64_t start, const float *cos, c
                        float *vbuf, int64_t cap, int64_t H, int64_t KV, int64_t d, float scale, float *out,
                        int threads, int attend_rows);
 
-/* One product as engine/quant/cpu_kernel.linear calls it: kind 0 int4 (one plane), 1 8-bit, 2 6-bit rows
+/* One product as engine/quant/cpu_linear.linear calls it: kind 0 int4 (one plane), 1 8-bit, 2 6-bit rows
  * (`stride` bytes apart; table unused). */
 typedef struct {
     int64_t kind;
