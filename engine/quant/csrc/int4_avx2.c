@@ -84,7 +84,16 @@ const char *specchat_kernel_variant(void) {
 /* Per token, -32 times the sums of each group's first and last 16 codes, four groups at a time: [firsts of
  * groups 4c..4c+3, lasts of the same], the order dot_rows6 sums its lanes in. Floats a token: */
 #define HALVES(G) (((G) + 3) / 4 * 8)
-#define MB 4        /* tokens sharing each unpacked row of codes in a pass of several (MB <= ROWS) */
+#define MB 4        /* tokens sharing each unpacked row of codes in a pass of several */
+#if defined(__AVX512VL__)
+#define MROWS 2     /* weight rows a tile takes in a pass of several tokens: AVX-512's 32 registers hold their
+                     * MROWS x MB accumulators and the MB tokens' activations, each loaded once for the rows */
+#else
+#define MROWS 1     /* AVX2's 16 registers: one row at a time */
+#endif
+#define WIDE_K 4096 /* inputs from which a pass of several tokens takes MROWS rows a tile: below it the MB tokens'
+                     * activations fit L1 anyway, and one row streams faster */
+#define ACC (MROWS * MB > ROWS ? MROWS * MB : ROWS) /* accumulators a tile has at most: rows x tokens */
 #if SPECCHAT_VNNI
 #define LONG_ROW 512  /* on the VNNI machine measured (AMD Zen 4, a shared host), rows from 512 bytes read from
                        * memory 1.3-1.6x faster one at a time than four at a time (2048 x 1536 int4 streamed
@@ -165,13 +174,13 @@ static inline __attribute__((always_inline)) void dot_rows(int rows, int mb, int
                                                            int64_t K, const int8_t *xq, const float *dx,
                                                            const float *xs, __m256 *acc_out, __m256 *zacc_out) {
     /* the accumulators in registers (through the pointers every update would go to memory and back) */
-    __m256 acc[ROWS], zacc[ROWS];
+    __m256 acc[ACC], zacc[ACC];
     copy_acc(rows * mb, acc, zacc, acc_out, zacc_out);
     const int64_t G = K / 32;
     const __m256i m4 = _mm256_set1_epi8(0x0F);
     const __m256i ones = _mm256_set1_epi16(1);
     const __m256 eight = _mm256_set1_ps(8.0f);
-    float sc[ROWS][8] __attribute__((aligned(32)));
+    float sc[ACC][8] __attribute__((aligned(32)));
     int64_t g = 0;
     for (; g + 8 <= G; g += 8) {
         for (int r = 0; r < rows; r++) {
@@ -188,7 +197,7 @@ static inline __attribute__((always_inline)) void dot_rows(int rows, int mb, int
             _mm_prefetch((const char *)(codes + (r + ahead) * row_bytes + g * 16 + 64), _MM_HINT_T0);
         }
         for (int j = 0; j < 8; j += 4) { /* four groups: 64 bytes of codes a row */
-            __m256i x[ROWS][4];
+            __m256i x[MB][4];
             for (int i = 0; i < mb; i++)
                 for (int c = 0; c < 4; c++) x[i][c] = _mm256_loadu_si256((const __m256i *)(xq + i * K + (g + j + c) * 32));
             for (int r = 0; r < rows; r++) {
@@ -238,7 +247,7 @@ static inline __attribute__((always_inline)) void dot_rows(int rows, int mb, int
 
 /* The tile's accumulators, cleared. */
 static inline void zero_rows(__m256 *acc, __m256 *zacc) {
-    for (int r = 0; r < ROWS; r++) {
+    for (int r = 0; r < ACC; r++) {
         acc[r] = _mm256_setzero_ps();
         zacc[r] = _mm256_setzero_ps();
     }
@@ -326,12 +335,12 @@ static inline __attribute__((always_inline)) void dot_rows8(int rows, int mb, in
                                                             const float *dx, const float *xs, const float *halves,
                                                             __m256 *acc_out, __m256 *zacc_out) {
     /* the accumulators in registers (through the pointers every update would go to memory and back) */
-    __m256 acc[ROWS], zacc[ROWS];
+    __m256 acc[ACC], zacc[ACC];
     copy_acc(rows * mb, acc, zacc, acc_out, zacc_out);
     const int64_t G = K / 32, H = HALVES(G);
     (void)H; /* the VNNI variant's offsets */
     const __m256i ones = _mm256_set1_epi16(1);
-    float sc[ROWS][8] __attribute__((aligned(32)));
+    float sc[ACC][8] __attribute__((aligned(32)));
     int64_t g = 0;
     for (; g + 8 <= G; g += 8) {
         for (int r = 0; r < rows; r++) {
@@ -345,13 +354,13 @@ static inline __attribute__((always_inline)) void dot_rows8(int rows, int mb, in
         for (int r = 0; r < rows; r++) /* the next tile's same 256 bytes, ahead of need */
             for (int c = 0; c < 256; c += 64) _mm_prefetch((const char *)(codes + (r + ahead) * K + g * 32 + c), _MM_HINT_T0);
         for (int j = 0; j < 8; j += 4) { /* four groups, summed pairwise as in dot_rows */
-            __m256i x[ROWS][4];
+            __m256i x[MB][4];
             for (int i = 0; i < mb; i++)
                 for (int c = 0; c < 4; c++) x[i][c] = _mm256_loadu_si256((const __m256i *)(xq + i * K + (g + j + c) * 32));
 #if SPECCHAT_VNNI
             /* v + 128 is the u8 side of the dots: their sums are sum v xq + 128 sum xq, and each lane starts from
              * -128 times its 16 activations' sum (4 x prepare's halves, -32 x that sum: exact integers) */
-            __m256i start[ROWS];
+            __m256i start[MB];
             for (int i = 0; i < mb; i++)
                 start[i] = _mm256_cvtps_epi32(_mm256_mul_ps(_mm256_set1_ps(4.0f), _mm256_loadu_ps(halves + i * H + 2 * (g + j))));
             const __m256i flip = _mm256_set1_epi8((char)0x80);
@@ -412,7 +421,7 @@ static inline __attribute__((always_inline)) void dot_rows6(int rows, int mb, in
                                                             const float *dx, const float *halves, __m256 *acc_out,
                                                             __m256 *zacc_out) {
     /* the accumulators in registers (through the pointers every update would go to memory and back) */
-    __m256 acc[ROWS], zacc[ROWS];
+    __m256 acc[ACC], zacc[ACC];
     copy_acc(rows * mb, acc, zacc, acc_out, zacc_out);
     const int64_t G = K / 32, H = HALVES(G);
     const __m256i m4 = _mm256_set1_epi8(0x0F);
@@ -423,7 +432,7 @@ static inline __attribute__((always_inline)) void dot_rows6(int rows, int mb, in
     const __m256i order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
     const int64_t code_bytes = K / 4 * 3;
     /* per (row, token) and half super-block: its 8 scales in the order the summed lanes come, times dx */
-    __m256 sd[ROWS][2];
+    __m256 sd[ACC][2];
     for (int64_t b = 0; b < K / 256; b++) { /* super-blocks of 256 weights: 8 groups, 16 scales */
         const int64_t g = 8 * b;
         for (int r = 0; r < rows; r++) {
@@ -451,7 +460,7 @@ static inline __attribute__((always_inline)) void dot_rows6(int rows, int mb, in
                 _mm_prefetch((const char *)(w + (r + ahead) * stride + 192 * b + c), _MM_HINT_T0);
             }
         for (int h = 0; h < 2; h++) {
-            __m256i xa[ROWS][4];
+            __m256i xa[MB][4];
             for (int i = 0; i < mb; i++)
                 for (int c = 0; c < 4; c++) xa[i][c] = _mm256_loadu_si256((const __m256i *)(xq + i * K + (g + 4 * h + c) * 32));
             for (int r = 0; r < rows; r++) {
@@ -498,7 +507,8 @@ typedef struct {
 } weights_t;
 
 /* One weights kind's dots for a tile: `rows` rows from n0 with `mb` tokens, the constants each inlined
- * dot needs. ONE(...) expands a call for one (rows, mb) pair. */
+ * dot needs. ONE(...) expands a call for one (rows, mb, prefetch distance). DOTS: one token in tiles of
+ * ROWS rows (or one), several one row at a time; DOTS_WIDE: several tokens in tiles of MROWS rows. */
 #define DOTS(ONE)                                                                                                   \
     do {                                                                                                            \
         if (mb == 1 && rows == ROWS) ONE(ROWS, 1, ROWS);                                                            \
@@ -506,32 +516,53 @@ typedef struct {
         else if (mb == 1) ONE(rows, 1, ROWS);                                                                       \
         else if (mb == 2) ONE(1, 2, 1);                                                                             \
         else if (mb == 3) ONE(1, 3, 1);                                                                             \
-        else ONE(1, 4, 1);                                                                                          \
+        else ONE(1, MB, 1);                                                                                         \
+    } while (0)
+#define DOTS_WIDE(ONE)                                                                                              \
+    do {                                                                                                            \
+        if (rows == MROWS && mb == 1) ONE(MROWS, 1, MROWS);                                                         \
+        else if (rows == MROWS && mb == 2) ONE(MROWS, 2, MROWS);                                                    \
+        else if (rows == MROWS && mb == 3) ONE(MROWS, 3, MROWS);                                                    \
+        else if (rows == MROWS) ONE(MROWS, MB, MROWS);                                                              \
+        else ONE(rows, mb, MROWS);                                                                                  \
     } while (0)
 
-/* The dot products of `rows` weight rows from n0 with `mb` tokens (rows * mb <= ROWS; mb > 1 only with one
- * row), into acc/zacc. The constant (rows, mb) pairs each get their own inlined copy, chosen by shape. */
+/* The dot products of `rows` weight rows from n0 with `mb` tokens (rows * mb <= ACC), into acc/zacc, each
+ * constant (rows, mb) pair its own inlined copy, chosen by shape (CHOOSE: DOTS or DOTS_WIDE). */
+#define TILE_DOT(CHOOSE)                                                                                            \
+    do {                                                                                                            \
+        const int64_t K = wt->K, G = K / 32;                                                                        \
+        if (wt->kind == INT4) {                                                                                     \
+            const int64_t row_scales = 2 * wt->P * G;                                                               \
+            for (int64_t p = 0; p < wt->P; p++) {                                                                   \
+                const uint8_t *c = wt->codes + n0 * wt->row_bytes + p * (K / 2);                                    \
+                const uint16_t *z = (const uint16_t *)wt->table + n0 * row_scales + p * 2 * G;                      \
+                CHOOSE(INT4_DOT);                                                                                   \
+            }                                                                                                       \
+        } else if (wt->kind == INT8) {                                                                              \
+            const int8_t *c = (const int8_t *)wt->codes + n0 * K;                                                   \
+            const float *z = (const float *)wt->table + n0 * 2 * G;                                                 \
+            CHOOSE(INT8_DOT);                                                                                       \
+        } else {                                                                                                    \
+            const uint8_t *c = wt->codes + n0 * wt->row_bytes;                                                      \
+            CHOOSE(INT6_DOT);                                                                                       \
+        }                                                                                                           \
+    } while (0)
+#define INT4_DOT(R, B, A) dot_rows(R, B, A, c, z, wt->row_bytes, row_scales, K, xq, dx, xs, acc, zacc)
+#define INT8_DOT(R, B, A) dot_rows8(R, B, A, c, z, K, xq, dx, xs, halves, acc, zacc)
+#define INT6_DOT(R, B, A) dot_rows6(R, B, A, c, wt->row_bytes, K, xq, dx, halves, acc, zacc)
+
 static inline void tile_dot(const weights_t *wt, int rows, int mb, int64_t tile, int64_t n0, const int8_t *xq,
                             const float *dx, const float *xs, const float *halves, __m256 *acc, __m256 *zacc) {
-    const int64_t K = wt->K, G = K / 32;
-    if (wt->kind == INT4) {
-        const int64_t row_scales = 2 * wt->P * G;
-        for (int64_t p = 0; p < wt->P; p++) {
-            const uint8_t *c = wt->codes + n0 * wt->row_bytes + p * (K / 2);
-            const uint16_t *z = (const uint16_t *)wt->table + n0 * row_scales + p * 2 * G;
-#define INT4_DOT(R, B, A) dot_rows(R, B, A, c, z, wt->row_bytes, row_scales, K, xq, dx, xs, acc, zacc)
-            DOTS(INT4_DOT);
-        }
-    } else if (wt->kind == INT8) {
-        const int8_t *c = (const int8_t *)wt->codes + n0 * K;
-        const float *z = (const float *)wt->table + n0 * 2 * G;
-#define INT8_DOT(R, B, A) dot_rows8(R, B, A, c, z, K, xq, dx, xs, halves, acc, zacc)
-        DOTS(INT8_DOT);
-    } else {
-        const uint8_t *c = wt->codes + n0 * wt->row_bytes;
-#define INT6_DOT(R, B, A) dot_rows6(R, B, A, c, wt->row_bytes, K, xq, dx, halves, acc, zacc)
-        DOTS(INT6_DOT);
-    }
+    TILE_DOT(DOTS);
+}
+
+/* tile_dot for several tokens over rows of WIDE_K inputs or more, in tiles of MROWS rows: not inlined, so
+ * that its copies leave the code of every other shape as it was (inlined, they slowed the rest by 5-10%). */
+static __attribute__((noinline)) void tile_dot_wide(const weights_t *wt, int rows, int mb, int64_t n0, const int8_t *xq,
+                                                    const float *dx, const float *xs, const float *halves, __m256 *acc,
+                                                    __m256 *zacc) {
+    TILE_DOT(DOTS_WIDE);
 }
 
 /* y [M, N] (rows ldy apart) = x @ W.T (+ bias) for any kind of weights: x's rows quantized once, then
@@ -547,7 +578,8 @@ static int run(const weights_t *wt, const float *bias, int64_t N, const float *x
     for (int64_t m0 = 0; m0 < M; m0 += MCHUNK) {
         const int64_t m1 = m0 + MCHUNK < M ? m0 + MCHUNK : M;
         const int tiled = wt->row_bytes < LONG_ROW || (wt->kind == INT6 && wt->row_bytes >= SIX_TILE_ROW);
-        const int64_t tile = m1 - m0 > 1 || !tiled ? 1 : ROWS;
+        const int wide = MROWS > 1 && m1 - m0 > 1 && K >= WIDE_K;
+        const int64_t tile = wide ? MROWS : m1 - m0 > 1 || !tiled ? 1 : ROWS;
         const int64_t tiles = (N + tile - 1) / tile;
 #pragma omp parallel for schedule(static) num_threads(threads)
         for (int64_t t = 0; t < tiles; t++) {
@@ -555,9 +587,12 @@ static int run(const weights_t *wt, const float *bias, int64_t N, const float *x
             const int rows = (int)(N - n0 < tile ? N - n0 : tile);
             for (int64_t m = m0; m < m1; m += MB) {
                 const int mb = (int)(m1 - m < MB ? m1 - m : MB);
-                __m256 acc[ROWS], zacc[ROWS];
+                __m256 acc[ACC], zacc[ACC];
                 zero_rows(acc, zacc);
-                tile_dot(wt, rows, mb, tile, n0, xq + m * K, dx + m * G, xs + m * G, halves + m * H, acc, zacc);
+                if (wide)
+                    tile_dot_wide(wt, rows, mb, n0, xq + m * K, dx + m * G, xs + m * G, halves + m * H, acc, zacc);
+                else
+                    tile_dot(wt, rows, mb, tile, n0, xq + m * K, dx + m * G, xs + m * G, halves + m * H, acc, zacc);
                 store_rows(rows, mb, acc, zacc, bias, n0, y + m * ldy, ldy, accumulate);
             }
         }
