@@ -585,8 +585,12 @@ static int run(const weights_t *wt, const float *bias, int64_t N, const float *x
         for (int64_t t = 0; t < tiles; t++) {
             const int64_t n0 = t * tile;
             const int rows = (int)(N - n0 < tile ? N - n0 : tile);
-            for (int64_t m = m0; m < m1; m += MB) {
-                const int mb = (int)(m1 - m < MB ? m1 - m : MB);
+            /* the block's tokens in passes of at most MB, as even as they go (5 tokens: 3 + 2, not 4 + 1: a
+             * pass of one token costs nearly a pass of two, and a pass of four more than two of two) */
+            const int64_t passes = (m1 - m0 + MB - 1) / MB;
+            int64_t m = m0;
+            for (int64_t q = passes; q > 0; q--) {
+                const int mb = (int)((m1 - m + q - 1) / q);
                 __m256 acc[ACC], zacc[ACC];
                 zero_rows(acc, zacc);
                 if (wide)
@@ -594,6 +598,7 @@ static int run(const weights_t *wt, const float *bias, int64_t N, const float *x
                 else
                     tile_dot(wt, rows, mb, tile, n0, xq + m * K, dx + m * G, xs + m * G, halves + m * H, acc, zacc);
                 store_rows(rows, mb, acc, zacc, bias, n0, y + m * ldy, ldy, accumulate);
+                m += mb;
             }
         }
     }

@@ -60,36 +60,41 @@ def test_outputs_are_the_dequantized_product_within_the_activations_rounding(n: 
     assert bool((err <= _int8_bound(weights, x)).all()), float((err / _int8_bound(weights, x)).max())
 
 
-@pytest.mark.parametrize("planes, k", [(1, 192), (2, 192), (1, 4096), (2, 2048)])  # long rows go one at a time
-def test_each_token_gets_the_same_bits_in_a_pass_of_any_size_and_any_thread_count(planes: int, k: int) -> None:
+# long rows go one at a time; from 4096 inputs several tokens take two rows a tile on AVX-512
+@pytest.mark.parametrize("planes, k, n", [(1, 192, 80), (2, 192, 80), (1, 4096, 80), (2, 2048, 80), (2, 4096, 80)])
+def test_each_token_gets_the_same_bits_in_a_pass_of_any_size_and_any_thread_count(planes: int, k: int, n: int) -> None:
     """Row-exactness, which keeps greedy speculation token-identical to plain decoding: a token's
     outputs in a pass of M tokens (verify passes, and prompts longer than the kernel's 32-token
     blocks) equal its outputs alone, bit for bit, on one thread or two."""
-    weights = _weights(80, k, seed=5, planes=planes)
-    f = Int4Linear.fuse([Int4Linear(weights, torch.randn(80), CPU)])
+    weights = _weights(n, k, seed=5, planes=planes)
+    f = Int4Linear.fuse([Int4Linear(weights, torch.randn(n), CPU)])
     x = torch.randn(41, k) * torch.logspace(-3, 2, 41).unsqueeze(1)  # groups of very different sizes
     alone = torch.cat([f(x[i : i + 1]) for i in range(41)])
     threads = torch.get_num_threads()
     try:
         for count in (1, 2):
             torch.set_num_threads(count)
-            for m in (1, 2, 3, 4, 5, 17, 32, 33, 41):
+            for m in (1, 2, 3, 4, 5, 6, 7, 9, 17, 32, 33, 41):
                 assert torch.equal(f(x[:m]), alone[:m]), (count, m)
     finally:
         torch.set_num_threads(threads)
 
 
 @pytest.mark.parametrize("planes", [1, 2])
-def test_a_row_count_off_the_kernels_tile_is_computed_whole(planes: int) -> None:
-    """The kernel takes output rows four at a time; the last tile may be short (the layer
-    refuses such shapes for torch's sake, so this calls the kernel directly)."""
-    weights = _weights(10, 576, seed=4, planes=planes)
+@pytest.mark.parametrize("k", [576, 4096])
+def test_a_row_count_off_the_kernels_tile_is_computed_whole(planes: int, k: int) -> None:
+    """The kernel takes output rows four at a time (one token) or two (several, from 4096 inputs on
+    AVX-512); the last tile may be short (the layer refuses such shapes for torch's sake, so this
+    calls the kernel directly). Each token still gets the bits it gets alone."""
+    weights = _weights(11, k, seed=4, planes=planes)
     packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, planes)
-    bias = torch.randn(10)
-    x = torch.randn(3, 576)
-    y = cpu_linear.linear(packed, table, bias, 576, planes)(x)
+    bias = torch.randn(11)
+    x = torch.randn(3, k)
+    f = cpu_linear.linear(packed, table, bias, k, planes)
+    y = f(x)
     err = (y - bias - _reference(weights, x)).abs()
     assert bool((err <= _int8_bound(weights, x)).all())
+    assert torch.equal(y, torch.cat([f(x[i : i + 1]) for i in range(3)]))
 
 
 def test_a_zero_group_of_activations_gives_exact_zeros() -> None:

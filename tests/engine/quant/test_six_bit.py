@@ -93,17 +93,17 @@ def test_outputs_are_the_dequantized_product_of_the_rounded_activations(n: int, 
     assert float((f(x).double() - want).abs().max()) <= 1e-5 * float(want.abs().max())
 
 
-@pytest.mark.parametrize("k", [256, 8960])
-def test_each_token_gets_the_same_bits_in_a_pass_of_any_size_and_any_thread_count(k: int) -> None:
-    weights = six_bit(48, k, seed=7)
-    f = Int4Linear.fuse([Int4Linear(weights, torch.randn(48), CPU)])
+@pytest.mark.parametrize("k, n", [(256, 48), (8960, 48)])
+def test_each_token_gets_the_same_bits_in_a_pass_of_any_size_and_any_thread_count(k: int, n: int) -> None:
+    weights = six_bit(n, k, seed=7)
+    f = Int4Linear.fuse([Int4Linear(weights, torch.randn(n), CPU)])
     x = torch.randn(35, k) * torch.logspace(-3, 2, 35).unsqueeze(1)
     alone = torch.cat([f(x[i : i + 1]) for i in range(35)])
     threads = torch.get_num_threads()
     try:
         for count in (1, 2):
             torch.set_num_threads(count)
-            for m in (1, 2, 3, 4, 5, 32, 33, 35):
+            for m in (1, 2, 3, 4, 5, 6, 7, 32, 33, 35):
                 assert torch.equal(f(x[:m]), alone[:m]), (count, m)
     finally:
         torch.set_num_threads(threads)
