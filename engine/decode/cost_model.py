@@ -33,7 +33,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.decode.pass_costs import WINDOW, PassCosts, Stretch
+from engine.decode.pass_costs import MIN_SAMPLES, WINDOW, PassCosts, Stretch
 from engine.events import PLAIN_REPLY, TOO_NOISY, TOO_SHORT, DraftOrigin, Mode, OriginFigures, ReplyStats
 
 EMA = 0.2  # weight of the newest sample in the running draft-step average
@@ -50,6 +50,12 @@ SPEEDUP_MAX_RELATIVE_SE = 0.25
 """The largest standard error, relative to the figure, at which a speedup is shown (two standard
 errors then span ±50% of it); above it the speedup is None and ``speedup_note`` says
 :data:`~engine.events.TOO_NOISY`. The app on a loaded machine showed "1.07× ± 3.22"."""
+
+REFRESH_EVERY = 6
+"""Every this many rounds (once the pass line is sound) adaptive K tries a neighbour of its best K
+(one more, then one less), so that the costs it compares stay measured: on coder, slow passes
+of three tokens in the first rounds after a prompt held K at 1 for a whole reply (31 tok/s
+where K = 2 made 35), since K = 2 was never tried again to show it had got cheaper."""
 
 LOOKUP_TRUSTED = 4
 """Before anything is measured, a lookup match of at least this many tokens is taken over
@@ -134,6 +140,12 @@ class CostModel:
     overheads: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))  # bookkeeping per round
     positions: dict[int, PositionCounts] = field(default_factory=dict)  # by Draft.key
     rounds_since_plain: int = 1 << 30  # rounds since the last one-token pass (calibration schedule)
+    _refreshes: int = 0  # refresh rounds so far (they alternate one more, one less)
+    draft_rounds: dict[int, deque[float]] = field(default_factory=dict)
+    """Draft time of the draft model's rounds by K (the newest :data:`WINDOW` of each). A round's
+    first draft pass catches the draft up on what it has not seen: two tokens after a round whose
+    K were all accepted, which is most rounds at small K, so a round of K costs more than K steps,
+    and more so the smaller K is. A K's own median is its cost once it has :data:`MIN_SAMPLES`."""
 
     def observe(
         self, proposed: int, n_accepted: int, draft_s: float, verify_s: float, other_s: float, key: int = 0,
@@ -150,6 +162,7 @@ class CostModel:
         if not free:
             per_step = draft_s / proposed
             self.draft_step_s = per_step if self.draft_step_s is None else (1 - EMA) * self.draft_step_s + EMA * per_step
+            self.draft_rounds.setdefault(proposed, deque(maxlen=WINDOW)).append(draft_s)
         self.positions.setdefault(key, PositionCounts()).add(proposed, n_accepted)
 
     @property
@@ -192,26 +205,46 @@ class CostModel:
         """Estimated cost of a target pass over ``fed`` tokens, for choosing K (None before any pass)."""
         return self.passes.predict(fed)
 
-    def round_cost(self, k: int, step: float) -> float:
-        """Predicted seconds of a round of K drafted tokens: K draft steps, a pass of K + 1, bookkeeping."""
-        return k * step + (self.pass_cost(k + 1) or 0.0) + self.overhead_s
+    def draft_cost(self, k: int, step: float) -> float:
+        """Seconds of the draft model's part of a round of K: the median of K's own rounds once
+        measured (:attr:`draft_rounds`), else K steps of ``step``."""
+        samples = self.draft_rounds.get(k)
+        if samples is not None and len(samples) >= MIN_SAMPLES:
+            return statistics.median(samples)
+        return k * step
+
+    def draft_measured(self, k: int) -> bool:
+        """Whether rounds of K have given the draft's cost at K (:meth:`draft_cost`)."""
+        return len(self.draft_rounds.get(k, ())) >= MIN_SAMPLES
+
+    def round_cost(self, k: int, step: float, model: bool = False) -> float:
+        """Predicted seconds of a round of K drafted tokens: the draft's part (``model``: the draft
+        model's, :meth:`draft_cost`; else K steps of ``step``), a pass of K + 1, bookkeeping."""
+        drafting = self.draft_cost(k, step) if model else k * step
+        return drafting + (self.pass_cost(k + 1) or 0.0) + self.overhead_s
 
     def choose_k(
-        self, k_min: int, k_max: int, key: int = 0, draft_step_s: float | None = None, explore: bool = False
+        self, k_min: int, k_max: int, key: int = 0, draft_step_s: float | None = None, explore: bool = False,
+        refresh: bool = False,
     ) -> int:
         """K in ``[k_min, k_max]`` maximising expected tokens per second of a round.
 
-        Rate(K) = expected_tokens(K) / (K * draft_step + t(K + 1) + overhead),
-        with acceptance measured per draft position for drafts of kind ``key``
-        and t from the fitted line (:meth:`PassCosts.predict`; never the
-        one-token cost, which takes another kernel). ``draft_step_s``
-        overrides the measured draft cost (0 for a drafter whose proposals are
+        Rate(K) = expected_tokens(K) / (draft(K) + t(K + 1) + overhead),
+        with acceptance measured per draft position for drafts of kind ``key``,
+        t from the fitted line (:meth:`PassCosts.predict`; never the
+        one-token cost, which takes another kernel) and draft(K) the draft model's
+        measured rounds of K (:meth:`draft_cost`). ``draft_step_s``
+        overrides the draft's cost with this much a step (0 for a drafter whose proposals are
         free: K is then bounded by the match and the verification cost only).
         Before anything is measured, start in the middle of the range.
-        ``explore``: while the line is not sound, answer one more than the best
-        K, so that a second pass size gets measured (a line through one size
-        and one-token passes once held K at 1: the step from the one-token
-        kernel to the multi-token one read as a steep cost per token).
+
+        ``explore`` (a round that may try another K): while the line is not sound, one more
+        than the best K, so that a second pass size gets measured (a line through one size
+        and one-token passes once held K at 1: the step from the one-token kernel to the
+        multi-token one read as a steep cost per token); then a neighbour of the best K whose
+        draft cost is not measured yet. ``refresh``: a neighbour of the best K even when
+        measured (one more, or one less on every other call), so old samples do not decide
+        forever (:data:`REFRESH_EVERY`).
         """
         if k_max <= k_min:
             return k_min
@@ -221,6 +254,14 @@ class CostModel:
         best_k = best[0]
         if explore and not self.passes.line_sound:
             return min(best_k + 1, k_max)
+        if explore and draft_step_s is None:
+            for k in (best_k + 1, best_k - 1):
+                if k_min <= k <= k_max and not self.draft_measured(k):
+                    return k
+        if refresh:
+            self._refreshes += 1
+            down = self._refreshes % 2 == 0 and best_k > k_min
+            return best_k - 1 if down else min(best_k + 1, k_max)
         return best_k
 
     def _best(self, k_min: int, k_max: int, key: int, draft_step_s: float | None) -> tuple[int, float] | None:
@@ -232,7 +273,7 @@ class CostModel:
         accept = self.acceptance(k_max, key)
         best_k, best_rate = k_min, -1.0
         for k in range(k_min, k_max + 1):
-            rate = expected_tokens(accept, k) / max(self.round_cost(k, step), 1e-9)
+            rate = expected_tokens(accept, k) / max(self.round_cost(k, step, model=draft_step_s is None), 1e-9)
             if rate > best_rate:
                 best_k, best_rate = k, rate
         return best_k, best_rate

@@ -13,7 +13,7 @@ from __future__ import annotations
 from engine.decode.pass_costs import MIN_PLAIN
 from engine.decode.drafters import Drafter
 from engine.events import GenerationParams, Mode
-from engine.decode.cost_model import CostModel
+from engine.decode.cost_model import REFRESH_EVERY, CostModel
 from engine.decode.auto_switch import AutoSwitch
 
 
@@ -39,7 +39,7 @@ class Schedule:
             return params.k
         if drafter.free_proposals:
             return params.k_max
-        return self.costs.choose_k(params.k_min, params.k_max, explore=self.explore())
+        return self.costs.choose_k(params.k_min, params.k_max, explore=self.explore(), refresh=self.refresh())
 
     def free_k(self, params: GenerationParams, proposed: int, key: object) -> int:
         """K for a free draft of ``proposed`` tokens: the match and the fitted verification
@@ -53,8 +53,13 @@ class Schedule:
         return params.k is None and self.costs.lookup_pays(params.k_min, params.k_max, proposed, key)
 
     def explore(self) -> bool:
-        """Every third round, while the pass-cost line is not sound, try one K more."""
+        """Every third round may try a K not measured yet (:meth:`CostModel.choose_k`)."""
         return self.costs.passes.passes % 3 == 2
+
+    def refresh(self) -> bool:
+        """Every :data:`~engine.decode.cost_model.REFRESH_EVERY` rounds, once the pass line is
+        sound, try a neighbour of the best K again."""
+        return self.costs.passes.line_sound and self.costs.passes.passes % REFRESH_EVERY == REFRESH_EVERY - 1
 
     def calibrating(self, mode: Mode) -> bool:
         """Whether this speculative round runs as a plain step to measure the plain step."""

@@ -29,14 +29,14 @@ def test_expected_tokens_matches_the_closed_form() -> None:
         assert abs(expected_tokens([alpha] * k, k) - closed) < 1e-12
 
 
-def feed(costs: CostModel, accept_prob: float, rounds: int = 200, k: int = 4) -> None:
-    """Synthetic rounds: draft step 10 ms, target pass 50 ms + 5 ms per extra token."""
+def feed(costs: CostModel, accept_prob: float, rounds: int = 200, k: int = 4, step: float = 0.010) -> None:
+    """Synthetic rounds: draft step ``step`` (10 ms), target pass 50 ms + 5 ms per extra token."""
     rng = random.Random(0)
     for _ in range(rounds):
         n = 0
         while n < k and rng.random() < accept_prob:
             n += 1
-        costs.observe(k, n, draft_s=0.010 * k, verify_s=0.050 + 0.005 * k, other_s=0.001)
+        costs.observe(k, n, draft_s=step * k, verify_s=0.050 + 0.005 * k, other_s=0.001)
     costs.observe(0, 0, draft_s=0.0, verify_s=0.050, other_s=0.001)
 
 
@@ -53,8 +53,7 @@ def test_adaptive_k_is_large_when_acceptance_is_high_and_small_when_low() -> Non
 def test_adaptive_k_stays_within_bounds_and_accounts_for_draft_cost() -> None:
     cheap, dear = CostModel(), CostModel()
     feed(cheap, 0.8)
-    feed(dear, 0.8)
-    dear.draft_step_s = 0.2  # a draft step four times a target pass
+    feed(dear, 0.8, step=0.2)  # a draft step four times a target pass
     assert 2 <= cheap.choose_k(2, 3) <= 3
     assert dear.choose_k(1, 8) == 1
     assert cheap.choose_k(1, 8) > dear.choose_k(1, 8)
