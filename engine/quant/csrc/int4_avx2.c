@@ -91,8 +91,10 @@ const char *specchat_kernel_variant(void) {
 #else
 #define MROWS 1     /* AVX2's 16 registers: one row at a time */
 #endif
-#define WIDE_K 4096 /* inputs from which a pass of several tokens takes MROWS rows a tile: below it the MB tokens'
-                     * activations fit L1 anyway, and one row streams faster */
+#define WIDE_X 24576 /* bytes of a pass's int8 activations (tokens x inputs) from which it takes MROWS rows a tile:
+                      * below, they stay in L1 anyway and one row streams faster (the 0.5B draft's down, 4864
+                      * inputs, two tokens: 1.38x slower in tiles; coder's down, 8960 inputs: 0.81x at three) */
+#define WIDE_K 4096  /* ... and 6-bit rows from this many inputs, at any count (coder's Q6_K down: 0.65x at two) */
 #define ACC (MROWS * MB > ROWS ? MROWS * MB : ROWS) /* accumulators a tile has at most: rows x tokens */
 #if SPECCHAT_VNNI
 #define LONG_ROW 512  /* on the VNNI machine measured (AMD Zen 4, a shared host), rows from 512 bytes read from
@@ -557,7 +559,7 @@ static inline void tile_dot(const weights_t *wt, int rows, int mb, int64_t tile,
     TILE_DOT(DOTS);
 }
 
-/* tile_dot for several tokens over rows of WIDE_K inputs or more, in tiles of MROWS rows: not inlined, so
+/* tile_dot for several tokens over long rows (WIDE_X, WIDE_K), in tiles of MROWS rows: not inlined, so
  * that its copies leave the code of every other shape as it was (inlined, they slowed the rest by 5-10%). */
 static __attribute__((noinline)) void tile_dot_wide(const weights_t *wt, int rows, int mb, int64_t n0, const int8_t *xq,
                                                     const float *dx, const float *xs, const float *halves, __m256 *acc,
@@ -578,13 +580,21 @@ static int run(const weights_t *wt, const float *bias, int64_t N, const float *x
     for (int64_t m0 = 0; m0 < M; m0 += MCHUNK) {
         const int64_t m1 = m0 + MCHUNK < M ? m0 + MCHUNK : M;
         const int tiled = wt->row_bytes < LONG_ROW || (wt->kind == INT6 && wt->row_bytes >= SIX_TILE_ROW);
-        const int wide = MROWS > 1 && m1 - m0 > 1 && K >= WIDE_K;
+        const int64_t pass_tokens = m1 - m0 < MB ? m1 - m0 : MB;
+        const int wide = MROWS > 1 && m1 - m0 > 1 && (pass_tokens * K > WIDE_X || (wt->kind == INT6 && K >= WIDE_K));
         const int64_t tile = wide ? MROWS : m1 - m0 > 1 || !tiled ? 1 : ROWS;
         const int64_t tiles = (N + tile - 1) / tile;
 #pragma omp parallel for schedule(static) num_threads(threads)
         for (int64_t t = 0; t < tiles; t++) {
             const int64_t n0 = t * tile;
             const int rows = (int)(N - n0 < tile ? N - n0 : tile);
+            if (m1 - m0 == 1) { /* one token (a decoding step): its own call, the shape known here */
+                __m256 acc[ACC], zacc[ACC];
+                zero_rows(acc, zacc);
+                tile_dot(wt, rows, 1, tile, n0, xq + m0 * K, dx + m0 * G, xs + m0 * G, halves + m0 * H, acc, zacc);
+                store_rows(rows, 1, acc, zacc, bias, n0, y + m0 * ldy, ldy, accumulate);
+                continue;
+            }
             /* the block's tokens in passes of at most MB, as even as they go (5 tokens: 3 + 2, not 4 + 1: a
              * pass of one token costs nearly a pass of two, and a pass of four more than two of two) */
             const int64_t passes = (m1 - m0 + MB - 1) / MB;
