@@ -309,6 +309,15 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return _output(report, args)
 
 
+def kernel_line(machine: dict[str, Any]) -> str | None:
+    """Which CPU kernel ran and the CPU's features (None off the CPU): figures from two machines are
+    not comparable without them (an AVX2-only kernel ran coder at half llama.cpp's speed on AVX-512)."""
+    if machine.get("device_type", "cpu") != "cpu" or "cpu_kernel" not in machine:
+        return None
+    flags = " ".join(machine.get("cpu_features") or ()) or "none of those the kernel looks for"
+    return f"CPU kernel {machine['cpu_kernel']}; CPU flags: {flags}"
+
+
 def _output(report: dict[str, Any], args: argparse.Namespace) -> int:
     """Files first (a closed stdout must not lose them), then the table, then any mismatch, loudly."""
     from app.bench.exact import format_flips
@@ -321,6 +330,9 @@ def _output(report: dict[str, Any], args: argparse.Namespace) -> int:
         print(write_chart(results, args.chart), file=sys.stderr)
     print(inert(f"{report['profile']['name']}: {report['profile']['target']} + {report['profile']['drafter']} "
                 f"on {report['machine']['device']}, {args.max_new_tokens} new tokens, {args.repeats} repeat(s)"))
+    kernel = kernel_line(report["machine"])
+    if kernel:
+        print(inert(kernel))
     print(format_table(results))
     print()
     print(format_class_speedups(results))

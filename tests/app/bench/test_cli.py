@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from app.bench.cli import _output, format_class_speedups, format_mismatches, format_table, parse_k_range
+from app.bench.cli import _output, format_class_speedups, format_mismatches, format_table, kernel_line, parse_k_range
 from app.bench.stats import mismatches, reference_outputs, summarise
 from app.cli import main
 from engine.errors import SpecChatError
@@ -67,7 +67,9 @@ def test_mismatches_are_reported_with_where_they_start() -> None:
 
 def report(found: list[dict[str, Any]], flips: list[dict[str, Any]]) -> dict[str, Any]:
     return {"results": summarise(RUNS), "profile": {"name": "tiny", "target": "org/T", "drafter": "model"},
-            "machine": {"device": "cpu (1 threads)"}, "mismatches": found, "near_tie_flips": flips}
+            "machine": {"device": "cpu (1 threads)", "device_type": "cpu", "cpu_kernel": "avx512-vnni",
+                        "cpu_features": ["avx2", "fma", "avx512_vnni"]},
+            "mismatches": found, "near_tie_flips": flips}
 
 
 def test_output_writes_the_json_first_and_exits_1_on_a_mismatch(tmp_path: Path,
@@ -77,9 +79,16 @@ def test_output_writes_the_json_first_and_exits_1_on_a_mismatch(tmp_path: Path,
     assert _output(report(found, []), args) == 1
     assert json.loads((tmp_path / "bench.json").read_text())["mismatches"][0]["first_difference"] == 2
     out, err = capsys.readouterr()
-    assert out.startswith("tiny: org/T + model on cpu (1 threads), 8 new tokens, 2 repeat(s)\n" + HEAD)
+    assert out.startswith("tiny: org/T + model on cpu (1 threads), 8 new tokens, 2 repeat(s)\n"
+                          "CPU kernel avx512-vnni; CPU flags: avx2 fma avx512_vnni\n" + HEAD)
     assert "speedup by class" in out
     assert f"JSON written to {tmp_path / 'bench.json'}" in err and "!!! 1 greedy output(s) differ" in err
+
+
+def test_a_card_run_names_no_cpu_kernel() -> None:
+    assert kernel_line({"device": "cuda:0 (NVIDIA H100)", "device_type": "cuda", "cpu_kernel": "avx2"}) is None
+    assert kernel_line({"device": "cpu (2 threads)", "device_type": "cpu", "cpu_kernel": "torch",
+                        "cpu_features": []}) == "CPU kernel torch; CPU flags: none of those the kernel looks for"
 
 
 def test_near_tie_flips_are_a_note_and_do_not_fail(capsys: pytest.CaptureFixture[str]) -> None:
