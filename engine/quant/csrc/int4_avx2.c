@@ -14,7 +14,8 @@
  *
  * The same driver (run) multiplies 8-bit weights (dot_rows8: two int4 planes joined) and a GGUF's Q6_K
  * as 6-bit codes (dot_rows6). One token takes ROWS weight rows at a time; several take one row at a
- * time with up to MB tokens, the row's codes unpacked once for them.
+ * time (on AVX-512 two, where their activations outgrow L1) with up to MB tokens, each row's codes
+ * unpacked once for them.
  *
  * Batch invariance: y[m, n] is computed by the same instructions in the same order whatever M
  * and whatever the thread count (one thread computes a whole output; x's quantization is per
@@ -569,7 +570,8 @@ static __attribute__((noinline)) void tile_dot_wide(const weights_t *wt, int row
 
 /* y [M, N] (rows ldy apart) = x @ W.T (+ bias) for any kind of weights: x's rows quantized once, then
  * blocks of MCHUNK tokens. One token: tiles of ROWS output rows (one row for long rows), one thread a tile.
- * Several: one output row at a time with up to MB tokens, so each row's codes are unpacked once for them.
+ * Several: one output row at a time (two where the activations outgrow L1, WIDE_X) with up to MB tokens, so each
+ * row's codes are unpacked once for them.
  * Either way each output gets the same instructions (dot_rows), so a token's bits never depend on M. */
 static int run(const weights_t *wt, const float *bias, int64_t N, const float *x, int64_t M, float *y, int64_t ldy,
                int threads, const float *norm, float eps, int accumulate, int gated) {
