@@ -6,10 +6,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.model.kv import GrowingKV
 from engine.model.lean import lean_forward
 from engine.quant.int4 import Int4Linear, quantize_model, quantize_weight8
-from tests.engine.model.test_lean import _model
+from tests.engine.model.test_lean import LOCKSTEP_PASSES, _model, lockstep
 
 
 @pytest.mark.parametrize("split_v", [False, True])
@@ -26,15 +25,12 @@ def test_one_call_a_layer_gives_the_python_calls_bits(split_v: bool, int4_kernel
     assert one is not None and calls is not None and one.native_layers is not None
     assert [layer.n_qkv for layer in one.native_layers] == [2 if split_v else 1] * 2
     calls.native_layers = None
-    caches = GrowingKV(2), GrowingKV(2)
-    gen = torch.Generator().manual_seed(7)
-    start = 0
-    with torch.no_grad():
-        for n in (40, 1, 1, 5, 3, 1):
-            ids = torch.randint(0, 96, (1, n), generator=gen)
-            got, want = one(ids, caches[0], start, n), calls(ids, caches[1], start, n)
-            assert torch.equal(got, want)
-            start += n
+
+    def equal(got: torch.Tensor, want: torch.Tensor) -> None:
+        assert torch.equal(got, want)
+
+    caches = lockstep(one, calls, seed=7, check=equal)
+    start = sum(LOCKSTEP_PASSES)
     for ours, theirs in zip(caches[0].layers, caches[1].layers, strict=True):
         assert ours.length == theirs.length == start
         assert torch.equal(ours.k[:, :, :start], theirs.k[:, :, :start])

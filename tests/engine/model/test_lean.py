@@ -1,11 +1,14 @@
 """The lean forward pass computes what transformers computes, over the same weights and cache."""
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 from transformers import AutoModelForCausalLM, DynamicCache, LlamaConfig, Qwen2Config
 
 from engine.model.device import Device
+from engine.model.kv import GrowingKV
 from engine.model.lean import LeanForward, lean_forward
 from engine.quant.int4 import quantize_model
 from engine.decode.runner import ModelRunner
@@ -21,6 +24,26 @@ def _model(kind: str) -> torch.nn.Module:
         for p in model.parameters():
             p.normal_(0.0, 0.3)
     return model
+
+
+LOCKSTEP_PASSES = (40, 1, 1, 5, 3, 1)
+"""A prompt, one-token steps and verify-sized passes."""
+
+
+def lockstep(a: LeanForward, b: LeanForward, seed: int,
+             check: Callable[[torch.Tensor, torch.Tensor], None]) -> tuple[GrowingKV, GrowingKV]:
+    """Feed two forwards of one two-layer model the same random ids in passes of
+    :data:`LOCKSTEP_PASSES` tokens, each over a cache of its own; ``check(a's logits, b's)`` after
+    every pass. Returns the two caches."""
+    caches = GrowingKV(2), GrowingKV(2)
+    gen = torch.Generator().manual_seed(seed)
+    start = 0
+    with torch.no_grad():
+        for n in LOCKSTEP_PASSES:
+            ids = torch.randint(0, 96, (1, n), generator=gen)
+            check(a(ids, caches[0], start, n), b(ids, caches[1], start, n))
+            start += n
+    return caches
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])  # qwen2: q/k/v biases
@@ -176,8 +199,6 @@ def test_the_native_attention_step_computes_what_the_torch_ops_compute(int4_kern
     (engine/model/cpu_attention.py); through prefill, steps and verify-sized passes the logits
     are the torch ops' to float rounding, and the first layer's cached keys (roped from the same
     q/k/v) are the same bit for bit."""
-    from engine.model.lean import GrowingKV
-
     if int4_kernel != "specchat":
         pytest.skip("the attention step runs beside specchat's int4 kernel")
     model = _model("qwen2")
@@ -185,13 +206,9 @@ def test_the_native_attention_step_computes_what_the_torch_ops_compute(int4_kern
     native, ops = lean_forward(model), lean_forward(model)
     assert native is not None and ops is not None and native.native_attention
     ops.native_attention = False
-    caches = GrowingKV(2), GrowingKV(2)
-    gen = torch.Generator().manual_seed(6)
-    start = 0
-    with torch.no_grad():
-        for n in (40, 1, 1, 5, 3, 1):
-            ids = torch.randint(0, 96, (1, n), generator=gen)
-            got, want = native(ids, caches[0], start, n), ops(ids, caches[1], start, n)
-            assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
-            start += n
+
+    def close(got: torch.Tensor, want: torch.Tensor) -> None:
+        assert torch.allclose(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
+
+    caches = lockstep(native, ops, seed=6, check=close)
     assert torch.equal(caches[0].layers[0].keys, caches[1].layers[0].keys)  # the first layer's: rope alike
