@@ -140,7 +140,6 @@ class CostModel:
     overheads: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))  # bookkeeping per round
     positions: dict[int, PositionCounts] = field(default_factory=dict)  # by Draft.key
     rounds_since_plain: int = 1 << 30  # rounds since the last one-token pass (calibration schedule)
-    _refreshes: int = 0  # refresh rounds so far (they alternate one more, one less)
     draft_rounds: dict[int, deque[float]] = field(default_factory=dict)
     """Draft time of the draft model's rounds by K (the newest :data:`WINDOW` of each). A round's
     first draft pass catches the draft up on what it has not seen: two tokens after a round whose
@@ -258,9 +257,8 @@ class CostModel:
             for k in (best_k + 1, best_k - 1):
                 if k_min <= k <= k_max and not self.draft_measured(k):
                     return k
-        if refresh:
-            self._refreshes += 1
-            down = self._refreshes % 2 == 0 and best_k > k_min
+        if refresh:  # one refresh a REFRESH_EVERY passes: one more, then one less, in turn
+            down = (self.passes.passes // REFRESH_EVERY) % 2 == 1 and best_k > k_min
             return best_k - 1 if down else min(best_k + 1, k_max)
         return best_k
 
