@@ -8,7 +8,7 @@ import random
 
 import pytest
 
-from engine.decode.cost_model import CostModel, PositionCounts, ReplyTally, expected_tokens
+from engine.decode.cost_model import REFRESH_EVERY, CostModel, PositionCounts, ReplyTally, expected_tokens
 from engine.decode.pass_costs import MIN_PLAIN
 
 # The int4 pocket target as the lead measured it: 1 token 10 ms, 5 tokens 16 ms.
@@ -250,3 +250,23 @@ def test_a_reply_with_no_rounds_has_no_rates() -> None:
     assert (snap.alpha, snap.alpha_per_token, snap.tau, snap.tokens_per_s, snap.itl_ms) == (None,) * 5
     assert snap.mode_tokens == () and snap.plain_measured_tokens_per_s is None
     assert snap.speculation_off_reason == "switched off"
+
+
+def test_a_refresh_round_lets_a_k_measured_only_when_slow_win_again() -> None:
+    """coder's trace: the first passes of three tokens after a prompt were slow (58 ms, 48 later),
+    K = 1 looked best from then on and K = 2 was never measured again. A refresh round tries the
+    neighbour; once its new rounds outnumber the slow ones, it wins."""
+    costs = CostModel()
+    for _ in range(MIN_PLAIN):
+        costs.observe(0, 0, 0.0, 0.036, 0.0)
+    for accepted in (2, 1, 2):
+        costs.observe(2, accepted, 0.0285, 0.058, 0.0)
+    for _ in range(20):
+        costs.observe(1, 1, 0.015, 0.043, 0.0)
+    assert costs.passes.passes // REFRESH_EVERY % 2 == 0  # this refresh tries one more
+    assert costs.choose_k(1, 8) == 1
+    assert costs.choose_k(1, 8, refresh=True) == 2
+    for accepted in (2, 2, 1, 2):
+        costs.observe(2, accepted, 0.0245, 0.048, 0.0)
+    assert costs.choose_k(1, 8) == 2
+    assert costs.choose_k(1, 8, refresh=True) in (1, 3)  # the neighbours, in turn
