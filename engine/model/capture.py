@@ -11,6 +11,13 @@ the :class:`~engine.decode.runner.ModelRunner` whose cache the passes write:
   each verify pass ``(K + 1, K + 1)`` for ``K = 1 .. k_max`` of the schedule; a draft's
   catch-up over the target's token and its own last one ``(2, 1)``. Anything else (prefill
   chunks, a draft lagging behind a lookup's round) runs eagerly.
+* **over which keys** (:func:`attention_span`): a pass attends over the first ``span`` keys of
+  the window, the tokens cached so far rounded up to a step of a quarter of their power of two
+  (at least :data:`SPAN_STEP`), so a graph is captured per shape and span. Attention over the
+  whole window at every step cost an H200 1.8 ms a token on a 4,096-token window, three times
+  the rest of the pass (docs/gpu.md); a span reads fewer than 256 keys past the cached ones up
+  to 1,024, and less than a third of its keys beyond. Captures of the :data:`SPANS_HELD` spans used last are kept, older ones dropped (a new
+  chat starts over at the smallest span; a capture costs 0.01-0.1 s).
 * **when**: lazily, at a shape's first use (a pass that was never needed costs nothing),
   after the cache exists (the first prefill allocates it eagerly).
 * **with what**: per shape, static input buffers, ids ``[1, T]`` and positions ``[T]``, which
@@ -47,16 +54,33 @@ WARMUP_RUNS = 2
 """Eager runs on a side stream before a capture: lazily created kernels, cuBLAS workspaces and
 autotuning happen there, not inside the graph (PyTorch's recipe)."""
 
+SPAN_STEP = 256
+"""The smallest span of keys a captured pass attends over (:func:`attention_span`)."""
+SPANS_HELD = 2
+"""Spans whose captures are kept (the current one and the last before it)."""
+
 Shape = tuple[int, int]
 """``(T, keep)``: new tokens fed and rows of logits kept."""
-StaticPass = Callable[[torch.Tensor, Any, torch.Tensor, int], torch.Tensor]
-"""``f(ids [1, T], cache, positions [T], keep) -> logits [1, keep, V]`` (``LeanForward.static_pass``)."""
+StaticPass = Callable[[torch.Tensor, Any, torch.Tensor, int, int], torch.Tensor]
+"""``f(ids [1, T], cache, positions [T], keep, span) -> logits [1, keep, V]`` (``LeanForward.static_pass``:
+attention over the first ``span`` keys of the cache)."""
 
 
 def capture_shapes(k_max: int) -> frozenset[Shape]:
     """The shapes worth capturing for a schedule drafting at most ``k_max`` tokens a round:
     ``(1, 1)``, ``(2, 1)`` and ``(K + 1, K + 1)`` for ``K = 1 .. k_max``."""
     return frozenset({(1, 1), (2, 1), *((k + 1, k + 1) for k in range(1, k_max + 1))})
+
+
+def attention_span(end: int, window: int) -> int:
+    """How many keys a captured pass whose last token sits at position ``end - 1`` attends over:
+    ``end`` rounded up to a multiple of ``max(SPAN_STEP, 2**(bit_length(end - 1) - 2))`` (at most
+    four spans an octave: fewer than 256 keys past ``end`` up to 1,024, under a third of the span
+    beyond), never past ``window``."""
+    if end < 1:
+        raise ValueError(f"a pass ends at a position of at least 1, got {end}")
+    step = max(SPAN_STEP, 1 << max(0, (end - 1).bit_length() - 2))
+    return min(window, -(-end // step) * step)
 
 
 def graphs_disabled() -> bool:
@@ -76,7 +100,7 @@ class GraphBackend(Protocol):
         ...
 
     def release(self) -> None:
-        """Forget everything captured (its memory may be freed)."""
+        """Forget everything captured (its memory may be freed once the replays are dropped)."""
         ...
 
 
@@ -89,7 +113,6 @@ class CudaGraphs:
     def __init__(self, device: torch.device) -> None:
         self.device = device
         self._pool: Any = None
-        self._graphs: list[Any] = []
 
     def capture(self, fn: Callable[[], torch.Tensor]) -> tuple[Callable[[], torch.Tensor], torch.Tensor]:
         if not torch.cuda.is_available():
@@ -106,17 +129,15 @@ class CudaGraphs:
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self._pool):
             out = fn()
-        self._graphs.append(graph)
         graph.replay()  # the capture ran nothing; this computes the pass the caller asked for
 
         def replay() -> torch.Tensor:
             graph.replay()
             return out
 
-        return replay, out
+        return replay, out  # the replay holds the graph: dropping it frees the graph
 
     def release(self) -> None:
-        self._graphs.clear()
         self._pool = None
 
 
@@ -139,7 +160,8 @@ class PassCapture:
         self.reason = off_reason
         """Why passes run eagerly (None while capture is on); see :meth:`take_notice`."""
         self._untold = off_reason is not None
-        self._captured: dict[Shape, _Captured] = {}
+        self._captured: dict[tuple[int, int, int], _Captured] = {}  # (T, keep, span)
+        self._spans: list[int] = []  # spans captured, the last used last
         self._cache: Any = None
         self._generation = -1
         self.captures = 0
@@ -153,19 +175,37 @@ class PassCapture:
         return self.backend is not None and self.reason is None
 
     def captured_shapes(self) -> frozenset[Shape]:
-        return frozenset(self._captured)
+        """The ``(T, keep)`` shapes captured for some span."""
+        return frozenset((t, keep) for t, keep, _ in self._captured)
+
+    def captured_spans(self) -> list[int]:
+        """The spans whose captures are held, the last used last."""
+        return list(self._spans)
 
     def set_shapes(self, shapes: Iterable[Shape]) -> None:
         """Capture ``shapes`` from now on; drops captures of shapes no longer wanted."""
         self.shapes = frozenset(shapes)
-        for shape in [s for s in self._captured if s not in self.shapes]:
-            del self._captured[shape]
+        for key in [k for k in self._captured if k[:2] not in self.shapes]:
+            del self._captured[key]
 
     def invalidate(self) -> None:
         """What the passes compute changed (a restricted head): capture each shape again at its next use."""
         self._captured.clear()
+        self._spans.clear()
         if self.backend is not None:
             self.backend.release()
+
+    def _use_span(self, span: int) -> None:
+        """``span`` is the one in use: keep the captures of the :data:`SPANS_HELD` spans used last."""
+        if self._spans and self._spans[-1] == span:
+            return
+        if span in self._spans:
+            self._spans.remove(span)
+        self._spans.append(span)
+        for old in self._spans[:-SPANS_HELD]:
+            for key in [k for k in self._captured if k[2] == old]:
+                del self._captured[key]
+        del self._spans[:-SPANS_HELD]
 
     def take_notice(self) -> str | None:
         """Why captured passes are off, the first time it is asked after that was decided."""
@@ -186,9 +226,11 @@ class PassCapture:
         if cache is not self._cache or cache.generation != self._generation:  # new buffers: old graphs are stale
             self.invalidate()
             self._cache, self._generation = cache, cache.generation
-        entry = self._captured.get(shape)
+        span = attention_span(start + shape[0], cache.window)
+        self._use_span(span)
+        entry = self._captured.get((*shape, span))
         if entry is None:
-            return self._capture(shape, static_pass, cache, input_ids, start)
+            return self._capture(shape, span, static_pass, cache, input_ids, start)
         self._fill(entry, input_ids, start)
         self.replays += 1
         return entry.replay().clone()
@@ -198,7 +240,7 @@ class PassCapture:
         entry.ids.copy_(input_ids, non_blocking=True)
         torch.add(entry.offsets, start, out=entry.positions)
 
-    def _capture(self, shape: Shape, static_pass: StaticPass, cache: Any, input_ids: torch.Tensor,
+    def _capture(self, shape: Shape, span: int, static_pass: StaticPass, cache: Any, input_ids: torch.Tensor,
                  start: int) -> torch.Tensor | None:
         assert self.backend is not None
         t, keep = shape
@@ -207,16 +249,17 @@ class PassCapture:
         self._fill(entry, input_ids, start)
         began = time.perf_counter()
         try:
-            entry.replay, out = self.backend.capture(lambda: static_pass(entry.ids, cache, entry.positions, keep))
+            entry.replay, out = self.backend.capture(lambda: static_pass(entry.ids, cache, entry.positions, keep, span))
         except Exception as exc:  # noqa: BLE001 - any failure to capture means eager passes, said once
             self.disable(f"captured passes off, eager from now on (capturing a {t}-token pass failed: "
                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no message'})")
             return None
-        self._captured[shape] = entry
+        self._captured[(t, keep, span)] = entry
         self.captures += 1
         seconds = time.perf_counter() - began
         self.capture_s += seconds
-        log.info("captured the %d-token pass (%d rows of logits) with %s in %.2f s", t, keep, self.backend.name, seconds)
+        log.info("captured the %d-token pass (%d rows of logits, %d keys) with %s in %.2f s", t, keep, span,
+                 self.backend.name, seconds)
         return out.clone()
 
     def disable(self, reason: str) -> None:

@@ -329,9 +329,10 @@ class LeanForward:
             cache: holds every position below ``positions[0]``; the new keys are written at
                 ``positions`` (its length is the caller's to advance).
             positions: ``[T]`` long positions on the model's device.
-            length: an eager pass's ``positions[-1] + 1``: attention reads the first ``length`` keys
-                only (a prefill chunk need not score the empty rest of the window). None: the
-                whole window (a captured pass, whose positions the host does not know).
+            length: attention reads the first ``length`` keys only, at least ``positions[-1] + 1``:
+                an eager pass's exact end (a prefill chunk need not score the empty rest of the
+                window), a captured pass's span (:func:`engine.model.capture.attention_span`, one
+                graph serving every position up to it). None: the whole window.
         Returns:
             ``[1, keep, V]`` logits of the last ``keep`` rows.
 

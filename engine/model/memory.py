@@ -29,6 +29,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from engine.errors import MemoryPlanError
+from engine.model.capture import SPANS_HELD
 from engine.model.published import PUBLISHED_CONFIGS, published_config
 
 __all__ = ["PUBLISHED_CONFIGS", "published_config"]  # re-exported: the plan's figures are checked against them
@@ -220,17 +221,19 @@ def estimate_activation_bytes(config: Any, context_length: int, dtype: str, logi
 
 
 def estimate_graph_bytes(config: Any, context_length: int, dtype: str, k_max: int) -> int:
-    """The memory pool of one runner's captured passes (shapes of :func:`engine.model.capture.capture_shapes`;
-    they share a pool and never run at once): the widest pass's working set (``k_max + 1`` rows of
-    one block, and attention's fp32 scores and probabilities over the window as SDPA's math
-    kernel builds them) plus every pass's output logits, which stay allocated (fp32, ``keep`` rows
-    each: ``1 + 1 + 2 + … + (k_max + 1)``)."""
+    """The memory pool of one runner's captured passes (shapes of :func:`engine.model.capture.capture_shapes`
+    at each of the :data:`~engine.model.capture.SPANS_HELD` spans held; they share a pool and never
+    run at once): the widest pass's working set (``k_max + 1`` rows of one block, and attention's
+    fp32 scores and probabilities over the window as SDPA's math kernel builds them) plus every
+    pass's output logits, which stay allocated (fp32, ``keep`` rows each: ``1 + 1 + 2 + … + (k_max + 1)``
+    a span)."""
+
     cfg = _text_config(config)
     name = config_dtype(config) if dtype == "auto" else dtype
     rows = k_max + 1
     block = rows * (4 * int(cfg.hidden_size) + 3 * int(cfg.intermediate_size)) * DTYPE_BYTES[name]
     scores = 2 * int(cfg.num_attention_heads) * rows * context_length * 4
-    outputs = (1 + rows * (rows + 1) // 2) * int(cfg.vocab_size) * 4
+    outputs = SPANS_HELD * (1 + rows * (rows + 1) // 2) * int(cfg.vocab_size) * 4
     return block + scores + outputs
 
 

@@ -14,7 +14,8 @@ from engine.decode.decoder import SpecDecoder
 from engine.decode.drafters import ModelDrafter, NgramDrafter
 from engine.decode.runner import ModelRunner
 from engine.events import GenerationParams
-from engine.model.capture import CudaGraphs, PassCapture, RecordingBackend, capture_shapes
+from engine.model.capture import (SPAN_STEP, SPANS_HELD, CudaGraphs, PassCapture, RecordingBackend,
+                                  attention_span, capture_shapes)
 from engine.model.device import Device
 from engine.model.kv import StaticKV
 from tests.tiny import noisy_copy, tiny_llama
@@ -69,7 +70,8 @@ def test_each_shape_is_captured_once_at_first_use_and_replays_equal_eager_passes
 def test_a_replay_reads_the_static_buffers_it_was_captured_with() -> None:
     seen: list[tuple[torch.Tensor, torch.Tensor]] = []
 
-    def static_pass(ids: torch.Tensor, cache: object, positions: torch.Tensor, keep: int) -> torch.Tensor:
+    def static_pass(ids: torch.Tensor, cache: object, positions: torch.Tensor, keep: int, span: int) -> torch.Tensor:
+        assert span == 16  # the window: the smallest span is larger
         seen.append((ids, positions))
         return (ids.float() * 100 + positions.float()).unsqueeze(-1)[:, -keep:]
 
@@ -82,6 +84,39 @@ def test_a_replay_reads_the_static_buffers_it_was_captured_with() -> None:
     assert first.flatten().tolist() == [704, 805, 906] and second.flatten().tolist() == [109, 210, 311]
     assert all(ids is seen[0][0] and pos is seen[0][1] for ids, pos in seen)  # the same buffers every time
     assert capture.run(static_pass, cache, torch.tensor([[1, 2, 3, 4, 5, 6]]), 9, 1) is None  # not a captured shape
+
+
+def test_a_span_covers_every_cached_key_and_wastes_under_a_step_or_a_third() -> None:
+    assert [attention_span(n, 4096) for n in (1, 256, 257, 512, 513, 1024, 1025, 2049, 4096)] == [
+        256, 256, 512, 512, 768, 1024, 1536, 3072, 4096]
+    assert attention_span(300, 300) == 300 and attention_span(5, 100) == 100  # never past the window
+    spans = [attention_span(n, 1 << 15) for n in range(1, 1 << 15)]
+    assert all(s >= n for n, s in enumerate(spans, start=1))
+    assert all(s - n < SPAN_STEP for n, s in enumerate(spans, start=1) if n <= 4 * SPAN_STEP)
+    assert all((s - n) * 3 < s for n, s in enumerate(spans, start=1) if n > 4 * SPAN_STEP)
+    assert len(set(spans)) <= 4 * 7 + 1  # four spans an octave from 256 to 32,768, and 256
+    with pytest.raises(ValueError):
+        attention_span(0, 16)
+
+
+def test_a_reply_crossing_spans_captures_each_span_and_keeps_the_last_two() -> None:
+    target = tiny_llama(seed=1)
+    target.config.max_position_embeddings = 1024  # the window (rope has no limit of its own)
+    prompt = [(7 * i) % 90 + 3 for i in range(250)]
+    expected, _ = reply(SpecDecoder(target, CPU), prompt, max_new_tokens=24)
+    backend = RecordingBackend()
+    decoder = SpecDecoder(target, captured(backend), NgramDrafter())
+    decoder.set_speculation(False)
+    got, notices = reply(decoder, prompt, max_new_tokens=24)  # positions 250 .. 273: spans 256 and 512
+    assert got == expected and notices == []
+    capture = decoder.target.capture
+    assert capture.captured_spans() == [256, 512] and capture.captured_shapes() == {(1, 1)}
+    assert capture.captures == 2  # the one-token step once a span
+    longer = [(5 * i) % 80 + 3 for i in range(600)]  # a new chat: 600 .. 611 lie in span 768
+    again, _ = reply(decoder, longer, max_new_tokens=12)
+    assert again == reply(SpecDecoder(target, CPU), longer, max_new_tokens=12)[0]
+    assert capture.captured_spans()[-1] == 768 and len(capture.captured_spans()) <= SPANS_HELD
+    assert len({k[2] for k in capture._captured}) <= SPANS_HELD  # older spans' graphs are dropped
 
 
 def test_a_new_window_or_head_makes_the_runner_capture_again(target) -> None:

@@ -179,9 +179,10 @@ def test_captured_passes_add_their_pool_to_each_models_resident_bytes() -> None:
     assert eager.target.graph_bytes == 0 and eager.draft is not None and eager.draft.graph_bytes == 0
     assert captured.draft is not None
     # Qwen2.5-7B, k_max 8: 9 rows of a block in bf16, fp32 scores over 4096 keys for 28 heads,
-    # and 1 + 1 + 2 + ... + 9 rows of fp32 logits over 152,064 tokens that every capture keeps.
+    # and 1 + 1 + 2 + ... + 9 rows of fp32 logits over 152,064 tokens that every capture keeps,
+    # at each of the two spans of keys held.
     rows = 9
-    expected = rows * (4 * 3584 + 3 * 18944) * 2 + 2 * 28 * rows * 4096 * 4 + (1 + 45) * 152064 * 4
+    expected = rows * (4 * 3584 + 3 * 18944) * 2 + 2 * 28 * rows * 4096 * 4 + 2 * (1 + 45) * 152064 * 4
     assert captured.target.graph_bytes == expected
     assert captured.target.resident_bytes == eager.target.resident_bytes + expected
     assert captured.planned_bytes == eager.planned_bytes + expected + captured.draft.graph_bytes
