@@ -380,6 +380,8 @@ def main() -> int:
     ap.add_argument("--phase", choices=("pair", "gguf", "speed", "all"), default="all",
                     help="pair: the card, the kernel and the built models; gguf: SmolLM2's GGUF only; "
                          "speed: one table, specchat against transformers (the pair, and the GGUF if given)")
+    ap.add_argument("--speed-groups", default="pair,pair-int4,pocket,pocket-bf16",
+                    help="the speed phase's groups (scripts/gpu_speed.py GROUPS); pocket's need --gguf")
     ap.add_argument("--quick", action="store_true", help="fewer tokens and prompts (the CPU dry run)")
     a = ap.parse_args()
     a.out.mkdir(parents=True, exist_ok=True)
@@ -402,7 +404,7 @@ def main() -> int:
         big = build_pair(work / "big", hidden=256 if a.quick else 2048, draft_layers=1 if a.quick else 6,
                          extra_layers=0, seed=1)
         small = build_pair(work / "small", hidden=128, draft_layers=1, extra_layers=0, seed=1)[0]
-    elif a.phase == "speed":
+    elif a.phase == "speed" and any(g.startswith("pair") for g in a.speed_groups.split(",")):
         pair = build_pair(work / "pair", hidden=512 if a.quick else 1024, draft_layers=2, extra_layers=6)
         big, small = (work / "big" / "target",), work / "small" / "target"
     else:
@@ -424,9 +426,10 @@ def main() -> int:
         sys.path.insert(0, str(REPO / "scripts"))
         import gpu_speed
 
+        groups = [g for g in a.speed_groups.split(",") if g and (gguf is not None or not g.startswith("pocket"))]
         check("speed")(lambda: {"rows": [{k: v for k, v in r.items() if k != "ids"}
-                                         for r in gpu_speed.speed_phase(models, device, gguf is not None, a.out,
-                                                                            16 if a.quick else 128)]})()
+                                         for r in gpu_speed.speed_phase(models, device, groups, a.out,
+                                                                        16 if a.quick else 128)]})()
     if gguf is not None and a.phase in ("gguf", "all"):
         ask = "Write a Python function that checks whether a string is a palindrome, then explain it."
         for profile in ("pocket-int4", "pocket-bf16"):

@@ -59,7 +59,9 @@ def specchat_reply(engine: Any, prompt: list[int], device: torch.device, max_new
     ids: list[int] = []
     began = 0.0
     first = 0
-    for event in engine.generate_ids(prompt, GenerationParams(max_new_tokens=max_new)):
+    # No stop token (an id no vocabulary has): every reply runs ``max_new`` tokens, as
+    # transformers' rows do with ``min_new_tokens`` (the random pair says its EOS after ~50).
+    for event in engine.generate_ids(prompt, GenerationParams(max_new_tokens=max_new, stop_token_ids=(-1,))):
         if not ids:
             _sync(device)
             began, first = time.perf_counter(), len(event.token_ids)
@@ -77,10 +79,23 @@ def specchat_row(label: str, engine: Any, prompt: list[int], device: torch.devic
     runners = [engine.decoder.target, *([engine.decoder.drafter.runner] if hasattr(engine.decoder.drafter, "runner") else [])]
     captured = {f"{'target' if i == 0 else 'draft'}": {"cache": type(r.cache).__name__, "shapes": sorted(r.capture.captured_shapes()),
                                                      "captures": r.capture.captures, "replays": r.capture.replays,
+                                                     "capture_s": round(r.capture.capture_s, 2),
                                                      "off": r.capture.reason} for i, r in enumerate(runners)}
     first = None if plain is None else next((i for i, (a, b) in enumerate(zip(plain, ids)) if a != b), None)
-    return {"row": label, "tok_s": round(rate, 1), **prof, "ids": ids,
-            "same_as_plain": None if plain is None else (ids == plain), "first_difference": first, "captured": captured}
+    return shown({"row": label, "tok_s": round(rate, 1), "tokens": len(ids), **prof, "ids": ids,
+                  "same_as_plain": None if plain is None else (ids == plain), "first_difference": first,
+                  "captured": captured})
+
+
+HEAD = ("row", "tok_s", "tokens", "kernel_ms_per_token", "kernels_per_token", "launches_per_token", "same_as_plain")
+
+
+def shown(row: dict[str, Any]) -> dict[str, Any]:
+    """Print ``row`` as a line of the table at once (a run cut short by its time limit keeps the
+    rows it finished) and return it."""
+    print("| " + " | ".join(str(row.get(k, row.get("error", "") if k == "tok_s" else "")) for k in HEAD) + " |",
+          flush=True)
+    return row
 
 
 def transformers_row(label: str, model: Any, prompt: list[int], device: torch.device, static: bool,
@@ -103,54 +118,86 @@ def transformers_row(label: str, model: Any, prompt: list[int], device: torch.de
     n = run()
     _sync(device)
     rate = n / (time.perf_counter() - began)  # the prefill included: a prompt of a few dozen tokens
-    return {"row": label, "tok_s": round(rate, 1), **profiled(run, device)}
+    return shown({"row": label, "tok_s": round(rate, 1), "tokens": n, **profiled(run, device)})
 
 
-def speed_phase(models: Path, device: torch.device, with_gguf: bool, out: Path, max_new: int = MAX_NEW) -> list[dict[str, Any]]:
-    """Every row of the table, printed and written to ``out / gpu_speed.json``. Without a card the
-    compiled baseline is left out (a dry run of the script, not a figure)."""
+GROUPS: dict[str, tuple[str, str, bool, str | None, bool]] = {
+    # name: (group, profile loaded for plain, whether its drafter is n-gram, a model-drafted profile
+    #        of the same target, whether transformers' rows run on it)
+    "pair": ("pair bf16", "pair-ngram", True, "pair-bf16", True),
+    "pair-int4": ("pair int4", "pair-int4", False, None, False),
+    "pocket": ("pocket int4", "pocket-int4", True, None, False),
+    "pocket-bf16": ("pocket bf16", "pocket-bf16", True, "pocket-selfdraft", True),
+}
+"""What ``--speed-groups`` can name: each group's rows share one target and one plain reply."""
+
+
+def prompt_ids(engine: Any, text: str) -> list[int]:
+    """``text`` as a user's message through the tokenizer's chat template where it has one (an
+    instruct model answers a bare prompt with its end-of-turn token), else the bare ids."""
+    from engine.chat.text import render_prompt
+    from engine.events import ChatMessage
+
+    if getattr(engine.tokenizer, "chat_template", None):
+        return render_prompt(engine.tokenizer, [ChatMessage(role="user", content=text)])
+    return list(engine.tokenizer(text)["input_ids"])
+
+
+def speed_phase(models: Path, device: torch.device, groups: list[str], out: Path,
+                max_new: int = MAX_NEW) -> list[dict[str, Any]]:
+    """Every row of ``groups`` (keys of :data:`GROUPS`), printed and written to
+    ``out / gpu_speed-<groups>.json``. Per group: specchat plain with captured passes, the same
+    engine's plain with capture turned off (eager passes over the same static cache), its
+    speculative row(s), and transformers' eager and static-cache compiled ``generate`` on the
+    same bf16 model object. Without a card the compiled baseline is left out (a dry run of the
+    script, not a figure)."""
     from engine.config.models_file import load_profiles
     from engine.load.loader import load_engine
 
     profiles = load_profiles(models)
-    groups = [("pair bf16", "pair-bf16", "pair-ngram")]
-    if with_gguf:
-        groups += [("pocket int4", None, "pocket-int4"), ("pocket bf16", None, "pocket-bf16")]
+    text = "Write a Python function that merges two sorted lists, then explain how it works."
     rows: list[dict[str, Any]] = []
-    for name, model_profile, ngram_profile in groups:
-        engine = load_engine(profiles.get(ngram_profile))
-        text = "Write a Python function that merges two sorted lists, then explain how it works."
-        prompt = list(engine.tokenizer(text)["input_ids"])
+    for key in groups:
+        name, plain_profile, ngram, model_profile, with_hf = GROUPS[key]
+        engine = load_engine(profiles.get(plain_profile))
+        prompt = prompt_ids(engine, text)
         engine.set_speculation(False)
         plain = specchat_row(f"{name}: specchat plain", engine, prompt, device, None, max_new)
         engine.set_speculation(True)
-        rows += [plain, specchat_row(f"{name}: specchat n-gram", engine, prompt, device, plain["ids"], max_new)]
-        if not name.endswith("int4"):  # transformers' rows on the bf16 weights only
+        rows += [plain, specchat_row(f"{name}: specchat {'n-gram' if ngram else 'spec-adaptive'}", engine, prompt,
+                                     device, plain["ids"], max_new)]
+        if with_hf:  # transformers' rows on the bf16 weights only
             model = engine.decoder.target.model
             for static in (False, True) if device.type == "cuda" else (False,):
                 try:
                     rows.append(transformers_row(f"{name}: transformers {'static, compiled' if static else 'eager'}",
                                                  model, prompt, device, static, max_new))
                 except Exception as exc:  # noqa: BLE001 - a baseline that breaks is a finding, not the end
-                    rows.append({"row": f"{name}: transformers {'static' if static else 'eager'}", "error": repr(exc)[:300]})
+                    rows.append(shown({"row": f"{name}: transformers {'static' if static else 'eager'}",
+                                       "error": repr(exc)[:300]}))
+        if engine.decoder.target.capture.active:  # last: turning capture off is for good
+            engine.decoder.target.capture.disable("off for the eager row")
+            engine.set_speculation(False)
+            rows.append(specchat_row(f"{name}: specchat plain, capture off", engine, prompt, device, plain["ids"], max_new))
         engine.close()
         if model_profile is not None:
             engine = load_engine(profiles.get(model_profile))
-            rows.append(specchat_row(f"{name}: specchat spec-adaptive", engine, prompt, device, plain["ids"], max_new))
+            rows.append(specchat_row(f"{name}: specchat spec-adaptive ({model_profile})", engine, prompt, device,
+                                     plain["ids"], max_new))
             engine.close()
         del engine
         torch.cuda.empty_cache() if device.type == "cuda" else None
     print_table(rows)
-    (out / "gpu_speed.json").write_text(json.dumps(rows, indent=1, default=str))
+    (out / f"gpu_speed-{'-'.join(groups)}.json").write_text(json.dumps(rows, indent=1, default=str))
     return rows
 
 
 def print_table(rows: list[dict[str, Any]]) -> None:
-    head = ("row", "tok_s", "kernel_ms_per_token", "kernels_per_token", "launches_per_token", "same_as_plain")
-    print("| " + " | ".join(head) + " |")
-    print("|" + " --- |" * len(head))
+    """The whole table again, once every row is in."""
+    print("| " + " | ".join(HEAD) + " |")
+    print("|" + " --- |" * len(HEAD))
     for r in rows:
-        print("| " + " | ".join(str(r.get(k, r.get("error", "") if k == "tok_s" else "")) for k in head) + " |", flush=True)
+        shown(r)
     plain_rates = [r["tok_s"] for r in rows if r.get("row", "").endswith("specchat plain")]
     if plain_rates:
         print(f"specchat plain, median over models: {statistics.median(plain_rates)} tok/s", flush=True)
