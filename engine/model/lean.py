@@ -135,14 +135,13 @@ def _separate(modules: list[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor
 
 
 def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm: torch's fused kernel in float32 (bit for bit the same
-    here on 200 random rows, one call instead of seven), op for op in half precision."""
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, (x.shape[-1],), weight, eps)
-    dtype = x.dtype
-    x32 = x.to(torch.float32)
-    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-    return weight * x32.to(dtype)
+    """transformers' LlamaRMSNorm in one call of torch's kernel (which computes in float32 whatever
+    ``x``'s dtype). In float32 bit for bit transformers' (200 random rows here); in half
+    precision it rounds once where transformers rounds twice (before and after the weight), one
+    unit in the last place on a quarter of the outputs, for one kernel on a card instead of eight
+    (a norm was 16 of a layer's 31 ops: scripts/pass_ops.py). Every pass of specchat's own,
+    plain or speculative, eager or captured, takes this norm, so they agree with each other."""
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
 
 
 def _finish_layer(layer: _Layer, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
