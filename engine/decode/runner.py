@@ -25,7 +25,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from engine.errors import ContextLengthError
-from engine.model.capture import PassCapture, capture_shapes
+from engine.model.capture import CompiledPass, PassCapture, capture_shapes, compile_backend
 from engine.model.device import Device, ids_tensor
 from engine.model.kv import GrowingKV, StaticKV
 from engine.model.lean import lean_forward
@@ -88,6 +88,11 @@ class ModelRunner:
         backend, off = device.graph_backend() if self.static else (None, None)
         self.capture = PassCapture(backend, capture_shapes(DEFAULT_K_MAX), off)
         """The captured passes over the static cache (none over a growing one)."""
+        compiler = compile_backend() if self.static else None
+        self._static_pass = (CompiledPass(self._lean.static_pass, compiler) if compiler is not None and self._lean
+                             else self._lean.static_pass if self._lean is not None else None)
+        """Every pass over the static cache, captured or eager: ``LeanForward.static_pass``, or its
+        compiled version (``SPECCHAT_COMPILE``)."""
         self.cache = self._new_cache()
         # Width of the logits (may exceed the tokenizer's vocabulary: padding rows).
         self.vocab_size = int(model.config.get_text_config().vocab_size)
@@ -220,10 +225,18 @@ class ModelRunner:
                     f"{len(self)} cached tokens and {int(input_ids.shape[1])} new ones do not fit the "
                     f"{self.cache.window}-token window this model's cache was allocated for; start a new chat "
                     "or raise the profile's context_length")
-            logits = self.capture.run(self._lean.static_pass, self.cache, input_ids, len(self), keep)
-            if logits is not None:
-                self.cache.advance(int(input_ids.shape[1]))
-                return logits
+            assert self._static_pass is not None
+            t, start = int(input_ids.shape[1]), len(self)
+            logits = self.capture.run(self._static_pass, self.cache, input_ids, start, keep)
+            if logits is None:
+                positions = torch.arange(start, start + t, device=input_ids.device)
+                logits = self._static_pass(input_ids, self.cache, positions, keep, start + t)
+            failure = getattr(self._static_pass, "failure", None)
+            if failure:
+                self.capture.note(failure)
+                self._static_pass.failure = None  # type: ignore[union-attr]
+            self.cache.advance(t)
+            return logits
         return self._lean(input_ids, self.cache, len(self), keep, row_exact=row_exact)  # type: ignore[misc]
 
     def prefill(self, ids: Sequence[int]) -> None:
@@ -279,6 +292,7 @@ class ModelRunner:
         self._ids, self._pending, self._pending_n = [], [], 0
         self.model = None  # type: ignore[assignment]
         self._lean = None
+        self._static_pass = None
 
 
 def _layer_length(layer: object) -> int:

@@ -34,6 +34,13 @@ the :class:`~engine.decode.runner.ModelRunner` whose cache the passes write:
 The backend does the recording: :class:`CudaGraphs` (``torch.cuda.CUDAGraph``, one memory pool
 per runner), or a stand-in with the same interface that records captures and calls the
 function on the static buffers (the CPU tests' :class:`RecordingBackend`).
+
+Captured or not, a static pass may go through ``torch.compile`` first (:class:`CompiledPass`,
+``SPECCHAT_COMPILE=1``): its fusion joins the norms, rope, SwiGLU and residual adds into fewer
+kernels, which a graph then replays. Every static pass of the runner (prefill chunks and
+uncaptured widths too) takes the compiled function, so plain and speculative passes compute
+alike; one compile serves every width (``dynamic=True``; one token and the whole window are
+compiled apart). A compile that fails leaves the uncompiled pass for good, said once.
 """
 from __future__ import annotations
 
@@ -81,6 +88,52 @@ def attention_span(end: int, window: int) -> int:
         raise ValueError(f"a pass ends at a position of at least 1, got {end}")
     step = max(SPAN_STEP, 1 << max(0, (end - 1).bit_length() - 2))
     return min(window, -(-end // step) * step)
+
+
+COMPILE_ENV = "SPECCHAT_COMPILE"
+"""``1``: static passes through ``torch.compile`` (inductor); another value names the backend."""
+
+
+def compile_backend() -> str | None:
+    """The ``torch.compile`` backend ``SPECCHAT_COMPILE`` asks for: None when unset or ``0``,
+    ``inductor`` for ``1``, else the value as it is (``aot_eager``: the CPU tests)."""
+    value = os.environ.get(COMPILE_ENV, "").strip().lower()
+    if value in ("", "0", "false", "off", "no"):
+        return None
+    return "inductor" if value in ("1", "true", "on", "yes") else value
+
+
+class CompiledPass:
+    """A :data:`StaticPass` through ``torch.compile`` (``fullgraph``, ``dynamic``), falling back to
+    the uncompiled pass for good at its first failure (:attr:`failure` says why, for the runner
+    to tell once). An out-of-memory error is not a compile failure: it propagates."""
+
+    def __init__(self, fn: StaticPass, backend: str | Callable[..., Any]) -> None:
+        self.fn = fn
+        self._compiled: Callable[..., torch.Tensor] | None = torch.compile(fn, backend=backend, fullgraph=True,
+                                                                          dynamic=True)
+        self.failure: str | None = None
+        """Why passes are no longer compiled, until the runner took it (then None again)."""
+
+    @property
+    def compiled(self) -> bool:
+        return self._compiled is not None
+
+    def __call__(self, ids: torch.Tensor, cache: Any, positions: torch.Tensor, keep: int, span: int) -> torch.Tensor:
+        if self._compiled is not None:
+            try:
+                return self._compiled(ids, cache, positions, keep, span)
+            except torch.OutOfMemoryError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - any compile failure means uncompiled passes, said once
+                self._compiled = None
+                root: BaseException = exc  # dynamo wraps the compiler's own error: say that one
+                while (inner := getattr(root, "inner_exception", None) or root.__cause__) is not None:
+                    root = inner
+                first = str(root).strip().splitlines()[0] if str(root).strip() else "no message"
+                self.failure = f"compiled passes off, uncompiled from now on ({type(root).__name__}: {first[:200]})"
+                log.warning("%s", self.failure)
+        return self.fn(ids, cache, positions, keep, span)
 
 
 def graphs_disabled() -> bool:
@@ -160,6 +213,7 @@ class PassCapture:
         self.reason = off_reason
         """Why passes run eagerly (None while capture is on); see :meth:`take_notice`."""
         self._untold = off_reason is not None
+        self._notes: list[str] = []
         self._captured: dict[tuple[int, int, int], _Captured] = {}  # (T, keep, span)
         self._spans: list[int] = []  # spans captured, the last used last
         self._cache: Any = None
@@ -208,11 +262,16 @@ class PassCapture:
         del self._spans[:-SPANS_HELD]
 
     def take_notice(self) -> str | None:
-        """Why captured passes are off, the first time it is asked after that was decided."""
-        if not self._untold:
-            return None
+        """Why captured passes are off, the first time it is asked after that was decided, and any
+        :meth:`note` not yet told."""
+        told = [self.reason] if self._untold and self.reason else []
         self._untold = False
-        return self.reason
+        told, self._notes = told + self._notes, []
+        return "; ".join(told) or None
+
+    def note(self, message: str) -> None:
+        """Something about this runner's passes the user should hear once (a compile that failed)."""
+        self._notes.append(message)
 
     def run(self, static_pass: StaticPass, cache: Any, input_ids: torch.Tensor, start: int,
             keep: int) -> torch.Tensor | None:

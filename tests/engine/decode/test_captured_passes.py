@@ -195,3 +195,47 @@ def test_a_captured_round_still_reads_back_once(target, monkeypatch) -> None:
     monkeypatch.undo()
     assert event.stats.proposed > 0 and decoder.target.capture.replays > 0
     assert transfers.calls == ["tolist", "tolist"]  # the draft's K picks, then the verdict
+
+
+def compiles() -> int:
+    import torch._dynamo.utils
+
+    return int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+
+
+def test_compiled_passes_give_the_eager_reply_and_compile_a_few_times_not_every_step(target, monkeypatch) -> None:
+    import torch._dynamo
+
+    monkeypatch.setenv("SPECCHAT_COMPILE", "aot_eager")  # dynamo's trace and aot's graphs, torch's own kernels
+    torch._dynamo.reset()
+    expected, _ = reply(SpecDecoder(target, CPU), PROMPT, max_new_tokens=30)
+    device = captured(RecordingBackend())
+    decoder = SpecDecoder(target, device, ModelDrafter(noisy_copy(target, 0.4, seed=3), device))
+    before = compiles()
+    got, notices = reply(decoder, PROMPT, max_new_tokens=30, k=3)
+    assert got == expected and notices == []
+    assert decoder.target._static_pass.compiled  # type: ignore[union-attr]
+    first = compiles() - before
+    assert 1 <= first <= 8  # per runner: one token, several (any width), the whole window
+    more, _ = reply(decoder, PROMPT + got + [4, 9], max_new_tokens=20, k=3)
+    assert more == reply(SpecDecoder(target, CPU), PROMPT + got + [4, 9], max_new_tokens=20)[0]
+    assert compiles() - before == first  # a second turn compiles nothing
+
+
+def test_a_compile_that_fails_leaves_uncompiled_passes_and_says_so_once(target, monkeypatch, caplog) -> None:
+    import engine.decode.runner as runner_module
+
+    def broken(graph: object, inputs: object) -> object:
+        raise RuntimeError("no compiler for this card")
+
+    monkeypatch.setattr(runner_module, "compile_backend", lambda: broken)
+    expected, _ = reply(SpecDecoder(target, CPU), PROMPT, max_new_tokens=20)
+    device = captured(RecordingBackend())
+    decoder = SpecDecoder(target, device, NgramDrafter())
+    with caplog.at_level(logging.WARNING, logger="engine.model.capture"):
+        got, notices = reply(decoder, PROMPT, max_new_tokens=20)
+        again, later = reply(decoder, PROMPT + got, max_new_tokens=5)
+    assert got == expected and later == []
+    assert len(notices) == 1 and "compiled passes off" in notices[0] and "no compiler for this card" in notices[0]
+    assert not decoder.target._static_pass.compiled  # type: ignore[union-attr]
+    assert decoder.target.capture.active  # capture itself goes on, over the uncompiled pass
