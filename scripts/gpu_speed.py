@@ -7,16 +7,20 @@ Each row: decode tok/s (one timed reply after two warm-ups; the first event, whi
 prefill, is not counted), then one more reply under ``torch.profiler``: kernel milliseconds a
 token, kernels a token and launches a token (``cudaLaunchKernel`` and ``cudaGraphLaunch`` calls
 on the host: what a captured pass saves). specchat's rows also say whether the reply equals the
-plain one (near-ties aside: docs/gpu.md) and how many passes were captured and replayed.
+plain one (near-ties aside: docs/gpu.md), how many passes were captured and replayed, whether
+they were compiled, and the two warm-ups' seconds (captures and compiles happen there).
+``--speed-groups`` picks the groups (:data:`GROUPS`); the ``*-compiled`` ones load with
+``SPECCHAT_COMPILE=1``.
 """
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 
@@ -72,17 +76,20 @@ def specchat_reply(engine: Any, prompt: list[int], device: torch.device, max_new
 
 def specchat_row(label: str, engine: Any, prompt: list[int], device: torch.device, plain: list[int] | None,
                  max_new: int = MAX_NEW) -> dict[str, Any]:
-    for _ in range(2):  # warm-ups: kernels loaded, passes captured
+    began = time.perf_counter()
+    for _ in range(2):  # warm-ups: kernels loaded, passes captured (and compiled)
         specchat_reply(engine, prompt, device, max_new)
+    warmup_s = time.perf_counter() - began
     ids, rate = specchat_reply(engine, prompt, device, max_new)
     prof = profiled(lambda: len(specchat_reply(engine, prompt, device, max_new)[0]), device)
     runners = [engine.decoder.target, *([engine.decoder.drafter.runner] if hasattr(engine.decoder.drafter, "runner") else [])]
     captured = {f"{'target' if i == 0 else 'draft'}": {"cache": type(r.cache).__name__, "shapes": sorted(r.capture.captured_shapes()),
                                                      "captures": r.capture.captures, "replays": r.capture.replays,
                                                      "capture_s": round(r.capture.capture_s, 2),
+                                                     "compiled": bool(getattr(r._static_pass, "compiled", False)),
                                                      "off": r.capture.reason} for i, r in enumerate(runners)}
     first = None if plain is None else next((i for i, (a, b) in enumerate(zip(plain, ids)) if a != b), None)
-    return shown({"row": label, "tok_s": round(rate, 1), "tokens": len(ids), **prof, "ids": ids,
+    return shown({"row": label, "tok_s": round(rate, 1), "tokens": len(ids), **prof, "warmup_s": round(warmup_s, 1), "ids": ids,
                   "same_as_plain": None if plain is None else (ids == plain), "first_difference": first,
                   "captured": captured})
 
@@ -121,13 +128,22 @@ def transformers_row(label: str, model: Any, prompt: list[int], device: torch.de
     return shown({"row": label, "tok_s": round(rate, 1), "tokens": n, **profiled(run, device)})
 
 
-GROUPS: dict[str, tuple[str, str, bool, str | None, bool]] = {
-    # name: (group, profile loaded for plain, whether its drafter is n-gram, a model-drafted profile
-    #        of the same target, whether transformers' rows run on it)
-    "pair": ("pair bf16", "pair-ngram", True, "pair-bf16", True),
-    "pair-int4": ("pair int4", "pair-int4", False, None, False),
-    "pocket": ("pocket int4", "pocket-int4", True, None, False),
-    "pocket-bf16": ("pocket bf16", "pocket-bf16", True, "pocket-selfdraft", True),
+class Group(NamedTuple):
+    name: str
+    plain_profile: str  # loaded for the plain row (and its own drafter's row)
+    ngram: bool  # whether that profile's drafter is n-gram
+    model_profile: str | None  # a model-drafted profile of the same target, or None
+    transformers: bool  # whether transformers' rows run on its bf16 model
+    compile: bool = False  # static passes through torch.compile (SPECCHAT_COMPILE=1)
+
+
+GROUPS: dict[str, Group] = {
+    "pair": Group("pair bf16", "pair-ngram", True, "pair-bf16", True),
+    "pair-int4": Group("pair int4", "pair-int4", False, None, False),
+    "pair-compiled": Group("pair bf16 compiled", "pair-ngram", True, "pair-bf16", False, compile=True),
+    "pocket": Group("pocket int4", "pocket-int4", True, None, False),
+    "pocket-bf16": Group("pocket bf16", "pocket-bf16", True, "pocket-selfdraft", True),
+    "pocket-compiled": Group("pocket int4 compiled", "pocket-int4", True, None, False, compile=True),
 }
 """What ``--speed-groups`` can name: each group's rows share one target and one plain reply."""
 
@@ -158,7 +174,11 @@ def speed_phase(models: Path, device: torch.device, groups: list[str], out: Path
     text = "Write a Python function that merges two sorted lists, then explain how it works."
     rows: list[dict[str, Any]] = []
     for key in groups:
-        name, plain_profile, ngram, model_profile, with_hf = GROUPS[key]
+        name, plain_profile, ngram, model_profile, with_hf, compiled = GROUPS[key]
+        if compiled:  # read by each runner as the engine loads
+            os.environ["SPECCHAT_COMPILE"] = "1"
+        else:
+            os.environ.pop("SPECCHAT_COMPILE", None)
         engine = load_engine(profiles.get(plain_profile))
         prompt = prompt_ids(engine, text)
         engine.set_speculation(False)
