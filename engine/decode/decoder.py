@@ -20,6 +20,7 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
+import torch
 from transformers import PreTrainedModel
 
 from engine.model.device import Device
@@ -27,12 +28,19 @@ from engine.decode.drafters import EMPTY_DRAFT, Draft, Drafter
 from engine.errors import ContextLengthError, EngineError, NonFiniteLogitsError
 from engine.events import NOT_PAYING, GenerationParams, Mode, RoundEvent, TokenSource
 from engine.decode.runner import ModelRunner
-from engine.decode.sampling import GumbelNoise, Randomness, make_randomness, warp
+from engine.decode.sampling import GumbelNoise, Randomness, make_randomness, to_host, warp
 from engine.decode.schedule import Schedule
 from engine.decode.cost_model import CostModel, ReplyTally
 from engine.decode.verify import Verdict, verify_coupled, verify_greedy, verify_sampled
 
 T = TypeVar("T")
+BURST = 8
+"""Plain greedy steps a round on a card. Each step's pick feeds the next pass on the device and the
+picks come back in one transfer, so the host queues step i + 1 while the card runs step i: at
+batch size one a card's step is short enough that the host's share (0.8 ms a token on an H200,
+docs/gpu.md) would otherwise add to it. The same passes as one step a round (the one-token
+pass, the same argmax), so the same tokens; a stop token ends the reply where it stands, the
+steps after it are cropped. On the CPU, whose passes are synchronous, one step a round."""
 TARGET_OOM = ("the target model ran out of memory; start a new chat (a shorter context), lower the "
               "profile's context_length, or choose a smaller quantization or profile")
 
@@ -92,6 +100,8 @@ class SpecDecoder:
         """The evidence behind an automatic switch-off."""
         self.fallback_reason: str | None = None
         """Why the drafter was dropped for good (out of memory)."""
+        self.burst = BURST if device.is_cuda else 1
+        """Plain greedy steps a round (:data:`BURST`)."""
 
     @property
     def mode(self) -> Mode:
@@ -168,7 +178,10 @@ class SpecDecoder:
             if cancel is not None and cancel.is_set():
                 yield RoundEvent((), (), stats.snapshot(), "cancelled", notice)
                 return
-            event, n_emitted = self._round(seq, params, generator, stats, round_index, produced, notice)
+            if self.burst > 1 and self.mode == "plain" and params.sampling.greedy:
+                event, n_emitted = self._burst_round(seq, params, stats, produced, notice)
+            else:
+                event, n_emitted = self._round(seq, params, generator, stats, round_index, produced, notice)
             notice = None
             produced += n_emitted
             yield event
@@ -260,6 +273,63 @@ class SpecDecoder:
             stats.speculation_off_detail = self.off_detail if self.fallback_reason is None else None
         event = RoundEvent(tuple(emitted), tuple(sources[: len(emitted)]), stats.snapshot(), finish, notice, origin)
         return event, len(emitted)
+
+    def _burst_round(self, seq: list[int], params: GenerationParams, stats: ReplyTally, produced: int,
+                     notice: str | None) -> tuple[RoundEvent, int]:
+        """Up to :attr:`burst` plain greedy steps read back at once (:data:`BURST`); extends ``seq``
+        in place. Counted as one plain round a token kept, each with the burst's mean step time."""
+        budget = params.max_new_tokens - produced
+        remaining = budget if self.window is None else min(budget, self.window - len(seq))
+        n = min(self.burst, remaining)
+        t_start = self.device.mark()
+        steps = lambda: self._plain_steps(seq, n)  # noqa: E731
+        tokens, dropped = self._guarded(steps, "out of memory while decoding", steps)
+        t_steps = self.device.mark()
+        emitted, finish = params.cut(tokens, remaining)
+        if finish == "length" and remaining < budget:
+            finish = "context"
+        seq.extend(emitted)
+        self.target.truncate(len(seq) - 1)
+        t_end = self.device.mark()
+        steps_s, other_s = self.device.seconds_between([t_start, t_steps, t_end])
+        step_s, other = steps_s / n, other_s / n
+        for _ in emitted:
+            self.costs.observe(0, 0, 0.0, step_s, other)
+            stats.record(0, 0, 0, 1, 0.0, step_s, other, mode="plain")
+            switched = self.schedule.verdict(params, "plain", 1, self.costs.plain_equivalent(0, step_s, step_s + other))
+            if switched is not None:  # a re-probe after an automatic switch-off: speculation is back
+                on, detail = switched
+                self.speculation_enabled, self.off_reason = on, None if on else NOT_PAYING
+                self.off_detail = None if on else detail
+                stats.speculation_off_reason = self.plain_reason
+                stats.speculation_off_detail = self.off_detail if self.fallback_reason is None else None
+                break
+        stats.mode = self.mode
+        notice = notice or dropped or self._capture_notice()
+        event = RoundEvent(tuple(emitted), ("target",) * len(emitted), stats.snapshot(), finish, notice, None)
+        return event, len(emitted)
+
+    def _plain_steps(self, seq: list[int], n: int) -> list[int]:
+        """``n`` greedy steps of the target after ``seq`` (``[L]`` ids; its cache holds all but the
+        last): returns the ``[n]`` picks. Each pick (``max`` over the ``[1, V]`` logits, as
+        :func:`~engine.decode.verify.verify_greedy` takes it) feeds the next one-token pass on
+        the device; the picks and their logits' finiteness come to the host in one transfer."""
+        self.target.truncate(len(seq) - 1)  # a retry after a failed step starts where the round did
+        if len(self.target) != len(seq) - 1:
+            raise AssertionError(f"target cache holds {len(self.target)} tokens, expected {len(seq) - 1}")
+        logits = self.target.forward([seq[-1]], logits_to_keep=1)
+        picks: list[torch.Tensor] = []
+        ok: torch.Tensor | None = None
+        for i in range(n):
+            best, choice = logits.max(dim=-1)
+            ok = torch.isfinite(best).all() if ok is None else ok & torch.isfinite(best).all()
+            picks.append(choice)
+            if i + 1 < n:
+                logits = self.target.forward(choice, logits_to_keep=1)
+        assert ok is not None
+        tokens = to_host(torch.cat(picks), ok)
+        self.target.resolve_pending(tokens[: n - 1])  # the runner holds them as device ids
+        return tokens
 
     def _runners(self) -> list[ModelRunner]:
         draft_runner = getattr(self.drafter, "runner", None)

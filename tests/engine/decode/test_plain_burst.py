@@ -1,0 +1,98 @@
+"""Plain greedy decoding in bursts (issue 35, item 3: no host sync per token): on a card, a plain
+round runs several one-token steps whose picks feed the next step on the device and come back
+in one transfer. Checked on the CPU with the burst forced on: the same tokens as one step a
+round, a stop token or the window ending the reply where it stands with the cache cropped
+behind it, one read-back a burst, and the tally counting a pass a token."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from engine.decode.decoder import BURST, SpecDecoder
+from engine.decode.drafters import NgramDrafter
+from engine.events import GenerationParams, SamplingParams
+from engine.model.capture import RecordingBackend
+from engine.model.device import Device
+from tests.engine.decode.test_gpu_syncs import Transfers
+from tests.tiny import tiny_llama
+
+CPU = Device(torch.device("cpu"))
+PROMPT = [3, 5, 7, 11, 13]
+
+
+@pytest.fixture(scope="module")
+def target() -> torch.nn.Module:
+    return tiny_llama(seed=1)
+
+
+def reply(decoder: SpecDecoder, prompt: list[int], **kw: object) -> tuple[list[int], list[object]]:
+    out: list[int] = []
+    events = []
+    for event in decoder.generate(prompt, GenerationParams(**kw)):
+        out += event.token_ids
+        events.append(event)
+    return out, events
+
+
+def bursting(target: torch.nn.Module, device: Device = CPU, burst: int = 4, **kw: object) -> SpecDecoder:
+    decoder = SpecDecoder(target, device, **kw)  # type: ignore[arg-type]
+    decoder.burst = burst
+    return decoder
+
+
+def test_a_card_bursts_and_the_cpu_does_not(target) -> None:
+    assert SpecDecoder(target, CPU).burst == 1
+    assert BURST > 1
+
+
+@pytest.mark.parametrize("device", [CPU, Device(torch.device("cpu"), static_cache=True, graphs=RecordingBackend())],
+                         ids=["growing cache", "captured static cache"])
+def test_bursts_give_the_tokens_of_one_step_a_round(target, device) -> None:
+    expected, _ = reply(SpecDecoder(target, CPU), PROMPT, max_new_tokens=30)
+    decoder = bursting(target, device, burst=4)
+    got, events = reply(decoder, PROMPT, max_new_tokens=30)
+    assert got == expected
+    assert [len(e.token_ids) for e in events] == [4] * 7 + [2]  # the last burst is cut to the budget
+    stats = events[-1].stats
+    assert stats.target_passes == 30 and stats.tau == 1.0 and stats.mode == "plain"
+    assert decoder.target.cached_length() == len(PROMPT) + 30 - 1  # all but the last token
+    turn = PROMPT + got + [4, 9]  # the next turn reuses the cache the bursts left
+    assert reply(decoder, turn, max_new_tokens=9)[0] == reply(SpecDecoder(target, CPU), turn, max_new_tokens=9)[0]
+
+
+def test_a_stop_token_inside_a_burst_ends_the_reply_there_and_crops_the_steps_after_it(target) -> None:
+    plain, _ = reply(SpecDecoder(target, CPU), PROMPT, max_new_tokens=30)
+    stop = plain[5]  # the sixth token: inside the second burst of four
+    expected, _ = reply(SpecDecoder(target, CPU), PROMPT, max_new_tokens=30, stop_token_ids=(stop,))
+    decoder = bursting(target, burst=4)
+    got, events = reply(decoder, PROMPT, max_new_tokens=30, stop_token_ids=(stop,))
+    assert got == expected and got[-1] == stop and events[-1].finish_reason == "eos"
+    assert decoder.target.ids == PROMPT + got[:-1]  # the steps past the stop token are gone
+    turn = PROMPT + got + [8]
+    assert reply(decoder, turn, max_new_tokens=6)[0] == reply(SpecDecoder(target, CPU), turn, max_new_tokens=6)[0]
+
+
+def test_a_burst_never_feeds_a_position_past_the_window(target) -> None:
+    decoder = bursting(target, burst=8, window=len(PROMPT) + 6)
+    got, events = reply(decoder, PROMPT, max_new_tokens=50)
+    assert len(got) == 6 and events[-1].finish_reason == "context"
+    assert got == reply(SpecDecoder(target, CPU), PROMPT, max_new_tokens=6)[0]
+
+
+def test_a_burst_reads_back_once(target, monkeypatch) -> None:
+    decoder = bursting(target, burst=6)
+    steps = decoder.generate(PROMPT, GenerationParams(max_new_tokens=24))
+    next(steps)  # the prefill and a first burst
+    transfers = Transfers(monkeypatch)
+    event = next(steps)
+    monkeypatch.undo()
+    assert len(event.token_ids) == 6 and transfers.calls == ["tolist"]  # six steps, one transfer
+
+
+def test_speculation_and_sampling_keep_their_rounds(target) -> None:
+    decoder = bursting(target, burst=4, drafter=NgramDrafter())
+    _, events = reply(decoder, [1, 2, 3, 1, 2, 3, 1, 2], max_new_tokens=12)
+    assert events[-1].stats.mode == "ngram" and events[-1].stats.rounds == len(events)  # a round an event, as before
+    sampled = bursting(target, burst=4)
+    _, events = reply(sampled, PROMPT, max_new_tokens=8, sampling=SamplingParams(temperature=0.8, seed=3))
+    assert all(len(e.token_ids) == 1 for e in events)  # one step a round: the burst is greedy only
