@@ -28,12 +28,19 @@ from engine.decode.drafters import EMPTY_DRAFT, Draft, Drafter
 from engine.errors import ContextLengthError, EngineError, NonFiniteLogitsError
 from engine.events import NOT_PAYING, GenerationParams, Mode, RoundEvent, TokenSource
 from engine.decode.runner import ModelRunner
+from engine.model.memory import PREFILL_CHUNK
 from engine.decode.sampling import GumbelNoise, Randomness, make_randomness, to_host, warp
 from engine.decode.schedule import Schedule
 from engine.decode.cost_model import CostModel, ReplyTally
 from engine.decode.verify import Verdict, verify_coupled, verify_greedy, verify_sampled
 
 T = TypeVar("T")
+PREFILL_PIECE = 32
+"""Prompt tokens a CPU reads between two looks at a reply's cancel flag: a prompt the cache cannot
+reuse (a conversation past the window drops its first messages) takes seconds to read, and Esc
+must stop it within about 0.1 s (pocket reads ~450 tokens/s on 2 cores, as fast in pieces of 32
+as of 512). A fixed size, so the same prompt is read the same way every time. A card reads
+pieces of :data:`~engine.model.memory.PREFILL_CHUNK`."""
 BURST = 8
 """Plain greedy steps a round on a card. Each step's pick feeds the next pass on the device and the
 picks come back in one transfer, so the host queues step i + 1 while the card runs step i: at
@@ -171,7 +178,7 @@ class SpecDecoder:
         stats.speculation_off_reason = self.plain_reason
         stats.speculation_off_detail = self.off_detail if self.fallback_reason is None else None
         start = self.device.mark()
-        notice = self._prefill(seq)
+        notice = self._prefill(seq, cancel)
         stats.prefill_s = self.device.seconds_between([start, self.device.mark()])[0]
         produced = 0
         for round_index in range(params.max_new_tokens):
@@ -380,11 +387,16 @@ class SpecDecoder:
         p = warp(logits, params.sampling)
         return verify_sampled(p, draft.tokens, draft.probs, generator, self.device)
 
-    def _prefill(self, seq: list[int]) -> str | None:
+    def _prefill(self, seq: list[int], cancel: threading.Event | None = None) -> str | None:
         """Feed the uncached part of the prompt, all but its last token, to the target and
-        then to the drafter (not billed as draft-step cost); returns an OOM fallback's notice."""
-        read = lambda: self.target.catch_up(seq)  # noqa: E731
+        then to the drafter (not billed as draft-step cost); returns an OOM fallback's notice.
+        With ``cancel``, the target reads the prompt in pieces (:data:`PREFILL_PIECE`) and
+        stops between two once it is set (the cache keeps what was read; the reply's first
+        round sees the flag and ends it)."""
+        read = (lambda: self.target.catch_up(seq)) if cancel is None else (lambda: self._read_prompt(seq, cancel))  # noqa: E731
         _, notice = self._guarded(read, "out of memory while reading the prompt", read)
+        if cancel is not None and cancel.is_set():
+            return notice
         if self.drafter is not None and self.speculation_enabled:
             _, dropped = self._guarded(
                 lambda: self.drafter.prefill(seq),  # type: ignore[union-attr]
@@ -393,6 +405,15 @@ class SpecDecoder:
             )
             notice = dropped or notice
         return notice
+
+    def _read_prompt(self, seq: list[int], cancel: threading.Event) -> None:
+        """:meth:`ModelRunner.catch_up` in pieces, ``cancel`` looked at before each."""
+        done = self.target.sync(seq, leave=1)
+        piece = PREFILL_CHUNK if self.device.is_cuda else PREFILL_PIECE
+        while done < len(seq) - 1 and not cancel.is_set():
+            end = min(done + piece, len(seq) - 1)
+            self.target.prefill(seq[done:end])
+            done = end
 
     def _guarded(self, step: Callable[[], T], reason: str, instead: Callable[[], T]) -> tuple[T, str | None]:
         """Run ``step``; on out-of-memory, or NaN/inf logits from the draft model, drop the

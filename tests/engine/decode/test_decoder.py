@@ -156,6 +156,41 @@ def test_cancel_between_rounds_keeps_the_engine_ready(target, drafts) -> None:
     assert decode(decoder, follow, GenerationParams(max_new_tokens=8, k=3))[0] == plain(target, follow, max_new_tokens=8)
 
 
+
+def tokens(events: object) -> list[int]:
+    return [t for e in events for t in e.token_ids]  # type: ignore[attr-defined]
+
+
+def test_esc_during_a_long_prompt_stops_the_reading_within_a_piece(target) -> None:
+    """A prompt the cache cannot reuse is read in pieces of PREFILL_PIECE tokens with the cancel
+    flag looked at between them (Esc took 1.2-3.7 s in the app once a conversation passed the
+    window and its whole prompt was read again): the reply ends cancelled at once, the cache
+    keeps what was read, and the next reply reuses it."""
+    from engine.decode.decoder import PREFILL_PIECE
+
+    prompt = [(7 * i) % 90 + 3 for i in range(300)]
+    decoder = SpecDecoder(target, CPU)
+    cancel = threading.Event()
+    pieces: list[int] = []
+    real = decoder.target.prefill
+
+    def reading(ids: list[int]) -> None:
+        pieces.append(len(ids))
+        real(ids)
+        if len(pieces) == 2:
+            cancel.set()  # Esc while the second piece is read
+
+    decoder.target.prefill = reading  # type: ignore[method-assign]
+    events = list(decoder.generate(prompt, GenerationParams(max_new_tokens=10), cancel))
+    assert [e.finish_reason for e in events] == ["cancelled"] and events[0].token_ids == ()
+    assert pieces == [PREFILL_PIECE, PREFILL_PIECE] and decoder.target.ids == prompt[: 2 * PREFILL_PIECE]
+    got = tokens(decoder.generate(prompt, GenerationParams(max_new_tokens=10)))
+    assert pieces[2:] == [len(prompt) - 1 - 2 * PREFILL_PIECE]  # the rest at once: no cancel flag this time
+    assert got == tokens(SpecDecoder(target, CPU).generate(prompt, GenerationParams(max_new_tokens=10)))
+    pieced = SpecDecoder(target, CPU).generate(prompt, GenerationParams(max_new_tokens=10), threading.Event())
+    assert tokens(pieced) == got  # read in pieces, the same reply
+
+
 def test_plain_mode_is_k_zero_through_the_same_loop(target) -> None:
     _, events = decode(SpecDecoder(target, CPU), PROMPTS[0], GenerationParams(max_new_tokens=10))
     stats = events[-1].stats
