@@ -83,13 +83,37 @@ def test_a_long_chat_drops_the_oldest_turns_and_says_so(tokenizer) -> None:  # t
     kept = [system, *history[dropped:], messages[-1]]
     assert ids == eng.prompt_ids(kept)
     assert len(ids) + PARAMS.max_new_tokens <= MPE
-    assert len(eng.prompt_ids([system, *history[dropped - 2:], messages[-1]])) + PARAMS.max_new_tokens > MPE
+    assert len(ids) <= MPE // 2 < len(eng.prompt_ids([system, *history[dropped - 2:], messages[-1]]))  # to half the window
     out, events = reply(eng, messages)
     assert events[0].notice is not None and f"{dropped} earlier messages left out" in events[0].notice
     assert all(e.stats.truncated_turns == dropped for e in events)
     assert events[-1].stats.to_dict()["truncated_turns"] == dropped
     fresh_ids, _ = reply(engine(tokenizer), kept)
     assert out == fresh_ids  # exactly the reply to the kept turns
+
+
+def test_later_turns_keep_the_cut_while_it_fits_so_the_cache_reads_only_the_new_turn(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    eng = engine(tokenizer)
+    system = ChatMessage("system", "w0 w1 w2")
+    messages = [system]
+    for turn in range(8):
+        messages += [ChatMessage("user", words(8, turn)), ChatMessage("assistant", words(6, turn + 20))]
+    messages.append(ChatMessage("user", words(5, 40)))
+    first, dropped = eng.fit(messages, PARAMS)
+    out, _ = reply(eng, messages)
+    cuts = [dropped]
+    for turn in range(6):  # each turn: the reply and a short question
+        messages += [ChatMessage("assistant", " ".join(f"w{t % 90 + 3}" for t in out[:4])), ChatMessage("user", words(3, turn))]
+        ids, cut = eng.fit(messages, PARAMS)
+        if cut == cuts[-1]:  # the same start: the last prompt, which the cache holds, begins this one
+            assert ids[: len(first)] == first == eng.decoder.target.ids[: len(first)]
+        else:  # a new cut: down to half the window again
+            assert cut > cuts[-1] and len(ids) <= MPE // 2
+        cuts.append(cut)
+        first = ids
+        out, _ = reply(eng, messages)
+    assert len(set(cuts)) < len(cuts)  # turns that kept a cut
+    assert len(set(cuts)) >= 2  # and one that had to cut again
 
 
 @pytest.mark.parametrize("draft", [False, True])
