@@ -25,7 +25,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from engine.errors import ContextLengthError
-from engine.model.capture import CompiledPass, PassCapture, capture_shapes, compile_backend
+from engine.model.capture import CompiledPass, PassCapture, StaticPass, capture_shapes, compile_backend
 from engine.model.device import Device, ids_tensor
 from engine.model.kv import GrowingKV, StaticKV
 from engine.model.lean import lean_forward
@@ -88,11 +88,13 @@ class ModelRunner:
         backend, off = device.graph_backend() if self.static else (None, None)
         self.capture = PassCapture(backend, capture_shapes(DEFAULT_K_MAX), off)
         """The captured passes over the static cache (none over a growing one)."""
-        compiler = compile_backend() if self.static else None
-        self._static_pass = (CompiledPass(self._lean.static_pass, compiler) if compiler is not None and self._lean
-                             else self._lean.static_pass if self._lean is not None else None)
+        self._static_pass: StaticPass | CompiledPass | None = None
         """Every pass over the static cache, captured or eager: ``LeanForward.static_pass``, or its
         compiled version (``SPECCHAT_COMPILE``)."""
+        if self._lean is not None and self.static:
+            compiler = compile_backend()
+            self._static_pass = (self._lean.static_pass if compiler is None
+                                 else CompiledPass(self._lean.static_pass, compiler))
         self.cache = self._new_cache()
         # Width of the logits (may exceed the tokenizer's vocabulary: padding rows).
         self.vocab_size = int(model.config.get_text_config().vocab_size)
