@@ -44,13 +44,19 @@ async def run(args: argparse.Namespace) -> list[tuple[float, float]]:
             await pilot.pause(args.after)
             sent = time.monotonic()
             threading.Thread(target=app._stop_early).start()
+            # asyncio.sleep, not pilot.pause: a pause waits until the app is idle, so it also
+            # waited for the finished reply's full re-render (20-150 ms after the reply had ended).
             while app.conversation.generating:
-                await pilot.pause(0.002)
+                await asyncio.sleep(0.002)
             ended = time.monotonic()
             reply = app.query(AssistantMessage).last()
-            while reply.finish_reason != "cancelled":
-                await pilot.pause(0.002)
+            while reply.finish_reason is None:
+                await asyncio.sleep(0.002)
             shown = time.monotonic()
+            if reply.finish_reason != "cancelled":  # it ended by itself before Esc: nothing to time
+                print(f"the reply ended by itself ({reply.finish_reason}) before Esc; not counted", flush=True)
+                await pilot.pause(1.0)
+                continue
             out.append((ended - sent, shown - sent))
             print(f"Esc to the reply's end {1000 * (ended - sent):.0f} ms · to 'stopped' {1000 * (shown - sent):.0f} ms",
                   flush=True)
