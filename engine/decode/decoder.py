@@ -26,7 +26,7 @@ from transformers import PreTrainedModel
 from engine.model.device import Device
 from engine.decode.drafters import EMPTY_DRAFT, Draft, Drafter
 from engine.errors import ContextLengthError, EngineError, NonFiniteLogitsError
-from engine.events import NOT_PAYING, GenerationParams, Mode, RoundEvent, TokenSource
+from engine.events import NOT_PAYING, FinishReason, GenerationParams, Mode, RoundEvent, TokenSource
 from engine.decode.runner import ModelRunner
 from engine.model.memory import PREFILL_CHUNK
 from engine.decode.sampling import GumbelNoise, Randomness, make_randomness, to_host, warp
@@ -206,10 +206,7 @@ class SpecDecoder:
         notice: str | None = None,
     ) -> tuple[RoundEvent, int]:
         """One draft-verify round; extends ``seq`` in place."""
-        budget = params.max_new_tokens - produced
-        # Tokens the window still has room for: K is capped so that no position
-        # at or past the window is ever fed, and the reply ends when it is full.
-        remaining = budget if self.window is None else min(budget, self.window - len(seq))
+        budget, remaining = self._room(seq, params, produced)
         round_mode = self.mode
         policy_k = self.schedule.policy_k(self.drafter, self.speculation_enabled, params)
         k = 0 if self.schedule.calibrating(round_mode) else min(policy_k, remaining - 1)
@@ -247,15 +244,9 @@ class SpecDecoder:
             notice, draft = dropped, EMPTY_DRAFT
         t_verify = self.device.mark()
 
-        emitted = [*draft.tokens[: verdict.n_accepted], verdict.next_token]
         sources: list[TokenSource] = ["draft"] * verdict.n_accepted + ["target"]
-        emitted, finish = params.cut(emitted, remaining)
-        if finish == "length" and remaining < budget:
-            finish = "context"
-        seq.extend(emitted)
-        self.target.truncate(len(seq) - 1)
-        if self.drafter is not None:
-            self.drafter.commit(seq)
+        emitted, finish = self._emit(seq, [*draft.tokens[: verdict.n_accepted], verdict.next_token], params, budget,
+                                     remaining)
         t_end = self.device.mark()
 
         draft_s, verify_s, other_s = self.device.seconds_between([t_start, t_draft, t_verify, t_end])
@@ -269,15 +260,8 @@ class SpecDecoder:
                      mode=round_mode, origin=origin)
         plain_equivalent = self.costs.plain_equivalent(drafted, verify_s, draft_s + verify_s + other_s)
         switched = self.schedule.verdict(params, round_mode, len(emitted), plain_equivalent)
-        if switched is not None:  # quiet: the stats say it (NOT_PAYING), no notice
-            on, detail = switched
-            self.speculation_enabled, self.off_reason = on, None if on else NOT_PAYING
-            self.off_detail = None if on else detail
-        stats.mode = self.mode
-        notice = notice or self._capture_notice()
-        if notice is not None or switched is not None:
-            stats.speculation_off_reason = self.plain_reason
-            stats.speculation_off_detail = self.off_detail if self.fallback_reason is None else None
+        self._apply_switch(switched)
+        notice = self._close_round(stats, notice, switched)
         event = RoundEvent(tuple(emitted), tuple(sources[: len(emitted)]), stats.snapshot(), finish, notice, origin)
         return event, len(emitted)
 
@@ -285,36 +269,66 @@ class SpecDecoder:
                      notice: str | None) -> tuple[RoundEvent, int]:
         """Up to :attr:`burst` plain greedy steps read back at once (:data:`BURST`); extends ``seq``
         in place. Counted as one plain round a token kept, each with the burst's mean step time."""
-        budget = params.max_new_tokens - produced
-        remaining = budget if self.window is None else min(budget, self.window - len(seq))
+        budget, remaining = self._room(seq, params, produced)
         n = min(self.burst, remaining)
         t_start = self.device.mark()
         steps = lambda: self._plain_steps(seq, n)  # noqa: E731
         tokens, dropped = self._guarded(steps, "out of memory while decoding", steps)
         t_steps = self.device.mark()
-        emitted, finish = params.cut(tokens, remaining)
-        if finish == "length" and remaining < budget:
-            finish = "context"
-        seq.extend(emitted)
-        self.target.truncate(len(seq) - 1)
+        emitted, finish = self._emit(seq, tokens, params, budget, remaining)
         t_end = self.device.mark()
         steps_s, other_s = self.device.seconds_between([t_start, t_steps, t_end])
         step_s, other = steps_s / n, other_s / n
+        switched = None
         for _ in emitted:
             self.costs.observe(0, 0, 0.0, step_s, other)
             stats.record(0, 0, 0, 1, 0.0, step_s, other, mode="plain")
             switched = self.schedule.verdict(params, "plain", 1, self.costs.plain_equivalent(0, step_s, step_s + other))
             if switched is not None:  # a re-probe after an automatic switch-off: speculation is back
-                on, detail = switched
-                self.speculation_enabled, self.off_reason = on, None if on else NOT_PAYING
-                self.off_detail = None if on else detail
-                stats.speculation_off_reason = self.plain_reason
-                stats.speculation_off_detail = self.off_detail if self.fallback_reason is None else None
+                self._apply_switch(switched)
                 break
-        stats.mode = self.mode
-        notice = notice or dropped or self._capture_notice()
+        notice = self._close_round(stats, notice or dropped, switched)
         event = RoundEvent(tuple(emitted), ("target",) * len(emitted), stats.snapshot(), finish, notice, None)
         return event, len(emitted)
+
+    def _room(self, seq: list[int], params: GenerationParams, produced: int) -> tuple[int, int]:
+        """``(budget, remaining)``: the reply's tokens still allowed, and of those the ones the
+        window still has room for (a round feeds no position at or past the window, and the
+        reply ends when it is full)."""
+        budget = params.max_new_tokens - produced
+        return budget, budget if self.window is None else min(budget, self.window - len(seq))
+
+    def _emit(self, seq: list[int], tokens: list[int], params: GenerationParams, budget: int,
+              remaining: int) -> tuple[list[int], FinishReason | None]:
+        """Keep the round's ``tokens`` up to a stop condition: extend ``seq``, crop the target's
+        cache to all of it but its last token (the one place a round crops) and tell the drafter.
+        Returns the kept tokens and the finish reason (``context`` where the window ended it)."""
+        emitted, finish = params.cut(tokens, remaining)
+        if finish == "length" and remaining < budget:
+            finish = "context"
+        seq.extend(emitted)
+        self.target.truncate(len(seq) - 1)
+        if self.drafter is not None:
+            self.drafter.commit(seq)
+        return emitted, finish
+
+    def _apply_switch(self, switched: tuple[bool, str] | None) -> None:
+        """Speculation switched on or off by the schedule's verdict, if it was (quiet: the stats
+        say it, :data:`NOT_PAYING`, no notice)."""
+        if switched is not None:
+            on, detail = switched
+            self.speculation_enabled, self.off_reason = on, None if on else NOT_PAYING
+            self.off_detail = None if on else detail
+
+    def _close_round(self, stats: ReplyTally, notice: str | None, switched: tuple[bool, str] | None) -> str | None:
+        """The round's notice (with news of a runner's passes) and, where something changed, the
+        mode and the reason for plain decoding that the stats show from now on."""
+        stats.mode = self.mode
+        notice = notice or self._capture_notice()
+        if notice is not None or switched is not None:
+            stats.speculation_off_reason = self.plain_reason
+            stats.speculation_off_detail = self.off_detail if self.fallback_reason is None else None
+        return notice
 
     def _plain_steps(self, seq: list[int], n: int) -> list[int]:
         """``n`` greedy steps of the target after ``seq`` (``[L]`` ids; its cache holds all but the
