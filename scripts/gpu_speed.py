@@ -86,7 +86,7 @@ def specchat_row(label: str, engine: Any, prompt: list[int], device: torch.devic
     captured = {f"{'target' if i == 0 else 'draft'}": {"cache": type(r.cache).__name__, "shapes": sorted(r.capture.captured_shapes()),
                                                      "captures": r.capture.captures, "replays": r.capture.replays,
                                                      "capture_s": round(r.capture.capture_s, 2),
-                                                     "compiled": bool(getattr(r._static_pass, "compiled", False)),
+                                                     "compiled": r.passes_compiled,
                                                      "off": r.capture.reason} for i, r in enumerate(runners)}
     first = None if plain is None else next((i for i, (a, b) in enumerate(zip(plain, ids)) if a != b), None)
     return shown({"row": label, "tok_s": round(rate, 1), "tokens": len(ids), **prof, "warmup_s": round(warmup_s, 1), "ids": ids,

@@ -25,7 +25,7 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from engine.errors import ContextLengthError
-from engine.model.capture import CompiledPass, PassCapture, StaticPass, capture_shapes, compile_backend
+from engine.model.capture import CompiledPass, PassCapture, capture_shapes, compile_backend
 from engine.model.device import Device, ids_tensor
 from engine.model.kv import GrowingKV, StaticKV
 from engine.model.lean import lean_forward
@@ -88,13 +88,9 @@ class ModelRunner:
         backend, off = device.graph_backend() if self.static else (None, None)
         self.capture = PassCapture(backend, capture_shapes(DEFAULT_K_MAX), off)
         """The captured passes over the static cache (none over a growing one)."""
-        self._static_pass: StaticPass | CompiledPass | None = None
-        """Every pass over the static cache, captured or eager: ``LeanForward.static_pass``, or its
-        compiled version (``SPECCHAT_COMPILE``)."""
-        if self._lean is not None and self.static:
-            compiler = compile_backend()
-            self._static_pass = (self._lean.static_pass if compiler is None
-                                 else CompiledPass(self._lean.static_pass, compiler))
+        compiler = compile_backend() if self._lean is not None and self.static else None
+        if compiler is not None:  # every static pass compiled (SPECCHAT_COMPILE), captured or eager
+            self._lean.static_fn = CompiledPass(self._lean.static_pass, compiler)  # type: ignore[union-attr]
         self.cache = self._new_cache()
         # Width of the logits (may exceed the tokenizer's vocabulary: padding rows).
         self.vocab_size = int(model.config.get_text_config().vocab_size)
@@ -227,19 +223,23 @@ class ModelRunner:
                     f"{len(self)} cached tokens and {int(input_ids.shape[1])} new ones do not fit the "
                     f"{self.cache.window}-token window this model's cache was allocated for; start a new chat "
                     "or raise the profile's context_length")
-            assert self._static_pass is not None
-            t, start = int(input_ids.shape[1]), len(self)
-            logits = self.capture.run(self._static_pass, self.cache, input_ids, start, keep)
-            if logits is None:
-                positions = torch.arange(start, start + t, device=input_ids.device)
-                logits = self._static_pass(input_ids, self.cache, positions, keep, start + t)
-            failure = getattr(self._static_pass, "failure", None)
-            if failure:
-                self.capture.note(failure)
-                self._static_pass.failure = None  # type: ignore[union-attr]
-            self.cache.advance(t)
+            logits = self.capture.run(self._lean.static_fn, self.cache, input_ids, len(self), keep)
+            if logits is not None:
+                self.cache.advance(int(input_ids.shape[1]))
+            else:
+                logits = self._lean(input_ids, self.cache, len(self), keep)
+            compiled = self._lean.static_fn
+            if isinstance(compiled, CompiledPass) and compiled.failure:  # told once, with the capture's news
+                self.capture.note(compiled.failure)
+                compiled.failure = None
             return logits
         return self._lean(input_ids, self.cache, len(self), keep, row_exact=row_exact)  # type: ignore[misc]
+
+    @property
+    def passes_compiled(self) -> bool:
+        """Whether this runner's static passes run compiled (``SPECCHAT_COMPILE``, no failure yet)."""
+        fn = self._lean.static_fn if self._lean is not None else None
+        return isinstance(fn, CompiledPass) and fn.compiled
 
     def prefill(self, ids: Sequence[int]) -> None:
         """Feed ``ids`` without computing any logits (``[n]`` ids; nothing returned)."""
@@ -294,7 +294,6 @@ class ModelRunner:
         self._ids, self._pending, self._pending_n = [], [], 0
         self.model = None  # type: ignore[assignment]
         self._lean = None
-        self._static_pass = None
 
 
 def _layer_length(layer: object) -> int:

@@ -267,6 +267,9 @@ class LeanForward:
         (:mod:`engine.model.cpu_layer`; the same calls, the same bits); None where a layer's parts are
         not all specchat's kernels. Set it to None to run the calls from Python."""
         self._rope_tables: dict[tuple[int, torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+        self.static_fn: Callable[[torch.Tensor, StaticKV, torch.Tensor, int, int], torch.Tensor] = self.static_pass
+        """What every pass over a :class:`StaticKV` runs, eager or captured: :meth:`static_pass`, or
+        its compiled version (:class:`engine.model.capture.CompiledPass`, set by the runner)."""
 
     @torch.inference_mode()
     def __call__(
@@ -285,7 +288,7 @@ class LeanForward:
         t = input_ids.shape[1]
         if isinstance(past_key_values, StaticKV):
             positions = torch.arange(start, start + t, device=input_ids.device)
-            logits = self.static_pass(input_ids, past_key_values, positions, logits_to_keep, start + t)
+            logits = self.static_fn(input_ids, past_key_values, positions, logits_to_keep, start + t)
             past_key_values.advance(t)
             return logits
         row_exact = row_exact and self.rows_pay

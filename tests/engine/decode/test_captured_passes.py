@@ -214,7 +214,7 @@ def test_compiled_passes_give_the_eager_reply_and_compile_a_few_times_not_every_
     before = compiles()
     got, notices = reply(decoder, PROMPT, max_new_tokens=30, k=3)
     assert got == expected and notices == []
-    assert decoder.target._static_pass.compiled  # type: ignore[union-attr]
+    assert decoder.target.passes_compiled
     first = compiles() - before
     assert 1 <= first <= 8  # per runner: one token, several (any width), the whole window
     more, _ = reply(decoder, PROMPT + got + [4, 9], max_new_tokens=20, k=3)
@@ -237,5 +237,5 @@ def test_a_compile_that_fails_leaves_uncompiled_passes_and_says_so_once(target, 
         again, later = reply(decoder, PROMPT + got, max_new_tokens=5)
     assert got == expected and later == []
     assert len(notices) == 1 and "compiled passes off" in notices[0] and "no compiler for this card" in notices[0]
-    assert not decoder.target._static_pass.compiled  # type: ignore[union-attr]
+    assert not decoder.target.passes_compiled
     assert decoder.target.capture.active  # capture itself goes on, over the uncompiled pass
