@@ -28,19 +28,12 @@ from engine.decode.drafters import EMPTY_DRAFT, Draft, Drafter
 from engine.errors import ContextLengthError, EngineError, NonFiniteLogitsError
 from engine.events import NOT_PAYING, FinishReason, GenerationParams, Mode, RoundEvent, TokenSource
 from engine.decode.runner import ModelRunner
-from engine.model.memory import PREFILL_CHUNK
 from engine.decode.sampling import GumbelNoise, Randomness, make_randomness, to_host, warp
 from engine.decode.schedule import Schedule
 from engine.decode.cost_model import CostModel, ReplyTally
 from engine.decode.verify import Verdict, verify_coupled, verify_greedy, verify_sampled
 
 T = TypeVar("T")
-PREFILL_PIECE = 32
-"""Prompt tokens a CPU reads between two looks at a reply's cancel flag: a prompt the cache cannot
-reuse (a conversation past the window drops its first messages) takes seconds to read, and Esc
-must stop it within about 0.1 s (pocket reads ~450 tokens/s on 2 cores, as fast in pieces of 32
-as of 512). A fixed size, so the same prompt is read the same way every time. A card reads
-pieces of :data:`~engine.model.memory.PREFILL_CHUNK`."""
 BURST = 8
 """Plain greedy steps a round on a card. Each step's pick feeds the next pass on the device and the
 picks come back in one transfer, so the host queues step i + 1 while the card runs step i: at
@@ -404,10 +397,9 @@ class SpecDecoder:
     def _prefill(self, seq: list[int], cancel: threading.Event | None = None) -> str | None:
         """Feed the uncached part of the prompt, all but its last token, to the target and
         then to the drafter (not billed as draft-step cost); returns an OOM fallback's notice.
-        With ``cancel``, the target reads the prompt in pieces (:data:`PREFILL_PIECE`) and
-        stops between two once it is set (the cache keeps what was read; the reply's first
-        round sees the flag and ends it)."""
-        read = (lambda: self.target.catch_up(seq)) if cancel is None else (lambda: self._read_prompt(seq, cancel))  # noqa: E731
+        With ``cancel``, the target stops reading between two pieces once it is set
+        (:meth:`ModelRunner.catch_up`; the reply's first round sees the flag and ends it)."""
+        read = lambda: self.target.catch_up(seq, cancel)  # noqa: E731
         _, notice = self._guarded(read, "out of memory while reading the prompt", read)
         if cancel is not None and cancel.is_set():
             return notice
@@ -419,15 +411,6 @@ class SpecDecoder:
             )
             notice = dropped or notice
         return notice
-
-    def _read_prompt(self, seq: list[int], cancel: threading.Event) -> None:
-        """:meth:`ModelRunner.catch_up` in pieces, ``cancel`` looked at before each."""
-        done = self.target.sync(seq, leave=1)
-        piece = PREFILL_CHUNK if self.device.is_cuda else PREFILL_PIECE
-        while done < len(seq) - 1 and not cancel.is_set():
-            end = min(done + piece, len(seq) - 1)
-            self.target.prefill(seq[done:end])
-            done = end
 
     def _guarded(self, step: Callable[[], T], reason: str, instead: Callable[[], T]) -> tuple[T, str | None]:
         """Run ``step``; on out-of-memory, or NaN/inf logits from the draft model, drop the

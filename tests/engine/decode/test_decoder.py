@@ -166,7 +166,7 @@ def test_esc_during_a_long_prompt_stops_the_reading_within_a_piece(target) -> No
     flag looked at between them (Esc took 1.2-3.7 s in the app once a conversation passed the
     window and its whole prompt was read again): the reply ends cancelled at once, the cache
     keeps what was read, and the next reply reuses it."""
-    from engine.decode.decoder import PREFILL_PIECE
+    from engine.decode.runner import PREFILL_PIECE
 
     prompt = [(7 * i) % 90 + 3 for i in range(300)]
     decoder = SpecDecoder(target, CPU)
