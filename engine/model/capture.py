@@ -16,8 +16,9 @@ the :class:`~engine.decode.runner.ModelRunner` whose cache the passes write:
   (at least :data:`SPAN_STEP`), so a graph is captured per shape and span. Attention over the
   whole window at every step cost an H200 1.8 ms a token on a 4,096-token window, three times
   the rest of the pass (docs/gpu.md); a span reads fewer than 256 keys past the cached ones up
-  to 1,024, and less than a third of its keys beyond. Captures of the :data:`SPANS_HELD` spans used last are kept, older ones dropped (a new
-  chat starts over at the smallest span; a capture costs 0.01-0.1 s).
+  to 1,024, and less than a third of its keys beyond. Captures of the :data:`SPANS_HELD` spans
+  used last are kept, older ones dropped (a new chat starts over at the smallest span; a
+  capture costs 0.01-0.1 s).
 * **when**: lazily, at a shape's first use (a pass that was never needed costs nothing),
   after the cache exists (the first prefill allocates it eagerly).
 * **with what**: per shape, static input buffers, ids ``[1, T]`` and positions ``[T]``, which
