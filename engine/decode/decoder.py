@@ -24,14 +24,14 @@ import torch
 from transformers import PreTrainedModel
 
 from engine.model.device import Device
-from engine.decode.drafters import EMPTY_DRAFT, Draft, Drafter
+from engine.decode.drafters import EMPTY_DRAFT, Draft, Drafter, ModelDrafter
 from engine.errors import ContextLengthError, EngineError, NonFiniteLogitsError
 from engine.events import NOT_PAYING, FinishReason, GenerationParams, Mode, RoundEvent, TokenSource
 from engine.decode.runner import ModelRunner
-from engine.decode.sampling import GumbelNoise, Randomness, make_randomness, to_host, warp
+from engine.decode.sampling import GumbelNoise, Randomness, finite, gumbel_argmax, make_randomness, to_host, warp
 from engine.decode.schedule import Schedule
 from engine.decode.cost_model import CostModel, ReplyTally
-from engine.decode.verify import Verdict, verify_coupled, verify_greedy, verify_sampled
+from engine.decode.verify import Verdict, verify_coupled, verify_greedy, verify_matching_on_device, verify_sampled
 
 T = TypeVar("T")
 BURST = 8
@@ -178,7 +178,8 @@ class SpecDecoder:
             if cancel is not None and cancel.is_set():
                 yield RoundEvent((), (), stats.snapshot(), "cancelled", notice)
                 return
-            if self.burst > 1 and self.mode == "plain" and params.sampling.greedy:
+            if self.burst > 1 and params.sampling.greedy and (
+                    self.mode == "plain" or self.schedule.calibrating(self.mode)):
                 event, n_emitted = self._burst_round(seq, params, stats, produced, notice)
             else:
                 event, n_emitted = self._round(seq, params, generator, stats, round_index, produced, notice)
@@ -207,11 +208,20 @@ class SpecDecoder:
         # once (the verdict's transfer), not at every mark (Device.mark).
         t_start = self.device.mark()
         draft = EMPTY_DRAFT
+        verdict: Verdict | None = None
         free = self.drafter is not None and self.drafter.free_proposals and params.k is None
         looked_up = EMPTY_DRAFT if free or k == 0 else self._lookup_first(seq, params, generator, remaining)
         if looked_up.tokens:  # a copy that pays more than the draft model this round: trim it like a free draft
             k = self.schedule.free_k(params, len(looked_up.tokens), looked_up.key)
             draft = looked_up.first(k)
+        elif k > 0 and isinstance(self.drafter, ModelDrafter) and self._matching(params, generator):
+            stage = ["drafting"]  # where an out-of-memory struck, for the notice
+            (draft, verdict, t_draft), dropped = self._guarded(
+                lambda: self._draft_and_verify(seq, k, params, generator, stage),
+                lambda: f"out of memory while {stage[0]}",
+                lambda: self._verify_alone(seq, params, generator),
+            )
+            notice = dropped or notice
         elif k > 0 and self.drafter is not None:
             # Free proposals (a lookup): ask for the most, then keep the K that
             # pays for this kind of draft: the match and the fitted verification
@@ -227,14 +237,15 @@ class SpecDecoder:
             if free and draft.tokens:
                 k = self.schedule.free_k(params, len(draft.tokens), draft.key)
             draft = draft.first(k)
-        t_draft = self.device.mark()
-        verdict, dropped = self._guarded(
-            lambda: self._verify(seq, draft, params, generator),
-            "out of memory while verifying a draft",
-            lambda: self._verify(seq, EMPTY_DRAFT, params, generator),
-        )
-        if dropped is not None:
-            notice, draft = dropped, EMPTY_DRAFT
+        if verdict is None:
+            t_draft = self.device.mark()
+            verdict, dropped = self._guarded(
+                lambda: self._verify(seq, draft, params, generator),
+                "out of memory while verifying a draft",
+                lambda: self._verify(seq, EMPTY_DRAFT, params, generator),
+            )
+            if dropped is not None:
+                notice, draft = dropped, EMPTY_DRAFT
         t_verify = self.device.mark()
 
         sources: list[TokenSource] = ["draft"] * verdict.n_accepted + ["target"]
@@ -261,7 +272,13 @@ class SpecDecoder:
     def _burst_round(self, seq: list[int], params: GenerationParams, stats: ReplyTally, produced: int,
                      notice: str | None) -> tuple[RoundEvent, int]:
         """Up to :attr:`burst` plain greedy steps read back at once (:data:`BURST`); extends ``seq``
-        in place. Counted as one plain round a token kept, each with the burst's mean step time."""
+        in place. Counted as one plain round a token kept, each with the burst's mean step time.
+
+        While speculating, this is also the plain calibration round (:meth:`Schedule.calibrating`):
+        the plain step the speedup divides by is the one plain decoding would run here, a burst,
+        not a single synchronised step (on a card that costs about twice as much, docs/gpu.md)."""
+        round_mode = self.mode
+        shown_k = 0 if round_mode == "plain" else stats.k
         budget, remaining = self._room(seq, params, produced)
         n = min(self.burst, remaining)
         t_start = self.device.mark()
@@ -275,11 +292,15 @@ class SpecDecoder:
         switched = None
         for _ in emitted:
             self.costs.observe(0, 0, 0.0, step_s, other)
-            stats.record(0, 0, 0, 1, 0.0, step_s, other, mode="plain")
-            switched = self.schedule.verdict(params, "plain", 1, self.costs.plain_equivalent(0, step_s, step_s + other))
-            if switched is not None:  # a re-probe after an automatic switch-off: speculation is back
-                self._apply_switch(switched)
-                break
+            stats.record(shown_k, 0, 0, 1, 0.0, step_s, other, mode=round_mode)
+            if round_mode == "plain":  # a plain round a token: the re-probe counts them
+                switched = self.schedule.verdict(params, "plain", 1, self.costs.plain_equivalent(0, step_s, step_s + other))
+                if switched is not None:  # a re-probe after an automatic switch-off: speculation is back
+                    break
+        if round_mode != "plain" and emitted:  # a calibration burst is one round of the switch's evidence
+            each = self.costs.plain_equivalent(0, step_s, step_s + other)
+            switched = self.schedule.verdict(params, round_mode, len(emitted), None if each is None else each * len(emitted))
+        self._apply_switch(switched)
         notice = self._close_round(stats, notice or dropped, switched)
         event = RoundEvent(tuple(emitted), ("target",) * len(emitted), stats.snapshot(), finish, notice, None)
         return event, len(emitted)
@@ -371,6 +392,54 @@ class SpecDecoder:
             return draft
         return EMPTY_DRAFT
 
+    @staticmethod
+    def _matching(params: GenerationParams, generator: Randomness) -> bool:
+        """Whether a draft is accepted by equality with the target's picks (greedy, or seeded:
+        Gumbel-argmax), so that it can be verified without leaving the device."""
+        return params.sampling.greedy or isinstance(generator, GumbelNoise)
+
+    def _draft_and_verify(self, seq: list[int], k: int, params: GenerationParams, generator: Randomness,
+                          stage: list[str]) -> tuple[Draft, Verdict, object]:
+        """A model draft of ``k`` tokens after ``seq`` and its verification, read back once
+        (issue 35: no host sync between drafting and verifying). The drafted ids ``[k]`` feed
+        the target's pass ``[pending, *draft]`` on the device; the target's ``[k + 1]`` picks
+        are compared with them on the host after the one transfer
+        (:func:`~engine.decode.verify.verify_matching_on_device`). Returns the draft, the
+        verdict and the device mark between drafting and verifying; ``stage[0]`` says how far
+        it got."""
+        assert isinstance(self.drafter, ModelDrafter)
+        if len(self.target) != len(seq) - 1:
+            raise AssertionError(f"target cache holds {len(self.target)} tokens, expected {len(seq) - 1}")
+        pending = self.device.ids_tensor([seq[-1]]).reshape(-1)  # queued before the draft's passes
+        drafted = self.drafter.draft_on_device(seq, k, params.sampling, generator)
+        t_draft = self.device.mark()
+        stage[0] = "verifying a draft"
+        logits = self.target.forward(torch.cat([pending, drafted.picks]), logits_to_keep=k + 1)
+        if params.sampling.greedy:
+            best, choices = logits.max(dim=-1)  # verify_greedy's picks
+            target_ok = torch.isfinite(best).all()
+        else:
+            assert isinstance(generator, GumbelNoise)
+            choices = gumbel_argmax(logits, params.sampling, generator.rows(len(seq), k + 1))
+            target_ok = finite(logits)
+        try:
+            tokens, verdict = verify_matching_on_device(choices, target_ok, drafted.picks, drafted.ok)
+        except NonFiniteLogitsError as exc:
+            if exc.role == "draft":  # known only now, at the round's one read-back
+                stage[0] = "drafting"
+            raise
+        self.drafter.settle(tokens)
+        self.target.resolve_pending([seq[-1], *tokens])
+        return Draft(tuple(tokens)), verdict, t_draft
+
+    def _verify_alone(self, seq: list[int], params: GenerationParams,
+                      generator: Randomness) -> tuple[Draft, Verdict, object]:
+        """After a failed :meth:`_draft_and_verify` (the drafter dropped): the target's own pass,
+        from where the round began."""
+        self.target.truncate(len(seq) - 1)
+        t_draft = self.device.mark()
+        return EMPTY_DRAFT, self._verify(seq, EMPTY_DRAFT, params, generator), t_draft
+
     def _verify(
         self,
         seq: list[int],
@@ -412,7 +481,8 @@ class SpecDecoder:
             notice = dropped or notice
         return notice
 
-    def _guarded(self, step: Callable[[], T], reason: str, instead: Callable[[], T]) -> tuple[T, str | None]:
+    def _guarded(self, step: Callable[[], T], reason: str | Callable[[], str],
+                 instead: Callable[[], T]) -> tuple[T, str | None]:
         """Run ``step``; on out-of-memory, or NaN/inf logits from the draft model, drop the
         drafter and run ``instead``. Returns the result and the notice (None if ``step``
         succeeded). Recovery runs after the ``except`` block: until then the traceback keeps
@@ -422,6 +492,7 @@ class SpecDecoder:
         try:
             return step(), None
         except NonFiniteLogitsError as exc:
+            reason = reason if isinstance(reason, str) else reason()
             if exc.role != "draft" or self.drafter is None:
                 raise
             reason = f"{reason.replace('out of memory', 'non-finite logits')}: {exc}"
@@ -430,6 +501,7 @@ class SpecDecoder:
                 raise
         if self.drafter is None:
             raise EngineError(TARGET_OOM)
+        reason = reason if isinstance(reason, str) else reason()
         notice = self.drop_drafter(reason)  # releases memory: the failed frames are gone by now
         # The retry is guarded too: with the drafter gone, an OOM there is the EngineError.
         return self._guarded(instead, reason, instead)[0], notice

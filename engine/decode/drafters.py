@@ -54,6 +54,16 @@ class Draft:
 EMPTY_DRAFT = Draft(())
 
 
+@dataclass(frozen=True)
+class DeviceDraft:
+    """A model's draft not yet read back: ``picks`` ``[k]`` long ids, ``ok`` a 0-d bool (every
+    step's logits finite), ``probs`` ``[k, V]`` for a sampled draft, else None; all on the device."""
+
+    picks: torch.Tensor
+    ok: torch.Tensor
+    probs: torch.Tensor | None = None
+
+
 class Drafter(Protocol):
     """What the decoder needs from a drafter."""
 
@@ -144,6 +154,16 @@ class ModelDrafter:
         """
         if k <= 0:
             return EMPTY_DRAFT
+        drafted = self.draft_on_device(context, k, sampling, generator)
+        tokens = to_host(drafted.picks, drafted.ok, role="draft")
+        self.settle(tokens)
+        return Draft(tuple(tokens), drafted.probs)
+
+    def draft_on_device(self, context: Sequence[int], k: int, sampling: SamplingParams,
+                        generator: Randomness) -> "DeviceDraft":
+        """:meth:`propose`'s ``k >= 1`` steps without the read-back: the picks ``[k]``, their
+        finiteness and probabilities stay on the device (a decoder that verifies them there
+        reads everything back once a round, then calls :meth:`settle`)."""
         kept = self.runner.sync(context, leave=1)
         logits = self.runner.forward(context[kept:], logits_to_keep=1)[-1]
         picks: list[torch.Tensor] = []
@@ -163,9 +183,12 @@ class ModelDrafter:
             if i + 1 < k:
                 logits = self.runner.forward(token.reshape(1), logits_to_keep=1)[-1]
                 ok = ok & finite(logits)
-        tokens = to_host(torch.stack(picks), ok, role="draft")
-        self.runner.resolve_pending(tokens[: k - 1])  # the runner holds them as device ids
-        return Draft(tuple(tokens), self._fit_vocab(torch.stack(probs)) if probs else None)
+        return DeviceDraft(torch.stack(picks).reshape(-1), ok, self._fit_vocab(torch.stack(probs)) if probs else None)
+
+    def settle(self, tokens: Sequence[int]) -> None:
+        """The ``[k]`` picks of the last :meth:`draft_on_device`, read back: the runner holds all
+        but the last as device ids until it is told them."""
+        self.runner.resolve_pending(tokens[: len(tokens) - 1])
 
     def _mask(self, logits: torch.Tensor) -> torch.Tensor:
         if self.vocab_limit is not None and logits.shape[-1] > self.vocab_limit:

@@ -42,7 +42,7 @@ import torch
 
 from engine.model.device import Device
 from engine.events import SamplingParams
-from engine.decode.sampling import check_finite, finite, gumbel_argmax, sample, to_host, uniform
+from engine.decode.sampling import check_finite, finite, gumbel_argmax, non_finite_error, sample, to_host, uniform
 
 
 @dataclass(frozen=True)
@@ -88,6 +88,38 @@ def verify_coupled(
     """
     choices = to_host(gumbel_argmax(target_logits, sampling, noise), finite(target_logits))
     return _accept_matching(choices, draft_tokens)
+
+
+def verify_matching_on_device(
+    choices: torch.Tensor,
+    target_ok: torch.Tensor,
+    draft_picks: torch.Tensor,
+    draft_ok: torch.Tensor,
+) -> tuple[list[int], Verdict]:
+    """Greedy or seeded acceptance of a draft that never left the device.
+
+    Args:
+        choices: ``[K + 1]`` the target's picks (argmax, or Gumbel-argmax for a seeded reply)
+            after the pending token and after each drafted token.
+        target_ok: 0-d bool, the target's logits finite.
+        draft_picks: ``[K]`` drafted ids, fed to the target's pass from the device.
+        draft_ok: 0-d bool, the draft's logits finite.
+
+    Returns the ``[K]`` drafted ids on the host and the verdict. The draft, the choices and both
+    flags come back in **one** transfer: a round on a card then waits for it once, not once
+    after drafting and again after verifying. NaN or inf logits raise
+    :class:`~engine.errors.NonFiniteLogitsError`, the draft's first (role ``"draft"``: the
+    decoder drops it and verifies without it).
+    """
+    k = draft_picks.numel()
+    flags = torch.stack([draft_ok, target_ok]).long()
+    host = torch.cat([draft_picks.reshape(-1).long(), choices.reshape(-1).long(), flags]).tolist()
+    if not host[-2]:
+        raise non_finite_error("draft")
+    if not host[-1]:
+        raise non_finite_error("target")
+    drafted = [int(x) for x in host[:k]]
+    return drafted, _accept_matching(host[k:-2], drafted)
 
 
 def _accept_matching(choices: Sequence[int], draft_tokens: Sequence[int]) -> Verdict:

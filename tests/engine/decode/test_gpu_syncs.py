@@ -159,3 +159,39 @@ def test_ids_go_to_a_card_from_pinned_memory_without_blocking(monkeypatch: pytes
     assert seen == ["pinned", ("cuda:0", True)] and ids.tolist() == [[3, 4, 5]]
     seen.clear()
     assert CPU.ids_tensor([7]).tolist() == [[7]] and seen == []  # the CPU: a plain tensor, as before
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.7, seed=4)], ids=["greedy", "seeded"])
+def test_a_model_draft_round_reads_back_once(monkeypatch: pytest.MonkeyPatch, sampling: SamplingParams) -> None:
+    """Issue 35, item 3: the draft's picks feed the target's pass on the device, and the picks,
+    the target's choices and both finiteness flags come back together: one wait a round."""
+    target = tiny_llama(seed=1)
+    decoder = SpecDecoder(target, CPU, ModelDrafter(noisy_copy(target, 0.05, seed=2), CPU))
+    params = GenerationParams(max_new_tokens=20, k=4, sampling=sampling)
+    steps = decoder.generate([5, 6, 7, 8, 9], params)
+    first = next(steps)  # the prefill and a first round
+    got = list(first.token_ids)
+    transfers = Transfers(monkeypatch)
+    event = next(steps)
+    monkeypatch.undo()
+    assert event.stats.proposed - first.stats.proposed == 4 and transfers.calls == ["tolist"]
+    got += [t for e in [event, *steps] for t in e.token_ids]
+    plain = SpecDecoder(target, CPU).generate([5, 6, 7, 8, 9], GenerationParams(max_new_tokens=20, sampling=sampling))
+    assert got == [t for e in plain for t in e.token_ids]  # greedy: plain's reply; seeded: plain sampling's
+
+
+def test_verify_on_device_names_the_draft_before_the_target() -> None:
+    from engine.decode.verify import verify_matching_on_device
+    from engine.errors import NonFiniteLogitsError
+
+    yes, no = torch.tensor(True), torch.tensor(False)
+    picks, choices = torch.tensor([4, 9, 2]), torch.tensor([4, 9, 7, 1])
+    drafted, verdict = verify_matching_on_device(choices, yes, picks, yes)
+    assert drafted == [4, 9, 2] and (verdict.n_accepted, verdict.next_token) == (2, 7)
+    assert verify_matching_on_device(torch.tensor([4, 9, 2, 5]), yes, picks, yes)[1].next_token == 5  # all accepted: the bonus
+    with pytest.raises(NonFiniteLogitsError) as raised:
+        verify_matching_on_device(choices, no, picks, no)
+    assert raised.value.role == "draft"
+    with pytest.raises(NonFiniteLogitsError) as raised:
+        verify_matching_on_device(choices, no, picks, yes)
+    assert raised.value.role == "target"

@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from engine.decode.decoder import BURST, SpecDecoder
-from engine.decode.drafters import NgramDrafter
+from engine.decode.drafters import ModelDrafter, NgramDrafter
 from engine.events import GenerationParams, SamplingParams
 from engine.model.capture import RecordingBackend
 from engine.model.device import Device
 from tests.engine.decode.test_gpu_syncs import Transfers
-from tests.tiny import tiny_llama
+from tests.tiny import noisy_copy, tiny_llama
 
 CPU = Device(torch.device("cpu"))
 PROMPT = [3, 5, 7, 11, 13]
@@ -92,7 +92,26 @@ def test_a_burst_reads_back_once(target, monkeypatch) -> None:
 def test_speculation_and_sampling_keep_their_rounds(target) -> None:
     decoder = bursting(target, burst=4, drafter=NgramDrafter())
     _, events = reply(decoder, [1, 2, 3, 1, 2, 3, 1, 2], max_new_tokens=12)
-    assert events[-1].stats.mode == "ngram" and events[-1].stats.rounds == len(events)  # a round an event, as before
+    stats = events[-1].stats
+    assert stats.mode == "ngram" and stats.rounds == stats.target_passes  # a round a pass, bursts included
     sampled = bursting(target, burst=4)
     _, events = reply(sampled, PROMPT, max_new_tokens=8, sampling=SamplingParams(temperature=0.8, seed=3))
     assert all(len(e.token_ids) == 1 for e in events)  # one step a round: the burst is greedy only
+
+
+def test_speculation_calibrates_the_plain_step_with_bursts(target) -> None:
+    """While speculating on a card, the plain step the speedup divides by is a burst's: the
+    calibration round is a burst (its tokens from the target, none drafted), the mode stays
+    speculative, and the reply is still plain decoding's."""
+    expected, _ = reply(SpecDecoder(target, CPU), PROMPT, max_new_tokens=60)
+    decoder = bursting(target, burst=4, drafter=ModelDrafter(noisy_copy(target, 0.4, seed=3), CPU), calibrate_every=5,
+                       auto_off_window=0)
+    got, events = reply(decoder, PROMPT, max_new_tokens=60)
+    assert got == expected
+    calibrations = [e for e in events if e.sources and set(e.sources) == {"target"} and len(e.token_ids) > 1]
+    assert calibrations, "no calibration burst"
+    assert all(e.stats.mode == "spec" for e in calibrations)
+    assert any(e.stats.proposed > 0 for e in events)  # it did speculate between them
+    assert decoder.costs.passes.plain_samples >= 4  # a burst's steps, each one plain sample
+    assert events[-1].stats.target_passes == sum(1 if "draft" in e.sources or len(e.token_ids) == 1 else len(e.token_ids)
+                                                 for e in events)
