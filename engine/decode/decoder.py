@@ -20,18 +20,18 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from typing import TypeVar
 
-import torch
 from transformers import PreTrainedModel
 
-from engine.model.device import Device
+from engine.model.device import Device, Mark
 from engine.decode.drafters import EMPTY_DRAFT, Draft, Drafter, ModelDrafter
 from engine.errors import ContextLengthError, EngineError, NonFiniteLogitsError
 from engine.events import NOT_PAYING, FinishReason, GenerationParams, Mode, RoundEvent, TokenSource
 from engine.decode.runner import ModelRunner
-from engine.decode.sampling import GumbelNoise, Randomness, finite, gumbel_argmax, make_randomness, to_host, warp
+from engine.decode.sampling import GumbelNoise, Randomness, make_randomness, warp
 from engine.decode.schedule import Schedule
 from engine.decode.cost_model import CostModel, ReplyTally
-from engine.decode.verify import Verdict, verify_coupled, verify_greedy, verify_matching_on_device, verify_sampled
+from engine.decode.read_once import draft_and_verify, matching, plain_steps
+from engine.decode.verify import Verdict, verify_coupled, verify_greedy, verify_sampled
 
 T = TypeVar("T")
 BURST = 8
@@ -214,10 +214,10 @@ class SpecDecoder:
         if looked_up.tokens:  # a copy that pays more than the draft model this round: trim it like a free draft
             k = self.schedule.free_k(params, len(looked_up.tokens), looked_up.key)
             draft = looked_up.first(k)
-        elif k > 0 and isinstance(self.drafter, ModelDrafter) and self._matching(params, generator):
+        elif k > 0 and isinstance(self.drafter, ModelDrafter) and matching(params, generator):
             stage = ["drafting"]  # where an out-of-memory struck, for the notice
             (draft, verdict, t_draft), dropped = self._guarded(
-                lambda: self._draft_and_verify(seq, k, params, generator, stage),
+                lambda: draft_and_verify(self.target, self.drafter, self.device, seq, k, params, generator, stage),  # type: ignore[arg-type]
                 lambda: f"out of memory while {stage[0]}",
                 lambda: self._verify_alone(seq, params, generator),
             )
@@ -282,7 +282,7 @@ class SpecDecoder:
         budget, remaining = self._room(seq, params, produced)
         n = min(self.burst, remaining)
         t_start = self.device.mark()
-        steps = lambda: self._plain_steps(seq, n)  # noqa: E731
+        steps = lambda: plain_steps(self.target, seq, n)  # noqa: E731
         tokens, dropped = self._guarded(steps, "out of memory while decoding", steps)
         t_steps = self.device.mark()
         emitted, finish = self._emit(seq, tokens, params, budget, remaining)
@@ -344,28 +344,6 @@ class SpecDecoder:
             stats.speculation_off_detail = self.off_detail if self.fallback_reason is None else None
         return notice
 
-    def _plain_steps(self, seq: list[int], n: int) -> list[int]:
-        """``n`` greedy steps of the target after ``seq`` (``[L]`` ids; its cache holds all but the
-        last): returns the ``[n]`` picks. Each pick (``max`` over the ``[1, V]`` logits, as
-        :func:`~engine.decode.verify.verify_greedy` takes it) feeds the next one-token pass on
-        the device; the picks and their logits' finiteness come to the host in one transfer."""
-        self.target.truncate(len(seq) - 1)  # a retry after a failed step starts where the round did
-        if len(self.target) != len(seq) - 1:
-            raise AssertionError(f"target cache holds {len(self.target)} tokens, expected {len(seq) - 1}")
-        logits = self.target.forward([seq[-1]], logits_to_keep=1)
-        picks: list[torch.Tensor] = []
-        ok: torch.Tensor | None = None
-        for i in range(n):
-            best, choice = logits.max(dim=-1)
-            ok = torch.isfinite(best).all() if ok is None else ok & torch.isfinite(best).all()
-            picks.append(choice)
-            if i + 1 < n:
-                logits = self.target.forward(choice, logits_to_keep=1)
-        assert ok is not None
-        tokens = to_host(torch.cat(picks), ok)
-        self.target.resolve_pending(tokens[: n - 1])  # the runner holds them as device ids
-        return tokens
-
     def _runners(self) -> list[ModelRunner]:
         draft_runner = getattr(self.drafter, "runner", None)
         return [self.target, *([draft_runner] if isinstance(draft_runner, ModelRunner) else [])]
@@ -392,49 +370,9 @@ class SpecDecoder:
             return draft
         return EMPTY_DRAFT
 
-    @staticmethod
-    def _matching(params: GenerationParams, generator: Randomness) -> bool:
-        """Whether a draft is accepted by equality with the target's picks (greedy, or seeded:
-        Gumbel-argmax), so that it can be verified without leaving the device."""
-        return params.sampling.greedy or isinstance(generator, GumbelNoise)
-
-    def _draft_and_verify(self, seq: list[int], k: int, params: GenerationParams, generator: Randomness,
-                          stage: list[str]) -> tuple[Draft, Verdict, object]:
-        """A model draft of ``k`` tokens after ``seq`` and its verification, read back once
-        (issue 35: no host sync between drafting and verifying). The drafted ids ``[k]`` feed
-        the target's pass ``[pending, *draft]`` on the device; the target's ``[k + 1]`` picks
-        are compared with them on the host after the one transfer
-        (:func:`~engine.decode.verify.verify_matching_on_device`). Returns the draft, the
-        verdict and the device mark between drafting and verifying; ``stage[0]`` says how far
-        it got."""
-        assert isinstance(self.drafter, ModelDrafter)
-        if len(self.target) != len(seq) - 1:
-            raise AssertionError(f"target cache holds {len(self.target)} tokens, expected {len(seq) - 1}")
-        pending = self.device.ids_tensor([seq[-1]]).reshape(-1)  # queued before the draft's passes
-        drafted = self.drafter.draft_on_device(seq, k, params.sampling, generator)
-        t_draft = self.device.mark()
-        stage[0] = "verifying a draft"
-        logits = self.target.forward(torch.cat([pending, drafted.picks]), logits_to_keep=k + 1)
-        if params.sampling.greedy:
-            best, choices = logits.max(dim=-1)  # verify_greedy's picks
-            target_ok = torch.isfinite(best).all()
-        else:
-            assert isinstance(generator, GumbelNoise)
-            choices = gumbel_argmax(logits, params.sampling, generator.rows(len(seq), k + 1))
-            target_ok = finite(logits)
-        try:
-            tokens, verdict = verify_matching_on_device(choices, target_ok, drafted.picks, drafted.ok)
-        except NonFiniteLogitsError as exc:
-            if exc.role == "draft":  # known only now, at the round's one read-back
-                stage[0] = "drafting"
-            raise
-        self.drafter.settle(tokens)
-        self.target.resolve_pending([seq[-1], *tokens])
-        return Draft(tuple(tokens)), verdict, t_draft
-
     def _verify_alone(self, seq: list[int], params: GenerationParams,
-                      generator: Randomness) -> tuple[Draft, Verdict, object]:
-        """After a failed :meth:`_draft_and_verify` (the drafter dropped): the target's own pass,
+                      generator: Randomness) -> tuple[Draft, Verdict, Mark]:
+        """After a failed :func:`~engine.decode.read_once.draft_and_verify` (the drafter dropped): the target's own pass,
         from where the round began."""
         self.target.truncate(len(seq) - 1)
         t_draft = self.device.mark()

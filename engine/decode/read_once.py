@@ -1,0 +1,91 @@
+"""Rounds whose picks stay on the device until one transfer at the end (issue 35, item 3).
+
+On a card a pass is short enough that the host's share of a round (launching it, then
+waiting for its result) would otherwise add to every step: each wait leaves the card idle
+while the host decides what to queue next. So a round queues everything it can before it
+reads anything back:
+
+* :func:`plain_steps`: ``n`` greedy one-token steps, each pick feeding the next pass;
+* :func:`draft_and_verify`: a model draft's ``k`` steps, then the target's pass over
+  ``[pending, *draft]`` fed with the drafted ids as they lie on the device; the picks,
+  the target's choices and both finiteness flags come back together, and acceptance by
+  equality (greedy, or seeded Gumbel-argmax: :mod:`engine.decode.verify`) is decided then.
+
+Both return what a round done the plain way returns, token for token: the same passes,
+the same argmax. The runners hold the fed ids as device ids until they are told them
+(:meth:`~engine.decode.runner.ModelRunner.resolve_pending`), which these functions do.
+"""
+from __future__ import annotations
+
+import torch
+
+from engine.decode.drafters import Draft, ModelDrafter
+from engine.decode.runner import ModelRunner
+from engine.decode.sampling import GumbelNoise, Randomness, finite, gumbel_argmax, to_host
+from engine.decode.verify import Verdict, verify_matching_on_device
+from engine.errors import NonFiniteLogitsError
+from engine.events import GenerationParams
+from engine.model.device import Device, Mark
+
+
+def matching(params: GenerationParams, generator: Randomness) -> bool:
+    """Whether a draft is accepted by equality with the target's picks (greedy, or seeded:
+    Gumbel-argmax), so that it can be verified without leaving the device."""
+    return params.sampling.greedy or isinstance(generator, GumbelNoise)
+
+
+def plain_steps(target: ModelRunner, seq: list[int], n: int) -> list[int]:
+    """``n`` greedy steps of ``target`` after ``seq`` (``[L]`` ids; its cache holds all but the
+    last): returns the ``[n]`` picks. Each pick (``max`` over the ``[1, V]`` logits, as
+    :func:`~engine.decode.verify.verify_greedy` takes it) feeds the next one-token pass on
+    the device; the picks and their logits' finiteness come to the host in one transfer."""
+    target.truncate(len(seq) - 1)  # a retry after a failed step starts where the round did
+    if len(target) != len(seq) - 1:
+        raise AssertionError(f"target cache holds {len(target)} tokens, expected {len(seq) - 1}")
+    logits = target.forward([seq[-1]], logits_to_keep=1)
+    picks: list[torch.Tensor] = []
+    ok: torch.Tensor | None = None
+    for i in range(n):
+        best, choice = logits.max(dim=-1)
+        ok = torch.isfinite(best).all() if ok is None else ok & torch.isfinite(best).all()
+        picks.append(choice)
+        if i + 1 < n:
+            logits = target.forward(choice, logits_to_keep=1)
+    assert ok is not None
+    tokens = to_host(torch.cat(picks), ok)
+    target.resolve_pending(tokens[: n - 1])  # the runner holds them as device ids
+    return tokens
+
+
+def draft_and_verify(target: ModelRunner, drafter: ModelDrafter, device: Device, seq: list[int], k: int,
+                     params: GenerationParams, generator: Randomness, stage: list[str]) -> tuple[Draft, Verdict, Mark]:
+    """A model draft of ``k >= 1`` tokens after ``seq`` (``[L]`` ids; the target's cache holds
+    all but the last) and its verification, read back once. The drafted ids ``[k]`` feed the
+    target's pass over ``[pending, *draft]`` on the device; its ``[k + 1]`` picks are compared
+    with them on the host after the one transfer
+    (:func:`~engine.decode.verify.verify_matching_on_device`). Returns the draft, the verdict
+    and the device mark between drafting and verifying; ``stage[0]`` says how far it got (for
+    the notice when it fails: a draft's NaN is known only at the read-back)."""
+    if len(target) != len(seq) - 1:
+        raise AssertionError(f"target cache holds {len(target)} tokens, expected {len(seq) - 1}")
+    pending = device.ids_tensor([seq[-1]]).reshape(-1)  # queued before the draft's passes
+    drafted = drafter.draft_on_device(seq, k, params.sampling, generator)
+    t_draft = device.mark()
+    stage[0] = "verifying a draft"
+    logits = target.forward(torch.cat([pending, drafted.picks]), logits_to_keep=k + 1)
+    if params.sampling.greedy:
+        best, choices = logits.max(dim=-1)  # verify_greedy's picks
+        target_ok = torch.isfinite(best).all()
+    else:
+        assert isinstance(generator, GumbelNoise)
+        choices = gumbel_argmax(logits, params.sampling, generator.rows(len(seq), k + 1))
+        target_ok = finite(logits)
+    try:
+        tokens, verdict = verify_matching_on_device(choices, target_ok, drafted.picks, drafted.ok)
+    except NonFiniteLogitsError as exc:
+        if exc.role == "draft":
+            stage[0] = "drafting"
+        raise
+    drafter.settle(tokens)
+    target.resolve_pending([seq[-1], *tokens])
+    return Draft(tuple(tokens)), verdict, t_draft
