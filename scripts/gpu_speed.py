@@ -94,7 +94,8 @@ def specchat_row(label: str, engine: Any, prompt: list[int], device: torch.devic
                   "captured": captured})
 
 
-HEAD = ("row", "tok_s", "tokens", "kernel_ms_per_token", "kernels_per_token", "launches_per_token", "same_as_plain")
+HEAD = ("row", "tok_s", "tokens", "kernel_ms_per_token", "kernels_per_token", "launches_per_token", "same_as_plain",
+        "warmup_s")
 
 
 def shown(row: dict[str, Any]) -> dict[str, Any]:
