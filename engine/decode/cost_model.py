@@ -148,16 +148,22 @@ class CostModel:
 
     def observe(
         self, proposed: int, n_accepted: int, draft_s: float, verify_s: float, other_s: float, key: int = 0,
-        free: bool = False,
+        free: bool = False, plain_step: bool = True,
     ) -> None:
         """Learn from one round that proposed ``proposed`` tokens of kind ``key`` (``free``: from a
-        lookup, whose cost says nothing of the draft model's step)."""
-        self.passes.add(proposed + 1, verify_s, draft_s + verify_s + other_s, draft_s)
+        lookup, whose cost says nothing of the draft model's step). A round that proposed
+        nothing is a sample of the plain step unless ``plain_step`` is False: on a card, plain
+        decoding runs in bursts, so a lookup's miss (one synchronised step) costs more than a
+        step of plain decoding and says nothing of it; the burst that calibrates does."""
+        self.passes.add(proposed + 1, verify_s, draft_s + verify_s + other_s, draft_s,
+                        plain_sample=plain_step)
         self.overheads.append(other_s)
-        if proposed == 0:
+        if proposed == 0 and plain_step:
             self.rounds_since_plain = 0
             return
         self.rounds_since_plain += 1
+        if proposed == 0:
+            return
         if not free:
             per_step = draft_s / proposed
             self.draft_step_s = per_step if self.draft_step_s is None else (1 - EMA) * self.draft_step_s + EMA * per_step

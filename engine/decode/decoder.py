@@ -256,7 +256,9 @@ class SpecDecoder:
         draft_s, verify_s, other_s = self.device.seconds_between([t_start, t_draft, t_verify, t_end])
         drafted = len(draft.tokens)
         copied = free or bool(looked_up.tokens)
-        self.costs.observe(drafted, verdict.n_accepted, draft_s, verify_s, other_s, draft.key, free=copied)
+        # With bursts (a card), only a burst samples the plain step (CostModel.observe).
+        self.costs.observe(drafted, verdict.n_accepted, draft_s, verify_s, other_s, draft.key, free=copied,
+                           plain_step=self.burst == 1 or not params.sampling.greedy)
         # The K shown: the policy's, or for a free draft the K it was trimmed to (kept on a miss).
         shown_k = policy_k if not copied else (k if drafted else stats.k)
         origin = draft.origin if drafted else None

@@ -80,15 +80,16 @@ class PassCosts:
         self._line: tuple[float, float] | None = None  # (a, b): t(n) = a + b n for n >= 2
         self.passes = 0
 
-    def add(self, n: int, pass_s: float, round_s: float, draft_s: float = 0.0) -> None:
+    def add(self, n: int, pass_s: float, round_s: float, draft_s: float = 0.0, plain_sample: bool = True) -> None:
         """One round: a target pass over ``n`` tokens took ``pass_s``, the whole round ``round_s``,
-        of which ``draft_s`` went to drafting (for ``n = 1``: a lookup that found nothing)."""
+        of which ``draft_s`` went to drafting (for ``n = 1``: a lookup that found nothing).
+        ``plain_sample``: for ``n = 1``, whether the round is a sample of the plain step."""
         self.passes += 1
         size = self._sizes.setdefault(n, _Size())
         size.samples.append(pass_s)
         size.last_pass = self.passes
         size.median = statistics.median(size.samples) if len(size.samples) >= MIN_SAMPLES else None
-        if n == 1:  # plain decoding would not have looked for a draft
+        if n == 1 and plain_sample:  # plain decoding would not have looked for a draft
             self._plain_rounds.append(round_s - draft_s)
             self._plain = statistics.median(self._plain_rounds) if len(self._plain_rounds) >= MIN_PLAIN else None
         for stale in [m for m, s in self._sizes.items() if self.passes - s.last_pass > STALE_PASSES]:

@@ -115,3 +115,21 @@ def test_speculation_calibrates_the_plain_step_with_bursts(target) -> None:
     assert decoder.costs.passes.plain_samples >= 4  # a burst's steps, each one plain sample
     assert events[-1].stats.target_passes == sum(1 if "draft" in e.sources or len(e.token_ids) == 1 else len(e.token_ids)
                                                  for e in events)
+
+
+def test_with_bursts_a_lookup_miss_is_not_a_sample_of_the_plain_step(target) -> None:
+    """On a card a miss of the n-gram lookup is one synchronised step, dearer than a step of
+    bursted plain decoding: the plain step the speedup divides by comes from bursts only."""
+    decoder = bursting(target, burst=4, drafter=NgramDrafter(), calibrate_every=6, auto_off_window=0)
+    got, events = reply(decoder, PROMPT, max_new_tokens=48)
+    assert got == reply(SpecDecoder(target, CPU), PROMPT, max_new_tokens=48)[0]
+    bursts = [e for e in events if len(e.token_ids) > 1 and set(e.sources) == {"target"}]
+    singles = [e for e in events if len(e.token_ids) == 1]
+    assert bursts and singles  # calibration bursts, and lookup rounds between them
+    assert decoder.costs.passes.plain_samples == sum(len(e.token_ids) for e in bursts)
+    cpu = SpecDecoder(target, CPU, NgramDrafter(), calibrate_every=6, auto_off_window=0)
+    _, events = reply(cpu, PROMPT, max_new_tokens=48)
+    proposed = [e.stats.proposed for e in events]
+    misses = sum(1 for before, after in zip([0, *proposed], proposed) if after == before)
+    assert 0 < misses < len(events)
+    assert cpu.costs.passes.plain_samples == misses  # one step a round: every miss is the plain step
