@@ -103,6 +103,20 @@ class Pane:
             time.sleep(0.2)
         return rows
 
+    def ui_cpu_s(self) -> dict[str, float]:
+        """CPU seconds each thread of the app's own process (the UI, not the engine's child) has
+        used so far: ``main`` (Textual's event loop, where painting happens) and the others by id."""
+        pid = subprocess.run(["tmux", "-S", str(self.socket), "display", "-p", "-t", self.session, "#{pane_pid}"],
+                             capture_output=True, text=True).stdout.strip()
+        used: dict[str, float] = {}
+        for task in Path(f"/proc/{pid}/task").iterdir():
+            try:
+                fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            used["main" if task.name == pid else task.name] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        return used
+
     def close(self) -> None:
         subprocess.run(["tmux", "-S", str(self.socket), "kill-server"], capture_output=True)
 
@@ -118,7 +132,15 @@ def in_app(args: argparse.Namespace, env: dict[str, str], data: Path) -> tuple[f
         pane.wait_for("Speculation off", 30)
         pane.keys(args.prompt, literal=True)
         pane.keys("Enter")
-        speed = float(pane.wait_replies(1, args.timeout)[-1]["tokens_per_s"])
+        time.sleep(0.5)  # the UI's CPU from 0.5 s to 2.0 s into the reply: streaming, not its start or end
+        cpu = pane.ui_cpu_s()
+        time.sleep(1.5)
+        after, streaming = pane.ui_cpu_s(), "generating" in pane.screen()
+        reply = pane.wait_replies(1, args.timeout)[-1]
+        speed = float(reply["tokens_per_s"])
+        by_thread = sorted(((after[t] - cpu.get(t, 0.0)) / 1.5, t) for t in after)
+        ui_share = sum(share for share, _ in by_thread)
+        busiest = ", ".join(f"{t} {share:.1%}" for share, t in reversed(by_thread[-4:]))
         time.sleep(1.0)
         pane.keys(ESC_PROMPT, literal=True)
         pane.keys("Enter")
@@ -131,6 +153,9 @@ def in_app(args: argparse.Namespace, env: dict[str, str], data: Path) -> tuple[f
         sent = time.monotonic()
         pane.keys("Escape")
         shown = pane.wait_for("■ stopped", 30, every=0.005)
+        print(f"  the UI process used {ui_share:.1%} of a core from 0.5 to 2.0 s into the reply "
+              f"({'still streaming' if streaming else 'the reply had ended: not a streaming figure'}; "
+              f"busiest threads: {busiest})", flush=True)
         return speed, echoed - typed, shown - sent
     finally:
         pane.close()
