@@ -33,7 +33,7 @@ import statistics
 from collections import deque
 from dataclasses import dataclass, field
 
-from engine.decode.pass_costs import MIN_SAMPLES, WINDOW, PassCosts, Stretch
+from engine.decode.pass_costs import MIN_SAMPLES, WINDOW, PassCosts, Stretch, size_key
 from engine.events import PLAIN_REPLY, TOO_NOISY, TOO_SHORT, DraftOrigin, Mode, OriginFigures, ReplyStats
 
 EMA = 0.2  # weight of the newest sample in the running draft-step average
@@ -186,9 +186,10 @@ class CostModel:
         step = self.passes.plain_step_s
         return 1.0 / step if step else None
 
-    def plain_equivalent(self, proposed: int, verify_s: float, round_s: float) -> float | None:
-        """Plain tokens a round's time would have bought at its own load (None while unsound)."""
-        return self.passes.plain_equivalent(proposed + 1, verify_s, round_s)
+    def plain_equivalent(self, proposed: int, verify_s: float, round_s: float, plain_step: bool = True) -> float | None:
+        """Plain tokens a round's time would have bought at its own load (None while unsound;
+        ``plain_step`` as for :meth:`observe`)."""
+        return self.passes.plain_equivalent(size_key(proposed + 1, plain_step), verify_s, round_s)
 
     def acceptance(self, k: int, key: int = 0) -> list[float]:
         """Per-position acceptance estimates for positions ``1..k`` of drafts of
@@ -328,12 +329,14 @@ class ReplyTally:
 
     def record(
         self, k: int, proposed: int, n_accepted: int, emitted: int, draft_s: float, verify_s: float,
-        other_s: float, mode: Mode | None = None, origin: DraftOrigin | None = None,
+        other_s: float, mode: Mode | None = None, origin: DraftOrigin | None = None, plain_step: bool = True,
     ) -> None:
         """Count one round: ``k`` is the K in force (shown even on a plain
         calibration round), ``emitted`` the tokens kept after stop conditions,
         ``mode`` the mode the round ran in (default: the reply's), ``origin`` who
-        drafted it (None: nothing was proposed)."""
+        drafted it (None: nothing was proposed), ``plain_step`` as for :meth:`CostModel.observe`
+        (a round that is not a sample of the plain step is neither valued at t(1) nor counted
+        among the plain rounds)."""
         self.k = k
         self.rounds += 1
         self.target_passes += 1
@@ -345,18 +348,19 @@ class ReplyTally:
         self.other_s += other_s
         self.positions.add(proposed, n_accepted)
         wall = draft_s + verify_s + other_s
-        self.stretch.add(proposed + 1, verify_s, wall)
-        plain_equivalent = self.costs.passes.plain_equivalent(proposed + 1, verify_s, wall)
+        size = size_key(proposed + 1, plain_step)
+        self.stretch.add(size, verify_s, wall)
+        plain_equivalent = self.costs.passes.plain_equivalent(size, verify_s, wall)
         if plain_equivalent is not None:
             e, c = float(emitted), plain_equivalent
             for i, x in enumerate((1.0, e, c, e * e, e * c, c * c)):
                 self.evidence[i] += x
         round_mode = mode or self.mode
         self.mode_tokens[round_mode] = self.mode_tokens.get(round_mode, 0) + emitted
-        if proposed == 0:
+        if proposed == 0 and plain_step:
             self.plain_rounds += 1
             self.plain_rounds_s += wall
-        else:
+        elif proposed:
             self.drafting_rounds += 1
         if proposed and origin is not None:
             counts = self.origins.setdefault(origin, [0, 0, 0, 0])

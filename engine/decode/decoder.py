@@ -257,14 +257,15 @@ class SpecDecoder:
         drafted = len(draft.tokens)
         copied = free or bool(looked_up.tokens)
         # With bursts (a card), only a burst samples the plain step (CostModel.observe).
+        plain_step = self.burst == 1 or not params.sampling.greedy
         self.costs.observe(drafted, verdict.n_accepted, draft_s, verify_s, other_s, draft.key, free=copied,
-                           plain_step=self.burst == 1 or not params.sampling.greedy)
+                           plain_step=plain_step)
         # The K shown: the policy's, or for a free draft the K it was trimmed to (kept on a miss).
         shown_k = policy_k if not copied else (k if drafted else stats.k)
         origin = draft.origin if drafted else None
         stats.record(shown_k, drafted, verdict.n_accepted, len(emitted), draft_s, verify_s, other_s,
-                     mode=round_mode, origin=origin)
-        plain_equivalent = self.costs.plain_equivalent(drafted, verify_s, draft_s + verify_s + other_s)
+                     mode=round_mode, origin=origin, plain_step=plain_step)
+        plain_equivalent = self.costs.plain_equivalent(drafted, verify_s, draft_s + verify_s + other_s, plain_step)
         switched = self.schedule.verdict(params, round_mode, len(emitted), plain_equivalent)
         self._apply_switch(switched)
         notice = self._close_round(stats, notice, switched)

@@ -70,6 +70,17 @@ class _Size:
     median: float | None = None
 
 
+SYNCED_STEP = 0
+"""The size key of a one-token pass that is not a step of plain decoding as it runs (a lookup's
+miss on a card, where plain decoding runs in bursts): its own typical cost, apart from t(1)."""
+
+
+def size_key(n: int, plain_sample: bool = True) -> int:
+    """The key a pass over ``n`` tokens is measured under (:data:`SYNCED_STEP` for a one-token
+    pass that is not a sample of the plain step)."""
+    return SYNCED_STEP if n == 1 and not plain_sample else n
+
+
 class PassCosts:
     """Robust estimates of t(n) and of the plain step (seconds); see the module docstring."""
 
@@ -83,9 +94,10 @@ class PassCosts:
     def add(self, n: int, pass_s: float, round_s: float, draft_s: float = 0.0, plain_sample: bool = True) -> None:
         """One round: a target pass over ``n`` tokens took ``pass_s``, the whole round ``round_s``,
         of which ``draft_s`` went to drafting (for ``n = 1``: a lookup that found nothing).
-        ``plain_sample``: for ``n = 1``, whether the round is a sample of the plain step."""
+        ``plain_sample``: for ``n = 1``, whether the round is a sample of the plain step (if
+        not, its pass is measured under :data:`SYNCED_STEP`, so t(1) stays the plain step's)."""
         self.passes += 1
-        size = self._sizes.setdefault(n, _Size())
+        size = self._sizes.setdefault(size_key(n, plain_sample), _Size())
         size.samples.append(pass_s)
         size.last_pass = self.passes
         size.median = statistics.median(size.samples) if len(size.samples) >= MIN_SAMPLES else None
@@ -147,7 +159,7 @@ class PassCosts:
         added per extra token; None before any pass."""
         if n >= 2 and self._line is not None:
             return max(self._line[0] + self._line[1] * n, 1e-9)
-        measured = [m for m, s in self._sizes.items() if s.samples]
+        measured = [m for m, s in self._sizes.items() if s.samples and m != SYNCED_STEP]
         if not measured:
             return None
         pool = [m for m in measured if m >= 2] if n >= 2 else []

@@ -9,7 +9,7 @@ from engine.decode.decoder import SpecDecoder
 from engine.model.device import Device
 from engine.decode.drafters import ModelDrafter
 from engine.errors import EngineError
-from engine.events import NOT_PAYING, GenerationParams
+from engine.events import NOT_PAYING, GenerationParams, SamplingParams
 from tests.tiny import SlowDraft, noisy_copy, tiny_llama
 
 CPU = Device(torch.device("cpu"))
@@ -66,11 +66,12 @@ def test_oom_in_the_draft_finishes_the_same_reply_with_plain_decoding(target, fa
     assert run(decoder, PROMPT, GenerationParams(max_new_tokens=10))[0] == plain(target, 10)
 
 
-def test_oom_while_verifying_a_draft_drops_the_draft_and_retries_plainly(target) -> None:
+@pytest.mark.parametrize("sampling", [SamplingParams(), SamplingParams(temperature=0.8, seed=3)], ids=["greedy", "seeded"])
+def test_oom_while_verifying_a_draft_drops_the_draft_and_retries_plainly(target, sampling: SamplingParams) -> None:
     wrapped = FailingForward(target, {3})  # call 1 prefill, 2 first round, 3 a verify pass
     decoder = SpecDecoder(wrapped, CPU, ModelDrafter(noisy_copy(target, 0.05, seed=2), CPU), calibrate_every=0)
-    out, events = run(decoder, PROMPT, GenerationParams(max_new_tokens=30, k=3))
-    assert out == plain(target, 30)
+    out, events = run(decoder, PROMPT, GenerationParams(max_new_tokens=30, k=3, sampling=sampling))
+    assert out == run(SpecDecoder(target, CPU), PROMPT, GenerationParams(max_new_tokens=30, sampling=sampling))[0]
     assert any("out of memory while verifying" in (e.notice or "") for e in events)
     assert decoder.target.ids == (PROMPT + out)[:-1]
 

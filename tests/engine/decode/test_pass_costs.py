@@ -175,3 +175,20 @@ def test_a_speedup_known_only_to_within_its_own_size_is_not_shown() -> None:
     snap = stats.snapshot()
     assert snap.tokens >= SPEEDUP_FLOOR["tokens"] and stats.drafting_rounds >= SPEEDUP_FLOOR["drafting_rounds"]
     assert snap.speedup is None and snap.speedup_se is None and snap.speedup_note == TOO_NOISY
+
+
+def test_a_step_that_is_not_plain_decodings_is_valued_apart_from_t1() -> None:
+    """On a card, plain decoding runs in bursts and a lookup's miss is one synchronised step: the
+    miss is measured under its own key, so t(1) and the plain step stay the burst's, and a miss
+    is worth its own time over the plain step, not one plain token."""
+    from engine.decode.pass_costs import SYNCED_STEP, size_key
+
+    costs = PassCosts()
+    for _ in range(8):
+        costs.add(1, 1.0, 1.1)  # a burst's step: pass 1.0, round 1.1
+        costs.add(1, 2.0, 2.1, plain_sample=False)  # a miss
+    assert costs.typical(1) == 1.0 and costs.plain_step_s == 1.1
+    assert costs.typical(SYNCED_STEP) == 2.0 and size_key(1, plain_sample=False) == SYNCED_STEP
+    assert costs.plain_equivalent(1, 1.0, 1.1) == 1.0
+    assert abs(costs.plain_equivalent(SYNCED_STEP, 2.0, 2.1) - 2.1 / 1.1) < 1e-9
+    assert costs.predict(1) == 1.0  # choosing K never borrows the miss's cost

@@ -93,7 +93,9 @@ def test_speculation_and_sampling_keep_their_rounds(target) -> None:
     decoder = bursting(target, burst=4, drafter=NgramDrafter())
     _, events = reply(decoder, [1, 2, 3, 1, 2, 3, 1, 2], max_new_tokens=12)
     stats = events[-1].stats
-    assert stats.mode == "ngram" and stats.rounds == stats.target_passes  # a round a pass, bursts included
+    bursts = [e for e in events if len(e.token_ids) > 1 and set(e.sources) == {"target"}]
+    assert stats.mode == "ngram" and bursts  # the plain step calibrated by bursts
+    assert stats.rounds == sum(len(e.token_ids) if e in bursts else 1 for e in events)  # a round a pass
     sampled = bursting(target, burst=4)
     _, events = reply(sampled, PROMPT, max_new_tokens=8, sampling=SamplingParams(temperature=0.8, seed=3))
     assert all(len(e.token_ids) == 1 for e in events)  # one step a round: the burst is greedy only
@@ -133,3 +135,21 @@ def test_with_bursts_a_lookup_miss_is_not_a_sample_of_the_plain_step(target) -> 
     misses = sum(1 for before, after in zip([0, *proposed], proposed) if after == before)
     assert 0 < misses < len(events)
     assert cpu.costs.passes.plain_samples == misses  # one step a round: every miss is the plain step
+
+
+def test_a_calibration_burst_is_one_round_of_the_switchs_evidence(target, monkeypatch) -> None:
+    """The automatic switch-off weighs rounds: a calibration burst of n plain tokens is one round
+    that emitted n, not n rounds at 1.0× that would dilute the evidence of the rounds around it."""
+    decoder = bursting(target, burst=4, drafter=ModelDrafter(noisy_copy(target, 0.4, seed=3), CPU), calibrate_every=5)
+    verdicts: list[tuple[str, int]] = []
+    real = decoder.schedule.verdict
+
+    def verdict(params, round_mode, emitted, plain_equivalent):  # type: ignore[no-untyped-def]
+        verdicts.append((round_mode, emitted))
+        return real(params, round_mode, emitted, plain_equivalent)
+
+    monkeypatch.setattr(decoder.schedule, "verdict", verdict)
+    _, events = reply(decoder, PROMPT, max_new_tokens=60)
+    assert len(verdicts) == len(events)  # one verdict a round, bursts included
+    calibrations = [len(e.token_ids) for e in events if len(e.token_ids) > 1 and set(e.sources) == {"target"}]
+    assert calibrations and any(mode == "spec" and n in calibrations for mode, n in verdicts if n > 1)
