@@ -35,12 +35,13 @@ from engine.decode.verify import Verdict, verify_coupled, verify_greedy, verify_
 
 T = TypeVar("T")
 BURST = 8
-"""Plain greedy steps a round on a card. Each step's pick feeds the next pass on the device and the
+"""Plain steps a round on a card. Each step's pick feeds the next pass on the device and the
 picks come back in one transfer, so the host queues step i + 1 while the card runs step i: at
 batch size one a card's step is short enough that the host's share (0.8 ms a token on an H200,
 docs/gpu.md) would otherwise add to it. The same passes as one step a round (the one-token
-pass, the same argmax), so the same tokens; a stop token ends the reply where it stands, the
-steps after it are cropped. On the CPU, whose passes are synchronous, one step a round."""
+pass, the same pick: argmax, seeded Gumbel-argmax or a draw with the reply's generator), so the
+same tokens; a stop token ends the reply where it stands, the steps after it are cropped. On the
+CPU, whose passes are synchronous, one step a round."""
 TARGET_OOM = ("the target model ran out of memory; start a new chat (a shorter context), lower the "
               "profile's context_length, or choose a smaller quantization or profile")
 
@@ -178,9 +179,8 @@ class SpecDecoder:
             if cancel is not None and cancel.is_set():
                 yield RoundEvent((), (), stats.snapshot(), "cancelled", notice)
                 return
-            if self.burst > 1 and params.sampling.greedy and (
-                    self.mode == "plain" or self.schedule.calibrating(self.mode)):
-                event, n_emitted = self._burst_round(seq, params, stats, produced, notice)
+            if self.burst > 1 and (self.mode == "plain" or self.schedule.calibrating(self.mode)):
+                event, n_emitted = self._burst_round(seq, params, generator, stats, produced, notice)
             else:
                 event, n_emitted = self._round(seq, params, generator, stats, round_index, produced, notice)
             notice = None
@@ -257,7 +257,7 @@ class SpecDecoder:
         drafted = len(draft.tokens)
         copied = free or bool(looked_up.tokens)
         # With bursts (a card), only a burst samples the plain step (CostModel.observe).
-        plain_step = self.burst == 1 or not params.sampling.greedy
+        plain_step = self.burst == 1
         self.costs.observe(drafted, verdict.n_accepted, draft_s, verify_s, other_s, draft.key, free=copied,
                            plain_step=plain_step)
         # The K shown: the policy's, or for a free draft the K it was trimmed to (kept on a miss).
@@ -272,9 +272,9 @@ class SpecDecoder:
         event = RoundEvent(tuple(emitted), tuple(sources[: len(emitted)]), stats.snapshot(), finish, notice, origin)
         return event, len(emitted)
 
-    def _burst_round(self, seq: list[int], params: GenerationParams, stats: ReplyTally, produced: int,
-                     notice: str | None) -> tuple[RoundEvent, int]:
-        """Up to :attr:`burst` plain greedy steps read back at once (:data:`BURST`); extends ``seq``
+    def _burst_round(self, seq: list[int], params: GenerationParams, generator: Randomness, stats: ReplyTally,
+                     produced: int, notice: str | None) -> tuple[RoundEvent, int]:
+        """Up to :attr:`burst` plain steps read back at once (:data:`BURST`); extends ``seq``
         in place. Counted as one plain round a token kept, each with the burst's mean step time.
 
         While speculating, this is also the plain calibration round (:meth:`Schedule.calibrating`):
@@ -285,7 +285,7 @@ class SpecDecoder:
         budget, remaining = self._room(seq, params, produced)
         n = min(self.burst, remaining)
         t_start = self.device.mark()
-        steps = lambda: plain_steps(self.target, seq, n)  # noqa: E731
+        steps = lambda: plain_steps(self.target, seq, n, params.sampling, generator)  # noqa: E731
         tokens, dropped = self._guarded(steps, "out of memory while decoding", steps)
         t_steps = self.device.mark()
         emitted, finish = self._emit(seq, tokens, params, budget, remaining)

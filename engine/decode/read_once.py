@@ -5,7 +5,7 @@ waiting for its result) would otherwise add to every step: each wait leaves the 
 while the host decides what to queue next. So a round queues everything it can before it
 reads anything back:
 
-* :func:`plain_steps`: ``n`` greedy one-token steps, each pick feeding the next pass;
+* :func:`plain_steps`: ``n`` one-token steps (greedy or sampled), each pick feeding the next pass;
 * :func:`draft_and_verify`: a model draft's ``k`` steps, then the target's pass over
   ``[pending, *draft]`` fed with the drafted ids as they lie on the device; the picks,
   the target's choices and both finiteness flags come back together, and acceptance by
@@ -21,10 +21,12 @@ import torch
 
 from engine.decode.drafters import Draft, ModelDrafter
 from engine.decode.runner import ModelRunner
-from engine.decode.sampling import GumbelNoise, Randomness, finite, gumbel_argmax, to_host
+from engine.decode.sampling import GumbelNoise, Randomness, finite, gumbel_argmax, sample_on_device, to_host, warp
 from engine.decode.verify import Verdict, verify_matching_on_device
 from engine.errors import NonFiniteLogitsError
-from engine.events import GenerationParams
+from engine.events import GenerationParams, SamplingParams
+
+GREEDY = SamplingParams()
 from engine.model.device import Device, Mark
 
 
@@ -34,11 +36,17 @@ def matching(params: GenerationParams, generator: Randomness) -> bool:
     return params.sampling.greedy or isinstance(generator, GumbelNoise)
 
 
-def plain_steps(target: ModelRunner, seq: list[int], n: int) -> list[int]:
-    """``n`` greedy steps of ``target`` after ``seq`` (``[L]`` ids; its cache holds all but the
-    last): returns the ``[n]`` picks. Each pick (``max`` over the ``[1, V]`` logits, as
-    :func:`~engine.decode.verify.verify_greedy` takes it) feeds the next one-token pass on
-    the device; the picks and their logits' finiteness come to the host in one transfer."""
+def plain_steps(target: ModelRunner, seq: list[int], n: int, sampling: SamplingParams = GREEDY,
+                generator: Randomness = None) -> list[int]:
+    """``n`` plain steps of ``target`` after ``seq`` (``[L]`` ids; its cache holds all but the
+    last): returns the ``[n]`` picks. Each pick feeds the next one-token pass on the device;
+    the picks and their logits' finiteness come to the host in one transfer.
+
+    A step picks as one plain round of the decoder would (:mod:`engine.decode.verify` with an
+    empty draft), so the tokens are the same as one step a round: greedy, ``max`` over the
+    ``[1, V]`` logits; seeded, the Gumbel-argmax with the noise row of the token's position;
+    otherwise a draw from the warped distribution with the reply's generator (the same
+    ``multinomial`` over the same probabilities, on the device)."""
     target.truncate(len(seq) - 1)  # a retry after a failed step starts where the round did
     if len(target) != len(seq) - 1:
         raise AssertionError(f"target cache holds {len(target)} tokens, expected {len(seq) - 1}")
@@ -46,8 +54,8 @@ def plain_steps(target: ModelRunner, seq: list[int], n: int) -> list[int]:
     picks: list[torch.Tensor] = []
     ok: torch.Tensor | None = None
     for i in range(n):
-        best, choice = logits.max(dim=-1)
-        ok = torch.isfinite(best).all() if ok is None else ok & torch.isfinite(best).all()
+        choice, finite_now = _pick(logits, sampling, generator, len(seq) + i)
+        ok = finite_now if ok is None else ok & finite_now
         picks.append(choice)
         if i + 1 < n:
             logits = target.forward(choice, logits_to_keep=1)
@@ -55,6 +63,19 @@ def plain_steps(target: ModelRunner, seq: list[int], n: int) -> list[int]:
     tokens = to_host(torch.cat(picks), ok)
     target.resolve_pending(tokens[: n - 1])  # the runner holds them as device ids
     return tokens
+
+
+def _pick(logits: torch.Tensor, sampling: SamplingParams, generator: Randomness,
+          index: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's token ``[1]`` after ``[1, V]`` logits, for the token at sequence index
+    ``index``, and whether the logits were finite (0-d bool); nothing read back."""
+    if sampling.greedy:
+        best, choice = logits.max(dim=-1)  # verify_greedy's pick
+        return choice, torch.isfinite(best).all()
+    if isinstance(generator, GumbelNoise):  # verify_coupled's
+        return gumbel_argmax(logits, sampling, generator.rows(index, 1)).reshape(1), finite(logits)
+    probs = warp(logits, sampling)  # verify_sampled's: check_finite(p), then one multinomial
+    return sample_on_device(probs[0], generator).reshape(1), finite(probs)
 
 
 def draft_and_verify(target: ModelRunner, drafter: ModelDrafter, device: Device, seq: list[int], k: int,

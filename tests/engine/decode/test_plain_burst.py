@@ -89,16 +89,13 @@ def test_a_burst_reads_back_once(target, monkeypatch) -> None:
     assert len(event.token_ids) == 6 and transfers.calls == ["tolist"]  # six steps, one transfer
 
 
-def test_speculation_and_sampling_keep_their_rounds(target) -> None:
+def test_speculation_keeps_its_rounds(target) -> None:
     decoder = bursting(target, burst=4, drafter=NgramDrafter())
     _, events = reply(decoder, [1, 2, 3, 1, 2, 3, 1, 2], max_new_tokens=12)
     stats = events[-1].stats
     bursts = [e for e in events if len(e.token_ids) > 1 and set(e.sources) == {"target"}]
     assert stats.mode == "ngram" and bursts  # the plain step calibrated by bursts
     assert stats.rounds == sum(len(e.token_ids) if e in bursts else 1 for e in events)  # a round a pass
-    sampled = bursting(target, burst=4)
-    _, events = reply(sampled, PROMPT, max_new_tokens=8, sampling=SamplingParams(temperature=0.8, seed=3))
-    assert all(len(e.token_ids) == 1 for e in events)  # one step a round: the burst is greedy only
 
 
 def test_speculation_calibrates_the_plain_step_with_bursts(target) -> None:
@@ -153,3 +150,21 @@ def test_a_calibration_burst_is_one_round_of_the_switchs_evidence(target, monkey
     assert len(verdicts) == len(events)  # one verdict a round, bursts included
     calibrations = [len(e.token_ids) for e in events if len(e.token_ids) > 1 and set(e.sources) == {"target"}]
     assert calibrations and any(mode == "spec" and n in calibrations for mode, n in verdicts if n > 1)
+
+
+@pytest.mark.parametrize("kind", ["seeded", "generator"])
+def test_sampled_bursts_give_the_tokens_of_one_step_a_round(target, monkeypatch, kind: str) -> None:
+    """A sampled reply bursts too: each step picks as a plain round does (the seeded Gumbel-argmax
+    with its position's noise row, or a draw from the same generator), so the same tokens."""
+    sampling = SamplingParams(temperature=0.9, top_p=0.9, seed=5 if kind == "seeded" else None)
+    if kind == "generator":  # an unseeded reply's generator, made the same for both runs
+        import engine.decode.decoder as decoder_module
+
+        def fixed(params: SamplingParams, start: int, width: int, device: Device) -> torch.Generator:
+            return torch.Generator().manual_seed(11)
+
+        monkeypatch.setattr(decoder_module, "make_randomness", fixed)
+    expected, _ = reply(SpecDecoder(target, CPU), PROMPT, max_new_tokens=30, sampling=sampling)
+    got, events = reply(bursting(target, burst=4), PROMPT, max_new_tokens=30, sampling=sampling)
+    assert got == expected
+    assert [len(e.token_ids) for e in events] == [4] * 7 + [2]
