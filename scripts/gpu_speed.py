@@ -56,16 +56,18 @@ def profiled(run: Callable[[], int], device: torch.device) -> dict[str, Any]:
             "launches_per_token": round(launches / tokens, 1) if cuda else None}
 
 
-def specchat_reply(engine: Any, prompt: list[int], device: torch.device, max_new: int) -> tuple[list[int], float]:
+def specchat_reply(engine: Any, prompt: list[int], device: torch.device, max_new: int,
+                   sampling: Any = None) -> tuple[list[int], float]:
     """One greedy reply's ids and its decode rate (tok/s after the first event)."""
-    from engine.events import GenerationParams
+    from engine.events import GenerationParams, SamplingParams
 
     ids: list[int] = []
     began = 0.0
     first = 0
     # No stop token (an id no vocabulary has): every reply runs ``max_new`` tokens, as
     # transformers' rows do with ``min_new_tokens`` (the random pair says its EOS after ~50).
-    for event in engine.generate_ids(prompt, GenerationParams(max_new_tokens=max_new, stop_token_ids=(-1,))):
+    params = GenerationParams(max_new_tokens=max_new, stop_token_ids=(-1,), sampling=sampling or SamplingParams())
+    for event in engine.generate_ids(prompt, params):
         if not ids:
             _sync(device)
             began, first = time.perf_counter(), len(event.token_ids)
@@ -75,13 +77,13 @@ def specchat_reply(engine: Any, prompt: list[int], device: torch.device, max_new
 
 
 def specchat_row(label: str, engine: Any, prompt: list[int], device: torch.device, plain: list[int] | None,
-                 max_new: int = MAX_NEW) -> dict[str, Any]:
+                 max_new: int = MAX_NEW, sampling: Any = None) -> dict[str, Any]:
     began = time.perf_counter()
     for _ in range(2):  # warm-ups: kernels loaded, passes captured (and compiled)
-        specchat_reply(engine, prompt, device, max_new)
+        specchat_reply(engine, prompt, device, max_new, sampling)
     warmup_s = time.perf_counter() - began
-    ids, rate = specchat_reply(engine, prompt, device, max_new)
-    prof = profiled(lambda: len(specchat_reply(engine, prompt, device, max_new)[0]), device)
+    ids, rate = specchat_reply(engine, prompt, device, max_new, sampling)
+    prof = profiled(lambda: len(specchat_reply(engine, prompt, device, max_new, sampling)[0]), device)
     runners = [engine.decoder.target, *([engine.decoder.drafter.runner] if hasattr(engine.decoder.drafter, "runner") else [])]
     captured = {f"{'target' if i == 0 else 'draft'}": {"cache": type(r.cache).__name__, "shapes": sorted(r.capture.captured_shapes()),
                                                      "captures": r.capture.captures, "replays": r.capture.replays,
@@ -169,6 +171,7 @@ def speed_phase(models: Path, device: torch.device, groups: list[str], out: Path
     same bf16 model object. Without a card the compiled baseline is left out (a dry run of the
     script, not a figure)."""
     from engine.config.models_file import load_profiles
+    from engine.events import SamplingParams
     from engine.load.loader import load_engine
 
     profiles = load_profiles(models)
@@ -184,6 +187,8 @@ def speed_phase(models: Path, device: torch.device, groups: list[str], out: Path
         prompt = prompt_ids(engine, text)
         engine.set_speculation(False)
         plain = specchat_row(f"{name}: specchat plain", engine, prompt, device, None, max_new)
+        rows.append(specchat_row(f"{name}: specchat plain, sampled (T 0.8, seed 1)", engine, prompt, device, None,
+                                 max_new, SamplingParams(temperature=0.8, seed=1)))  # bursts too (read_once)
         engine.set_speculation(True)
         rows += [plain, specchat_row(f"{name}: specchat {'n-gram' if ngram else 'spec-adaptive'}", engine, prompt,
                                      device, plain["ids"], max_new)]
