@@ -192,7 +192,9 @@ class GumbelNoise:
             raise ValueError(f"sequence index {index} is inside the prompt (the reply starts at {self.start})")
         cached = self._rows.get(position)
         if cached is None:
-            cached = gumbel_row(self.seed, position, self.width).to(self.device.torch_device)
+            cached = gumbel_row(self.seed, position, self.width)
+            if self.device.is_cuda:  # pinned, without blocking: a pageable copy waits for the card's queue
+                cached = cached.pin_memory().to(self.device.torch_device, non_blocking=True)
             self._rows[position] = cached
             while len(self._rows) > self._keep:
                 self._rows.popitem(last=False)

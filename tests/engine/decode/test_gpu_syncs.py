@@ -195,3 +195,27 @@ def test_verify_on_device_names_the_draft_before_the_target() -> None:
     with pytest.raises(NonFiniteLogitsError) as raised:
         verify_matching_on_device(choices, no, picks, yes)
     assert raised.value.role == "target"
+
+
+def test_seeded_noise_goes_to_a_card_without_blocking(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A seeded burst asks for a noise row at every step: copied from pageable memory, each copy
+    would wait for the steps queued before it, a sync per token."""
+    from engine.decode.sampling import GumbelNoise, gumbel_row
+
+    seen: list[object] = []
+
+    def pin_memory(self: torch.Tensor) -> torch.Tensor:
+        seen.append("pinned")
+        return self
+
+    def to(self: torch.Tensor, device: torch.device, non_blocking: bool = False) -> torch.Tensor:
+        seen.append((str(device), non_blocking))
+        return self
+
+    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+    monkeypatch.setattr(torch.Tensor, "to", to)
+    row = GumbelNoise(7, start=10, width=96, device=Device(torch.device("cuda:0"))).row(12)
+    assert seen == ["pinned", ("cuda:0", True)]
+    monkeypatch.undo()
+    assert torch.equal(row, gumbel_row(7, 2, 96))
+    assert torch.equal(GumbelNoise(7, start=10, width=96, device=CPU).row(12), gumbel_row(7, 2, 96))
