@@ -7,7 +7,7 @@ For each configuration given (``--config NAME:ENV=VALUE,ENV=VALUE``; e.g.
 * **speed**: the real app in a tmux pane (a real terminal, Textual painting),
   speculation switched off with F5 before the prompt, one 512-token reply; its
   ``tokens_per_s`` as the engine measured it (read from the saved history) over the
-  headless run's.
+  mean of the headless runs just before and just after it.
 * **echo**: a second prompt in the same app; while its reply streams, two letters are
   typed into the prompt box and the pane is read every 5 ms until they show.
 * **Esc**: then Esc, and the pane is read every 5 ms until the reply's footer says "■ stopped".
@@ -187,10 +187,12 @@ def main() -> int:
         env.setdefault("SPECCHAT_STATE_DIR", str(Path(tmp) / "state"))
         for i in range(args.repeats):
             for name, extra in configs:
-                headless = headless_plain(args, env)
+                before = headless_plain(args, env)
                 speed, echo, esc = in_app(args, {**env, **extra}, Path(tmp) / f"{name}-{i}")
+                after = headless_plain(args, env)  # headless on both sides: it swings run to run
+                headless = (before + after) / 2
                 results[name].append((speed / headless, echo, esc))
-                print(f"run {i + 1} {name}: headless plain {headless:.1f} tok/s · app plain {speed:.1f} tok/s · "
+                print(f"run {i + 1} {name}: headless plain {before:.1f} and {after:.1f} tok/s · app plain {speed:.1f} tok/s · "
                       f"app/headless {speed / headless:.3f} · echo {1000 * echo:.0f} ms · "
                       f"Esc to '■ stopped' {1000 * esc:.0f} ms", flush=True)
     for name, rows in results.items():
