@@ -430,19 +430,21 @@ class SpecDecoder:
         the failed pass's frames and activations alive (pytorch/pytorch#18853). With no
         drafter to drop, an unchained :class:`EngineError`. The target's NaN/inf logits
         raise :class:`~engine.errors.NonFiniteLogitsError` as they are."""
+        non_finite: str | None = None  # the error's text, not the error: its traceback holds the frames
         try:
             return step(), None
         except NonFiniteLogitsError as exc:
-            reason = reason if isinstance(reason, str) else reason()
             if exc.role != "draft" or self.drafter is None:
                 raise
-            reason = f"{reason.replace('out of memory', 'non-finite logits')}: {exc}"
+            non_finite = str(exc)
         except Exception as exc:  # noqa: BLE001 - everything but OOM is re-raised as is
             if not self.device.is_out_of_memory(exc):
                 raise
         if self.drafter is None:
             raise EngineError(TARGET_OOM)
         reason = reason if isinstance(reason, str) else reason()
+        if non_finite is not None:
+            reason = f"{reason.replace('out of memory', 'non-finite logits')}: {non_finite}"
         notice = self.drop_drafter(reason)  # releases memory: the failed frames are gone by now
         # The retry is guarded too: with the drafter gone, an OOM there is the EngineError.
         return self._guarded(instead, reason, instead)[0], notice

@@ -25,9 +25,9 @@ from engine.decode.sampling import GumbelNoise, Randomness, finite, gumbel_argma
 from engine.decode.verify import Verdict, verify_matching_on_device
 from engine.errors import NonFiniteLogitsError
 from engine.events import GenerationParams, SamplingParams
+from engine.model.device import Device, Mark
 
 GREEDY = SamplingParams()
-from engine.model.device import Device, Mark
 
 
 def matching(params: GenerationParams, generator: Randomness) -> bool:
@@ -66,15 +66,21 @@ def plain_steps(target: ModelRunner, seq: list[int], n: int, sampling: SamplingP
 
 
 def _pick(logits: torch.Tensor, sampling: SamplingParams, generator: Randomness,
-          index: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """The target's token ``[1]`` after ``[1, V]`` logits, for the token at sequence index
-    ``index``, and whether the logits were finite (0-d bool); nothing read back."""
+          first: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The target's tokens ``[n]`` after ``[n, V]`` logits whose row ``r`` chooses the token at
+    sequence index ``first + r``, and whether the logits were finite (0-d bool); nothing read
+    back. Picked as :mod:`engine.decode.verify` picks: greedy, ``max`` (verify_greedy's);
+    seeded, the Gumbel-argmax with each position's noise row (verify_coupled's); otherwise, for
+    one row only, one ``multinomial`` draw from the warped distribution (verify_sampled's, which
+    checks ``p`` first)."""
     if sampling.greedy:
-        best, choice = logits.max(dim=-1)  # verify_greedy's pick
-        return choice, torch.isfinite(best).all()
-    if isinstance(generator, GumbelNoise):  # verify_coupled's
-        return gumbel_argmax(logits, sampling, generator.rows(index, 1)).reshape(1), finite(logits)
-    probs = warp(logits, sampling)  # verify_sampled's: check_finite(p), then one multinomial
+        best, choices = logits.max(dim=-1)
+        return choices, torch.isfinite(best).all()
+    if isinstance(generator, GumbelNoise):
+        return gumbel_argmax(logits, sampling, generator.rows(first, logits.shape[0])), finite(logits)
+    if logits.shape[0] != 1:
+        raise ValueError("an unseeded draw is picked one row at a time")
+    probs = warp(logits, sampling)
     return sample_on_device(probs[0], generator).reshape(1), finite(probs)
 
 
@@ -94,13 +100,7 @@ def draft_and_verify(target: ModelRunner, drafter: ModelDrafter, device: Device,
     t_draft = device.mark()
     stage[0] = "verifying a draft"
     logits = target.forward(torch.cat([pending, drafted.picks]), logits_to_keep=k + 1)
-    if params.sampling.greedy:
-        best, choices = logits.max(dim=-1)  # verify_greedy's picks
-        target_ok = torch.isfinite(best).all()
-    else:
-        assert isinstance(generator, GumbelNoise)
-        choices = gumbel_argmax(logits, params.sampling, generator.rows(len(seq), k + 1))
-        target_ok = finite(logits)
+    choices, target_ok = _pick(logits, params.sampling, generator, len(seq))  # acceptance by equality: matching()
     try:
         tokens, verdict = verify_matching_on_device(choices, target_ok, drafted.picks, drafted.ok)
     except NonFiniteLogitsError as exc:

@@ -21,7 +21,7 @@ from collections import OrderedDict
 
 import torch
 
-from engine.model.device import Device
+from engine.model.device import Device, to_device
 from engine.errors import NonFiniteLogitsError
 from engine.events import SamplingParams
 
@@ -192,9 +192,7 @@ class GumbelNoise:
             raise ValueError(f"sequence index {index} is inside the prompt (the reply starts at {self.start})")
         cached = self._rows.get(position)
         if cached is None:
-            cached = gumbel_row(self.seed, position, self.width)
-            if self.device.is_cuda:  # pinned, without blocking: a pageable copy waits for the card's queue
-                cached = cached.pin_memory().to(self.device.torch_device, non_blocking=True)
+            cached = to_device(gumbel_row(self.seed, position, self.width), self.device.torch_device)
             self._rows[position] = cached
             while len(self._rows) > self._keep:
                 self._rows.popitem(last=False)

@@ -248,10 +248,15 @@ def oom_summary(exc: BaseException) -> str:
 
 
 def ids_tensor(ids: Sequence[int], torch_device: torch.device) -> torch.Tensor:
-    """Token ids ``[n]`` as a long tensor ``[1, n]`` on ``torch_device``. For CUDA the ids are
-    built in pinned host memory and copied without blocking (a pageable copy makes the host
-    wait for the copy); on the CPU this is ``torch.tensor([ids])``."""
-    host = torch.tensor([list(ids)], dtype=torch.long)
+    """Token ids ``[n]`` as a long tensor ``[1, n]`` on ``torch_device`` (:func:`to_device`; on
+    the CPU this is ``torch.tensor([ids])``)."""
+    return to_device(torch.tensor([list(ids)], dtype=torch.long), torch_device)
+
+
+def to_device(host: torch.Tensor, torch_device: torch.device) -> torch.Tensor:
+    """A tensor built on the host, on ``torch_device``. For CUDA it goes through pinned memory
+    and is copied without blocking: a pageable copy makes the host wait until the card's queue
+    reaches it, a sync in the middle of passes meant to run without one. On the CPU, ``host``."""
     if torch_device.type != "cuda":
         return host
     return host.pin_memory().to(torch_device, non_blocking=True)

@@ -142,19 +142,27 @@ def test_on_a_card_marks_are_events_and_only_the_last_is_waited_for(monkeypatch:
     assert isinstance(a, float) and CPU.seconds_between([a, b])[0] >= 0
 
 
+class HostCopies:
+    """Records what a host-to-card copy does (pinning, the copy and whether it blocks) without a
+    card: ``pin_memory`` and ``to`` answer with the tensor itself."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.seen: list[object] = []
+
+        def pin_memory(tensor: torch.Tensor) -> torch.Tensor:
+            self.seen.append("pinned")
+            return tensor
+
+        def to(tensor: torch.Tensor, device: torch.device, non_blocking: bool = False) -> torch.Tensor:
+            self.seen.append((str(device), non_blocking))
+            return tensor
+
+        monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
+        monkeypatch.setattr(torch.Tensor, "to", to)
+
+
 def test_ids_go_to_a_card_from_pinned_memory_without_blocking(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[object] = []
-
-    def pin_memory(self: torch.Tensor) -> torch.Tensor:
-        seen.append("pinned")
-        return self
-
-    def to(self: torch.Tensor, device: torch.device, non_blocking: bool = False) -> torch.Tensor:
-        seen.append((str(device), non_blocking))
-        return self
-
-    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
-    monkeypatch.setattr(torch.Tensor, "to", to)
+    seen = HostCopies(monkeypatch).seen
     ids = device_module.ids_tensor([3, 4, 5], torch.device("cuda:0"))
     assert seen == ["pinned", ("cuda:0", True)] and ids.tolist() == [[3, 4, 5]]
     seen.clear()
@@ -202,18 +210,7 @@ def test_seeded_noise_goes_to_a_card_without_blocking(monkeypatch: pytest.Monkey
     would wait for the steps queued before it, a sync per token."""
     from engine.decode.sampling import GumbelNoise, gumbel_row
 
-    seen: list[object] = []
-
-    def pin_memory(self: torch.Tensor) -> torch.Tensor:
-        seen.append("pinned")
-        return self
-
-    def to(self: torch.Tensor, device: torch.device, non_blocking: bool = False) -> torch.Tensor:
-        seen.append((str(device), non_blocking))
-        return self
-
-    monkeypatch.setattr(torch.Tensor, "pin_memory", pin_memory)
-    monkeypatch.setattr(torch.Tensor, "to", to)
+    seen = HostCopies(monkeypatch).seen
     row = GumbelNoise(7, start=10, width=96, device=Device(torch.device("cuda:0"))).row(12)
     assert seen == ["pinned", ("cuda:0", True)]
     monkeypatch.undo()
