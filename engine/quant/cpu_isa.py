@@ -15,11 +15,13 @@ ENV = "SPECCHAT_CPU_KERNEL"  # "torch" turns this kernel off; a variant's name f
 
 VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # name: (compiler flags, /proc/cpuinfo flags it needs beyond AVX2 and FMA), the preferred first
-    "avx512-vnni": (("-mavx2", "-mfma", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
-                    ("avx512f", "avx512bw", "avx512vl", "avx512_vnni")),
-    "avx-vnni": (("-mavx2", "-mfma", "-mavxvnni"), ("avx_vnni",)),
-    "avx2": (("-mavx2", "-mfma"), ()),
+    "avx512-vnni": (("-mavx2", "-mfma", "-mf16c", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512vnni"),
+                    ("f16c", "avx512f", "avx512bw", "avx512vl", "avx512_vnni")),
+    "avx-vnni": (("-mavx2", "-mfma", "-mf16c", "-mavxvnni"), ("f16c", "avx_vnni")),
+    "avx2": (("-mavx2", "-mfma", "-mf16c"), ("f16c",)),
 }
+"""F16C (half-precision conversions, which a Q4_K header's d and dmin need) came with AVX2 on every x86 CPU
+that has it (Intel Haswell, AMD Piledriver and later), so each variant asks for it."""
 FEATURES = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_int8")
 """The CPU flags worth naming beside a figure (:func:`cpu_features`)."""
 ALIASES = {"avx512": "avx512-vnni", "avx512vnni": "avx512-vnni", "avxvnni": "avx-vnni", "auto": "", "": ""}
@@ -46,7 +48,10 @@ def cpu_features() -> list[str]:
 
 def has(name: str) -> bool:
     """Whether this CPU reports every flag variant ``name`` needs beyond AVX2 and FMA."""
-    return all(flag in cpu_flags() for flag in VARIANTS[name][1])
+    flags = cpu_flags()
+    if not flags:  # no /proc/cpuinfo: torch vouched for AVX2, which brings F16C
+        return all(flag == "f16c" for flag in VARIANTS[name][1])
+    return all(flag in flags for flag in VARIANTS[name][1])
 
 
 def requested() -> str:
@@ -57,9 +62,10 @@ def requested() -> str:
 
 
 def choose() -> str:
-    """The variant to run: the one asked for, else the first of :data:`VARIANTS` the CPU has."""
+    """The variant to run: the one asked for, else the first of :data:`VARIANTS` the CPU has (``avx2``
+    where it has none: :func:`engine.quant.cpu_kernel.why_not` then says which flags it lacks)."""
     asked = requested()
-    return asked if asked in VARIANTS else next(name for name in VARIANTS if has(name))
+    return asked if asked in VARIANTS else next((name for name in VARIANTS if has(name)), "avx2")
 
 
 def vnni_order(codes: torch.Tensor) -> torch.Tensor:

@@ -11,7 +11,10 @@ float multiply-add with their four scales)::
 
 for weights ``w = (q − 8)·s + z`` with the scale ``s`` and zero ``z`` rounded to bf16, as torch's
 kernel rounds them (:mod:`engine.quant.int4`): the weights are exactly those torch's kernel uses,
-and only the activations' rounding to 8 bits differs. Two more kinds share the driver: 8-bit weights
+and only the activations' rounding to 8 bits differs. A GGUF's Q4_K rows keep their super-blocks'
+16-byte headers instead (fp16 ``d``, ``dmin`` and 6-bit sub-scales and mins per 32: :func:`pack`'s
+``headers``), from which the kernel computes ``s = d·sc`` and ``z − 8s = −dmin·m`` exactly: the file's
+own weights from 4.5 bits a weight, not 5. Two more kinds share the driver: 8-bit weights
 (two int4 planes joined, :func:`pack8`) and a GGUF's Q6_K as 6-bit codes (:func:`pack6`). Each output
 is computed by one thread with the same instructions whatever the number of tokens (one token
 takes four weight rows at a time; several take one row at a time, its codes unpacked once for up
@@ -193,6 +196,17 @@ def matmul(variant: str | None = None) -> Matmul | None:
 
 
 @functools.cache
+def matmul4k(variant: str | None = None) -> Matmul | None:
+    """The matmul's entry point for a GGUF's Q4_K rows (:func:`pack`'s ``headers``; None where :func:`library` is).
+
+    Signature: ``(codes, headers, bias | None, N, K, x, M, y, ldy, threads, norm | None, eps, accumulate,
+    gated) -> 0``: ``codes`` as :func:`matmul`'s (one plane), ``headers`` uint8 ``[N, K/256·16]``, the rest as
+    :func:`matmul`. ``K % 256 == 0``.
+    """
+    return _entry("specchat_int4k_mm", variant, P, P, P, I64, I64, P, I64, P, I64, INT, P, FLOAT, INT, INT)
+
+
+@functools.cache
 def matmul8(variant: str | None = None) -> Matmul | None:
     """The 8-bit matmul's entry point (two planes joined, :func:`pack8`; None where :func:`library` is).
 
@@ -266,7 +280,8 @@ def on_huge_pages(t: torch.Tensor, copy: bool = False) -> torch.Tensor:
     return out
 
 
-LAYOUT_VERSION = 1  # of pack's output; the int4 cache keeps weights in it (a change rebuilds those caches)
+LAYOUT_VERSION = 2  # of pack's output; the int4 cache keeps weights in it (a change rebuilds those caches).
+# 2: a GGUF's Q4_K rows keep their super-blocks' headers (4.5 bits a weight, not 5)
 
 
 def layout_tag(name: str | None = None) -> str:
@@ -305,17 +320,22 @@ def fits(k: int, group_size: int) -> bool:
 
 
 def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, planes: int,
-         six: tuple[torch.Tensor, torch.Tensor] | None = None, variant: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+         six: tuple[torch.Tensor, torch.Tensor] | None = None, variant: str | None = None,
+         headers: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's layout of int4 groups (those of :class:`engine.quant.int4.Int4Weights`).
 
     Args:
         codes: uint8 ``[N, planes·K]`` in 0..15, ``w = (q − 8)·scale + zero``.
         scale, zero: ``[N, planes·K/32]``.
+        headers: one plane from a GGUF's Q4_K: its super-blocks' 16-byte headers, uint8
+            ``[N, K/256·16]`` (:attr:`engine.quant.groups.Int4Weights.headers`), which must give
+            ``scale`` and ``zero`` (:func:`check_headers`).
     Returns:
         One plane: ``(packed, scales)``: uint8 ``[N, K/2]``, where each 64 weights take 32
         bytes, byte ``j`` holding weight ``j`` in its low nibble and ``j + 32`` in its high one;
         and bf16 ``[N, 1, 2, K/32]``, the scales then the zeros (rounded to bf16 as torch's
-        kernel rounds them). Two planes (8-bit weights, :func:`engine.quant.int4.two_planes`)
+        kernel rounds them), or with ``headers`` those headers as they are (the kernel computes
+        ``d·sc`` and ``−dmin·m`` from them exactly: 16 bytes a 256 weights, not 32). Two planes (8-bit weights, :func:`engine.quant.int4.two_planes`)
         are joined back into one byte a weight (:func:`pack8`), or, in groups of 16, laid out as 6-bit
         codes (:func:`pack6`; ``six``: their :func:`six_bit_codes`, when the caller has them).
         ``variant``: the kernel variant they are for (else this process's): the VNNI ones take the
@@ -326,12 +346,46 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, planes: i
             return pack6(codes, scale, zero, six, variant=variant)
         return pack8(codes, scale, zero, variant=variant)
     n, width = codes.shape
+    if headers is not None:
+        check_headers(headers, scale, zero)
     if is_vnni(variant):
         codes = vnni_order(codes)
     pairs = codes.to(torch.uint8).reshape(n, width // 64, 2, 32)
     packed = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(n, width // 2).contiguous()
+    if headers is not None:
+        return packed, headers.to(torch.uint8).contiguous()
     table = torch.stack([scale.reshape(n, planes, -1), zero.reshape(n, planes, -1)], dim=2)
     return packed, table.to(torch.bfloat16).contiguous()
+
+
+Q4_K_HEADER = 16
+"""Bytes of a Q4_K super-block's header: fp16 ``d`` and ``dmin``, 12 bytes of 6-bit sub-scales and mins."""
+
+
+def header_scales(headers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Q4_K headers uint8 ``[N, B·16]`` as fp32 ``(d·sc, dmin·m)``, each ``[N, 8B]`` and exact (how the
+    kernel reads them, ``csrc/int4_avx2.c``'s ``kq_scales``; a GGUF's own unpacking of the 12 bytes)."""
+    n = headers.shape[0]
+    h = headers.reshape(n, -1, Q4_K_HEADER).to(torch.int32)
+    d = h[..., 0:2].to(torch.uint8).contiguous().view(torch.float16).float()
+    dmin = h[..., 2:4].to(torch.uint8).contiguous().view(torch.float16).float()
+    q = h[..., 4:16]
+    sc = torch.cat([q[..., 0:4] & 63, (q[..., 8:12] & 15) | (q[..., 0:4] >> 6) << 4], dim=-1)
+    mn = torch.cat([q[..., 4:8] & 63, (q[..., 8:12] >> 4) | (q[..., 4:8] >> 6) << 4], dim=-1)
+    return (d * sc.float()).reshape(n, -1), (dmin * mn.float()).reshape(n, -1)
+
+
+def check_headers(headers: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> None:
+    """That Q4_K headers give these groups: ``scale == d·sc`` exactly and ``zero − 8·scale == −dmin·m`` up to
+    the fp32 rounding of ``zero``; ValueError where they do not (the headers belong to other weights)."""
+    n = scale.shape[0]
+    if headers.shape != (n, scale.shape[1] * 2) or scale.shape[1] % 8:
+        raise ValueError(f"Q4_K headers of shape {tuple(headers.shape)} do not fit {n} x {scale.shape[1] * 32} weights")
+    s, m = header_scales(headers)
+    offset = zero.float() - 8.0 * scale.float()
+    tol = 1e-6 * float(zero.float().abs().max().clamp(min=1e-30))
+    if not torch.equal(s, scale.float()) or float((offset + m).abs().max()) > tol:
+        raise ValueError("the Q4_K headers do not give these weights' scales and zeros")
 
 
 def pack8(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,

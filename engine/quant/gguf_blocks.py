@@ -31,7 +31,9 @@ Formats with more than four bits become two int4 planes (``u = 16 h + l``,
 The codes are kept bit for bit; the kernel rounds each scale and zero to bf16,
 the only error the carry-over adds (:func:`bf16_rounding_error` measures it;
 every zero above is an exact multiple of a power of two times ``d``, so it rounds
-no worse than ``d``).
+no worse than ``d``). A Q4_K's rows also carry their super-blocks' 16-byte headers
+(:func:`q4_k_headers`), which specchat's CPU kernel reads in place of the bf16 scales:
+there it multiplies the file's weights exactly, from 4.5 bits a weight.
 
 The GGUF's tensor names and row order are mapped to the model's modules with
 transformers' own GGUF name map and tensor processor
@@ -41,6 +43,7 @@ that does not dequantize to the very weight the model holds is not used.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from typing import Any
@@ -52,7 +55,7 @@ from torch import nn
 
 from engine.errors import QuantizationError
 from engine.fetch.gguf_tensors import GgufTensors
-from engine.quant.cpu_kernel import SIX_BIT_GROUP
+from engine.quant.cpu_kernel import SIX_BIT_GROUP, check_headers
 from engine.quant.int4 import Int4Weights, quantize_weight8, two_planes
 
 log = logging.getLogger(__name__)
@@ -117,6 +120,13 @@ def _decode_q4_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return codes.astype(np.uint8), scale, zero
 
 
+def q4_k_headers(data: np.ndarray) -> np.ndarray:
+    """The 16-byte headers (fp16 ``d``, ``dmin``, 12 bytes of 6-bit sub-scales and mins) of raw Q4_K rows
+    ``[N, bytes_per_row]``, as stored: uint8 ``[N, K / 256 · 16]`` (specchat's CPU kernel reads them as they are)."""
+    n = data.shape[0]
+    return np.ascontiguousarray(np.ascontiguousarray(data).reshape(n, -1, 144)[..., :16]).reshape(n, -1)
+
+
 def decode_8bit_rows(data: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Split raw Q8_0/Q5_0 rows into 8-bit codes ``u`` and the two planes' scale and zeros.
 
@@ -170,7 +180,8 @@ def _carried(tensor_data: np.ndarray, kind: str, process: Callable[[np.ndarray],
 
     if kind in FOUR_BIT_TYPES:
         codes, scale, zero = decode_q4_rows(tensor_data, kind)
-        return Int4Weights(rows(codes), rows(scale), rows(zero), BLOCK)
+        headers = rows(q4_k_headers(tensor_data)) if kind == "Q4_K" else None
+        return Int4Weights(rows(codes), rows(scale), rows(zero), BLOCK, headers=headers)
     if kind in ("Q8_0", "Q5_0"):
         u, scale, zero_lo, zero_hi = decode_8bit_rows(tensor_data, kind)
         return two_planes(rows(u), rows(scale), rows(zero_lo), rows(zero_hi), BLOCK)
@@ -225,12 +236,19 @@ class GgufCarrier:
         parts = [_carried(data[r:r + rows], kind, process, weight[r:r + rows]) for r in range(0, data.shape[0], rows)]
         weights = parts[0] if len(parts) == 1 else Int4Weights(
             *(torch.cat([getattr(w, f) for w in parts]) for f in ("codes", "scale", "zero")),
-            parts[0].group_size, parts[0].planes)
+            parts[0].group_size, parts[0].planes,
+            None if parts[0].headers is None else torch.cat([w.headers for w in parts]))  # type: ignore[misc]
         del parts
         if weights.shape != tuple(weight.shape) or (kind in EXACT_TYPES and not _matches(weights, weight)):
             log.warning("GGUF tensor %s (%s) does not match %s; quantizing it from its weights instead",
                         tensor.name, kind, module_name)
             return None
+        if weights.headers is not None:
+            try:
+                check_headers(weights.headers, weights.scale, weights.zero)
+            except ValueError:  # the row processor moved rows and headers apart: keep the groups, bf16 tables
+                log.warning("GGUF tensor %s: its Q4_K headers do not follow its rows; keeping bf16 scales", tensor.name)
+                weights = dataclasses.replace(weights, headers=None)
         return weights
 
 

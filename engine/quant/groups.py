@@ -56,6 +56,11 @@ class Int4Weights:
 
     With ``planes = 2`` codes are ``[N, 2K]`` and scale and zero ``[N, 2K / group_size]``:
     the low plane first, then the high one (see the module docstring).
+
+    ``headers``: for one plane carried from a GGUF's Q4_K, its super-blocks' 16-byte headers
+    uint8 ``[N, K / 256 · 16]`` (fp16 ``d``, ``dmin``, the packed 6-bit sub-scales and mins), from
+    which ``scale = d·sc`` and ``zero = 8·d·sc − dmin·m`` came: specchat's CPU kernel keeps them in
+    place of a bf16 scale and zero per group (:func:`engine.quant.cpu_kernel.pack`). None otherwise.
     """
 
     codes: torch.Tensor
@@ -63,6 +68,7 @@ class Int4Weights:
     zero: torch.Tensor
     group_size: int
     planes: int = 1
+    headers: torch.Tensor | None = None
 
     @property
     def shape(self) -> tuple[int, int]:

@@ -101,7 +101,9 @@ class Int4Linear(nn.Module):
             # copies: what it is given may lie on a cache file's mapping, which a tensor left there keeps resident
             packed, table = cpu_kernel.on_huge_pages(weights.packed, copy=True), weights.table.clone()
         elif self.kernel == "specchat":
-            packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, weights.planes, six)
+            headers = weights.headers if weights.planes == 1 else None
+            packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, weights.planes, six,
+                                            headers=headers)
             packed = cpu_kernel.on_huge_pages(packed)
         elif self.is_cuda:  # paired where the codes are (the host, mostly): half the bytes cross over
             pairs = nibble_pairs(weights.codes).to(device)
@@ -137,7 +139,8 @@ class Int4Linear(nn.Module):
             return False
         first = layers[0]
         return (all(l.group_size == first.group_size and l.in_features == first.in_features
-                    and l.planes == first.planes and l.kernel == first.kernel for l in layers)
+                    and l.planes == first.planes and l.kernel == first.kernel
+                    and l.scales_and_zeros.dtype == first.scales_and_zeros.dtype for l in layers)  # one kind of table
                 and (first.kernel == "specchat" or all(l.out_features % FUSE_ROWS == 0 for l in layers[:-1])))
 
     @staticmethod
@@ -260,7 +263,8 @@ class QuantReport:
     def add(self, name: str, layer: "Int4Linear") -> None:
         """Count a layer now held as int4 under ``name``."""
         self.quantized.append(name)
-        self.int4_bytes += layer.packed.numel() * layer.packed.element_size() + layer.scales_and_zeros.numel() * 2
+        self.int4_bytes += (layer.packed.numel() * layer.packed.element_size()
+                            + layer.scales_and_zeros.numel() * layer.scales_and_zeros.element_size())
         self.kernels[layer.kernel] = self.kernels.get(layer.kernel, 0) + 1
         layout = layer.layout()
         if layout is not None:

@@ -10,7 +10,10 @@
  * same input; see engine/quant/int4.py).
  *
  * Layout of one row's codes: per pair of groups (64 weights) 32 bytes; byte j holds weight j
- * in its low nibble and weight j + 32 in its high nibble. Scales: bf16 [N, P, 2, G]: per plane, s then z.
+ * in its low nibble and weight j + 32 in its high nibble. Scales: bf16 [N, P, 2, G]: per plane, s then z;
+ * or, for a GGUF's Q4_K rows (one plane), the super-blocks' own 16-byte headers [N, K/256, 16] (fp16 d and
+ * dmin, twelve bytes of 6-bit sub-scales and mins, as the file stores them): s = d sc and z - 8 s = -dmin m
+ * are computed from them in fp32, both exact, so such a row reads 4.5 bits a weight instead of 5.
  *
  * The same driver (run) multiplies 8-bit weights (dot_rows8: two int4 planes joined) and a GGUF's Q6_K
  * as 6-bit codes (dot_rows6). One token takes ROWS weight rows at a time; several take one row at a
@@ -128,6 +131,25 @@ static inline float bf16(uint16_t v) {
     return f;
 }
 
+/* A Q4_K super-block header (fp16 d, fp16 dmin, 12 bytes: bytes 0-3 hold sub-scales 0-3 in their low 6 bits,
+ * bytes 4-7 mins 0-3 likewise, bytes 8-11 the low 4 bits of sub-scale (low nibble) and min (high nibble) 4-7,
+ * whose top 2 bits are the top 2 bits of bytes 0-3 and 4-7) as the 8 groups' scales d sc and offsets -dmin m,
+ * each exact in fp32 (11 bits of d times 6 of sc). In 32-bit lanes of the header, a = lane 1, b = 2, c = 3:
+ * sub-scales 0-3 a & 0x3f.., 4-7 (c & 0x0f..) | (a >> 2 & 0x30..); mins 0-3 b & 0x3f.., 4-7 (c >> 4 & 0x0f..) |
+ * (b >> 2 & 0x30..), so lanes 1 and 2 of `lo` and `hi` below hold the sub-scales' and the mins' two halves. */
+static inline void kq_scales(const uint8_t *h, __m256 *scale, __m256 *off) {
+    const __m128i v = _mm_loadu_si128((const __m128i *)h);
+    const __m128i lo = _mm_and_si128(v, _mm_set1_epi8(0x3F));
+    const __m128i c = _mm_srlv_epi32(_mm_shuffle_epi32(v, 0xFF), _mm_setr_epi32(0, 0, 4, 0));
+    const __m128i hi = _mm_or_si128(_mm_and_si128(c, _mm_set1_epi8(0x0F)),
+                                    _mm_and_si128(_mm_srli_epi32(v, 2), _mm_set1_epi8(0x30)));
+    const __m128i sc = _mm_srli_si128(_mm_unpacklo_epi32(lo, hi), 8), mn = _mm_unpackhi_epi32(lo, hi);
+    const __m128 dd = _mm_cvtph_ps(v); /* lanes 0, 1: d, dmin */
+    *scale = _mm256_mul_ps(_mm256_broadcastss_ps(dd), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(sc)));
+    *off = _mm256_mul_ps(_mm256_broadcastss_ps(_mm_xor_ps(_mm_movehdup_ps(dd), _mm_set1_ps(-0.0f))),
+                         _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn)));
+}
+
 /* One group of 32 floats to int8 codes; returns the scale, writes sum(codes) * scale to *xs and -32 times
  * the sums of its first and last 16 codes to half[0] and half[4] (the 6-bit kernel's offsets). */
 static inline float quantize_group(const float *v, int8_t *out, float *xs, float *half) {
@@ -171,9 +193,10 @@ static inline __attribute__((always_inline)) void copy_acc(int n, __m256 *da, __
  * rows (xq K apart, dx and xs G apart), into acc/zacc[r * mb + i] (rows * mb <= ROWS). Each row's codes are
  * unpacked once for the mb tokens. Always inlined with constant rows and mb, so the accumulators live in
  * registers; every (row, token) pair gets the same instructions in the same order whatever rows and mb are,
- * which is what makes a pass of several tokens give each the bits of a pass of one. */
-static inline __attribute__((always_inline)) void dot_rows(int rows, int mb, int ahead, const uint8_t *codes,
-                                                           const uint16_t *sz, int64_t row_bytes, int64_t row_scales,
+ * which is what makes a pass of several tokens give each the bits of a pass of one. The scales: kq = 0, bf16
+ * s then z (row_scales values a row); kq = 1, Q4_K headers (row_scales bytes a row; K % 256 == 0). */
+static inline __attribute__((always_inline)) void dot_rows(int rows, int mb, int ahead, int kq, const uint8_t *codes,
+                                                           const void *table, int64_t row_bytes, int64_t row_scales,
                                                            int64_t K, const int8_t *xq, const float *dx,
                                                            const float *xs, __m256 *acc_out, __m256 *zacc_out) {
     /* the accumulators in registers (through the pointers every update would go to memory and back) */
@@ -187,9 +210,14 @@ static inline __attribute__((always_inline)) void dot_rows(int rows, int mb, int
     int64_t g = 0;
     for (; g + 8 <= G; g += 8) {
         for (int r = 0; r < rows; r++) {
-            const uint16_t *s = sz + r * row_scales;
-            const __m256 scale = bf16x8(s + g);
-            const __m256 off = _mm256_fnmadd_ps(eight, scale, bf16x8(s + G + g));
+            __m256 scale, off;
+            if (kq) {
+                kq_scales((const uint8_t *)table + r * row_scales + g * 2, &scale, &off);
+            } else {
+                const uint16_t *s = (const uint16_t *)table + r * row_scales;
+                scale = bf16x8(s + g);
+                off = _mm256_fnmadd_ps(eight, scale, bf16x8(s + G + g));
+            }
             for (int i = 0; i < mb; i++) {
                 _mm256_store_ps(sc[r * mb + i], _mm256_mul_ps(scale, _mm256_loadu_ps(dx + i * G + g)));
                 zacc[r * mb + i] = _mm256_fmadd_ps(off, _mm256_loadu_ps(xs + i * G + g), zacc[r * mb + i]);
@@ -225,9 +253,9 @@ static inline __attribute__((always_inline)) void dot_rows(int rows, int mb, int
             }
         }
     }
-    for (; g < G; g += 2) { /* G is even: the tail is whole pairs of groups */
+    for (; g < G; g += 2) { /* G is even: the tail is whole pairs of groups (none with kq) */
         for (int r = 0; r < rows; r++) {
-            const uint16_t *s = sz + r * row_scales;
+            const uint16_t *s = (const uint16_t *)table + r * row_scales;
             const __m256i b = _mm256_loadu_si256((const __m256i *)(codes + r * row_bytes + g * 16));
             const __m256i lo = _mm256_and_si256(b, m4), hi = _mm256_and_si256(_mm256_srli_epi16(b, 4), m4);
             for (int i = 0; i < mb; i++) {
@@ -499,13 +527,14 @@ static inline __attribute__((always_inline)) void dot_rows6(int rows, int mb, in
     copy_acc(rows * mb, acc_out, zacc_out, acc, zacc);
 }
 
-enum { INT4 = 0, INT8 = 1, INT6 = 2 };
+enum { INT4 = 0, INT8 = 1, INT6 = 2, INT4K = 3 };
 
 /* Where one kind of weights lies: codes (and for INT4 P planes side by side), scales/table. */
 typedef struct {
     int kind;
     const uint8_t *codes;
-    const void *table; /* INT4: bf16 [N, P, 2, G]; INT8: fp32 [N, 2, G]; INT6: NULL (in the rows) */
+    const void *table; /* INT4: bf16 [N, P, 2, G]; INT8: fp32 [N, 2, G]; INT6: NULL (in the rows);
+                        * INT4K: Q4_K headers uint8 [N, K / 256, 16] */
     int64_t K, P, row_bytes;
 } weights_t;
 
@@ -542,6 +571,10 @@ typedef struct {
                 const uint16_t *z = (const uint16_t *)wt->table + n0 * row_scales + p * 2 * G;                      \
                 CHOOSE(INT4_DOT);                                                                                   \
             }                                                                                                       \
+        } else if (wt->kind == INT4K) {                                                                             \
+            const uint8_t *c = wt->codes + n0 * wt->row_bytes;                                                      \
+            const uint8_t *z = (const uint8_t *)wt->table + n0 * (K / 16);                                          \
+            CHOOSE(INT4K_DOT);                                                                                      \
         } else if (wt->kind == INT8) {                                                                              \
             const int8_t *c = (const int8_t *)wt->codes + n0 * K;                                                   \
             const float *z = (const float *)wt->table + n0 * 2 * G;                                                 \
@@ -551,7 +584,8 @@ typedef struct {
             CHOOSE(INT6_DOT);                                                                                       \
         }                                                                                                           \
     } while (0)
-#define INT4_DOT(R, B, A) dot_rows(R, B, A, c, z, wt->row_bytes, row_scales, K, xq, dx, xs, acc, zacc)
+#define INT4_DOT(R, B, A) dot_rows(R, B, A, 0, c, z, wt->row_bytes, row_scales, K, xq, dx, xs, acc, zacc)
+#define INT4K_DOT(R, B, A) dot_rows(R, B, A, 1, c, z, wt->row_bytes, K / 16, K, xq, dx, xs, acc, zacc)
 #define INT8_DOT(R, B, A) dot_rows8(R, B, A, c, z, K, xq, dx, xs, halves, acc, zacc)
 #define INT6_DOT(R, B, A) dot_rows6(R, B, A, c, wt->row_bytes, K, xq, dx, halves, acc, zacc)
 
@@ -627,6 +661,16 @@ int specchat_int4_mm(const uint8_t *codes, const uint16_t *sz, const float *bias
                      int64_t P, const float *x, int64_t M, float *y, int64_t ldy, int threads, const float *norm,
                      float eps, int accumulate, int gated) {
     const weights_t wt = {INT4, codes, sz, K, P, P * K / 2};
+    return run(&wt, bias, N, x, M, y, ldy, threads, norm, eps, accumulate, gated);
+}
+
+/* y [M, N] fp32 = x [M, K] fp32 @ W.T (+ bias) for a GGUF's Q4_K rows: codes as specchat_int4_mm's (one plane),
+ * headers uint8 [N, K / 256, 16] the super-blocks' own (see the top of this file); norm, eps, accumulate, gated
+ * as for specchat_int4_mm, and the same batch invariance. K % 256 == 0. Returns 0, or -1 (no scratch). */
+int specchat_int4k_mm(const uint8_t *codes, const uint8_t *headers, const float *bias, int64_t N, int64_t K,
+                      const float *x, int64_t M, float *y, int64_t ldy, int threads, const float *norm, float eps,
+                      int accumulate, int gated) {
+    const weights_t wt = {INT4K, codes, headers, K, 1, K / 2};
     return run(&wt, bias, N, x, M, y, ldy, threads, norm, eps, accumulate, gated);
 }
 

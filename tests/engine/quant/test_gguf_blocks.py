@@ -21,9 +21,10 @@ CPU = torch.device("cpu")
 RNG = np.random.default_rng(11)
 
 
-def raw_blocks(kind: str, rows: int, cols: int, d_max: float = 0.01) -> np.ndarray:
+def raw_blocks(kind: str, rows: int, cols: int, d_max: float = 0.01, rng: np.random.Generator | None = None) -> np.ndarray:
     """Random but valid raw rows of a K-quant (gguf-py cannot quantize to these): random codes
-    and scales, finite fp16 super-block scales up to ``d_max``."""
+    and scales, finite fp16 super-block scales up to ``d_max`` (from ``rng``, else the module's)."""
+    RNG = rng if rng is not None else globals()["RNG"]
     qtype = GGMLQuantizationType[kind]
     block, size = quants.GGML_QUANT_SIZES[qtype]
     raw = RNG.integers(0, 256, (rows, cols // block, size), dtype=np.uint8)
@@ -149,6 +150,9 @@ def test_every_type_of_a_mixed_gguf_is_carried_and_decodes_as_before(tmp_path: P
         kind = TYPES[next(gg for gg, hf in HF.items() if name.endswith(hf))]
         assert weights.planes == (1 if kind == "Q4_K" else 2)
         assert weights.group_size == (16 if kind == "Q6_K" else 32)  # Q6_K's sub-blocks of 16, code for code
+        assert (weights.headers is not None) is (kind == "Q4_K")  # a Q4_K keeps its super-blocks' headers
+        if weights.headers is not None:
+            assert torch.equal(cpu_kernel.header_scales(weights.headers)[0], weights.scale)
         w = model.get_submodule(name).weight.detach()
         assert torch.allclose(weights.dequantize(), w, rtol=0, atol=1e-6 * float(w.abs().max()))
     only_four = carry_over(path, model, wide_planes=False)

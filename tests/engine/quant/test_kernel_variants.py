@@ -8,9 +8,10 @@ import torch
 
 from engine.quant import cpu_isa, cpu_kernel, cpu_linear
 from engine.quant.int4 import Int4Weights, quantize_weight, quantize_weight8, two_planes
+from tests.engine.quant.test_q4_k_headers import q4_k_weights
 
 VNNI = [name for name in cpu_kernel.VARIANTS if name != "avx2"]
-AVX2_ONLY = frozenset({"sse4_2", "avx", "avx2", "fma"})
+AVX2_ONLY = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c"})
 AVX512 = AVX2_ONLY | {"avx512f", "avx512bw", "avx512vl", "avx512_vnni"}
 
 
@@ -24,6 +25,8 @@ def _six_bit(n: int, k: int, seed: int) -> Int4Weights:
 def _weights(kind: str, n: int, k: int, seed: int) -> Int4Weights:
     if kind == "6-bit":
         return _six_bit(n, k, seed)
+    if kind == "q4_k":
+        return q4_k_weights(n, k, seed)
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05
     return quantize_weight8(w) if kind == "8-bit" else quantize_weight(w, 32)
 
@@ -45,7 +48,8 @@ def _runnable(name: str) -> None:
 @pytest.mark.parametrize("name", VNNI)
 @pytest.mark.parametrize("kind, n, k", [("int4", 37, 576), ("int4", 40, 1536), ("int4", 12, 64), ("int4", 9, 8960),
                                         ("8-bit", 21, 2112), ("8-bit", 16, 1536), ("6-bit", 19, 1536),
-                                        ("6-bit", 8, 2304), ("6-bit", 9, 8960)])
+                                        ("6-bit", 8, 2304), ("6-bit", 9, 8960), ("q4_k", 37, 512), ("q4_k", 40, 1536),
+                                        ("q4_k", 9, 8960)])
 def test_each_vnni_variant_gives_every_output_the_avx2_bits(name: str, kind: str, n: int, k: int) -> None:
     """Random layers of each layout (K with and without a tail after its 256-weight blocks, rows off
     the kernel's tile, long rows one at a time, long 6-bit rows in tiles again on VNNI), one token and
@@ -60,7 +64,8 @@ def test_each_vnni_variant_gives_every_output_the_avx2_bits(name: str, kind: str
     bias = torch.randn(n)
     out = {}
     for variant in ("avx2", name):
-        packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, planes, variant=variant)
+        packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, planes, variant=variant,
+                                        headers=weights.headers)
         plain = cpu_linear.linear(packed, table, bias, k, planes, variant=variant)
         normed = cpu_linear.linear(packed, table, None, k, planes, norm=norm, variant=variant)
         gated = cpu_linear.linear(packed, table, None, k, planes, gated=True, variant=variant)
@@ -73,11 +78,12 @@ def test_each_vnni_variant_gives_every_output_the_avx2_bits(name: str, kind: str
 
 
 @pytest.mark.parametrize("name", list(cpu_kernel.VARIANTS))
-@pytest.mark.parametrize("kind, k", [("int4", 576), ("int4", 1536), ("8-bit", 2112), ("6-bit", 1536)])
+@pytest.mark.parametrize("kind, k", [("int4", 576), ("int4", 1536), ("8-bit", 2112), ("6-bit", 1536), ("q4_k", 1536)])
 def test_every_variants_layout_keeps_every_code(name: str, kind: str, k: int) -> None:
     """Packing for any variant (no CPU needed) and unpacking for the same gives the codes back."""
     weights = _weights(kind, 6, k, seed=k)
-    packed, _ = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, weights.planes, variant=name)
+    packed, _ = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, weights.planes, variant=name,
+                                headers=weights.headers)
     assert torch.equal(cpu_kernel.unpack_codes(packed, k if kind == "6-bit" else None, variant=name), weights.codes)
 
 
@@ -103,18 +109,27 @@ def test_the_variant_follows_the_cpus_flags_unless_one_is_forced(
     monkeypatch.setenv(cpu_kernel.ENV, env)
     assert cpu_kernel.why_not() is None
     assert cpu_isa.choose() == chosen
-    assert cpu_kernel.layout_tag(chosen) == ("1" if chosen == "avx2" else "1-vnni")
+    assert cpu_kernel.layout_tag(chosen) == ("2" if chosen == "avx2" else "2-vnni")
 
 
 def test_a_forced_variant_the_cpu_lacks_or_an_unknown_name_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: AVX2_ONLY)
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
     monkeypatch.setenv(cpu_kernel.ENV, "avx512-vnni")
-    assert cpu_kernel.why_not() == ("the avx512-vnni variant needs the CPU flags avx512f avx512bw avx512vl "
+    assert cpu_kernel.why_not() == ("the avx512-vnni variant needs the CPU flags f16c avx512f avx512bw avx512vl "
                                     "avx512_vnni, and this CPU lacks some")
     assert cpu_kernel.variant() is None and cpu_kernel.library.__wrapped__() is None
     monkeypatch.setenv(cpu_kernel.ENV, "avx9")
     assert cpu_kernel.why_not() == f"{cpu_kernel.ENV}=avx9 is not one of torch, auto, avx512-vnni, avx-vnni, avx2"
+
+
+def test_an_avx2_cpu_without_f16c_runs_torchs_kernel_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """F16C converts a Q4_K header's fp16 d and dmin: a CPU reporting AVX2 without it (none is known) is told so."""
+    monkeypatch.setattr(cpu_isa, "cpu_flags", lambda: AVX2_ONLY - {"f16c"})
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
+    monkeypatch.setenv(cpu_kernel.ENV, "")
+    assert cpu_isa.choose() == "avx2"
+    assert cpu_kernel.why_not() == "the avx2 variant needs the CPU flags f16c, and this CPU lacks some"
 
 
 def test_the_cpu_features_named_are_the_ones_the_cpu_reports(monkeypatch: pytest.MonkeyPatch) -> None:
