@@ -15,7 +15,8 @@ and only the activations' rounding to 8 bits differs. A GGUF's Q4_K rows keep th
 16-byte headers instead (fp16 ``d``, ``dmin`` and 6-bit sub-scales and mins per 32: :func:`pack`'s
 ``headers``), from which the kernel computes ``s = d·sc`` and ``z − 8s = −dmin·m`` exactly: the file's
 own weights from 4.5 bits a weight, not 5. Two more kinds share the driver: 8-bit weights
-(two int4 planes joined, :func:`pack8`) and a GGUF's Q6_K as 6-bit codes (:func:`pack6`). Each output
+(two int4 planes joined, :func:`pack8`) and a GGUF's Q6_K as 6-bit codes (:func:`pack6`, its
+int8 sub-scales and fp16 ``d`` kept likewise: 6.56 bits a weight, not 7). Each output
 is computed by one thread with the same instructions whatever the number of tokens (one token
 takes four weight rows at a time; several take one row at a time, its codes unpacked once for up
 to four tokens), so verify passes stay row-exact (greedy speculation stays token-identical to
@@ -207,6 +208,14 @@ def matmul4k(variant: str | None = None) -> Matmul | None:
 
 
 @functools.cache
+def matmul6k(variant: str | None = None) -> Matmul | None:
+    """The matmul's entry point for a GGUF's Q6_K rows with their headers (:func:`pack6`'s; None where
+    :func:`library` is). Signature as :func:`matmul4k`'s: ``codes`` uint8 ``[N, K·3/4]``, ``headers`` uint8
+    ``[N, K/256·18]``."""
+    return _entry("specchat_int6k_mm", variant, P, P, P, I64, I64, P, I64, P, I64, INT, P, FLOAT, INT, INT)
+
+
+@functools.cache
 def matmul8(variant: str | None = None) -> Matmul | None:
     """The 8-bit matmul's entry point (two planes joined, :func:`pack8`; None where :func:`library` is).
 
@@ -281,7 +290,7 @@ def on_huge_pages(t: torch.Tensor, copy: bool = False) -> torch.Tensor:
 
 
 LAYOUT_VERSION = 2  # of pack's output; the int4 cache keeps weights in it (a change rebuilds those caches).
-# 2: a GGUF's Q4_K rows keep their super-blocks' headers (4.5 bits a weight, not 5)
+# 2: a GGUF's Q4_K and Q6_K rows keep their super-blocks' own scales (4.5 and 6.56 bits a weight, not 5 and 7)
 
 
 def layout_tag(name: str | None = None) -> str:
@@ -327,9 +336,9 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, planes: i
     Args:
         codes: uint8 ``[N, planes·K]`` in 0..15, ``w = (q − 8)·scale + zero``.
         scale, zero: ``[N, planes·K/32]``.
-        headers: one plane from a GGUF's Q4_K: its super-blocks' 16-byte headers, uint8
-            ``[N, K/256·16]`` (:attr:`engine.quant.groups.Int4Weights.headers`), which must give
-            ``scale`` and ``zero`` (:func:`check_headers`).
+        headers: from a GGUF's Q4_K (one plane) or Q6_K (6-bit planes), its super-blocks' own scales
+            (:attr:`engine.quant.groups.Int4Weights.headers`), which must give ``scale`` and ``zero``
+            (:func:`check_headers`).
     Returns:
         One plane: ``(packed, scales)``: uint8 ``[N, K/2]``, where each 64 weights take 32
         bytes, byte ``j`` holding weight ``j`` in its low nibble and ``j + 32`` in its high one;
@@ -343,7 +352,7 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, planes: i
     """
     if planes == 2:
         if scale.shape[1] * SIX_BIT_GROUP == codes.shape[1]:
-            return pack6(codes, scale, zero, six, variant=variant)
+            return pack6(codes, scale, zero, six, variant=variant, headers=headers)
         return pack8(codes, scale, zero, variant=variant)
     n, width = codes.shape
     if headers is not None:
@@ -375,10 +384,31 @@ def header_scales(headers: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return (d * sc.float()).reshape(n, -1), (dmin * mn.float()).reshape(n, -1)
 
 
-def check_headers(headers: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> None:
-    """That Q4_K headers give these groups: ``scale == d·sc`` exactly and ``zero − 8·scale == −dmin·m`` up to
-    the fp32 rounding of ``zero``; ValueError where they do not (the headers belong to other weights)."""
+Q6_K_HEADER = 18
+"""Bytes of a Q6_K super-block's scales: 16 int8 sub-scales, then fp16 ``d``."""
+
+
+def six_header_scales(headers: torch.Tensor) -> torch.Tensor:
+    """Q6_K headers uint8 ``[N, B·18]`` as fp32 ``d·sc`` ``[N, 16B]``, exact (how the kernel reads them)."""
+    n = headers.shape[0]
+    h = headers.reshape(n, -1, Q6_K_HEADER)
+    sc = h[..., :16].contiguous().view(torch.int8).float()
+    d = h[..., 16:18].contiguous().view(torch.float16).float()
+    return (d * sc).reshape(n, -1)
+
+
+def check_headers(headers: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, planes: int = 1) -> None:
+    """That a Q4_K's headers give these groups (``scale == d·sc`` exactly and ``zero − 8·scale == −dmin·m`` up
+    to the fp32 rounding of ``zero``), or with ``planes = 2`` a Q6_K's give its 6-bit planes' scales (the low
+    plane's, ``d·sc`` exactly); ValueError where they do not (the headers belong to other weights)."""
     n = scale.shape[0]
+    if planes == 2:
+        low = scale[:, : scale.shape[1] // 2]
+        if headers.shape != (n, low.shape[1] // 16 * Q6_K_HEADER) or low.shape[1] % 16:
+            raise ValueError(f"Q6_K headers of shape {tuple(headers.shape)} do not fit {n} x {low.shape[1] * 16} weights")
+        if not torch.equal(six_header_scales(headers), low.float()):
+            raise ValueError("the Q6_K headers do not give these weights' scales")
+        return
     if headers.shape != (n, scale.shape[1] * 2) or scale.shape[1] % 8:
         raise ValueError(f"Q4_K headers of shape {tuple(headers.shape)} do not fit {n} x {scale.shape[1] * 32} weights")
     s, m = header_scales(headers)
@@ -435,7 +465,8 @@ PACK_ROWS = 8192
 
 
 def pack6(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
-          found: tuple[torch.Tensor, torch.Tensor] | None = None, variant: str | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+          found: tuple[torch.Tensor, torch.Tensor] | None = None, variant: str | None = None,
+          headers: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Two int4 planes in groups of 16 of 6-bit form (:func:`six_bit_codes`) as ``specchat_int6_mm``
     reads them: uint8 ``[N, stride]``, each row its codes (``K·3/4`` bytes: per 128 weights 64 bytes
     of nibbles, weight ``j`` low and ``j + 32`` high, then ``64 + j`` and ``96 + j``, and 32 bytes
@@ -443,12 +474,18 @@ def pack6(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
     its bf16 scales, padded to 32 bytes: one stream a row, 7 bits a weight (Q6_K's 6.56). The
     second tensor is an empty table (the scales are in the rows). ``found``: :func:`six_bit_codes`'s
     answer for these planes, when the caller has it (it decodes every code: seconds for a large head).
+    ``headers``: a Q6_K's own 18 bytes a super-block (16 int8 sub-scales, fp16 ``d``; :func:`check_headers`):
+    then the rows hold only their codes (``K·3/4`` bytes) and the headers are the table, 6.56 bits a
+    weight, and the kernel computes ``d·sc`` exactly instead of reading it rounded to bf16.
     """
     if codes.shape[0] > PACK_ROWS:  # rows are independent: a tall head in pieces (GBs of temporaries at once)
         pieces = [pack6(codes[r:r + PACK_ROWS], scale[r:r + PACK_ROWS], zero[r:r + PACK_ROWS],
-                        None if found is None else (found[0][r:r + PACK_ROWS], found[1][r:r + PACK_ROWS]), variant)
+                        None if found is None else (found[0][r:r + PACK_ROWS], found[1][r:r + PACK_ROWS]), variant,
+                        None if headers is None else headers[r:r + PACK_ROWS])
                   for r in range(0, codes.shape[0], PACK_ROWS)]
-        return torch.cat([p for p, _ in pieces]), torch.empty(codes.shape[0], 0, dtype=torch.uint8)
+        table = torch.cat([t for _, t in pieces]) if headers is not None else torch.empty(codes.shape[0], 0,
+                                                                                          dtype=torch.uint8)
+        return torch.cat([p for p, _ in pieces]), table
     found = found if found is not None else six_bit_codes(codes, scale, zero)
     if found is None:
         raise ValueError("these planes are not 6-bit weights (w = (q - 32) s, q in 0..63, groups of 16)")
@@ -463,6 +500,9 @@ def pack6(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor,
                            chunks[:, :, 2] & 15 | (chunks[:, :, 3] & 15) << 4], dim=2).reshape(n, k // 128, 64)
     top = chunks >> 4
     tops = top[:, :, 0] | top[:, :, 1] << 2 | top[:, :, 2] << 4 | top[:, :, 3] << 6
+    if headers is not None:
+        check_headers(headers, scale, zero, planes=2)
+        return torch.cat([nibbles, tops], dim=2).reshape(n, -1).contiguous(), headers.to(torch.uint8).contiguous()
     row = k // 4 * 3 + k // 8
     stride = -(-row // 32) * 32
     out = torch.zeros(n, stride, dtype=torch.uint8)

@@ -34,8 +34,9 @@ def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
         raise ValueError("a gated input takes no folded norm")
     six = planes == 2 and packed.dtype == torch.uint8
     k_quant = planes == 1 and scales.dtype == torch.uint8  # a Q4_K's headers (cpu_kernel.pack)
-    entry = (cpu_kernel.matmul4k if k_quant else cpu_kernel.matmul if planes == 1 else cpu_kernel.matmul6 if six
-             else cpu_kernel.matmul8)
+    six_k = six and scales.numel() > 0  # a Q6_K's codes, its headers beside them (cpu_kernel.pack6)
+    entry = (cpu_kernel.matmul4k if k_quant else cpu_kernel.matmul if planes == 1 else cpu_kernel.matmul6k if six_k
+             else cpu_kernel.matmul6 if six else cpu_kernel.matmul8)
     fn = entry() if variant is None else entry(variant)
     if fn is None:
         raise RuntimeError("specchat's CPU int4 kernel is not available here")
@@ -66,7 +67,7 @@ def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
                     or target.numel() != m * n or (m > 1 and ldy < n)):
                 raise ValueError(f"the residual or output must be a float32 tensor of {m} x {n} with unit column stride")
             y = target
-        if k_quant:
+        if k_quant or six_k:
             failed = fn(codes_ptr, scales_ptr, bias_ptr, n, k, flat.data_ptr(), m, y.data_ptr(), ldy, threads(),
                         norm_ptr, eps, residual is not None, gated)
         elif planes == 1:
@@ -86,8 +87,8 @@ def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
         return y if x.dtype == torch.float32 else y.to(x.dtype)
 
     f.keep = (packed, scales, bias32, norm32)  # type: ignore[attr-defined]  # the pointers' owners live as long as f
-    # what engine/model/cpu_layer.py hands csrc/layer.c: (kind 0 int4 / 1 8-bit / 2 6-bit / 3 int4 with Q4_K headers,
-    # codes, table, stride, bias, N, K), and the folded norm's (weight, eps)
-    f.spec = (3 if k_quant else 0 if planes == 1 else 2 if six else 1, codes_ptr, scales_ptr, int(packed.stride(0)), bias_ptr, n, k)  # type: ignore[attr-defined]
+    # what engine/model/cpu_layer.py hands csrc/layer.c: (kind 0 int4 / 1 8-bit / 2 6-bit / 3 int4 with Q4_K headers /
+    # 4 6-bit with Q6_K headers, codes, table, stride, bias, N, K), and the folded norm's (weight, eps)
+    f.spec = (3 if k_quant else 4 if six_k else 0 if planes == 1 else 2 if six else 1, codes_ptr, scales_ptr, int(packed.stride(0)), bias_ptr, n, k)  # type: ignore[attr-defined]
     f.norm_spec = (norm_ptr, eps, gated)  # type: ignore[attr-defined]
     return f

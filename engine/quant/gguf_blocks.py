@@ -32,8 +32,9 @@ The codes are kept bit for bit; the kernel rounds each scale and zero to bf16,
 the only error the carry-over adds (:func:`bf16_rounding_error` measures it;
 every zero above is an exact multiple of a power of two times ``d``, so it rounds
 no worse than ``d``). A Q4_K's rows also carry their super-blocks' 16-byte headers
-(:func:`q4_k_headers`), which specchat's CPU kernel reads in place of the bf16 scales:
-there it multiplies the file's weights exactly, from 4.5 bits a weight.
+(:func:`q4_k_headers`), and a Q6_K's their sub-scales and ``d`` (:func:`q6_k_headers`), which
+specchat's CPU kernel reads in place of the bf16 scales: there it multiplies the file's weights
+exactly, from 4.5 and 6.56 bits a weight.
 
 The GGUF's tensor names and row order are mapped to the model's modules with
 transformers' own GGUF name map and tensor processor
@@ -127,6 +128,13 @@ def q4_k_headers(data: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(np.ascontiguousarray(data).reshape(n, -1, 144)[..., :16]).reshape(n, -1)
 
 
+def q6_k_headers(data: np.ndarray) -> np.ndarray:
+    """The scales of raw Q6_K rows ``[N, bytes_per_row]`` as stored (16 int8 sub-scales, then fp16 ``d``, per
+    super-block): uint8 ``[N, K / 256 · 18]`` (specchat's CPU kernel reads them as they are)."""
+    n = data.shape[0]
+    return np.ascontiguousarray(np.ascontiguousarray(data).reshape(n, -1, 210)[..., 192:]).reshape(n, -1)
+
+
 def decode_8bit_rows(data: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Split raw Q8_0/Q5_0 rows into 8-bit codes ``u`` and the two planes' scale and zeros.
 
@@ -188,7 +196,8 @@ def _carried(tensor_data: np.ndarray, kind: str, process: Callable[[np.ndarray],
     if kind == "Q6_K":
         q, scale = decode_q6_k_rows(tensor_data)
         s = rows(scale)
-        return two_planes(rows(q).to(torch.int32) + 96, s, 8.0 * s, torch.zeros_like(s), SIX_BIT_GROUP)
+        planes = two_planes(rows(q).to(torch.int32) + 96, s, 8.0 * s, torch.zeros_like(s), SIX_BIT_GROUP)
+        return dataclasses.replace(planes, headers=rows(q6_k_headers(tensor_data)))
     return quantize_weight8(weight, BLOCK)
 
 
@@ -245,9 +254,10 @@ class GgufCarrier:
             return None
         if weights.headers is not None:
             try:
-                check_headers(weights.headers, weights.scale, weights.zero)
+                check_headers(weights.headers, weights.scale, weights.zero, weights.planes)
             except ValueError:  # the row processor moved rows and headers apart: keep the groups, bf16 tables
-                log.warning("GGUF tensor %s: its Q4_K headers do not follow its rows; keeping bf16 scales", tensor.name)
+                log.warning("GGUF tensor %s: its %s headers do not follow its rows; keeping bf16 scales", tensor.name,
+                            kind)
                 weights = dataclasses.replace(weights, headers=None)
         return weights
 

@@ -59,8 +59,10 @@ class Int4Weights:
 
     ``headers``: for one plane carried from a GGUF's Q4_K, its super-blocks' 16-byte headers
     uint8 ``[N, K / 256 · 16]`` (fp16 ``d``, ``dmin``, the packed 6-bit sub-scales and mins), from
-    which ``scale = d·sc`` and ``zero = 8·d·sc − dmin·m`` came: specchat's CPU kernel keeps them in
-    place of a bf16 scale and zero per group (:func:`engine.quant.cpu_kernel.pack`). None otherwise.
+    which ``scale = d·sc`` and ``zero = 8·d·sc − dmin·m`` came; for a Q6_K's 6-bit planes, its 18
+    bytes a super-block ``[N, K / 256 · 18]`` (16 int8 sub-scales, fp16 ``d``: ``scale = d·sc``).
+    specchat's CPU kernel keeps them in place of bf16 scales (:func:`engine.quant.cpu_kernel.pack`).
+    None otherwise.
     """
 
     codes: torch.Tensor

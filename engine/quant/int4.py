@@ -101,7 +101,7 @@ class Int4Linear(nn.Module):
             # copies: what it is given may lie on a cache file's mapping, which a tensor left there keeps resident
             packed, table = cpu_kernel.on_huge_pages(weights.packed, copy=True), weights.table.clone()
         elif self.kernel == "specchat":
-            headers = weights.headers if weights.planes == 1 else None
+            headers = weights.headers if weights.planes == 1 or six is not None else None
             packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, weights.planes, six,
                                             headers=headers)
             packed = cpu_kernel.on_huge_pages(packed)
@@ -140,7 +140,8 @@ class Int4Linear(nn.Module):
         first = layers[0]
         return (all(l.group_size == first.group_size and l.in_features == first.in_features
                     and l.planes == first.planes and l.kernel == first.kernel
-                    and l.scales_and_zeros.dtype == first.scales_and_zeros.dtype for l in layers)  # one kind of table
+                    and l.scales_and_zeros.dtype == first.scales_and_zeros.dtype  # one kind of table
+                    and bool(l.scales_and_zeros.numel()) == bool(first.scales_and_zeros.numel()) for l in layers)
                 and (first.kernel == "specchat" or all(l.out_features % FUSE_ROWS == 0 for l in layers[:-1])))
 
     @staticmethod

@@ -446,11 +446,14 @@ static inline __attribute__((always_inline)) void dot_rows8(int rows, int mb, in
  * saturation), summed to int32 lanes 0..3 (the first 16 weights) and 4..7 (the next 16); four groups'
  * sums pairwise (vphaddd: lanes 0..3 the groups' first 16 weights, 4..7 their last) and one multiply-add
  * with their scales times dx into acc. The -32 of each code is paid once a super-block into zacc: the
- * scales times dx times -32 sum(xq) per 16 (prepare's halves, in the same lane order). */
-static inline __attribute__((always_inline)) void dot_rows6(int rows, int mb, int ahead, const uint8_t *w,
-                                                            int64_t stride, int64_t K, const int8_t *xq,
-                                                            const float *dx, const float *halves, __m256 *acc_out,
-                                                            __m256 *zacc_out) {
+ * scales times dx times -32 sum(xq) per 16 (prepare's halves, in the same lane order).
+ * kq = 1: the rows hold only their codes (stride K * 3/4), and the scales come from the super-blocks' own
+ * 18 bytes in `table` (row_table bytes a row; per super-block the 16 int8 sub-scales sc, then fp16 d, as a
+ * GGUF stores them): s = d sc, exact in fp32 (11 bits of d times 8 of sc), 6.56 bits a weight, not 7. */
+static inline __attribute__((always_inline)) void dot_rows6(int rows, int mb, int ahead, int kq, const uint8_t *w,
+                                                            int64_t stride, const uint8_t *table, int64_t row_table,
+                                                            int64_t K, const int8_t *xq, const float *dx,
+                                                            const float *halves, __m256 *acc_out, __m256 *zacc_out) {
     /* the accumulators in registers (through the pointers every update would go to memory and back) */
     __m256 acc[ACC], zacc[ACC];
     copy_acc(rows * mb, acc, zacc, acc_out, zacc_out);
@@ -467,9 +470,22 @@ static inline __attribute__((always_inline)) void dot_rows6(int rows, int mb, in
     for (int64_t b = 0; b < K / 256; b++) { /* super-blocks of 256 weights: 8 groups, 16 scales */
         const int64_t g = 8 * b;
         for (int r = 0; r < rows; r++) {
-            const uint16_t *s = (const uint16_t *)(w + r * stride + code_bytes) + 16 * b;
-            const __m256 lo = _mm256_permutevar8x32_ps(bf16x8(s), order);
-            const __m256 hi = _mm256_permutevar8x32_ps(bf16x8(s + 8), order);
+            __m256 lo, hi;
+            if (kq) {
+                const uint8_t *t = table + r * row_table + 18 * b;
+                const __m128i sc = _mm_loadu_si128((const __m128i *)t);
+                uint16_t dh;
+                memcpy(&dh, t + 16, sizeof dh);
+                const __m256 d = _mm256_broadcastss_ps(_mm_cvtph_ps(_mm_cvtsi32_si128(dh)));
+                lo = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(sc)));
+                hi = _mm256_mul_ps(d, _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_srli_si128(sc, 8))));
+            } else {
+                const uint16_t *s = (const uint16_t *)(w + r * stride + code_bytes) + 16 * b;
+                lo = bf16x8(s);
+                hi = bf16x8(s + 8);
+            }
+            lo = _mm256_permutevar8x32_ps(lo, order);
+            hi = _mm256_permutevar8x32_ps(hi, order);
             for (int i = 0; i < mb; i++) { /* and the offsets' part, sum_i (-32) xq_i s per 16 */
                 const int a = r * mb + i;
                 sd[a][0] = _mm256_mul_ps(lo, _mm256_broadcast_ps((const __m128 *)(dx + i * G + g)));
@@ -527,14 +543,15 @@ static inline __attribute__((always_inline)) void dot_rows6(int rows, int mb, in
     copy_acc(rows * mb, acc_out, zacc_out, acc, zacc);
 }
 
-enum { INT4 = 0, INT8 = 1, INT6 = 2, INT4K = 3 };
+enum { INT4 = 0, INT8 = 1, INT6 = 2, INT4K = 3, INT6K = 4 };
+#define SIX_BITS(kind) ((kind) == INT6 || (kind) == INT6K)
 
 /* Where one kind of weights lies: codes (and for INT4 P planes side by side), scales/table. */
 typedef struct {
     int kind;
     const uint8_t *codes;
     const void *table; /* INT4: bf16 [N, P, 2, G]; INT8: fp32 [N, 2, G]; INT6: NULL (in the rows);
-                        * INT4K: Q4_K headers uint8 [N, K / 256, 16] */
+                        * INT4K: Q4_K headers uint8 [N, K / 256, 16]; INT6K: Q6_K's uint8 [N, K / 256, 18] */
     int64_t K, P, row_bytes;
 } weights_t;
 
@@ -579,6 +596,10 @@ typedef struct {
             const int8_t *c = (const int8_t *)wt->codes + n0 * K;                                                   \
             const float *z = (const float *)wt->table + n0 * 2 * G;                                                 \
             CHOOSE(INT8_DOT);                                                                                       \
+        } else if (wt->kind == INT6K) {                                                                             \
+            const uint8_t *c = wt->codes + n0 * wt->row_bytes;                                                      \
+            const uint8_t *z = (const uint8_t *)wt->table + n0 * (K / 256 * 18);                                    \
+            CHOOSE(INT6K_DOT);                                                                                      \
         } else {                                                                                                    \
             const uint8_t *c = wt->codes + n0 * wt->row_bytes;                                                      \
             CHOOSE(INT6_DOT);                                                                                       \
@@ -587,7 +608,8 @@ typedef struct {
 #define INT4_DOT(R, B, A) dot_rows(R, B, A, 0, c, z, wt->row_bytes, row_scales, K, xq, dx, xs, acc, zacc)
 #define INT4K_DOT(R, B, A) dot_rows(R, B, A, 1, c, z, wt->row_bytes, K / 16, K, xq, dx, xs, acc, zacc)
 #define INT8_DOT(R, B, A) dot_rows8(R, B, A, c, z, K, xq, dx, xs, halves, acc, zacc)
-#define INT6_DOT(R, B, A) dot_rows6(R, B, A, c, wt->row_bytes, K, xq, dx, halves, acc, zacc)
+#define INT6_DOT(R, B, A) dot_rows6(R, B, A, 0, c, wt->row_bytes, NULL, 0, K, xq, dx, halves, acc, zacc)
+#define INT6K_DOT(R, B, A) dot_rows6(R, B, A, 1, c, wt->row_bytes, z, K / 256 * 18, K, xq, dx, halves, acc, zacc)
 
 static inline void tile_dot(const weights_t *wt, int rows, int mb, int64_t tile, int64_t n0, const int8_t *xq,
                             const float *dx, const float *xs, const float *halves, __m256 *acc, __m256 *zacc) {
@@ -615,9 +637,9 @@ static int run(const weights_t *wt, const float *bias, int64_t N, const float *x
     if (prepare(x, M, K, norm, eps, gated, &xq, &dx, &xs, &halves)) return -1;
     for (int64_t m0 = 0; m0 < M; m0 += MCHUNK) {
         const int64_t m1 = m0 + MCHUNK < M ? m0 + MCHUNK : M;
-        const int tiled = wt->row_bytes < LONG_ROW || (wt->kind == INT6 && wt->row_bytes >= SIX_TILE_ROW);
+        const int tiled = wt->row_bytes < LONG_ROW || (SIX_BITS(wt->kind) && wt->row_bytes >= SIX_TILE_ROW);
         const int64_t pass_tokens = m1 - m0 < MB ? m1 - m0 : MB;
-        const int wide = MROWS > 1 && m1 - m0 > 1 && (pass_tokens * K > WIDE_X || (wt->kind == INT6 && K >= WIDE_K));
+        const int wide = MROWS > 1 && m1 - m0 > 1 && (pass_tokens * K > WIDE_X || (SIX_BITS(wt->kind) && K >= WIDE_K));
         const int64_t tile = wide ? MROWS : m1 - m0 > 1 || !tiled ? 1 : ROWS;
         const int64_t tiles = (N + tile - 1) / tile;
 #pragma omp parallel for schedule(static) num_threads(threads)
@@ -681,6 +703,16 @@ int specchat_int8_mm(const int8_t *codes, const float *st, const float *bias, in
                      int64_t M, float *y, int64_t ldy, int threads, const float *norm, float eps, int accumulate,
                      int gated) {
     const weights_t wt = {INT8, (const uint8_t *)codes, st, K, 1, K};
+    return run(&wt, bias, N, x, M, y, ldy, threads, norm, eps, accumulate, gated);
+}
+
+/* y [M, N] fp32 = x [M, K] fp32 @ W.T (+ bias) for a GGUF's Q6_K rows: codes uint8 [N, K * 3/4] as dot_rows6
+ * reads them, headers uint8 [N, K / 256, 18] the super-blocks' own sub-scales and d; norm, eps, accumulate,
+ * gated as for specchat_int4_mm, and the same batch invariance. K % 256 == 0. Returns 0, or -1 (no scratch). */
+int specchat_int6k_mm(const uint8_t *codes, const uint8_t *headers, const float *bias, int64_t N, int64_t K,
+                      const float *x, int64_t M, float *y, int64_t ldy, int threads, const float *norm, float eps,
+                      int accumulate, int gated) {
+    const weights_t wt = {INT6K, codes, headers, K, 1, K / 4 * 3};
     return run(&wt, bias, N, x, M, y, ldy, threads, norm, eps, accumulate, gated);
 }
 

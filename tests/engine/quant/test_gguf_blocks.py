@@ -142,6 +142,10 @@ def mixed_gguf(tmp_path: Path) -> tuple[Path, Qwen2ForCausalLM]:
     return path, model
 
 
+def w_k(weights: Int4Weights) -> int:
+    return weights.shape[1]
+
+
 def test_every_type_of_a_mixed_gguf_is_carried_and_decodes_as_before(tmp_path: Path) -> None:
     path, model = mixed_gguf(tmp_path)
     carried = carry_over(path, model)
@@ -150,9 +154,11 @@ def test_every_type_of_a_mixed_gguf_is_carried_and_decodes_as_before(tmp_path: P
         kind = TYPES[next(gg for gg, hf in HF.items() if name.endswith(hf))]
         assert weights.planes == (1 if kind == "Q4_K" else 2)
         assert weights.group_size == (16 if kind == "Q6_K" else 32)  # Q6_K's sub-blocks of 16, code for code
-        assert (weights.headers is not None) is (kind == "Q4_K")  # a Q4_K keeps its super-blocks' headers
-        if weights.headers is not None:
+        assert (weights.headers is not None) is (kind in ("Q4_K", "Q6_K"))  # a K-quant keeps its super-blocks' scales
+        if kind == "Q4_K":
             assert torch.equal(cpu_kernel.header_scales(weights.headers)[0], weights.scale)
+        if kind == "Q6_K":
+            assert torch.equal(cpu_kernel.six_header_scales(weights.headers), weights.scale[:, : w_k(weights) // 16])
         w = model.get_submodule(name).weight.detach()
         assert torch.allclose(weights.dequantize(), w, rtol=0, atol=1e-6 * float(w.abs().max()))
     only_four = carry_over(path, model, wide_planes=False)

@@ -8,7 +8,7 @@ import torch
 
 from engine.quant import cpu_isa, cpu_kernel, cpu_linear
 from engine.quant.int4 import Int4Weights, quantize_weight, quantize_weight8, two_planes
-from tests.engine.quant.test_q4_k_headers import q4_k_weights
+from tests.engine.quant.test_k_quant_headers import q4_k_weights, q6_k_weights
 
 VNNI = [name for name in cpu_kernel.VARIANTS if name != "avx2"]
 AVX2_ONLY = frozenset({"sse4_2", "avx", "avx2", "fma", "f16c"})
@@ -27,6 +27,8 @@ def _weights(kind: str, n: int, k: int, seed: int) -> Int4Weights:
         return _six_bit(n, k, seed)
     if kind == "q4_k":
         return q4_k_weights(n, k, seed)
+    if kind == "q6_k":
+        return q6_k_weights(n, k, seed)
     w = torch.randn(n, k, generator=torch.Generator().manual_seed(seed)) * 0.05
     return quantize_weight8(w) if kind == "8-bit" else quantize_weight(w, 32)
 
@@ -49,7 +51,7 @@ def _runnable(name: str) -> None:
 @pytest.mark.parametrize("kind, n, k", [("int4", 37, 576), ("int4", 40, 1536), ("int4", 12, 64), ("int4", 9, 8960),
                                         ("8-bit", 21, 2112), ("8-bit", 16, 1536), ("6-bit", 19, 1536),
                                         ("6-bit", 8, 2304), ("6-bit", 9, 8960), ("q4_k", 37, 512), ("q4_k", 40, 1536),
-                                        ("q4_k", 9, 8960)])
+                                        ("q4_k", 9, 8960), ("q6_k", 19, 1536), ("q6_k", 9, 8960)])
 def test_each_vnni_variant_gives_every_output_the_avx2_bits(name: str, kind: str, n: int, k: int) -> None:
     """Random layers of each layout (K with and without a tail after its 256-weight blocks, rows off
     the kernel's tile, long rows one at a time, long 6-bit rows in tiles again on VNNI), one token and
@@ -78,13 +80,14 @@ def test_each_vnni_variant_gives_every_output_the_avx2_bits(name: str, kind: str
 
 
 @pytest.mark.parametrize("name", list(cpu_kernel.VARIANTS))
-@pytest.mark.parametrize("kind, k", [("int4", 576), ("int4", 1536), ("8-bit", 2112), ("6-bit", 1536), ("q4_k", 1536)])
+@pytest.mark.parametrize("kind, k", [("int4", 576), ("int4", 1536), ("8-bit", 2112), ("6-bit", 1536), ("q4_k", 1536),
+                                     ("q6_k", 1536)])
 def test_every_variants_layout_keeps_every_code(name: str, kind: str, k: int) -> None:
     """Packing for any variant (no CPU needed) and unpacking for the same gives the codes back."""
     weights = _weights(kind, 6, k, seed=k)
     packed, _ = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, weights.planes, variant=name,
                                 headers=weights.headers)
-    assert torch.equal(cpu_kernel.unpack_codes(packed, k if kind == "6-bit" else None, variant=name), weights.codes)
+    assert torch.equal(cpu_kernel.unpack_codes(packed, k if kind in ("6-bit", "q6_k") else None, variant=name), weights.codes)
 
 
 def test_the_vnni_order_moves_only_whole_256_blocks_and_undoes_itself() -> None:
