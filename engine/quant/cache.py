@@ -262,7 +262,10 @@ def apply_int4(
     cache = _cache_file(location, group_size, quantize_head, wide_planes, layout)
     cached = _load(cache) if cache is not None and cache.is_file() else None
     found = cache
-    if cached is None and layout:  # an older cache of codes and scales: read once, rewritten below
+    carry = gguf is not None and group_size == 32 and gguf.is_file()
+    # an older cache of codes and scales: read once, rewritten below; not where the GGUF is at hand, whose Q4_K
+    # and Q6_K blocks carry their own scales (the kernel's exact tables), which that cache lacks
+    if cached is None and layout and not carry:
         found = _cache_file(location, group_size, quantize_head, wide_planes)
         cached = _load(found) if found is not None and found.is_file() else None
     if cached is not None:
@@ -276,7 +279,7 @@ def apply_int4(
         log.info("%s (from the cache %s)", report.summary(), found)
         return report
     carried: dict[str, Int4Weights] = {}
-    if gguf is not None and group_size == 32 and gguf.is_file():
+    if carry:
         from engine.quant.gguf_blocks import carry_over
 
         carried = carry_over(gguf, model, wide_planes=wide_planes)

@@ -186,6 +186,20 @@ def test_every_type_of_a_mixed_gguf_is_carried_and_decodes_as_before(tmp_path: P
     assert float((mine - quantized).abs().max()) <= (5e-3 if folded else 1e-4) * float(quantized.abs().max())
 
 
+def test_k_quant_scales_carried_in_row_pieces_are_the_whole_tensors(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from engine.quant import gguf_blocks
+
+    path, model = mixed_gguf(tmp_path)
+    whole = carry_over(path, model)
+    monkeypatch.setattr(gguf_blocks, "CARRY_ROWS", 24)  # every layer has more rows than that
+    pieces = carry_over(path, model)
+    kept = [name for name, w in whole.items() if w.headers is not None]
+    assert len(kept) == 8  # q, gate (Q4_K) and v, down (Q6_K) in each of two layers
+    for name in kept:
+        assert torch.equal(pieces[name].headers, whole[name].headers), name
+
+
 def test_the_int4_cache_keeps_planes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
     path, model = mixed_gguf(tmp_path)

@@ -133,6 +133,7 @@ def test_an_avx2_cpu_without_f16c_runs_torchs_kernel_and_says_why(monkeypatch: p
     monkeypatch.setenv(cpu_kernel.ENV, "")
     assert cpu_isa.choose() == "avx2"
     assert cpu_kernel.why_not() == "the avx2 variant needs the CPU flags f16c, and this CPU lacks some"
+    assert cpu_kernel.variant() is None and cpu_kernel.library.__wrapped__() is None
 
 
 def test_the_cpu_features_named_are_the_ones_the_cpu_reports(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -72,6 +72,26 @@ def test_an_older_cache_of_codes_is_read_once_and_rewritten(tmp_path: Path, monk
     assert torch.equal(first, second) and carried == 14
 
 
+def test_an_older_cache_is_passed_over_where_the_gguf_gives_its_own_scales(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """The older cache holds bf16-rounded scales; with the GGUF at hand the blocks are carried again, so the Q4_K
+    and Q6_K layers keep their own scales (uint8 tables) and the logits are a cold build's."""
+    gguf, src, kind = _model(tmp_path)
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cold"))
+    cold, _ = _logits(kind, src, gguf)
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    real = cpu_kernel.matmul
+    monkeypatch.setattr(cpu_kernel, "matmul", lambda: None)  # as before this cache: codes and scales
+    apply_int4(kind.from_pretrained(src).eval(), location=str(src), gguf=gguf, wide_planes=True)
+    monkeypatch.setattr(cpu_kernel, "matmul", real)
+    assert _cache_file(str(src), 32, True, True).is_file()  # type: ignore[union-attr]
+    warm, carried = _logits(kind, src, gguf)
+    assert torch.equal(warm, cold) and carried == 14
+    with safe_open(str(_cache_file(str(src), 32, True, True, layout=True)), framework="pt") as f:
+        tables = {k.rsplit(".", 2)[-2]: f.get_tensor(k).dtype for k in f.keys() if k.endswith(".table")}
+    assert tables["q_proj"] == tables["down_proj"] == torch.uint8  # Q4_K, Q6_K (mixed_gguf's TYPES)
+
+
 def test_a_layout_of_another_version_is_rebuilt(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     gguf, src, kind = _model(tmp_path)
     cold, _ = _logits(kind, src, gguf)
