@@ -87,7 +87,7 @@ def _label(r: dict[str, Any]) -> str:
 def format_table(results: Sequence[dict[str, Any]], prompt_class: str = "all") -> str:
     """The summary of every method over the prompts of ``prompt_class``."""
     from app.bench.llamacpp import TABLE_FOOTNOTE, same_cell  # imports torch: not at the chat app's start
-    head = (f"{'method':<26}{'tok/s':>7}{'min-max':>13}{'speedup':>9}{'self':>7}{'e2e':>6}{'α':>6}{'τ':>6}"
+    head = (f"{'method':<26}{'tok/s':>7}{'min-max':>13}{'speedup':>9}{'self':>7}{'e2e':>6}{'acc':>6}{'τ':>6}"
             f"{'pass/tok':>9}{'d/v/o %':>11}{'pred':>6}{'meas/pred':>10}{'peak MB':>9}  same")
     lines = [head, "-" * len(head)]
     for r in (x for x in results if x["prompt_class"] == prompt_class):
@@ -105,6 +105,18 @@ def format_table(results: Sequence[dict[str, Any]], prompt_class: str = "all") -
         lines.append(TABLE_FOOTNOTE)
     return "\n".join(lines)
 
+
+TABLE_LEGEND = """\
+tok/s      new tokens after each reply's first ÷ their seconds, median over repeats (min-max: the repeats')
+speedup    this method's tok/s ÷ plain's in the same repeat, median over repeats (so not tok/s ÷ tok/s)
+self       the engine's own estimate, the figure the app's HUD shows
+e2e        speedup counting every reply's whole time, prompt reading included
+acc        drafted tokens accepted ÷ drafted (README's "accepted"; α per position is in the JSON)
+τ          new tokens per target pass;  pass/tok: target passes per new token (1/τ)
+d/v/o %    share of the time spent drafting / in the target's passes / elsewhere
+pred       the cost model's speedup (fixed K, model drafts); meas/pred: speedup ÷ pred
+same       output token for token the same as plain decoding (greedy)"""
+"""What each column of :func:`format_table` means, printed under the tables."""
 
 SHORT_CELL_TOKENS = 128
 """A class's figure from one run (one prompt, one repeat) or from fewer new tokens than this
@@ -336,6 +348,8 @@ def _output(report: dict[str, Any], args: argparse.Namespace) -> int:
     print(format_table(results))
     print()
     print(format_class_speedups(results))
+    print()
+    print(TABLE_LEGEND)
     if report.get("near_tie_flips"):
         print(format_flips(report["near_tie_flips"]), file=sys.stderr)
     if report["mismatches"]:

@@ -19,7 +19,7 @@ RUNS = [run(prompt="a", cls="chat"), run(prompt="b", cls="code"),
             peak_memory=50 * 2**20),
         run("spec", k=2, prompt="b", cls="code", tokens=(1, 2, 9, 4), total_s=0.55, proposed=4, accepted=2,
             target_passes=2)]
-HEAD = ("method                      tok/s      min-max  speedup   self   e2e     α     τ pass/tok    d/v/o %  pred "
+HEAD = ("method                      tok/s      min-max  speedup   self   e2e   acc     τ pass/tok    d/v/o %  pred "
         "meas/pred  peak MB  same")
 
 
@@ -82,6 +82,10 @@ def test_output_writes_the_json_first_and_exits_1_on_a_mismatch(tmp_path: Path,
     assert out.startswith("tiny: org/T + model on cpu (1 threads), 8 new tokens, 2 repeat(s)\n"
                           "CPU kernel avx512-vnni; CPU flags: avx2 fma avx512_vnni\n" + HEAD)
     assert "speedup by class" in out
+    # every column of the table is explained under it
+    legend = out.split("speedup by class", 1)[1]
+    for column in ("tok/s", "speedup", "self", "e2e", "acc", "τ", "pass/tok", "d/v/o %", "pred", "meas/pred", "same"):
+        assert column in HEAD and (f"\n{column} " in legend or f" {column}: " in legend), column
     assert f"JSON written to {tmp_path / 'bench.json'}" in err and "!!! 1 greedy output(s) differ" in err
 
 
