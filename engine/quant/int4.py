@@ -140,8 +140,10 @@ class Int4Linear(nn.Module):
         first = layers[0]
         return (all(l.group_size == first.group_size and l.in_features == first.in_features
                     and l.planes == first.planes and l.kernel == first.kernel
-                    and l.scales_and_zeros.dtype == first.scales_and_zeros.dtype  # one kind of table
-                    and bool(l.scales_and_zeros.numel()) == bool(first.scales_and_zeros.numel()) for l in layers)
+                    # one kind of table (int4's Q4_K headers join bf16 tables as bf16: _joint_table)
+                    and (l.planes == 1 or (l.scales_and_zeros.dtype == first.scales_and_zeros.dtype
+                                           and bool(l.scales_and_zeros.numel()) == bool(first.scales_and_zeros.numel())))
+                    for l in layers)
                 and (first.kernel == "specchat" or all(l.out_features % FUSE_ROWS == 0 for l in layers[:-1])))
 
     @staticmethod
@@ -177,7 +179,7 @@ class Int4Linear(nn.Module):
                 l.packed = packed[offset : offset + rows]
                 offset += rows
         if first.kernel == "specchat":
-            table = torch.cat([l.scales_and_zeros for l in layers]) if len(layers) > 1 else first.scales_and_zeros
+            table = _joint_table(layers) if len(layers) > 1 else first.scales_and_zeros
             return cpu_linear.linear(packed, table, joint_bias(layers), first.in_features, first.planes, norm, gated)
         if norm is not None or gated:
             raise QuantizationError("only specchat's CPU kernel folds a norm or a gate into its matmul")
@@ -215,6 +217,23 @@ class Int4Linear(nn.Module):
                 else f"int4 x {self.planes} planes")
         return (f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, "
                 f"{kind}, {self.kernel} kernel")
+
+
+def _joint_table(layers: Sequence[Int4Linear]) -> torch.Tensor:
+    """The scale tables of layers joined along the output dim for specchat's kernel. Where int4 layers with a
+    Q4_K's headers (uint8) meet layers with bf16 tables, the headers become the bf16 scales and zeros they
+    stand for (:func:`engine.quant.cpu_kernel.header_scales`, rounded as every bf16 table is), so that a
+    gate and up of two kinds still make one product (and their layer one call)."""
+    tables = [l.scales_and_zeros for l in layers]
+    if len({t.dtype for t in tables}) > 1:
+        def bf16(t: torch.Tensor) -> torch.Tensor:
+            if t.dtype != torch.uint8:
+                return t
+            s, m = cpu_kernel.header_scales(t)
+            return torch.stack([s, 8.0 * s - m], dim=1).unsqueeze(1).to(torch.bfloat16)
+
+        tables = [bf16(t) for t in tables]
+    return torch.cat(tables)
 
 
 def joint_bias(layers: Sequence[nn.Module]) -> torch.Tensor | None:

@@ -122,16 +122,21 @@ def test_a_tokens_row_has_the_same_bits_alone_and_in_a_pass_of_any_size(kind: st
         torch.set_num_threads(before)
 
 
-def test_layers_join_only_with_layers_of_the_same_table() -> None:
-    """q/k (Q4_K headers) join in one product, with each row's bits; a bf16-table layer beside them does not,
-    nor a Q6_K with headers beside one without."""
+def test_layers_join_with_their_own_tables_or_as_bf16_tables() -> None:
+    """q/k (Q4_K headers) join in one product, with each row's bits. Beside a bf16-table layer (a gate and up of
+    two kinds) they join too, their headers as the bf16 scales and zeros they stand for, so each row has the
+    bits of its layer without headers. A Q6_K with headers and one without do not join."""
     _kernel()
-    q, k = (Int4Linear(q4_k_weights(n, 512, seed=n), None, CPU) for n in (64, 32))
+    weights = [q4_k_weights(n, 512, seed=n) for n in (64, 32)]
+    q, k = (Int4Linear(w, None, CPU) for w in weights)
     v = Int4Linear(dataclasses.replace(q4_k_weights(32, 512, seed=7), headers=None), None, CPU)
     x = torch.randn(3, 512)
     alone = torch.cat([q(x), k(x)], dim=-1)
-    assert Int4Linear.can_fuse([q, k]) and not Int4Linear.can_fuse([q, k, v])
-    assert torch.equal(Int4Linear.fuse([q, k])(x), alone)
+    assert Int4Linear.can_fuse([q, k]) and torch.equal(Int4Linear.fuse([q, k])(x), alone)
+    assert Int4Linear.can_fuse([q, k, v])
+    plain = [Int4Linear(dataclasses.replace(w, headers=None), None, CPU) for w in weights]
+    mixed = [Int4Linear(w, None, CPU) for w in weights]  # fuse() re-points a layer's codes: fresh layers
+    assert torch.equal(Int4Linear.fuse([*mixed, v])(x), torch.cat([plain[0](x), plain[1](x), v(x)], dim=-1))
     six = q6_k_weights(32, 512, seed=8)
     a, b = Int4Linear(six, None, CPU), Int4Linear(dataclasses.replace(six, headers=None), None, CPU)
     assert Int4Linear.can_fuse([a, a]) and not Int4Linear.can_fuse([a, b])
