@@ -363,8 +363,15 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, planes: i
     packed = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(n, width // 2).contiguous()
     if headers is not None:
         return packed, headers.to(torch.uint8).contiguous()
+    return packed, bf16_table(scale, zero, planes)
+
+
+def bf16_table(scale: torch.Tensor, zero: torch.Tensor, planes: int = 1) -> torch.Tensor:
+    """The int4 kernel's bf16 table ``[N, planes, 2, G]`` of groups' scales and zeros (``[N, planes·G]``
+    each), rounded to bf16 as torch's kernel rounds them."""
+    n = scale.shape[0]
     table = torch.stack([scale.reshape(n, planes, -1), zero.reshape(n, planes, -1)], dim=2)
-    return packed, table.to(torch.bfloat16).contiguous()
+    return table.to(torch.bfloat16).contiguous()
 
 
 Q4_K_HEADER = 16

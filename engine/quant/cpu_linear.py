@@ -67,18 +67,13 @@ def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
                     or target.numel() != m * n or (m > 1 and ldy < n)):
                 raise ValueError(f"the residual or output must be a float32 tensor of {m} x {n} with unit column stride")
             y = target
-        if k_quant or six_k:
-            failed = fn(codes_ptr, scales_ptr, bias_ptr, n, k, flat.data_ptr(), m, y.data_ptr(), ldy, threads(),
-                        norm_ptr, eps, residual is not None, gated)
-        elif planes == 1:
-            failed = fn(codes_ptr, scales_ptr, bias_ptr, n, k, 1, flat.data_ptr(), m, y.data_ptr(), ldy, threads(),
-                        norm_ptr, eps, residual is not None, gated)
-        elif six:
-            failed = fn(codes_ptr, int(packed.stride(0)), bias_ptr, n, k, flat.data_ptr(), m, y.data_ptr(), ldy,
-                        threads(), norm_ptr, eps, residual is not None, gated)
-        else:
-            failed = fn(codes_ptr, scales_ptr, bias_ptr, n, k, flat.data_ptr(), m, y.data_ptr(), ldy, threads(),
-                        norm_ptr, eps, residual is not None, gated)
+        tail = (flat.data_ptr(), m, y.data_ptr(), ldy, threads(), norm_ptr, eps, residual is not None, gated)
+        if planes == 1 and not k_quant:  # the int4 entry also takes the plane count
+            failed = fn(codes_ptr, scales_ptr, bias_ptr, n, k, 1, *tail)
+        elif six and not six_k:  # 6-bit rows with their scales in them: the rows' stride instead of a table
+            failed = fn(codes_ptr, int(packed.stride(0)), bias_ptr, n, k, *tail)
+        else:  # codes and a table: 8-bit, and the Q4_K and Q6_K rows with their headers
+            failed = fn(codes_ptr, scales_ptr, bias_ptr, n, k, *tail)
         if failed:
             raise MemoryError(f"specchat's int4 kernel could not get scratch memory for {m} x {k} activations")
         if target is not None:

@@ -121,18 +121,23 @@ def _decode_q4_k(blocks: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray
     return codes.astype(np.uint8), scale, zero
 
 
+def _block_bytes(data: np.ndarray, block: int, part: slice) -> np.ndarray:
+    """Bytes ``part`` of every ``block``-byte super-block of raw rows ``[N, bytes_per_row]``, each row's side
+    by side: uint8 ``[N, blocks · len(part)]``."""
+    n = data.shape[0]
+    return np.ascontiguousarray(np.ascontiguousarray(data).reshape(n, -1, block)[..., part]).reshape(n, -1)
+
+
 def q4_k_headers(data: np.ndarray) -> np.ndarray:
     """The 16-byte headers (fp16 ``d``, ``dmin``, 12 bytes of 6-bit sub-scales and mins) of raw Q4_K rows
     ``[N, bytes_per_row]``, as stored: uint8 ``[N, K / 256 · 16]`` (specchat's CPU kernel reads them as they are)."""
-    n = data.shape[0]
-    return np.ascontiguousarray(np.ascontiguousarray(data).reshape(n, -1, 144)[..., :16]).reshape(n, -1)
+    return _block_bytes(data, 144, slice(0, 16))
 
 
 def q6_k_headers(data: np.ndarray) -> np.ndarray:
     """The scales of raw Q6_K rows ``[N, bytes_per_row]`` as stored (16 int8 sub-scales, then fp16 ``d``, per
     super-block): uint8 ``[N, K / 256 · 18]`` (specchat's CPU kernel reads them as they are)."""
-    n = data.shape[0]
-    return np.ascontiguousarray(np.ascontiguousarray(data).reshape(n, -1, 210)[..., 192:]).reshape(n, -1)
+    return _block_bytes(data, 210, slice(192, 210))
 
 
 def decode_8bit_rows(data: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:

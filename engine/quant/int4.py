@@ -101,9 +101,8 @@ class Int4Linear(nn.Module):
             # copies: what it is given may lie on a cache file's mapping, which a tensor left there keeps resident
             packed, table = cpu_kernel.on_huge_pages(weights.packed, copy=True), weights.table.clone()
         elif self.kernel == "specchat":
-            headers = weights.headers if weights.planes == 1 or six is not None else None
             packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, weights.planes, six,
-                                            headers=headers)
+                                            headers=weights.headers)
             packed = cpu_kernel.on_huge_pages(packed)
         elif self.is_cuda:  # paired where the codes are (the host, mostly): half the bytes cross over
             pairs = nibble_pairs(weights.codes).to(device)
@@ -226,14 +225,14 @@ def _joint_table(layers: Sequence[Int4Linear]) -> torch.Tensor:
     gate and up of two kinds still make one product (and their layer one call)."""
     tables = [l.scales_and_zeros for l in layers]
     if len({t.dtype for t in tables}) > 1:
-        def bf16(t: torch.Tensor) -> torch.Tensor:
-            if t.dtype != torch.uint8:
-                return t
-            s, m = cpu_kernel.header_scales(t)
-            return torch.stack([s, 8.0 * s - m], dim=1).unsqueeze(1).to(torch.bfloat16)
-
-        tables = [bf16(t) for t in tables]
+        tables = [_headers_as_bf16(t) if t.dtype == torch.uint8 else t for t in tables]
     return torch.cat(tables)
+
+
+def _headers_as_bf16(headers: torch.Tensor) -> torch.Tensor:
+    """Q4_K headers as the bf16 table of the scales and zeros they stand for."""
+    scale, mins = cpu_kernel.header_scales(headers)
+    return cpu_kernel.bf16_table(scale, 8.0 * scale - mins)
 
 
 def joint_bias(layers: Sequence[nn.Module]) -> torch.Tensor | None:
