@@ -170,7 +170,7 @@ class ModelDrafter:
         probs: list[torch.Tensor] = []
         ok = finite(logits)
         for i in range(k):
-            logits = self._mask(logits)
+            logits = self.masked(logits)
             if sampling.greedy:
                 token = torch.argmax(logits)
             elif isinstance(generator, GumbelNoise):
@@ -190,7 +190,9 @@ class ModelDrafter:
         but the last as device ids until it is told them."""
         self.runner.resolve_pending(tokens[: len(tokens) - 1])
 
-    def _mask(self, logits: torch.Tensor) -> torch.Tensor:
+    def masked(self, logits: torch.Tensor) -> torch.Tensor:
+        """``[..., V]`` logits with the ids past the target's vocabulary at ``-inf`` (where the draft's
+        head is wider: padding rows)."""
         if self.vocab_limit is not None and logits.shape[-1] > self.vocab_limit:
             logits = logits.clone()
             logits[self.vocab_limit :] = float("-inf")

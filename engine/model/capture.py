@@ -9,8 +9,10 @@ the :class:`~engine.decode.runner.ModelRunner` whose cache the passes write:
 
 * **which shapes** (``(T, keep)``, :func:`capture_shapes`): the one-token step ``(1, 1)``;
   each verify pass ``(K + 1, K + 1)`` for ``K = 1 .. k_max`` of the schedule; a draft's
-  catch-up over the target's token and its own last one ``(2, 1)``. Anything else (prefill
-  chunks, a draft lagging behind a lookup's round) runs eagerly.
+  catch-up over the target's token and its own last one ``(2, 1)``; in a chain of rounds
+  (:mod:`engine.decode.chain`), a draft's ``(2, 1)`` pass together with its ``K`` greedy steps, one
+  capture per ``K`` (:meth:`PassCapture.run_steps`). Anything else (prefill chunks, a draft
+  lagging behind a lookup's round) runs eagerly.
 * **over which keys** (:func:`attention_span`): a pass attends over the first ``span`` keys of
   the window, the tokens cached so far rounded up to a step of a quarter of their power of two
   (at least :data:`SPAN_STEP`), so a graph is captured per shape and span. Attention over the
@@ -72,6 +74,9 @@ Shape = tuple[int, int]
 StaticPass = Callable[[torch.Tensor, Any, torch.Tensor, int, int], torch.Tensor]
 """``f(ids [1, T], cache, positions [T], keep, span) -> logits [1, keep, V]`` (``LeanForward.static_pass``:
 attention over the first ``span`` keys of the cache)."""
+StepsPass = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""``f(ids [1, T], positions [T]) -> out``: what a capture records, on its static id and position
+buffers (a pass; or a draft's pass and its greedy steps, :meth:`PassCapture.run_steps`)."""
 
 
 def capture_shapes(k_max: int) -> frozenset[Shape]:
@@ -215,7 +220,7 @@ class PassCapture:
         """Why passes run eagerly (None while capture is on); see :meth:`take_notice`."""
         self._untold = off_reason is not None
         self._notes: list[str] = []
-        self._captured: dict[tuple[int, int, int], _Captured] = {}  # (T, keep, span)
+        self._captured: dict[tuple[int, int, int, int], _Captured] = {}  # (T, keep, span, draft steps or 0)
         self._spans: list[int] = []  # spans captured, the last used last
         self._cache: Any = None
         self._generation = -1
@@ -231,7 +236,7 @@ class PassCapture:
 
     def captured_shapes(self) -> frozenset[Shape]:
         """The ``(T, keep)`` shapes captured for some span."""
-        return frozenset((t, keep) for t, keep, _ in self._captured)
+        return frozenset((t, keep) for t, keep, _, _ in self._captured)
 
     def captured_spans(self) -> list[int]:
         """The spans whose captures are held, the last used last."""
@@ -280,28 +285,48 @@ class PassCapture:
         from the captured pass of this shape (captured now if it was not yet); None when the
         pass is to run eagerly (not a captured shape, capture off, the cache not allocated yet,
         or the capture just failed). The cache's length is the caller's to advance."""
-        shape = (int(input_ids.shape[1]), keep)
+        return self.run_span(static_pass, cache, input_ids, start, attention_span(start + int(input_ids.shape[1]),
+                                                                                 cache.window), keep)
+
+    def run_span(self, static_pass: StaticPass, cache: Any, input_ids: torch.Tensor, start: int | torch.Tensor,
+                 span: int, keep: int) -> torch.Tensor | None:
+        """:meth:`run` over a given ``span`` (at least the pass's end), with ``start`` a host int or a
+        0-d long device tensor: a pass whose position only the card knows (a chain of rounds,
+        :mod:`engine.decode.chain`) is replayed without the host reading it."""
+        return self._run((int(input_ids.shape[1]), keep), 0, cache, input_ids, start, span,
+                         lambda ids, positions: static_pass(ids, cache, positions, keep, span))
+
+    def run_steps(self, steps: StepsPass, cache: Any, input_ids: torch.Tensor, start: torch.Tensor, span: int,
+                  k: int) -> torch.Tensor | None:
+        """A draft's ``k`` greedy steps after its pass over ``input_ids`` ``[1, 2]`` at ``start,
+        start + 1`` as **one** capture (``steps(ids, positions)``: every pass of the ``k`` and the
+        picks between them; the runner's :meth:`~engine.decode.runner.ModelRunner.draft_at`), so a
+        chained round launches its draft once. Captured with the ``(2, 1)`` shape, per ``k`` and
+        span; None where it runs eagerly (as :meth:`run`)."""
+        return self._run((int(input_ids.shape[1]), 1), k, cache, input_ids, start, span, steps)
+
+    def _run(self, shape: Shape, steps: int, cache: Any, input_ids: torch.Tensor, start: int | torch.Tensor,
+             span: int, body: StepsPass) -> torch.Tensor | None:
         if not self.active or shape not in self.shapes or not cache.allocated():
             return None
         if cache is not self._cache or cache.generation != self._generation:  # new buffers: old graphs are stale
             self.invalidate()
             self._cache, self._generation = cache, cache.generation
-        span = attention_span(start + shape[0], cache.window)
         self._use_span(span)
-        entry = self._captured.get((*shape, span))
+        entry = self._captured.get((*shape, span, steps))
         if entry is None:
-            return self._capture(shape, span, static_pass, cache, input_ids, start)
+            return self._capture(shape, span, steps, body, input_ids, start)
         self._fill(entry, input_ids, start)
         self.replays += 1
         return entry.replay().clone()
 
     @staticmethod
-    def _fill(entry: _Captured, input_ids: torch.Tensor, start: int) -> None:
+    def _fill(entry: _Captured, input_ids: torch.Tensor, start: int | torch.Tensor) -> None:
         entry.ids.copy_(input_ids, non_blocking=True)
         torch.add(entry.offsets, start, out=entry.positions)
 
-    def _capture(self, shape: Shape, span: int, static_pass: StaticPass, cache: Any, input_ids: torch.Tensor,
-                 start: int) -> torch.Tensor | None:
+    def _capture(self, shape: Shape, span: int, steps: int, body: StepsPass, input_ids: torch.Tensor,
+                 start: int | torch.Tensor) -> torch.Tensor | None:
         assert self.backend is not None
         t, keep = shape
         offsets = torch.arange(t, device=input_ids.device)
@@ -309,17 +334,17 @@ class PassCapture:
         self._fill(entry, input_ids, start)
         began = time.perf_counter()
         try:
-            entry.replay, out = self.backend.capture(lambda: static_pass(entry.ids, cache, entry.positions, keep, span))
+            entry.replay, out = self.backend.capture(lambda: body(entry.ids, entry.positions))
         except Exception as exc:  # noqa: BLE001 - any failure to capture means eager passes, said once
             self.disable(f"captured passes off, eager from now on (capturing a {t}-token pass failed: "
                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else 'no message'})")
             return None
-        self._captured[(t, keep, span)] = entry
+        self._captured[(t, keep, span, steps)] = entry
         self.captures += 1
         seconds = time.perf_counter() - began
         self.capture_s += seconds
-        log.info("captured the %d-token pass (%d rows of logits, %d keys) with %s in %.2f s", t, keep, span,
-                 self.backend.name, seconds)
+        log.info("captured the %d-token pass (%s, %d keys) with %s in %.2f s", t,
+                 f"then {steps} draft steps" if steps else f"{keep} rows of logits", span, self.backend.name, seconds)
         return out.clone()
 
     def disable(self, reason: str) -> None:

@@ -18,7 +18,7 @@ import os
 import re
 import time
 from dataclasses import dataclass
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Union
 
 import psutil
@@ -167,6 +167,24 @@ class Device:
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event
+
+    def start_read(self, values: torch.Tensor) -> Callable[[], list[int]]:
+        """Start copying ``values`` (``[n]``, integers) to the host without waiting; the function
+        returned waits for that copy alone and gives the list. On a card the copy goes to pinned
+        memory behind an event, so work queued after it (the next chain of rounds) keeps the card
+        busy while the host reads; ``tolist`` would wait for all of it. On the CPU: ``tolist``."""
+        if not self.is_cuda:
+            return lambda: values.tolist()
+        host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
+        host.copy_(values, non_blocking=True)
+        done = torch.cuda.Event()
+        done.record()
+
+        def finish() -> list[int]:
+            done.synchronize()
+            return host.tolist()
+
+        return finish
 
     def seconds_between(self, marks: Sequence[Mark]) -> list[float]:
         """Seconds between consecutive marks ``[m0, m1, ..., mn]`` (``n`` figures). On CUDA
