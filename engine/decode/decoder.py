@@ -30,7 +30,9 @@ from engine.decode.runner import ModelRunner
 from engine.decode.sampling import GumbelNoise, Randomness, make_randomness, warp
 from engine.decode.schedule import Schedule
 from engine.decode.cost_model import CostModel, ReplyTally
-from engine.decode.read_once import draft_and_verify, matching, plain_steps
+from engine.decode.read_once import draft_and_verify, matching
+from engine.decode.chain import QueuedChain, chain_rounds
+from engine.decode.device_rounds import DeviceRounds
 from engine.decode.verify import Verdict, verify_coupled, verify_greedy, verify_sampled
 
 T = TypeVar("T")
@@ -46,7 +48,7 @@ TARGET_OOM = ("the target model ran out of memory; start a new chat (a shorter c
               "profile's context_length, or choose a smaller quantization or profile")
 
 
-class SpecDecoder:
+class SpecDecoder(DeviceRounds):
     """Owns the target's runner, the drafter, and the measured cost model.
 
     Args:
@@ -103,6 +105,10 @@ class SpecDecoder:
         """Why the drafter was dropped for good (out of memory)."""
         self.burst = BURST if device.is_cuda else 1
         """Plain greedy steps a round (:data:`BURST`)."""
+        self.chain = chain_rounds(device.is_cuda)
+        """Greedy model-drafted rounds queued before one read-back (:mod:`engine.decode.chain`)."""
+        self._queued: QueuedChain | None = None
+        """A chain queued behind the one being read (:meth:`_chain_round`), not read yet."""
 
     @property
     def mode(self) -> Mode:
@@ -136,6 +142,7 @@ class SpecDecoder:
         self._release(target=True)
 
     def _release(self, *, target: bool) -> None:
+        self._queued = None
         if self.drafter is not None:
             self.drafter.release()
             self.drafter = None
@@ -164,6 +171,7 @@ class SpecDecoder:
                 "(prompt and reply together); shorten it or start a new chat"
             )
         seq = list(prompt_ids)
+        self._queued = None  # a chain left queued by a reply that ended early: its work is dropped
         self._plan_captures(params)
         self.schedule.switch.new_reply()
         generator = make_randomness(params.sampling, len(seq), self.target.vocab_size, self.device)
@@ -179,7 +187,10 @@ class SpecDecoder:
             if cancel is not None and cancel.is_set():
                 yield RoundEvent((), (), stats.snapshot(), "cancelled", notice)
                 return
-            if self.burst > 1 and (self.mode == "plain" or self.schedule.calibrating(self.mode)):
+            if self._queued is not None:  # a chain queued behind the last one: read it first
+                event, n_emitted = self._chain_round(seq, params, generator, stats, produced, notice,
+                                                     more=self._chain_goes_on(seq, params, generator, produced))
+            elif self.burst > 1 and (self.mode == "plain" or self.schedule.calibrating(self.mode)):
                 event, n_emitted = self._burst_round(seq, params, generator, stats, produced, notice)
             else:
                 event, n_emitted = self._round(seq, params, generator, stats, round_index, produced, notice)
@@ -215,6 +226,9 @@ class SpecDecoder:
             k = self.schedule.free_k(params, len(looked_up.tokens), looked_up.key)
             draft = looked_up.first(k)
         elif k > 0 and isinstance(self.drafter, ModelDrafter) and matching(params, generator):
+            rounds = self._chain_length(seq, params, k, remaining)
+            if rounds > 1:
+                return self._chain_round(seq, params, generator, stats, produced, notice, (k, rounds))
             stage = ["drafting"]  # where an out-of-memory struck, for the notice
             (draft, verdict, t_draft), dropped = self._guarded(
                 lambda: draft_and_verify(self.target, self.drafter, self.device, seq, k, params, generator, stage),  # type: ignore[arg-type]
@@ -270,42 +284,6 @@ class SpecDecoder:
         self._apply_switch(switched)
         notice = self._close_round(stats, notice, switched)
         event = RoundEvent(tuple(emitted), tuple(sources[: len(emitted)]), stats.snapshot(), finish, notice, origin)
-        return event, len(emitted)
-
-    def _burst_round(self, seq: list[int], params: GenerationParams, generator: Randomness, stats: ReplyTally,
-                     produced: int, notice: str | None) -> tuple[RoundEvent, int]:
-        """Up to :attr:`burst` plain steps read back at once (:data:`BURST`); extends ``seq``
-        in place. Counted as one plain round a token kept, each with the burst's mean step time.
-
-        While speculating, this is also the plain calibration round (:meth:`Schedule.calibrating`):
-        the plain step the speedup divides by is the one plain decoding would run here, a burst,
-        not a single synchronised step (on a card that costs about twice as much, docs/gpu.md)."""
-        round_mode = self.mode
-        shown_k = 0 if round_mode == "plain" else stats.k
-        budget, remaining = self._room(seq, params, produced)
-        n = min(self.burst, remaining)
-        t_start = self.device.mark()
-        steps = lambda: plain_steps(self.target, seq, n, params.sampling, generator)  # noqa: E731
-        tokens, dropped = self._guarded(steps, "out of memory while decoding", steps)
-        t_steps = self.device.mark()
-        emitted, finish = self._emit(seq, tokens, params, budget, remaining)
-        t_end = self.device.mark()
-        steps_s, other_s = self.device.seconds_between([t_start, t_steps, t_end])
-        step_s, other = steps_s / n, other_s / n
-        switched = None
-        for _ in emitted:
-            self.costs.observe(0, 0, 0.0, step_s, other)
-            stats.record(shown_k, 0, 0, 1, 0.0, step_s, other, mode=round_mode)
-            if round_mode == "plain":  # a plain round a token: the re-probe counts them
-                switched = self.schedule.verdict(params, "plain", 1, self.costs.plain_equivalent(0, step_s, step_s + other))
-                if switched is not None:  # a re-probe after an automatic switch-off: speculation is back
-                    break
-        if round_mode != "plain" and emitted:  # a calibration burst is one round of the switch's evidence
-            each = self.costs.plain_equivalent(0, step_s, step_s + other)
-            switched = self.schedule.verdict(params, round_mode, len(emitted), None if each is None else each * len(emitted))
-        self._apply_switch(switched)
-        notice = self._close_round(stats, notice or dropped, switched)
-        event = RoundEvent(tuple(emitted), ("target",) * len(emitted), stats.snapshot(), finish, notice, None)
         return event, len(emitted)
 
     def _room(self, seq: list[int], params: GenerationParams, produced: int) -> tuple[int, int]:

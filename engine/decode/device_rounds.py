@@ -1,0 +1,129 @@
+"""The rounds a card runs without waiting for it each time (issue 35, item 3), as methods of
+:class:`~engine.decode.decoder.SpecDecoder`: plain **bursts** (:data:`~engine.decode.decoder.BURST`
+one-token steps read back at once, :func:`~engine.decode.read_once.plain_steps`) and greedy
+speculation in **chains** (:mod:`engine.decode.chain`: rounds decided on the device, the next chain
+queued behind the one being read). Both are counted as the rounds they hold, so the HUD, the cost
+model and the schedule see what a round at a time would have shown them.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from engine.decode.chain import ChainedRound, chains_allowed, queue_chain, read_chain
+from engine.decode.cost_model import ReplyTally
+from engine.decode.drafters import ModelDrafter
+from engine.decode.read_once import plain_steps
+from engine.decode.sampling import Randomness
+from engine.events import GenerationParams, RoundEvent, TokenSource
+
+if TYPE_CHECKING:
+    from engine.decode.decoder import SpecDecoder
+
+
+class DeviceRounds:
+    """Bursts and chains, mixed into :class:`~engine.decode.decoder.SpecDecoder` (whose state they use)."""
+
+    def _burst_round(self: "SpecDecoder", seq: list[int], params: GenerationParams, generator: Randomness, stats: ReplyTally,
+                     produced: int, notice: str | None) -> tuple[RoundEvent, int]:
+        """Up to :attr:`burst` plain steps read back at once (:data:`BURST`); extends ``seq``
+        in place. Counted as one plain round a token kept, each with the burst's mean step time.
+
+        While speculating, this is also the plain calibration round (:meth:`Schedule.calibrating`):
+        the plain step the speedup divides by is the one plain decoding would run here, a burst,
+        not a single synchronised step (on a card that costs about twice as much, docs/gpu.md)."""
+        round_mode = self.mode
+        shown_k = 0 if round_mode == "plain" else stats.k
+        budget, remaining = self._room(seq, params, produced)
+        n = min(self.burst, remaining)
+        t_start = self.device.mark()
+        steps = lambda: plain_steps(self.target, seq, n, params.sampling, generator)  # noqa: E731
+        tokens, dropped = self._guarded(steps, "out of memory while decoding", steps)
+        t_steps = self.device.mark()
+        emitted, finish = self._emit(seq, tokens, params, budget, remaining)
+        t_end = self.device.mark()
+        steps_s, other_s = self.device.seconds_between([t_start, t_steps, t_end])
+        step_s, other = steps_s / n, other_s / n
+        switched = None
+        for _ in emitted:
+            self.costs.observe(0, 0, 0.0, step_s, other)
+            stats.record(shown_k, 0, 0, 1, 0.0, step_s, other, mode=round_mode)
+            if round_mode == "plain":  # a plain round a token: the re-probe counts them
+                switched = self.schedule.verdict(params, "plain", 1, self.costs.plain_equivalent(0, step_s, step_s + other))
+                if switched is not None:  # a re-probe after an automatic switch-off: speculation is back
+                    break
+        if round_mode != "plain" and emitted:  # a calibration burst is one round of the switch's evidence
+            each = self.costs.plain_equivalent(0, step_s, step_s + other)
+            switched = self.schedule.verdict(params, round_mode, len(emitted), None if each is None else each * len(emitted))
+        self._apply_switch(switched)
+        notice = self._close_round(stats, notice or dropped, switched)
+        event = RoundEvent(tuple(emitted), ("target",) * len(emitted), stats.snapshot(), finish, notice, None)
+        return event, len(emitted)
+
+    def _chain_length(self: "SpecDecoder", seq: list[int], params: GenerationParams, k: int, remaining: int) -> int:
+        """Rounds of ``k`` drafted tokens to chain now (:mod:`engine.decode.chain`); 0 or 1: none.
+        Greedy replies with a model draft over static caches only, and never past ``remaining``."""
+        if self.chain < 2 or not params.sampling.greedy or len(seq) < 2 or not chains_allowed(self.target,
+                                                                                              self.drafter):
+            return 0
+        return min(self.chain, remaining // (k + 1))
+
+    def _chain_round(self: "SpecDecoder", seq: list[int], params: GenerationParams, generator: Randomness, stats: ReplyTally,
+                     produced: int, notice: str | None, start: tuple[int, int] | None = None,
+                     more: bool = True) -> tuple[RoundEvent, int]:
+        """A chain of speculative rounds read back once (:mod:`engine.decode.chain`), counted as the
+        rounds it holds; extends ``seq`` in place. The chain is the one queued last time, else a new
+        one of ``start`` = ``(K, rounds)``. With ``more``, the next chain is queued behind it before
+        it is read, so the card runs that one while the host reads and emits this one (dropped if
+        this one ends the reply). Where the draft fails (out of memory, NaN), it is dropped and a
+        plain burst runs from where the chain began."""
+        round_mode = self.mode
+        budget, remaining = self._room(seq, params, produced)
+        queued, self._queued = self._queued, None
+
+        def run() -> tuple[int, list[ChainedRound]]:
+            drafter = self.drafter
+            assert isinstance(drafter, ModelDrafter)
+            first = queued
+            if first is None:
+                assert start is not None
+                first = queue_chain(self.target, drafter, self.device, *start, seq)
+            k_next = self.schedule.policy_k(drafter, self.speculation_enabled, params) if more else 0
+            rounds = min(self.chain, (remaining - first.most) // (k_next + 1)) if k_next > 0 else 0
+            if rounds > 1:
+                self._queued = queue_chain(self.target, drafter, self.device, k_next, rounds, seq, after=first)
+            return first.k, read_chain(self.target, drafter, self.device, first, seq)
+
+        result, dropped = self._guarded(run, "out of memory while speculating", lambda: None)
+        if result is None:
+            self._queued = None
+            return self._burst_round(seq, params, generator, stats, produced, dropped or notice)
+        k, chain = result
+        t_emit = self.device.mark()
+        tokens = [t for r in chain for t in r.tokens]
+        sources: list[TokenSource] = [s for r in chain for s in ["draft"] * r.accepted + ["target"]]
+        emitted, finish = self._emit(seq, tokens, params, budget, remaining)
+        if finish is not None:
+            self._queued = None  # computed past the reply's end: dropped, and its buffers with it
+        other_s = self.device.seconds_between([t_emit, self.device.mark()])[0] / len(chain)
+        plain_step, left, switched = self.burst == 1, len(emitted), None
+        for r in chain:
+            self.costs.observe(k, r.accepted, r.draft_s, r.verify_s, other_s, plain_step=plain_step)
+            kept = min(len(r.tokens), left)
+            if kept == 0:  # computed past a stop token, and cropped
+                continue
+            left -= kept
+            stats.record(k, k, r.accepted, kept, r.draft_s, r.verify_s, other_s, mode=round_mode, origin="model",
+                         plain_step=plain_step)
+            equivalent = self.costs.plain_equivalent(k, r.verify_s, r.draft_s + r.verify_s + other_s, plain_step)
+            switched = self.schedule.verdict(params, round_mode, kept, equivalent) or switched
+        self._apply_switch(switched)
+        notice = self._close_round(stats, notice, switched)
+        event = RoundEvent(tuple(emitted), tuple(sources[: len(emitted)]), stats.snapshot(), finish, notice, "model")
+        return event, len(emitted)
+
+    def _chain_goes_on(self: "SpecDecoder", seq: list[int], params: GenerationParams, generator: Randomness, produced: int) -> bool:
+        """Whether the chain after the queued one should be queued too: not when the schedule wants
+        something else next (a calibration burst, plain decoding, a lookup's copy that pays)."""
+        if self.mode != "spec" or self.schedule.calibrating(self.mode):
+            return False
+        return not self._lookup_first(seq, params, generator, self._room(seq, params, produced)[1]).tokens
