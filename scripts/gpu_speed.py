@@ -208,8 +208,13 @@ def speed_phase(models: Path, device: torch.device, groups: list[str], out: Path
         engine.close()
         if model_profile is not None:
             engine = load_engine(profiles.get(model_profile))
-            rows.append(specchat_row(f"{name}: specchat spec-adaptive ({model_profile})", engine, prompt, device,
-                                     plain["ids"], max_new))
+            chain = engine.decoder.chain
+            rows.append(specchat_row(f"{name}: specchat spec-adaptive ({model_profile}), chains of {chain}", engine,
+                                     prompt, device, plain["ids"], max_new))
+            if chain > 1:  # the same engine a round a read-back (engine/decode/chain.py off)
+                engine.decoder.chain = 1
+                rows.append(specchat_row(f"{name}: specchat spec-adaptive ({model_profile}), unchained", engine,
+                                         prompt, device, plain["ids"], max_new))
             engine.close()
         del engine
         torch.cuda.empty_cache() if device.type == "cuda" else None
