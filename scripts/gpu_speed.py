@@ -3,12 +3,13 @@
 For the random pair built by gpu_check.py (and pocket's GGUF where ``--gguf`` names it), in one
 process: specchat plain, spec-adaptive and n-gram, then transformers' own ``generate`` on the
 same model object, eager and with ``cache_implementation="static"`` (which compiles the forward).
-Each row: decode tok/s (one timed reply after two warm-ups; the first event, which holds the
-prefill, is not counted), then one more reply under ``torch.profiler``: kernel milliseconds a
+Each row: decode tok/s (one timed reply after two warm-ups or more, until one captured nothing
+new; the first event, which holds the prefill, is not counted; passes captured during the timed
+reply are counted beside it), then one more reply under ``torch.profiler``: kernel milliseconds a
 token, kernels a token and launches a token (``cudaLaunchKernel`` and ``cudaGraphLaunch`` calls
 on the host: what a captured pass saves). specchat's rows also say whether the reply equals the
 plain one (near-ties aside: docs/gpu.md), how many passes were captured and replayed, whether
-they were compiled, and the two warm-ups' seconds (captures and compiles happen there).
+they were compiled, and the warm-ups' seconds (captures and compiles happen there).
 ``--speed-groups`` picks the groups (:data:`GROUPS`); the ``*-compiled`` ones load with
 ``SPECCHAT_COMPILE=1``.
 """
@@ -78,26 +79,36 @@ def specchat_reply(engine: Any, prompt: list[int], device: torch.device, max_new
 
 def specchat_row(label: str, engine: Any, prompt: list[int], device: torch.device, plain: list[int] | None,
                  max_new: int = MAX_NEW, sampling: Any = None) -> dict[str, Any]:
-    began = time.perf_counter()
-    for _ in range(2):  # warm-ups: kernels loaded, passes captured (and compiled)
-        specchat_reply(engine, prompt, device, max_new, sampling)
-    warmup_s = time.perf_counter() - began
-    ids, rate = specchat_reply(engine, prompt, device, max_new, sampling)
-    prof = profiled(lambda: len(specchat_reply(engine, prompt, device, max_new, sampling)[0]), device)
     runners = [engine.decoder.target, *([engine.decoder.drafter.runner] if hasattr(engine.decoder.drafter, "runner") else [])]
+    captures = lambda: sum(r.capture.captures for r in runners)  # noqa: E731
+    began = time.perf_counter()
+    for warm in range(WARMUPS_MAX):  # kernels loaded, passes captured (and compiled): until a reply captures nothing
+        before = captures()
+        specchat_reply(engine, prompt, device, max_new, sampling)
+        if warm >= 1 and captures() == before:
+            break
+    warmup_s = time.perf_counter() - began
+    before = captures()
+    ids, rate = specchat_reply(engine, prompt, device, max_new, sampling)
+    captured_while_timed = captures() - before  # a capture costs 10-100 ms, a whole reply here: not a speed
+    prof = profiled(lambda: len(specchat_reply(engine, prompt, device, max_new, sampling)[0]), device)
     captured = {f"{'target' if i == 0 else 'draft'}": {"cache": type(r.cache).__name__, "shapes": sorted(r.capture.captured_shapes()),
                                                      "captures": r.capture.captures, "replays": r.capture.replays,
                                                      "capture_s": round(r.capture.capture_s, 2),
                                                      "compiled": r.passes_compiled,
                                                      "off": r.capture.reason} for i, r in enumerate(runners)}
     first = None if plain is None else next((i for i, (a, b) in enumerate(zip(plain, ids)) if a != b), None)
-    return shown({"row": label, "tok_s": round(rate, 1), "tokens": len(ids), **prof, "warmup_s": round(warmup_s, 1), "ids": ids,
+    return shown({"row": label, "tok_s": round(rate, 1), "tokens": len(ids), **prof, "warmup_s": round(warmup_s, 1),
+                  "captured_while_timed": captured_while_timed, "ids": ids,
                   "same_as_plain": None if plain is None else (ids == plain), "first_difference": first,
                   "captured": captured})
 
 
 HEAD = ("row", "tok_s", "tokens", "kernel_ms_per_token", "kernels_per_token", "launches_per_token", "same_as_plain",
-        "warmup_s")
+        "warmup_s", "captured_while_timed")
+WARMUPS_MAX = 5
+"""Warm-up replies at most before the timed one: at least two, then until one captures nothing new
+(the adaptive schedule tries new K, hence new pass widths, for a while)."""
 
 
 def shown(row: dict[str, Any]) -> dict[str, Any]:
