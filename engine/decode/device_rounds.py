@@ -7,6 +7,7 @@ model and the schedule see what a round at a time would have shown them.
 """
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 from engine.decode.chain import ChainedRound, chains_allowed, queue_chain, read_chain
@@ -14,7 +15,7 @@ from engine.decode.cost_model import ReplyTally
 from engine.decode.drafters import ModelDrafter
 from engine.decode.read_once import plain_steps
 from engine.decode.sampling import Randomness
-from engine.events import GenerationParams, RoundEvent, TokenSource
+from engine.events import GenerationParams, Mode, RoundEvent, TokenSource
 
 if TYPE_CHECKING:
     from engine.decode.decoder import SpecDecoder
@@ -65,7 +66,12 @@ class DeviceRounds:
         if self.chain < 2 or not params.sampling.greedy or len(seq) < 2 or not chains_allowed(self.target,
                                                                                               self.drafter):
             return 0
-        return min(self.chain, remaining // (k + 1))
+        return min(self.chain, self._chain_room(seq, remaining) // (k + 1))
+
+    def _chain_room(self: "SpecDecoder", seq: list[int], remaining: int) -> int:
+        """Tokens a chain may give after ``seq``: ``remaining`` (the budget and the decoder's window),
+        and never a position past either runner's cache (a decoder without a window still has one)."""
+        return min(remaining, *(runner.window - len(seq) for runner in self._runners()))
 
     def _chain_round(self: "SpecDecoder", seq: list[int], params: GenerationParams, generator: Randomness, stats: ReplyTally,
                      produced: int, notice: str | None, start: tuple[int, int] | None = None,
@@ -76,8 +82,9 @@ class DeviceRounds:
         it is read, so the card runs that one while the host reads and emits this one (dropped if
         this one ends the reply). Where the draft fails (out of memory, NaN), it is dropped and a
         plain burst runs from where the chain began."""
-        round_mode = self.mode
+        round_mode: Mode = "spec"  # a chain queued before speculation went off is still speculative rounds
         budget, remaining = self._room(seq, params, produced)
+        room = self._chain_room(seq, remaining)
         queued, self._queued = self._queued, None
 
         def run() -> tuple[int, list[ChainedRound]]:
@@ -88,7 +95,7 @@ class DeviceRounds:
                 assert start is not None
                 first = queue_chain(self.target, drafter, self.device, *start, seq)
             k_next = self.schedule.policy_k(drafter, self.speculation_enabled, params) if more else 0
-            rounds = min(self.chain, (remaining - first.most) // (k_next + 1)) if k_next > 0 else 0
+            rounds = min(self.chain, (room - first.most) // (k_next + 1)) if k_next > 0 else 0
             if rounds > 1:
                 self._queued = queue_chain(self.target, drafter, self.device, k_next, rounds, seq, after=first)
             return first.k, read_chain(self.target, drafter, self.device, first, seq)
@@ -98,20 +105,22 @@ class DeviceRounds:
             self._queued = None
             return self._burst_round(seq, params, generator, stats, produced, dropped or notice)
         k, chain = result
-        t_emit = self.device.mark()
+        # The host's own time, by the host's clock: a device mark here would wait for the chain
+        # queued behind this one, and leave the card idle while the host counts and yields.
+        began = time.perf_counter()
         tokens = [t for r in chain for t in r.tokens]
         sources: list[TokenSource] = [s for r in chain for s in ["draft"] * r.accepted + ["target"]]
         emitted, finish = self._emit(seq, tokens, params, budget, remaining)
         if finish is not None:
             self._queued = None  # computed past the reply's end: dropped, and its buffers with it
-        other_s = self.device.seconds_between([t_emit, self.device.mark()])[0] / len(chain)
+        other_s = (time.perf_counter() - began) / len(chain)
         plain_step, left, switched = self.burst == 1, len(emitted), None
         for r in chain:
-            self.costs.observe(k, r.accepted, r.draft_s, r.verify_s, other_s, plain_step=plain_step)
             kept = min(len(r.tokens), left)
-            if kept == 0:  # computed past a stop token, and cropped
-                continue
+            if kept == 0:  # computed past a stop token, and cropped: not evidence of anything
+                break
             left -= kept
+            self.costs.observe(k, r.accepted, r.draft_s, r.verify_s, other_s, plain_step=plain_step)
             stats.record(k, k, r.accepted, kept, r.draft_s, r.verify_s, other_s, mode=round_mode, origin="model",
                          plain_step=plain_step)
             equivalent = self.costs.plain_equivalent(k, r.verify_s, r.draft_s + r.verify_s + other_s, plain_step)
