@@ -178,7 +178,7 @@ class Device:
         host = torch.empty(values.shape, dtype=values.dtype, pin_memory=True)
         host.copy_(values, non_blocking=True)
         done = torch.cuda.Event()
-        done.record()
+        done.record(torch.cuda.current_stream(values.device))  # the copy's stream, whichever card is current
 
         def finish() -> list[int]:
             done.synchronize()
