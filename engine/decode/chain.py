@@ -5,8 +5,9 @@ pass over K + 1 tokens, about a millisecond for docs/gpu.md's pair. A round that
 card at its end leaves the card idle while the host reads the verdict and queues the next one,
 and that host time (about 1 ms on an H200) is as long as the round's kernels. Plain decoding
 hides the host by bursts (:data:`~engine.decode.decoder.BURST`); this module does the same for
-greedy speculation with a model draft: ``R`` rounds are queued back to back, every decision is
-made on the card, and the host reads all of them back in one transfer.
+greedy speculation: ``R`` rounds are queued back to back, every decision is made on the card, and
+the host reads all of them back in one transfer. The rounds draft with a model (its captured
+steps) or a prompt lookup over a copy of the sequence on the card (:mod:`engine.decode.chain_drafts`).
 
 It can because over a :class:`~engine.model.kv.StaticKV` a pass writes its keys at positions held
 in a device tensor and attends under a causal mask, so a cache is cropped by moving a position,
@@ -46,7 +47,8 @@ from dataclasses import dataclass
 
 import torch
 
-from engine.decode.drafters import ModelDrafter
+from engine.decode.chain_drafts import ChainDrafting, ModelChainDraft
+from engine.decode.drafters import ModelDrafter, NgramDrafter
 from engine.decode.runner import ModelRunner
 from engine.decode.sampling import non_finite_error
 from engine.model.device import Device, Mark
@@ -73,21 +75,29 @@ def chain_rounds(is_cuda: bool) -> int:
 
 
 def chains_allowed(target: ModelRunner, drafter: object) -> bool:
-    """Whether both runners keep a static cache, so that rounds can chain on the device."""
+    """Whether rounds can chain on the device: the target keeps a static cache, and so does a
+    model draft's runner; a prompt lookup (:class:`NgramDrafter` itself) drafts on the device too."""
+    if not target.static:
+        return False
+    if type(drafter) is NgramDrafter:
+        return True
     runner = getattr(drafter, "runner", None)
-    return (isinstance(drafter, ModelDrafter) and isinstance(runner, ModelRunner) and target.static
-            and runner.static)
+    return isinstance(drafter, ModelDrafter) and isinstance(runner, ModelRunner) and runner.static
 
 
 @dataclass(frozen=True)
 class ChainedRound:
     """One round of a chain: its tokens (the accepted drafts, then the target's own), how many
-    drafts were accepted, and the device seconds its draft and its verification took."""
+    drafts were accepted, the device seconds its draft and its verification took, and what it drafted."""
 
     tokens: tuple[int, ...]
     accepted: int
     draft_s: float
     verify_s: float
+    proposed: int
+    """Drafted tokens the round verified (a lookup may find fewer than K, or none)."""
+    key: int = 0
+    """A lookup's match length (:data:`~engine.decode.drafters.MATCH_BUCKETS`); 0 for a model draft."""
 
 
 @dataclass
@@ -114,20 +124,20 @@ class QueuedChain:
 
 
 @torch.inference_mode()
-def queue_chain(target: ModelRunner, drafter: ModelDrafter, device: Device, k: int, rounds: int,
+def queue_chain(target: ModelRunner, drafting: ChainDrafting, device: Device, k: int, rounds: int,
                 seq: Sequence[int] | None = None, after: QueuedChain | None = None) -> QueuedChain:
     """Queue ``rounds`` greedy rounds of ``k`` drafted tokens on the device, reading nothing back.
 
     Either after ``seq`` (``[L]`` ids, ``L >= 2``; the target's cache holds all but the last; the
-    draft is brought to all but the last two here), or ``after`` a chain queued before and not read
-    yet: this one goes on from that one's device state, so the card runs the two back to back while
-    the host reads the first (:func:`read_chain` waits for that chain's own transfer only). There
-    ``seq``, where given, is the context ``after`` started from: its positions then bound this
-    chain's from the host's knowledge, not from a bound on ``after``'s (which would drift by the
-    tokens each chain could have given and did not)."""
+    drafting is brought to it here: a draft model's cache to all but the last two tokens), or
+    ``after`` a chain queued before and not read yet: this one goes on from that one's device
+    state, so the card runs the two back to back while the host reads the first
+    (:func:`read_chain` waits for that chain's own transfer only). There ``seq``, where given, is
+    the context ``after`` started from: its positions then bound this chain's from the host's
+    knowledge, not from a bound on ``after``'s (which would drift by the tokens each chain could
+    have given and did not)."""
     if k < 1 or rounds < 1:
         raise ValueError(f"a chain needs K >= 1 and a round (got {k}, {rounds})")
-    draft = drafter.runner
     width = k + 1
     on = device.torch_device
     last_two = torch.arange(-1, 1, device=on)
@@ -137,9 +147,7 @@ def queue_chain(target: ModelRunner, drafter: ModelDrafter, device: Device, k: i
             raise ValueError("a chain needs 2 or more tokens of context")
         if len(target) != len(seq) - 1:
             raise AssertionError(f"target cache holds {len(target)} tokens, expected {len(seq) - 1}")
-        kept = draft.sync(seq, leave=2)
-        if kept < len(seq) - 2:  # after a lookup's round or a calibration burst the draft lags behind
-            draft.prefill(seq[kept : len(seq) - 2])
+        drafting.begin(seq)
         tail[:2] = device.ids_tensor(seq[-2:]).reshape(-1)
         base = torch.full((), len(seq) - 2, dtype=torch.long, device=on)
         end = len(seq) - 1 + rounds * width
@@ -149,36 +157,37 @@ def queue_chain(target: ModelRunner, drafter: ModelDrafter, device: Device, k: i
         end = (len(seq) - 1 if seq is not None else after.end) + after.most + rounds * width
     at = torch.ones((), dtype=torch.long, device=on)
     behind = torch.arange(1, width + 1, device=on)
-    accepted = torch.zeros(rounds, dtype=torch.long, device=on)
+    counts = torch.zeros(3, rounds, dtype=torch.long, device=on)  # accepted, proposed, key: a row each
     draft_ok = target_ok = torch.ones((), dtype=torch.bool, device=on)
     marks = [device.mark()]
     for r in range(rounds):
         fed = tail.index_select(0, at + last_two)  # [x_{p-1}, x_p]
         p = base + at  # the pending token's position
-        drafted, ok = draft.draft_at(fed, p - 1, k, end, drafter.masked)
+        drafted, ok, key = drafting.draft(fed, p, k, end)  # -1: nothing proposed there
         draft_ok = draft_ok & ok
         marks.append(device.mark())
-        best, choices = target.pass_at(torch.cat([fed[1:], drafted]), p, end, width).max(dim=-1)
+        verified = torch.cat([fed[1:], drafted.clamp(min=0)])
+        best, choices = target.pass_at(verified, p, end, width).max(dim=-1)
         target_ok = target_ok & torch.isfinite(best).all()
         n = (choices[:k] == drafted).long().cumprod(0).sum()
         tail.index_copy_(0, at + behind, choices)
-        accepted[r] = n
+        drafting.kept(p, choices)
+        counts[:, r] = torch.stack([n, (drafted >= 0).long().sum(), key])
         at = at + n + 1
         marks.append(device.mark())
-    read = device.start_read(torch.cat([tail, accepted, torch.stack([draft_ok, target_ok]).long()]))
+    read = device.start_read(torch.cat([tail, counts.reshape(-1), torch.stack([draft_ok, target_ok]).long()]))
     return QueuedChain(k, rounds, end, tail, at, base, read, marks)
 
 
-def read_chain(target: ModelRunner, drafter: ModelDrafter, device: Device, queued: QueuedChain,
+def read_chain(target: ModelRunner, drafting: ChainDrafting, device: Device, queued: QueuedChain,
                seq: Sequence[int]) -> list[ChainedRound]:
     """Wait for ``queued``'s transfer (not for a chain queued after it) and take its rounds, which
-    follow ``seq`` (``[L]`` ids: the target's cache holds all but the last, the draft's all but the
-    last two). Returns the rounds in order; their tokens, joined, extend ``seq``
-    (``R <= n <= R·(K+1)`` ids). Both runners are then told what the chain's passes wrote
-    (:meth:`ModelRunner.wrote`): the target holds all of the new sequence but its last token, the
-    draft all but its last two; the caller crops at a stop token as after any round. NaN or inf
-    logits raise :class:`~engine.errors.NonFiniteLogitsError` (the draft's first) with both
-    runners as they were."""
+    follow ``seq`` (``[L]`` ids: the target's cache holds all but the last). Returns the rounds in
+    order; their tokens, joined, extend ``seq`` (``R <= n <= R·(K+1)`` ids). The target and the
+    drafting are then told what the chain wrote (:meth:`ModelRunner.wrote`): the target holds all
+    of the new sequence but its last token; the caller crops at a stop token as after any round.
+    NaN or inf logits raise :class:`~engine.errors.NonFiniteLogitsError` (the draft's first) with
+    both runners as they were."""
     host = queued.read()
     if not host[-2]:
         raise non_finite_error("draft")
@@ -187,20 +196,24 @@ def read_chain(target: ModelRunner, drafter: ModelDrafter, device: Device, queue
     if len(target) != len(seq) - 1:
         raise AssertionError(f"target cache holds {len(target)} tokens, expected {len(seq) - 1}")
     seconds = device.seconds_between(queued.marks)
-    size = len(host) - queued.rounds - 2
+    r_n = queued.rounds
+    size = len(host) - 3 * r_n - 2
+    accepted, proposed, keys = (host[size + i * r_n : size + (i + 1) * r_n] for i in range(3))
     chain: list[ChainedRound] = []
     begin = 2
-    for r, n in enumerate(host[size : size + queued.rounds]):
-        chain.append(ChainedRound(tuple(int(t) for t in host[begin : begin + n + 1]), int(n), seconds[2 * r],
-                                  seconds[2 * r + 1]))
+    for r in range(r_n):
+        n = int(accepted[r])
+        chain.append(ChainedRound(tuple(int(t) for t in host[begin : begin + n + 1]), n, seconds[2 * r],
+                                  seconds[2 * r + 1], int(proposed[r]), int(keys[r])))
         begin += n + 1
     tokens = [int(t) for t in host[2:begin]]
     target.wrote([seq[-1], *tokens[:-1]])
-    drafter.runner.wrote([*seq[-2:], *tokens][: len(tokens)])
+    drafting.wrote(seq, tokens)
     return chain
 
 
 def chained_rounds(target: ModelRunner, drafter: ModelDrafter, device: Device, seq: Sequence[int], k: int,
                    rounds: int) -> list[ChainedRound]:
-    """:func:`queue_chain` after ``seq``, then :func:`read_chain`: ``rounds`` rounds read back once."""
-    return read_chain(target, drafter, device, queue_chain(target, drafter, device, k, rounds, seq), seq)
+    """:func:`queue_chain` after ``seq`` with a model draft, then :func:`read_chain`: ``rounds`` rounds read back once."""
+    drafting = ModelChainDraft(drafter)
+    return read_chain(target, drafting, device, queue_chain(target, drafting, device, k, rounds, seq), seq)

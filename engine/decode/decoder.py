@@ -32,6 +32,7 @@ from engine.decode.schedule import Schedule
 from engine.decode.cost_model import CostModel, ReplyTally
 from engine.decode.read_once import draft_and_verify, matching
 from engine.decode.chain import QueuedChain, chain_rounds
+from engine.decode.chain_drafts import DeviceLookup
 from engine.decode.device_rounds import DeviceRounds
 from engine.decode.verify import Verdict, verify_coupled, verify_greedy, verify_sampled
 
@@ -109,6 +110,8 @@ class SpecDecoder(DeviceRounds):
         """Greedy model-drafted rounds queued before one read-back (:mod:`engine.decode.chain`)."""
         self._queued: QueuedChain | None = None
         """A chain queued behind the one being read (:meth:`_chain_round`), not read yet."""
+        self._lookup_chain: DeviceLookup | None = None
+        """A lookup drafter's copy of the sequence on the device, for chains (:mod:`engine.decode.chain_drafts`)."""
 
     @property
     def mode(self) -> Mode:
@@ -142,7 +145,7 @@ class SpecDecoder(DeviceRounds):
         self._release(target=True)
 
     def _release(self, *, target: bool) -> None:
-        self._queued = None
+        self._queued, self._lookup_chain = None, None
         if self.drafter is not None:
             self.drafter.release()
             self.drafter = None
@@ -241,6 +244,9 @@ class SpecDecoder(DeviceRounds):
             # pays for this kind of draft: the match and the fitted verification
             # cost are the limit, not caution. (The lambda reads self.drafter when
             # called, so no local reference keeps a failed draft alive.)
+            rounds = self._chain_length(seq, params, k, remaining)
+            if rounds > 1:  # a lookup on the device, chained (engine/decode/chain_drafts.py)
+                return self._chain_round(seq, params, generator, stats, produced, notice, (k, rounds))
             n = min(params.k_max, remaining - 1) if free else k
             draft, dropped = self._guarded(
                 lambda: self.drafter.propose(seq, n, params.sampling, generator),  # type: ignore[union-attr]
