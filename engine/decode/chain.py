@@ -27,8 +27,11 @@ A round, with ``p`` the pending token's position:
    target's own ``c_n``; the next round overwrites the rest); ``p += n + 1``.
 
 Invariants from round to round, with no host in between: the target holds every position below
-``p`` (its pass wrote ``x_p, d_1 .. d_n`` there, all accepted); the draft holds every position
-below ``p - 1`` (it wrote ``d_j`` at ``p + j`` for ``j < K``, and ``n <= K``). Keys written past
+``p`` (its pass wrote ``x_p, d_1 .. d_n`` there, all accepted); a draft model holds every
+position below ``p - 1`` (it wrote ``d_j`` at ``p + j`` for ``j < K``, and ``n <= K``); a
+lookup's copy of the sequence holds every position up to ``p`` (each round writes ``c_0 .. c_K``
+at ``p + 1 ..``, and ``c_0 .. c_n`` are the sequence). A lookup proposes ``-1`` where it found
+nothing (fed as token 0, never accepted), so every round verifies ``K + 1`` tokens. Keys written past
 them are never visible (the mask hides every key after a row's own position), and the next
 pass there overwrites them.
 

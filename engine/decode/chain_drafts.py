@@ -23,9 +23,9 @@ from engine.decode.runner import common_prefix_length
 from engine.events import DraftOrigin
 from engine.model.device import Device
 
-SLACK = 64
-"""Positions a lookup's buffer holds past the cache's window: a round writes its ``K + 1``
-choices past the pending token, which may sit at the window's last position."""
+SLACK = 1
+"""Positions a lookup's buffer holds past the cache's window: a round writes its ``K + 1`` choices
+at ``p + 1 .. p + K + 1``, and the last may fall one past the last position the caches write."""
 
 
 class ChainDrafting(Protocol):
@@ -92,7 +92,7 @@ class DeviceLookup:
         on = device.torch_device
         self.ids = torch.zeros(window + SLACK, dtype=torch.long, device=on)
         self.positions = torch.arange(window + SLACK, device=on)
-        self.back = torch.arange(MATCH_BUCKETS[-1], device=on)  # a match counted back this far
+        self.back = torch.arange(max(MATCH_BUCKETS[-1], self.max_ngram), device=on)  # counted back this far
         self.held: list[int] = []
 
     def begin(self, seq: Sequence[int]) -> None:
@@ -105,22 +105,26 @@ class DeviceLookup:
 
     @torch.inference_mode()
     def draft(self, fed: torch.Tensor, p: torch.Tensor, k: int, end: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        ids, pos = self.ids, self.positions
-        best = torch.full_like(p, -1)
-        for n in range(self.max_ngram, self.min_ngram - 1, -1):  # the longest n-gram that occurred before wins
-            match = (pos < p) & (pos >= n - 1)  # j: the n-gram ending at j has a follower at j + 1 <= p
-            for t in range(n):
-                match = match & (ids.roll(t) == ids.index_select(0, (p - t).clamp(min=0).reshape(1)))
-            latest = torch.where(match, pos, -1).amax()  # the latest occurrence
-            best = torch.where(best < 0, latest, best)
+        ids, pos = self.ids[:end], self.positions[:end]  # every position the chain reads lies below end
+        ending = ids.index_select(0, (p - self.back[: self.max_ngram]).clamp(min=0))  # x_p, x_{p-1}, ...
+        same = pos < p  # j: the n-gram ending at j has a follower at j + 1 <= p
+        latest: list[torch.Tensor] = []
+        for t in range(self.max_ngram):  # same[j]: tokens j - t .. j equal tokens p - t .. p
+            same = same & (ids.roll(t) == ending[t])  # roll(t)[j] = ids[j - t]; j < t is masked below
+            if t + 1 >= self.min_ngram:
+                latest.append(torch.where(same & (pos >= t), pos, -1).amax())  # the latest occurrence
+        best = latest[-1]
+        for shorter in reversed(latest[:-1]):  # the longest n-gram that occurred before wins
+            best = torch.where(best < 0, shorter, best)
         src = best + 1 + self.positions[:k]
-        drafted = torch.where((best >= 0) & (src <= p), ids.index_select(0, src.clamp(max=ids.shape[0] - 1)), -1)
+        drafted = torch.where((best >= 0) & (src <= p), self.ids.index_select(0, src.clamp(max=end - 1)), -1)
         return drafted, torch.ones((), dtype=torch.bool, device=p.device), self._match_length(best, p)
 
     def _match_length(self, best: torch.Tensor, p: torch.Tensor) -> torch.Tensor:
         """Tokens ending at ``best`` equal to those ending at ``p``, counted back up to
         ``MATCH_BUCKETS[-1]`` (0 where nothing matched): :meth:`NgramDrafter._match_length`."""
-        mine, theirs = best - self.back, p - self.back
+        back = self.back[: MATCH_BUCKETS[-1]]
+        mine, theirs = best - back, p - back
         same = (mine >= 0) & (ids_at(self.ids, mine) == ids_at(self.ids, theirs)) & (best >= 0)
         return same.long().cumprod(0).sum()
 

@@ -148,17 +148,19 @@ class CostModel:
 
     def observe(
         self, proposed: int, n_accepted: int, draft_s: float, verify_s: float, other_s: float, key: int = 0,
-        free: bool = False, plain_step: bool = True,
+        free: bool = False, plain_step: bool = True, fed: int = 0,
     ) -> None:
         """Learn from one round that proposed ``proposed`` tokens of kind ``key`` (``free``: from a
-        lookup, whose cost says nothing of the draft model's step). A round that proposed
-        nothing is a sample of the plain step unless ``plain_step`` is False: on a card, plain
-        decoding runs in bursts, so a lookup's miss (one synchronised step) costs more than a
-        step of plain decoding and says nothing of it; the burst that calibrates does."""
-        self.passes.add(proposed + 1, verify_s, draft_s + verify_s + other_s, draft_s,
-                        plain_sample=plain_step)
+        lookup, whose cost says nothing of the draft model's step), its target pass over ``fed``
+        tokens (0: ``proposed + 1``; a chained lookup's round verifies ``K + 1`` whatever it found).
+        A round whose pass fed one token is a sample of the plain step unless ``plain_step`` is
+        False: on a card, plain decoding runs in bursts, so a lookup's miss (one synchronised
+        step) costs more than a step of plain decoding and says nothing of it; the burst that
+        calibrates does."""
+        width = fed or proposed + 1
+        self.passes.add(width, verify_s, draft_s + verify_s + other_s, draft_s, plain_sample=plain_step)
         self.overheads.append(other_s)
-        if proposed == 0 and plain_step:
+        if width == 1 and plain_step:
             self.rounds_since_plain = 0
             return
         self.rounds_since_plain += 1
@@ -186,10 +188,11 @@ class CostModel:
         step = self.passes.plain_step_s
         return 1.0 / step if step else None
 
-    def plain_equivalent(self, proposed: int, verify_s: float, round_s: float, plain_step: bool = True) -> float | None:
+    def plain_equivalent(self, proposed: int, verify_s: float, round_s: float, plain_step: bool = True,
+                         fed: int = 0) -> float | None:
         """Plain tokens a round's time would have bought at its own load (None while unsound;
-        ``plain_step`` as for :meth:`observe`)."""
-        return self.passes.plain_equivalent(size_key(proposed + 1, plain_step), verify_s, round_s)
+        ``plain_step`` and ``fed`` as for :meth:`observe`)."""
+        return self.passes.plain_equivalent(size_key(fed or proposed + 1, plain_step), verify_s, round_s)
 
     def acceptance(self, k: int, key: int = 0) -> list[float]:
         """Per-position acceptance estimates for positions ``1..k`` of drafts of
@@ -330,13 +333,15 @@ class ReplyTally:
     def record(
         self, k: int, proposed: int, n_accepted: int, emitted: int, draft_s: float, verify_s: float,
         other_s: float, mode: Mode | None = None, origin: DraftOrigin | None = None, plain_step: bool = True,
+        fed: int = 0,
     ) -> None:
         """Count one round: ``k`` is the K in force (shown even on a plain
         calibration round), ``emitted`` the tokens kept after stop conditions,
         ``mode`` the mode the round ran in (default: the reply's), ``origin`` who
-        drafted it (None: nothing was proposed), ``plain_step`` as for :meth:`CostModel.observe`
-        (a round that is not a sample of the plain step is neither valued at t(1) nor counted
-        among the plain rounds)."""
+        drafted it (None: nothing was proposed), ``plain_step`` and ``fed`` as for
+        :meth:`CostModel.observe` (a round that is not a sample of the plain step is neither
+        valued at t(1) nor counted among the plain rounds)."""
+        width = fed or proposed + 1
         self.k = k
         self.rounds += 1
         self.target_passes += 1
@@ -348,7 +353,7 @@ class ReplyTally:
         self.other_s += other_s
         self.positions.add(proposed, n_accepted)
         wall = draft_s + verify_s + other_s
-        size = size_key(proposed + 1, plain_step)
+        size = size_key(width, plain_step)
         self.stretch.add(size, verify_s, wall)
         plain_equivalent = self.costs.passes.plain_equivalent(size, verify_s, wall)
         if plain_equivalent is not None:
@@ -357,7 +362,7 @@ class ReplyTally:
                 self.evidence[i] += x
         round_mode = mode or self.mode
         self.mode_tokens[round_mode] = self.mode_tokens.get(round_mode, 0) + emitted
-        if proposed == 0 and plain_step:
+        if width == 1 and plain_step:
             self.plain_rounds += 1
             self.plain_rounds_s += wall
         elif proposed:

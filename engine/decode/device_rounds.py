@@ -108,7 +108,8 @@ class DeviceRounds:
 
     def _chain_length(self: Decoder, seq: list[int], params: GenerationParams, k: int, remaining: int) -> int:
         """Rounds of ``k`` drafted tokens to chain now (:mod:`engine.decode.chain`); 0 or 1: none.
-        Greedy replies with a model draft over static caches only, and never past ``remaining``."""
+        Greedy replies over static caches only (a model draft's, or a prompt lookup's on the
+        device: :func:`~engine.decode.chain.chains_allowed`), and never past ``remaining``."""
         if self.chain < 2 or not params.sampling.greedy or len(seq) < 2 or not chains_allowed(self.target,
                                                                                               self.drafter):
             return 0
@@ -168,12 +169,13 @@ class DeviceRounds:
                 break
             left -= kept
             key = match_key(r.key) if free else 0
+            # Every chained round verifies K + 1 tokens, whatever a lookup found to fill them with.
             self.costs.observe(r.proposed, r.accepted, r.draft_s, r.verify_s, other_s, key, free=free,
-                               plain_step=plain_step)
+                               plain_step=plain_step, fed=k + 1)
             stats.record(k, r.proposed, r.accepted, kept, r.draft_s, r.verify_s, other_s, mode=round_mode,
-                         origin=drafting.origin if r.proposed else None, plain_step=plain_step)
+                         origin=drafting.origin if r.proposed else None, plain_step=plain_step, fed=k + 1)
             equivalent = self.costs.plain_equivalent(r.proposed, r.verify_s, r.draft_s + r.verify_s + other_s,
-                                                     plain_step)
+                                                     plain_step, fed=k + 1)
             switched = self.schedule.verdict(params, round_mode, kept, equivalent) or switched
         self._apply_switch(switched)
         notice = self._close_round(stats, notice, switched)

@@ -62,7 +62,10 @@ def test_the_device_lookup_proposes_what_the_host_lookup_does(ngram) -> None:
     assert checked > 400 and found > checked // 3  # matches and misses both met
 
 
-def test_the_device_copy_is_uploaded_where_it_differs_only(target) -> None:
+def test_the_device_copy_is_uploaded_where_it_differs_only(monkeypatch) -> None:
+    uploads: list[list[int]] = []
+    real = Device.ids_tensor
+    monkeypatch.setattr(Device, "ids_tensor", lambda self, ids: uploads.append(list(ids)) or real(self, ids))
     lookup = DeviceLookup(NgramDrafter(), window=64, device=CPU)
     lookup.begin([1, 2, 3, 4, 5])
     lookup.ids[5:8] = torch.tensor([6, 7, 8])  # as a chained round writes past the pending token
@@ -71,6 +74,7 @@ def test_the_device_copy_is_uploaded_where_it_differs_only(target) -> None:
     assert lookup.ids[:9].tolist() == [1, 2, 3, 4, 5, 6, 7, 8, 9]
     lookup.begin([1, 2, 9, 9])  # a new chat: from the first difference
     assert lookup.ids[:4].tolist() == [1, 2, 9, 9] and lookup.held == [1, 2, 9, 9]
+    assert uploads == [[1, 2, 3, 4, 5], [9], [9, 9]]
 
 
 REPEATS = [3, 5, 7, 11, 13, 17, 19, 23] * 3 + [3, 5]
@@ -93,6 +97,41 @@ def test_a_chained_n_gram_reply_is_the_plain_reply(target, graphs) -> None:
     assert reply(decoder, turn, max_new_tokens=30)[0] == plain(target, turn, max_new_tokens=30)
 
 
+def test_chained_n_gram_rounds_draft_and_count_as_rounds_a_read_back_do(target, monkeypatch) -> None:
+    """With K fixed, a chain's rounds propose what the host lookup would, round for round (the
+    device copy follows every round: each one's choices are written past its pending token), and
+    they are counted as lookup rounds: free (no draft model's step), keyed by match length."""
+    from tests.engine.decode.test_gpu_syncs import Transfers
+    from engine.events import GenerationParams
+
+    counts = {}
+    for rounds in (1, 3):
+        device = Device(torch.device("cpu"), static_cache=True, graphs=RecordingBackend())
+        decoder = SpecDecoder(target, device, NgramDrafter(), calibrate_every=0, auto_off_window=0)
+        decoder.chain = rounds
+        got, events = reply(decoder, REPEATS, max_new_tokens=60, k=3)
+        stats = events[-1].stats
+        counts[rounds] = (got, stats.proposed, stats.accepted)
+    assert counts[3] == counts[1] and counts[1][2] > 0
+
+    device = Device(torch.device("cpu"), static_cache=True, graphs=RecordingBackend())
+    decoder = SpecDecoder(target, device, NgramDrafter(), calibrate_every=0, auto_off_window=0)
+    decoder.chain = 3
+    reply(decoder, REPEATS, max_new_tokens=30)  # adaptive K: every drafting round chained
+    assert decoder.costs.draft_step_s is None  # a lookup's time is no draft model's step
+    assert max(decoder.costs.positions) > 1  # keyed by match length, not all under one key
+
+    decoder = SpecDecoder(target, Device(torch.device("cpu"), static_cache=True, graphs=RecordingBackend()),
+                          NgramDrafter(), calibrate_every=0, auto_off_window=0)
+    decoder.chain = 3
+    steps = decoder.generate(REPEATS, GenerationParams(max_new_tokens=60, k=3))
+    next(steps)
+    transfers = Transfers(monkeypatch)
+    event = next(steps)
+    monkeypatch.undo()
+    assert rounds_per_event([event]) and transfers.calls == ["tolist"]  # three rounds, one read-back
+
+
 def test_a_stop_token_in_a_chained_n_gram_reply_and_calibration_between(target) -> None:
     expected = plain(target, REPEATS, max_new_tokens=60)
     stop = expected[25]
@@ -104,3 +143,17 @@ def test_a_stop_token_in_a_chained_n_gram_reply_and_calibration_between(target) 
     assert got == cut and events[-1].finish_reason == "eos"
     assert decoder.target.ids == REPEATS + got[:-1] and decoder._queued is None
     assert any(set(e.sources) == {"target"} and len(e.token_ids) > 1 for e in events)  # a calibration burst
+    turn = REPEATS + got + [6, 6]  # after a chain queued behind was dropped at the stop token
+    assert reply(decoder, turn, max_new_tokens=30)[0] == plain(target, turn, max_new_tokens=30)
+
+
+def test_a_round_that_verified_k_plus_one_tokens_is_no_plain_step_however_little_it_proposed() -> None:
+    from engine.decode.cost_model import CostModel
+
+    chained, single = CostModel(), CostModel()
+    for _ in range(6):
+        chained.observe(0, 0, 0.0, 0.004, 0.0, free=True, fed=5)  # a lookup that found nothing, verified 5 wide
+        single.observe(0, 0, 0.0, 0.001, 0.0, free=True)  # a one-token round: the plain step
+    assert chained.rounds_since_plain > 0 and single.rounds_since_plain == 0
+    assert chained.pass_cost(5) is not None and chained.passes.plain_step_s is None
+    assert single.passes.plain_step_s is not None
