@@ -52,8 +52,9 @@ errors then span ±50% of it); above it the speedup is None and ``speedup_note``
 :data:`~engine.events.TOO_NOISY`. The app on a loaded machine showed "1.07× ± 3.22"."""
 
 REFRESH_EVERY = 6
-"""Every this many rounds (once the pass line is sound) adaptive K tries a neighbour of its best K
-(one more, then one less), so that the costs it compares stay measured: on coder, slow passes
+"""Every this many decisions (rounds, a chain of rounds counting once; :attr:`CostModel.decisions`),
+once the pass line is sound, adaptive K tries a neighbour of its best K (one more, then one
+less), so that the costs it compares stay measured: on coder, slow passes
 of three tokens in the first rounds after a prompt held K at 1 for a whole reply (31 tok/s
 where K = 2 made 35), since K = 2 was never tried again to show it had got cheaper."""
 
@@ -137,6 +138,10 @@ class CostModel:
 
     draft_step_s: float | None = None
     passes: PassCosts = field(default_factory=PassCosts)  # target pass cost by tokens fed, plain step
+    decisions: int = 0
+    """Rounds whose K the schedule chose: every round, except that a chain of rounds or a burst of
+    plain steps on a card (one choice for all of them) counts once. The explore and refresh
+    cadences count these, so that they keep their rhythm when rounds come eight at a time."""
     overheads: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))  # bookkeeping per round
     positions: dict[int, PositionCounts] = field(default_factory=dict)  # by Draft.key
     rounds_since_plain: int = 1 << 30  # rounds since the last one-token pass (calibration schedule)
@@ -148,7 +153,7 @@ class CostModel:
 
     def observe(
         self, proposed: int, n_accepted: int, draft_s: float, verify_s: float, other_s: float, key: int = 0,
-        free: bool = False, plain_step: bool = True, fed: int = 0,
+        free: bool = False, plain_step: bool = True, fed: int = 0, decided: bool = True,
     ) -> None:
         """Learn from one round that proposed ``proposed`` tokens of kind ``key`` (``free``: from a
         lookup, whose cost says nothing of the draft model's step), its target pass over ``fed``
@@ -156,7 +161,9 @@ class CostModel:
         A round whose pass fed one token is a sample of the plain step unless ``plain_step`` is
         False: on a card, plain decoding runs in bursts, so a lookup's miss (one synchronised
         step) costs more than a step of plain decoding and says nothing of it; the burst that
-        calibrates does."""
+        calibrates does. ``decided``: whether the schedule chose this round's K (not so for the
+        second and later rounds of a chain or steps of a burst: :attr:`decisions`)."""
+        self.decisions += decided
         width = fed or proposed + 1
         self.passes.add(width, verify_s, draft_s + verify_s + other_s, draft_s, plain_sample=plain_step)
         self.overheads.append(other_s)
@@ -268,7 +275,7 @@ class CostModel:
                 if k_min <= k <= k_max and not self.draft_measured(k):
                     return k
         if refresh:  # one refresh a REFRESH_EVERY passes: one more, then one less, in turn
-            down = (self.passes.passes // REFRESH_EVERY) % 2 == 1 and best_k > k_min
+            down = (self.decisions // REFRESH_EVERY) % 2 == 1 and best_k > k_min
             return best_k - 1 if down else min(best_k + 1, k_max)
         return best_k
 

@@ -91,8 +91,8 @@ class DeviceRounds:
         steps_s, other_s = self.device.seconds_between([t_start, t_steps, t_end])
         step_s, other = steps_s / n, other_s / n
         switched = None
-        for _ in emitted:
-            self.costs.observe(0, 0, 0.0, step_s, other)
+        for i, _ in enumerate(emitted):
+            self.costs.observe(0, 0, 0.0, step_s, other, decided=i == 0)  # one choice for the burst
             stats.record(shown_k, 0, 0, 1, 0.0, step_s, other, mode=round_mode)
             if round_mode == "plain":  # a plain round a token: the re-probe counts them
                 switched = self.schedule.verdict(params, "plain", 1, self.costs.plain_equivalent(0, step_s, step_s + other))
@@ -163,7 +163,7 @@ class DeviceRounds:
             self._queued = None  # computed past the reply's end: dropped, and its buffers with it
         other_s = (time.perf_counter() - began) / len(chain)
         plain_step, left, switched = self.burst == 1, len(emitted), None
-        for r in chain:
+        for i, r in enumerate(chain):
             kept = min(len(r.tokens), left)
             if kept == 0:  # computed past a stop token, and cropped: not evidence of anything
                 break
@@ -171,7 +171,7 @@ class DeviceRounds:
             key = match_key(r.key) if free else 0
             # Every chained round verifies K + 1 tokens, whatever a lookup found to fill them with.
             self.costs.observe(r.proposed, r.accepted, r.draft_s, r.verify_s, other_s, key, free=free,
-                               plain_step=plain_step, fed=k + 1)
+                               plain_step=plain_step, fed=k + 1, decided=i == 0)  # one K for the chain
             stats.record(k, r.proposed, r.accepted, kept, r.draft_s, r.verify_s, other_s, mode=round_mode,
                          origin=drafting.origin if r.proposed else None, plain_step=plain_step, fed=k + 1)
             equivalent = self.costs.plain_equivalent(r.proposed, r.verify_s, r.draft_s + r.verify_s + other_s,

@@ -53,13 +53,14 @@ class Schedule:
         return params.k is None and self.costs.lookup_pays(params.k_min, params.k_max, proposed, key)
 
     def explore(self) -> bool:
-        """Every third round may try a K not measured yet (:meth:`CostModel.choose_k`)."""
-        return self.costs.passes.passes % 3 == 2
+        """Every third decision (a round, or a chain of rounds: :attr:`CostModel.decisions`) may try a
+        K not measured yet (:meth:`CostModel.choose_k`)."""
+        return self.costs.decisions % 3 == 2
 
     def refresh(self) -> bool:
-        """Every :data:`~engine.decode.cost_model.REFRESH_EVERY` rounds, once the pass line is
+        """Every :data:`~engine.decode.cost_model.REFRESH_EVERY` decisions, once the pass line is
         sound, try a neighbour of the best K again."""
-        return self.costs.passes.line_sound and self.costs.passes.passes % REFRESH_EVERY == REFRESH_EVERY - 1
+        return self.costs.passes.line_sound and self.costs.decisions % REFRESH_EVERY == REFRESH_EVERY - 1
 
     def calibrating(self, mode: Mode) -> bool:
         """Whether this speculative round runs as a plain step to measure the plain step."""

@@ -334,3 +334,19 @@ def test_switching_speculation_off_with_a_chain_queued_reads_it_as_speculation(t
     assert spec_tokens == len(events[0].token_ids) + len(queued_read.token_ids)  # counted as the speculation it was
     assert all(set(e.sources) == {"target"} for e in events[2:])  # plain from then on
     assert events[-1].stats.mode == "plain" and decoder._queued is None
+
+
+def test_a_chain_is_one_decision_of_the_schedule_and_the_cpu_counts_every_round(target, draft) -> None:
+    """Explore and refresh keep their rhythm (every 3rd and 6th decision) when rounds come in chains:
+    a chain's K is one choice. On the CPU, a round a read-back, decisions are rounds as before."""
+    cpu = SpecDecoder(target, CPU, ModelDrafter(draft, CPU))
+    reply(cpu, PROMPT, max_new_tokens=60)
+    assert cpu.costs.decisions == cpu.costs.passes.passes > 20
+
+    decoder = chaining(target, draft, static(True), rounds=8, calibrate_every=0, auto_off_window=0)
+    refreshes: list[bool] = []
+    real = decoder.schedule.refresh
+    decoder.schedule.refresh = lambda: refreshes.append(real()) or refreshes[-1]  # type: ignore[method-assign]
+    _, events = reply(decoder, PROMPT, max_new_tokens=300)
+    assert decoder.costs.decisions == len(events) < decoder.costs.passes.passes  # an event: one choice
+    assert any(refreshes)  # a refresh comes round when chains move the passes eight at a time
