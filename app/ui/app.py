@@ -250,11 +250,18 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         self.push_screen(CopyScreen(choices), picked)
 
     def copy_text(self, text: str, what: str) -> None:
-        """Put ``text`` on the clipboard (OSC 52) and say what was copied."""
+        """Send ``text`` to the terminal's clipboard (OSC 52) and to the desktop's where a tool is
+        at hand (:mod:`app.ui.clipboard`); say "Copied" only where one took it."""
+        from app.ui.clipboard import desktop_copy, sent_notice
+
         self.copy_to_clipboard(text)
         lines = text.count("\n") + 1
-        notice(self, f"Copied {what}: {len(text):,} characters, {lines} line{'s' if lines != 1 else ''}.",
-               title="Copied")
+        size = f"{len(text):,} characters, {lines} line{'s' if lines != 1 else ''}"
+        tool = desktop_copy(text)
+        if tool is not None:
+            notice(self, f"Copied {what}: {size} ({tool}).", title="Copied")
+        else:
+            notice(self, sent_notice(what, size), title="Sent to the terminal", timeout=8)
 
     def action_copy_last_reply(self) -> None:
         text = last_reply(self.conversation.messages())

@@ -20,6 +20,7 @@ def specchat_dirs(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("SPECCHAT_CONFIG_DIR", str(tmp_path / "config"))
     monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("SPECCHAT_STATE_DIR", str(tmp_path / "state"))
+    monkeypatch.setattr("app.ui.clipboard.desktop_copy", lambda text: None)  # never the developer's clipboard
     return data
 
 
