@@ -58,7 +58,16 @@ def known_language(language: str) -> str:
 
 
 class ReplyFence(MarkdownFence):
-    """A code block highlighted as its (known) language says, never by guessing."""
+    """A code block highlighted as its (known) language says, never by guessing, with a scrollbar
+    where its lines are wider than the chat (Textual's fence clips them without one: beside the
+    full HUD, code lost its right-hand side with nothing to say so)."""
+
+    DEFAULT_CSS = """
+    ReplyFence {
+        overflow-x: auto;
+        scrollbar-size-horizontal: 1;
+    }
+    """
 
     @classmethod
     def highlight(cls, code: str, language: str, ansi: bool = False, dark: bool = False) -> Content:
