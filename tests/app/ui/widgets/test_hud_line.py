@@ -27,7 +27,7 @@ INFO = EngineInfo("pocket", "SmolLM2", "n-gram lookup", "ngram", "cpu")
 def test_an_error_and_loading_take_the_line() -> None:
     assert str(status_line(State(error="model not found"))) == "pocket · ✗ model not found  F6: full HUD"
     assert str(status_line(State(loading_stage="converting", loading_fraction=0.25))) == \
-        "pocket · loading: converting 25%  F6: full HUD"
+        "pocket · loading: 25% · converting  F6: full HUD"
     assert str(status_line(State(profile_name=None))) == "— · not loaded  F6: full HUD"
 
 
@@ -74,3 +74,13 @@ def test_a_finished_server_reply_without_a_speedup_says_unknown() -> None:
         "pocket · spec · 50.0 tok/s · speedup unknown  F6: full HUD"
     assert str(status_line(State(info=spec, stats=stats, live=True))) == \
         "pocket · spec · 50.0 tok/s · measuring…  live  F6: full HUD"
+
+
+def test_a_narrow_line_cuts_the_models_name_not_the_figures() -> None:
+    """At 80 columns the line's end is cut: the percentage, sizes, speed and time come first."""
+    stage = "downloading SmolLM2-135M-Instruct.Q4_1: 12.3 of 93.0 MB, 9.8 MB/s, 8 s left"
+    line = str(status_line(State(loading_stage=stage, loading_fraction=0.13)))
+    assert line[:78].startswith("pocket · loading: 13% · 12.3 of 93.0 MB, 9.8 MB/s, 8 s left · downloading")
+    converting = "converting SmolLM2-135M-Instruct.Q4_1 once, reading the tensors kept in full precision: 0:42"
+    assert str(status_line(State(loading_stage=converting))).startswith("pocket · loading: 0:42 · converting")
+
