@@ -109,11 +109,10 @@ class QueuedChain:
 
     ``tail``, ``at`` and ``base`` (the position of ``tail[0]``, 0-d) are its device state after its
     last round, from which a next chain can be queued before this one is read
-    (:func:`queue_chain`'s ``after``); ``end`` bounds every position its passes write."""
+    (:func:`queue_chain`'s ``after``)."""
 
     k: int
     rounds: int
-    end: int
     tail: torch.Tensor
     at: torch.Tensor
     base: torch.Tensor
@@ -128,17 +127,16 @@ class QueuedChain:
 
 @torch.inference_mode()
 def queue_chain(target: ModelRunner, drafting: ChainDrafting, device: Device, k: int, rounds: int,
-                seq: Sequence[int] | None = None, after: QueuedChain | None = None) -> QueuedChain:
+                seq: Sequence[int], after: QueuedChain | None = None) -> QueuedChain:
     """Queue ``rounds`` greedy rounds of ``k`` drafted tokens on the device, reading nothing back.
 
     Either after ``seq`` (``[L]`` ids, ``L >= 2``; the target's cache holds all but the last; the
     drafting is brought to it here: a draft model's cache to all but the last two tokens), or
     ``after`` a chain queued before and not read yet: this one goes on from that one's device
     state, so the card runs the two back to back while the host reads the first
-    (:func:`read_chain` waits for that chain's own transfer only). There ``seq``, where given, is
-    the context ``after`` started from: its positions then bound this chain's from the host's
-    knowledge, not from a bound on ``after``'s (which would drift by the tokens each chain could
-    have given and did not)."""
+    (:func:`read_chain` waits for that chain's own transfer only). There ``seq`` is the context
+    ``after`` started from: its positions bound this chain's from the host's knowledge, not from a
+    bound on ``after``'s (which would drift by the tokens each chain could have given and did not)."""
     if k < 1 or rounds < 1:
         raise ValueError(f"a chain needs K >= 1 and a round (got {k}, {rounds})")
     width = k + 1
@@ -146,7 +144,7 @@ def queue_chain(target: ModelRunner, drafting: ChainDrafting, device: Device, k:
     last_two = torch.arange(-1, 1, device=on)
     tail = torch.zeros(2 + rounds * width, dtype=torch.long, device=on)
     if after is None:
-        if seq is None or len(seq) < 2:
+        if len(seq) < 2:
             raise ValueError("a chain needs 2 or more tokens of context")
         if len(target) != len(seq) - 1:
             raise AssertionError(f"target cache holds {len(target)} tokens, expected {len(seq) - 1}")
@@ -157,7 +155,7 @@ def queue_chain(target: ModelRunner, drafting: ChainDrafting, device: Device, k:
     else:  # seq: the context ``after`` goes on from (its own tokens not read yet)
         tail[:2] = after.tail.index_select(0, after.at + last_two)
         base = after.base + after.at - 1
-        end = (len(seq) - 1 if seq is not None else after.end) + after.most + rounds * width
+        end = len(seq) - 1 + after.most + rounds * width
     at = torch.ones((), dtype=torch.long, device=on)
     behind = torch.arange(1, width + 1, device=on)
     counts = torch.zeros(3, rounds, dtype=torch.long, device=on)  # accepted, proposed, key: a row each
@@ -179,7 +177,7 @@ def queue_chain(target: ModelRunner, drafting: ChainDrafting, device: Device, k:
         at = at + n + 1
         marks.append(device.mark())
     read = device.start_read(torch.cat([tail, counts.reshape(-1), torch.stack([draft_ok, target_ok]).long()]))
-    return QueuedChain(k, rounds, end, tail, at, base, read, marks)
+    return QueuedChain(k, rounds, tail, at, base, read, marks)
 
 
 def read_chain(target: ModelRunner, drafting: ChainDrafting, device: Device, queued: QueuedChain,

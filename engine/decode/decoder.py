@@ -225,13 +225,13 @@ class SpecDecoder(DeviceRounds):
         verdict: Verdict | None = None
         free = self.drafter is not None and self.drafter.free_proposals and params.k is None
         looked_up = EMPTY_DRAFT if free or k == 0 else self._lookup_first(seq, params, generator, remaining)
+        rounds = 0 if looked_up.tokens or k == 0 else self._chain_length(seq, params, k, remaining)
+        if rounds > 1:  # greedy rounds decided on the card, a model's draft or a lookup's (engine/decode/chain.py)
+            return self._chain_round(seq, params, generator, stats, produced, notice, (k, rounds))
         if looked_up.tokens:  # a copy that pays more than the draft model this round: trim it like a free draft
             k = self.schedule.free_k(params, len(looked_up.tokens), looked_up.key)
             draft = looked_up.first(k)
         elif k > 0 and isinstance(self.drafter, ModelDrafter) and matching(params, generator):
-            rounds = self._chain_length(seq, params, k, remaining)
-            if rounds > 1:
-                return self._chain_round(seq, params, generator, stats, produced, notice, (k, rounds))
             stage = ["drafting"]  # where an out-of-memory struck, for the notice
             (draft, verdict, t_draft), dropped = self._guarded(
                 lambda: draft_and_verify(self.target, self.drafter, self.device, seq, k, params, generator, stage),  # type: ignore[arg-type]
@@ -244,9 +244,6 @@ class SpecDecoder(DeviceRounds):
             # pays for this kind of draft: the match and the fitted verification
             # cost are the limit, not caution. (The lambda reads self.drafter when
             # called, so no local reference keeps a failed draft alive.)
-            rounds = self._chain_length(seq, params, k, remaining)
-            if rounds > 1:  # a lookup on the device, chained (engine/decode/chain_drafts.py)
-                return self._chain_round(seq, params, generator, stats, produced, notice, (k, rounds))
             n = min(params.k_max, remaining - 1) if free else k
             draft, dropped = self._guarded(
                 lambda: self.drafter.propose(seq, n, params.sampling, generator),  # type: ignore[union-attr]

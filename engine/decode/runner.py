@@ -29,7 +29,7 @@ from engine.errors import ContextLengthError
 from engine.model.capture import CompiledPass, PassCapture, attention_span, capture_shapes, compile_backend
 from engine.model.device import Device, ids_tensor
 from engine.model.kv import GrowingKV, StaticKV
-from engine.model.lean import lean_forward
+from engine.model.lean import LeanForward, lean_forward
 from engine.model.memory import PREFILL_CHUNK, max_positions
 
 
@@ -245,10 +245,7 @@ class ModelRunner:
                 self.cache.advance(int(input_ids.shape[1]))
             else:
                 logits = self._lean(input_ids, self.cache, len(self), keep)
-            compiled = self._lean.static_fn
-            if isinstance(compiled, CompiledPass) and compiled.failure:  # told once, with the capture's news
-                self.capture.note(compiled.failure)
-                compiled.failure = None
+            self._note_compile_failure()
             return logits
         return self._lean(input_ids, self.cache, len(self), keep, row_exact=row_exact)  # type: ignore[misc]
 
@@ -269,22 +266,14 @@ class ModelRunner:
         Neither :attr:`ids` nor the cache's length move: the chain says what it kept afterwards
         (:meth:`wrote`). Keys it wrote past that are never visible (a static cache's mask hides
         every key after a row's own position) and the next pass there overwrites them."""
-        if not isinstance(self.cache, StaticKV) or self._lean is None:
-            raise TypeError("a pass at a device position needs the static cache (a card, or SPECCHAT_STATIC_CACHE=1)")
-        if end > self.cache.window:
-            raise ContextLengthError(f"a chain of rounds reaching position {end} does not fit the "
-                                     f"{self.cache.window}-token window of this model's cache")
+        lean, cache, span = self._chain_span(end)
         ids = new_ids.reshape(1, -1)
-        span = attention_span(end, self.cache.window)
         with self.device.attention_kernels():
-            logits = self.capture.run_span(self._lean.static_fn, self.cache, ids, start, span, keep)
+            logits = self.capture.run_span(lean.static_fn, cache, ids, start, span, keep)
             if logits is None:
                 positions = torch.arange(ids.shape[1], device=ids.device) + start
-                logits = self._lean.static_fn(ids, self.cache, positions, keep, span)
-        compiled = self._lean.static_fn
-        if isinstance(compiled, CompiledPass) and compiled.failure:
-            self.capture.note(compiled.failure)
-            compiled.failure = None
+                logits = lean.static_fn(ids, cache, positions, keep, span)
+        self._note_compile_failure()
         return logits[0].float()
 
     @torch.inference_mode()
@@ -296,13 +285,7 @@ class ModelRunner:
         ``[V]`` to the target's vocabulary. Returns the picks ``[k]`` and whether every row of logits
         was finite (0-d bool), on the device; captured as one graph where capture is on, so the
         whole draft is one launch. Lengths and ids move as for :meth:`pass_at` (they do not)."""
-        if not isinstance(self.cache, StaticKV) or self._lean is None:
-            raise TypeError("a pass at a device position needs the static cache (a card, or SPECCHAT_STATIC_CACHE=1)")
-        if end > self.cache.window:
-            raise ContextLengthError(f"a chain of rounds reaching position {end} does not fit the "
-                                     f"{self.cache.window}-token window of this model's cache")
-        span = attention_span(end, self.cache.window)
-        lean, cache = self._lean, self.cache
+        lean, cache, span = self._chain_span(end)
 
         def steps(ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
             logits = lean.static_fn(ids, cache, positions, 1, span)[0, -1].float()
@@ -321,7 +304,26 @@ class ModelRunner:
             out = self.capture.run_steps(steps, cache, ids, start, span, k)
             if out is None:
                 out = steps(ids, torch.arange(ids.shape[1], device=ids.device) + start)
+        self._note_compile_failure()
         return out[:k], out[k].bool()
+
+    def _chain_span(self, end: int) -> tuple["LeanForward", StaticKV, int]:
+        """The lean forward, the static cache and the span of keys a pass at device positions below
+        ``end`` attends over (:meth:`pass_at`, :meth:`draft_at`); a clear error where there is no
+        static cache or ``end`` passes its window."""
+        if not isinstance(self.cache, StaticKV) or self._lean is None:
+            raise TypeError("a pass at a device position needs the static cache (a card, or SPECCHAT_STATIC_CACHE=1)")
+        if end > self.cache.window:
+            raise ContextLengthError(f"a chain of rounds reaching position {end} does not fit the "
+                                     f"{self.cache.window}-token window of this model's cache")
+        return self._lean, self.cache, attention_span(end, self.cache.window)
+
+    def _note_compile_failure(self) -> None:
+        """A compile that failed in the last pass is told once, with the capture's news."""
+        compiled = self._lean.static_fn if self._lean is not None else None
+        if isinstance(compiled, CompiledPass) and compiled.failure:
+            self.capture.note(compiled.failure)
+            compiled.failure = None
 
     def wrote(self, ids: Sequence[int]) -> None:
         """Take ``ids`` (``[n]``) as cached after :attr:`ids`: passes at device positions
