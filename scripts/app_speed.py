@@ -15,6 +15,13 @@ For each configuration given (``--config NAME:ENV=VALUE,ENV=VALUE``; e.g.
     PYTHONPATH=$PWD .venv/bin/python scripts/app_speed.py --repeats 3 --config old:SPECCHAT_THREADS=1 --config new:
 
 Prints each run and the medians. Needs tmux. Every other process on the machine shifts the figures.
+
+``--interleaved N`` measures the speed alone, with less of the machine's drift in it: an app
+per configuration (speculation off) and one headless engine (plain, loaded once in a process
+of its own, as ``generate`` loads it) stay open, and N times, in an order that rotates each
+round, each writes the reply to the prompt in a new chat while the others wait idle; a ratio
+is an app's tok/s over the headless engine's from the same round. The idle apps' CPU while the
+headless one decodes is printed too (it is taken from the headless engine, in the apps' favour).
 """
 from __future__ import annotations
 
@@ -75,7 +82,7 @@ class Pane:
         """Until the load notice ("pocket ready.") shows; the prompt box's placeholder says
         "sent when the model is ready" all through the load."""
         deadline = time.monotonic() + timeout
-        while not re.search(r"\bready[.:]", self.screen()):
+        while not re.search(r"\bready[.:]|Ask something ·", self.screen()):
             if time.monotonic() > deadline:
                 raise SystemExit("the model never got ready:\n" + self.screen())
             time.sleep(0.2)
@@ -161,6 +168,120 @@ def in_app(args: argparse.Namespace, env: dict[str, str], data: Path) -> tuple[f
         pane.close()
 
 
+def headless_loop(profile_name: str, max_new_tokens: int, child: bool = False, spec_off: bool = False) -> int:
+    """The headless side of ``--interleaved``: a plain engine loaded once; each line read on stdin
+    is a prompt, answered with one line: its reply's tok/s as the engine measured it. ``child``:
+    the app's engine instead (the profile's drafter loaded, speculation switched off, in a child
+    process started as the app starts it), without the app; ``spec_off``: the profile's drafter
+    loaded and speculation switched off, in this process."""
+    from app.models_cli import load_for
+    from engine.config.models_file import load_profiles
+    from engine.events import ChatMessage, generation_params
+
+    profile = load_profiles(None).get(profile_name)
+    if child:
+        from app.ui.loading import default_loader
+
+        engine = default_loader(profile, profile.memory_budget, lambda stage, fraction: None)
+        engine.set_speculation(False)
+    elif spec_off:
+        engine = load_for(profile, "spec")
+        engine.set_speculation(False)
+    else:
+        engine = load_for(profile, "plain")
+    params = generation_params(profile, max_new_tokens)
+    print("ready", flush=True)
+    for line in sys.stdin:
+        system = profile.system_prompt
+        messages = ([ChatMessage("system", system)] if system else []) + [ChatMessage("user", line.rstrip("\n"))]
+        last = None
+        for last in engine.chat(messages, params):
+            pass
+        assert last is not None
+        print(json.dumps({"tokens_per_s": last.stats.tokens_per_s, "tokens": last.stats.tokens}), flush=True)
+    engine.close()
+    return 0
+
+
+def interleaved(args: argparse.Namespace, env: dict[str, str], configs: list[tuple[str, dict[str, str]]],
+                data: Path) -> None:
+    """``--interleaved N``: one app per configuration and one headless engine, all kept loaded,
+    taking turns (the order rotates each round)."""
+    def loop(*extra: str) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, __file__, "--headless-loop", "--profile", args.profile,
+                                 "--max-new-tokens", str(args.max_new_tokens), *extra], cwd=ROOT, env=env,
+                                stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+
+    helper = loop()
+    engine_alone = loop("--child") if args.with_child else None
+    spec_off = loop("--spec-off") if args.with_child else None
+    panes = {name: Pane(data / name, {**env, **extra}, args.profile, args.width, args.height)
+             for name, extra in configs}
+    try:
+        assert helper.stdout is not None and helper.stdin is not None
+        for process in (helper, engine_alone, spec_off):
+            if process is not None and process.stdout.readline().strip() != "ready":
+                raise SystemExit("the headless engine did not load")
+        for pane in panes.values():
+            pane.wait_ready(args.timeout)
+            time.sleep(1.0)
+            pane.keys("F5")
+            pane.wait_for("Speculation off", 30)
+        ratios: dict[str, list[float]] = {name: [] for name in panes}
+        speeds: dict[str, list[float]] = {name: [] for name in [*panes, "headless"]}
+        idle: list[float] = []
+        done = dict.fromkeys(panes, 0)
+
+        def app_reply(name: str) -> float:
+            pane = panes[name]
+            done[name] += 1
+            pane.keys("C-n")
+            time.sleep(0.5)
+            pane.keys(args.prompt, literal=True)
+            pane.keys("Enter")
+            return float(pane.wait_replies(done[name], args.timeout)[-1]["tokens_per_s"])
+
+        def head_reply(process: subprocess.Popen = helper) -> float:
+            before, t0 = sum(sum(p.ui_cpu_s().values()) for p in panes.values()), time.monotonic()
+            process.stdin.write(args.prompt + "\n")
+            process.stdin.flush()
+            speed = float(json.loads(process.stdout.readline())["tokens_per_s"])
+            after = sum(sum(p.ui_cpu_s().values()) for p in panes.values())
+            if process is helper:
+                idle.append((after - before) / (time.monotonic() - t0))
+            return speed
+
+        others = {"engine-alone": engine_alone, "spec-off": spec_off} if engine_alone is not None else {}
+        turns = ["headless", *panes, *others]
+        for name in others:
+            ratios[name], speeds[name] = [], []
+        for i in range(args.interleaved):
+            order = turns[i % len(turns):] + turns[:i % len(turns)]
+            got = {}
+            for who in order:
+                got[who] = head_reply() if who == "headless" else \
+                    head_reply(others[who]) if who in others else app_reply(who)
+                time.sleep(args.settle)  # an app's final render and collection must not run into the next turn
+            for who, speed in got.items():
+                speeds[who].append(speed)
+            for name in ratios:
+                ratios[name].append(got[name] / got["headless"])
+            print(f"round {i + 1} ({' '.join(order)}): " + " · ".join(f"{w} {v:.1f}" for w, v in got.items())
+                  + " tok/s · " + " · ".join(f"{n}/headless {ratios[n][-1]:.3f}" for n in ratios), flush=True)
+        for name in ratios:
+            print(f"{name}: median app/headless {statistics.median(ratios[name]):.3f} over {len(ratios[name])} rounds "
+                  f"(median {statistics.median(speeds[name]):.1f} tok/s)")
+        print(f"headless median {statistics.median(speeds['headless']):.1f} tok/s; the idle apps used "
+              f"{statistics.median(idle):.1%} of a core while the headless engine decoded")
+    finally:
+        for pane in panes.values():
+            pane.close()
+        helper.kill()
+        for process in (engine_alone, spec_off):
+            if process is not None:
+                process.kill()
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="pocket")
@@ -174,7 +295,19 @@ def main() -> int:
     parser.add_argument("--width", type=int, default=120)
     parser.add_argument("--height", type=int, default=40)
     parser.add_argument("--timeout", type=float, default=300)
+    parser.add_argument("--interleaved", type=int, default=0,
+                        help="N rounds of app and headless replies, both kept loaded (speed only)")
+    parser.add_argument("--settle", type=float, default=2.0,
+                        help="with --interleaved: seconds of quiet after each turn")
+    parser.add_argument("--with-child", action="store_true",
+                        help="with --interleaved: the app's engine without the app, and the profile's engine with "
+                             "speculation off in one process, take turns too")
+    parser.add_argument("--headless-loop", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--spec-off", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.headless_loop:
+        return headless_loop(args.profile, args.max_new_tokens, args.child, args.spec_off)
     if shutil.which("tmux") is None:
         raise SystemExit("needs tmux")
     configs: list[tuple[str, dict[str, str]]] = []
@@ -182,6 +315,11 @@ def main() -> int:
         name, _, assignments = spec.partition(":")
         configs.append((name, dict(a.split("=", 1) for a in assignments.split(",") if a)))
     env = dict(os.environ, PYTHONPATH=str(ROOT))
+    if args.interleaved:
+        with tempfile.TemporaryDirectory() as tmp:
+            env.setdefault("SPECCHAT_STATE_DIR", str(Path(tmp) / "state"))
+            interleaved(args, env, configs, Path(tmp))
+        return 0
     results: dict[str, list[tuple[float, float, float]]] = {name: [] for name, _ in configs}
     with tempfile.TemporaryDirectory() as tmp:
         env.setdefault("SPECCHAT_STATE_DIR", str(Path(tmp) / "state"))
