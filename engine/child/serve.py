@@ -21,11 +21,13 @@ if TYPE_CHECKING:
     from engine.events import ChatEvent
 
 
-SEND_EVERY_S = 0.05
-"""The longest a round waits in the child before it is sent (seconds). The app paints a
-streaming reply at most 4 times a second (:mod:`app.ui.pacing`); a message per round cost
-its reader and its history saver a wake-up, an unpickling and a copy each, 3-4% of a core
-at pocket's 140 rounds a second, taken from the engine's cores."""
+SEND_EVERY_S = 0.25
+"""The longest a round waits in the child before it is sent (seconds): the app paints a
+streaming reply at most this often (:data:`app.ui.pacing.PAINT_EVERY_S`), so sooner buys
+nothing on screen. Each message wakes the UI's reader, its history saver and its event loop,
+and on 2 cores every wake-up preempts one of the engine's two threads while the other waits
+for it: at 0.05 s the app decoded at 0.86x the engine alone's speed, at 0.25 s 0.92x
+(``scripts/app_speed.py --interleaved 12 --with-child``, pocket, 2026-11-27; docs/performance.md)."""
 
 
 class RoundBatch:
