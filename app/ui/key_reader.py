@@ -15,11 +15,17 @@ ncurses and Textual). A terminal writes a key's sequence in one go, so the rest
 of an arrow or Alt+letter arrives well within it, also over SSH; people do not
 type two keys 30 ms apart (neovim's ``ttimeoutlen`` is 50 ms, tmux's
 ``escape-time`` 10 ms).
+
+Nothing else wakes the loop: where the driver's exit flag is a :class:`WakingEvent` (the
+app's driver), setting it wakes ``select`` through a pipe, so the loop does not look at
+the flag ten times a second (on 2 cores each wake-up takes a moment from one of the
+engine's threads while the other waits for it).
 """
 from __future__ import annotations
 
 import os
 import selectors
+import threading
 from codecs import getincrementaldecoder
 from typing import Any
 
@@ -34,6 +40,38 @@ ESC_WAIT_S = 0.03
 IDLE_WAIT_S = 0.1
 """How long the loop waits for input when nothing is pending (the exit flag is read as often)."""
 
+WOKEN_WAIT_S = 2.0
+"""The same where setting the exit flag wakes the loop (:class:`WakingEvent`): a backstop only."""
+
+
+class WakingEvent(threading.Event):
+    """A driver's exit flag whose :meth:`set` also writes a byte to a pipe that the input loop's
+    ``select`` watches (:meth:`fileno`); :meth:`clear` drains it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+
+    def fileno(self) -> int:
+        return self._read
+
+    def set(self) -> None:
+        super().set()
+        try:
+            os.write(self._write, b"\0")
+        except (BlockingIOError, OSError):  # full (already woken) or closed
+            pass
+
+    def clear(self) -> None:
+        super().clear()
+        try:
+            while os.read(self._read, 64):
+                pass
+        except (BlockingIOError, OSError):
+            pass
+
 
 def escape_wait(environ: "os._Environ[str] | dict[str, str]" = os.environ) -> float:
     """:data:`ESC_WAIT_S`, or the user's ``ESCDELAY`` in milliseconds (as Textual reads it)."""
@@ -43,13 +81,13 @@ def escape_wait(environ: "os._Environ[str] | dict[str, str]" = os.environ) -> fl
         return ESC_WAIT_S
 
 
-def input_wait(parser: Any, now: float) -> float:
+def input_wait(parser: Any, now: float, idle: float = IDLE_WAIT_S) -> float:
     """Seconds the loop may block in ``select``: until the parser's pending timeout (a lone
-    ESC's) is due, at most :data:`IDLE_WAIT_S`."""
+    ESC's) is due, at most ``idle``."""
     due = getattr(parser, "_timeout_time", None)  # Textual's Parser; None when nothing is pending
     if due is None:
-        return IDLE_WAIT_S
-    return min(IDLE_WAIT_S, max(0.0, due - now))
+        return idle
+    return min(idle, max(0.0, due - now))
 
 
 def read_keys(driver: Any, parser: XTermParser) -> None:
@@ -59,11 +97,15 @@ def read_keys(driver: Any, parser: XTermParser) -> None:
     constants.ESCAPE_DELAY = escape_wait()  # type: ignore[misc]  # Textual's parser reads it at each ESC
     selector = selectors.SelectSelector()
     selector.register(driver.fileno, selectors.EVENT_READ)
+    woken = isinstance(driver.exit_event, WakingEvent)
+    if woken:
+        selector.register(driver.exit_event.fileno(), selectors.EVENT_READ)
+    idle = WOKEN_WAIT_S if woken else IDLE_WAIT_S
     decode = getincrementaldecoder("utf-8")().decode
 
     def take(ready: list[tuple[selectors.SelectorKey, int]], final: bool = False) -> None:
-        for _key, mask in ready:
-            if mask & selectors.EVENT_READ:
+        for key, mask in ready:
+            if mask & selectors.EVENT_READ and key.fd == driver.fileno:
                 data = decode(os.read(driver.fileno, 4096), final=final)
                 if not data:  # stdin piped and closed
                     break
@@ -74,7 +116,7 @@ def read_keys(driver: Any, parser: XTermParser) -> None:
 
     try:
         while not driver.exit_event.is_set():
-            take(selector.select(input_wait(parser, get_time())))
+            take(selector.select(input_wait(parser, get_time(), idle)))
         selector.unregister(driver.fileno)
         take(selector.select(IDLE_WAIT_S), final=True)
     finally:

@@ -24,7 +24,7 @@ from textual._xterm_parser import XTermParser
 from textual.driver import Driver
 from textual.message import Message
 
-from app.ui.key_reader import read_keys
+from app.ui.key_reader import WakingEvent, read_keys
 from engine.text_safety import inert
 
 PASTE_START = "\x1b[200~"
@@ -95,6 +95,7 @@ def safe_driver_class(base: type[Driver]) -> type[Driver]:
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
             self._file = HungUpSafe(self._file)  # what Textual's output thread writes to
+            self.exit_event = WakingEvent()  # wakes the input loop at once (app.ui.key_reader)
 
         def run_input_thread(self) -> None:
             # Textual's loop, with this parser, and Esc read as Esc after 30 ms (app.ui.key_reader)

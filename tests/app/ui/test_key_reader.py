@@ -64,3 +64,43 @@ def test_a_lone_esc_is_read_as_esc_within_the_wait_and_a_sequence_stays_one_key(
         os.close(write_end)
         os.close(read_end)
     assert driver.keys == ["up", "escape"]
+
+
+def test_a_waking_exit_flag_ends_the_loop_at_once_though_it_waits_long_for_keys() -> None:
+    """The app's driver wakes its input loop through a pipe: the loop waits WOKEN_WAIT_S for keys
+    (not IDLE_WAIT_S), and still ends within a few milliseconds of the flag being set."""
+    from app.ui.key_reader import WOKEN_WAIT_S, WakingEvent
+
+    class CountingParser(XTermParser):
+        ticks = 0
+
+        def tick(self):  # type: ignore[no-untyped-def]
+            CountingParser.ticks += 1  # once a pass of the loop
+            return super().tick()
+
+    read_end, write_end = os.pipe()
+    driver = PipeDriver(read_end)
+    driver.exit_event = WakingEvent()
+    thread = threading.Thread(target=read_keys, args=(driver, CountingParser()), daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.6)  # the loop is blocked in select now, for up to WOKEN_WAIT_S
+        assert CountingParser.ticks <= 1, f"the idle loop woke {CountingParser.ticks} times in 0.6 s"
+        os.write(write_end, b"q")
+        deadline = time.monotonic() + 5
+        while not driver.keys and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert driver.keys == ["q"]  # keys still arrive while it waits long
+        set_at = time.monotonic()
+        driver.exit_event.set()
+        thread.join(WOKEN_WAIT_S / 2)
+        assert not thread.is_alive(), "the loop waited out its backstop instead of waking"
+        assert time.monotonic() - set_at < WOKEN_WAIT_S / 4
+        driver.exit_event.clear()  # Textual clears it after the join: the pipe is drained
+        assert not driver.exit_event.is_set()
+        import select
+
+        assert select.select([driver.exit_event.fileno()], [], [], 0)[0] == []
+    finally:
+        os.close(write_end)
+        os.close(read_end)
