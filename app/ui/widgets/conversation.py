@@ -97,7 +97,20 @@ class Conversation(Horizontal):
         self.show_welcome()
         self.prompt.scroll_target = lambda: self.chat_log
         self.prompt.focus()
-        self.set_interval(HUD_REFRESH_S, self.hud.flush)
+        self._hud_timer = self.set_interval(HUD_REFRESH_S, self.hud.flush)
+
+    def watch_generating(self, generating: bool) -> None:
+        """While a reply streams, its paints flush the HUD and the prompt's cursor stays lit: no
+        timer of the UI's own wakes it between paints (on 2 cores each wake-up takes a moment
+        from one of the engine's threads while the other waits; docs/performance.md)."""
+        timer = getattr(self, "_hud_timer", None)
+        if timer is None:  # not mounted yet
+            return
+        if generating:
+            timer.pause()
+        else:
+            timer.resume()
+        self.prompt.cursor_blink = not generating
 
     def start(self, recent_prompts: list[str]) -> None:
         """The archive is open: Up in the empty box recalls ``recent_prompts``."""
