@@ -215,7 +215,8 @@ def interleaved(args: argparse.Namespace, env: dict[str, str], configs: list[tup
     helper = loop()
     engine_alone = loop("--child") if args.with_child else None
     spec_off = loop("--spec-off") if args.with_child else None
-    panes = {name: Pane(data / name, {**env, **extra}, args.profile, args.width, args.height)
+    panes = {name: Pane(data / name, {**env, **extra}, args.profile, args.width, args.height,
+                        Path(extra.get("SPECCHAT_ROOT", str(ROOT))))  # another checkout's app
              for name, extra in configs}
     try:
         assert helper.stdout is not None and helper.stdin is not None
