@@ -26,8 +26,9 @@ SEND_EVERY_S = 0.25
 streaming reply at most this often (:data:`app.ui.pacing.PAINT_EVERY_S`), so sooner buys
 nothing on screen. Each message wakes the UI's reader, its history saver and its event loop,
 and on 2 cores every wake-up preempts one of the engine's two threads while the other waits
-for it: at 0.05 s the app decoded at 0.86x the engine alone's speed, at 0.25 s 0.92x
-(``scripts/app_speed.py --interleaved 12 --with-child``, pocket, 2026-11-27; docs/performance.md)."""
+for it. Measured (``scripts/app_speed.py --interleaved``, pocket, 2026-11-27; docs/performance.md):
+app ÷ headless 0.858 at 0.05 s and 0.923 at 0.25 s in one run; in later runs, with the UI's
+other wake-up cuts, a paired gain of 1.007 and 1.072 over before: a few per cent at most."""
 
 
 class RoundBatch:
