@@ -17,6 +17,7 @@ from functools import partial
 from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.reactive import reactive
+from textual.timer import Timer
 from textual.widget import Widget
 from textual.widgets import Static
 
@@ -74,6 +75,8 @@ class Conversation(Horizontal):
         its replies (``GenerationParams.private``), so no later chat is drafted from it."""
         self._recall_mark = 0
         """How many prompts Up recalled when the private chat began: its own go when it ends."""
+        self._hud_timer: Timer | None = None
+        """Flushes the HUD every HUD_REFRESH_S; paused while a reply streams (its paints flush it)."""
 
     def compose(self) -> ComposeResult:
         with Vertical(id="chat-column"):
@@ -103,13 +106,12 @@ class Conversation(Horizontal):
         """While a reply streams, its paints flush the HUD and the prompt's cursor stays lit: no
         timer of the UI's own wakes it between paints (on 2 cores each wake-up takes a moment
         from one of the engine's threads while the other waits; docs/performance.md)."""
-        timer = getattr(self, "_hud_timer", None)
-        if timer is None:  # not mounted yet
+        if self._hud_timer is None:  # not mounted yet
             return
         if generating:
-            timer.pause()
+            self._hud_timer.pause()
         else:
-            timer.resume()
+            self._hud_timer.resume()
         self.prompt.cursor_blink = not generating
 
     def start(self, recent_prompts: list[str]) -> None:
