@@ -207,29 +207,29 @@ def interleaved(args: argparse.Namespace, env: dict[str, str], configs: list[tup
                 data: Path) -> None:
     """``--interleaved N``: one app per configuration and one headless engine, all kept loaded,
     taking turns (the order rotates each round)."""
-    def loop(*extra: str) -> subprocess.Popen:
+    def loop(*extra: str) -> subprocess.Popen[str]:
         return subprocess.Popen([sys.executable, __file__, "--headless-loop", "--profile", args.profile,
                                  "--max-new-tokens", str(args.max_new_tokens), *extra], cwd=ROOT, env=env,
                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
 
-    helper = loop()
-    engine_alone = loop("--child") if args.with_child else None
-    spec_off = loop("--spec-off") if args.with_child else None
+    engines = {"headless": loop()}  # by name: the headless engines taking turns with the apps
+    if args.with_child:
+        engines.update({"engine-alone": loop("--child"), "spec-off": loop("--spec-off")})
     panes = {name: Pane(data / name, {**env, **extra}, args.profile, args.width, args.height,
                         Path(extra.get("SPECCHAT_ROOT", str(ROOT))))  # another checkout's app
              for name, extra in configs}
     try:
-        assert helper.stdout is not None and helper.stdin is not None
-        for process in (helper, engine_alone, spec_off):
-            if process is not None and process.stdout.readline().strip() != "ready":
+        for process in engines.values():
+            if process.stdout.readline().strip() != "ready":
                 raise SystemExit("the headless engine did not load")
         for pane in panes.values():
             pane.wait_ready(args.timeout)
             time.sleep(1.0)
             pane.keys("F5")
             pane.wait_for("Speculation off", 30)
-        ratios: dict[str, list[float]] = {name: [] for name in panes}
-        speeds: dict[str, list[float]] = {name: [] for name in [*panes, "headless"]}
+        turns = [*engines, *panes]
+        speeds: dict[str, list[float]] = {who: [] for who in turns}
+        ratios: dict[str, list[float]] = {who: [] for who in turns if who != "headless"}
         idle: list[float] = []
         done = dict.fromkeys(panes, 0)
 
@@ -242,26 +242,22 @@ def interleaved(args: argparse.Namespace, env: dict[str, str], configs: list[tup
             pane.keys("Enter")
             return float(pane.wait_replies(done[name], args.timeout)[-1]["tokens_per_s"])
 
-        def head_reply(process: subprocess.Popen = helper) -> float:
+        def head_reply(name: str) -> float:
+            process = engines[name]
             before, t0 = sum(sum(p.ui_cpu_s().values()) for p in panes.values()), time.monotonic()
             process.stdin.write(args.prompt + "\n")
             process.stdin.flush()
             speed = float(json.loads(process.stdout.readline())["tokens_per_s"])
             after = sum(sum(p.ui_cpu_s().values()) for p in panes.values())
-            if process is helper:
+            if name == "headless":
                 idle.append((after - before) / (time.monotonic() - t0))
             return speed
 
-        others = {"engine-alone": engine_alone, "spec-off": spec_off} if engine_alone is not None else {}
-        turns = ["headless", *panes, *others]
-        for name in others:
-            ratios[name], speeds[name] = [], []
         for i in range(args.interleaved):
             order = turns[i % len(turns):] + turns[:i % len(turns)]
             got = {}
             for who in order:
-                got[who] = head_reply() if who == "headless" else \
-                    head_reply(others[who]) if who in others else app_reply(who)
+                got[who] = head_reply(who) if who in engines else app_reply(who)
                 time.sleep(args.settle)  # an app's final render and collection must not run into the next turn
             for who, speed in got.items():
                 speeds[who].append(speed)
@@ -270,17 +266,15 @@ def interleaved(args: argparse.Namespace, env: dict[str, str], configs: list[tup
             print(f"round {i + 1} ({' '.join(order)}): " + " · ".join(f"{w} {v:.1f}" for w, v in got.items())
                   + " tok/s · " + " · ".join(f"{n}/headless {ratios[n][-1]:.3f}" for n in ratios), flush=True)
         for name in ratios:
-            print(f"{name}: median app/headless {statistics.median(ratios[name]):.3f} over {len(ratios[name])} rounds "
-                  f"(median {statistics.median(speeds[name]):.1f} tok/s)")
+            print(f"{name}: median {name}/headless {statistics.median(ratios[name]):.3f} over {len(ratios[name])} "
+                  f"rounds (median {statistics.median(speeds[name]):.1f} tok/s)")
         print(f"headless median {statistics.median(speeds['headless']):.1f} tok/s; the idle apps used "
               f"{statistics.median(idle):.1%} of a core while the headless engine decoded")
     finally:
         for pane in panes.values():
             pane.close()
-        helper.kill()
-        for process in (engine_alone, spec_off):
-            if process is not None:
-                process.kill()
+        for process in engines.values():
+            process.kill()
 
 
 def main() -> int:
