@@ -95,6 +95,26 @@ def int4_kernel(device: torch.device) -> dict[str, Any]:
     return {"worst_rel_err": f"{worst:.1e}", "shapes": out}
 
 
+@check("int4_join")
+def int4_join(device: torch.device) -> dict[str, Any]:
+    """q, k and v of SmolLM2's shape (576, 192, 192 rows of 576) joined into one int4 matmul
+    (:meth:`Int4Linear.join`: the packs' rows concatenated, 8-row blocks on CUDA) against the three
+    layers one by one: the same bits expected, for 1 and 9 rows."""
+    from engine.quant.int4 import Int4Linear, quantize_weight
+
+    torch.manual_seed(1)
+    layers = [Int4Linear(quantize_weight(torch.randn(n, 576), 32), None, device) for n in (576, 192, 192)]
+    out: dict[str, Any] = {}
+    for rows in (1, 9):
+        x = torch.randn(rows, 576, device=device).to(torch.bfloat16)
+        apart = torch.cat([layer(x) for layer in layers], dim=-1).float()
+        joint = Int4Linear.fuse(layers)(x).float()
+        out[f"{rows}_rows_max_diff"] = float((joint - apart).abs().max())
+    if any(v != 0.0 for v in out.values()):
+        raise AssertionError(f"joined int4 layers differ from the layers one by one: {out}")
+    return out
+
+
 @check("sdpa_backends")
 def sdpa_backends(device: torch.device) -> dict[str, Any]:
     import torch.nn.functional as F
@@ -423,6 +443,7 @@ def main() -> int:
         oom_mid_reply(models, device)
         oom_at_load(models, device)
     if a.phase == "speed":
+        int4_join(device)
         sys.path.insert(0, str(REPO / "scripts"))
         import gpu_speed
 

@@ -158,6 +158,7 @@ GROUPS: dict[str, Group] = {
     "pocket": Group("pocket int4", "pocket-int4", True, None, False),
     "pocket-bf16": Group("pocket bf16", "pocket-bf16", True, "pocket-selfdraft", True),
     "pocket-compiled": Group("pocket int4 compiled", "pocket-int4", True, None, False, compile=True),
+    "pocket-bf16-compiled": Group("pocket bf16 compiled", "pocket-bf16", True, "pocket-selfdraft", False, compile=True),
 }
 """What ``--speed-groups`` can name: each group's rows share one target and one plain reply."""
 

@@ -29,6 +29,7 @@ from engine.errors import ContextLengthError
 from engine.model.capture import CompiledPass, PassCapture, attention_span, capture_shapes, compile_backend
 from engine.model.device import Device, ids_tensor
 from engine.model.kv import GrowingKV, StaticKV
+from engine.model.layer_parts import static_layer
 from engine.model.lean import LeanForward, lean_forward
 from engine.model.memory import PREFILL_CHUNK, max_positions
 
@@ -106,8 +107,8 @@ class ModelRunner:
         self.capture = PassCapture(backend, capture_shapes(DEFAULT_K_MAX), off)
         """The captured passes over the static cache (none over a growing one)."""
         compiler = compile_backend() if self._lean is not None and self.static else None
-        if compiler is not None:  # every static pass compiled (SPECCHAT_COMPILE), captured or eager
-            self._lean.static_fn = CompiledPass(self._lean.static_pass, compiler)  # type: ignore[union-attr]
+        if compiler is not None:  # every static pass's layers compiled (SPECCHAT_COMPILE), captured or eager
+            self._lean.layer_fn = CompiledPass(static_layer, compiler)  # type: ignore[union-attr]
         self.cache = self._new_cache()
         # Width of the logits (may exceed the tokenizer's vocabulary: padding rows).
         self.vocab_size = int(model.config.get_text_config().vocab_size)
@@ -240,7 +241,7 @@ class ModelRunner:
                     f"{len(self)} cached tokens and {int(input_ids.shape[1])} new ones do not fit the "
                     f"{self.cache.window}-token window this model's cache was allocated for; start a new chat "
                     "or raise the profile's context_length")
-            logits = self.capture.run(self._lean.static_fn, self.cache, input_ids, len(self), keep)
+            logits = self.capture.run(self._lean.static_pass, self.cache, input_ids, len(self), keep)
             if logits is not None:
                 self.cache.advance(int(input_ids.shape[1]))
             else:
@@ -269,10 +270,10 @@ class ModelRunner:
         lean, cache, span = self._chain_span(end)
         ids = new_ids.reshape(1, -1)
         with self.device.attention_kernels():
-            logits = self.capture.run_span(lean.static_fn, cache, ids, start, span, keep)
+            logits = self.capture.run_span(lean.static_pass, cache, ids, start, span, keep)
             if logits is None:
                 positions = torch.arange(ids.shape[1], device=ids.device) + start
-                logits = lean.static_fn(ids, cache, positions, keep, span)
+                logits = lean.static_pass(ids, cache, positions, keep, span)
         self._note_compile_failure()
         return logits[0].float()
 
@@ -288,7 +289,7 @@ class ModelRunner:
         lean, cache, span = self._chain_span(end)
 
         def steps(ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-            logits = lean.static_fn(ids, cache, positions, 1, span)[0, -1].float()
+            logits = lean.static_pass(ids, cache, positions, 1, span)[0, -1].float()
             picks: list[torch.Tensor] = []
             ok = torch.ones((), dtype=torch.bool, device=ids.device)
             for i in range(k):
@@ -296,7 +297,7 @@ class ModelRunner:
                 ok = ok & torch.isfinite(logits.amax())
                 picks.append(torch.argmax(logits).reshape(1))
                 if i + 1 < k:
-                    logits = lean.static_fn(picks[-1].reshape(1, 1), cache, positions[1:] + (i + 1), 1, span)[0, -1].float()
+                    logits = lean.static_pass(picks[-1].reshape(1, 1), cache, positions[1:] + (i + 1), 1, span)[0, -1].float()
             return torch.cat([*picks, ok.long().reshape(1)])
 
         ids = fed.reshape(1, -1)
@@ -320,7 +321,7 @@ class ModelRunner:
 
     def _note_compile_failure(self) -> None:
         """A compile that failed in the last pass is told once, with the capture's news."""
-        compiled = self._lean.static_fn if self._lean is not None else None
+        compiled = self._lean.layer_fn if self._lean is not None else None
         if isinstance(compiled, CompiledPass) and compiled.failure:
             self.capture.note(compiled.failure)
             compiled.failure = None
@@ -339,7 +340,7 @@ class ModelRunner:
     @property
     def passes_compiled(self) -> bool:
         """Whether this runner's static passes run compiled (``SPECCHAT_COMPILE``, no failure yet)."""
-        fn = self._lean.static_fn if self._lean is not None else None
+        fn = self._lean.layer_fn if self._lean is not None else None
         return isinstance(fn, CompiledPass) and fn.compiled
 
     def prefill(self, ids: Sequence[int]) -> None:

@@ -110,14 +110,28 @@ def compile_backend() -> str | None:
 
 
 class CompiledPass:
-    """A :data:`StaticPass` through ``torch.compile`` (``fullgraph``, ``dynamic``), falling back to
-    the uncompiled pass for good at its first failure (:attr:`failure` says why, for the runner
-    to tell once). An out-of-memory error is not a compile failure: it propagates."""
+    """A static pass's layer function (:func:`engine.model.layer_parts.static_layer`) through
+    ``torch.compile`` (``fullgraph``, ``dynamic``): one compile serves every layer of the model
+    (they differ in their weights, not in their shapes) and every width, where compiling the whole
+    pass unrolled every layer into one graph (68 s for the random pair's 8 layers on an H200).
+    At its first failure it falls back to the uncompiled function for good (:attr:`failure` says
+    why, for the runner to tell once). An out-of-memory error is not a compile failure: it
+    propagates."""
 
-    def __init__(self, fn: StaticPass, backend: str | Callable[..., Any]) -> None:
+    RECOMPILES = 32
+    """Dynamo's limit on compiled versions of one function, raised to this: the target's and a
+    model draft's layers (two shapes) share the function, each with a one-token and a general
+    version, and a new span or width may add one."""
+
+    def __init__(self, fn: Callable[..., Any], backend: str | Callable[..., Any]) -> None:
+        import torch._dynamo
+
         self.fn = fn
-        self._compiled: Callable[..., torch.Tensor] | None = torch.compile(fn, backend=backend, fullgraph=True,
-                                                                          dynamic=True)
+        config = torch._dynamo.config
+        for name in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
+            if hasattr(config, name):
+                setattr(config, name, max(int(getattr(config, name)), self.RECOMPILES))
+        self._compiled: Callable[..., Any] | None = torch.compile(fn, backend=backend, fullgraph=True, dynamic=True)
         self.failure: str | None = None
         """Why passes are no longer compiled, until the runner took it (then None again)."""
 
@@ -125,10 +139,10 @@ class CompiledPass:
     def compiled(self) -> bool:
         return self._compiled is not None
 
-    def __call__(self, ids: torch.Tensor, cache: Any, positions: torch.Tensor, keep: int, span: int) -> torch.Tensor:
+    def __call__(self, *args: Any) -> Any:
         if self._compiled is not None:
             try:
-                return self._compiled(ids, cache, positions, keep, span)
+                return self._compiled(*args)
             except torch.OutOfMemoryError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any compile failure means uncompiled passes, said once
@@ -139,7 +153,7 @@ class CompiledPass:
                 first = str(root).strip().splitlines()[0] if str(root).strip() else "no message"
                 self.failure = f"compiled passes off, uncompiled from now on ({type(root).__name__}: {first[:200]})"
                 log.warning("%s", self.failure)
-        return self.fn(ids, cache, positions, keep, span)
+        return self.fn(*args)
 
 
 def graphs_disabled() -> bool:

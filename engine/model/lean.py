@@ -39,120 +39,11 @@ from torch import nn
 
 from engine.model import cpu_attention, cpu_layer
 from engine.model.kv import GrowingKV, StaticKV
-from engine.quant.int4 import Int4Linear, joint_bias
+from engine.model.layer_parts import (Dims, LayerParts, Projection, layer_parts, project, qkv_rope, rms_norm,
+                                      finish_layer, single, static_layer)
+from engine.quant.int4 import Int4Linear
 
 SUPPORTED = ("llama", "qwen2", "mistral")
-
-
-def _call(module: nn.Module, residual: bool = False) -> Callable[[torch.Tensor], torch.Tensor]:
-    """The module's forward without nn.Module's hook dispatch (the lean part). ``residual``: its
-    output is only ever added to the float32 residual stream, so an int4 layer may hand back
-    its kernel's bf16 result (the sum promotes it: the same numbers, one copy fewer)."""
-    if isinstance(module, Int4Linear):
-        return Int4Linear.fuse([module], widen=not residual)
-    return module.forward
-
-
-def _fused(modules: list[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor] | None:
-    """One matmul for projections that read the same input, sharing their storage; None if the
-    layers are of a kind that cannot be joined (bitsandbytes)."""
-    if any(isinstance(m, Int4Linear) for m in modules):
-        return Int4Linear.fuse(modules) if Int4Linear.can_fuse(modules) else None  # type: ignore[arg-type]
-    if not all(type(m) is nn.Linear for m in modules):
-        return None
-    weight = torch.cat([m.weight.detach() for m in modules])
-    bias = joint_bias(modules)
-    offset = 0
-    for m in modules:  # the layers keep working, as views into the joint weight
-        rows = m.out_features
-        m.weight = nn.Parameter(weight[offset : offset + rows], requires_grad=False)
-        offset += rows
-    return lambda x: F.linear(x, weight, bias)
-
-
-class _Layer:
-    __slots__ = ("norm1", "eps1", "qkv", "o", "norm2", "eps2", "gate_up", "inter", "down", "folded")
-
-    def __init__(self, layer: nn.Module, residual: torch.dtype) -> None:
-        """``residual``: the residual stream's dtype; an int4 o/down layer's bf16 result is added
-        to it as it is where the sum's dtype stays ``residual`` (float32, bfloat16).
-
-        ``folded``: every projection runs on specchat's CPU kernel, so ``qkv`` and ``gate_up``
-        take the un-normalised stream (their pre-norms folded in), ``down`` takes ``gate_up``'s
-        output as it is (``silu(gate)·up`` computed as it quantizes its input) and ``o`` and
-        ``down`` add into the stream in place (``residual=``): seven ops a layer fewer, the same
-        arithmetic in plain steps and verify passes alike."""
-        attn, mlp = layer.self_attn, layer.mlp
-        promotes = residual in (torch.float32, torch.bfloat16)
-        self.norm1, self.eps1 = layer.input_layernorm.weight, layer.input_layernorm.variance_epsilon
-        self.norm2, self.eps2 = layer.post_attention_layernorm.weight, layer.post_attention_layernorm.variance_epsilon
-        projections = [attn.q_proj, attn.k_proj, attn.v_proj]
-        self.inter = int(mlp.gate_proj.out_features)
-        self.folded = residual == torch.float32 and Int4Linear.folds([*projections, attn.o_proj, mlp.gate_proj,
-                                                                       mlp.up_proj, mlp.down_proj])
-        if self.folded:
-            self.qkv = _joint(projections, (self.norm1, self.eps1))
-            self.o = Int4Linear.fuse([attn.o_proj])
-            self.gate_up = _joint([mlp.gate_proj, mlp.up_proj], (self.norm2, self.eps2))
-            self.down = Int4Linear.fuse([mlp.down_proj], gated=True)
-            return
-        self.qkv = _fused(projections) or _separate(projections)
-        self.o = _call(attn.o_proj, residual=promotes)
-        self.gate_up = _fused([mlp.gate_proj, mlp.up_proj]) or _separate([mlp.gate_proj, mlp.up_proj])
-        self.down = _call(mlp.down_proj, residual=promotes)
-
-
-def _joint(layers: list[Int4Linear], norm: tuple[torch.Tensor, float]) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``f(x [1, T, K]) -> [1, T, sum N]``: layers reading one normalised input on specchat's
-    kernel, one call for each run of layers with the same plane count (a Q4_K_M file stores
-    some ``v_proj`` in 6 bits: q and k join, v writes its columns of the same output)."""
-    runs: list[list[Int4Linear]] = []
-    for layer in layers:
-        if runs and Int4Linear.can_fuse([runs[-1][0], layer]):
-            runs[-1].append(layer)
-        else:
-            runs.append([layer])
-    if len(runs) == 1:
-        return Int4Linear.fuse(layers, norm=norm)
-    calls = [(Int4Linear.fuse(run, norm=norm), sum(int(l.out_features) for l in run)) for run in runs]
-    width = sum(n for _, n in calls)
-
-    def f(x: torch.Tensor) -> torch.Tensor:
-        y = x.new_empty((*x.shape[:-1], width), dtype=torch.float32)
-        start = 0
-        for call, n in calls:
-            call(x, out=y[..., start : start + n])
-            start += n
-        return y
-
-    f.parts = [call for call, _ in calls]  # type: ignore[attr-defined]  # for engine.model.cpu_layer
-    return f
-
-
-def _separate(modules: list[nn.Module]) -> Callable[[torch.Tensor], torch.Tensor]:
-    calls = [_call(m) for m in modules]
-    return lambda x: torch.cat([c(x) for c in calls], dim=-1)
-
-
-def _rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """transformers' LlamaRMSNorm in one call of torch's kernel (which computes in float32 whatever
-    ``x``'s dtype). In float32 bit for bit transformers' (200 random rows here); in half
-    precision it rounds once where transformers rounds twice (before and after the weight), one
-    unit in the last place on a quarter of the outputs, for one kernel on a card instead of eight
-    (a norm was 16 of a layer's 31 ops: scripts/pass_ops.py). Every pass of specchat's own,
-    plain or speculative, eager or captured, takes this norm, so they agree with each other."""
-    return F.rms_norm(x, (x.shape[-1],), weight, eps)
-
-
-def _finish_layer(layer: _Layer, x: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-    """The rest of a layer after attention: ``x + o(a)``, then the MLP with its residual add
-    (``x`` ``[1, T, hidden]``, ``a`` ``[1, T, heads·d]``; the new stream ``[1, T, hidden]``)."""
-    if layer.folded:
-        x = layer.o(a, residual=x)
-        return layer.down(layer.gate_up(x), residual=x)
-    x = x + layer.o(a)
-    gate, up = layer.gate_up(_rms_norm(x, layer.norm2, layer.eps2)).split((layer.inter, layer.inter), dim=-1)
-    return x + layer.down(F.silu(gate) * up)
 
 
 def rows_pay(tensors: Iterable[Any]) -> bool:
@@ -221,12 +112,12 @@ class LeanForward:
     def _logits(self, x: torch.Tensor, keep: int) -> torch.Tensor:
         """Logits ``[1, keep, V]`` of the last ``keep`` rows of the residual stream ``x``."""
         x = x[:, -keep:]
-        return self.head(x) if self.head_folds else self.head(_rms_norm(x, self.final_norm, self.final_eps))
+        return self.head(x) if self.head_folds else project(self.head, rms_norm(x, self.final_norm, self.final_eps))
 
     def use_head(self, head: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Replace the output layer by ``head`` (``f(h [..., H]) -> [..., V]`` over normalised
         hidden states, e.g. :func:`engine.model.head.subset_head`)."""
-        self.head, self.head_folds = head, False
+        self.head, self.head_folds = head, False  # type: ignore[assignment]
 
     def new_cache(self, limit: int | None = None, static: bool = False) -> GrowingKV | StaticKV:
         """An empty cache for this model (the runner owns it) of at most ``limit`` tokens' capacity:
@@ -243,14 +134,15 @@ class LeanForward:
         self.rotary = inner.rotary_emb
         self.final_norm, self.final_eps = inner.norm.weight, inner.norm.variance_epsilon
         self.head_folds = Int4Linear.folds([model.lm_head]) and self.embed.dtype == torch.float32
-        self.head = (Int4Linear.fuse([model.lm_head], norm=(self.final_norm, self.final_eps)) if self.head_folds
-                     else _call(model.lm_head))
-        self.layers = [_Layer(layer, self.embed.dtype) for layer in inner.layers]
+        self.head: Projection = (Int4Linear.fuse([model.lm_head], norm=(self.final_norm, self.final_eps))
+                                 if self.head_folds else single(model.lm_head))
+        self.layers: list[LayerParts] = [layer_parts(layer, self.embed.dtype) for layer in inner.layers]
         self.n_heads = int(cfg.num_attention_heads)
         self.n_kv = int(getattr(cfg, "num_key_value_heads", None) or self.n_heads)
         self.head_dim = int(getattr(cfg, "head_dim", None) or cfg.hidden_size // self.n_heads)
         self.scale = self.head_dim**-0.5
         self.qk_width = (self.n_heads + self.n_kv) * self.head_dim
+        self.dims = Dims(self.n_heads, self.n_kv, self.head_dim, self.scale, self.qk_width)
         self.rows_pay = rows_pay(itertools.chain(model.parameters(), model.buffers()))
         self.native_attention = (self.rows_pay and self.embed.dtype == torch.float32
                                  and all(layer.folded for layer in self.layers)
@@ -267,9 +159,9 @@ class LeanForward:
         (:mod:`engine.model.cpu_layer`; the same calls, the same bits); None where a layer's parts are
         not all specchat's kernels. Set it to None to run the calls from Python."""
         self._rope_tables: dict[tuple[int, torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
-        self.static_fn: Callable[[torch.Tensor, StaticKV, torch.Tensor, int, int], torch.Tensor] = self.static_pass
-        """What every pass over a :class:`StaticKV` runs, eager or captured: :meth:`static_pass`, or
-        its compiled version (:class:`engine.model.capture.CompiledPass`, set by the runner)."""
+        self.layer_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]] = static_layer
+        """Each layer of :meth:`static_pass`: :func:`engine.model.layer_parts.static_layer`, or the same
+        compiled once for every layer (:class:`engine.model.capture.CompiledPass`, set by the runner)."""
 
     @torch.inference_mode()
     def __call__(
@@ -288,7 +180,7 @@ class LeanForward:
         t = input_ids.shape[1]
         if isinstance(past_key_values, StaticKV):
             positions = torch.arange(start, start + t, device=input_ids.device)
-            logits = self.static_fn(input_ids, past_key_values, positions, logits_to_keep, start + t)
+            logits = self.static_pass(input_ids, past_key_values, positions, logits_to_keep, start + t)
             past_key_values.advance(t)
             return logits
         row_exact = row_exact and self.rows_pay
@@ -303,23 +195,12 @@ class LeanForward:
         if t > 1 and start > 0 and not row_exact:  # causal over the new tokens; every cached token is visible
             mask = torch.ones(t, start + t, dtype=torch.bool, device=x.device).tril(diagonal=start)
         for i, layer in enumerate(self.layers):
-            q, k, v = self._qkv(layer, x, cos, sin)
+            h = x if layer.folded else rms_norm(x, layer.norm1, layer.eps1)
+            q, k, v = qkv_rope(layer, self.dims, x, h, cos, sin)
             k, v = past_key_values.update(k, v, i)
             a = self._attention(q, k, v, mask, start, row_exact)
-            x = _finish_layer(layer, x, a.transpose(1, 2).reshape(1, t, -1))
+            x = finish_layer(layer, x, a.transpose(1, 2).reshape(1, t, -1))
         return self._logits(x, logits_to_keep)
-
-    def _qkv(self, layer: _Layer, x: torch.Tensor, cos: torch.Tensor,
-             sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """A layer's queries, keys and values for ``x`` ``[1, T, hidden]``, rope applied to q and k
-        at once (elementwise, so the same numbers as one at a time; ``sin`` already signed,
-        :func:`_signed_sin`): ``[1, heads, T, d]``, ``[1, kv_heads, T, d]`` twice."""
-        t = x.shape[1]
-        qkv = layer.qkv(x) if layer.folded else layer.qkv(_rms_norm(x, layer.norm1, layer.eps1))
-        qk = qkv[..., : self.qk_width].view(1, t, self.n_heads + self.n_kv, self.head_dim).transpose(1, 2)
-        qk = qk * cos + qk.roll(self.head_dim // 2, dims=-1) * sin
-        q, k = qk.split((self.n_heads, self.n_kv), dim=1)
-        return q, k, qkv[..., self.qk_width :].view(1, t, self.n_kv, self.head_dim).transpose(1, 2)
 
     def static_pass(self, input_ids: torch.Tensor, cache: StaticKV, positions: torch.Tensor, keep: int,
                     length: int | None = None) -> torch.Tensor:
@@ -338,30 +219,31 @@ class LeanForward:
         Returns:
             ``[1, keep, V]`` logits of the last ``keep`` rows.
 
-        Attention reads the whole window under the mask of :meth:`StaticKV.mask`. With grouped
-        query heads the ``G`` query heads of a key head become ``G·T`` rows of one call over
-        that key head (``[1, kv_heads, G·T, d]``): the same numbers as ``enable_gqa``, and a
-        masked call that SDPA's memory-efficient kernel takes on a card (it takes no GQA).
+        Attention reads the first ``length`` keys under the mask of :meth:`StaticKV.mask`; each
+        layer is one call of :attr:`layer_fn`, which also applies the next layer's first norm (the
+        last layer's: the final norm), so the head takes the stream normalised already.
         """
-        t = input_ids.shape[1]
         x = F.embedding(input_ids, self.embed)
+        if not cache.allocated():
+            like = x.new_empty(1, self.n_kv, 0, self.head_dim)
+            for kv in cache.layers:
+                kv.k, kv.v = cache.allocate(like)
         cos_table, sin_table = self._rope_table(cache.window, x)
         cos, sin = cos_table[positions].unsqueeze(0).unsqueeze(1), sin_table[positions].unsqueeze(0).unsqueeze(1)
+        span = cache.window if length is None else length
+        visible = cache.mask(positions)[:, :span]
+        mask = torch.zeros(visible.shape, dtype=x.dtype, device=x.device).masked_fill_(~visible, float("-inf"))
         group = self.n_heads // self.n_kv
-        mask = cache.mask(positions)
-        if length is not None:
-            mask = mask[:, :length]
         if group > 1:
             mask = mask.repeat(group, 1)  # row g·T + i is row i's
-        for layer, kv in zip(self.layers, cache.layers):
-            q, k, v = self._qkv(layer, x, cos, sin)
-            keys, values = kv.write(k, v, positions)
-            if length is not None:
-                keys, values = keys[:, :, :length], values[:, :, :length]
-            q = q.reshape(1, self.n_kv, group * t, self.head_dim)
-            a = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=self.scale)
-            x = _finish_layer(layer, x, a.reshape(1, self.n_heads, t, self.head_dim).transpose(1, 2).reshape(1, t, -1))
-        return self._logits(x, keep)
+        first = self.layers[0]
+        h = x if first.folded else rms_norm(x, first.norm1, first.eps1)
+        norms = [(layer.norm1, layer.eps1) for layer in self.layers[1:]] + [(self.final_norm, self.final_eps)]
+        for layer, kv, (norm, eps) in zip(self.layers, cache.layers, norms):
+            x, h = self.layer_fn(x, h, layer, self.dims, kv.k, kv.v, positions, cos, sin, mask, span, norm, eps)
+        if self.head_folds:
+            return self.head(x[:, -keep:])  # type: ignore[operator]
+        return project(self.head, h[:, -keep:])
 
     def _rope_table(self, window: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """``cos`` and signed ``sin`` ``[window, d]`` for every position of the window (the model's

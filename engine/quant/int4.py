@@ -60,6 +60,7 @@ from engine.quant.groups import (  # noqa: F401 - re-exported: the layer's calle
 log = logging.getLogger(__name__)
 
 FUSE_ROWS = 64  # the CPU packing lays out output rows in blocks of 64
+CUDA_FUSE_ROWS = 8  # the CUDA packing, in blocks of 8
 
 
 def _scales_and_zeros(weights: Int4Weights) -> torch.Tensor:
@@ -131,19 +132,40 @@ class Int4Linear(nn.Module):
 
     @staticmethod
     def can_fuse(layers: Sequence[nn.Module]) -> bool:
-        """Whether :meth:`fuse` is exact for these layers: CPU int4 layers of one kernel, input
-        size, group size and plane count; for torch's kernel every boundary on its packing's
-        64-row blocks (specchat's kernel keeps rows apart, so any boundary will do)."""
-        if not layers or not all(isinstance(l, Int4Linear) and not l.is_cuda for l in layers):
+        """Whether :meth:`fuse` is exact for these layers: int4 layers of one kernel and device, input
+        size, group size and plane count; for torch's kernel every boundary on its packing's row
+        blocks (64 rows on the CPU, 8 on CUDA, whose pack is ``[N/8, K/(tiles·16), 32, tiles/2]``,
+        so the same tiles too); specchat's kernel keeps rows apart, so any boundary will do."""
+        if not layers or not all(isinstance(l, Int4Linear) for l in layers):
             return False
         first = layers[0]
+        rows = CUDA_FUSE_ROWS if first.is_cuda else FUSE_ROWS
         return (all(l.group_size == first.group_size and l.in_features == first.in_features
-                    and l.planes == first.planes and l.kernel == first.kernel
+                    and l.planes == first.planes and l.kernel == first.kernel and l.is_cuda == first.is_cuda
+                    and (l.kernel == "specchat" or l.packed.shape[1:] == first.packed.shape[1:])
                     # one kind of table (int4's Q4_K headers join bf16 tables as bf16: _joint_table)
                     and (l.planes == 1 or (l.scales_and_zeros.dtype == first.scales_and_zeros.dtype
                                            and bool(l.scales_and_zeros.numel()) == bool(first.scales_and_zeros.numel())))
                     for l in layers)
-                and (first.kernel == "specchat" or all(l.out_features % FUSE_ROWS == 0 for l in layers[:-1])))
+                and (first.kernel == "specchat" or all(l.out_features % rows == 0 for l in layers[:-1])))
+
+    @staticmethod
+    def join(layers: Sequence["Int4Linear"]) -> tuple[torch.Tensor, torch.Tensor]:
+        """The packed codes and the scale table of layers on torch's kernel joined along the output dim
+        (``packed`` rows concatenated, each layer's ``packed`` then a view into them: no memory
+        duplicated but the small tables; ``scales_and_zeros`` ``[K/g, sum N, 2]``). A single layer
+        gives its own tensors."""
+        if len(layers) == 1:
+            return layers[0].packed, layers[0].scales_and_zeros
+        if not Int4Linear.can_fuse(layers) or layers[0].kernel != "torch":
+            raise QuantizationError("these int4 layers cannot be joined exactly; run them one by one")
+        packed = torch.cat([l.packed for l in layers])
+        offset = 0
+        for l in layers:
+            rows = l.packed.shape[0]
+            l.packed = packed[offset : offset + rows]
+            offset += rows
+        return packed, torch.cat([l.scales_and_zeros for l in layers], dim=1).contiguous()
 
     @staticmethod
     def fuse(layers: Sequence["Int4Linear"], widen: bool = True,
@@ -167,24 +189,22 @@ class Int4Linear(nn.Module):
         first = layers[0]
         if len(layers) > 1 and not Int4Linear.can_fuse(layers):
             raise QuantizationError("these int4 layers cannot be joined exactly; run them one by one")
+        if first.kernel != "specchat":
+            if norm is not None or gated:
+                raise QuantizationError("only specchat's CPU kernel folds a norm or a gate into its matmul")
+            packed, sz = Int4Linear.join(layers)
+            return _int4_matmul(packed, sz, joint_bias(layers), first.group_size, first.in_features, first.is_cuda,
+                                first.planes, widen)
         packed = first.packed  # a single layer keeps its own storage: nothing to copy
         if len(layers) > 1:
-            packed = torch.cat([l.packed for l in layers])
-            if first.kernel == "specchat":
-                packed = cpu_kernel.on_huge_pages(packed)
+            packed = cpu_kernel.on_huge_pages(torch.cat([l.packed for l in layers]))
             offset = 0
             for l in layers:
                 rows = l.packed.shape[0]
                 l.packed = packed[offset : offset + rows]
                 offset += rows
-        if first.kernel == "specchat":
-            table = _joint_table(layers) if len(layers) > 1 else first.scales_and_zeros
-            return cpu_linear.linear(packed, table, joint_bias(layers), first.in_features, first.planes, norm, gated)
-        if norm is not None or gated:
-            raise QuantizationError("only specchat's CPU kernel folds a norm or a gate into its matmul")
-        sz = torch.cat([l.scales_and_zeros for l in layers], dim=1).contiguous()
-        return _int4_matmul(packed, sz, joint_bias(layers), first.group_size, first.in_features, first.is_cuda,
-                            first.planes, widen)
+        table = _joint_table(layers) if len(layers) > 1 else first.scales_and_zeros
+        return cpu_linear.linear(packed, table, joint_bias(layers), first.in_features, first.planes, norm, gated)
 
     def layout(self) -> KernelLayout | None:
         """What this layer holds in specchat's CPU kernel's layout (for the int4 cache); None on torch's."""

@@ -239,3 +239,28 @@ def test_a_compile_that_fails_leaves_uncompiled_passes_and_says_so_once(target, 
     assert len(notices) == 1 and "compiled passes off" in notices[0] and "no compiler for this card" in notices[0]
     assert not decoder.target.passes_compiled
     assert decoder.target.capture.active  # capture itself goes on, over the uncompiled pass
+
+
+def test_one_compile_serves_every_layer(monkeypatch) -> None:
+    """Regional compilation: the compiled function is one layer (its keys and values written once
+    each), and a model of four layers compiles it a few times (widths), not once a layer."""
+    import torch._dynamo
+
+    import engine.decode.runner as runner_module
+
+    graphs: list[torch.fx.GraphModule] = []
+
+    def recording(gm: torch.fx.GraphModule, inputs: object) -> object:
+        graphs.append(gm)
+        return gm.forward
+
+    monkeypatch.setattr(runner_module, "compile_backend", lambda: recording)
+    torch._dynamo.reset()
+    model = tiny_llama(seed=2, layers=4)
+    expected, _ = reply(SpecDecoder(model, CPU), PROMPT, max_new_tokens=16)
+    decoder = SpecDecoder(model, captured(RecordingBackend()), NgramDrafter())
+    got, notices = reply(decoder, PROMPT, max_new_tokens=16)
+    assert got == expected and notices == [] and decoder.target.passes_compiled
+    writes = [sum("index_copy" in str(node.target) for node in gm.graph.nodes) for gm in graphs]
+    assert writes and all(w == 2 for w in writes), writes
+    assert len(graphs) < 4, f"{len(graphs)} graphs for 4 layers"
