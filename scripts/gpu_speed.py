@@ -4,8 +4,9 @@ For the random pair built by gpu_check.py (and pocket's GGUF where ``--gguf`` na
 process: specchat plain, spec-adaptive and n-gram, then transformers' own ``generate`` on the
 same model object, eager and with ``cache_implementation="static"`` (which compiles the forward).
 Each row: decode tok/s (one timed reply after two warm-ups or more, until one captured nothing
-new; the first event, which holds the prefill, is not counted; passes captured during the timed
-reply are counted beside it), then one more reply under ``torch.profiler``: kernel milliseconds a
+new: the tokens after the first over the reply's whole time less that of a one-token reply, the
+prompt's pass; passes captured during the timed reply are counted beside it; ``tok_s_after_first``
+is the older figure, counted from the first event, which flatters chained replies), then one more reply under ``torch.profiler``: kernel milliseconds a
 token, kernels a token and launches a token (``cudaLaunchKernel`` and ``cudaGraphLaunch`` calls
 on the host: what a captured pass saves). specchat's rows also say whether the reply equals the
 plain one (near-ties aside: docs/gpu.md), how many passes were captured and replayed, whether
@@ -57,9 +58,21 @@ def profiled(run: Callable[[], int], device: torch.device) -> dict[str, Any]:
             "launches_per_token": round(launches / tokens, 1) if cuda else None}
 
 
+class Timed(NamedTuple):
+    ids: list[int]
+    whole_s: float  # from the call to the last token, the prompt's pass included
+    after_first: float  # tok/s after the first event (the figure of the runs before 2026-11-27)
+
+
 def specchat_reply(engine: Any, prompt: list[int], device: torch.device, max_new: int,
-                   sampling: Any = None) -> tuple[list[int], float]:
-    """One greedy reply's ids and its decode rate (tok/s after the first event)."""
+                   sampling: Any = None) -> Timed:
+    """One reply's ids, its whole time and its rate after the first event.
+
+    The rate after the first event flatters a reply that comes in few events: a chain of rounds
+    queues the next chain before the host reads the first (engine/decode/chain.py), so when the
+    first event arrives the card is already part-way through the tokens counted after it. A
+    model-drafted chain of 8 rounds can bring half a 128-token reply in its first event. The
+    rows' ``tok_s`` is therefore :func:`decode_rate`: the whole time less the prompt's pass."""
     from engine.events import GenerationParams, SamplingParams
 
     ids: list[int] = []
@@ -68,13 +81,26 @@ def specchat_reply(engine: Any, prompt: list[int], device: torch.device, max_new
     # No stop token (an id no vocabulary has): every reply runs ``max_new`` tokens, as
     # transformers' rows do with ``min_new_tokens`` (the random pair says its EOS after ~50).
     params = GenerationParams(max_new_tokens=max_new, stop_token_ids=(-1,), sampling=sampling or SamplingParams())
+    _sync(device)
+    called = time.perf_counter()
     for event in engine.generate_ids(prompt, params):
         if not ids:
             _sync(device)
             began, first = time.perf_counter(), len(event.token_ids)
         ids += event.token_ids
     _sync(device)
-    return ids, (len(ids) - first) / max(time.perf_counter() - began, 1e-9)
+    end = time.perf_counter()
+    return Timed(ids, end - called, (len(ids) - first) / max(end - began, 1e-9))
+
+
+def prompt_pass_s(engine: Any, prompt: list[int], device: torch.device) -> float:
+    """The median time of three one-token replies to ``prompt``: its pass and the first token."""
+    return statistics.median(specchat_reply(engine, prompt, device, 1).whole_s for _ in range(3))
+
+
+def decode_rate(timed: Timed, prompt_s: float) -> float:
+    """Tokens after the first a second, over the reply's whole time less :func:`prompt_pass_s`."""
+    return (len(timed.ids) - 1) / max(timed.whole_s - prompt_s, 1e-9)
 
 
 def specchat_row(label: str, engine: Any, prompt: list[int], device: torch.device, plain: list[int] | None,
@@ -88,23 +114,26 @@ def specchat_row(label: str, engine: Any, prompt: list[int], device: torch.devic
         if warm >= 1 and captures() == before:
             break
     warmup_s = time.perf_counter() - began
+    prompt_s = prompt_pass_s(engine, prompt, device)
     before = captures()
-    ids, rate = specchat_reply(engine, prompt, device, max_new, sampling)
+    timed = specchat_reply(engine, prompt, device, max_new, sampling)
+    ids, rate = timed.ids, decode_rate(timed, prompt_s)
     captured_while_timed = captures() - before  # a capture costs 10-100 ms, a whole reply here: not a speed
-    prof = profiled(lambda: len(specchat_reply(engine, prompt, device, max_new, sampling)[0]), device)
+    prof = profiled(lambda: len(specchat_reply(engine, prompt, device, max_new, sampling).ids), device)
     captured = {f"{'target' if i == 0 else 'draft'}": {"cache": type(r.cache).__name__, "shapes": sorted(r.capture.captured_shapes()),
                                                      "captures": r.capture.captures, "replays": r.capture.replays,
                                                      "capture_s": round(r.capture.capture_s, 2),
                                                      "compiled": r.passes_compiled,
                                                      "off": r.capture.reason} for i, r in enumerate(runners)}
     first = None if plain is None else next((i for i, (a, b) in enumerate(zip(plain, ids)) if a != b), None)
-    return shown({"row": label, "tok_s": round(rate, 1), "tokens": len(ids), **prof, "warmup_s": round(warmup_s, 1),
+    return shown({"row": label, "tok_s": round(rate, 1), "tok_s_after_first": round(timed.after_first, 1),
+                  "prompt_ms": round(prompt_s * 1000, 2), "tokens": len(ids), **prof, "warmup_s": round(warmup_s, 1),
                   "captured_while_timed": captured_while_timed, "ids": ids,
                   "same_as_plain": None if plain is None else (ids == plain), "first_difference": first,
                   "captured": captured})
 
 
-HEAD = ("row", "tok_s", "tokens", "kernel_ms_per_token", "kernels_per_token", "launches_per_token", "same_as_plain",
+HEAD = ("row", "tok_s", "tok_s_after_first", "tokens", "kernel_ms_per_token", "kernels_per_token", "launches_per_token", "same_as_plain",
         "warmup_s", "captured_while_timed")
 WARMUPS_MAX = 5
 """Warm-up replies at most before the timed one: at least two, then until one captures nothing new
@@ -127,19 +156,24 @@ def transformers_row(label: str, model: Any, prompt: list[int], device: torch.de
     if static:
         kwargs["cache_implementation"] = "static"
 
-    def run() -> int:
+    def run(new: int = max_new) -> int:
         with torch.inference_mode():
-            out = model.generate(ids, **kwargs)
+            out = model.generate(ids, **{**kwargs, "max_new_tokens": new, "min_new_tokens": new})
         return int(out.shape[1] - ids.shape[1])
+
+    def whole_s(new: int) -> float:
+        _sync(device)
+        began = time.perf_counter()
+        run(new)
+        _sync(device)
+        return time.perf_counter() - began
 
     for _ in range(2):
         run()
-    _sync(device)
-    began = time.perf_counter()
-    n = run()
-    _sync(device)
-    rate = n / (time.perf_counter() - began)  # the prefill included: a prompt of a few dozen tokens
-    return shown({"row": label, "tok_s": round(rate, 1), "tokens": n, **profiled(run, device)})
+    prompt_s = statistics.median(whole_s(1) for _ in range(3))  # as specchat's rows: the prompt's pass left out
+    rate = (max_new - 1) / max(whole_s(max_new) - prompt_s, 1e-9)
+    return shown({"row": label, "tok_s": round(rate, 1), "prompt_ms": round(prompt_s * 1000, 2), "tokens": max_new,
+                  **profiled(run, device)})
 
 
 class Group(NamedTuple):

@@ -140,6 +140,12 @@ class SpecDecoder(DeviceRounds):
         self.fallback_reason = reason
         return f"draft dropped ({reason}); continuing with plain decoding"
 
+    def compile_now(self) -> float:
+        """Compile the target's and a model draft's static passes now, not at the first reply
+        (:meth:`ModelRunner.compile_now`); the seconds spent (0 where nothing compiles)."""
+        runner = getattr(self.drafter, "runner", None)
+        return sum(r.compile_now() for r in (self.target, *([runner] if isinstance(runner, ModelRunner) else [])))
+
     def close(self) -> None:
         """Release both models' caches and references."""
         self._release(target=True)

@@ -19,6 +19,7 @@ drafting loop makes no host transfer per token; they are read back once
 from __future__ import annotations
 
 import threading
+import time
 import weakref
 from collections.abc import Callable, Sequence
 
@@ -29,7 +30,7 @@ from engine.errors import ContextLengthError
 from engine.model.capture import CompiledPass, PassCapture, attention_span, capture_shapes, compile_backend
 from engine.model.device import Device, ids_tensor
 from engine.model.kv import GrowingKV, StaticKV
-from engine.model.layer_parts import static_layer
+from engine.model.layer_parts import static_layer, varying_sizes
 from engine.model.lean import LeanForward, lean_forward
 from engine.model.memory import PREFILL_CHUNK, max_positions
 
@@ -106,9 +107,9 @@ class ModelRunner:
         backend, off = device.graph_backend() if self.static else (None, None)
         self.capture = PassCapture(backend, capture_shapes(DEFAULT_K_MAX), off)
         """The captured passes over the static cache (none over a growing one)."""
-        compiler = compile_backend() if self._lean is not None and self.static else None
+        compiler = compile_backend(device.is_cuda) if self._lean is not None and self.static else None
         if compiler is not None:  # every static pass's layers compiled (SPECCHAT_COMPILE), captured or eager
-            self._lean.layer_fn = CompiledPass(static_layer, compiler)  # type: ignore[union-attr]
+            self._lean.layer_fn = CompiledPass(static_layer, compiler, varying_sizes)  # type: ignore[union-attr]
         self.cache = self._new_cache()
         # Width of the logits (may exceed the tokenizer's vocabulary: padding rows).
         self.vocab_size = int(model.config.get_text_config().vocab_size)
@@ -342,6 +343,22 @@ class ModelRunner:
         """Whether this runner's static passes run compiled (``SPECCHAT_COMPILE``, no failure yet)."""
         fn = self._lean.layer_fn if self._lean is not None else None
         return isinstance(fn, CompiledPass) and fn.compiled
+
+    @torch.inference_mode()
+    def compile_now(self) -> float:
+        """Compile this runner's static passes now rather than at a reply's first tokens: a one-token
+        pass and a two-token one over an empty cache (every width from two up shares the second's
+        compile, ``dynamic``), then the cache cropped back to empty. Returns the seconds spent (0
+        where passes are not compiled, or the cache holds tokens already). A compile that fails
+        leaves uncompiled passes, said with the next reply's notices."""
+        if not self.passes_compiled or len(self):
+            return 0.0
+        began = time.perf_counter()
+        self.forward([0, 0])  # the first pass allocates the cache, so it runs eagerly
+        self.forward([0])  # where capture is on, captured
+        self.truncate(0)
+        self.device.synchronize()
+        return time.perf_counter() - began
 
     def prefill(self, ids: Sequence[int]) -> None:
         """Feed ``ids`` without computing any logits (``[n]`` ids; nothing returned)."""

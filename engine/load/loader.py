@@ -487,5 +487,13 @@ def _load_local(profile: ModelProfile, memory_budget: int | None, device: Device
         compat_note=compat_note,
         cpu_kernel=kernel,
     )
+    engine = ChatEngine(tokenizer=tokenizer, target_model=target_model, drafter=drafter, device=device, info=info)
+    if engine.decoder.target.passes_compiled:  # a card: the layers compile here, not in the first reply
+        with ticking(progress, COMPILE_STAGE, 0.96):
+            seconds = engine.decoder.compile_now()
+        log.info("compiled the static passes in %.1f s (SPECCHAT_COMPILE=0 turns compiling off)", seconds)
     progress("ready", 1.0)
-    return ChatEngine(tokenizer=tokenizer, target_model=target_model, drafter=drafter, device=device, info=info)
+    return engine
+
+
+COMPILE_STAGE = "compiling the model's layers for this card (about 30 s at a first start, less once cached)"

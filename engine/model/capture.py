@@ -97,21 +97,37 @@ def attention_span(end: int, window: int) -> int:
 
 
 COMPILE_ENV = "SPECCHAT_COMPILE"
-"""``1``: static passes through ``torch.compile`` (inductor); another value names the backend."""
+"""``0`` turns compiled passes off, ``1`` on (inductor) where they are not the default; another
+value names the backend (``aot_eager``: the CPU tests)."""
 
 
-def compile_backend() -> str | None:
-    """The ``torch.compile`` backend ``SPECCHAT_COMPILE`` asks for: None when unset or ``0``,
-    ``inductor`` for ``1``, else the value as it is (``aot_eager``: the CPU tests)."""
+def compile_backend(card: bool = False) -> str | None:
+    """The ``torch.compile`` backend for a runner's static passes: ``SPECCHAT_COMPILE`` when set
+    (None for ``0``), else inductor on a card (``card``) and None elsewhere. On an H200 the compiled
+    passes decoded the random pair at 1,683 tok/s against 1,355 and pocket int4 at 656 against 536,
+    for 27-28 s of compiling once a process (docs/gpu.md, 2026-11-27), spent while loading
+    (:meth:`engine.decode.runner.ModelRunner.compile_now`)."""
     value = os.environ.get(COMPILE_ENV, "").strip().lower()
-    if value in ("", "0", "false", "off", "no"):
+    if value == "":
+        return "inductor" if card else None
+    if value in ("0", "false", "off", "no"):
         return None
     return "inductor" if value in ("1", "true", "on", "yes") else value
 
 
+def keep_compiled_kernels() -> None:
+    """Point inductor's caches (FX graphs, Triton kernels) into specchat's cache folder unless the
+    user chose a folder: later starts then read the compiled layers back instead of compiling
+    them again, and the files leave with ``specchat``'s cache (not /tmp, which a reboot clears)."""
+    if "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
+        from engine.paths import cache_dir
+
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(cache_dir() / "inductor")
+
+
 class CompiledPass:
     """A static pass's layer function (:func:`engine.model.layer_parts.static_layer`) through
-    ``torch.compile`` (``fullgraph``, ``dynamic``): one compile serves every layer of the model
+    ``torch.compile`` (``fullgraph``, the sizes ``varying`` marks dynamic): one compile serves every layer of the model
     (they differ in their weights, not in their shapes) and every width, where compiling the whole
     pass unrolled every layer into one graph (68 s for the random pair's 8 layers on an H200).
     At its first failure it falls back to the uncompiled function for good (:attr:`failure` says
@@ -123,15 +139,21 @@ class CompiledPass:
     model draft's layers (two shapes) share the function, each with a one-token and a general
     version, and a new span or width may add one."""
 
-    def __init__(self, fn: Callable[..., Any], backend: str | Callable[..., Any]) -> None:
+    def __init__(self, fn: Callable[..., Any], backend: str | Callable[..., Any],
+                 varying: Callable[..., None] | None = None) -> None:
+        """``varying(*args)`` marks the sizes of ``fn``'s arguments that vary between calls
+        (``torch._dynamo.maybe_mark_dynamic``); every other size is compiled as it is."""
         import torch._dynamo
 
         self.fn = fn
+        self.varying = varying
+        if backend == "inductor":
+            keep_compiled_kernels()
         config = torch._dynamo.config
         for name in ("recompile_limit", "cache_size_limit"):  # the name changed across torch versions
             if hasattr(config, name):
                 setattr(config, name, max(int(getattr(config, name)), self.RECOMPILES))
-        self._compiled: Callable[..., Any] | None = torch.compile(fn, backend=backend, fullgraph=True, dynamic=True)
+        self._compiled: Callable[..., Any] | None = torch.compile(fn, backend=backend, fullgraph=True)
         self.failure: str | None = None
         """Why passes are no longer compiled, until the runner took it (then None again)."""
 
@@ -142,7 +164,10 @@ class CompiledPass:
     def __call__(self, *args: Any) -> Any:
         if self._compiled is not None:
             try:
-                return self._compiled(*args)
+                if self.varying is not None:
+                    self.varying(*args)
+                with torch._dynamo.config.patch(automatic_dynamic_shapes=False):  # only the marked sizes vary
+                    return self._compiled(*args)
             except torch.OutOfMemoryError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any compile failure means uncompiled passes, said once

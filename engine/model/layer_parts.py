@@ -219,7 +219,7 @@ def finish_layer(p: LayerParts, x: torch.Tensor, a: torch.Tensor) -> torch.Tenso
 
 
 def static_layer(x: torch.Tensor, h: torch.Tensor, p: LayerParts, d: Dims, keys: torch.Tensor, values: torch.Tensor,
-                 positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor, length: int,
+                 positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
                  next_norm: torch.Tensor, next_eps: float) -> tuple[torch.Tensor, torch.Tensor]:
     """One layer of a pass over the static cache (:meth:`engine.model.lean.LeanForward.static_pass`).
 
@@ -231,8 +231,7 @@ def static_layer(x: torch.Tensor, h: torch.Tensor, p: LayerParts, d: Dims, keys:
         cos, sin: ``[1, 1, T, d]`` rope at ``positions`` (``sin`` signed).
         mask: ``[G·T, length]`` in ``x``'s dtype, 0 where a key is visible and ``-inf`` where not
             (what SDPA makes of a bool mask at every call: made once a pass here), row ``g·T + i``
-            row ``i``'s (``G`` query heads a key head).
-        length: attention reads the first ``length`` keys.
+            row ``i``'s (``G`` query heads a key head); attention reads the first ``length`` keys.
         next_norm, next_eps: the norm the stream meets next (the next layer's first, or the final).
     Returns:
         The new stream ``[1, T, hidden]`` and it normalised by ``next_norm``.
@@ -247,6 +246,25 @@ def static_layer(x: torch.Tensor, h: torch.Tensor, p: LayerParts, d: Dims, keys:
     values.index_copy_(2, positions, v)
     group = d.n_heads // d.n_kv
     q = q.reshape(1, d.n_kv, group * t, d.head_dim)
+    length = mask.shape[1]
     a = F.scaled_dot_product_attention(q, keys[:, :, :length], values[:, :, :length], attn_mask=mask, scale=d.scale)
     x = finish_layer(p, x, a.reshape(1, d.n_heads, t, d.head_dim).transpose(1, 2).reshape(1, t, -1))
     return x, rms_norm(x, next_norm, next_eps)
+
+
+def varying_sizes(x: torch.Tensor, h: torch.Tensor, p: LayerParts, d: Dims, keys: torch.Tensor, values: torch.Tensor,
+                  positions: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                  *rest: object) -> None:
+    """Mark for ``torch.compile`` the sizes of :func:`static_layer`'s arguments that vary between
+    calls: the new tokens ``T`` where above one, and the keys attended over. Every other size and
+    every int (the weights', the cache's, the heads') stays fixed, so one compile serves a model's
+    layers for ``T = 1`` and one for every ``T`` from two (:class:`engine.model.capture.CompiledPass`
+    compiles with automatic dynamic shapes off); with every size symbolic, a width that happened to
+    equal a head count at the first compile tied the two together and compiled again later."""
+    import torch._dynamo
+
+    mark = torch._dynamo.maybe_mark_dynamic
+    if x.shape[1] > 1:
+        for tensor, dim in ((x, 1), (h, 1), (positions, 0), (cos, 2), (sin, 2), (mask, 0)):
+            mark(tensor, dim)
+    mark(mask, 1)

@@ -38,6 +38,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from engine.model import cpu_attention, cpu_layer
+from engine.model.capture import attention_span
 from engine.model.kv import GrowingKV, StaticKV
 from engine.model.layer_parts import (Dims, LayerParts, Projection, layer_parts, project, qkv_rope, rms_norm,
                                       finish_layer, single, static_layer)
@@ -175,12 +176,15 @@ class LeanForward:
         With ``row_exact`` each row's attention is computed exactly as a
         one-token pass at its position would compute it (see :meth:`_attention`),
         where that pays (:attr:`rows_pay`: not on CUDA). Over a :class:`StaticKV` the pass is
-        :meth:`static_pass` (whole-window attention under a mask; ``row_exact`` does not apply).
+        :meth:`static_pass` over the span a captured pass would read
+        (:func:`~engine.model.capture.attention_span`: the same keys and the same compiled layer as
+        a captured pass, under a mask; ``row_exact`` does not apply).
         """
         t = input_ids.shape[1]
         if isinstance(past_key_values, StaticKV):
             positions = torch.arange(start, start + t, device=input_ids.device)
-            logits = self.static_pass(input_ids, past_key_values, positions, logits_to_keep, start + t)
+            logits = self.static_pass(input_ids, past_key_values, positions, logits_to_keep,
+                                      attention_span(start + t, past_key_values.window))
             past_key_values.advance(t)
             return logits
         row_exact = row_exact and self.rows_pay
@@ -240,7 +244,7 @@ class LeanForward:
         h = x if first.folded else rms_norm(x, first.norm1, first.eps1)
         norms = [(layer.norm1, layer.eps1) for layer in self.layers[1:]] + [(self.final_norm, self.final_eps)]
         for layer, kv, (norm, eps) in zip(self.layers, cache.layers, norms):
-            x, h = self.layer_fn(x, h, layer, self.dims, kv.k, kv.v, positions, cos, sin, mask, span, norm, eps)
+            x, h = self.layer_fn(x, h, layer, self.dims, kv.k, kv.v, positions, cos, sin, mask, norm, eps)
         if self.head_folds:
             return self.head(x[:, -keep:])  # type: ignore[operator]
         return project(self.head, h[:, -keep:])

@@ -228,7 +228,7 @@ def test_a_compile_that_fails_leaves_uncompiled_passes_and_says_so_once(target, 
     def broken(graph: object, inputs: object) -> object:
         raise RuntimeError("no compiler for this card")
 
-    monkeypatch.setattr(runner_module, "compile_backend", lambda: broken)
+    monkeypatch.setattr(runner_module, "compile_backend", lambda card=False: broken)
     expected, _ = reply(SpecDecoder(target, CPU), PROMPT, max_new_tokens=20)
     device = captured(RecordingBackend())
     decoder = SpecDecoder(target, device, NgramDrafter())
@@ -254,7 +254,7 @@ def test_one_compile_serves_every_layer(monkeypatch) -> None:
         graphs.append(gm)
         return gm.forward
 
-    monkeypatch.setattr(runner_module, "compile_backend", lambda: recording)
+    monkeypatch.setattr(runner_module, "compile_backend", lambda card=False: recording)
     torch._dynamo.reset()
     model = tiny_llama(seed=2, layers=4)
     expected, _ = reply(SpecDecoder(model, CPU), PROMPT, max_new_tokens=16)
@@ -264,3 +264,38 @@ def test_one_compile_serves_every_layer(monkeypatch) -> None:
     writes = [sum("index_copy" in str(node.target) for node in gm.graph.nodes) for gm in graphs]
     assert writes and all(w == 2 for w in writes), writes
     assert len(graphs) < 4, f"{len(graphs)} graphs for 4 layers"
+
+
+def test_a_card_compiles_by_default_and_the_environment_decides_first(monkeypatch) -> None:
+    from engine.model.capture import compile_backend
+
+    monkeypatch.delenv("SPECCHAT_COMPILE", raising=False)
+    assert compile_backend(card=True) == "inductor" and compile_backend(card=False) is None
+    monkeypatch.setenv("SPECCHAT_COMPILE", "0")
+    assert compile_backend(card=True) is None
+    monkeypatch.setenv("SPECCHAT_COMPILE", "1")
+    assert compile_backend(card=False) == "inductor"
+    monkeypatch.setenv("SPECCHAT_COMPILE", "aot_eager")
+    assert compile_backend(card=True) == "aot_eager"
+
+
+def test_compiling_at_load_leaves_the_first_reply_nothing_to_compile(target, monkeypatch) -> None:
+    """``compile_now`` (the loader's stage) compiles the one-token and the many-token layer, leaves
+    the caches empty, and the replies after it compile nothing and equal eager decoding's."""
+    import torch._dynamo
+
+    monkeypatch.setenv("SPECCHAT_COMPILE", "aot_eager")
+    torch._dynamo.reset()
+    expected, _ = reply(SpecDecoder(target, CPU), PROMPT, max_new_tokens=24)
+    device = captured(RecordingBackend())
+    decoder = SpecDecoder(target, device, ModelDrafter(noisy_copy(target, 0.4, seed=3), device))
+    before = compiles()
+    assert decoder.compile_now() > 0
+    at_load = compiles() - before
+    assert at_load >= 2  # one token, and every width from two up
+    assert len(decoder.target) == 0 and decoder.target.cached_length() == 0
+    assert len(decoder.drafter.runner) == 0  # type: ignore[union-attr]
+    got, notices = reply(decoder, PROMPT, max_new_tokens=24, k=3)
+    assert got == expected and notices == []
+    assert compiles() - before == at_load
+    assert decoder.compile_now() == 0.0  # once

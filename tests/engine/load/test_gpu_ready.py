@@ -216,3 +216,31 @@ def test_the_int8_cast_warning_is_shown_once(monkeypatch: pytest.MonkeyPatch) ->
     finally:
         logger.removeHandler(handler)
         logger.removeFilter(once)
+
+
+def test_compiled_passes_compile_while_loading_behind_a_stage_of_their_own(
+    models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where passes compile (a card by default; here the static cache and a stand-in compiler), the
+    loader compiles them under its own stage, so the first reply starts decoding at once; elsewhere
+    there is no such stage."""
+    import torch._dynamo
+
+    from engine.model.capture import RecordingBackend
+
+    torch._dynamo.reset()
+    monkeypatch.setenv("SPECCHAT_COMPILE", "aot_eager")
+    device = Device(torch.device("cpu"), static_cache=True, graphs=RecordingBackend())
+    stages: list[str] = []
+    engine = loading.load_engine(pair(models), device=device, progress=lambda s, f: stages.append(s))
+    compiling = [s for s in stages if s.startswith(loading.COMPILE_STAGE)]
+    assert compiling and stages.index(compiling[0]) < stages.index("ready")
+    graphs = int(torch._dynamo.utils.counters["stats"]["unique_graphs"])
+    assert graphs >= 2 and len(engine.decoder.target) == 0
+    reply(engine)
+    assert int(torch._dynamo.utils.counters["stats"]["unique_graphs"]) == graphs  # the reply compiled nothing
+    engine.close()
+    monkeypatch.setenv("SPECCHAT_COMPILE", "0")
+    stages.clear()
+    loading.load_engine(pair(models), device=device, progress=lambda s, f: stages.append(s)).close()
+    assert not any(s.startswith(loading.COMPILE_STAGE) for s in stages)
