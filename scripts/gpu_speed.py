@@ -12,7 +12,7 @@ on the host: what a captured pass saves). specchat's rows also say whether the r
 plain one (near-ties aside: docs/gpu.md), how many passes were captured and replayed, whether
 they were compiled, and the warm-ups' seconds (captures and compiles happen there).
 ``--speed-groups`` picks the groups (:data:`GROUPS`); the ``*-compiled`` ones load with
-``SPECCHAT_COMPILE=1``.
+``SPECCHAT_COMPILE=1`` (a card's default), the others with ``SPECCHAT_COMPILE=0``.
 """
 from __future__ import annotations
 
@@ -225,14 +225,15 @@ def speed_phase(models: Path, device: torch.device, groups: list[str], out: Path
     rows: list[dict[str, Any]] = []
     for key in groups:
         name, plain_profile, ngram, model_profile, with_hf, compiled = GROUPS[key]
-        if compiled:  # read by each runner as the engine loads
-            os.environ["SPECCHAT_COMPILE"] = "1"
-        else:
-            os.environ.pop("SPECCHAT_COMPILE", None)
+        os.environ["SPECCHAT_COMPILE"] = "1" if compiled else "0"  # read by each runner as the engine loads
+        loading = time.perf_counter()
         engine = load_engine(profiles.get(plain_profile))
+        load_s = round(time.perf_counter() - loading, 1)  # a card compiles the layers here
         prompt = prompt_ids(engine, text)
         engine.set_speculation(False)
         plain = specchat_row(f"{name}: specchat plain", engine, prompt, device, None, max_new)
+        plain["load_s"] = load_s
+        print(f"{name}: loaded in {load_s} s (compiling included)", flush=True)
         rows.append(specchat_row(f"{name}: specchat plain, sampled (T 0.8, seed 1)", engine, prompt, device, None,
                                  max_new, SamplingParams(temperature=0.8, seed=1)))  # bursts too (read_once)
         engine.set_speculation(True)
