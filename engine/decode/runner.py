@@ -107,7 +107,8 @@ class ModelRunner:
         backend, off = device.graph_backend() if self.static else (None, None)
         self.capture = PassCapture(backend, capture_shapes(DEFAULT_K_MAX), off)
         """The captured passes over the static cache (none over a growing one)."""
-        compiler = compile_backend(device.is_cuda) if self._lean is not None and self.static else None
+        compiler = (compile_backend(card=device.is_cuda and self._lean.compilable)  # type: ignore[union-attr]
+                    if self._lean is not None and self.static else None)
         if compiler is not None:  # every static pass's layers compiled (SPECCHAT_COMPILE), captured or eager
             self._lean.layer_fn = CompiledPass(static_layer, compiler, varying_sizes)  # type: ignore[union-attr]
         self.cache = self._new_cache()

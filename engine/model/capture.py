@@ -103,7 +103,8 @@ value names the backend (``aot_eager``: the CPU tests)."""
 
 def compile_backend(card: bool = False) -> str | None:
     """The ``torch.compile`` backend for a runner's static passes: ``SPECCHAT_COMPILE`` when set
-    (None for ``0``), else inductor on a card (``card``) and None elsewhere. On an H200 the compiled
+    (None for ``0``), else inductor on a card (``card``: a CUDA model whose layers compile whole,
+    not bitsandbytes') and None elsewhere. On an H200 the compiled
     passes decoded the random pair at 1,683 tok/s against 1,355 and pocket int4 at 656 against 536,
     for 27-28 s of compiling once a process (docs/gpu.md, 2026-11-27), spent while loading
     (:meth:`engine.decode.runner.ModelRunner.compile_now`)."""

@@ -40,7 +40,7 @@ from torch import nn
 from engine.model import cpu_attention, cpu_layer
 from engine.model.capture import attention_span
 from engine.model.kv import GrowingKV, StaticKV
-from engine.model.layer_parts import (Dims, LayerParts, Projection, layer_parts, project, qkv_rope, rms_norm,
+from engine.model.layer_parts import (Dims, LayerParts, Proj, Projection, layer_parts, project, qkv_rope, rms_norm,
                                       finish_layer, single, static_layer)
 from engine.quant.int4 import Int4Linear
 
@@ -144,6 +144,10 @@ class LeanForward:
         self.scale = self.head_dim**-0.5
         self.qk_width = (self.n_heads + self.n_kv) * self.head_dim
         self.dims = Dims(self.n_heads, self.n_kv, self.head_dim, self.scale, self.qk_width)
+        self.compilable = all(isinstance(proj, Proj) for layer in self.layers
+                              for proj in (layer.qkv, layer.o, layer.gate_up, layer.down))
+        """Every projection is tensors (dense, or torch's int4 kernel): what ``torch.compile`` traces
+        whole; bitsandbytes' layers and specchat's CPU kernel are calls it would break at."""
         self.rows_pay = rows_pay(itertools.chain(model.parameters(), model.buffers()))
         self.native_attention = (self.rows_pay and self.embed.dtype == torch.float32
                                  and all(layer.folded for layer in self.layers)

@@ -299,3 +299,21 @@ def test_compiling_at_load_leaves_the_first_reply_nothing_to_compile(target, mon
     assert got == expected and notices == []
     assert compiles() - before == at_load
     assert decoder.compile_now() == 0.0  # once
+
+
+def test_only_layers_of_tensors_are_compiled_by_default() -> None:
+    """A card compiles by default only a model whose projections are all tensors; a layer of
+    another kind (bitsandbytes', here a subclass of ``nn.Linear``) would break the trace."""
+    from engine.model.lean import lean_forward
+
+    class Wrapped(torch.nn.Linear):
+        pass
+
+    plain = tiny_llama(seed=4)
+    assert lean_forward(plain).compilable  # type: ignore[union-attr]
+    odd = tiny_llama(seed=4)
+    down = odd.model.layers[1].mlp.down_proj
+    wrapped = Wrapped(down.in_features, down.out_features, bias=False)
+    wrapped.weight = down.weight
+    odd.model.layers[1].mlp.down_proj = wrapped
+    assert not lean_forward(odd).compilable  # type: ignore[union-attr]
