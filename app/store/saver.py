@@ -112,6 +112,7 @@ class HistorySaver:
         self._lagging = False
         self._last_error: str | None = None
         self._thread: threading.Thread | None = None
+        self._urgent = False  # a write that should not wait out min_interval_s (see _pause)
 
     # -- called by the app's threads ----------------------------------------------
 
@@ -126,6 +127,7 @@ class HistorySaver:
         record = ReplyRecord(chat, prompt, profile, user_id=user_id, supersedes=supersedes)
         with self._cond:
             self._queue.append(record)
+            self._urgent = True
             self._start_thread()
             self._cond.notify_all()
         return record
@@ -137,6 +139,7 @@ class HistorySaver:
             record.text, record.pieces, record.stats = text, list(pieces), stats
             record.finish = finish or record.finish
             record.version += 1
+            self._urgent = self._urgent or finish is not None
             self._cond.notify_all()
 
     @property
@@ -163,6 +166,7 @@ class HistorySaver:
         """Wait up to ``timeout`` s for every finished reply to be written; True if all were."""
         deadline = time.monotonic() + timeout
         with self._cond:
+            self._urgent = True
             while any(r.written != r.version for r in self._queue):
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -241,8 +245,17 @@ class HistorySaver:
                     f"This chat was deleted in another window; your unsaved messages were saved to a new chat "
                     f"'{chat.title}'.", chat.id, chat.title))
                 chat.deleted_id = None
-            if self.min_interval_s > 0:
-                time.sleep(self.min_interval_s)
+            self._pause()
+
+    def _pause(self) -> None:
+        """Up to :attr:`min_interval_s` before the next write, over at once when a reply ends, a new
+        one starts, the app flushes (quits) or the saver closes: streaming rounds coalesce, and
+        what the user would miss is not held back."""
+        deadline = time.monotonic() + self.min_interval_s
+        with self._cond:
+            while not (self._closed or self._urgent) and (left := deadline - time.monotonic()) > 0:
+                self._cond.wait(left)
+            self._urgent = False
 
     def _chat_deleted(self, chat: ChatRef) -> None:
         """A write to ``chat`` was refused (:class:`ChatDeleted`): never retried. Its unsaved

@@ -14,10 +14,11 @@ from app.store.saver import HistoryRescued, HistorySaver
 
 T = TypeVar("T")
 
-WRITE_EVERY_S = 0.1
+WRITE_EVERY_S = 1.0
 """Minimum time between two history writes of a streaming reply. A SQLite write
 per round (and the JSON of every piece so far) competed with the engine for the
-same cores; a round still reaches the disk within this time."""
+same cores, and each write woke the saver's thread twice; a round still reaches the
+disk within this time, and the reply's end (or a quit) is written at once."""
 
 SAVE_FLUSH_AT_EXIT_S = 10.0
 """How long quitting waits for a locked history to take the last reply."""

@@ -41,8 +41,12 @@ if TYPE_CHECKING:
 
     from engine.config.profiles import ModelProfile
 
-POLL_S = 0.05
-"""How often a waiting parent looks at its ``cancel`` event (seconds)."""
+POLL_S = 0.25
+"""How often a waiting parent looks at its ``cancel`` event and whether the child lives (seconds).
+Esc does not wait for it (:meth:`ProcessBackend.interrupt` tells the child at once), and an event
+wakes the reader as it arrives. Every 0.05 s, the reader woke 20 times a second through a reply:
+on a 2-core machine each wake-up takes a core from the engine's threads for a moment, and an
+OpenMP step waits for its slowest thread."""
 
 YIELD_S = 0.25
 """How long the child runs on one thread fewer after :meth:`ProcessBackend.yield_to_ui` (seconds)."""

@@ -90,3 +90,39 @@ def test_kill_9_after_a_lock_clears_keeps_the_final_state(tmp_path: Path) -> Non
     assert lines[0] == "pending 1"  # the first rounds waited in memory while the lock was held
     text, finish = _saved_reply(db)
     assert text == "".join(f" r{i}" for i in range(40)) and finish == "length"
+
+
+def test_streaming_rounds_coalesce_and_a_reply_s_end_is_written_at_once(specchat_dirs: Path) -> None:
+    """Rounds arriving faster than ``min_interval_s`` become one write; the final state does not wait
+    out the interval (nor does a flush, which quitting does)."""
+    history = History.open()
+    saver = HistorySaver(history, min_interval_s=30.0)
+    writes: list[str] = []
+    real = saver._write
+
+    def counting(record: object, version: int, text: str, *rest: object) -> None:
+        writes.append(text)
+        real(record, version, text, *rest)  # type: ignore[arg-type]
+
+    saver._write = counting  # type: ignore[method-assign]
+    chat = ChatRef("streaming", "fast")
+    reply = saver.start_reply(chat, "hello", "fast")
+    saver.update(reply, "A", [("A", "target")], None)
+    time.sleep(0.3)  # the new reply's rows and its first round are written at once
+    first = len(writes)
+    assert writes and writes[-1] == "A"
+    for batch in range(2):
+        for i in range(10):
+            saver.update(reply, f"A{batch}" + "b" * (i + 1), [(f"A{batch}" + "b" * (i + 1), "target")], None)
+        time.sleep(0.3)
+    assert len(writes) - first <= 1  # twenty rounds in 0.6 s: one write at most, then the interval
+    began = time.monotonic()
+    saver.update(reply, "Done.", [("Done.", "target")], {"tokens": 3}, "eos")
+    while history.messages(chat.id)[-1].finish_reason != "eos":  # type: ignore[arg-type]
+        assert time.monotonic() - began < 5, "the final state waited out the interval"
+        time.sleep(0.05)
+    assert writes[-1] == "Done."
+    second = saver.start_reply(chat, "again", "fast")
+    saver.update(second, "Half", [("Half", "target")], None)
+    assert saver.flush(5)  # quitting: written now, not 30 s later
+    assert saver.close(5)
