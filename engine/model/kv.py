@@ -154,12 +154,13 @@ class StaticKV:
         for layer in self.layers:
             layer.advance(t)
 
-    def mask(self, positions: torch.Tensor) -> torch.Tensor:
-        """``[T, window]`` bool: key ``j`` is visible to the row at position ``positions[i]`` iff
-        ``j <= positions[i]`` (its own key included). The same shape at every step."""
+    def mask(self, positions: torch.Tensor, length: int | None = None) -> torch.Tensor:
+        """``[T, length]`` bool (``length``: the window when None): key ``j`` is visible to the row at
+        position ``positions[i]`` iff ``j <= positions[i]`` (its own key included). The same shape at
+        every step of a span."""
         if self._keys is None or self._keys.device != positions.device:
             self._keys = torch.arange(self.window, device=positions.device).unsqueeze(0)
-        return self._keys <= positions.unsqueeze(1)
+        return self._keys[:, : self.window if length is None else length] <= positions.unsqueeze(1)
 
     def get_seq_length(self) -> int:
         return self.layers[0].length if self.layers else 0

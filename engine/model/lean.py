@@ -163,7 +163,8 @@ class LeanForward:
         """With :attr:`native_attention`, each layer's five or six kernel calls made from C in one
         (:mod:`engine.model.cpu_layer`; the same calls, the same bits); None where a layer's parts are
         not all specchat's kernels. Set it to None to run the calls from Python."""
-        self._rope_tables: dict[tuple[int, torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
+        self._rope_tables: dict[tuple[int, torch.device, torch.dtype], torch.Tensor] = {}
+        self._mask_constants: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
         self.layer_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]] = static_layer
         """Each layer of :meth:`static_pass`: :func:`engine.model.layer_parts.static_layer`, or the same
         compiled once for every layer (:class:`engine.model.capture.CompiledPass`, set by the runner)."""
@@ -236,14 +237,12 @@ class LeanForward:
             like = x.new_empty(1, self.n_kv, 0, self.head_dim)
             for kv in cache.layers:
                 kv.k, kv.v = cache.allocate(like)
-        cos_table, sin_table = self._rope_table(cache.window, x)
-        cos, sin = cos_table[positions].unsqueeze(0).unsqueeze(1), sin_table[positions].unsqueeze(0).unsqueeze(1)
-        span = cache.window if length is None else length
-        visible = cache.mask(positions)[:, :span]
-        mask = torch.zeros(visible.shape, dtype=x.dtype, device=x.device).masked_fill_(~visible, float("-inf"))
+        rope = self._rope_table(cache.window, x)[positions]  # [T, 2, d]: one gather for cos and sin
+        cos, sin = rope[:, 0].unsqueeze(0).unsqueeze(1), rope[:, 1].unsqueeze(0).unsqueeze(1)
         group = self.n_heads // self.n_kv
-        if group > 1:
-            mask = mask.repeat(group, 1)  # row g·T + i is row i's
+        rows = positions.repeat(group) if group > 1 else positions  # row g·T + i is row i's
+        zero, hidden = self._mask_values(x)
+        mask = torch.where(cache.mask(rows, length), zero, hidden)  # what SDPA would make of the bool mask
         first = self.layers[0]
         h = x if first.folded else rms_norm(x, first.norm1, first.eps1)
         norms = [(layer.norm1, layer.eps1) for layer in self.layers[1:]] + [(self.final_norm, self.final_eps)]
@@ -253,16 +252,26 @@ class LeanForward:
             return self.head(x[:, -keep:])  # type: ignore[operator]
         return project(self.head, h[:, -keep:])
 
-    def _rope_table(self, window: int, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``cos`` and signed ``sin`` ``[window, d]`` for every position of the window (the model's
+    def _rope_table(self, window: int, like: torch.Tensor) -> torch.Tensor:
+        """``cos`` and signed ``sin`` ``[window, 2, d]`` for every position of the window (the model's
         own rotary embedding, scaling included), computed once per window, device and dtype."""
         key = (window, like.device, like.dtype)
         table = self._rope_tables.get(key)
         if table is None:
             positions = torch.arange(window, device=like.device).unsqueeze(0)
             cos, sin = self.rotary(like, positions)
-            table = self._rope_tables[key] = (cos[0], _signed_sin(sin[0]))
+            table = self._rope_tables[key] = torch.stack((cos[0], _signed_sin(sin[0])), dim=1)
         return table
+
+    def _mask_values(self, like: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """0 and ``-inf`` as 0-d tensors of ``like``'s dtype and device (made once each): an additive
+        mask in one ``where``."""
+        key = (like.device, like.dtype)
+        values = self._mask_constants.get(key)
+        if values is None:
+            values = self._mask_constants[key] = (torch.zeros((), dtype=like.dtype, device=like.device),
+                                                  torch.full((), float("-inf"), dtype=like.dtype, device=like.device))
+        return values
 
 
 def batch_invariant(model: nn.Module) -> bool:
