@@ -28,7 +28,7 @@ from transformers import DynamicCache, PreTrainedModel
 
 from engine.errors import ContextLengthError
 from engine.model.capture import CompiledPass, PassCapture, attention_span, capture_shapes, compile_backend
-from engine.model.device import Device, ids_tensor
+from engine.model.device import Device, ids_tensor, oom_summary
 from engine.model.kv import GrowingKV, StaticKV
 from engine.model.layer_parts import static_layer, varying_sizes
 from engine.model.lean import LeanForward, lean_forward
@@ -351,13 +351,22 @@ class ModelRunner:
         pass and a two-token one over an empty cache (every width from two up shares the second's
         compile, ``dynamic``), then the cache cropped back to empty. Returns the seconds spent (0
         where passes are not compiled, or the cache holds tokens already). A compile that fails
-        leaves uncompiled passes, said with the next reply's notices."""
+        leaves uncompiled passes, said with the next reply's notices; so does running out of memory
+        while compiling (the model stays loaded and decodes uncompiled)."""
         if not self.passes_compiled or len(self):
             return 0.0
         began = time.perf_counter()
-        self.forward([0, 0])  # the first pass allocates the cache, so it runs eagerly
-        self.forward([0])  # where capture is on, captured
-        self.truncate(0)
+        try:
+            self.forward([0, 0])  # the first pass allocates the cache, so it runs eagerly
+            self.forward([0])  # where capture is on, captured
+        except torch.OutOfMemoryError as exc:
+            assert self._lean is not None
+            self._lean.layer_fn = static_layer
+            self.capture.note(f"compiled passes off, uncompiled from now on (out of memory while compiling: "
+                              f"{oom_summary(exc)})")
+            self.device.release_memory()
+        finally:
+            self.truncate(0)
         self.device.synchronize()
         return time.perf_counter() - began
 

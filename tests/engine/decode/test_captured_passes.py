@@ -317,3 +317,29 @@ def test_only_layers_of_tensors_are_compiled_by_default() -> None:
     wrapped.weight = down.weight
     odd.model.layers[1].mlp.down_proj = wrapped
     assert not lean_forward(odd).compilable  # type: ignore[union-attr]
+
+
+def test_out_of_memory_while_compiling_at_load_leaves_uncompiled_passes(target, monkeypatch) -> None:
+    """A card that runs out of memory in the loader's compile keeps the model: uncompiled passes, an
+    empty cache, the reason told once with the first reply, and that reply the eager one."""
+    import torch._dynamo
+
+    monkeypatch.setenv("SPECCHAT_COMPILE", "aot_eager")
+    torch._dynamo.reset()
+    expected, _ = reply(SpecDecoder(target, CPU), PROMPT, max_new_tokens=16)
+    decoder = SpecDecoder(target, captured(RecordingBackend()))
+    runner = decoder.target
+    real = runner.forward
+
+    def short_of_memory(ids: object, logits_to_keep: int = 1) -> torch.Tensor:
+        if len(runner) == 2:  # the second pass of the compile
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB (injected)")
+        return real(ids, logits_to_keep)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(runner, "forward", short_of_memory)
+    decoder.compile_now()
+    monkeypatch.setattr(runner, "forward", real)
+    assert not runner.passes_compiled and len(runner) == 0 and runner.cached_length() == 0
+    got, notices = reply(decoder, PROMPT, max_new_tokens=16)
+    assert got == expected
+    assert len(notices) == 1 and "out of memory while compiling" in notices[0] and "2.00 GiB" in notices[0]
