@@ -182,6 +182,13 @@ class CompiledPass:
         return self.fn(*args)
 
 
+def _copy_out(out: torch.Tensor) -> torch.Tensor:
+    """A replay's output copied out of the graph's buffer (the next replay overwrites it): logits
+    as float32, which is what the runner hands on (the cast and the copy one kernel, not two),
+    anything else (a draft's picks) as it is."""
+    return out.to(torch.float32, copy=True) if out.is_floating_point() else out.clone()
+
+
 def graphs_disabled() -> bool:
     """Whether ``SPECCHAT_CUDA_GRAPHS=0`` (or ``false``/``off``/``no``) is set."""
     return os.environ.get(ENV, "").strip().lower() in ("0", "false", "off", "no")
@@ -358,7 +365,7 @@ class PassCapture:
             return self._capture(shape, span, steps, body, input_ids, start)
         self._fill(entry, input_ids, start)
         self.replays += 1
-        return entry.replay().clone()
+        return _copy_out(entry.replay())
 
     @staticmethod
     def _fill(entry: _Captured, input_ids: torch.Tensor, start: int | torch.Tensor) -> None:
@@ -385,7 +392,7 @@ class PassCapture:
         self.capture_s += seconds
         log.info("captured the %d-token pass (%s, %d keys) with %s in %.2f s", t,
                  f"then {steps} draft steps" if steps else f"{keep} rows of logits", span, self.backend.name, seconds)
-        return out.clone()
+        return _copy_out(out)
 
     def disable(self, reason: str) -> None:
         """Eager passes from now on, for ``reason`` (told once, and logged)."""
