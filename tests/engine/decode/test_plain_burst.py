@@ -168,3 +168,28 @@ def test_sampled_bursts_give_the_tokens_of_one_step_a_round(target, monkeypatch,
     got, events = reply(bursting(target, burst=4), PROMPT, max_new_tokens=30, sampling=sampling)
     assert got == expected
     assert [len(e.token_ids) for e in events] == [4] * 7 + [2]
+
+
+def test_a_burst_whose_later_step_gives_nan_logits_ends_with_the_target_s_error(target) -> None:
+    """The burst checks its steps' maxima once at its end: a NaN in any step, not only the first,
+    still ends the reply with the error that names the fix."""
+    from engine.errors import NonFiniteLogitsError
+
+    decoder = bursting(target, burst=4)
+    runner = decoder.target
+    real = runner.forward
+    calls = [0]
+
+    def nan_on_third(ids: object, logits_to_keep: int = 1) -> torch.Tensor:
+        logits = real(ids, logits_to_keep)  # type: ignore[arg-type]
+        calls[0] += 1
+        if calls[0] == 3 and logits_to_keep == 1:
+            logits = logits.clone()
+            logits[..., 5] = float("nan")
+        return logits
+
+    runner.forward = nan_on_third  # type: ignore[method-assign]
+    with pytest.raises(NonFiniteLogitsError) as err:
+        for _ in decoder.generate(PROMPT, GenerationParams(max_new_tokens=8)):
+            pass
+    assert err.value.role == "target"
