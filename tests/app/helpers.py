@@ -8,6 +8,7 @@ from textual.pilot import Pilot
 
 from app.ui.app import SpecChatApp
 from app.ui.widgets.prompt import PromptArea
+from tests.app.fakes import FakeBackend, FakeLoader
 
 
 async def wait_for(pilot: Pilot, predicate: Callable[[], object], timeout: float = 5.0) -> None:
@@ -34,3 +35,12 @@ async def send(pilot: Pilot, text: str) -> None:
     prompt.focus()
     prompt.insert(text)
     await pilot.press("enter")
+
+
+async def send_held(pilot: Pilot, loader: FakeLoader, text: str) -> FakeBackend:
+    """Send ``text`` and wait until the loader's first backend holds its reply mid-stream (a
+    :class:`FakeLoader` with ``hold_after``); returns that backend (``release`` lets it go on)."""
+    await send(pilot, text)
+    backend = loader.backends[0]
+    await wait_for(pilot, backend.held.is_set)
+    return backend

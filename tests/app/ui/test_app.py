@@ -14,7 +14,7 @@ from engine.events import ChatEvent
 from app.ui.widgets.chat_view import AssistantMessage, UserMessage
 from app.ui.widgets.hud import Hud
 from tests.app.fakes import FakeLoader
-from tests.app.helpers import ready, send, wait_for
+from tests.app.helpers import ready, send, send_held, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -44,9 +44,7 @@ async def test_hud_is_live_mid_reply(make_app: Callable[..., SpecChatApp]) -> No
     app = make_app(loader=loader)
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
-        await send(pilot, "hi")
-        backend = loader.backends[0]
-        await wait_for(pilot, backend.held.is_set)
+        backend = await send_held(pilot, loader, "hi")
         await wait_for(pilot, lambda: app.query_one(Hud).stats is not None and app.query_one(Hud).stats.rounds == 2)
         hud = app.query_one(Hud)
         assert hud.live and app.conversation.generating
@@ -64,9 +62,7 @@ async def test_escape_keeps_partial_reply_and_engine_stays_ready(make_app: Calla
     app = make_app(loader=loader)
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
-        await send(pilot, "first")
-        backend = loader.backends[0]
-        await wait_for(pilot, backend.held.is_set)
+        backend = await send_held(pilot, loader, "first")
         await wait_for(pilot, lambda: app.query_one(AssistantMessage).text == "Hello there!")
         await pilot.press("escape")
         await wait_for(pilot, lambda: not app.conversation.generating)

@@ -9,7 +9,7 @@ import pytest
 from app.ui.app import SpecChatApp
 from app.ui.collector import StreamingCollector
 from tests.app.fakes import FakeLoader
-from tests.app.helpers import ready, send, wait_for
+from tests.app.helpers import ready, send, send_held, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -47,9 +47,7 @@ async def test_the_app_streams_with_its_heap_frozen_and_hands_it_back_after(
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         assert gc.get_freeze_count() == 0
-        await send(pilot, "first")
-        backend = loader.backends[0]
-        await wait_for(pilot, backend.held.is_set)
+        backend = await send_held(pilot, loader, "first")
         assert gc.get_freeze_count() > 0  # mid-reply: the collector leaves the heap alone
         backend.release.set()
         await wait_for(pilot, lambda: not app.conversation.generating)

@@ -8,7 +8,7 @@ import pytest
 
 from app.ui.app import SpecChatApp
 from tests.app.fakes import FakeLoader
-from tests.app.helpers import ready, send, wait_for
+from tests.app.helpers import ready, send_held, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -22,9 +22,7 @@ async def test_the_hud_timer_and_the_cursor_rest_while_a_reply_streams_and_come_
         conversation = app.conversation
         timer = conversation._hud_timer
         assert conversation.prompt.cursor_blink and timer._active.is_set()
-        await send(pilot, "first")
-        backend = loader.backends[0]
-        await wait_for(pilot, backend.held.is_set)
+        backend = await send_held(pilot, loader, "first")
         assert not timer._active.is_set()  # paused mid-reply
         assert not conversation.prompt.cursor_blink
         backend.release.set()

@@ -12,7 +12,7 @@ from app.ui.widgets.chat_view import AssistantMessage, UserMessage
 from app.ui.widgets.hud import Hud
 from engine.events import ChatEvent, ChatMessage
 from tests.app.fakes import FakeLoader
-from tests.app.helpers import ready, send, wait_for
+from tests.app.helpers import ready, send, send_held, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -120,9 +120,7 @@ async def test_prompt_sent_while_a_reply_streams_follows_it(make_app: Callable[.
     app = make_app(loader=loader)
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
-        await send(pilot, "one")
-        backend = loader.backends[0]
-        await wait_for(pilot, backend.held.is_set)
+        backend = await send_held(pilot, loader, "one")
         await send(pilot, "two")
         await pilot.pause()
         assert app.query(UserMessage).last().has_class("-queued") and len(backend.calls) == 1
@@ -235,9 +233,7 @@ async def test_a_stopped_reply_keeps_its_text_and_the_next_prompt_goes_out(
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         conversation = app.conversation
-        await send(pilot, "one")
-        backend = loader.backends[0]
-        await wait_for(pilot, backend.held.is_set)
+        backend = await send_held(pilot, loader, "one")
         backend.hold_after = None
         await send(pilot, "two")
         await wait_for(pilot, lambda: conversation.queued and app.query_one(AssistantMessage).text == "Hello there!")
