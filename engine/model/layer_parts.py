@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from engine.quant.int4 import Int4Linear, joint_bias
+from engine.quant.int4 import Int4Linear, int4_product, joint_bias
 
 
 class Proj(NamedTuple):
@@ -46,15 +46,7 @@ def project(p: Projection, x: torch.Tensor) -> torch.Tensor:
         return p(x)
     if p.table is None:
         return F.linear(x, p.weight, p.bias)
-    flat = x.reshape(-1, p.k).to(torch.bfloat16)
-    if p.planes > 1:
-        flat = flat.repeat(1, p.planes)
-    mm = torch._weight_int4pack_mm if p.weight.is_cuda else torch._weight_int4pack_mm_for_cpu
-    y = mm(flat, p.weight, p.group, p.table)
-    y = (y.to(x.dtype) if p.widen else y).view(*x.shape[:-1], p.table.shape[1])
-    if p.bias is None:
-        return y
-    return y + (p.bias.to(y.dtype) if p.widen else p.bias)
+    return int4_product(x, p.weight, p.table, p.group, p.planes, p.k, p.bias, p.widen)
 
 
 class LayerParts(NamedTuple):

@@ -119,16 +119,8 @@ class Int4Linear(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.kernel == "specchat":
             return Int4Linear.fuse([self])(x)
-        shape = x.shape
-        flat = x.reshape(-1, shape[-1]).to(torch.bfloat16)
-        if self.planes > 1:
-            flat = flat.repeat(1, self.planes)
-        if self.is_cuda:
-            y = torch._weight_int4pack_mm(flat, self.packed, self.group_size, self.scales_and_zeros)
-        else:
-            y = torch._weight_int4pack_mm_for_cpu(flat, self.packed, self.group_size, self.scales_and_zeros)
-        y = y.to(x.dtype).reshape(*shape[:-1], self.out_features)
-        return y + self.bias.to(y.dtype) if self.bias is not None else y
+        return int4_product(x, self.packed, self.scales_and_zeros, self.group_size, self.planes, self.in_features,
+                            self.bias)
 
     @staticmethod
     def can_fuse(layers: Sequence[nn.Module]) -> bool:
@@ -159,13 +151,8 @@ class Int4Linear(nn.Module):
             return layers[0].packed, layers[0].scales_and_zeros
         if not Int4Linear.can_fuse(layers) or layers[0].kernel != "torch":
             raise QuantizationError("these int4 layers cannot be joined exactly; run them one by one")
-        packed = torch.cat([l.packed for l in layers])
-        offset = 0
-        for l in layers:
-            rows = l.packed.shape[0]
-            l.packed = packed[offset : offset + rows]
-            offset += rows
-        return packed, torch.cat([l.scales_and_zeros for l in layers], dim=1).contiguous()
+        table = torch.cat([l.scales_and_zeros for l in layers], dim=1).contiguous()
+        return _joint_packed(layers, torch.cat([l.packed for l in layers])), table
 
     @staticmethod
     def fuse(layers: Sequence["Int4Linear"], widen: bool = True,
@@ -197,12 +184,7 @@ class Int4Linear(nn.Module):
                                 first.planes, widen)
         packed = first.packed  # a single layer keeps its own storage: nothing to copy
         if len(layers) > 1:
-            packed = cpu_kernel.on_huge_pages(torch.cat([l.packed for l in layers]))
-            offset = 0
-            for l in layers:
-                rows = l.packed.shape[0]
-                l.packed = packed[offset : offset + rows]
-                offset += rows
+            packed = _joint_packed(layers, cpu_kernel.on_huge_pages(torch.cat([l.packed for l in layers])))
         table = _joint_table(layers) if len(layers) > 1 else first.scales_and_zeros
         return cpu_linear.linear(packed, table, joint_bias(layers), first.in_features, first.planes, norm, gated)
 
@@ -238,6 +220,17 @@ class Int4Linear(nn.Module):
                 f"{kind}, {self.kernel} kernel")
 
 
+def _joint_packed(layers: Sequence[Int4Linear], packed: torch.Tensor) -> torch.Tensor:
+    """``packed``, the layers' codes joined along the output rows, with each layer's ``packed`` made
+    a view into it (the layers keep working; no memory is duplicated)."""
+    offset = 0
+    for l in layers:
+        rows = l.packed.shape[0]
+        l.packed = packed[offset : offset + rows]
+        offset += rows
+    return packed
+
+
 def _joint_table(layers: Sequence[Int4Linear]) -> torch.Tensor:
     """The scale tables of layers joined along the output dim for specchat's kernel. Where int4 layers with a
     Q4_K's headers (uint8) meet layers with bf16 tables, the headers become the bf16 scales and zeros they
@@ -270,21 +263,26 @@ def _int4_matmul(
     packed: torch.Tensor, sz: torch.Tensor, bias: torch.Tensor | None, group_size: int, k: int, cuda: bool,
     planes: int = 1, widen: bool = True,
 ) -> Callable[[torch.Tensor], torch.Tensor]:
-    """``f(x [..., K]) -> [..., N]`` over packed int4 weights (of ``planes`` planes), with no module in
-    between; ``widen``: the result in ``x``'s dtype, else in the kernel's bf16 (a bias is added in
-    its own dtype, which promotes the sum exactly as widening first would)."""
-    mm = torch._weight_int4pack_mm if cuda else torch._weight_int4pack_mm_for_cpu
-    n = sz.shape[1]
+    """``f(x [..., K]) -> [..., N]`` over packed int4 weights (:func:`int4_product`), with no module
+    in between."""
+    return lambda x: int4_product(x, packed, sz, group_size, planes, k, bias, widen)
 
-    def f(x: torch.Tensor) -> torch.Tensor:
-        flat = x.reshape(-1, k).to(torch.bfloat16)
-        if planes > 1:
-            flat = flat.repeat(1, planes)
-        y = mm(flat, packed, group_size, sz)
-        y = (y.to(x.dtype) if widen else y).view(*x.shape[:-1], n)
-        return y + (bias.to(y.dtype) if widen else bias) if bias is not None else y
 
-    return f
+def int4_product(x: torch.Tensor, packed: torch.Tensor, table: torch.Tensor, group_size: int, planes: int, k: int,
+                 bias: torch.Tensor | None = None, widen: bool = True) -> torch.Tensor:
+    """``x [..., K] @ W.T (+ bias)`` on torch's int4 kernel (the CPU's or CUDA's, where ``packed`` lies),
+    ``W`` packed in ``planes`` planes with the scale table ``table`` ``[K/g, N, 2]``: ``[..., N]``.
+    ``widen``: the result in ``x``'s dtype, else in the kernel's bf16 (a bias is added in its own
+    dtype, which promotes the sum exactly as widening first would)."""
+    flat = x.reshape(-1, k).to(torch.bfloat16)
+    if planes > 1:
+        flat = flat.repeat(1, planes)
+    mm = torch._weight_int4pack_mm if packed.is_cuda else torch._weight_int4pack_mm_for_cpu
+    y = mm(flat, packed, group_size, table)
+    y = (y.to(x.dtype) if widen else y).view(*x.shape[:-1], table.shape[1])
+    if bias is None:
+        return y
+    return y + (bias.to(y.dtype) if widen else bias)
 
 
 @dataclass
