@@ -112,21 +112,6 @@ class StaticKV:
     """
 
     class Layer(_LayerBuffers):
-        def __init__(self, owner: "StaticKV") -> None:
-            super().__init__()
-            self.owner = owner
-
-        def write(self, k: torch.Tensor, v: torch.Tensor, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-            """Store keys and values ``[1, kv_heads, T, d]`` at ``positions`` ``[T]`` (long, on the
-            cache's device); return the whole buffers ``[1, kv_heads, window, d]``. The length
-            is the runner's to advance (:meth:`advance`), not read from ``positions``: the
-            pass may be a replay whose positions the host never sees."""
-            if self.k is None or self.v is None:
-                self.k, self.v = self.owner.allocate(k)
-            self.k.index_copy_(2, positions, k)
-            self.v.index_copy_(2, positions, v)
-            return self.k, self.v
-
         def advance(self, t: int) -> None:
             self.length += t
 
@@ -134,7 +119,7 @@ class StaticKV:
         if window < 1:
             raise ValueError(f"a static cache needs a window of at least one token, got {window}")
         self.window = window
-        self.layers = [StaticKV.Layer(self) for _ in range(n_layers)]
+        self.layers = [StaticKV.Layer() for _ in range(n_layers)]
         self.generation = 0
         """How many times buffers were allocated (a change makes captured passes stale)."""
         self._keys: torch.Tensor | None = None  # [1, window]: 0 .. window - 1, made once
@@ -145,6 +130,16 @@ class StaticKV:
         self.generation += 1
         shape = (*like.shape[:2], self.window, like.shape[3])
         return like.new_zeros(shape), like.new_zeros(shape)
+
+    def allocate_layers(self, like: torch.Tensor) -> None:
+        """Give every layer its buffers (:meth:`allocate`, ``like`` ``[1, kv_heads, *, d]``) where it has
+        none yet. A pass then writes keys and values at its positions (``index_copy_`` along dim 2,
+        :func:`engine.model.layer_parts.static_layer`); the length is the runner's to advance
+        (:meth:`advance`), not read from the positions: the pass may be a replay whose positions the
+        host never sees."""
+        for layer in self.layers:
+            if layer.k is None or layer.v is None:
+                layer.k, layer.v = self.allocate(like)
 
     def allocated(self) -> bool:
         return all(layer.k is not None for layer in self.layers)

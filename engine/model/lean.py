@@ -234,9 +234,7 @@ class LeanForward:
         """
         x = F.embedding(input_ids, self.embed)
         if not cache.allocated():
-            like = x.new_empty(1, self.n_kv, 0, self.head_dim)
-            for kv in cache.layers:
-                kv.k, kv.v = cache.allocate(like)
+            cache.allocate_layers(x.new_empty(1, self.n_kv, 0, self.head_dim))
         rope = self._rope_table(cache.window, x)[positions]  # [T, 2, d]: one gather for cos and sin
         cos, sin = rope[:, 0].unsqueeze(0).unsqueeze(1), rope[:, 1].unsqueeze(0).unsqueeze(1)
         group = self.n_heads // self.n_kv

@@ -76,7 +76,7 @@ def test_a_replay_reads_the_static_buffers_it_was_captured_with() -> None:
         return (ids.float() * 100 + positions.float()).unsqueeze(-1)[:, -keep:]
 
     cache = StaticKV(1, 16)
-    cache.layers[0].write(torch.zeros(1, 1, 1, 2), torch.zeros(1, 1, 1, 2), torch.tensor([0]))
+    cache.allocate_layers(torch.zeros(1, 1, 0, 2))
     capture = PassCapture(RecordingBackend())
     first = capture.run(static_pass, cache, torch.tensor([[7, 8, 9]]), 4, 3)
     second = capture.run(static_pass, cache, torch.tensor([[1, 2, 3]]), 9, 3)
