@@ -16,7 +16,6 @@ import os
 import pstats
 import statistics
 import sys
-import time
 from pathlib import Path
 
 import torch
@@ -56,26 +55,12 @@ def main() -> None:
         engine.set_speculation(chain > 0)  # 0: plain decoding (bursts) on the same engine
         engine.decoder.chain = max(chain, 1)
         before = sum(r.capture.captures for r in runners)
-        ks: list[int] = []
-        from engine.events import GenerationParams
-
-        params = GenerationParams(max_new_tokens=128, stop_token_ids=(-1,))
-        n, began, first, stats = 0, 0.0, 0, None
-        ids: list[int] = []
-        gpu_speed._sync(device)
-        called = time.perf_counter()
-        for event in engine.generate_ids(prompt, params):
-            if n == 0:
-                gpu_speed._sync(device)
-                began, first = time.perf_counter(), len(event.token_ids)
-            n += len(event.token_ids)
-            ids += event.token_ids
-            ks.append(event.stats.k)
-            stats = event.stats
-        gpu_speed._sync(device)
-        end = time.perf_counter()
-        rate = (n - 1) / max(end - called - prompt_s, 1e-9)  # the prompt's pass left out (gpu_speed.decode_rate)
-        return {"chain": chain, "tok_s": round(rate, 1), "after_first": round((n - first) / (end - began), 1),
+        events: list[object] = []
+        timed = gpu_speed.specchat_reply(engine, prompt, device, 128, events=events)
+        ks = [e.stats.k for e in events]  # type: ignore[attr-defined]
+        stats = events[-1].stats  # type: ignore[attr-defined]
+        rate, ids = gpu_speed.decode_rate(timed, prompt_s), timed.ids
+        return {"chain": chain, "tok_s": round(rate, 1), "after_first": round(timed.after_first, 1),
                 "captured": sum(r.capture.captures for r in runners) - before,
                 "ks": sorted(set(ks)), "rounds": stats.rounds, "tau": round(stats.tau, 2), "mode": stats.mode,
                 "events": len(ks), "ids": ids}

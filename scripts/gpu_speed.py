@@ -65,14 +65,15 @@ class Timed(NamedTuple):
 
 
 def specchat_reply(engine: Any, prompt: list[int], device: torch.device, max_new: int,
-                   sampling: Any = None) -> Timed:
+                   sampling: Any = None, events: list[Any] | None = None) -> Timed:
     """One reply's ids, its whole time and its rate after the first event.
 
     The rate after the first event flatters a reply that comes in few events: a chain of rounds
     queues the next chain before the host reads the first (engine/decode/chain.py), so when the
     first event arrives the card is already part-way through the tokens counted after it. A
     model-drafted chain of 8 rounds can bring half a 128-token reply in its first event. The
-    rows' ``tok_s`` is therefore :func:`decode_rate`: the whole time less the prompt's pass."""
+    rows' ``tok_s`` is therefore :func:`decode_rate`: the whole time less the prompt's pass.
+    ``events``: each of the reply's events is appended to it."""
     from engine.events import GenerationParams, SamplingParams
 
     ids: list[int] = []
@@ -88,6 +89,8 @@ def specchat_reply(engine: Any, prompt: list[int], device: torch.device, max_new
             _sync(device)
             began, first = time.perf_counter(), len(event.token_ids)
         ids += event.token_ids
+        if events is not None:
+            events.append(event)
     _sync(device)
     end = time.perf_counter()
     return Timed(ids, end - called, (len(ids) - first) / max(end - began, 1e-9))
