@@ -347,12 +347,12 @@ class ModelRunner:
 
     @torch.inference_mode()
     def compile_now(self) -> float:
-        """Compile this runner's static passes now rather than at a reply's first tokens: a one-token
-        pass and a two-token one over an empty cache (every width from two up shares the second's
-        compile, ``dynamic``), then the cache cropped back to empty. Returns the seconds spent (0
-        where passes are not compiled, or the cache holds tokens already). A compile that fails
-        leaves uncompiled passes, said with the next reply's notices; so does running out of memory
-        while compiling (the model stays loaded and decodes uncompiled)."""
+        """Compile this runner's static passes now rather than at a reply's first tokens: a two-token
+        pass and a one-token one over an empty cache (every width from two up shares the first's
+        compile: only the width and the span vary), then the cache cropped back to empty. Returns
+        the seconds spent (0 where passes are not compiled, or the cache holds tokens already). A
+        compile that fails leaves uncompiled passes, said with the next reply's notices; so does
+        running out of memory while compiling (the model stays loaded and decodes uncompiled)."""
         if not self.passes_compiled or len(self):
             return 0.0
         began = time.perf_counter()
@@ -360,10 +360,9 @@ class ModelRunner:
             self.forward([0, 0])  # the first pass allocates the cache, so it runs eagerly
             self.forward([0])  # where capture is on, captured
         except torch.OutOfMemoryError as exc:
-            assert self._lean is not None
-            self._lean.layer_fn = static_layer
-            self.capture.note(f"compiled passes off, uncompiled from now on (out of memory while compiling: "
-                              f"{oom_summary(exc)})")
+            assert self._lean is not None and isinstance(self._lean.layer_fn, CompiledPass)
+            self._lean.layer_fn.disable(f"out of memory while compiling: {oom_summary(exc)}")
+            self._note_compile_failure()
             self.device.release_memory()
         finally:
             self.truncate(0)

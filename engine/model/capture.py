@@ -172,14 +172,18 @@ class CompiledPass:
             except torch.OutOfMemoryError:
                 raise
             except Exception as exc:  # noqa: BLE001 - any compile failure means uncompiled passes, said once
-                self._compiled = None
                 root: BaseException = exc  # dynamo wraps the compiler's own error: say that one
                 while (inner := getattr(root, "inner_exception", None) or root.__cause__) is not None:
                     root = inner
                 first = str(root).strip().splitlines()[0] if str(root).strip() else "no message"
-                self.failure = f"compiled passes off, uncompiled from now on ({type(root).__name__}: {first[:200]})"
-                log.warning("%s", self.failure)
+                self.disable(f"{type(root).__name__}: {first[:200]}")
         return self.fn(*args)
+
+    def disable(self, why: str) -> None:
+        """Uncompiled calls from now on, for ``why`` (logged; :attr:`failure` for the runner to tell)."""
+        self._compiled = None
+        self.failure = f"compiled passes off, uncompiled from now on ({why})"
+        log.warning("%s", self.failure)
 
 
 def _copy_out(out: torch.Tensor) -> torch.Tensor:
