@@ -45,17 +45,22 @@ def profiled(run: Callable[[], int], device: torch.device) -> dict[str, Any]:
         tokens = run()
         _sync(device)
     kernels, kernel_us, launches = 0, 0.0, 0
+    by_name: list[tuple[float, int, str]] = []
     for event in prof.key_averages():
         if event.key in LAUNCHES:
             launches += event.count
         if str(getattr(event, "device_type", "")).endswith("CUDA"):
+            us = float(getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0.0))
             kernels += event.count
-            kernel_us += float(getattr(event, "self_device_time_total", None) or getattr(event, "self_cuda_time_total", 0.0))
+            kernel_us += us
+            by_name.append((us, event.count, event.key))
     tokens = max(tokens, 1)
     cuda = device.type == "cuda"
     return {"kernels_per_token": round(kernels / tokens, 1) if cuda else None,
             "kernel_ms_per_token": round(kernel_us / 1000 / tokens, 3) if cuda else None,
-            "launches_per_token": round(launches / tokens, 1) if cuda else None}
+            "launches_per_token": round(launches / tokens, 1) if cuda else None,
+            "kernels_by_name": [{"kernel": name[:90], "per_token": round(count / tokens, 2),
+                                 "us_per_token": round(us / tokens, 2)} for us, count, name in sorted(by_name, reverse=True)[:24]]}
 
 
 class Timed(NamedTuple):
@@ -186,6 +191,8 @@ class Group(NamedTuple):
     model_profile: str | None  # a model-drafted profile of the same target, or None
     transformers: bool  # whether transformers' rows run on its bf16 model
     compile: bool = False  # static passes through torch.compile (SPECCHAT_COMPILE=1)
+    fused: bool = True  # a card's fused rope, cache write and attention (SPECCHAT_CARD_ATTENTION=1)
+    brief: bool = False  # the plain row and its drafter's only (the A/B of a switch)
 
 
 GROUPS: dict[str, Group] = {
@@ -196,6 +203,11 @@ GROUPS: dict[str, Group] = {
     "pocket-bf16": Group("pocket bf16", "pocket-bf16", True, "pocket-selfdraft", True),
     "pocket-compiled": Group("pocket int4 compiled", "pocket-int4", True, None, False, compile=True),
     "pocket-bf16-compiled": Group("pocket bf16 compiled", "pocket-bf16", True, "pocket-selfdraft", False, compile=True),
+    # the same with SDPA's attention in place of the fused kernel (engine/model/card_attention.py)
+    "pair-compiled-sdpa": Group("pair bf16 compiled, SDPA", "pair-ngram", True, None, False, True, False, True),
+    "pocket-compiled-sdpa": Group("pocket int4 compiled, SDPA", "pocket-int4", True, None, False, True, False, True),
+    "pocket-bf16-compiled-sdpa": Group("pocket bf16 compiled, SDPA", "pocket-bf16", True, None, False, True, False,
+                                       True),
 }
 """What ``--speed-groups`` can name: each group's rows share one target and one plain reply."""
 
@@ -227,8 +239,9 @@ def speed_phase(models: Path, device: torch.device, groups: list[str], out: Path
     text = "Write a Python function that merges two sorted lists, then explain how it works."
     rows: list[dict[str, Any]] = []
     for key in groups:
-        name, plain_profile, ngram, model_profile, with_hf, compiled = GROUPS[key]
+        name, plain_profile, ngram, model_profile, with_hf, compiled, fused, brief = GROUPS[key]
         os.environ["SPECCHAT_COMPILE"] = "1" if compiled else "0"  # read by each runner as the engine loads
+        os.environ["SPECCHAT_CARD_ATTENTION"] = "1" if fused else "0"
         loading = time.perf_counter()
         engine = load_engine(profiles.get(plain_profile))
         load_s = round(time.perf_counter() - loading, 1)  # a card compiles the layers here
@@ -236,9 +249,11 @@ def speed_phase(models: Path, device: torch.device, groups: list[str], out: Path
         engine.set_speculation(False)
         plain = specchat_row(f"{name}: specchat plain", engine, prompt, device, None, max_new)
         plain["load_s"] = load_s
-        print(f"{name}: loaded in {load_s} s (compiling included)", flush=True)
-        rows.append(specchat_row(f"{name}: specchat plain, sampled (T 0.8, seed 1)", engine, prompt, device, None,
-                                 max_new, SamplingParams(temperature=0.8, seed=1)))  # bursts too (read_once)
+        plain["fused"] = engine.decoder.target.why_unfused or "fused"
+        print(f"{name}: loaded in {load_s} s (compiling included); attention: {plain['fused']}", flush=True)
+        if not brief:
+            rows.append(specchat_row(f"{name}: specchat plain, sampled (T 0.8, seed 1)", engine, prompt, device, None,
+                                     max_new, SamplingParams(temperature=0.8, seed=1)))  # bursts too (read_once)
         engine.set_speculation(True)
         rows += [plain, specchat_row(f"{name}: specchat {'n-gram' if ngram else 'spec-adaptive'}", engine, prompt,
                                      device, plain["ids"], max_new)]
@@ -251,7 +266,7 @@ def speed_phase(models: Path, device: torch.device, groups: list[str], out: Path
                 except Exception as exc:  # noqa: BLE001 - a baseline that breaks is a finding, not the end
                     rows.append(shown({"row": f"{name}: transformers {'static' if static else 'eager'}",
                                        "error": repr(exc)[:300]}))
-        if engine.decoder.target.capture.active:  # last: turning capture off is for good
+        if engine.decoder.target.capture.active and not brief:  # last: turning capture off is for good
             engine.decoder.target.capture.disable("off for the eager row")
             engine.set_speculation(False)
             rows.append(specchat_row(f"{name}: specchat plain, capture off", engine, prompt, device, plain["ids"], max_new))
@@ -279,6 +294,10 @@ def print_table(rows: list[dict[str, Any]]) -> None:
     print("|" + " --- |" * len(HEAD))
     for r in rows:
         shown(r)
+    for r in rows:  # where a plain token's card time goes
+        if r.get("row", "").endswith("specchat plain") and r.get("kernels_by_name"):
+            print(f"{r['row']}, kernels a token: " + "; ".join(
+                f"{k['per_token']:g}× {k['kernel'][:48]} {k['us_per_token']:g} µs" for k in r["kernels_by_name"][:14]))
     plain_rates = [r["tok_s"] for r in rows if r.get("row", "").endswith("specchat plain")]
     if plain_rates:
         print(f"specchat plain, median over models: {statistics.median(plain_rates)} tok/s", flush=True)

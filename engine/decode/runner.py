@@ -30,6 +30,7 @@ from engine.errors import ContextLengthError
 from engine.model.capture import CompiledPass, PassCapture, attention_span, capture_shapes, compile_backend
 from engine.model.device import Device, ids_tensor, oom_summary
 from engine.model.kv import GrowingKV, StaticKV
+from engine.model.card_attention import FUSED_ROWS, card_layer, card_varying, why_not_fused
 from engine.model.layer_parts import static_layer, varying_sizes
 from engine.model.lean import LeanForward, lean_forward
 from engine.model.memory import PREFILL_CHUNK, max_positions
@@ -109,8 +110,18 @@ class ModelRunner:
         """The captured passes over the static cache (none over a growing one)."""
         compiler = (compile_backend(card=device.is_cuda and self._lean.compilable)  # type: ignore[union-attr]
                     if self._lean is not None and self.static else None)
-        if compiler is not None:  # every static pass's layers compiled (SPECCHAT_COMPILE), captured or eager
-            self._lean.layer_fn = CompiledPass(static_layer, compiler, varying_sizes)  # type: ignore[union-attr]
+        fwd = self._lean
+        self.why_unfused: str | None = "no static cache"
+        """Why a few-token pass does not take the card's fused attention (None: it does;
+        :mod:`engine.model.card_attention`)."""
+        if fwd is not None and self.static:
+            self.why_unfused = why_not_fused(fwd.dims, device.torch_device, fwd.embed.dtype)
+            if self.why_unfused is None:  # steps and verify passes fused; a prompt's chunks through SDPA, uncompiled
+                fwd.step_fn = (CompiledPass(card_layer, compiler, card_varying) if compiler is not None
+                               else card_layer)
+                self.capture.spanless_rows = FUSED_ROWS
+            elif compiler is not None:  # every static pass's layers compiled (SPECCHAT_COMPILE), captured or eager
+                fwd.layer_fn = CompiledPass(static_layer, compiler, varying_sizes)
         self.cache = self._new_cache()
         # Width of the logits (may exceed the tokenizer's vocabulary: padding rows).
         self.vocab_size = int(model.config.get_text_config().vocab_size)
@@ -321,10 +332,18 @@ class ModelRunner:
                                      f"{self.cache.window}-token window of this model's cache")
         return self._lean, self.cache, attention_span(end, self.cache.window)
 
+    @property
+    def _compiled(self) -> CompiledPass | None:
+        """The layer function this runner compiles (the fused one where a few-token pass takes it)."""
+        if self._lean is None:
+            return None
+        fn = self._lean.step_fn if self._lean.step_fn is not None else self._lean.layer_fn
+        return fn if isinstance(fn, CompiledPass) else None
+
     def _note_compile_failure(self) -> None:
         """A compile that failed in the last pass is told once, with the capture's news."""
-        compiled = self._lean.layer_fn if self._lean is not None else None
-        if isinstance(compiled, CompiledPass) and compiled.failure:
+        compiled = self._compiled
+        if compiled is not None and compiled.failure:
             self.capture.note(compiled.failure)
             compiled.failure = None
 
@@ -342,8 +361,7 @@ class ModelRunner:
     @property
     def passes_compiled(self) -> bool:
         """Whether this runner's static passes run compiled (``SPECCHAT_COMPILE``, no failure yet)."""
-        fn = self._lean.layer_fn if self._lean is not None else None
-        return isinstance(fn, CompiledPass) and fn.compiled
+        return self._compiled is not None and self._compiled.compiled
 
     @torch.inference_mode()
     def compile_now(self) -> float:
@@ -360,8 +378,8 @@ class ModelRunner:
             self.forward([0, 0])  # the first pass allocates the cache, so it runs eagerly
             self.forward([0])  # where capture is on, captured
         except torch.OutOfMemoryError as exc:
-            assert self._lean is not None and isinstance(self._lean.layer_fn, CompiledPass)
-            self._lean.layer_fn.disable(f"out of memory while compiling: {oom_summary(exc)}")
+            assert self._compiled is not None
+            self._compiled.disable(f"out of memory while compiling: {oom_summary(exc)}")
             self._note_compile_failure()
             self.device.release_memory()
         finally:

@@ -280,6 +280,10 @@ class PassCapture:
         self.capture_s = 0.0
         """Seconds spent capturing (warm-up runs included): the lazy capture's cost."""
         self.replays = 0
+        self.spanless_rows = 0
+        """Passes of at most this many tokens read no span (a card's fused attention reads the keys'
+        reach from the positions, :mod:`engine.model.card_attention`): one capture serves every
+        position, where others are captured per span."""
 
     @property
     def active(self) -> bool:
@@ -363,6 +367,8 @@ class PassCapture:
         if cache is not self._cache or cache.generation != self._generation:  # new buffers: old graphs are stale
             self.invalidate()
             self._cache, self._generation = cache, cache.generation
+        if shape[0] <= self.spanless_rows:
+            span = 0  # what the pass reads does not depend on it
         self._use_span(span)
         entry = self._captured.get((*shape, span, steps))
         if entry is None:
@@ -394,8 +400,9 @@ class PassCapture:
         self.captures += 1
         seconds = time.perf_counter() - began
         self.capture_s += seconds
-        log.info("captured the %d-token pass (%s, %d keys) with %s in %.2f s", t,
-                 f"then {steps} draft steps" if steps else f"{keep} rows of logits", span, self.backend.name, seconds)
+        log.info("captured the %d-token pass (%s, %s) with %s in %.2f s", t,
+                 f"then {steps} draft steps" if steps else f"{keep} rows of logits",
+                 f"{span} keys" if span else "keys up to its positions", self.backend.name, seconds)
         return _copy_out(out)
 
     def disable(self, reason: str) -> None:

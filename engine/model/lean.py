@@ -39,6 +39,7 @@ from torch import nn
 
 from engine.model import cpu_attention, cpu_layer
 from engine.model.capture import attention_span
+from engine.model.card_attention import FUSED_ROWS
 from engine.model.kv import GrowingKV, StaticKV
 from engine.model.layer_parts import (Dims, LayerParts, Proj, Projection, layer_parts, project, qkv_rope, rms_norm,
                                       finish_layer, single, static_layer)
@@ -168,6 +169,11 @@ class LeanForward:
         self.layer_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]] = static_layer
         """Each layer of :meth:`static_pass`: :func:`engine.model.layer_parts.static_layer`, or the same
         compiled once for every layer (:class:`engine.model.capture.CompiledPass`, set by the runner)."""
+        self.step_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
+        """Where the runner chose a card's fused attention: each layer of a :meth:`static_pass` of at
+        most :data:`~engine.model.card_attention.FUSED_ROWS` tokens
+        (:func:`engine.model.card_attention.card_layer`, compiled or not); longer passes keep
+        :attr:`layer_fn`."""
 
     @torch.inference_mode()
     def __call__(
@@ -235,17 +241,26 @@ class LeanForward:
         x = F.embedding(input_ids, self.embed)
         if not cache.allocated():
             cache.allocate_layers(x.new_empty(1, self.n_kv, 0, self.head_dim))
+        first = self.layers[0]
+        h = x if first.folded else rms_norm(x, first.norm1, first.eps1)
+        norms = [(layer.norm1, layer.eps1) for layer in self.layers[1:]] + [(self.final_norm, self.final_eps)]
+        if self.step_fn is not None and input_ids.shape[1] <= FUSED_ROWS:  # rope and mask from the positions, in the kernel
+            table = self._rope_table(cache.window, x)
+            for layer, kv, (norm, eps) in zip(self.layers, cache.layers, norms):
+                x, h = self.step_fn(x, h, layer, self.dims, kv.k, kv.v, positions, table, norm, eps)
+            return self._head(x, h, keep)
         rope = self._rope_table(cache.window, x)[positions]  # [T, 2, d]: one gather for cos and sin
         cos, sin = rope[:, 0].unsqueeze(0).unsqueeze(1), rope[:, 1].unsqueeze(0).unsqueeze(1)
         group = self.n_heads // self.n_kv
         rows = positions.repeat(group) if group > 1 else positions  # row g·T + i is row i's
         zero, hidden = self._mask_values(x)
         mask = torch.where(cache.mask(rows, length), zero, hidden)  # what SDPA would make of the bool mask
-        first = self.layers[0]
-        h = x if first.folded else rms_norm(x, first.norm1, first.eps1)
-        norms = [(layer.norm1, layer.eps1) for layer in self.layers[1:]] + [(self.final_norm, self.final_eps)]
         for layer, kv, (norm, eps) in zip(self.layers, cache.layers, norms):
             x, h = self.layer_fn(x, h, layer, self.dims, kv.k, kv.v, positions, cos, sin, mask, norm, eps)
+        return self._head(x, h, keep)
+
+    def _head(self, x: torch.Tensor, h: torch.Tensor, keep: int) -> torch.Tensor:
+        """Logits ``[1, keep, V]`` of the last ``keep`` rows of the stream ``x`` (``h``: it normalised)."""
         if self.head_folds:
             return self.head(x[:, -keep:])  # type: ignore[operator]
         return project(self.head, h[:, -keep:])
