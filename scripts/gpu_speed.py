@@ -124,7 +124,9 @@ def specchat_row(label: str, engine: Any, prompt: list[int], device: torch.devic
     warmup_s = time.perf_counter() - began
     prompt_s = prompt_pass_s(engine, prompt, device)
     before = captures()
-    timed = specchat_reply(engine, prompt, device, max_new, sampling)
+    events: list[Any] = []
+    timed = specchat_reply(engine, prompt, device, max_new, sampling, events)
+    stats = events[-1].stats if events else None
     ids, rate = timed.ids, decode_rate(timed, prompt_s)
     captured_while_timed = captures() - before  # a capture costs 10-100 ms, a whole reply here: not a speed
     prof = profiled(lambda: len(specchat_reply(engine, prompt, device, max_new, sampling).ids), device)
@@ -137,12 +139,15 @@ def specchat_row(label: str, engine: Any, prompt: list[int], device: torch.devic
     return shown({"row": label, "tok_s": round(rate, 1), "tok_s_after_first": round(timed.after_first, 1),
                   "prompt_ms": round(prompt_s * 1000, 2), "tokens": len(ids), **prof, "warmup_s": round(warmup_s, 1),
                   "captured_while_timed": captured_while_timed, "ids": ids,
+                  "tau": None if stats is None or stats.tau is None else round(stats.tau, 2),
+                  "alpha": None if stats is None or stats.alpha is None else round(stats.alpha, 3),
+                  "rounds": None if stats is None else stats.rounds, "k": None if stats is None else stats.k,
                   "same_as_plain": None if plain is None else (ids == plain), "first_difference": first,
                   "captured": captured})
 
 
 HEAD = ("row", "tok_s", "tok_s_after_first", "tokens", "kernel_ms_per_token", "kernels_per_token", "launches_per_token", "same_as_plain",
-        "warmup_s", "captured_while_timed")
+        "warmup_s", "captured_while_timed", "tau", "rounds")
 WARMUPS_MAX = 5
 """Warm-up replies at most before the timed one: at least two, then until one captures nothing new
 (the adaptive schedule tries new K, hence new pass widths, for a while)."""
