@@ -116,10 +116,12 @@ def specchat_row(label: str, engine: Any, prompt: list[int], device: torch.devic
     runners = [engine.decoder.target, *([engine.decoder.drafter.runner] if hasattr(engine.decoder.drafter, "runner") else [])]
     captures = lambda: sum(r.capture.captures for r in runners)  # noqa: E731
     began = time.perf_counter()
-    for warm in range(WARMUPS_MAX):  # kernels loaded, passes captured (and compiled): until a reply captures nothing
+    quiet = 0
+    for warm in range(WARMUPS_MAX):  # kernels loaded, passes captured (and compiled): until two replies capture nothing
         before = captures()
         specchat_reply(engine, prompt, device, max_new, sampling)
-        if warm >= 1 and captures() == before:
+        quiet = quiet + 1 if captures() == before else 0
+        if warm >= 1 and quiet >= 2:
             break
     warmup_s = time.perf_counter() - began
     prompt_s = prompt_pass_s(engine, prompt, device)
@@ -148,8 +150,8 @@ def specchat_row(label: str, engine: Any, prompt: list[int], device: torch.devic
 
 HEAD = ("row", "tok_s", "tok_s_after_first", "tokens", "kernel_ms_per_token", "kernels_per_token", "launches_per_token", "same_as_plain",
         "warmup_s", "captured_while_timed", "tau", "rounds")
-WARMUPS_MAX = 5
-"""Warm-up replies at most before the timed one: at least two, then until one captures nothing new
+WARMUPS_MAX = 7
+"""Warm-up replies at most before the timed one: at least two, then until two in a row capture nothing new
 (the adaptive schedule tries new K, hence new pass widths, for a while)."""
 
 

@@ -80,7 +80,7 @@ def rope_write_attend(qkv: torch.Tensor, table: torch.Tensor, positions: torch.T
     Returns:
         ``[1, T, heads·d]`` attention's output, row ``i`` over keys ``0 .. positions[i]``.
     """
-    kernel = _kernel or _load()
+    kernel = _kernel if _kernel is not None else _load()  # not `or`: a traced bool() of it is a graph break
     t = qkv.shape[1]
     qkv = qkv.reshape(t, qkv.shape[-1])
     out = qkv.new_empty(t, d.n_heads * d.head_dim)

@@ -79,7 +79,7 @@ def rope_write_attend(qkv, qkv_row, rope, rope_row, rope_half, positions, keys, 
                 s = tl.dot(q, tl.trans(k), input_precision="ieee")
             else:
                 s = tl.dot(q, tl.trans(k))
-            s = tl.where(c[None, :] <= at[:, None], s * scale, float("-inf"))
+            s = tl.where(c[None, :] <= at[:, None], s * scale, float("-inf")).to(tl.float32)  # a float arg may come as fp64
             m_new = tl.maximum(m, tl.max(s, 1))
             fade = tl.exp(m - m_new)
             p = tl.exp(s - m_new[:, None])
