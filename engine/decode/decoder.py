@@ -231,9 +231,10 @@ class SpecDecoder(DeviceRounds):
         verdict: Verdict | None = None
         free = self.drafter is not None and self.drafter.free_proposals and params.k is None
         looked_up = EMPTY_DRAFT if free or k == 0 else self._lookup_first(seq, params, generator, remaining)
-        rounds = 0 if looked_up.tokens or k == 0 else self._chain_length(seq, params, k, remaining)
+        chain_k = self.schedule.chain_k(self.drafter, k, params)
+        rounds = 0 if looked_up.tokens or k == 0 else self._chain_length(seq, params, chain_k, remaining)
         if rounds > 1:  # greedy rounds decided on the card, a model's draft or a lookup's (engine/decode/chain.py)
-            return self._chain_round(seq, params, generator, stats, produced, notice, (k, rounds))
+            return self._chain_round(seq, params, generator, stats, produced, notice, (chain_k, rounds))
         if looked_up.tokens:  # a copy that pays more than the draft model this round: trim it like a free draft
             k = self.schedule.free_k(params, len(looked_up.tokens), looked_up.key)
             draft = looked_up.first(k)

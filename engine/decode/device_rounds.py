@@ -142,6 +142,7 @@ class DeviceRounds:
                 assert start is not None
                 first = queue_chain(self.target, drafting, self.device, *start, seq)
             k_next = self.schedule.policy_k(self.drafter, self.speculation_enabled, params) if more else 0
+            k_next = self.schedule.chain_k(self.drafter, k_next, params)
             rounds = min(self.chain, (room - first.most) // (k_next + 1)) if k_next > 0 else 0
             if rounds > 1:
                 self._queued = queue_chain(self.target, drafting, self.device, k_next, rounds, seq, after=first)
@@ -152,6 +153,8 @@ class DeviceRounds:
             self._queued = None
             return self._burst_round(seq, params, generator, stats, produced, dropped or notice)
         k, chain = result
+        if drafting.origin != "model":  # a lookup's next chains take the K this one showed it uses
+            self.schedule.chain_read(params, max(r.accepted for r in chain))
         # The host's own time, by the host's clock: a device mark here would wait for the chain
         # queued behind this one, and leave the card idle while the host counts and yields.
         began = time.perf_counter()

@@ -17,6 +17,10 @@ from engine.decode.cost_model import REFRESH_EVERY, CostModel
 from engine.decode.auto_switch import AutoSwitch
 
 
+LOOKUP_K_START = 4
+"""K of a lookup's first chain, before any was read (:meth:`Schedule.chain_k`)."""
+
+
 class Schedule:
     """The round-by-round policy of one decoder (see :class:`~engine.decode.decoder.SpecDecoder`'s
     arguments for ``calibrate_every``, ``auto_off_window`` and ``reprobe_after``)."""
@@ -25,6 +29,8 @@ class Schedule:
         self.costs = costs
         self.calibrate_every = calibrate_every
         self.switch = AutoSwitch(auto_off_window, reprobe_after)
+        self.lookup_k = LOOKUP_K_START
+        """K of a lookup's next chain of rounds (:meth:`chain_k`)."""
 
     def policy_k(self, drafter: Drafter | None, enabled: bool, params: GenerationParams) -> int:
         """K for a drafting round: fixed, or chosen from the measured costs.
@@ -40,6 +46,25 @@ class Schedule:
         if drafter.free_proposals:
             return params.k_max
         return self.costs.choose_k(params.k_min, params.k_max, explore=self.explore(), refresh=self.refresh())
+
+    def chain_k(self, drafter: Drafter | None, k: int, params: GenerationParams) -> int:
+        """K for a chain of rounds whose drafter is ``drafter``, ``k`` the policy's (:meth:`policy_k`).
+
+        A lookup's proposals are free, but in a chain on the device each of its rounds verifies
+        K + 1 tokens whatever the lookup found to fill them with: at ``k_max`` (16) a chain over
+        text that repeats nothing paid a 17-token pass a token (pocket on an H200: 616 tok/s
+        against plain decoding's 1,000, docs/gpu.md). So with adaptive K a lookup's chain takes
+        :attr:`lookup_k`, what its last chain showed it can use (:meth:`chain_read`)."""
+        if k == 0 or params.k is not None or drafter is None or not drafter.free_proposals:
+            return k
+        return max(1, params.k_min, min(k, self.lookup_k))
+
+    def chain_read(self, params: GenerationParams, most_accepted: int) -> None:
+        """A lookup's chain was read, its best round accepting ``most_accepted`` drafts:
+        the next chain's K is twice that (room to grow where every draft was taken), 1 where
+        nothing was (a 2-token pass: about a plain step's cost), within ``[k_min, k_max]``."""
+        if params.k is None:
+            self.lookup_k = max(1, params.k_min, min(params.k_max, 2 * most_accepted))
 
     def free_k(self, params: GenerationParams, proposed: int, key: object) -> int:
         """K for a free draft of ``proposed`` tokens: the match and the fitted verification

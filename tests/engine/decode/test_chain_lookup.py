@@ -157,3 +157,42 @@ def test_a_round_that_verified_k_plus_one_tokens_is_no_plain_step_however_little
     assert chained.rounds_since_plain > 0 and single.rounds_since_plain == 0
     assert chained.pass_cost(5) is not None and chained.passes.plain_step_s is None
     assert single.passes.plain_step_s is not None
+
+
+def test_a_lookup_chain_takes_the_k_its_last_chain_could_use() -> None:
+    """Each chained lookup round verifies K + 1 tokens whatever it found: K follows what the last
+    chain accepted (twice its best round; 1 after a chain that took nothing), not k_max."""
+    from engine.decode.cost_model import CostModel
+    from engine.decode.drafters import ModelDrafter
+    from engine.decode.schedule import LOOKUP_K_START, Schedule
+    from engine.events import GenerationParams
+
+    schedule = Schedule(CostModel(), calibrate_every=0, auto_off_window=0, reprobe_after=64)
+    adaptive, fixed = GenerationParams(k_max=16), GenerationParams(k=6)
+    lookup = NgramDrafter()
+    assert schedule.chain_k(lookup, 16, adaptive) == LOOKUP_K_START < 16
+    schedule.chain_read(adaptive, 0)  # nothing taken: a 2-token pass a round
+    assert schedule.chain_k(lookup, 16, adaptive) == 1
+    schedule.chain_read(adaptive, 1)
+    assert schedule.chain_k(lookup, 16, adaptive) == 2
+    schedule.chain_read(adaptive, 11)
+    assert schedule.chain_k(lookup, 16, adaptive) == 16  # within k_max
+    assert schedule.chain_k(lookup, 3, adaptive) == 3  # never past the policy's K (the room left)
+    assert schedule.chain_k(lookup, 0, adaptive) == 0  # not drafting
+    schedule.chain_read(fixed, 0)
+    assert schedule.chain_k(lookup, 6, fixed) == 6  # a K the request fixed stands
+    assert schedule.chain_k(ModelDrafter.__new__(ModelDrafter), 5, adaptive) == 5  # a model's K is the cost model's
+
+
+def test_a_chained_lookup_reply_starts_below_k_max_and_stays_the_plain_reply(target) -> None:
+    from engine.decode.schedule import LOOKUP_K_START
+
+    expected = plain(target, REPEATS, max_new_tokens=64)
+    device = Device(torch.device("cpu"), static_cache=True, graphs=RecordingBackend())
+    decoder = SpecDecoder(target, device, NgramDrafter(), calibrate_every=0, auto_off_window=0)
+    decoder.chain = 3
+    got, events = reply(decoder, REPEATS, max_new_tokens=64)
+    assert got == expected
+    chained = [e for e in events if len(rounds_per_event([e])) and max(rounds_per_event([e])) > 1]
+    assert chained and chained[0].stats.k == LOOKUP_K_START
+    assert all(e.stats.k <= 16 for e in events)
