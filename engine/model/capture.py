@@ -20,7 +20,9 @@ the :class:`~engine.decode.runner.ModelRunner` whose cache the passes write:
   the rest of the pass (docs/gpu.md); a span reads fewer than 256 keys past the cached ones up
   to 1,024, and less than a third of its keys beyond. Captures of the :data:`SPANS_HELD` spans
   used last are kept, older ones dropped (a new chat starts over at the smallest span; a
-  capture costs 0.01-0.1 s).
+  capture costs 0.01-0.1 s). A card's fused attention (:mod:`engine.model.card_attention`) reads
+  the keys' reach from the positions: its passes (:attr:`PassCapture.spanless_rows`) are
+  captured once for every span.
 * **when**: lazily, at a shape's first use (a pass that was never needed costs nothing),
   after the cache exists (the first prefill allocates it eagerly).
 * **with what**: per shape, static input buffers, ids ``[1, T]`` and positions ``[T]``, which

@@ -236,7 +236,9 @@ class LeanForward:
 
         Attention reads the first ``length`` keys under the mask of :meth:`StaticKV.mask`; each
         layer is one call of :attr:`layer_fn`, which also applies the next layer's first norm (the
-        last layer's: the final norm), so the head takes the stream normalised already.
+        last layer's: the final norm), so the head takes the stream normalised already. A pass of
+        at most :data:`~engine.model.card_attention.FUSED_ROWS` tokens where the runner chose a
+        card's fused attention calls :attr:`step_fn` instead: no mask, and ``length`` does not apply.
         """
         x = F.embedding(input_ids, self.embed)
         if not cache.allocated():
