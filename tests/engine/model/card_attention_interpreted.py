@@ -143,3 +143,50 @@ def test_one_capture_serves_every_span_since_the_kernel_reads_no_span() -> None:
     assert got == plain  # positions 250 .. 273 cross from span 256 to 512
     capture = decoder.target.capture
     assert capture.captured_shapes() == {(1, 1)} and capture.captures == 1 and capture.replays >= 22
+
+
+def reference(qkv: torch.Tensor, table: torch.Tensor, positions: torch.Tensor, keys: torch.Tensor,
+              values: torch.Tensor, heads: int, kv: int, d: int) -> torch.Tensor:
+    """Rope, the cache write and SDPA under a causal-by-position mask, op by op."""
+    t = qkv.shape[1]
+    cos, sin = table[positions, 0], table[positions, 1]  # [T, d]
+
+    def rope(x: torch.Tensor) -> torch.Tensor:  # [T, n, d]
+        return x * cos[:, None] + x.roll(d // 2, dims=-1) * sin[:, None]
+
+    q = rope(qkv[0, :, : heads * d].view(t, heads, d))
+    k = rope(qkv[0, :, heads * d : (heads + kv) * d].view(t, kv, d))
+    v = qkv[0, :, (heads + kv) * d :].view(t, kv, d)
+    keys[0, :, positions] = k.transpose(0, 1)
+    values[0, :, positions] = v.transpose(0, 1)
+    visible = torch.arange(keys.shape[2])[None, :] <= positions[:, None]  # [T, window]
+    out = torch.nn.functional.scaled_dot_product_attention(
+        q.transpose(0, 1)[None], keys, values, attn_mask=visible, scale=d**-0.5, enable_gqa=True)
+    return out[0].transpose(0, 1).reshape(1, t, heads * d)
+
+
+@pytest.mark.parametrize("heads,kv,d,t", [(4, 2, 16, 1), (8, 1, 32, 17), (6, 2, 64, 5), (14, 2, 64, 9),
+                                          (12, 2, 128, 3), (4, 4, 32, 20)],
+                         ids=["small", "rows-in-3-blocks", "pocket-like", "qwen-0.5b-like", "heads-of-128", "mha"])
+def test_the_kernel_against_rope_cache_write_and_sdpa_op_by_op(heads, kv, d, t) -> None:
+    from engine.model.card_attention import rope_write_attend
+    from engine.model.layer_parts import Dims
+
+    torch.manual_seed(heads * 100 + t)
+    window, start = 64, 37
+    dims = Dims(heads, kv, d, d**-0.5, (heads + kv) * d)
+    qkv = torch.randn(1, t, (heads + 2 * kv) * d)
+    angles = torch.arange(window)[:, None] * (10000.0 ** (-torch.arange(0, d, 2) / d))[None, :]
+    angles = torch.cat([angles, angles], dim=-1)
+    sin = torch.sin(angles)
+    sin[:, : d // 2] = -sin[:, : d // 2]
+    table = torch.stack([torch.cos(angles), sin], dim=1).contiguous()  # [window, 2, d]
+    positions = torch.arange(start, start + t)
+    cached = torch.randn(1, kv, window, d), torch.randn(1, kv, window, d)
+    mine = [c.clone() for c in cached]
+    theirs = [c.clone() for c in cached]
+    got = rope_write_attend(qkv, table, positions, *mine, dims)
+    want = reference(qkv, table, positions, *theirs, heads, kv, d)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(mine[0], theirs[0], rtol=1e-6, atol=1e-6)
+    assert torch.equal(mine[1], theirs[1])
