@@ -212,3 +212,27 @@ def test_the_native_attention_step_computes_what_the_torch_ops_compute(int4_kern
 
     caches = lockstep(native, ops, seed=6, check=close)
     assert torch.equal(caches[0].layers[0].keys, caches[1].layers[0].keys)  # the first layer's: rope alike
+
+
+@pytest.mark.parametrize("int4", [True, False])
+def test_a_prompt_is_read_the_same_way_whether_or_not_it_can_be_stopped(int4: bool, int4_kernel: str) -> None:
+    """The app reads a prompt with a cancel flag (Esc stops the reading between pieces of
+    PREFILL_PIECE tokens), the command line without one: both must leave the same cache and the
+    same logits, or their greedy replies part (pocket's did, at token 99 of a 512-token reply:
+    one read of the whole prompt took SDPA's causal kernel, the pieces specchat's attention step)."""
+    import threading
+
+    from engine.decode.runner import PREFILL_PIECE
+
+    model = _model("llama")
+    if int4:
+        quantize_model(model, group_size=32)
+    gen = torch.Generator().manual_seed(9)
+    prompt = torch.randint(0, 96, (3 * PREFILL_PIECE + 5,), generator=gen).tolist()
+    logits = []
+    for cancel in (None, threading.Event()):
+        runner = ModelRunner(model, Device(torch.device("cpu")))
+        runner.catch_up(prompt, cancel)
+        assert runner.ids == prompt[:-1]
+        logits.append(runner.forward(prompt[-1:]))
+    assert torch.equal(logits[0], logits[1])
