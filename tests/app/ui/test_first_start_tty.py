@@ -237,6 +237,10 @@ def test_first_start_three_prompts_stop_restart_resume(fresh_app: Specchat) -> N
 
     screen = tmux.wait_for("pocket ready", timeout=10)  # the "Loaded" notice, over the chat
     assert_box_shows(screen, ASK)  # and not over the box
+    gone = time.monotonic() + 15  # its 5 s: at 80x24 it covers the right half of the messages the test reads
+    while "pocket ready" in tmux.screen():
+        assert time.monotonic() < gone, f"the Loaded notice stayed; screen:\n{tmux.screen()}"
+        time.sleep(0.2)
 
     for prompt in PROMPTS[:2]:
         send(tmux, prompt)
