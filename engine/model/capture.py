@@ -113,7 +113,7 @@ def compile_backend(card: bool = False) -> str | None:
     value = os.environ.get(COMPILE_ENV, "").strip().lower()
     if value == "":
         return "inductor" if card else None
-    if value in ("0", "false", "off", "no"):
+    if switched_off(COMPILE_ENV):
         return None
     return "inductor" if value in ("1", "true", "on", "yes") else value
 
@@ -195,9 +195,14 @@ def _copy_out(out: torch.Tensor) -> torch.Tensor:
     return out.to(torch.float32, copy=True) if out.is_floating_point() else out.clone()
 
 
+def switched_off(name: str) -> bool:
+    """Whether the environment variable ``name`` says off: ``0``, ``false``, ``off`` or ``no``."""
+    return os.environ.get(name, "").strip().lower() in ("0", "false", "off", "no")
+
+
 def graphs_disabled() -> bool:
     """Whether ``SPECCHAT_CUDA_GRAPHS=0`` (or ``false``/``off``/``no``) is set."""
-    return os.environ.get(ENV, "").strip().lower() in ("0", "false", "off", "no")
+    return switched_off(ENV)
 
 
 class GraphBackend(Protocol):

@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from engine.model.capture import switched_off
 from engine.model.layer_parts import Dims, LayerParts, finish_layer, project, rms_norm
 
 ENV = "SPECCHAT_CARD_ATTENTION"
@@ -38,7 +39,7 @@ BLOCK_T = 16
 def why_not_fused(d: Dims, device: torch.device, dtype: torch.dtype) -> str | None:
     """Why a runner on ``device`` with attention of shape ``d`` cannot take :func:`card_layer`
     (None: it can). Off on the CPU (its growing cache and C attention step are faster there)."""
-    if os.environ.get(ENV, "").strip().lower() in ("0", "false", "off", "no"):
+    if switched_off(ENV):
         return f"{ENV}=0"
     if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":  # the interpreter: the CPU's tests
         return "not a card"
