@@ -12,11 +12,11 @@ import torch
 
 from engine.decode.decoder import SpecDecoder
 from engine.decode.drafters import ModelDrafter, NgramDrafter
-from engine.events import GenerationParams
 from engine.model.capture import RecordingBackend, attention_span
 from engine.model.device import Device
 from engine.model.kv import StaticKV
 from engine.model.lean import LeanForward, lean_forward
+from tests.engine.decode.test_plain_burst import reply
 from tests.tiny import noisy_copy, tiny_llama
 
 if os.environ.get("TRITON_INTERPRET") != "1":
@@ -88,17 +88,10 @@ def test_a_rows_attention_does_not_depend_on_how_many_rows_the_pass_has(target) 
     assert not torch.equal(wide[0], cached[0])  # the new keys were written
 
 
-def reply(decoder: SpecDecoder, prompt: list[int]) -> list[int]:
-    out: list[int] = []
-    for event in decoder.generate(prompt, GenerationParams(max_new_tokens=30, k=3)):
-        out += event.token_ids
-    return out
-
-
 @pytest.mark.parametrize("drafter", ["ngram", "model"])
 def test_a_runner_on_the_static_cache_takes_it_and_replies_as_without_it(target, drafter, monkeypatch) -> None:
     prompt = [3, 5, 7, 11, 13, 3, 5, 7]
-    plain = reply(SpecDecoder(target, Device(torch.device("cpu"))), prompt)
+    plain = reply(SpecDecoder(target, Device(torch.device("cpu"))), prompt, max_new_tokens=30, k=3)[0]
 
     def decoder() -> SpecDecoder:
         device = Device(torch.device("cpu"), static_cache=True, graphs=RecordingBackend())
@@ -108,12 +101,12 @@ def test_a_runner_on_the_static_cache_takes_it_and_replies_as_without_it(target,
 
     on = decoder()
     assert on.target.why_unfused is None and on.target.passes_compiled is False
-    assert reply(on, prompt) == plain
+    assert reply(on, prompt, max_new_tokens=30, k=3)[0] == plain
     assert on.target.capture.replays > 0  # the fused passes were captured and replayed
     monkeypatch.setenv("SPECCHAT_CARD_ATTENTION", "0")
     off = decoder()
     assert off.target.why_unfused == "SPECCHAT_CARD_ATTENTION=0"
-    assert reply(off, prompt) == plain
+    assert reply(off, prompt, max_new_tokens=30, k=3)[0] == plain
 
 
 def test_the_cpu_without_the_interpreter_keeps_sdpa(target, monkeypatch) -> None:
@@ -134,12 +127,11 @@ def test_one_capture_serves_every_span_since_the_kernel_reads_no_span() -> None:
     target = tiny_llama(seed=1, hidden_size=64)
     target.config.max_position_embeddings = 1024  # the window
     prompt = [(7 * i) % 90 + 3 for i in range(250)]
-    plain = [t for e in SpecDecoder(target, Device(torch.device("cpu"))).generate(
-        prompt, GenerationParams(max_new_tokens=24)) for t in e.token_ids]
+    plain = reply(SpecDecoder(target, Device(torch.device("cpu"))), prompt, max_new_tokens=24)[0]
     device = Device(torch.device("cpu"), static_cache=True, graphs=RecordingBackend())
     decoder = SpecDecoder(target, device, NgramDrafter())
     decoder.set_speculation(False)
-    got = [t for e in decoder.generate(prompt, GenerationParams(max_new_tokens=24)) for t in e.token_ids]
+    got = reply(decoder, prompt, max_new_tokens=24)[0]
     assert got == plain  # positions 250 .. 273 cross from span 256 to 512
     capture = decoder.target.capture
     assert capture.captured_shapes() == {(1, 1)} and capture.captures == 1 and capture.replays >= 22
