@@ -117,11 +117,11 @@ def specchat_row(label: str, engine: Any, prompt: list[int], device: torch.devic
     captures = lambda: sum(r.capture.captures for r in runners)  # noqa: E731
     began = time.perf_counter()
     quiet = 0
-    for warm in range(WARMUPS_MAX):  # kernels loaded, passes captured (and compiled): until two replies capture nothing
+    for _ in range(WARMUPS_MAX):  # kernels loaded, passes captured (and compiled): until two replies capture nothing
         before = captures()
         specchat_reply(engine, prompt, device, max_new, sampling)
         quiet = quiet + 1 if captures() == before else 0
-        if warm >= 1 and quiet >= 2:
+        if quiet >= 2:
             break
     warmup_s = time.perf_counter() - began
     prompt_s = prompt_pass_s(engine, prompt, device)
