@@ -230,6 +230,27 @@ def prompt_ids(engine: Any, text: str) -> list[int]:
     return list(engine.tokenizer(text)["input_ids"])
 
 
+GROUNDED_PROMPT = "rewrite-formal"
+"""The bench's grounded prompt whose reply copies most of it (app/bench/prompts.toml): the n-gram drafter's
+own ground. The first prompt gives a lookup little to copy (pocket's n-gram: τ about 1.0 on a card)."""
+
+
+def grounded_rows(name: str, engine: Any, device: torch.device, max_new: int) -> list[dict[str, Any]]:
+    """Plain, then the profile's lookup drafter, on :data:`GROUNDED_PROMPT` (``engine``'s speculation
+    is left on)."""
+    from app.bench.inputs import load_prompt_set
+    from engine.chat.text import render_prompt
+
+    spec = next(s for s in load_prompt_set() if s.name == GROUNDED_PROMPT)
+    prompt = render_prompt(engine.tokenizer, list(spec.messages))
+    engine.set_speculation(False)
+    plain = specchat_row(f"{name}: specchat plain, {GROUNDED_PROMPT}", engine, prompt, device, None, max_new)
+    engine.set_speculation(True)
+    lookup = specchat_row(f"{name}: specchat n-gram, {GROUNDED_PROMPT}", engine, prompt, device, plain["ids"], max_new)
+    lookup["speedup"] = round(lookup["tok_s"] / max(plain["tok_s"], 1e-9), 2)
+    return [plain, lookup]
+
+
 def speed_phase(models: Path, device: torch.device, groups: list[str], out: Path,
                 max_new: int = MAX_NEW) -> list[dict[str, Any]]:
     """Every row of ``groups`` (keys of :data:`GROUPS`), printed and written to
@@ -264,6 +285,8 @@ def speed_phase(models: Path, device: torch.device, groups: list[str], out: Path
         engine.set_speculation(True)
         rows += [plain, specchat_row(f"{name}: specchat {'n-gram' if ngram else 'spec-adaptive'}", engine, prompt,
                                      device, plain["ids"], max_new)]
+        if ngram and not brief:  # where a lookup has something to copy (issue 35's n-gram aim)
+            rows += grounded_rows(name, engine, device, max_new)
         if with_hf:  # transformers' rows on the bf16 weights only
             model = engine.decoder.target.model
             for static in (False, True) if device.type == "cuda" else (False,):

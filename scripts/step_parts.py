@@ -77,8 +77,8 @@ def main() -> None:
 
     def use(which: dict[str, Any]) -> None:
         lean.native_layers = one_call if which is plain else None
-        for layer, (qkv, o, gate_up, down) in zip(lean.layers, which["layers"]):
-            layer.qkv, layer.o, layer.gate_up, layer.down = qkv, o, gate_up, down
+        lean.layers = [layer._replace(qkv=qkv, o=o, gate_up=gate_up, down=down)
+                       for layer, (qkv, o, gate_up, down) in zip(lean.layers, which["layers"])]
         lean.head = which["head"]
         cpu_attention.attention_step = which["attention"]
 
