@@ -2,7 +2,7 @@
 
     .venv/bin/python scripts/step_parts.py --profile coder [--tokens 1] [--passes 48] [--threads 2]
 
-Loads the profile's target (no draft; ``--draft``: its draft model instead), reads a 200-token prompt of random ids, then runs passes
+Loads the profile's target (no draft; ``--draft``: its draft model instead), reads a prompt of random ids (``--context``, 200 tokens), then runs passes
 of M new tokens through the lean forward (its native path: every projection and the attention
 step on specchat's CPU kernels), cropping the cache back after each, with a wall-clock timer
 around each of the pass's parts: the joint q/k/v product (``qkv``), the attention step
@@ -52,6 +52,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--profile", default="coder")
     parser.add_argument("--tokens", type=int, nargs="+", default=[1])
+    parser.add_argument("--context", type=int, default=200, help="tokens cached before the passes (default: 200)")
     parser.add_argument("--passes", type=int, default=48)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--draft", action="store_true", help="time the profile's draft model instead of its target")
@@ -85,7 +86,7 @@ def main() -> None:
     cache = lean.new_cache(4096)
     gen = torch.Generator().manual_seed(0)
     with torch.inference_mode():
-        lean(torch.randint(100, 1000, (1, 200), generator=gen), cache, 0, 1, row_exact=False)
+        lean(torch.randint(100, 1000, (1, args.context), generator=gen), cache, 0, 1, row_exact=False)
 
         def one_pass(m: int) -> float:
             start = cache.get_seq_length()

@@ -15,6 +15,9 @@
  * Row exactness: out[t, h] is computed by one thread with the same instructions in the same order
  * whatever T and the thread count are, so a verify pass gives each row the numbers a one-token
  * step at that position gives (greedy speculation stays token-identical to plain decoding).
+ * A job takes several query heads of one KV group side by side (each key and value read once for
+ * them, and their dot products' chains interleaved); which heads share a job never changes a head's
+ * instructions, so it changes no bits either.
  */
 #include <immintrin.h>
 #include <stdint.h>
@@ -46,18 +49,35 @@ static inline void rope(float *x, const float *cos, const float *sin, int64_t d)
     }
 }
 
-/* Attention of one query row q [d] over keys/values k, v [n, d] into out [d]. p: n + 8 floats. */
-static void attend(const float *q, const float *k, const float *v, int64_t n, int64_t d, float scale,
-                   float *p, float *out) {
-    float mx = -INFINITY;
+#define HEADS_MAX 8 /* query heads one job attends with at most (one KV group's, or part of it) */
+
+/* The scores of NH query rows q (d apart) over keys k [n, d] into p (rows n + 8 apart), scaled, and their maxima:
+ * for each key, each head's dot in its own chain (mul, then fmadd by 8 dims in order, hsum8), the key's vectors
+ * loaded once for the NH heads. Each head gets the instructions a head alone would get, so the bits never
+ * depend on NH: the heads' chains only run side by side, where one chain alone waits on each fmadd. */
+static inline __attribute__((always_inline)) void scores(int NH, const float *q, const float *k, int64_t n, int64_t d,
+                                                         float scale, float *p, float *mx) {
+    const int64_t stride = n + 8;
+    for (int h = 0; h < NH; h++) mx[h] = -INFINITY;
     for (int64_t j = 0; j < n; j++) {
         const float *kj = k + j * d;
-        __m256 acc = _mm256_mul_ps(_mm256_loadu_ps(q), _mm256_loadu_ps(kj));
-        for (int64_t c = 8; c < d; c += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(q + c), _mm256_loadu_ps(kj + c), acc);
-        const float s = hsum8(acc) * scale;
-        p[j] = s;
-        mx = s > mx ? s : mx;
+        __m256 acc[HEADS_MAX];
+        const __m256 k0 = _mm256_loadu_ps(kj);
+        for (int h = 0; h < NH; h++) acc[h] = _mm256_mul_ps(_mm256_loadu_ps(q + h * d), k0);
+        for (int64_t c = 8; c < d; c += 8) {
+            const __m256 kc = _mm256_loadu_ps(kj + c);
+            for (int h = 0; h < NH; h++) acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * d + c), kc, acc[h]);
+        }
+        for (int h = 0; h < NH; h++) {
+            const float s = hsum8(acc[h]) * scale;
+            p[h * stride + j] = s;
+            mx[h] = s > mx[h] ? s : mx[h];
+        }
     }
+}
+
+/* One row of n scores (max mx) in place to e^(s - mx); returns 1 / their sum. */
+static float softmax_row(float *p, int64_t n, float mx) {
     const __m256 m = _mm256_set1_ps(mx);
     __m256 sum = _mm256_setzero_ps();
     int64_t j = 0;
@@ -76,17 +96,54 @@ static void attend(const float *q, const float *k, const float *v, int64_t n, in
         memcpy(p + j, last, sizeof(float) * (size_t)(n - j));
         sum = _mm256_add_ps(sum, e);
     }
-    const __m256 inv = _mm256_set1_ps(1.0f / hsum8(sum));
-    for (int64_t c0 = 0; c0 < d; c0 += 64) { /* 64 dims (8 registers) at a time, every key in order */
-        const int64_t width = d - c0 < 64 ? d - c0 : 64;
-        __m256 acc[8];
-        for (int c = 0; c < 8; c++) acc[c] = _mm256_setzero_ps();
-        for (int64_t i = 0; i < n; i++) {
-            const __m256 w = _mm256_broadcast_ss(p + i);
-            const float *vi = v + i * d + c0;
-            for (int c = 0; c < width / 8; c++) acc[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vi + 8 * c), acc[c]);
+    return 1.0f / hsum8(sum);
+}
+
+/* Attention of nh (<= HEADS_MAX) query rows q (d apart; heads sharing one KV group) over keys/values k, v [n, d]
+ * into out (rows d apart). p: nh (n + 8) floats; acc: nh d floats. Per head and lane the arithmetic is one head's
+ * alone: its scores, e^(s - max), then every key's weighted value summed in key order from zero, times 1 / sum.
+ * The values are taken in blocks of keys that stay in L1 while each head sums them, so a group's values are read
+ * from memory once, not once a head (the partial sums wait in acc between blocks: fp32 either way, no rounding). */
+static void attend_heads(int nh, const float *q, const float *k, const float *v, int64_t n, int64_t d, float scale,
+                         float *p, float *acc, float *out) {
+    float mx[HEADS_MAX], inv[HEADS_MAX];
+    switch (nh) { /* each count its own code, the chains' accumulators in registers */
+    case 1: scores(1, q, k, n, d, scale, p, mx); break;
+    case 2: scores(2, q, k, n, d, scale, p, mx); break;
+    case 3: scores(3, q, k, n, d, scale, p, mx); break;
+    case 4: scores(4, q, k, n, d, scale, p, mx); break;
+    case 5: scores(5, q, k, n, d, scale, p, mx); break;
+    case 6: scores(6, q, k, n, d, scale, p, mx); break;
+    case 7: scores(7, q, k, n, d, scale, p, mx); break;
+    default: scores(8, q, k, n, d, scale, p, mx); break;
+    }
+    const int64_t stride = n + 8, block = 4096 / d; /* 16 KB of values a block */
+    for (int h = 0; h < nh; h++) {
+        inv[h] = softmax_row(p + h * stride, n, mx[h]);
+        memset(acc + h * d, 0, sizeof(float) * (size_t)d);
+    }
+    for (int64_t i0 = 0; i0 < n; i0 += block) {
+        const int64_t i1 = i0 + block < n ? i0 + block : n;
+        for (int h = 0; h < nh; h++) {
+            const float *ph = p + h * stride;
+            for (int64_t c0 = 0; c0 < d; c0 += 64) { /* 64 dims (8 registers) at a time, the block's keys in order */
+                const int64_t width = d - c0 < 64 ? d - c0 : 64;
+                float *a = acc + h * d + c0;
+                __m256 r[8];
+                for (int c = 0; c < width / 8; c++) r[c] = _mm256_loadu_ps(a + 8 * c);
+                for (int64_t i = i0; i < i1; i++) {
+                    const __m256 w = _mm256_broadcast_ss(ph + i);
+                    const float *vi = v + i * d + c0;
+                    for (int c = 0; c < width / 8; c++) r[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vi + 8 * c), r[c]);
+                }
+                for (int c = 0; c < width / 8; c++) _mm256_storeu_ps(a + 8 * c, r[c]);
+            }
         }
-        for (int c = 0; c < width / 8; c++) _mm256_storeu_ps(out + c0 + 8 * c, _mm256_mul_ps(acc[c], inv));
+    }
+    for (int h = 0; h < nh; h++) {
+        const __m256 s = _mm256_set1_ps(inv[h]);
+        for (int64_t c = 0; c < d; c += 8)
+            _mm256_storeu_ps(out + h * d + c, _mm256_mul_ps(_mm256_loadu_ps(acc + h * d + c), s));
     }
 }
 
@@ -108,10 +165,16 @@ int specchat_attention(float *qkv, int64_t T, int64_t start, const float *cos, c
     }
     if (!attend_rows) return 0;
     const int64_t group = H / KV;
+    /* jobs: (row, KV group, part of the group's heads); a group's heads in parts of at most HEADS_MAX, and in
+     * more parts where rows x groups leave a thread fewer than two jobs (one row of pocket's 3 groups: 6 jobs) */
+    int64_t parts = (group + HEADS_MAX - 1) / HEADS_MAX;
+    while (parts < group && T * KV * parts < 2 * (int64_t)threads) parts++;
+    const int64_t per = (group + parts - 1) / parts; /* heads a part (the last may have fewer) */
+    parts = (group + per - 1) / per;
     int failed = 0;
 #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
-        const size_t need = (size_t)(start + T + 8);
+        const size_t need = (size_t)(per * (start + T + 8) + per * d);
         if (need > t_p_cap) {
             free(t_p);
             t_p = (float *)malloc(sizeof(float) * need);
@@ -120,11 +183,12 @@ int specchat_attention(float *qkv, int64_t T, int64_t start, const float *cos, c
         float *p = t_p;
         if (p == NULL) failed = 1;
 #pragma omp for schedule(static)
-        for (int64_t job = 0; job < T * H; job++) {
-            const int64_t t = job / H, h = job % H, g = h / group;
+        for (int64_t job = 0; job < T * KV * parts; job++) {
+            const int64_t t = job / (KV * parts), g = job / parts % KV, h0 = g * group + job % parts * per;
+            const int64_t nh = g * group + group - h0 < per ? g * group + group - h0 : per;
             if (p != NULL)
-                attend(qkv + t * width + h * d, kbuf + g * cap * d, vbuf + g * cap * d, start + t + 1, d, scale, p,
-                       out + t * H * d + h * d);
+                attend_heads((int)nh, qkv + t * width + h0 * d, kbuf + g * cap * d, vbuf + g * cap * d, start + t + 1,
+                             d, scale, p, p + nh * (start + t + 1 + 8), out + t * H * d + h0 * d);
         }
     }
     return failed ? -1 : 0;

@@ -49,7 +49,7 @@ def _setup(h: int, kv: int, d: int, start: int, t: int, seed: int) -> tuple[torc
     return qkv, layer
 
 
-@pytest.mark.parametrize("h, kv, d", [(4, 2, 16), (9, 3, 64), (12, 2, 128), (2, 2, 24)])
+@pytest.mark.parametrize("h, kv, d", [(4, 2, 16), (9, 3, 64), (12, 2, 128), (2, 2, 24), (14, 2, 64), (18, 1, 32)])
 @pytest.mark.parametrize("start, t", [(0, 1), (7, 1), (37, 5), (300, 3)])
 def test_the_step_is_torchs_rope_and_cache_write_and_sdpas_attention(h: int, kv: int, d: int, start: int,
                                                                      t: int) -> None:
@@ -88,6 +88,26 @@ def test_each_row_of_a_pass_is_a_one_row_steps_numbers_on_any_thread_count(threa
     finally:
         torch.set_num_threads(before)
     assert torch.equal(batch, torch.cat(rows, dim=1))
+
+
+@pytest.mark.parametrize("h, kv, d", [(9, 3, 64), (14, 2, 64), (18, 1, 32)])
+def test_a_row_has_the_same_bits_whichever_heads_share_its_job(h: int, kv: int, d: int) -> None:
+    """A job attends with several query heads of one KV group side by side (a part of the group,
+    more parts where rows are few and threads many): each head's numbers must not depend on
+    which heads share its job."""
+    start = 97
+    qkv, layer = _setup(h, kv, d, start, 1, seed=h)
+    cos, sin = _tables(start, 1, d)
+    before = torch.get_num_threads()
+    outs = []
+    try:
+        for threads in (1, 2, 3, 8):  # 1 to 18 jobs for the one row: parts of 1 to all of a group's heads
+            torch.set_num_threads(threads)
+            keys, values = layer.reserve(1, torch.empty(1, kv, 0, d))
+            outs.append(cpu_attention.attention_step(qkv.clone(), keys, values, start, cos, sin, h, kv, 0.1))
+    finally:
+        torch.set_num_threads(before)
+    assert all(torch.equal(outs[0], o) for o in outs[1:])
 
 
 def test_shapes_it_does_not_take_stay_on_torchs_ops() -> None:
