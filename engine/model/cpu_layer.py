@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 import engine.quant.cpu_kernel as cpu_kernel
+from engine.model import cpu_attention
 
 MAX_RUNS = 4  # q/k/v runs a layer may have (csrc/layer.c's specchat_layer_t.qkv)
 
@@ -105,6 +106,8 @@ def run(layers: Sequence[Layer], kv_layers: Sequence[Any], like: torch.Tensor, x
     scratch = (qkv.data_ptr(), att.data_ptr(), gu.data_ptr(), torch.get_num_threads())
     for layer, kv in zip(layers, kv_layers):
         keys, values = kv.reserve(t, like)
+        if kv is kv_layers[0]:  # every layer's buffers come from the same like
+            cpu_attention.check_cache(keys, values)
         failed = fn(ctypes.byref(layer), *pointers, keys.data_ptr(), values.data_ptr(), int(keys.shape[2]), *scratch)
         if failed:
             raise MemoryError(f"specchat's CPU layer step failed ({failed}) for {t} tokens at {start}")

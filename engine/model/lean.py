@@ -156,7 +156,9 @@ class LeanForward:
         """Every layer on specchat's CPU kernels: rope, the cache write and attention in one call
         (:func:`engine.model.cpu_attention.attention_step`) wherever the cache is a :class:`GrowingKV`,
         but in a first prefill (no cache yet, many rows: SDPA's blocked causal kernel)."""
-        self._kv_like = torch.empty(1, self.n_kv, 0, self.head_dim)
+        self._kv_like = torch.empty(1, self.n_kv, 0, self.head_dim,
+                                    dtype=cpu_attention.KV_DTYPE if self.native_attention else torch.float32)
+        """The cache's empty ``[1, KV, 0, d]``: fp16 where the native step reads it (csrc/attention_avx2.c)."""
         built = ([cpu_layer.build(layer, self.n_heads, self.n_kv, self.head_dim, self.scale) for layer in self.layers]
                  if self.native_attention and cpu_layer.entry() is not None else [])
         self.native_layers: list[cpu_layer.Layer] | None = (built if built and all(b is not None for b in built)
@@ -212,7 +214,11 @@ class LeanForward:
         for i, layer in enumerate(self.layers):
             h = x if layer.folded else rms_norm(x, layer.norm1, layer.eps1)
             q, k, v = qkv_rope(layer, self.dims, x, h, cos, sin)
+            if self._kv_like.dtype != x.dtype and isinstance(past_key_values, GrowingKV):  # the buffers in the
+                past_key_values.layers[i].reserve(t, self._kv_like)  # dtype the native steps read (a first prefill)
             k, v = past_key_values.update(k, v, i)
+            if k.dtype != q.dtype:  # attend over the cache's own numbers, as the native step then does
+                k, v = k.to(q.dtype), v.to(q.dtype)
             a = self._attention(q, k, v, mask, start, row_exact)
             x = finish_layer(layer, x, a.transpose(1, 2).reshape(1, t, -1))
         return self._logits(x, logits_to_keep)

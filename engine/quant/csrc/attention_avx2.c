@@ -8,7 +8,9 @@
  *   rope:    x'[j] = x[j] cos[j] + (-x[j + d/2]) sin[j]   (j < d/2)
  *            x'[j] = x[j] cos[j] + x[j - d/2] sin[j]      (j >= d/2)
  *            (rotate_half, with torch's rounding: a product, a product, a sum)
- *   cache:   k'[t], v[t] are written to kbuf, vbuf [KV, cap, d] at position start + t
+ *   cache:   k'[t], v[t] are written to kbuf, vbuf [KV, cap, d] at position start + t, as fp16 (rounded to
+ *            nearest even, F16C's vcvtps2ph): half the bytes of fp32, and from a few hundred cached tokens
+ *            on, reading them is most of the step; attention reads them back through vcvtph2ps (exact)
  *   attend:  out[t, h] = sum_{j <= start + t} softmax_j(scale q'[t, h] . k[g(h), j]) v[g(h), j],
  *            g(h) = h / (H / KV) (grouped-query attention)
  *
@@ -49,23 +51,32 @@ static inline void rope(float *x, const float *cos, const float *sin, int64_t d)
     }
 }
 
+/* 8 fp16 values to fp32 (exact). */
+static inline __m256 half8(const uint16_t *p) { return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p)); }
+
+/* d fp32 values (d % 8 == 0) to fp16, rounded to nearest even. */
+static inline void to_half(uint16_t *dst, const float *src, int64_t d) {
+    for (int64_t c = 0; c < d; c += 8)
+        _mm_storeu_si128((__m128i *)(dst + c), _mm256_cvtps_ph(_mm256_loadu_ps(src + c), _MM_FROUND_TO_NEAREST_INT));
+}
+
 #define HEADS_MAX 8 /* query heads one job attends with at most (one KV group's, or part of it) */
 
 /* The scores of NH query rows q (d apart) over keys k [n, d] into p (rows n + 8 apart), scaled, and their maxima:
  * for each key, each head's dot in its own chain (mul, then fmadd by 8 dims in order, hsum8), the key's vectors
  * loaded once for the NH heads. Each head gets the instructions a head alone would get, so the bits never
  * depend on NH: the heads' chains only run side by side, where one chain alone waits on each fmadd. */
-static inline __attribute__((always_inline)) void scores(int NH, const float *q, const float *k, int64_t n, int64_t d,
-                                                         float scale, float *p, float *mx) {
+static inline __attribute__((always_inline)) void scores(int NH, const float *q, const uint16_t *k, int64_t n,
+                                                         int64_t d, float scale, float *p, float *mx) {
     const int64_t stride = n + 8;
     for (int h = 0; h < NH; h++) mx[h] = -INFINITY;
     for (int64_t j = 0; j < n; j++) {
-        const float *kj = k + j * d;
+        const uint16_t *kj = k + j * d;
         __m256 acc[HEADS_MAX];
-        const __m256 k0 = _mm256_loadu_ps(kj);
+        const __m256 k0 = half8(kj);
         for (int h = 0; h < NH; h++) acc[h] = _mm256_mul_ps(_mm256_loadu_ps(q + h * d), k0);
         for (int64_t c = 8; c < d; c += 8) {
-            const __m256 kc = _mm256_loadu_ps(kj + c);
+            const __m256 kc = half8(kj + c);
             for (int h = 0; h < NH; h++) acc[h] = _mm256_fmadd_ps(_mm256_loadu_ps(q + h * d + c), kc, acc[h]);
         }
         for (int h = 0; h < NH; h++) {
@@ -104,8 +115,8 @@ static float softmax_row(float *p, int64_t n, float mx) {
  * alone: its scores, e^(s - max), then every key's weighted value summed in key order from zero, times 1 / sum.
  * The values are taken in blocks of keys that stay in L1 while each head sums them, so a group's values are read
  * from memory once, not once a head (the partial sums wait in acc between blocks: fp32 either way, no rounding). */
-static void attend_heads(int nh, const float *q, const float *k, const float *v, int64_t n, int64_t d, float scale,
-                         float *p, float *acc, float *out) {
+static void attend_heads(int nh, const float *q, const uint16_t *k, const uint16_t *v, int64_t n, int64_t d,
+                         float scale, float *p, float *acc, float *out) {
     float mx[HEADS_MAX], inv[HEADS_MAX];
     switch (nh) { /* each count its own code, the chains' accumulators in registers */
     case 1: scores(1, q, k, n, d, scale, p, mx); break;
@@ -133,8 +144,8 @@ static void attend_heads(int nh, const float *q, const float *k, const float *v,
                 for (int c = 0; c < width / 8; c++) r[c] = _mm256_loadu_ps(a + 8 * c);
                 for (int64_t i = i0; i < i1; i++) {
                     const __m256 w = _mm256_broadcast_ss(ph + i);
-                    const float *vi = v + i * d + c0;
-                    for (int c = 0; c < width / 8; c++) r[c] = _mm256_fmadd_ps(w, _mm256_loadu_ps(vi + 8 * c), r[c]);
+                    const uint16_t *vi = v + i * d + c0;
+                    for (int c = 0; c < width / 8; c++) r[c] = _mm256_fmadd_ps(w, half8(vi + 8 * c), r[c]);
                 }
                 for (int c = 0; c < width / 8; c++) _mm256_storeu_ps(a + 8 * c, r[c]);
             }
@@ -150,8 +161,8 @@ static void attend_heads(int nh, const float *q, const float *k, const float *v,
 /* See the header. qkv is roped in place; kbuf/vbuf must hold start + T positions (cap >= start + T);
  * out [T, H d] (may be NULL with attend == 0: rope and cache write only). d % 8 == 0, d <= 256,
  * H % KV == 0. Returns 0, or -1 when scratch memory could not be had or the shape is not taken. */
-int specchat_attention(float *qkv, int64_t T, int64_t start, const float *cos, const float *sin, float *kbuf,
-                       float *vbuf, int64_t cap, int64_t H, int64_t KV, int64_t d, float scale, float *out,
+int specchat_attention(float *qkv, int64_t T, int64_t start, const float *cos, const float *sin, uint16_t *kbuf,
+                       uint16_t *vbuf, int64_t cap, int64_t H, int64_t KV, int64_t d, float scale, float *out,
                        int threads, int attend_rows) {
     if (d % 8 != 0 || d > MAX_HEAD_DIM || KV <= 0 || H % KV != 0 || start + T > cap) return -1;
     const int64_t width = (H + 2 * KV) * d;
@@ -159,8 +170,8 @@ int specchat_attention(float *qkv, int64_t T, int64_t start, const float *cos, c
         float *row = qkv + t * width;
         for (int64_t h = 0; h < H + KV; h++) rope(row + h * d, cos + t * d, sin + t * d, d);
         for (int64_t g = 0; g < KV; g++) {
-            memcpy(kbuf + (g * cap + start + t) * d, row + (H + g) * d, sizeof(float) * (size_t)d);
-            memcpy(vbuf + (g * cap + start + t) * d, row + (H + KV + g) * d, sizeof(float) * (size_t)d);
+            to_half(kbuf + (g * cap + start + t) * d, row + (H + g) * d, d);
+            to_half(vbuf + (g * cap + start + t) * d, row + (H + KV + g) * d, d);
         }
     }
     if (!attend_rows) return 0;

@@ -22,8 +22,8 @@ int specchat_int4k_mm(const uint8_t *codes, const uint8_t *headers, const float 
 int specchat_int6k_mm(const uint8_t *codes, const uint8_t *headers, const float *bias, int64_t N, int64_t K,
                       const float *x, int64_t M, float *y, int64_t ldy, int threads, const float *norm, float eps,
                       int accumulate, int gated);
-int specchat_attention(float *qkv, int64_t T, int64_t start, const float *cos, const float *sin, float *kbuf,
-                       float *vbuf, int64_t cap, int64_t H, int64_t KV, int64_t d, float scale, float *out,
+int specchat_attention(float *qkv, int64_t T, int64_t start, const float *cos, const float *sin, uint16_t *kbuf,
+                       uint16_t *vbuf, int64_t cap, int64_t H, int64_t KV, int64_t d, float scale, float *out,
                        int threads, int attend_rows);
 
 /* One product as engine/quant/cpu_linear.linear calls it: kind 0 int4 (one plane), 1 8-bit, 2 6-bit rows
@@ -65,10 +65,10 @@ static int product(const specchat_product *p, const float *x, int64_t M, float *
 }
 
 /* x [T, hidden] fp32 (the residual stream, updated in place) through layer L for T new tokens at positions
- * start .. start + T - 1: kbuf/vbuf [KV, cap, d] (written at those positions), cos/sin [T, d], and scratch
+ * start .. start + T - 1: kbuf/vbuf fp16 [KV, cap, d] (written at those positions), cos/sin [T, d], and scratch
  * qkv [T, sum of qkv's N], att [T, H d], gu [T, gate_up's N]. Returns 0, or the first failing call's code. */
 int specchat_layer(const specchat_layer_t *L, float *x, int64_t T, int64_t start, const float *cos, const float *sin,
-                   float *kbuf, float *vbuf, int64_t cap, float *qkv, float *att, float *gu, int threads) {
+                   uint16_t *kbuf, uint16_t *vbuf, int64_t cap, float *qkv, float *att, float *gu, int threads) {
     int64_t width = 0;
     for (int64_t r = 0; r < L->n_qkv; r++) width += L->qkv[r].N;
     const int64_t hidden = L->o.N;

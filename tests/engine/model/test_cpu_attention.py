@@ -1,5 +1,6 @@
-"""specchat's CPU attention step: torch's rope bit for bit, SDPA's attention to float rounding,
-and every row the very numbers a one-row call gives."""
+"""specchat's CPU attention step: torch's rope bit for bit (then rounded to the fp16 cache as a copy
+rounds it), SDPA's attention over those cached numbers to float rounding, and every row the very
+numbers a one-row call gives."""
 from __future__ import annotations
 
 import pytest
@@ -27,13 +28,14 @@ def _tables(start: int, t: int, d: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def _torch_step(qkv: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, start: int, cos: torch.Tensor,
                 sin: torch.Tensor, h: int, kv: int, scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The lean forward's torch ops: rope as a roll with a signed sine, one-row SDPA per row."""
+    """The lean forward's torch ops: rope as a roll with a signed sine, one-row SDPA per row over the
+    keys and values as an fp16 cache holds them."""
     t, d = qkv.shape[1], k_cache.shape[-1]
     qk = qkv[..., : (h + kv) * d].view(1, t, h + kv, d).transpose(1, 2)
     qk = qk * cos.unsqueeze(1) + qk.roll(d // 2, dims=-1) * _signed_sin(sin.unsqueeze(1))
     q, k = qk.split((h, kv), dim=1)
     v = qkv[..., (h + kv) * d :].view(1, t, kv, d).transpose(1, 2)
-    keys, values = torch.cat([k_cache, k], dim=2), torch.cat([v_cache, v], dim=2)
+    keys, values = (torch.cat([k_cache, k], dim=2).half().float(), torch.cat([v_cache, v], dim=2).half().float())
     rows = [F.scaled_dot_product_attention(q[:, :, i : i + 1], keys[:, :, : start + i + 1],
                                            values[:, :, : start + i + 1], scale=scale, enable_gqa=h != kv)
             for i in range(t)]
@@ -45,6 +47,7 @@ def _setup(h: int, kv: int, d: int, start: int, t: int, seed: int) -> tuple[torc
     qkv = torch.randn(1, t, (h + 2 * kv) * d, generator=gen)
     layer = GrowingKV.Layer()
     if start:
+        layer.reserve(start, torch.empty(1, kv, 0, d, dtype=cpu_attention.KV_DTYPE))  # the step's cache
         layer.append(torch.randn(1, kv, start, d, generator=gen), torch.randn(1, kv, start, d, generator=gen))
     return qkv, layer
 
@@ -57,13 +60,13 @@ def test_the_step_is_torchs_rope_and_cache_write_and_sdpas_attention(h: int, kv:
     cos, sin = _tables(start, t, d)
     scale = d**-0.5
     empty = torch.zeros(1, kv, 0, d)
-    k_cache, v_cache = (layer.keys, layer.v[:, :, :start]) if start else (empty, empty)
+    k_cache, v_cache = (layer.keys.float(), layer.v[:, :, :start].float()) if start else (empty, empty)
     want, k, v = _torch_step(qkv.clone(), k_cache, v_cache, start, cos, sin, h, kv, scale)
-    keys, values = layer.reserve(t, torch.empty(1, kv, 0, d))
+    keys, values = layer.reserve(t, torch.empty(1, kv, 0, d, dtype=cpu_attention.KV_DTYPE))
     got = cpu_attention.attention_step(qkv, keys, values, start, cos, sin, h, kv, scale)
     layer.advance(t)
-    assert torch.equal(layer.keys[:, :, start:], k)  # rope rounds as torch's does
-    assert torch.equal(layer.v[:, :, start : start + t], v)
+    assert torch.equal(layer.keys[:, :, start:], k.half())  # rope rounds as torch's does, then as a copy to fp16
+    assert torch.equal(layer.v[:, :, start : start + t], v.half())
     assert torch.allclose(got, want, rtol=1e-5, atol=1e-6)
 
 
@@ -77,12 +80,12 @@ def test_each_row_of_a_pass_is_a_one_row_steps_numbers_on_any_thread_count(threa
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(threads)
-        keys, values = layer.reserve(t, torch.empty(1, kv, 0, d))
+        keys, values = layer.reserve(t, torch.empty(1, kv, 0, d, dtype=cpu_attention.KV_DTYPE))
         batch = cpu_attention.attention_step(qkv.clone(), keys, values, start, cos, sin, h, kv, 0.125)
         torch.set_num_threads(1)
         rows = []
         for i in range(t):
-            keys, values = layer.reserve(1, torch.empty(1, kv, 0, d))
+            keys, values = layer.reserve(1, torch.empty(1, kv, 0, d, dtype=cpu_attention.KV_DTYPE))
             rows.append(cpu_attention.attention_step(qkv[:, i : i + 1].clone(), keys, values, start + i,
                                                      cos[:, i : i + 1], sin[:, i : i + 1], h, kv, 0.125))
     finally:
@@ -103,7 +106,7 @@ def test_a_row_has_the_same_bits_whichever_heads_share_its_job(h: int, kv: int, 
     try:
         for threads in (1, 2, 3, 8):  # 1 to 18 jobs for the one row: parts of 1 to all of a group's heads
             torch.set_num_threads(threads)
-            keys, values = layer.reserve(1, torch.empty(1, kv, 0, d))
+            keys, values = layer.reserve(1, torch.empty(1, kv, 0, d, dtype=cpu_attention.KV_DTYPE))
             outs.append(cpu_attention.attention_step(qkv.clone(), keys, values, start, cos, sin, h, kv, 0.1))
     finally:
         torch.set_num_threads(before)

@@ -198,7 +198,8 @@ def test_the_native_attention_step_computes_what_the_torch_ops_compute(int4_kern
     """On specchat's kernels a layer's rope, cache write and attention are one call
     (engine/model/cpu_attention.py); through prefill, steps and verify-sized passes the logits
     are the torch ops' to float rounding, and the first layer's cached keys (roped from the same
-    q/k/v) are the same bit for bit."""
+    q/k/v) are the same bit for bit. Both keep the cache in fp16, as the step reads it (the torch
+    path's buffers come from the same ``_kv_like``)."""
     if int4_kernel != "specchat":
         pytest.skip("the attention step runs beside specchat's int4 kernel")
     model = _model("qwen2")

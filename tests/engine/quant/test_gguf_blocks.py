@@ -176,14 +176,15 @@ def test_every_type_of_a_mixed_gguf_is_carried_and_decodes_as_before(tmp_path: P
     # The lean forward runs the mixed layers (8-bit v and down beside 4-bit q/k and gate/up). On
     # specchat's kernel they fold their norms in as the others do, so the activations' 8-bit
     # rounding meets inputs that differ from transformers' in the last bits: a rounding step
-    # may go the other way (hence the looser bound there).
+    # may go the other way, and the attention step keeps its keys and values in fp16 (hence the
+    # looser bound there).
     lean = lean_forward(model)
     assert lean is not None
     folded = cpu_kernel.matmul() is not None
     assert all(layer.folded is folded for layer in lean.layers)
     with torch.no_grad():
         mine = lean(ids, lean.new_cache(), 0, logits_to_keep=ids.shape[1])
-    assert float((mine - quantized).abs().max()) <= (5e-3 if folded else 1e-4) * float(quantized.abs().max())
+    assert float((mine - quantized).abs().max()) <= (1e-2 if folded else 1e-4) * float(quantized.abs().max())
 
 
 def test_k_quant_scales_carried_in_row_pieces_are_the_whole_tensors(tmp_path: Path,
