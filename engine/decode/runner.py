@@ -174,7 +174,9 @@ class ModelRunner:
             return False
         from engine.model.head import subset_head
 
-        self._lean.use_head(subset_head(self.model, ids.to(self.device.torch_device)))
+        lean = self._lean
+        norm = (lean.final_norm, lean.final_eps) if lean.head_folds else None  # folded as the full head folds it
+        lean.use_head(*subset_head(self.model, ids.to(self.device.torch_device), norm))
         self.capture.invalidate()  # the captured passes ran the full head
         return True
 

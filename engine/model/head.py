@@ -27,14 +27,18 @@ def _head_rows(head: nn.Module, ids: torch.Tensor, hidden: int) -> torch.Tensor:
     return torch.cat(rows).T.contiguous()
 
 
-def subset_head(model: nn.Module, ids: torch.Tensor) -> Callable[[torch.Tensor], torch.Tensor]:
-    """An output layer over the vocabulary rows ``ids`` only (FR-Spec): ``f(h [..., H]) ->
-    [..., V]`` logits, ``-inf`` outside ``ids``. On specchat's CPU kernel the head's own rows
-    (each logit the full head's bits); elsewhere int4 when the model's head is int4."""
+def subset_head(model: nn.Module, ids: torch.Tensor,
+                norm: tuple[torch.Tensor, float] | None = None) -> tuple[Callable[[torch.Tensor], torch.Tensor], bool]:
+    """An output layer over the vocabulary rows ``ids`` only (FR-Spec): ``(f, folded)``, ``f(h [..., H])
+    -> [..., V]`` logits, ``-inf`` outside ``ids``. On specchat's CPU kernel the head's own rows, with
+    ``norm`` (the final norm's weight and eps) folded in as the full head folds it, so ``folded`` and
+    each logit the full head's bits; elsewhere int4 when the model's head is int4, over ``h`` already
+    normalised (``folded`` False)."""
     head = model.get_output_embeddings()
     hidden = int(model.config.get_text_config().hidden_size)
     width = int(model.config.get_text_config().vocab_size)
-    small = head.rows(ids) if isinstance(head, Int4Linear) else None
+    small = head.rows(ids, norm) if isinstance(head, Int4Linear) else None
+    folded = small is not None and norm is not None
     if small is None:  # a float head, or torch's int4 kernel: rebuilt from the rows' weights
         weight = _head_rows(head, ids, hidden)
         group = head.group_size if isinstance(head, Int4Linear) and head.group_size in GROUP_SIZES else GROUP_SIZES[0]
@@ -49,4 +53,4 @@ def subset_head(model: nn.Module, ids: torch.Tensor) -> Callable[[torch.Tensor],
         out[..., ids] = small(h).to(out.dtype)
         return out
 
-    return f
+    return f, folded

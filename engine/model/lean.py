@@ -116,10 +116,11 @@ class LeanForward:
         x = x[:, -keep:]
         return self.head(x) if self.head_folds else project(self.head, rms_norm(x, self.final_norm, self.final_eps))
 
-    def use_head(self, head: Callable[[torch.Tensor], torch.Tensor]) -> None:
-        """Replace the output layer by ``head`` (``f(h [..., H]) -> [..., V]`` over normalised
-        hidden states, e.g. :func:`engine.model.head.subset_head`)."""
-        self.head, self.head_folds = head, False  # type: ignore[assignment]
+    def use_head(self, head: Callable[[torch.Tensor], torch.Tensor], folds: bool = False) -> None:
+        """Replace the output layer by ``head`` (``f(h [..., H]) -> [..., V]``, e.g.
+        :func:`engine.model.head.subset_head`) over normalised hidden states, or with ``folds`` over
+        the stream itself, the final norm folded in as the full head folds it."""
+        self.head, self.head_folds = head, folds  # type: ignore[assignment]
 
     def new_cache(self, limit: int | None = None, static: bool = False) -> GrowingKV | StaticKV:
         """An empty cache for this model (the runner owns it) of at most ``limit`` tokens' capacity:

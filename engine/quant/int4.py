@@ -195,17 +195,18 @@ class Int4Linear(nn.Module):
         return KernelLayout(self.packed, self.scales_and_zeros, (self.out_features, self.in_features),
                             self.group_size, self.planes)
 
-    def rows(self, ids: torch.Tensor) -> Callable[..., torch.Tensor] | None:
+    def rows(self, ids: torch.Tensor, norm: tuple[torch.Tensor, float] | None = None) -> Callable[..., torch.Tensor] | None:
         """``f(x [..., K]) -> [..., len(ids)]``: this layer's output rows ``ids`` only, with the
-        very codes and scales of those rows (each value the bits of the full layer's), e.g. a
-        draft's output layer over its frequent tokens. Gathered in a fraction of a second; None on
-        torch's kernels, whose packing does not keep rows apart."""
+        very codes and scales of those rows (each value the bits of the full layer's, given the same
+        ``norm`` folded in as :meth:`fuse` folds it), e.g. a draft's output layer over its frequent
+        tokens. Gathered in a fraction of a second; None on torch's kernels, whose packing does not
+        keep rows apart."""
         if self.kernel != "specchat":
             return None
         ids = ids.to(torch.long)
         bias = self.bias.detach()[ids] if self.bias is not None else None
         return cpu_linear.linear(self.packed[ids].contiguous(), self.scales_and_zeros[ids].contiguous(), bias,
-                                 self.in_features, self.planes)
+                                 self.in_features, self.planes, norm=norm)
 
     @staticmethod
     def folds(layers: Sequence[nn.Module]) -> bool:
