@@ -62,17 +62,55 @@ static inline void to_half(uint16_t *dst, const float *src, int64_t d) {
 
 #define HEADS_MAX 8 /* query heads one job attends with at most (one KV group's, or part of it) */
 
-/* The scores of NH query rows q (d apart) over keys k [n, d] into p (rows n + 8 apart), scaled, and their maxima:
- * for each key, each head's dot in its own chain (mul, then fmadd by 8 dims in order, hsum8), the key's vectors
- * loaded once for the NH heads. Each head gets the instructions a head alone would get, so the bits never
- * depend on NH: the heads' chains only run side by side, where one chain alone waits on each fmadd. */
+/* hsum8 of 4 vectors at once, [hsum8(a[0]), ..., hsum8(a[3])]: the same sums in the same pairs (lanes l and l + 4,
+ * then l and l + 2, then l and l + 1; a + b is b + a bit for bit), so the same bits in fewer instructions. */
+static inline __m128 hsum8x4(const __m256 *a) {
+    const __m256 s01 = _mm256_add_ps(_mm256_permute2f128_ps(a[0], a[1], 0x20), _mm256_permute2f128_ps(a[0], a[1], 0x31));
+    const __m256 s23 = _mm256_add_ps(_mm256_permute2f128_ps(a[2], a[3], 0x20), _mm256_permute2f128_ps(a[2], a[3], 0x31));
+    const __m256 y = _mm256_add_ps(_mm256_shuffle_ps(s01, s23, _MM_SHUFFLE(1, 0, 1, 0)),
+                                   _mm256_shuffle_ps(s01, s23, _MM_SHUFFLE(3, 2, 3, 2))); /* keys 0 2 | 1 3, 2 each */
+    const __m256 z = _mm256_add_ps(y, _mm256_shuffle_ps(y, y, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm256_castps256_ps128(_mm256_permutevar8x32_ps(z, _mm256_setr_epi32(0, 4, 2, 6, 0, 0, 0, 0)));
+}
+
+/* The scores of NH (<= 4) query rows q (d apart) over keys k [n, d] into p (rows n + 8 apart), scaled, and their
+ * maxima: each head's dot with each key in its own chain (mul, then fmadd by 8 dims in order, hsum8), in blocks of
+ * 4 keys x NH heads side by side (each key's vectors converted once for the heads, each head's once for the keys).
+ * Each (head, key) gets the instructions it would get alone, so the bits never depend on NH or on which heads share
+ * a job: the chains only run side by side, where one alone waits on each fmadd. */
 static inline __attribute__((always_inline)) void scores(int NH, const float *q, const uint16_t *k, int64_t n,
                                                          int64_t d, float scale, float *p, float *mx) {
     const int64_t stride = n + 8;
-    for (int h = 0; h < NH; h++) mx[h] = -INFINITY;
-    for (int64_t j = 0; j < n; j++) {
+    int64_t j = 0;
+    __m128 mv[4];
+    for (int h = 0; h < NH; h++) mv[h] = _mm_set1_ps(-INFINITY);
+    for (; j + 4 <= n; j += 4) {
+        __m256 acc[4][4];
+        for (int i = 0; i < 4; i++) {
+            const __m256 k0 = half8(k + (j + i) * d);
+            for (int h = 0; h < NH; h++) acc[h][i] = _mm256_mul_ps(_mm256_loadu_ps(q + h * d), k0);
+        }
+        for (int64_t c = 8; c < d; c += 8) {
+            __m256 kc[4];
+            for (int i = 0; i < 4; i++) kc[i] = half8(k + (j + i) * d + c);
+            for (int h = 0; h < NH; h++) {
+                const __m256 qc = _mm256_loadu_ps(q + h * d + c);
+                for (int i = 0; i < 4; i++) acc[h][i] = _mm256_fmadd_ps(qc, kc[i], acc[h][i]);
+            }
+        }
+        for (int h = 0; h < NH; h++) {
+            const __m128 v = _mm_mul_ps(hsum8x4(acc[h]), _mm_set1_ps(scale));
+            _mm_storeu_ps(p + h * stride + j, v);
+            mv[h] = _mm_max_ps(mv[h], v);
+        }
+    }
+    for (int h = 0; h < NH; h++) {
+        __m128 m = _mm_max_ps(mv[h], _mm_movehl_ps(mv[h], mv[h]));
+        mx[h] = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+    }
+    for (; j < n; j++) { /* the last n % 4 keys one at a time */
         const uint16_t *kj = k + j * d;
-        __m256 acc[HEADS_MAX];
+        __m256 acc[4];
         const __m256 k0 = half8(kj);
         for (int h = 0; h < NH; h++) acc[h] = _mm256_mul_ps(_mm256_loadu_ps(q + h * d), k0);
         for (int64_t c = 8; c < d; c += 8) {
@@ -118,15 +156,16 @@ static float softmax_row(float *p, int64_t n, float mx) {
 static void attend_heads(int nh, const float *q, const uint16_t *k, const uint16_t *v, int64_t n, int64_t d,
                          float scale, float *p, float *acc, float *out) {
     float mx[HEADS_MAX], inv[HEADS_MAX];
-    switch (nh) { /* each count its own code, the chains' accumulators in registers */
-    case 1: scores(1, q, k, n, d, scale, p, mx); break;
-    case 2: scores(2, q, k, n, d, scale, p, mx); break;
-    case 3: scores(3, q, k, n, d, scale, p, mx); break;
-    case 4: scores(4, q, k, n, d, scale, p, mx); break;
-    case 5: scores(5, q, k, n, d, scale, p, mx); break;
-    case 6: scores(6, q, k, n, d, scale, p, mx); break;
-    case 7: scores(7, q, k, n, d, scale, p, mx); break;
-    default: scores(8, q, k, n, d, scale, p, mx); break;
+    const int64_t stride0 = n + 8;
+    for (int h0 = 0; h0 < nh; h0 += 4) { /* up to 4 heads at a time, each count its own code (accumulators in registers) */
+        const float *qh = q + h0 * d;
+        float *ph = p + h0 * stride0, *mh = mx + h0;
+        switch (nh - h0 < 4 ? nh - h0 : 4) {
+        case 1: scores(1, qh, k, n, d, scale, ph, mh); break;
+        case 2: scores(2, qh, k, n, d, scale, ph, mh); break;
+        case 3: scores(3, qh, k, n, d, scale, ph, mh); break;
+        default: scores(4, qh, k, n, d, scale, ph, mh); break;
+        }
     }
     const int64_t stride = n + 8, block = 4096 / d; /* 16 KB of values a block */
     for (int h = 0; h < nh; h++) {
