@@ -60,6 +60,10 @@ import torch
 
 log = logging.getLogger(__name__)
 
+OFF = ("0", "false", "off", "no")
+"""What an environment switch may say to turn a thing off."""
+
+
 ENV = "SPECCHAT_CUDA_GRAPHS"
 """``0`` turns captured passes off (eager passes over the same static cache)."""
 WARMUP_RUNS = 2
@@ -113,7 +117,7 @@ def compile_backend(card: bool = False) -> str | None:
     value = os.environ.get(COMPILE_ENV, "").strip().lower()
     if value == "":
         return "inductor" if card else None
-    if switched_off(COMPILE_ENV):
+    if value in OFF:
         return None
     return "inductor" if value in ("1", "true", "on", "yes") else value
 
@@ -196,8 +200,8 @@ def _copy_out(out: torch.Tensor) -> torch.Tensor:
 
 
 def switched_off(name: str) -> bool:
-    """Whether the environment variable ``name`` says off: ``0``, ``false``, ``off`` or ``no``."""
-    return os.environ.get(name, "").strip().lower() in ("0", "false", "off", "no")
+    """Whether the environment variable ``name`` says off (:data:`OFF`)."""
+    return os.environ.get(name, "").strip().lower() in OFF
 
 
 def graphs_disabled() -> bool:

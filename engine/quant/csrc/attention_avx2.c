@@ -156,10 +156,10 @@ static float softmax_row(float *p, int64_t n, float mx) {
 static void attend_heads(int nh, const float *q, const uint16_t *k, const uint16_t *v, int64_t n, int64_t d,
                          float scale, float *p, float *acc, float *out) {
     float mx[HEADS_MAX], inv[HEADS_MAX];
-    const int64_t stride0 = n + 8;
+    const int64_t stride = n + 8, block = 4096 / d; /* p's rows; 16 KB of values a block */
     for (int h0 = 0; h0 < nh; h0 += 4) { /* up to 4 heads at a time, each count its own code (accumulators in registers) */
         const float *qh = q + h0 * d;
-        float *ph = p + h0 * stride0, *mh = mx + h0;
+        float *ph = p + h0 * stride, *mh = mx + h0;
         switch (nh - h0 < 4 ? nh - h0 : 4) {
         case 1: scores(1, qh, k, n, d, scale, ph, mh); break;
         case 2: scores(2, qh, k, n, d, scale, ph, mh); break;
@@ -167,7 +167,6 @@ static void attend_heads(int nh, const float *q, const uint16_t *k, const uint16
         default: scores(4, qh, k, n, d, scale, ph, mh); break;
         }
     }
-    const int64_t stride = n + 8, block = 4096 / d; /* 16 KB of values a block */
     for (int h = 0; h < nh; h++) {
         inv[h] = softmax_row(p + h * stride, n, mx[h]);
         memset(acc + h * d, 0, sizeof(float) * (size_t)d);
@@ -234,8 +233,8 @@ int specchat_attention(float *qkv, int64_t T, int64_t start, const float *cos, c
         if (p == NULL) failed = 1;
 #pragma omp for schedule(static)
         for (int64_t job = 0; job < T * KV * parts; job++) {
-            const int64_t t = job / (KV * parts), g = job / parts % KV, h0 = g * group + job % parts * per;
-            const int64_t nh = g * group + group - h0 < per ? g * group + group - h0 : per;
+            const int64_t t = job / (KV * parts), g = job / parts % KV, first = job % parts * per; /* in the group */
+            const int64_t nh = group - first < per ? group - first : per, h0 = g * group + first;
             if (p != NULL)
                 attend_heads((int)nh, qkv + t * width + h0 * d, kbuf + g * cap * d, vbuf + g * cap * d, start + t + 1,
                              d, scale, p, p + nh * (start + t + 1 + 8), out + t * H * d + h0 * d);

@@ -49,4 +49,3 @@ def test_truncate_refuses_a_negative_length() -> None:
         raise AssertionError("truncate(-1) was accepted")
     r.truncate(0)
     assert r.ids == [] and r.cached_length() == 0
-
