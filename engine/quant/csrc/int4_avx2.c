@@ -17,8 +17,7 @@
  *
  * The same driver (run) multiplies 8-bit weights (dot_rows8: two int4 planes joined) and a GGUF's Q6_K
  * as 6-bit codes (dot_rows6). One token takes ROWS weight rows at a time; several take one row at a
- * time (on AVX-512 two, where their activations outgrow L1) with up to MB tokens, each row's codes
- * unpacked once for them.
+ * time (on AVX-512 two) with up to MB tokens, each row's codes unpacked once for them.
  *
  * Batch invariance: y[m, n] is computed by the same instructions in the same order whatever M
  * and whatever the thread count (one thread computes a whole output; x's quantization is per
@@ -95,10 +94,6 @@ const char *specchat_kernel_variant(void) {
 #else
 #define MROWS 1     /* AVX2's 16 registers: one row at a time */
 #endif
-#define WIDE_X 24576 /* bytes of a pass's int8 activations (tokens x inputs) from which it takes MROWS rows a tile:
-                      * below, they stay in L1 anyway and one row streams faster (the 0.5B draft's down, 4864
-                      * inputs, two tokens: 1.38x slower in tiles; coder's down, 8960 inputs: 0.81x at three) */
-#define WIDE_K 4096  /* ... and 6-bit rows from this many inputs, at any count (coder's Q6_K down: 0.65x at two) */
 #define ACC (MROWS * MB > ROWS ? MROWS * MB : ROWS) /* accumulators a tile has at most: rows x tokens */
 #if SPECCHAT_VNNI
 #define LONG_ROW 512  /* on the VNNI machine measured (AMD Zen 4, a shared host), rows from 512 bytes read from
@@ -616,7 +611,7 @@ static inline void tile_dot(const weights_t *wt, int rows, int mb, int64_t tile,
     TILE_DOT(DOTS);
 }
 
-/* tile_dot for several tokens over long rows (WIDE_X, WIDE_K), in tiles of MROWS rows: not inlined, so
+/* tile_dot for several tokens in tiles of MROWS rows (the AVX-512 build's): not inlined, so
  * that its copies leave the code of every other shape as it was (inlined, they slowed the rest by 5-10%). */
 static __attribute__((noinline)) void tile_dot_wide(const weights_t *wt, int rows, int mb, int64_t n0, const int8_t *xq,
                                                     const float *dx, const float *xs, const float *halves, __m256 *acc,
@@ -626,7 +621,7 @@ static __attribute__((noinline)) void tile_dot_wide(const weights_t *wt, int row
 
 /* y [M, N] (rows ldy apart) = x @ W.T (+ bias) for any kind of weights: x's rows quantized once, then
  * blocks of MCHUNK tokens. One token: tiles of ROWS output rows (one row for long rows), one thread a tile.
- * Several: one output row at a time (two where the activations outgrow L1, WIDE_X) with up to MB tokens, so each
+ * Several: MROWS output rows at a time (AVX-512: two, AVX2: one) with up to MB tokens, so each
  * row's codes are unpacked once for them.
  * Either way each output gets the same instructions (dot_rows), so a token's bits never depend on M. */
 static int run(const weights_t *wt, const float *bias, int64_t N, const float *x, int64_t M, float *y, int64_t ldy,
@@ -638,8 +633,10 @@ static int run(const weights_t *wt, const float *bias, int64_t N, const float *x
     for (int64_t m0 = 0; m0 < M; m0 += MCHUNK) {
         const int64_t m1 = m0 + MCHUNK < M ? m0 + MCHUNK : M;
         const int tiled = wt->row_bytes < LONG_ROW || (SIX_BITS(wt->kind) && wt->row_bytes >= SIX_TILE_ROW);
-        const int64_t pass_tokens = m1 - m0 < MB ? m1 - m0 : MB;
-        const int wide = MROWS > 1 && m1 - m0 > 1 && (pass_tokens * K > WIDE_X || (SIX_BITS(wt->kind) && K >= WIDE_K));
+        /* several tokens take MROWS rows a tile, each activation load serving them all: on the VNNI machine
+         * measured (Zen 4) 1.1-1.3x faster than one row at a time for every int4 shape of pocket and coder,
+         * two tokens to 32 (a 32-token prompt piece of coder's gate_up, 17920 x 1536: 10.7 -> 8.4 ms) */
+        const int wide = MROWS > 1 && m1 - m0 > 1;
         const int64_t tile = wide ? MROWS : m1 - m0 > 1 || !tiled ? 1 : ROWS;
         const int64_t tiles = (N + tile - 1) / tile;
 #pragma omp parallel for schedule(static) num_threads(threads)
