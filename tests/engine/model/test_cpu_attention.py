@@ -93,7 +93,7 @@ def test_each_row_of_a_pass_is_a_one_row_steps_numbers_on_any_thread_count(threa
     assert torch.equal(batch, torch.cat(rows, dim=1))
 
 
-@pytest.mark.parametrize("h, kv, d", [(9, 3, 64), (14, 2, 64), (18, 1, 32)])
+@pytest.mark.parametrize("h, kv, d", [(9, 3, 64), (14, 2, 64), (18, 1, 32), (6, 1, 40)])
 def test_a_row_has_the_same_bits_whichever_heads_share_its_job(h: int, kv: int, d: int) -> None:
     """A job attends with several query heads of one KV group side by side (a part of the group,
     more parts where rows are few and threads many): each head's numbers must not depend on
