@@ -58,6 +58,13 @@ less), so that the costs it compares stay measured: on coder, slow passes
 of three tokens in the first rounds after a prompt held K at 1 for a whole reply (31 tok/s
 where K = 2 made 35), since K = 2 was never tried again to show it had got cheaper."""
 
+REPLY_PRIOR = 8.0
+"""Rounds' worth of weight the session's acceptance has in a reply's estimate for choosing K
+(:meth:`CostModel.acceptance`): a reply starts from what the session saw and is soon judged by its
+own rounds. How often drafts are accepted follows what is being written: on the bench's coder prompts
+the per-token α was 0.64 on chat and 0.91-0.94 on code, and counts pooled over the session held K at
+1 (1.1 drafted a pass) on code prompts that came after chat ones, where code alone chose K = 2-3."""
+
 LOOKUP_TRUSTED = 4
 """Before anything is measured, a lookup match of at least this many tokens is taken over
 the draft model (a copy in progress is accepted nearly always)."""
@@ -132,6 +139,21 @@ class PositionCounts:
         return rates
 
 
+def _kind(positions: dict[int, PositionCounts], key: int) -> PositionCounts:
+    """The counts of drafts of kind ``key``: its own, else the nearest measured kind below it,
+    else all kinds pooled."""
+    counts = positions.get(key)
+    if counts is not None and counts.reached:
+        return counts
+    lower = [other for other, c in positions.items() if other < key and c.reached]
+    if lower:
+        return positions[max(lower)]
+    pooled = PositionCounts()
+    for other_counts in positions.values():
+        pooled.add_counts(other_counts)
+    return pooled
+
+
 @dataclass
 class CostModel:
     """Measured costs and acceptance for one loaded pair (seconds), for the whole session."""
@@ -143,7 +165,9 @@ class CostModel:
     plain steps on a card (one choice for all of them) counts once. The explore and refresh
     cadences count these, so that they keep their rhythm when rounds come eight at a time."""
     overheads: deque[float] = field(default_factory=lambda: deque(maxlen=WINDOW))  # bookkeeping per round
-    positions: dict[int, PositionCounts] = field(default_factory=dict)  # by Draft.key
+    positions: dict[int, PositionCounts] = field(default_factory=dict)  # by Draft.key, the whole session
+    reply_positions: dict[int, PositionCounts] = field(default_factory=dict)
+    """The same counts for the reply being written (:meth:`new_reply` clears them)."""
     rounds_since_plain: int = 1 << 30  # rounds since the last one-token pass (calibration schedule)
     draft_rounds: dict[int, deque[float]] = field(default_factory=dict)
     """Draft time of the draft model's rounds by K (the newest :data:`WINDOW` of each). A round's
@@ -178,6 +202,11 @@ class CostModel:
             self.draft_step_s = per_step if self.draft_step_s is None else (1 - EMA) * self.draft_step_s + EMA * per_step
             self.draft_rounds.setdefault(proposed, deque(maxlen=WINDOW)).append(draft_s)
         self.positions.setdefault(key, PositionCounts()).add(proposed, n_accepted)
+        self.reply_positions.setdefault(key, PositionCounts()).add(proposed, n_accepted)
+
+    def new_reply(self) -> None:
+        """A reply starts: its acceptance is counted afresh (the session's stays, as its prior)."""
+        self.reply_positions = {}
 
     @property
     def overhead_s(self) -> float:
@@ -203,19 +232,18 @@ class CostModel:
 
     def acceptance(self, k: int, key: int = 0) -> list[float]:
         """Per-position acceptance estimates for positions ``1..k`` of drafts of
-        kind ``key``. A kind not measured yet borrows from the nearest measured
+        kind ``key``: this reply's counts, with the session's estimate as a prior worth
+        :data:`REPLY_PRIOR` rounds. A kind not measured yet borrows from the nearest measured
         kind below it (an n-gram match longer than any seen is at least as good
         as the longest seen), else from all kinds pooled."""
-        counts = self.positions.get(key)
-        if counts is None or not counts.reached:
-            lower = [other for other, c in self.positions.items() if other < key and c.reached]
-            if lower:
-                counts = self.positions[max(lower)]
-            else:
-                counts = PositionCounts()
-                for other_counts in self.positions.values():
-                    counts.add_counts(other_counts)
-        return counts.smoothed(k)
+        session = _kind(self.positions, key).smoothed(k)
+        reply = _kind(self.reply_positions, key)
+        rates = []
+        for i, prior in enumerate(session):
+            reached = reply.reached[i] if i < len(reply.reached) else 0
+            accepted = reply.accepted[i] if i < len(reply.accepted) else 0
+            rates.append((accepted + REPLY_PRIOR * prior) / (reached + REPLY_PRIOR))
+        return rates
 
     def pass_cost(self, fed: int) -> float | None:
         """Estimated cost of a target pass over ``fed`` tokens, for choosing K (None before any pass)."""

@@ -183,6 +183,7 @@ class SpecDecoder(DeviceRounds):
         self._queued = None  # a chain left queued by a reply that ended early: its work is dropped
         self._plan_captures(params)
         self.schedule.switch.new_reply()
+        self.costs.new_reply()
         generator = make_randomness(params.sampling, len(seq), self.target.vocab_size, self.device)
         drafter_name = self.drafter.name if self.drafter is not None else "none"
         stats = ReplyTally(self.mode, drafter_name, params.k is None, self.costs)

@@ -50,6 +50,22 @@ def test_adaptive_k_is_large_when_acceptance_is_high_and_small_when_low() -> Non
     assert k_high > k_low
 
 
+def test_k_follows_the_acceptance_of_the_latest_rounds_not_the_sessions() -> None:
+    """A session that drafted prose (drafts mostly rejected) and now drafts code (mostly accepted)
+    chooses K for code within a reply's worth of rounds: acceptance counted over the whole session
+    held K at 1 on coder's code prompts after chat ones."""
+    switched, code_only = CostModel(), CostModel()
+    feed(switched, 0.2, rounds=300)
+    assert switched.choose_k(1, 8) <= 2
+    switched.new_reply()
+    assert switched.choose_k(1, 8) <= 2  # a reply starts from what the session saw
+    feed(switched, 0.95, rounds=30)
+    feed(code_only, 0.95, rounds=30)
+    assert switched.acceptance(1)[0] > 0.75  # 30 rounds of the reply against the session's prior of 8
+    assert switched.choose_k(1, 8) >= 4 and code_only.choose_k(1, 8) >= 4
+    assert switched.positions[0].per_token() < 0.5  # the session's own counts stay whole
+
+
 def test_adaptive_k_stays_within_bounds_and_accounts_for_draft_cost() -> None:
     cheap, dear = CostModel(), CostModel()
     feed(cheap, 0.8)
