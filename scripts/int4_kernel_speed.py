@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from engine.quant import cpu_kernel, cpu_linear  # noqa: E402
+from engine.quant import cpu_kernel, cpu_linear, cpu_pack  # noqa: E402
 from engine.quant.int4 import Int4Linear, Int4Weights, two_planes  # noqa: E402
 
 SHAPES = [  # (name, out, in, planes)
@@ -71,8 +71,8 @@ def _variant_layers(n: int, k: int, planes: int, names: list[str], six: bool) ->
                               torch.randn(n, planes * k // 32, generator=gen) * 0.01, 32, planes)
     out = {}
     for name in names:
-        packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, weights.planes, variant=name)
-        out[name] = cpu_linear.linear(cpu_kernel.on_huge_pages(packed), table, None, k, weights.planes, variant=name)
+        packed, table = cpu_pack.pack(weights.codes, weights.scale, weights.zero, weights.planes, variant=name)
+        out[name] = cpu_linear.linear(cpu_pack.on_huge_pages(packed), table, None, k, weights.planes, variant=name)
     return out
 
 

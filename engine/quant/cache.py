@@ -29,8 +29,9 @@ import torch
 from torch import nn
 
 import engine.quant.cpu_kernel as cpu_kernel
+import engine.quant.cpu_pack as cpu_pack
 from engine.paths import disk_full, disk_full_error, make_dir
-from engine.quant.cpu_kernel import KernelLayout
+from engine.quant.cpu_pack import KernelLayout
 from engine.quant.int4 import Int4Weights, QuantReport, nibble_pairs, quantize_model
 
 log = logging.getLogger(__name__)
@@ -74,7 +75,7 @@ def _cache_file(location: str, group_size: int, quantize_head: bool, wide_planes
         ident.append(f"{f.name}:{st.st_size}:{st.st_mtime_ns}")
     key = hashlib.sha256("|".join(ident).encode()).hexdigest()[:16]
     tags = (f"g{group_size}{'' if quantize_head else '-nohead'}{'-planes' if wide_planes else ''}"
-            f"{f'-k{cpu_kernel.layout_tag()}' if layout else ''}")
+            f"{f'-k{cpu_pack.layout_tag()}' if layout else ''}")
     return cache_dir(create=True) / "int4" / f"{root.name[:60]}-{key}-{tags}.safetensors"
 
 
@@ -103,7 +104,7 @@ def _save(path: Path, groups: dict[str, Int4Weights | KernelLayout], carried: li
     meta = {"carried": json.dumps(carried), "group_size": str(group_size),
             "planes": json.dumps({name: w.planes for name, w in groups.items() if w.planes != 1}),
             "groups": json.dumps({name: w.group_size for name, w in groups.items() if w.group_size != group_size}),
-            "layouts": json.dumps({name: [*l.shape, cpu_kernel.layout_tag()] for name, l in layouts.items()})}
+            "layouts": json.dumps({name: [*l.shape, cpu_pack.layout_tag()] for name, l in layouts.items()})}
     if source is not None:
         meta["source"] = source
     try:
@@ -183,7 +184,7 @@ def _load(path: Path) -> tuple[dict[str, Int4Weights | KernelLayout], list[str]]
                 size, count = int(sizes.get(name, group_size)), int(planes.get(name, 1))
                 if name in layouts:
                     n, k, version = layouts[name]
-                    if str(version) != cpu_kernel.layout_tag():
+                    if str(version) != cpu_pack.layout_tag():
                         return None
                     table = (f.get_tensor(f"{name}.table") if f"{name}.table" in f.keys()
                              else torch.empty(n, 0, dtype=torch.uint8))  # on the file's mapping: Int4Linear copies

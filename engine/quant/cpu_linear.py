@@ -18,7 +18,7 @@ def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
            variant: str | None = None) -> Callable[..., torch.Tensor]:
     """``f(x [..., K], residual=None) -> [..., N]`` through the kernel (fp32, or ``x``'s dtype).
 
-    ``packed``/``scales`` as :func:`engine.quant.cpu_kernel.pack` makes them (rows may be several layers joined along
+    ``packed``/``scales`` as :func:`engine.quant.cpu_pack.pack` makes them (rows may be several layers joined along
     N); ``bias`` ``[N]`` or None; ``norm`` ``(weight [K], eps)``: x's rows are RMS-normalised
     first (a layer's pre-norm folded into its projection). With ``residual`` (fp32
     ``[..., N]``, contiguous) the product is added into it in place and it is returned: a
@@ -28,13 +28,13 @@ def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
     ``[..., 2K]``, a SwiGLU MLP's gate and up projections side by side, and the product reads
     ``silu(gate)·up`` (computed as each row is quantized: three ops fewer). The kernel must
     be available (:func:`engine.quant.cpu_kernel.matmul`). ``variant``: the kernel variant ``packed`` was laid out for
-    (:func:`engine.quant.cpu_kernel.pack`'s), else this process's.
+    (:func:`engine.quant.cpu_pack.pack`'s), else this process's.
     """
     if gated and norm is not None:
         raise ValueError("a gated input takes no folded norm")
     six = planes == 2 and packed.dtype == torch.uint8
-    k_quant = planes == 1 and scales.dtype == torch.uint8  # a Q4_K's headers (cpu_kernel.pack)
-    six_k = six and scales.numel() > 0  # a Q6_K's codes, its headers beside them (cpu_kernel.pack6)
+    k_quant = planes == 1 and scales.dtype == torch.uint8  # a Q4_K's headers (cpu_pack.pack)
+    six_k = six and scales.numel() > 0  # a Q6_K's codes, its headers beside them (cpu_pack.pack6)
     entry = (cpu_kernel.matmul4k if k_quant else cpu_kernel.matmul if planes == 1 else cpu_kernel.matmul6k if six_k
              else cpu_kernel.matmul6 if six else cpu_kernel.matmul8)
     fn = entry() if variant is None else entry(variant)

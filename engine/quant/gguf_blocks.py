@@ -56,7 +56,7 @@ from torch import nn
 
 from engine.errors import QuantizationError
 from engine.fetch.gguf_tensors import GgufTensors
-from engine.quant.cpu_kernel import SIX_BIT_GROUP, check_headers
+from engine.quant.cpu_pack import SIX_BIT_GROUP, check_headers
 from engine.quant.int4 import Int4Weights, quantize_weight8, two_planes
 
 log = logging.getLogger(__name__)

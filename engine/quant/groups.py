@@ -22,7 +22,7 @@ The planes sit side by side along the input dimension (codes ``[N, 2K]``) and
 the input is repeated (``[x, x]``, ``[M, 2K]``), so one kernel call sums both:
 twice the bytes of int4 (about what llama.cpp reads for Q8_0), at the int4
 kernel's speed and with its batch invariance. On specchat's CPU kernel the two planes are
-joined back into one int8 code a weight (:func:`engine.quant.cpu_kernel.pack8`).
+joined back into one int8 code a weight (:func:`engine.quant.cpu_pack.pack8`).
 
 **Six bits.** A GGUF's Q6_K (``w = d·sc_j·(q − 32)``, ``q`` in 0..63, a scale per 16 weights)
 is carried code for code as two planes in groups of 16: ``u = q + 96``, scale ``s = d·sc_j``,
@@ -38,8 +38,9 @@ from dataclasses import dataclass
 import torch
 
 import engine.quant.cpu_kernel as cpu_kernel
+import engine.quant.cpu_pack as cpu_pack
 from engine.errors import QuantizationError
-from engine.quant.cpu_kernel import KernelLayout
+from engine.quant.cpu_pack import KernelLayout
 
 GROUP_SIZES: tuple[int, ...] = (32, 64, 128)
 CUDA_INNER_K_TILES = (8, 4, 2)
@@ -61,7 +62,7 @@ class Int4Weights:
     uint8 ``[N, K / 256 · 16]`` (fp16 ``d``, ``dmin``, the packed 6-bit sub-scales and mins), from
     which ``scale = d·sc`` and ``zero = 8·d·sc − dmin·m`` came; for a Q6_K's 6-bit planes, its 18
     bytes a super-block ``[N, K / 256 · 18]`` (16 int8 sub-scales, fp16 ``d``: ``scale = d·sc``).
-    specchat's CPU kernel keeps them in place of bf16 scales (:func:`engine.quant.cpu_kernel.pack`).
+    specchat's CPU kernel keeps them in place of bf16 scales (:func:`engine.quant.cpu_pack.pack`).
     None otherwise.
     """
 
@@ -109,19 +110,19 @@ def takes(weights: Int4Weights | KernelLayout, group_size: int) -> bool:
 
 def is_six_bit(weights: Int4Weights | KernelLayout) -> bool:
     """Whether ``weights`` are a Q6_K's 6-bit groups (two planes in groups of 16; module docstring)."""
-    return weights.planes == 2 and weights.group_size == cpu_kernel.SIX_BIT_GROUP
+    return weights.planes == 2 and weights.group_size == cpu_pack.SIX_BIT_GROUP
 
 
-SixBit = tuple[torch.Tensor, torch.Tensor]  # a Q6_K's codes q [N, K] and scales s [N, K/16] (cpu_kernel.six_bit_codes)
+SixBit = tuple[torch.Tensor, torch.Tensor]  # a Q6_K's codes q [N, K] and scales s [N, K/16] (cpu_pack.six_bit_codes)
 
 
 def six_bit_form(weights: Int4Weights, device: torch.device) -> SixBit | None:
     """The 6-bit codes and scales of ``weights`` when specchat's CPU kernel on ``device`` takes them
-    as such (:func:`cpu_kernel.six_bit_codes`); None otherwise."""
-    if not (is_six_bit(weights) and device.type == "cpu" and cpu_kernel.fits(weights.shape[1], weights.group_size)
+    as such (:func:`cpu_pack.six_bit_codes`); None otherwise."""
+    if not (is_six_bit(weights) and device.type == "cpu" and cpu_pack.fits(weights.shape[1], weights.group_size)
             and cpu_kernel.matmul6() is not None):
         return None
-    return cpu_kernel.six_bit_codes(weights.codes, weights.scale, weights.zero)
+    return cpu_pack.six_bit_codes(weights.codes, weights.scale, weights.zero)
 
 
 REQUANTIZE_ROWS = 8192
@@ -173,7 +174,7 @@ def check_shape(n: int, k: int, group_size: int, device: torch.device, planes: i
     """Raise :class:`QuantizationError` when the kernel on ``device`` refuses an ``[n, k]`` weight
     (stored as ``planes`` int4 planes, so the kernel sees ``[n, planes * k]``). Six-bit groups of
     16 are checked as the groups of 32 they become where they cannot stay (:func:`kernel_weights`)."""
-    if planes == 2 and group_size == cpu_kernel.SIX_BIT_GROUP:
+    if planes == 2 and group_size == cpu_pack.SIX_BIT_GROUP:
         group_size = GROUP_SIZES[0]
     k *= planes
     if group_size not in GROUP_SIZES:

@@ -50,8 +50,9 @@ from torch import nn
 
 from engine.errors import QuantizationError
 import engine.quant.cpu_kernel as cpu_kernel
+import engine.quant.cpu_pack as cpu_pack
 import engine.quant.cpu_linear as cpu_linear
-from engine.quant.cpu_kernel import KernelLayout
+from engine.quant.cpu_pack import KernelLayout
 from engine.quant.groups import (  # noqa: F401 - re-exported: the layer's callers name them here
     CUDA_INNER_K_TILES, GROUP_SIZES, Int4Weights, SixBit, check_shape, cuda_inner_k_tiles, cuda_int4_problem,
     is_six_bit, kernel_weights, nibble_pairs, quantize_weight, quantize_weight8, six_bit_form, takes, two_planes,
@@ -93,18 +94,18 @@ class Int4Linear(nn.Module):
         self.group_size = weights.group_size
         self.is_cuda = device.type == "cuda"
         # Which kernel multiplies: specchat's own on a CPU that can build it, else torch's.
-        self.kernel = ("specchat" if not self.is_cuda and cpu_kernel.fits(k, weights.group_size)
+        self.kernel = ("specchat" if not self.is_cuda and cpu_pack.fits(k, weights.group_size)
                        and cpu_kernel.matmul() is not None else "torch")
         if isinstance(weights, KernelLayout):
             if self.kernel != "specchat":
                 raise QuantizationError("these int4 weights are laid out for specchat's CPU kernel, which cannot run "
                                         f"here ({cpu_kernel.why_not() or 'not on a CPU'}): clear the int4 cache")
             # copies: what it is given may lie on a cache file's mapping, which a tensor left there keeps resident
-            packed, table = cpu_kernel.on_huge_pages(weights.packed, copy=True), weights.table.clone()
+            packed, table = cpu_pack.on_huge_pages(weights.packed, copy=True), weights.table.clone()
         elif self.kernel == "specchat":
-            packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, weights.planes, six,
+            packed, table = cpu_pack.pack(weights.codes, weights.scale, weights.zero, weights.planes, six,
                                             headers=weights.headers)
-            packed = cpu_kernel.on_huge_pages(packed)
+            packed = cpu_pack.on_huge_pages(packed)
         elif self.is_cuda:  # paired where the codes are (the host, mostly): half the bytes cross over
             pairs = nibble_pairs(weights.codes).to(device)
             packed = torch._convert_weight_to_int4pack(pairs, cuda_inner_k_tiles(self.planes * k))
@@ -184,7 +185,7 @@ class Int4Linear(nn.Module):
                                 first.planes, widen)
         packed = first.packed  # a single layer keeps its own storage: nothing to copy
         if len(layers) > 1:
-            packed = _joint_packed(layers, cpu_kernel.on_huge_pages(torch.cat([l.packed for l in layers])))
+            packed = _joint_packed(layers, cpu_pack.on_huge_pages(torch.cat([l.packed for l in layers])))
         table = _joint_table(layers) if len(layers) > 1 else first.scales_and_zeros
         return cpu_linear.linear(packed, table, joint_bias(layers), first.in_features, first.planes, norm, gated)
 
@@ -215,7 +216,7 @@ class Int4Linear(nn.Module):
         return bool(layers) and all(isinstance(l, Int4Linear) and l.kernel == "specchat" for l in layers)
 
     def extra_repr(self) -> str:
-        kind = ("int4" if self.planes == 1 else "6-bit" if self.group_size == cpu_kernel.SIX_BIT_GROUP
+        kind = ("int4" if self.planes == 1 else "6-bit" if self.group_size == cpu_pack.SIX_BIT_GROUP
                 else f"int4 x {self.planes} planes")
         return (f"in_features={self.in_features}, out_features={self.out_features}, group_size={self.group_size}, "
                 f"{kind}, {self.kernel} kernel")
@@ -235,7 +236,7 @@ def _joint_packed(layers: Sequence[Int4Linear], packed: torch.Tensor) -> torch.T
 def _joint_table(layers: Sequence[Int4Linear]) -> torch.Tensor:
     """The scale tables of layers joined along the output dim for specchat's kernel. Where int4 layers with a
     Q4_K's headers (uint8) meet layers with bf16 tables, the headers become the bf16 scales and zeros they
-    stand for (:func:`engine.quant.cpu_kernel.header_scales`, rounded as every bf16 table is), so that a
+    stand for (:func:`engine.quant.cpu_pack.header_scales`, rounded as every bf16 table is), so that a
     gate and up of two kinds still make one product (and their layer one call)."""
     tables = [l.scales_and_zeros for l in layers]
     if len({t.dtype for t in tables}) > 1:
@@ -245,8 +246,8 @@ def _joint_table(layers: Sequence[Int4Linear]) -> torch.Tensor:
 
 def _headers_as_bf16(headers: torch.Tensor) -> torch.Tensor:
     """Q4_K headers as the bf16 table of the scales and zeros they stand for."""
-    scale, mins = cpu_kernel.header_scales(headers)
-    return cpu_kernel.bf16_table(scale, 8.0 * scale - mins)
+    scale, mins = cpu_pack.header_scales(headers)
+    return cpu_pack.bf16_table(scale, 8.0 * scale - mins)
 
 
 def joint_bias(layers: Sequence[nn.Module]) -> torch.Tensor | None:

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 
 from engine.model import cpu_attention
 from engine.model.lean import GrowingKV, _signed_sin
-from engine.quant import cpu_kernel, cpu_linear
+from engine.quant import cpu_kernel, cpu_linear, cpu_pack
 
 
 @pytest.fixture(autouse=True)
@@ -127,7 +127,7 @@ def test_silu_times_up_is_computed_where_the_down_projection_quantizes_its_input
 
     gen = torch.Generator().manual_seed(8)
     weights = quantize_weight(torch.randn(48, 128, generator=gen), 32)
-    packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, 1)
+    packed, table = cpu_pack.pack(weights.codes, weights.scale, weights.zero, 1)
     gate_up = torch.randn(3, 256, generator=gen) * 4
     gated = cpu_linear.linear(packed, table, None, 128, 1, gated=True)(gate_up)
     plain = cpu_linear.linear(packed, table, None, 128, 1)(F.silu(gate_up[:, :128]) * gate_up[:, 128:])

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from engine.quant import cpu_kernel, cpu_linear
+from engine.quant import cpu_kernel, cpu_linear, cpu_pack
 from engine.quant.int4 import Int4Linear, Int4Weights, quantize_weight, quantize_weight8
 
 CPU = torch.device("cpu")
@@ -87,7 +87,7 @@ def test_a_row_count_off_the_kernels_tile_is_computed_whole(planes: int, k: int)
     AVX-512); the last tile may be short (the layer refuses such shapes for torch's sake, so this
     calls the kernel directly). Each token still gets the bits it gets alone."""
     weights = _weights(11, k, seed=4, planes=planes)
-    packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, planes)
+    packed, table = cpu_pack.pack(weights.codes, weights.scale, weights.zero, planes)
     bias = torch.randn(11)
     x = torch.randn(3, k)
     f = cpu_linear.linear(packed, table, bias, k, planes)
@@ -105,9 +105,9 @@ def test_a_zero_group_of_activations_gives_exact_zeros() -> None:
 
 def test_pack_keeps_every_code_and_rounds_scales_as_torch_does() -> None:
     weights = _weights(24, 256, seed=9)
-    packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, 1)
+    packed, table = cpu_pack.pack(weights.codes, weights.scale, weights.zero, 1)
     assert packed.shape == (24, 128) and table.shape == (24, 1, 2, 8) and table.dtype == torch.bfloat16
-    assert torch.equal(cpu_kernel.unpack_codes(packed), weights.codes)
+    assert torch.equal(cpu_pack.unpack_codes(packed), weights.codes)
     assert torch.equal(table[:, 0, 0], weights.scale.bfloat16()) and torch.equal(table[:, 0, 1], weights.zero.bfloat16())
 
 
@@ -115,10 +115,10 @@ def test_two_planes_are_joined_into_the_8_bit_weights_they_stand_for() -> None:
     """Two int4 planes (l, h; the high plane's scale 16 s) become one signed byte a weight,
     v = 16 h + l - 128, with w = v s + c: the very weights the planes dequantize to."""
     weights = _weights(24, 256, seed=9, planes=2)
-    packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, 2)
+    packed, table = cpu_pack.pack(weights.codes, weights.scale, weights.zero, 2)
     assert packed.shape == (24, 256) and packed.dtype == torch.int8
     assert table.shape == (24, 2, 8) and table.dtype == torch.float32
-    assert torch.equal(cpu_kernel.unpack_codes(packed), weights.codes)
+    assert torch.equal(cpu_pack.unpack_codes(packed), weights.codes)
     v = cpu_kernel.vnni_order(packed).float() if cpu_kernel.is_vnni() else packed.float()  # weight order
     v = v.view(24, 8, 32)
     joined = (v * table[:, 0, :, None] + table[:, 1, :, None]).view(24, 256)
@@ -126,12 +126,12 @@ def test_two_planes_are_joined_into_the_8_bit_weights_they_stand_for() -> None:
     off = weights.scale.clone()
     off[:, 8:] *= 1.5  # a high plane whose scale is not 16 times the low one's
     with pytest.raises(ValueError, match="16 times"):
-        cpu_kernel.pack(weights.codes, off, weights.zero, 2)
+        cpu_pack.pack(weights.codes, off, weights.zero, 2)
 
 
 def test_shapes_it_does_not_take_go_to_torchs_kernel() -> None:
     """Inputs not in whole 64-weight pairs of groups, or groups other than 32, run on torch's kernel."""
-    assert not cpu_kernel.fits(96, 32) and not cpu_kernel.fits(128, 64) and cpu_kernel.fits(128, 32)
+    assert not cpu_pack.fits(96, 32) and not cpu_pack.fits(128, 64) and cpu_pack.fits(128, 32)
     assert Int4Linear(quantize_weight(torch.randn(16, 96), 32), None, CPU).kernel == "torch"
     assert Int4Linear(quantize_weight(torch.randn(16, 128), 64), None, CPU).kernel == "torch"
 
@@ -196,7 +196,7 @@ def test_a_folded_pre_norm_and_a_residual_add_in_place_are_the_ops_they_replace(
     torch's rms_norm, then the same 8-bit bound); ``residual``: the product is added into the
     residual in place, the very sum ``residual + f(x)`` gives."""
     weights = _weights(64, 256, seed=11)
-    packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, 1)
+    packed, table = cpu_pack.pack(weights.codes, weights.scale, weights.zero, 1)
     gamma, eps = torch.rand(256) + 0.5, 1e-5
     x = torch.randn(5, 256) * 3
     folded = cpu_linear.linear(packed, table, None, 256, 1, norm=(gamma, eps))(x)
@@ -244,9 +244,9 @@ def test_large_weights_are_copied_to_huge_page_aligned_memory_and_small_ones_sta
     import mmap
 
     small = torch.arange(100, dtype=torch.uint8)
-    assert cpu_kernel.on_huge_pages(small) is small
-    big = torch.randint(0, 255, (cpu_kernel.HUGE_MIN_BYTES + 1000,), dtype=torch.uint8).view(torch.int8)
-    moved = cpu_kernel.on_huge_pages(big)
+    assert cpu_pack.on_huge_pages(small) is small
+    big = torch.randint(0, 255, (cpu_pack.HUGE_MIN_BYTES + 1000,), dtype=torch.uint8).view(torch.int8)
+    moved = cpu_pack.on_huge_pages(big)
     assert torch.equal(moved, big) and moved.dtype == torch.int8
     if hasattr(mmap, "MADV_HUGEPAGE"):
-        assert moved.data_ptr() != big.data_ptr() and moved.data_ptr() % cpu_kernel.HUGE_PAGE == 0
+        assert moved.data_ptr() != big.data_ptr() and moved.data_ptr() % cpu_pack.HUGE_PAGE == 0

@@ -13,7 +13,7 @@ from gguf import GGMLQuantizationType, GGUFWriter, quants
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 from engine.model.lean import lean_forward
-from engine.quant import Int4Linear, apply_int4, cpu_kernel, quantize_weight
+from engine.quant import Int4Linear, apply_int4, cpu_kernel, cpu_pack, quantize_weight
 from engine.quant.gguf_blocks import GgufCarrier, carry_over, decode_8bit_rows, decode_q4_rows
 from engine.quant.int4 import Int4Weights, quantize_weight8, two_planes
 
@@ -156,9 +156,9 @@ def test_every_type_of_a_mixed_gguf_is_carried_and_decodes_as_before(tmp_path: P
         assert weights.group_size == (16 if kind == "Q6_K" else 32)  # Q6_K's sub-blocks of 16, code for code
         assert (weights.headers is not None) is (kind in ("Q4_K", "Q6_K"))  # a K-quant keeps its super-blocks' scales
         if kind == "Q4_K":
-            assert torch.equal(cpu_kernel.header_scales(weights.headers)[0], weights.scale)
+            assert torch.equal(cpu_pack.header_scales(weights.headers)[0], weights.scale)
         if kind == "Q6_K":
-            assert torch.equal(cpu_kernel.six_header_scales(weights.headers), weights.scale[:, : w_k(weights) // 16])
+            assert torch.equal(cpu_pack.six_header_scales(weights.headers), weights.scale[:, : w_k(weights) // 16])
         w = model.get_submodule(name).weight.detach()
         assert torch.allclose(weights.dequantize(), w, rtol=0, atol=1e-6 * float(w.abs().max()))
     only_four = carry_over(path, model, wide_planes=False)

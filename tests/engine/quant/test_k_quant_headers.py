@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from engine.model.lean import lean_forward
-from engine.quant import cpu_kernel
+from engine.quant import cpu_kernel, cpu_pack
 from engine.quant.gguf_blocks import decode_q4_rows, decode_q6_k_rows, q4_k_headers, q6_k_headers
 from engine.quant.int4 import Int4Linear, Int4Weights, QuantReport, two_planes
 from tests.engine.quant.test_gguf_blocks import raw_blocks, reference
@@ -53,19 +53,19 @@ def _kernel() -> None:
 def test_the_headers_give_the_carried_scales_exactly_and_the_mins_to_fp32_rounding() -> None:
     weights = q4_k_weights(24, 768, seed=3)
     assert weights.headers is not None and weights.headers.shape == (24, 768 // 256 * 16)
-    scale, mins = cpu_kernel.header_scales(weights.headers)
+    scale, mins = cpu_pack.header_scales(weights.headers)
     assert torch.equal(scale, weights.scale)
     assert torch.allclose(weights.zero - 8.0 * weights.scale, -mins, rtol=0, atol=1e-6 * float(weights.zero.abs().max()))
     six = q6_k_weights(24, 768, seed=3)
     assert six.headers is not None and six.headers.shape == (24, 768 // 256 * 18)
-    assert torch.equal(cpu_kernel.six_header_scales(six.headers), six.scale[:, : 768 // 16])
+    assert torch.equal(cpu_pack.six_header_scales(six.headers), six.scale[:, : 768 // 16])
 
 
 @pytest.mark.parametrize("kind", ["Q4_K", "Q6_K"])
 def test_headers_of_other_weights_are_refused(kind: str) -> None:
     weights, other = (_carried(kind, _raw(kind, 8, 512, seed)) for seed in (1, 2))
     planes = weights.planes
-    pack = cpu_kernel.pack6 if planes == 2 else (lambda c, s, z, headers: cpu_kernel.pack(c, s, z, 1, headers=headers))
+    pack = cpu_pack.pack6 if planes == 2 else (lambda c, s, z, headers: cpu_pack.pack(c, s, z, 1, headers=headers))
     with pytest.raises(ValueError, match="do not give these weights"):
         pack(weights.codes, weights.scale, weights.zero, headers=other.headers)
     with pytest.raises(ValueError, match="do not fit"):

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from engine.quant import cpu_isa, cpu_kernel, cpu_linear
+from engine.quant import cpu_isa, cpu_kernel, cpu_linear, cpu_pack
 from engine.quant.int4 import Int4Weights, quantize_weight, quantize_weight8, two_planes
 from tests.engine.quant.test_k_quant_headers import q4_k_weights, q6_k_weights
 
@@ -66,7 +66,7 @@ def test_each_vnni_variant_gives_every_output_the_avx2_bits(name: str, kind: str
     bias = torch.randn(n)
     out = {}
     for variant in ("avx2", name):
-        packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, planes, variant=variant,
+        packed, table = cpu_pack.pack(weights.codes, weights.scale, weights.zero, planes, variant=variant,
                                         headers=weights.headers)
         plain = cpu_linear.linear(packed, table, bias, k, planes, variant=variant)
         normed = cpu_linear.linear(packed, table, None, k, planes, norm=norm, variant=variant)
@@ -85,9 +85,9 @@ def test_each_vnni_variant_gives_every_output_the_avx2_bits(name: str, kind: str
 def test_every_variants_layout_keeps_every_code(name: str, kind: str, k: int) -> None:
     """Packing for any variant (no CPU needed) and unpacking for the same gives the codes back."""
     weights = _weights(kind, 6, k, seed=k)
-    packed, _ = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, weights.planes, variant=name,
+    packed, _ = cpu_pack.pack(weights.codes, weights.scale, weights.zero, weights.planes, variant=name,
                                 headers=weights.headers)
-    assert torch.equal(cpu_kernel.unpack_codes(packed, k if kind in ("6-bit", "q6_k") else None, variant=name), weights.codes)
+    assert torch.equal(cpu_pack.unpack_codes(packed, k if kind in ("6-bit", "q6_k") else None, variant=name), weights.codes)
 
 
 def test_the_vnni_order_moves_only_whole_256_blocks_and_undoes_itself() -> None:
@@ -112,7 +112,7 @@ def test_the_variant_follows_the_cpus_flags_unless_one_is_forced(
     monkeypatch.setenv(cpu_kernel.ENV, env)
     assert cpu_kernel.why_not() is None
     assert cpu_isa.choose() == chosen
-    assert cpu_kernel.layout_tag(chosen) == ("2" if chosen == "avx2" else "2-vnni")
+    assert cpu_pack.layout_tag(chosen) == ("2" if chosen == "avx2" else "2-vnni")
 
 
 def test_a_forced_variant_the_cpu_lacks_or_an_unknown_name_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,7 +9,8 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from engine.quant.cache import _cache_file, _save, apply_int4, cpu_kernel
+from engine.quant import cpu_kernel, cpu_pack
+from engine.quant.cache import _cache_file, _save, apply_int4
 from tests.engine.quant.test_gguf_blocks import mixed_gguf
 
 IDS = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
@@ -40,7 +41,7 @@ def _no_packing(monkeypatch: pytest.MonkeyPatch) -> None:
     def refuse(*args: object, **kwargs: object) -> None:
         raise AssertionError("a warm start packed weights")
 
-    monkeypatch.setattr(cpu_kernel, "pack", refuse)
+    monkeypatch.setattr(cpu_pack, "pack", refuse)
 
 
 def test_a_warm_start_takes_the_kernels_layout_as_it_is(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -96,7 +97,7 @@ def test_a_layout_of_another_version_is_rebuilt(tmp_path: Path, monkeypatch: pyt
     gguf, src, kind = _model(tmp_path)
     cold, _ = _logits(kind, src, gguf)
     this = _cache_file(str(src), 32, True, True, layout=True)
-    monkeypatch.setattr(cpu_kernel, "LAYOUT_VERSION", cpu_kernel.LAYOUT_VERSION + 1)
+    monkeypatch.setattr(cpu_pack, "LAYOUT_VERSION", cpu_pack.LAYOUT_VERSION + 1)
     later = _cache_file(str(src), 32, True, True, layout=True)
     assert this is not None and later is not None and later != this
     from engine.quant.cache import _load
@@ -129,7 +130,7 @@ def test_save_keeps_layouts_and_codes_side_by_side(tmp_path: Path) -> None:
     _save(tmp_path / "c.safetensors", {"a": layout, "b": b}, ["a"], layouts={"a": layout})
     loaded, carried = _load(tmp_path / "c.safetensors")  # type: ignore[misc]
     got = loaded["a"]
-    assert carried == ["a"] and isinstance(got, cpu_kernel.KernelLayout)
+    assert carried == ["a"] and isinstance(got, cpu_pack.KernelLayout)
     assert torch.equal(got.packed, layout.packed) and got.table.shape == (16, 0)
     assert (got.shape, got.group_size, got.planes) == ((16, 256), 16, 2)
     assert torch.equal(loaded["b"].codes, b.codes)  # type: ignore[union-attr]

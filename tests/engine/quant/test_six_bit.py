@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from engine.quant import cpu_kernel, cpu_linear
+from engine.quant import cpu_kernel, cpu_linear, cpu_pack
 from engine.quant.gguf_blocks import decode_q6_k_rows
 from engine.quant.int4 import Int4Linear, Int4Weights, is_six_bit, kernel_weights, quantize_weight, two_planes
 
@@ -57,28 +57,28 @@ def test_q6_k_rows_decode_to_ggufs_own_weights() -> None:
 
 def test_the_rows_keep_every_code_and_scale_in_seven_bits_a_weight() -> None:
     weights = six_bit(12, 512, seed=1)
-    packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, 2)
+    packed, table = cpu_pack.pack(weights.codes, weights.scale, weights.zero, 2)
     assert packed.dtype == torch.uint8 and packed.shape == (12, 448) and table.numel() == 0  # 512 * 7 / 8
-    assert torch.equal(cpu_kernel.unpack_codes(packed, 512), weights.codes)
+    assert torch.equal(cpu_pack.unpack_codes(packed, 512), weights.codes)
     scales = packed[:, 384:448].contiguous().view(torch.bfloat16).float()
     assert torch.equal(scales, weights.scale[:, :32])
 
 
 def test_a_tall_layer_is_laid_out_in_pieces_to_the_same_bytes(monkeypatch: pytest.MonkeyPatch) -> None:
     weights = six_bit(40, 256, seed=3)
-    whole = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, 2)
-    monkeypatch.setattr(cpu_kernel, "PACK_ROWS", 16)  # 40 rows: pieces of 16, 16 and 8
-    pieces = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, 2)
+    whole = cpu_pack.pack(weights.codes, weights.scale, weights.zero, 2)
+    monkeypatch.setattr(cpu_pack, "PACK_ROWS", 16)  # 40 rows: pieces of 16, 16 and 8
+    pieces = cpu_pack.pack(weights.codes, weights.scale, weights.zero, 2)
     assert torch.equal(pieces[0], whole[0]) and pieces[1].shape == whole[1].shape
 
 
 def test_planes_of_another_form_are_refused() -> None:
     weights = six_bit(4, 256, seed=2)
     with pytest.raises(ValueError, match="not 6-bit weights"):
-        cpu_kernel.pack6(weights.codes, weights.scale, weights.zero + 1e-3)
+        cpu_pack.pack6(weights.codes, weights.scale, weights.zero + 1e-3)
     wide = Int4Weights(weights.codes.clone(), weights.scale, weights.zero, 16, 2)
     wide.codes[0, 256] = 0  # a high nibble of 0: u below 96, more than six bits
-    assert cpu_kernel.six_bit_codes(wide.codes, wide.scale, wide.zero) is None
+    assert cpu_pack.six_bit_codes(wide.codes, wide.scale, wide.zero) is None
 
 
 @pytest.mark.parametrize("n, k", [(48, 256), (10, 512), (1536, 1536), (16, 8960)])
@@ -87,7 +87,7 @@ def test_outputs_are_the_dequantized_product_of_the_rounded_activations(n: int, 
     tiles (10 rows) and rows long enough to go one at a time (8960 inputs) included."""
     weights = six_bit(n, k, seed=n + k)
     bias = torch.randn(n)
-    f = cpu_linear.linear(*cpu_kernel.pack(weights.codes, weights.scale, weights.zero, 2), bias, k, 2)
+    f = cpu_linear.linear(*cpu_pack.pack(weights.codes, weights.scale, weights.zero, 2), bias, k, 2)
     x = torch.randn(5, k)
     want = _simulated(weights, x) + bias.double()
     assert float((f(x).double() - want).abs().max()) <= 1e-5 * float(want.abs().max())
@@ -111,7 +111,7 @@ def test_each_token_gets_the_same_bits_in_a_pass_of_any_size_and_any_thread_coun
 
 def test_a_folded_norm_a_gate_and_a_residual_are_the_ops_they_replace() -> None:
     weights = six_bit(32, 256, seed=3)
-    packed, table = cpu_kernel.pack(weights.codes, weights.scale, weights.zero, 2)
+    packed, table = cpu_pack.pack(weights.codes, weights.scale, weights.zero, 2)
     gamma, eps = torch.rand(256) + 0.5, 1e-5
     x = torch.randn(3, 512)
     normed = torch.nn.functional.rms_norm(x[:, :256], (256,), gamma, eps)
