@@ -25,7 +25,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from textual.message import Message
 
@@ -73,6 +73,22 @@ class ChatRef:
     """Set while its unsaved exchanges wait to be written to a new chat: the id deleted elsewhere."""
 
 
+class SupportsToDict(Protocol):
+    """Statistics the saver turns into a dict only when it writes them (an engine's frozen
+    ``ReplyStats``): the reply worker hands over every round's, the saver writes about one a second."""
+
+    def to_dict(self) -> dict[str, Any]: ...
+
+
+Stats = dict[str, Any] | SupportsToDict | None
+"""A reply's statistics as handed to :meth:`HistorySaver.update`."""
+
+
+def stats_dict(stats: Stats) -> dict[str, Any] | None:
+    """``stats`` as the history stores them."""
+    return stats if stats is None or isinstance(stats, dict) else stats.to_dict()
+
+
 @dataclass
 class ReplyRecord:
     """One prompt and its reply as they should be saved; ``version`` counts updates."""
@@ -82,7 +98,7 @@ class ReplyRecord:
     profile: str | None
     text: str = ""
     pieces: Pieces = field(default_factory=list)
-    stats: dict[str, Any] | None = None
+    stats: Stats = None
     finish: str | None = None
     version: int = 0
     written: int = -1
@@ -132,9 +148,10 @@ class HistorySaver:
             self._cond.notify_all()
         return record
 
-    def update(self, record: ReplyRecord, text: str, pieces: Pieces, stats: dict[str, Any] | None,
+    def update(self, record: ReplyRecord, text: str, pieces: Pieces, stats: Stats,
                finish: str | None = None) -> None:
-        """The reply's state now (``finish`` set on the last call); saved soon, in order."""
+        """The reply's state now (``finish`` set on the last call); saved soon, in order.
+        ``stats`` may be an immutable object with ``to_dict``, converted only when written."""
         with self._cond:
             record.text, record.pieces, record.stats = text, list(pieces), stats
             record.finish = finish or record.finish
@@ -278,7 +295,7 @@ class HistorySaver:
             self._cond.notify_all()
 
     def _write(self, record: ReplyRecord, version: int, text: str, pieces: Pieces,
-               stats: dict[str, Any] | None, finish: str | None) -> None:
+               stats: Stats, finish: str | None) -> None:
         """Create whatever rows are missing, then write the reply's state (may raise)."""
         h = self.history
         chat = record.chat
@@ -293,4 +310,5 @@ class HistorySaver:
             record.user_id = h.add_message(chat.id, "user", record.prompt, profile=record.profile)
         if record.assistant_id is None:
             record.assistant_id = h.add_message(chat.id, "assistant", "", profile=record.profile)
-        h.update_message(chat.id, record.assistant_id, text, stats=stats, pieces=pieces, finish_reason=finish)
+        h.update_message(chat.id, record.assistant_id, text, stats=stats_dict(stats), pieces=pieces,
+                         finish_reason=finish)

@@ -99,9 +99,11 @@ def stream_reply(job: ReplyJob, post: Callable[[Message], Any]) -> None:
 
     def save(final: FinishReason | None) -> None:
         # Handing over is cheap: the saver thread coalesces rounds and writes at most
-        # every app.ui.archive.WRITE_EVERY_S, always ending with the final state.
+        # every app.ui.archive.WRITE_EVERY_S, always ending with the final state. The stats
+        # go as they are (frozen): turned into a dict only when written, not every round
+        # (33 us a round, 190 rounds a second on pocket here).
         if job.saver is not None and job.record is not None:
-            job.saver.update(job.record, text, pieces, stats.to_dict() if stats else None, final)
+            job.saver.update(job.record, text, pieces, stats, final)
 
     with job.lock:
         try:

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from app.store.history import History
 from app.store.saver import ChatRef, HistorySaver
+from engine.events import ReplyStats
 from tests.conftest import REPO
 from tests.app.store.locking import hold_lock
 
@@ -37,6 +38,20 @@ def test_saver_keeps_rounds_while_locked_and_writes_the_final_state(specchat_dir
     assert rows == [("user", "hello", None), ("assistant", "Hi there, done.", "eos"),
                     ("user", "again", None), ("assistant", "Yes.", "eos")]
     assert history.messages(chat.id)[1].stats == {"tokens": 9}  # type: ignore[arg-type]
+
+
+def test_the_engines_stats_are_written_as_the_dict_they_convert_to(specchat_dirs: Path) -> None:
+    """The reply worker hands over each round's frozen ReplyStats; the saver converts the one it writes."""
+    history = History.open()
+    saver = HistorySaver(history)
+    chat = ChatRef("stats", "fast")
+    record = saver.start_reply(chat, "hello", "fast")
+    stats = [ReplyStats(mode="plain", drafter="none", rounds=i, tokens=i, tokens_per_s=40.0 + i) for i in (1, 2, 3)]
+    for i, round_stats in enumerate(stats):
+        saver.update(record, "Hi" * (i + 1), [("Hi" * (i + 1), "target")], round_stats, "eos" if i == 2 else None)
+    assert saver.close(5)
+    (_user, reply) = history.messages(chat.id)  # type: ignore[arg-type]
+    assert reply.stats == stats[-1].to_dict() and reply.stats["tokens"] == 3
 
 
 def _child(db: Path, rounds: int, finish: bool) -> subprocess.Popen[str]:
