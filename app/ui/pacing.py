@@ -40,15 +40,16 @@ class PaintPacer:
 
     def __init__(
         self,
-        budget: float = UI_BUDGET,
-        fastest: float = PAINT_EVERY_S,
-        slowest: float = PAINT_MAX_S,
+        budget: float | None = None,
+        fastest: float | None = None,
+        slowest: float | None = None,
         clock: Callable[[], float] = time.monotonic,
         cpu_clock: Callable[[], float] = time.thread_time,
     ) -> None:
-        self.budget = budget
-        self.fastest = fastest
-        self.slowest = slowest
+        # None: the module's constant as it is when the pacer is made (a measurement may set them)
+        self.budget = UI_BUDGET if budget is None else budget
+        self.fastest = PAINT_EVERY_S if fastest is None else fastest
+        self.slowest = PAINT_MAX_S if slowest is None else slowest
         self._clock = clock
         self._cpu_clock = cpu_clock
         self.interval = fastest
