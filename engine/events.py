@@ -21,10 +21,10 @@ FinishReason = Literal["eos", "stop", "length", "context", "cancelled", "error"]
 
 TOO_SHORT = "too short to measure"
 """``ReplyStats.speedup_note`` when the reply holds less evidence than the floor
-(:data:`engine.decode.cost_model.SPEEDUP_FLOOR` says what the floor is)."""
+(:data:`engine.decode.tally.SPEEDUP_FLOOR` says what the floor is)."""
 TOO_NOISY = "too uncertain to measure"
 """``ReplyStats.speedup_note`` when the reply is past the floor but its speedup's standard error
-is more than :data:`engine.decode.cost_model.SPEEDUP_MAX_RELATIVE_SE` of the figure (a busy
+is more than :data:`engine.decode.tally.SPEEDUP_MAX_RELATIVE_SE` of the figure (a busy
 machine's timings): "1.07× ± 3.22" says nothing a reader can use."""
 PLAIN_REPLY = "decoded plainly"
 """``ReplyStats.speedup_note`` when nothing was drafted in the reply: there is no speedup to show."""
@@ -167,7 +167,7 @@ class ReplyStats:
     session (``engine.decode.pass_costs`` gives the estimator), with its standard
     error ``speedup_se``. It is the one figure every view shows (HUD, reply footer,
     export, ``generate --json`` and its timing line). ``None`` below the evidence
-    floor (:data:`engine.decode.cost_model.SPEEDUP_FLOOR`) or when nothing was
+    floor (:data:`engine.decode.tally.SPEEDUP_FLOOR`) or when nothing was
     drafted; ``speedup_note`` then says which (:data:`TOO_SHORT`,
     :data:`PLAIN_REPLY`). ``plain_rounds`` counts this reply's rounds
     with K = 0 and ``plain_measured_tokens_per_s`` is their own speed: a

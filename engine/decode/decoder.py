@@ -29,7 +29,8 @@ from engine.events import NOT_PAYING, FinishReason, GenerationParams, Mode, Roun
 from engine.decode.runner import ModelRunner
 from engine.decode.sampling import GumbelNoise, Randomness, make_randomness, warp
 from engine.decode.schedule import Schedule
-from engine.decode.cost_model import CostModel, ReplyTally
+from engine.decode.cost_model import CostModel
+from engine.decode.tally import ReplyTally
 from engine.decode.read_once import draft_and_verify, matching
 from engine.decode.chain import QueuedChain, chain_rounds
 from engine.decode.chain_drafts import DeviceLookup

@@ -13,7 +13,8 @@ from typing import Protocol, TypeVar
 
 from engine.decode.chain import ChainedRound, QueuedChain, chains_allowed, queue_chain, read_chain
 from engine.decode.chain_drafts import ChainDrafting, DeviceLookup, ModelChainDraft
-from engine.decode.cost_model import CostModel, ReplyTally
+from engine.decode.cost_model import CostModel
+from engine.decode.tally import ReplyTally
 from engine.decode.drafters import Draft, Drafter, ModelDrafter, NgramDrafter, match_key
 from engine.decode.read_once import plain_steps
 from engine.decode.runner import ModelRunner

@@ -321,7 +321,7 @@ class Hud(VerticalScroll):
         return lines(
             Content.assemble((f"─ {title} ", "$text-muted"), ("─" * 20, "$text-muted")),
             row("K", k),
-            # Two different acceptance figures, named apart (engine.decode.cost_model explains both).
+            # Two different acceptance figures, named apart (engine.decode.tally explains both).
             row("accepted", DASH if s is None or s.alpha is None else f"{fmt_percent(s.alpha)} of proposed"),
             row("α/token", fmt_float(s.alpha_per_token if s else None)),
             row("τ", fmt_float(s.tau if s else None)),

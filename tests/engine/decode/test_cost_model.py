@@ -8,7 +8,8 @@ import random
 
 import pytest
 
-from engine.decode.cost_model import REFRESH_EVERY, CostModel, PositionCounts, ReplyTally, expected_tokens
+from engine.decode.cost_model import REFRESH_EVERY, CostModel, PositionCounts, expected_tokens
+from engine.decode.tally import ReplyTally
 from engine.decode.pass_costs import MIN_PLAIN
 
 # The int4 pocket target as the lead measured it: 1 token 10 ms, 5 tokens 16 ms.
