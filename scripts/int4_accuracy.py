@@ -33,7 +33,7 @@ import torch
 from app.bench.inputs import load_prompt_set
 from engine.chat.text import render_prompt
 from engine.model.device import Device
-from engine.load.loader import load_tokenizer, load_weights
+from engine.load.weights import load_tokenizer, load_weights
 from engine.config.models_file import load_profiles
 from engine.quant.gguf_blocks import bf16_rounding_error, carry_over
 from engine.decode.runner import ModelRunner

@@ -15,10 +15,10 @@ from transformers import AutoConfig, AutoModelForCausalLM
 
 import engine.quant as quant
 from engine.config.profiles import ModelProfile, ModelSpec
-from engine.errors import ModelSourceError
 from engine.fetch.convert import DONE_MARKER, LEAN_SUFFIX, convert_gguf, is_lean, one_metadata_read, write_lean
 from engine.fetch.sources import gguf_origin, locate, prepare
-from engine.load.loader import load_engine, load_weights
+from engine.load.loader import load_engine
+from engine.load.weights import load_weights
 from engine.model.device import Device
 from engine.quant.int4 import Int4Linear
 from tests.gguf_tiny import write_tiny_gguf

@@ -247,7 +247,7 @@ def test_a_local_gguf_is_hashed_once_then_known_by_its_status(tmp_path: Path, mo
 
 @pytest.mark.parametrize("keep", [0.5, 0.1, 40])
 def test_a_truncated_gguf_is_called_truncated_when_its_config_is_read(tmp_path: Path, keep: float) -> None:
-    from engine.load.loader import load_tokenizer
+    from engine.load.weights import load_tokenizer
 
     gguf_file = tiny_gguf(tmp_path / "tiny.gguf")
     data = gguf_file.read_bytes()

@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import engine.load.loader as loading
+import engine.load.weights as weights
 from engine.model.device import Device
 from engine.decode.drafters import NgramDrafter
 from engine.events import ChatMessage, GenerationParams
@@ -200,7 +201,7 @@ def test_load_weights_on_a_faked_card_picks_dtype_and_attention(
 def test_the_int8_cast_warning_is_shown_once(monkeypatch: pytest.MonkeyPatch) -> None:
     logger = logging.getLogger("bitsandbytes.autograd._functions")
     monkeypatch.setattr(logger, "filters", [])  # an int8 load in an earlier test installed the loader's
-    once = loading._Once()
+    once = weights._Once()
     once.install()
     once.install()  # idempotent
     try:

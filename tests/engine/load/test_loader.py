@@ -15,7 +15,8 @@ from engine.model.device import Device
 from engine.decode.drafters import NgramDrafter
 from engine.errors import MemoryPlanError, ModelSourceError
 from engine.events import ChatMessage, GenerationParams
-from engine.load.loader import load_engine, load_model
+from engine.load.loader import load_engine
+from engine.load.weights import load_model
 from engine.model.memory import count_params, estimate_weights_bytes, plan_memory
 from engine.config.profiles import ModelProfile, ModelSpec
 from engine.config.models_file import load_profiles
