@@ -8,7 +8,7 @@ measured, not assumed: the UI thread's CPU time from one paint to the next
 the next interval so that painting stays near :data:`UI_BUDGET` of one core, up to
 :data:`PAINT_MAX_S` between paints. Past that the slowest interval wins: a paint of a
 growing reply in a 120x40 tmux pane cost 40-130 ms of the UI thread on the 2-core
-machine measured, so the UI spent 11-15% of a core while it streamed
+machine measured, so the UI spent 14-17% of a core while it streamed
 (``scripts/ui_stream_cost.py --tmux``; docs/performance.md).
 """
 from __future__ import annotations
