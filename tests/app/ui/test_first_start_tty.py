@@ -192,12 +192,20 @@ def after(screen: str, prompt: str) -> str:
 
 
 def wait_reply(tmux: Tmux, prompt: str, timeout: float = 120) -> str:
-    """Wait for the reply to ``prompt`` to finish: its footer under the prompt's message."""
+    """Wait for the reply to ``prompt`` to finish: its footer under the prompt's message, or, once
+    a long reply has pushed that message off the screen (at 80x24 the fourth reply's length follows
+    where Esc cut the third, which the model reads back), a footer with nothing still generating."""
     deadline = time.monotonic() + timeout
+    seen = False
     while time.monotonic() < deadline:
         screen = tmux.screen()
-        if FOOTER.search(after(screen, prompt)):
-            return screen
+        text = chat_text(screen)
+        if prompt in text:
+            seen = True
+            if FOOTER.search(after(screen, prompt)):
+                return screen
+        elif seen and FOOTER.search(text) and "generating…" not in text:
+            return screen  # the chat follows the newest reply: the footer on screen is its own
         time.sleep(0.1)
     raise AssertionError(f"no reply to {prompt!r}; screen:\n{tmux.screen()}")
 
