@@ -56,7 +56,7 @@ class PaintPacer:
         self.slowest = PAINT_MAX_S if slowest is None else slowest
         self._clock = clock
         self._cpu_clock = cpu_clock
-        self.interval = fastest
+        self.interval = self.fastest
         """Seconds from one paint's start to the next one's."""
         self._last: tuple[float, float] | None = None  # (wall, UI thread CPU) at the last paint
 

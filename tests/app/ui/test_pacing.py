@@ -63,3 +63,19 @@ def test_a_new_reply_starts_fast_again() -> None:
     run(clocks, pacer, 2.0, 10)
     pacer.start()
     assert pacer.interval == 0.1 and pacer.wait() == 0.0
+
+
+def test_a_pacer_made_with_the_defaults_uses_the_modules_bounds_before_its_first_reply(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Its bounds are pacing's constants as they are when it is made (a measurement may set them),
+    and its interval is the fastest from the start, not only once a reply begins."""
+    import app.ui.pacing as pacing
+
+    monkeypatch.setattr(pacing, "PAINT_EVERY_S", 0.3)
+    monkeypatch.setattr(pacing, "PAINT_MAX_S", 0.9)
+    clocks = Clocks()
+    pacer = clocks.pacer()
+    assert (pacer.fastest, pacer.slowest, pacer.interval) == (0.3, 0.9, 0.3)
+    intervals = run(clocks, pacer, paint_cost=1.0, paints=8)  # costly paints: the slowest bound holds
+    assert all(0.3 <= i <= 0.9 for i in intervals) and intervals[-1] > 0.85
