@@ -208,13 +208,20 @@ class EngineHost:
         if stop is not None:
             stop()
 
-    def yield_to_ui(self) -> None:
-        """A key, click or scroll arrived (on the terminal's input thread): the engine leaves
-        the UI a core for a moment, so what it changes shows at once although the UI's
-        threads run at a lower priority (:data:`app.ui.loading.UI_NICE`)."""
+    def yield_to_ui(self, seconds: float | None = None) -> bool:
+        """The engine leaves the UI a core for ``seconds`` (None: the backend's own moment),
+        from its next round on: a key, click or scroll arrived (on the terminal's input
+        thread), so what it changes shows at once, or a paint is about to start
+        (:data:`app.ui.pacing.PAINT_YIELD_S`). False when the engine has no cores to lend
+        (a remote server, a stand-in)."""
         give = getattr(self.backend, "yield_to_ui", None)
-        if give is not None:
+        if give is None:
+            return False
+        if seconds is None:
             give()
+        else:
+            give(seconds)
+        return True
 
     @property
     def drafts_from_history(self) -> bool:

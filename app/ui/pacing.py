@@ -34,6 +34,21 @@ pocket, plain, 120×40 tmux pane, 2-core Zen 4, alternating, medians of app ÷ h
 moves 2-4 times a second."""
 
 
+PAINT_YIELD_S = 0.05
+"""Before each paint the engine's child runs on one thread fewer for this long, and the paint
+waits :data:`PAINT_LEAD_S` for it to switch (at its next round): on a machine where the engine's
+threads take every core, the paint then has a core of its own instead of stalling both of the
+engine's threads (an OpenMP step waits for the one the paint displaced). Measured with
+``scripts/paint_cost.py`` (pocket, plain, 2048-token replies, 1 s windows, 120x40 tmux, 2-core
+Zen 4, runs alternating, medians of ~35 windows each): the engine's speed while the app paints,
+over its speed in the windows beside it without paints, 0.927-0.951 (four runs) without the
+lent core, 0.956-0.981 (eight runs; 0.03, 0.05 and 0.1 s alike) with it. Where the engine has
+fewer threads than there are cores, the child keeps them all (:func:`engine.child.serve.threads_now`)."""
+
+PAINT_LEAD_S = 0.01
+"""How long a paint waits after asking for a core: about one of pocket's rounds here."""
+
+
 class PaintPacer:
     """Decides when the next paint of a streaming reply may start.
 

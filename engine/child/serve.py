@@ -55,11 +55,22 @@ class RoundBatch:
             self._sent_at = time.monotonic() if now is None else now
 
 
-def threads_now(full: int, now: float, yield_until: float) -> int:
+def threads_now(full: int, now: float, yield_until: float, cores: int | None = None) -> int:
     """Torch threads for the next round: one fewer than ``full`` until the UI's deadline
-    ``yield_until`` (``time.monotonic()``) passes (a key arrived: the UI needs a core to
-    show it), else ``full``."""
+    ``yield_until`` (``time.monotonic()``) passes (a key arrived, or a paint is about to
+    start: the UI needs a core), else ``full``. With fewer threads than the ``cores`` this
+    process may run on, a core is free for the UI already and nothing is given up."""
+    if cores is not None and full < cores:
+        return full
     return max(1, full - 1) if now < yield_until else full
+
+
+def usable_cores() -> int:
+    """The cores this process may run on (its affinity where the OS says, else every core)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):  # not on Linux
+        return os.cpu_count() or 1
 
 
 def serve(conn: Connection, control: Connection, cancel: "ProcessEvent", profile: "ModelProfile",
@@ -95,7 +106,7 @@ def serve(conn: Connection, control: Connection, cancel: "ProcessEvent", profile
     conn.send(Ready(engine.info))
     import torch
 
-    full = torch.get_num_threads()
+    full, cores = torch.get_num_threads(), usable_cores()
     threading.Thread(target=_answer_control, args=(engine, control), name="control", daemon=True).start()
     try:
         while True:
@@ -111,7 +122,7 @@ def serve(conn: Connection, control: Connection, cancel: "ProcessEvent", profile
                 for event in engine.chat(request.messages, request.params, cancel):
                     rounds.add(event, time.monotonic())
                     if yield_until is not None:  # the next round: leave the UI a core while it asks
-                        wanted = threads_now(full, time.monotonic(), yield_until.value)
+                        wanted = threads_now(full, time.monotonic(), yield_until.value, cores)
                         if wanted != current:
                             torch.set_num_threads(wanted)
                             current = wanted

@@ -12,6 +12,7 @@ A token's way to the screen: the engine's ``ChatEvent`` → :func:`stream_reply`
 """
 from __future__ import annotations
 
+import asyncio
 from functools import partial
 
 from textual.app import ComposeResult
@@ -24,6 +25,7 @@ from textual.widgets import Static
 from app.store.history import ChatRecord
 from app.store.pieces import piece_runs
 from app.store.saver import ChatRef
+from app.ui import pacing
 from app.ui.archive import Archive
 from app.ui.engine_host import EngineHost
 from app.ui.labels import chat_title
@@ -333,9 +335,15 @@ class Conversation(Horizontal):
             return
         wait = self.stream.pacer.wait()
         if wait > 0:
-            self.set_timer(wait, partial(self.paint_rounds, message.reply_id))
+            self.set_timer(wait, partial(self._lend_and_paint, message.reply_id))
         else:
-            await self.paint_rounds(message.reply_id)
+            await self._lend_and_paint(message.reply_id)
+
+    async def _lend_and_paint(self, reply_id: int) -> None:
+        """Paint now; where the engine lends the UI a core for it, once it has switched."""
+        if self.stream.is_current(reply_id) and self.host.yield_to_ui(pacing.PAINT_YIELD_S):
+            await asyncio.sleep(pacing.PAINT_LEAD_S)  # the engine's next round runs on one thread fewer
+        await self.paint_rounds(reply_id)
 
     async def paint_rounds(self, reply_id: int) -> None:
         """Append every waiting round to the reply at once; the HUD sees each round's statistics."""

@@ -171,6 +171,8 @@ def test_the_child_runs_a_thread_fewer_only_while_the_ui_asks() -> None:
     assert threads_now(2, now=10.3, yield_until=10.25) == 2  # then every core again
     assert threads_now(1, now=10.0, yield_until=10.25) == 1  # never none
     assert threads_now(8, now=0.0, yield_until=0.0) == 8
+    assert threads_now(2, now=10.0, yield_until=10.25, cores=2) == 1  # the engine takes every core
+    assert threads_now(4, now=10.0, yield_until=10.25, cores=8) == 4  # a core is free already: keep every thread
 
 
 def test_a_reply_goes_on_while_the_ui_asks_for_a_core(talker) -> None:
