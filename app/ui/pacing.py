@@ -40,10 +40,11 @@ waits :data:`PAINT_LEAD_S` for it to switch (at its next round): on a machine wh
 threads take every core, the paint then has a core of its own instead of stalling both of the
 engine's threads (an OpenMP step waits for the one the paint displaced). Measured with
 ``scripts/paint_cost.py`` (pocket, plain, 2048-token replies, 1 s windows, 120x40 tmux, 2-core
-Zen 4, runs alternating, medians of ~35 windows each): the engine's speed while the app paints,
-over its speed in the windows beside it without paints, 0.927-0.951 (four runs) without the
-lent core, 0.956-0.981 (eight runs; 0.03, 0.05 and 0.1 s alike) with it. Where the engine has
-fewer threads than there are cores, the child keeps them all (:func:`engine.child.serve.threads_now`)."""
+Zen 4, runs alternating, each run the median of ~35 windows): the engine's speed while the app
+paints, over its speed in the windows beside it without paints, median 0.936 of eleven runs
+(0.917-0.956) without the lent core, 0.955 of ten (0.910-0.976) with it, so painting's cost falls
+from about 6% to about 4% (docs/performance.md). Where the engine has fewer threads than there are
+cores, the child keeps them all (:func:`engine.child.serve.threads_now`)."""
 
 PAINT_LEAD_S = 0.01
 """How long a paint waits after asking for a core: about one of pocket's rounds here."""
