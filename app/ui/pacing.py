@@ -41,10 +41,12 @@ threads take every core, the paint then has a core of its own instead of stallin
 engine's threads (an OpenMP step waits for the one the paint displaced). Measured with
 ``scripts/paint_cost.py`` (pocket, plain, 2048-token replies, 1 s windows, 120x40 tmux, 2-core
 Zen 4, runs alternating, each run the median of ~35 windows): the engine's speed while the app
-paints, over its speed in the windows beside it without paints, median 0.936 of eleven runs
-(0.917-0.956) without the lent core, 0.955 of ten (0.910-0.976) with it, so painting's cost falls
-from about 6% to about 4% (docs/performance.md). Where the engine has fewer threads than there are
-cores, the child keeps them all (:func:`engine.child.serve.threads_now`)."""
+paints, over its speed in the windows beside it without paints, median 0.944 of fourteen runs
+(0.917-0.972) without the lent core, 0.956 of thirteen (0.910-0.980) with it (this code against
+the code before, alternating: 4 of 6 runs won). A small gain against the spread from run to run:
+a paint costs the engine about 5% of its speed without, about 4% with (docs/performance.md). Where
+the engine has fewer threads than there are cores, the child keeps them all
+(:func:`engine.child.serve.threads_now`)."""
 
 PAINT_LEAD_S = 0.01
 """How long a paint waits after asking for a core: about one of pocket's rounds here."""
