@@ -57,7 +57,8 @@ class Pane:
                  root: Path = ROOT, path_first: str = "") -> None:
         data.mkdir(parents=True, exist_ok=True)
         self.socket, self.session, self.db = data / "tmux.sock", f"speed-{uuid.uuid4().hex[:6]}", data / "history.db"
-        app_env = {**env, "TERM": "xterm-256color", "SPECCHAT_DATA_DIR": str(data), "PYTHONPATH": os.pathsep.join(filter(None, [path_first, str(root)]))}
+        app_env = {**env, "TERM": "xterm-256color", "SPECCHAT_DATA_DIR": str(data),
+                   "PYTHONPATH": os.pathsep.join(filter(None, [path_first, str(root)]))}
         cli = " ".join([sys.executable, "-m", "app.cli", "--profile", profile])
         subprocess.run(["tmux", "-S", str(self.socket), "-f", "/dev/null", "new-session", "-d", "-s", self.session,
                         "-x", str(width), "-y", str(height), cli], check=True, cwd=root, env=app_env)

@@ -68,20 +68,9 @@ if _window and _log_path:
 
     pacing.PaintPacer.start, pacing.PaintPacer.wait, messages.Outbox.take = start, wait, take
 
-    _yield = float(os.environ.pop("PAINT_COST_YIELD_S", "0") or 0)
-    if _yield:  # each paint first has the engine leave the UI a core (it switches at its next round)
-        import asyncio
-        from app.ui.widgets import conversation
-        _paint = conversation.Conversation.paint_rounds
-
-        async def paint_rounds(self, reply_id):
-            give = getattr(self.host.backend, "yield_to_ui", None)
-            if give is not None and self.stream.is_current(reply_id):
-                give(_yield)
-                await asyncio.sleep(0.01)
-            await _paint(self, reply_id)
-
-        conversation.Conversation.paint_rounds = paint_rounds
+    _lend = os.environ.pop("PAINT_COST_LEND_S", "")
+    if _lend:  # the app's own setting: how long the engine lends a core for each paint (0: never)
+        pacing.PAINT_YIELD_S = float(_lend)
 '''
 
 
@@ -115,8 +104,9 @@ def main() -> int:
     parser.add_argument("--margin", type=float, default=0.1,
                         help="seconds at each window's start left out (the change of state; default 0.1)")
     parser.add_argument("--max-new-tokens", type=int, default=512, help="a reply's length (the app's: 512)")
-    parser.add_argument("--yield-s", type=float, default=0.0,
-                        help="before each paint the engine runs on one thread fewer for this long (0: as the app does)")
+    parser.add_argument("--lend-s", type=float, default=None,
+                        help="the app's PAINT_YIELD_S: how long the engine lends a core for each paint "
+                             "(0: no core lent; default: as the app is)")
     parser.add_argument("--width", type=int, default=120)
     parser.add_argument("--height", type=int, default=40)
     parser.add_argument("--timeout", type=float, default=300)
@@ -126,7 +116,7 @@ def main() -> int:
         hook_dir.mkdir()
         (hook_dir / "sitecustomize.py").write_text(HOOK)
         env = {**os.environ, "PAINT_COST_WINDOW_S": str(args.window), "PAINT_COST_LOG": str(log),
-               "PAINT_COST_MARGIN_S": str(args.margin), "PAINT_COST_YIELD_S": str(args.yield_s),
+               "PAINT_COST_MARGIN_S": str(args.margin), "PAINT_COST_LEND_S": "" if args.lend_s is None else str(args.lend_s),
                "PAINT_COST_MAX_NEW_TOKENS": str(args.max_new_tokens)}
         pane = Pane(Path(tmp) / "data", env, args.profile, args.width, args.height, ROOT, str(hook_dir))
         try:

@@ -212,8 +212,8 @@ class EngineHost:
         """The engine leaves the UI a core for ``seconds`` (None: the backend's own moment),
         from its next round on: a key, click or scroll arrived (on the terminal's input
         thread), so what it changes shows at once, or a paint is about to start
-        (:data:`app.ui.pacing.PAINT_YIELD_S`). False when the engine has no cores to lend
-        (a remote server, a stand-in)."""
+        (:data:`app.ui.pacing.PAINT_YIELD_S`). False when the backend cannot be asked (a
+        remote server, a stand-in); the child itself keeps every thread where a core is free."""
         give = getattr(self.backend, "yield_to_ui", None)
         if give is None:
             return False

@@ -46,7 +46,7 @@ paints, over its speed in the windows beside it without paints, median 0.944 of 
 the code before, alternating: 4 of 6 runs won). A small gain against the spread from run to run:
 a paint costs the engine about 5% of its speed without, about 4% with (docs/performance.md). Where
 the engine has fewer threads than there are cores, the child keeps them all
-(:func:`engine.child.serve.threads_now`)."""
+(:func:`engine.child.serve.threads_now`). 0: no core is asked for (``scripts/paint_cost.py --lend-s 0``)."""
 
 PAINT_LEAD_S = 0.01
 """How long a paint waits after asking for a core: about one of pocket's rounds here."""

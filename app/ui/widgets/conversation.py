@@ -341,7 +341,8 @@ class Conversation(Horizontal):
 
     async def _lend_and_paint(self, reply_id: int) -> None:
         """Paint now; where the engine lends the UI a core for it, once it has switched."""
-        if self.stream.is_current(reply_id) and self.host.yield_to_ui(pacing.PAINT_YIELD_S):
+        lend = pacing.PAINT_YIELD_S
+        if lend > 0 and self.stream.is_current(reply_id) and self.host.yield_to_ui(lend):
             await asyncio.sleep(pacing.PAINT_LEAD_S)  # the engine's next round runs on one thread fewer
         await self.paint_rounds(reply_id)
 

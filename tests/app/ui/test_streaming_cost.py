@@ -41,11 +41,9 @@ async def test_a_streamed_code_block_of_an_unknown_language_renders(make_app: Ca
         assert reply.text.startswith("```weird-lang") and reply.query_one(ReplyFence).code == "x = 1"
 
 
-async def test_each_paint_of_a_streaming_reply_first_asks_the_engine_for_a_core(
-        make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
-    """On 2 cores a paint stalled both of the engine's threads; with a core lent for it the engine
-    kept 0.956-0.981 of its speed while the app painted, against 0.927-0.951 (app/ui/pacing.py)."""
-    app = make_app()
+
+async def reply_and_asks(app: SpecChatApp, loader: FakeLoader) -> tuple[str, str, list[float | None]]:
+    """One reply in ``app``: (its text, the text the engine sent, each ``yield_to_ui`` the UI asked)."""
     async with app.run_test(size=(100, 30)) as pilot:
         await ready(pilot)
         backend = loader.backends[0]
@@ -53,6 +51,22 @@ async def test_each_paint_of_a_streaming_reply_first_asks_the_engine_for_a_core(
         backend.yield_to_ui = lambda seconds=None: asked.append(seconds)  # type: ignore[attr-defined]
         await send(pilot, "hello")
         await wait_for(pilot, lambda: not app.conversation.generating)
-        reply = app.query(AssistantMessage).last()
-        assert reply.text == "".join(text for round_ in backend.script for text, _ in round_)  # nothing held back is lost
-        assert asked and set(asked) == {pacing.PAINT_YIELD_S}
+        sent = "".join(text for round_ in backend.script for text, _ in round_)
+        return app.query(AssistantMessage).last().text, sent, asked
+
+
+async def test_each_paint_of_a_streaming_reply_first_asks_the_engine_for_a_core(
+        make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
+    """On 2 cores a paint displaced one of the engine's two threads and the other waited for it; with
+    a core lent for it the engine kept a median 0.956 of its speed while the app painted, against
+    0.944 (app/ui/pacing.py)."""
+    shown, sent, asked = await reply_and_asks(make_app(), loader)
+    assert shown == sent  # nothing held back for the lent core is lost
+    assert asked and set(asked) == {pacing.PAINT_YIELD_S}
+
+
+async def test_with_no_core_to_lend_set_a_reply_paints_without_asking(
+        make_app: Callable[..., SpecChatApp], loader: FakeLoader, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(pacing, "PAINT_YIELD_S", 0.0)  # scripts/paint_cost.py --lend-s 0
+    shown, sent, asked = await reply_and_asks(make_app(), loader)
+    assert shown == sent and asked == []
