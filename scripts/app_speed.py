@@ -103,13 +103,31 @@ class Pane:
             return []
         return [{**json.loads(s), "finish_reason": f} for s, f in rows if s]
 
+    def finished(self) -> int:
+        """How many replies the app has saved as finished (a count: cheap to ask while one streams)."""
+        if not self.db.exists():
+            return 0
+        try:
+            conn = sqlite3.connect(self.db, timeout=1)
+            try:
+                return int(conn.execute("SELECT COUNT(*) FROM messages WHERE role = 'assistant' "
+                                        "AND finish_reason IS NOT NULL").fetchone()[0])
+            finally:
+                conn.close()
+        except sqlite3.Error:
+            return 0
+
     def wait_replies(self, n: int, timeout: float) -> list[dict]:
+        """Every finished reply's stats, once there are ``n``. While the reply streams only
+        :meth:`finished` is asked, every 0.2 s: reading and parsing every reply's stats there
+        took 0.9 ms of this process's CPU a time with 40 replies saved, beside the app's
+        engine on the same cores (the headless engine's turns have no such neighbour)."""
         deadline = time.monotonic() + timeout
-        while len(rows := self.replies()) < n:
+        while self.finished() < n:
             if time.monotonic() > deadline:
                 raise SystemExit("no finished reply in time:\n" + self.screen())
             time.sleep(0.2)
-        return rows
+        return self.replies()
 
     def ui_cpu_s(self) -> dict[str, float]:
         """CPU seconds each thread of the app's own process (the UI, not the engine's child) has
