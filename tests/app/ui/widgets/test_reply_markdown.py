@@ -89,3 +89,37 @@ async def test_every_line_streamed_shows_what_a_fresh_parse_shows(text: str) -> 
             await pilot.pause()
             assert shape(streamed) == shape(fresh), streamed.source
         assert streamed.source == text
+
+
+class Shown(App[None]):
+    """One Markdown widget of the given class, showing ``text``."""
+
+    def __init__(self, kind: type[Markdown], text: str) -> None:
+        super().__init__()
+        self.kind, self.text = kind, text
+
+    def compose(self) -> ComposeResult:
+        yield self.kind(self.text)
+
+
+async def screen_text(kind: type[Markdown], text: str, size: tuple[int, int]) -> tuple[list[str], int]:
+    """The screen's text with ``text`` shown by ``kind``, and how many containers lay it out."""
+    app = Shown(kind, text)
+    async with app.run_test(size=size) as pilot:
+        await pilot.pause()
+        lines = [strip.text.rstrip() for strip in app.screen._compositor.render_strips()]
+        return lines, len(app.query("Horizontal, Vertical"))
+
+
+@pytest.mark.parametrize("width", [28, 60])
+async def test_a_list_item_of_one_paragraph_looks_as_textual_draws_it_with_one_container_fewer(width: int) -> None:
+    """An item's paragraph sits beside its bullet without Textual's ``Vertical`` around it (one
+    container fewer to arrange at each paint); wrapped lines still hang under the text, nested
+    lists and items of several blocks still look as Textual draws them."""
+    text = LISTS + "\n- first paragraph\n\n  second paragraph of the same item\n"
+    ours, our_boxes = await screen_text(ReplyMarkdown, text, (width, 120))
+    theirs, their_boxes = await screen_text(Markdown, text, (width, 120))
+    assert ours == theirs
+    if width == 28:
+        assert "   10. Step number 10," in ours and "       with bold and code." in ours  # wrapped under its text
+    assert our_boxes < their_boxes
