@@ -104,14 +104,16 @@ class Pane:
         return [{**json.loads(s), "finish_reason": f} for s, f in rows if s]
 
     def finished(self) -> int:
-        """How many replies the app has saved as finished (a count: cheap to ask while one streams)."""
+        """How many finished replies the app has saved with their stats (the rows :meth:`replies`
+        reads, counted: cheap to ask while one streams)."""
         if not self.db.exists():
             return 0
         try:
             conn = sqlite3.connect(self.db, timeout=1)
             try:
                 return int(conn.execute("SELECT COUNT(*) FROM messages WHERE role = 'assistant' "
-                                        "AND finish_reason IS NOT NULL").fetchone()[0])
+                                        "AND finish_reason IS NOT NULL AND stats IS NOT NULL "
+                                        "AND stats != ''").fetchone()[0])
             finally:
                 conn.close()
         except sqlite3.Error:
