@@ -89,35 +89,31 @@ class Pane:
             time.sleep(0.2)
         return time.monotonic()
 
-    def replies(self) -> list[dict]:
+    FINISHED = ("FROM messages WHERE role = 'assistant' AND finish_reason IS NOT NULL "
+                "AND stats IS NOT NULL AND stats != ''")
+    """The finished replies saved with their stats."""
+
+    def _query(self, sql: str) -> list[tuple]:
+        """``sql``'s rows from the app's history ([] before it exists or while it cannot be read)."""
         if not self.db.exists():
             return []
         try:
             conn = sqlite3.connect(self.db, timeout=1)
             try:
-                rows = conn.execute("SELECT stats, finish_reason FROM messages WHERE role = 'assistant' "
-                                    "AND finish_reason IS NOT NULL ORDER BY id").fetchall()
+                return conn.execute(sql).fetchall()
             finally:
                 conn.close()
         except sqlite3.Error:
             return []
-        return [{**json.loads(s), "finish_reason": f} for s, f in rows if s]
+
+    def replies(self) -> list[dict]:
+        return [{**json.loads(s), "finish_reason": f}
+                for s, f in self._query(f"SELECT stats, finish_reason {self.FINISHED} ORDER BY id")]
 
     def finished(self) -> int:
-        """How many finished replies the app has saved with their stats (the rows :meth:`replies`
-        reads, counted: cheap to ask while one streams)."""
-        if not self.db.exists():
-            return 0
-        try:
-            conn = sqlite3.connect(self.db, timeout=1)
-            try:
-                return int(conn.execute("SELECT COUNT(*) FROM messages WHERE role = 'assistant' "
-                                        "AND finish_reason IS NOT NULL AND stats IS NOT NULL "
-                                        "AND stats != ''").fetchone()[0])
-            finally:
-                conn.close()
-        except sqlite3.Error:
-            return 0
+        """How many :meth:`replies` there are, counted: cheap to ask while one streams."""
+        rows = self._query(f"SELECT COUNT(*) {self.FINISHED}")
+        return int(rows[0][0]) if rows else 0
 
     def wait_replies(self, n: int, timeout: float) -> list[dict]:
         """Every finished reply's stats, once there are ``n``. While the reply streams only
@@ -125,11 +121,11 @@ class Pane:
         took 0.9 ms of this process's CPU a time with 40 replies saved, beside the app's
         engine on the same cores (the headless engine's turns have no such neighbour)."""
         deadline = time.monotonic() + timeout
-        while self.finished() < n:
+        while self.finished() < n or len(rows := self.replies()) < n:
             if time.monotonic() > deadline:
                 raise SystemExit("no finished reply in time:\n" + self.screen())
             time.sleep(0.2)
-        return self.replies()
+        return rows
 
     def ui_cpu_s(self) -> dict[str, float]:
         """CPU seconds each thread of the app's own process (the UI, not the engine's child) has

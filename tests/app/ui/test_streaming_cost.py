@@ -41,7 +41,6 @@ async def test_a_streamed_code_block_of_an_unknown_language_renders(make_app: Ca
         assert reply.text.startswith("```weird-lang") and reply.query_one(ReplyFence).code == "x = 1"
 
 
-
 async def reply_and_asks(app: SpecChatApp, loader: FakeLoader) -> tuple[str, str, list[float | None]]:
     """One reply in ``app``: (its text, the text the engine sent, each ``yield_to_ui`` the UI asked)."""
     async with app.run_test(size=(100, 30)) as pilot:
