@@ -12,7 +12,8 @@ On 2 cores the engine's two threads take both, so this share comes out of the re
 speed (docs/performance.md, "The app's decode speed"). CPU time moves with the machine as
 wall time does: compare figures from one run, configurations alternating (``--config``
 names a ``module:ATTR=value`` to set for a run, e.g. ``app.ui.pacing:UI_BUDGET=0.03``).
-No terminal is written (Textual's headless driver), so the writer thread's share is left out.
+No terminal is written (Textual's headless driver), so the writer thread's share is left out;
+``--tmux`` runs the app in a real terminal and prints tmux's server's share beside it.
 """
 from __future__ import annotations
 
@@ -62,8 +63,8 @@ class SteadyBackend:
         self.out = out
         """Where a finished reply's times go as JSON (the app in a terminal, ``--tmux``)."""
         self.done = False
-        self.times: list[tuple[float, float]] = []
-        """(wall, process CPU) at each batch of the latest reply."""
+        self.times: list[tuple[float, float, float]] = []
+        """(wall, process CPU, the terminal's CPU) at each batch of the latest reply."""
 
     @property
     def info(self) -> EngineInfo:
@@ -73,6 +74,7 @@ class SteadyBackend:
              cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
         start = time.monotonic()
         self.times = []
+        out_of_process = self.out is not None  # the app in a terminal of its own (--tmux)
         sent = 0
         while sent < len(self.pieces):
             due = min(len(self.pieces), int((time.monotonic() - start) * self.rate) + 1)
@@ -83,7 +85,7 @@ class SteadyBackend:
                 yield ChatEvent(self.pieces[i], (TextPiece(self.pieces[i], "target"),), (i,), stats,
                                 finish_reason="stop" if i == len(self.pieces) - 1 else None)
             sent = due
-            self.times.append((time.monotonic(), time.process_time()))
+            self.times.append((time.monotonic(), time.process_time(), terminal_cpu() if out_of_process else 0.0))
             if cancel is not None and cancel.is_set():
                 return
             time.sleep(self.batch_s)
@@ -99,6 +101,13 @@ class SteadyBackend:
 
     def close(self) -> None:
         pass
+
+
+def terminal_cpu() -> float:
+    """CPU seconds the terminal this app draws into has used so far: in ``--tmux`` the app is the
+    pane's command, so its parent is tmux's server, which parses every frame the app writes."""
+    fields = Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def thread_cpu() -> dict[str, float]:
@@ -125,16 +134,20 @@ def steady_app(backend: SteadyBackend) -> "SpecChatApp":
                        profiles_loader=lambda: Profiles({"steady": profile}, default="steady", files=()))
 
 
-def share_of(times: list[tuple[float, float]], seconds: float) -> float:
-    """Process CPU ÷ wall from ``SKIP_S`` into a reply for ``seconds`` (or to its last batch)."""
-    first = next(i for i, (wall, _) in enumerate(times) if wall - times[0][0] >= SKIP_S)
-    last = next((i for i, (wall, _) in enumerate(times) if wall - times[first][0] >= seconds), len(times) - 1)
-    return (times[last][1] - times[first][1]) / (times[last][0] - times[first][0])
+def share_of(times: list[tuple[float, float, float]], seconds: float) -> tuple[float, float]:
+    """(process CPU ÷ wall, the terminal's CPU ÷ wall) from ``SKIP_S`` into a reply for ``seconds``
+    (or to its last batch)."""
+    first = next(i for i, (wall, *_) in enumerate(times) if wall - times[0][0] >= SKIP_S)
+    last = next((i for i, (wall, *_) in enumerate(times) if wall - times[first][0] >= seconds), len(times) - 1)
+    wall = times[last][0] - times[first][0]
+    return (times[last][1] - times[first][1]) / wall, (times[last][2] - times[first][2]) / wall
 
 
-def in_terminal(args: argparse.Namespace, settings: list[str]) -> float:
+def in_terminal(args: argparse.Namespace, settings: list[str]) -> tuple[float, float]:
     """The app in a tmux pane of the given size (Textual's own driver writing a real terminal):
-    its process's CPU share while one reply streams."""
+    (its process's CPU share, tmux's server's) while one reply streams. The terminal's share is
+    the engine's loss too: parsing the app's frames takes the same cores. (This server draws to no
+    client, being detached: a terminal emulator showing the frames costs more.)"""
     with tempfile.TemporaryDirectory(prefix="ui-stream-") as tmp:
         sock, out = Path(tmp) / "tmux.sock", Path(tmp) / "times.json"
         cmd = [sys.executable, str(Path(__file__).resolve()), "--serve", str(out), "--tokens", str(args.tokens),
@@ -237,22 +250,29 @@ def main() -> None:
     os.environ.setdefault("SPECCHAT_DATA_DIR", tempfile.mkdtemp(prefix="ui-stream-"))
     configs = [(c.split(":", 1)[0], [s for s in c.split(":", 1)[1].split(";") if s]) for c in args.config or ["now:"]]
     shares: dict[str, list[float]] = {name: [] for name, _ in configs}
+    terminals: dict[str, list[float]] = {name: [] for name, _ in configs}
     for repeat in range(args.repeats):
         for name, settings in configs[repeat % len(configs):] + configs[:repeat % len(configs)]:
             restore = [apply(s) for s in settings]
             try:
+                terminal = None
                 if args.tmux:
-                    share, by_thread = in_terminal(args, settings), {}
+                    (share, terminal), by_thread = in_terminal(args, settings), {}
                 else:
                     share, by_thread = asyncio.run(one_reply(args))
             finally:
                 for module, attr, old in restore:
                     setattr(module, attr, old)
             shares[name].append(share)
+            if terminal is not None:
+                terminals[name].append(terminal)
             busiest = ", ".join(f"{t} {s:.1%}" for t, s in sorted(by_thread.items(), key=lambda kv: -kv[1])[:3])
-            print(f"run {repeat + 1} {name}: {share:.1%} of a core ({busiest})", flush=True)
+            print(f"run {repeat + 1} {name}: {share:.1%} of a core ({busiest or f'tmux {terminal:.1%}'})",
+                  flush=True)
     for name, values in shares.items():
-        print(f"{name}: median {statistics.median(values):.1%} of a core over {len(values)} replies")
+        beside = (f"; tmux's server {statistics.median(terminals[name]):.1%}, together "
+                  f"{statistics.median(a + b for a, b in zip(values, terminals[name])):.1%}") if terminals[name] else ""
+        print(f"{name}: median {statistics.median(values):.1%} of a core over {len(values)} replies{beside}")
 
 
 if __name__ == "__main__":
