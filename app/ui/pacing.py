@@ -20,7 +20,10 @@ PAINT_EVERY_S = 0.25
 """The shortest time between two paints (at most 4 a second): a line or two of a reply at a time."""
 
 PAINT_MAX_S = 0.5
-"""The longest: however costly a paint is, a reply visibly moves twice a second."""
+"""The longest: however costly a paint is, a reply visibly moves twice a second. Painting less often
+buys little for what it costs the eye: app ÷ headless 0.887 at 0.5 s, 0.899 at 0.75 s, 0.922 at 1 s
+(``scripts/app_speed.py --interleaved 16``, pocket, plain, 120x40 tmux, 2-core Zen 4, 2026-11-28;
+docs/performance.md, "Painting less often")."""
 
 UI_BUDGET = 0.05
 """The share of one core the UI thread may use while a reply streams.
