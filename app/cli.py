@@ -272,6 +272,9 @@ def cmd_app(args: argparse.Namespace) -> int:
 
     from app.ui.app import SpecChatApp
 
+    if not sys.stdin.isatty():
+        raise SpecChatError("the chat reads its keys from a terminal, and stdin is not one: run specchat in a "
+                            "terminal, or `specchat generate -` to answer a prompt read from a pipe")
     budget = parse_size(args.memory_budget) if args.memory_budget else None
     if args.draft and not args.target:
         raise SpecChatError("--draft needs --target (or choose a profile with --profile)")

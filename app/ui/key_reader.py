@@ -103,11 +103,16 @@ def read_keys(driver: Any, parser: XTermParser) -> None:
     idle = WOKEN_WAIT_S if woken else IDLE_WAIT_S
     decode = getincrementaldecoder("utf-8")().decode
 
+    watching = True  # driver.fileno is registered: until its input ends
+
     def take(ready: list[tuple[selectors.SelectorKey, int]], final: bool = False) -> None:
+        nonlocal watching
         for key, mask in ready:
             if mask & selectors.EVENT_READ and key.fd == driver.fileno:
                 data = decode(os.read(driver.fileno, 4096), final=final)
-                if not data:  # stdin piped and closed
+                if not data:  # the input ended (a pipe closed): at its end it reads ready at once, forever
+                    selector.unregister(driver.fileno)
+                    watching = False
                     break
                 for event in parser.feed(data):
                     driver.process_message(event)
@@ -116,9 +121,13 @@ def read_keys(driver: Any, parser: XTermParser) -> None:
 
     try:
         while not driver.exit_event.is_set():
+            if not watching and not woken:  # nothing to select on: only the flag, looked at as before
+                driver.exit_event.wait(idle)
+                continue
             take(selector.select(input_wait(parser, get_time(), idle)))
-        selector.unregister(driver.fileno)
-        take(selector.select(IDLE_WAIT_S), final=True)
+        if watching:
+            selector.unregister(driver.fileno)
+            take(selector.select(IDLE_WAIT_S), final=True)
     finally:
         selector.close()
         try:

@@ -104,3 +104,36 @@ def test_a_waking_exit_flag_ends_the_loop_at_once_though_it_waits_long_for_keys(
     finally:
         os.close(write_end)
         os.close(read_end)
+
+
+def test_an_input_that_ends_leaves_the_loop_waiting_not_spinning() -> None:
+    """A closed pipe reads ready at once, forever: the loop stops watching it, keeps the keys read
+    before its end, and then wakes only as an idle loop does (it spun a core at 99% before)."""
+    from app.ui.key_reader import WakingEvent
+
+    class CountingParser(XTermParser):
+        ticks = 0
+
+        def tick(self):  # type: ignore[no-untyped-def]
+            type(self).ticks += 1  # once a pass of the loop
+            return super().tick()
+
+    for waking in (False, True):
+        read_end, write_end = os.pipe()
+        driver = PipeDriver(read_end)
+        if waking:
+            driver.exit_event = WakingEvent()
+        parser = type("Parser", (CountingParser,), {"ticks": 0})()
+        thread = threading.Thread(target=read_keys, args=(driver, parser), daemon=True)
+        thread.start()
+        try:
+            os.write(write_end, b"q")
+            os.close(write_end)  # the input ends
+            time.sleep(0.5)
+            assert driver.keys == ["q"]
+            assert type(parser).ticks <= 8, f"the loop passed {type(parser).ticks} times in 0.5 s after its input ended"
+            driver.exit_event.set()
+            thread.join(5)
+            assert not thread.is_alive()
+        finally:
+            os.close(read_end)
