@@ -216,8 +216,9 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
 
         self.push_screen(ChatsScreen(self.archive, self.conversation.chat_id), done)
 
-    def on_chats_screen_deleted(self, message: ChatsScreen.Deleted) -> None:
-        self.conversation.chat_deleted(message.chat_id)
+    async def on_chats_screen_deleted(self, message: ChatsScreen.Deleted) -> None:
+        if await self.conversation.chat_deleted(message.chat_id):
+            self.sub_title = header_title(self.engine.profile, False)
         self._teach_drafter()  # what was deleted can no longer be proposed
 
     async def open_chat(self, chat_id: int) -> None:

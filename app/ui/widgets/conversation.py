@@ -172,9 +172,10 @@ class Conversation(Horizontal):
                              "into the new chat.", severity="warning")
         self.hud.set_seen_sources(())
 
-    async def new_chat(self, private: bool = False) -> None:
+    async def new_chat(self, private: bool = False, said: str | None = None) -> None:
         """Start an empty conversation (the saved one stays in the history); a ``private``
-        one is never saved and teaches the drafter nothing."""
+        one is never saved and teaches the drafter nothing. ``said``: the notice, instead of
+        "New chat."."""
         await self._reset()
         self._chat = None
         self.chat_system_prompt = None
@@ -182,7 +183,7 @@ class Conversation(Horizontal):
         self.private = private
         self._recall_mark = len(self.prompt.prompts)
         self.show_welcome()
-        notice(self, "New private chat: not saved, not learned from." if private else "New chat.")
+        notice(self, said or ("New private chat: not saved, not learned from." if private else "New chat."))
 
     async def open_chat(self, chat_id: int) -> ChatRecord | None:
         """Show a saved chat to continue it; answers its record (None: it is gone)."""
@@ -206,11 +207,14 @@ class Conversation(Horizontal):
         self.chat_log.follow()
         return chat
 
-    def chat_deleted(self, chat_id: int) -> None:
-        """A saved chat was deleted; if it is this one, the next prompt starts a new one."""
-        if chat_id == self.chat_id:
-            self._chat = None  # the transcript stays on screen
-            notice(self, "Deleted the open chat; the next prompt starts a new one.")
+    async def chat_deleted(self, chat_id: int) -> bool:
+        """A saved chat was deleted here; if it is this one, a new empty chat takes its place (its
+        transcript left on screen was regenerated into a chat of its own, the prompt saved twice).
+        Answers whether it was this one."""
+        if chat_id != self.chat_id:
+            return False
+        await self.new_chat(said="Deleted the open chat; this is a new one.")
+        return True
 
     def set_system_prompt(self, value: str) -> None:
         """The chat's system prompt; the profile's own text (or nothing) follows the profile."""

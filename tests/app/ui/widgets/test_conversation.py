@@ -341,13 +341,19 @@ async def test_the_open_chat_deleted_elsewhere_and_a_profile_change(make_app: Ca
         chat_id = saved_chat(app)
         conversation.profile_changed("lookup")
         assert app.archive.history.get_chat(chat_id).profile == "lookup"  # type: ignore[union-attr]
-        conversation.chat_deleted(chat_id + 1)
-        assert conversation.chat_id == chat_id
-        conversation.chat_deleted(chat_id)
-        assert conversation.chat_id is None and kinds(app) == ["UserMessage", "AssistantMessage"]
-        assert (await notices(pilot))[-1] == "Deleted the open chat; the next prompt starts a new one."
+        assert not await conversation.chat_deleted(chat_id + 1)
+        assert conversation.chat_id == chat_id and kinds(app) == ["UserMessage", "AssistantMessage"]
+        assert await conversation.chat_deleted(chat_id)
+        await pilot.pause()
+        assert conversation.chat_id is None and kinds(app) == ["Static"]  # the welcome: a new, empty chat
+        assert (await notices(pilot))[-1] == "Deleted the open chat; this is a new one."
+        # nothing left to answer again: ctrl+r once re-saved the deleted transcript's prompt a second time
+        await pilot.press("ctrl+r")
+        assert (await notices(pilot))[-1] == "No prompt yet."
         await replied(pilot, "second")
-        assert saved_chat(app) != chat_id
+        new_id = saved_chat(app)
+        assert new_id != chat_id
+        assert [m.role for m in app.archive.history.messages(new_id)] == ["user", "assistant"]  # type: ignore[union-attr]
 
 
 async def test_the_last_exchange_waits_for_the_reply_and_needs_a_prompt(make_app: Callable[..., SpecChatApp]) -> None:
