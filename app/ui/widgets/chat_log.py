@@ -109,6 +109,8 @@ class ChatLog(VerticalScroll):
             batch, self.older = self.older[start:], self.older[:start]
             marker = self.query_one(OlderMessages)
             before_height, before_y = self.virtual_size.height, self.scroll_y
+            # following the end (or all of it fits): the end stays in view, not the row on top
+            following = self.max_scroll_y < 1 or self.scroll_y >= self.max_scroll_y
             await self.mount_all(batch, after=marker)
             if self.older:
                 marker.update(self._older_label())
@@ -116,12 +118,18 @@ class ChatLog(VerticalScroll):
                 await marker.remove()
         finally:
             self._showing_older = False
-        self.call_after_refresh(self._keep_view, before_height, before_y)
+        self.call_after_refresh(self._keep_view, before_height, before_y, following)
 
-    def _keep_view(self, before_height: int, before_y: float) -> None:
-        """Scroll down by what was mounted above, so the messages read stay in place."""
-        self.scroll_to(y=before_y + max(0, self.virtual_size.height - before_height), animate=False,
-                       immediate=True)
+    def _keep_view(self, before_height: int, before_y: float, following: bool = False) -> None:
+        """Scroll down by what was mounted above, so the messages read stay in place; ``following``:
+        to the end instead (a chat just opened fills its first screens this way, and the shift from
+        a view at the end, before the first layout, left it short of the end: the last message
+        below the fold)."""
+        if following:
+            self.scroll_end(animate=False, immediate=True)  # anchored as before: new text is followed
+        else:
+            self.scroll_to(y=before_y + max(0, self.virtual_size.height - before_height), animate=False,
+                           immediate=True)
         self._fill_if_short()
 
     def watch_scroll_y(self, old: float, new: float) -> None:

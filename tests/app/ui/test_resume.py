@@ -169,3 +169,32 @@ async def test_a_chat_in_a_history_kept_in_memory_is_not_remembered(make_app: Ca
     newer.close()
     await chat_once(make_app(), "in memory only")
     assert last_chat() is None
+
+
+LONG = ("A hash table keeps its keys in buckets; a lookup hashes the key, goes to one bucket and compares "
+        "the few keys there, so it takes about the same time however many keys the table holds. ") * 6
+
+
+@pytest.mark.parametrize("size", [(80, 24), (100, 30), (160, 48)])
+async def test_a_reopened_chat_shows_its_last_message(make_app: Callable[..., SpecChatApp], size: tuple[int, int]) -> None:
+    """A reviewer's restart at 80x24 stopped short of the end: the last exchange sat below the fold."""
+    history = History.open()
+    try:
+        chat = history.create_chat("long answers", "fast")
+        for i in range(6):
+            history.add_message(chat, "user", f"question {i}")
+            history.add_message(chat, "assistant", f"answer {i}: {LONG}", finish_reason="stop")
+        history.add_message(chat, "user", "Thanks.")
+        history.add_message(chat, "assistant", "You are welcome: the end.", finish_reason="stop")
+        remember_chat(chat, time.time())
+    finally:
+        history.close()
+    app = make_app()
+    async with app.run_test(size=size) as pilot:
+        await ready(pilot)
+        await pilot.pause(0.3)
+        log = app.conversation.chat_log
+        last = app.query(AssistantMessage).last()
+        assert last.text == "You are welcome: the end."
+        assert log.scroll_y == log.max_scroll_y > 0
+        assert last.region.bottom <= log.region.bottom  # on screen, not below the fold
