@@ -1,5 +1,6 @@
-"""Small state kept between runs, in the user state dir: the last profile used and the
-last chat open (with when it was left, to weigh against chats written since).
+"""Small state kept between runs, in the user state dir: the last profile used, the
+last chat open (with when it was left, to weigh against chats written since) and the
+text left unsent in the prompt box at the last quit.
 
 A missing or unreadable file means "nothing remembered"; a failed write is
 ignored (remembering is a convenience, never a reason to stop the app).
@@ -61,6 +62,29 @@ def remember_chat(chat_id: int, at: float) -> None:
     data = _read()
     data["last_chat"] = {"id": int(chat_id), "at": float(at)}
     _write(data)
+
+
+def remember_draft(text: str | None) -> None:
+    """Keep ``text``, left unsent in the prompt box as the app closes, for the next start
+    (None or blank: nothing kept). A private chat's is never passed here."""
+    data = _read()
+    if text and text.strip():
+        data["draft"] = text
+    elif "draft" not in data:
+        return
+    else:
+        del data["draft"]
+    _write(data)
+
+
+def take_draft() -> str | None:
+    """The text :func:`remember_draft` kept, forgotten as it is taken (None: there is none)."""
+    data = _read()
+    if "draft" not in data:
+        return None
+    text = data.pop("draft")
+    _write(data)
+    return text if isinstance(text, str) and text.strip() else None
 
 
 def _write(data: dict[str, Any]) -> None:

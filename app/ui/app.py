@@ -19,6 +19,7 @@ from textual.screen import Screen
 from textual.widgets import Footer, Header
 
 from app.store.saver import HistoryLag, HistoryRescued
+from app.store.state import remember_draft, take_draft
 from app.ui.archive import Archive
 from app.ui.chat_dialogs import ask_edited_prompt, ask_sampling, ask_system_prompt
 from app.ui.commands import ProfileCommands, unique_commands
@@ -112,6 +113,10 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         self.sub_title = start.title or self.sub_title
         if start.notice:
             notice(self, start.notice)
+        draft = take_draft()
+        if draft:
+            self.conversation.prompt.restore(draft)
+            notice(self, "The text you had not sent when the app closed is back in the prompt box.")
 
     # -- keys and screens ---------------------------------------------------------------
 
@@ -418,3 +423,5 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         self.engine.close()
         self.archive.close()  # the saver has written the open chat's rows: it has its id now
         remember_open_chat(self.conversation)
+        if not self.conversation.private:  # unsent text comes back at the next start; a private chat's never
+            remember_draft(self.conversation.prompt.text)

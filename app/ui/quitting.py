@@ -6,6 +6,8 @@ export it to a Markdown file (in the first folder that takes it, see
 :func:`app.ui.export.export_unsaved`), discard it, or stay. A prompt typed but
 not sent goes into that export, but alone does not stop ctrl+q: the prompt box
 is not a document, and a question at every quit teaches people to click through.
+It is kept instead, and is back in the box at the next start
+(:func:`app.store.state.remember_draft`; never a private chat's).
 
 SIGTERM and SIGHUP end the app the way ctrl+q does, without asking (nobody is
 there to answer; what would be lost is exported as "export" would): the App's

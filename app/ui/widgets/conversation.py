@@ -79,11 +79,13 @@ class Conversation(Horizontal):
         """How many prompts Up recalled when the private chat began: its own go when it ends."""
         self._hud_timer: Timer | None = None
         """Flushes the HUD every HUD_REFRESH_S; paused while a reply streams (its paints flush it)."""
+        self._prompt = PromptArea(id="prompt", placeholder=PLACEHOLDER)
+        """The prompt box, held: its text can still be read as the app closes, once unmounted."""
 
     def compose(self) -> ComposeResult:
         with Vertical(id="chat-column"):
             yield ChatLog(id="chat-log")
-            yield PromptArea(id="prompt", placeholder=PLACEHOLDER)
+            yield self._prompt
         yield Hud(id="hud")
 
     @property
@@ -92,7 +94,7 @@ class Conversation(Horizontal):
 
     @property
     def prompt(self) -> PromptArea:
-        return self.query_one(PromptArea)
+        return self._prompt
 
     @property
     def hud(self) -> Hud:

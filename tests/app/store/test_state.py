@@ -72,3 +72,18 @@ def test_a_damaged_last_chat_remembers_nothing(entry: str) -> None:
     state_file().parent.mkdir(parents=True)
     state_file().write_text('{"last_chat": %s}' % entry)
     assert last_chat() is None
+
+
+def test_a_draft_is_kept_once_taken_once_and_blank_is_nothing() -> None:
+    from app.store.state import remember_draft, take_draft
+
+    assert take_draft() is None
+    remember_profile("fast")
+    remember_draft("half a question\nand more")
+    assert take_draft() == "half a question\nand more"
+    assert take_draft() is None and last_profile() == "fast"  # taken once; the rest of the file kept
+    remember_draft("kept")
+    remember_draft("  \n ")  # the box emptied before the next quit: nothing comes back
+    assert take_draft() is None
+    state_file().write_text('{"draft": 7}')
+    assert take_draft() is None

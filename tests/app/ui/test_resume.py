@@ -198,3 +198,35 @@ async def test_a_reopened_chat_shows_its_last_message(make_app: Callable[..., Sp
         assert last.text == "You are welcome: the end."
         assert log.scroll_y == log.max_scroll_y > 0
         assert last.region.bottom <= log.region.bottom  # on screen, not below the fold
+
+
+async def test_text_left_unsent_at_quit_is_back_in_the_box_after_a_restart(make_app: Callable[..., SpecChatApp]) -> None:
+    """ctrl+q does not ask about a prompt typed and not sent (the box is not a document), so the
+    text is kept instead: a reviewer's eight lines were gone after a restart."""
+    from textual.widgets import TextArea
+
+    draft = "line 1\nline 2\nline 8"
+    await chat_once(make_app(), "first question")
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        app.query_one(TextArea).text = draft
+        await pilot.pause()
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert shown(app) == ["first question"]  # the same chat, and its unsent text
+        assert app.query_one(TextArea).text == draft
+        assert any("back in the prompt box" in n.message for n in app._notifications)
+        app.query_one(TextArea).text = ""  # sent or cleared: nothing comes back next time
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert app.query_one(TextArea).text == ""
+        await app.action_new_chat(private=True)
+        app.query_one(TextArea).text = "a private thought"
+        await pilot.pause()
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert app.query_one(TextArea).text == ""  # a private chat's text is never written down
