@@ -88,8 +88,16 @@ class ReplyTally:
         ``mode`` the mode the round ran in (default: the reply's), ``origin`` who
         drafted it (None: nothing was proposed), ``plain_step`` and ``fed`` as for
         :meth:`CostModel.observe` (a round that is not a sample of the plain step is neither
-        valued at t(1) nor counted among the plain rounds)."""
+        valued at t(1) nor counted among the plain rounds).
+
+        A stop condition that cut the round inside its accepted draft (a drafted end of
+        text, the length limit) leaves the drafts after the cut unused: the reply's counts
+        take the ``emitted`` kept ones, all accepted, so α and τ describe the same tokens
+        (a 9-token reply read "accepted 0.50 · τ 1.00" from two drafts accepted past its end).
+        The pass's width and the cost model (its caller's) keep the round as verified."""
         width = fed or proposed + 1
+        if emitted <= n_accepted:
+            proposed = n_accepted = emitted
         self.k = k
         self.rounds += 1
         self.target_passes += 1

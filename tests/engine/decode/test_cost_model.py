@@ -260,6 +260,24 @@ def test_a_reply_counts_its_rounds() -> None:
     assert snap.speedup is None and snap.plain_tokens_per_s is None  # the plain speed is not sound yet
 
 
+def test_drafts_cut_off_by_a_stop_are_not_counted_accepted() -> None:
+    """The last round drafted [end of text, x], both accepted; the stop keeps one token. Counted as
+    verified, the reply read accepted 0.50 with τ 1.00 (every pass one token)."""
+    stats = ReplyTally("ngram", "n-gram lookup", True, CostModel())
+    for _ in range(7):
+        stats.record(2, 0, 0, 1, 0.0, 0.01, 0.0)
+    stats.record(2, 2, 0, 1, 0.0, 0.01, 0.0, origin="chat")
+    stats.record(2, 2, 2, 1, 0.0, 0.01, 0.0, origin="chat")  # cut at the drafted stop token
+    stats.record(4, 4, 3, 2, 0.0, 0.01, 0.0, origin="chat")  # cut by the length limit after two drafts
+    snap = stats.snapshot()
+    assert (snap.tokens, snap.target_passes, snap.proposed, snap.accepted) == (11, 10, 5, 3)
+    assert snap.tokens - snap.target_passes <= snap.accepted  # τ above 1 only by what was accepted
+    assert snap.per_position == (2 / 3, 1.0)
+    assert [(o.rounds, o.proposed, o.accepted, o.tokens) for o in snap.by_origin] == [(3, 5, 3, 4)]
+    stats.record(4, 4, 1, 2, 0.0, 0.01, 0.0, origin="chat")  # not cut: one accepted and the target's own
+    assert (stats.snapshot().proposed, stats.snapshot().accepted) == (9, 4)
+
+
 def test_a_reply_with_no_rounds_has_no_rates() -> None:
     stats = ReplyTally("ngram", "n-gram lookup", False, CostModel())
     stats.speculation_off_reason = "switched off"
