@@ -261,7 +261,7 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         from app.ui.clipboard import desktop_copy, sent_notice
 
         self.copy_to_clipboard(text)
-        lines = text.count("\n") + 1
+        lines = len(text.splitlines())  # a final newline ends the last line; it starts none
         size = f"{len(text):,} characters, {lines} line{'s' if lines != 1 else ''}"
         tool = desktop_copy(text)
         if tool is not None:

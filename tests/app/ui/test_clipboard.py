@@ -71,3 +71,17 @@ async def test_f7_says_copied_only_where_a_clipboard_took_it(make_app: Callable[
             assert "Copied" not in last.message
         else:
             assert last.title == "Copied" and "(xclip)" in last.message
+
+
+@pytest.mark.anyio
+async def test_the_copy_notice_counts_the_lines_copied(make_app: Callable[..., SpecChatApp], monkeypatch) -> None:
+    """A code block ends with a newline: two lines of code read "3 lines" (a reviewer's F7)."""
+    monkeypatch.setattr(clipboard, "desktop_copy", lambda text: "xclip")
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        for text, said in (("def f(s):\n    return s[::-1]\n", "29 characters, 2 lines"),
+                           ("one line", "8 characters, 1 line"), ("a\n\nb", "4 characters, 3 lines")):
+            app.copy_text(text, "the code")
+            await pilot.pause()
+            assert said in list(app._notifications)[-1].message
