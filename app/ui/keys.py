@@ -9,9 +9,9 @@ BINDINGS: list[BindingType] = [
     # keys typed after them, which then reach the dialog they open (F2 Enter picks a
     # profile instead of sending the prompt; see app.ui.screens.dialog). F6 and F7 are
     # the prompt box's select-line/select-all too: priority makes them the app's.
-    Binding("f1", "help", "Help", priority=True),
-    Binding("f2", "pick_profile", "Profile", priority=True),
-    Binding("f3", "chats", "Chats", priority=True),
+    Binding("f1", "help", "Help", priority=True, tooltip="the keys, the HUD's figures and where files live"),
+    Binding("f2", "pick_profile", "Profile", priority=True, tooltip="switch the model pair this chat talks to"),
+    Binding("f3", "chats", "Chats", priority=True, tooltip="search, open, rename, delete or export saved chats"),
     # Short names: all of them fit the footer at 80 columns (the palette and F1 say more).
     Binding("f4,ctrl+t", "toggle_sources", "Colour", priority=True,
             tooltip="colour each token: draft accepted vs target produced"),
@@ -19,13 +19,14 @@ BINDINGS: list[BindingType] = [
             tooltip="speculative decoding on or off"),
     Binding("f6", "toggle_hud", "HUD", priority=True, tooltip="the side panel, or one status line"),
     Binding("f7", "copy", "Copy", priority=True, tooltip="the last reply, a message or a code block"),
-    Binding("ctrl+n", "new_chat", "New chat", priority=True),
-    Binding("ctrl+q", "quit", "Quit", priority=True),
+    Binding("ctrl+n", "new_chat", "New chat", priority=True, tooltip="an empty chat (the open one stays saved)"),
+    Binding("ctrl+q", "quit", "Quit", priority=True, tooltip="leave specchat (unsent text comes back next time)"),
     Binding("ctrl+r", "regenerate", "Regenerate", show=False, priority=True,
             tooltip="answer the last prompt again (the earlier reply stays)"),
     Binding("ctrl+g", "edit_last_prompt", "Edit last prompt", show=False, priority=True,
             tooltip="change the last prompt and ask again (the earlier exchange stays)"),
-    Binding("f8", "edit_system_prompt", "System prompt", show=False, priority=True),
+    Binding("f8", "edit_system_prompt", "System prompt", show=False, priority=True,
+            tooltip="this chat's instructions to the model"),
     Binding("f9", "export_chat", "Export", show=False, priority=True,
             tooltip="the chat as Markdown with its statistics"),
     Binding("f10", "sampling", "Sampling…", show=False, priority=True,

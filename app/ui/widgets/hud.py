@@ -191,7 +191,7 @@ class Hud(VerticalScroll):
     def show_loading(self, profile: "ModelProfile", replacing: str | None) -> None:
         """``profile`` starts loading, beside the profile ``replacing`` (None: nothing loaded)."""
         self.set_engine(None, profile)
-        self.set_loading(profile.name, f"loading; {replacing} stays until it is ready" if replacing else "starting",
+        self.set_loading(profile.name, f"{replacing} stays until it is ready" if replacing else "starting",
                          None)
         self.flush()
 

@@ -46,6 +46,19 @@ def test_textual_commands_come_first_and_each_title_once() -> None:
     assert [c.help for c in commands[1:]] == ["Help", "a message or a code block", "the last reply"]
 
 
+def test_every_key_of_the_app_says_more_in_the_palette_than_its_name() -> None:
+    """The palette showed "Chats / Chats": a key without a tooltip repeats its name as its help."""
+    from app.ui.keys import BINDINGS
+
+    class Keys(PaletteApp):
+        pass
+
+    Keys.BINDINGS, Keys.EXTRA_COMMANDS = BINDINGS, []
+    commands = list(unique_commands(Keys(), []))  # type: ignore[arg-type]
+    assert len(commands) == len(BINDINGS) - 1  # every key but Esc
+    assert [c.title for c in commands if c.help == c.title] == []
+
+
 def test_each_command_runs_its_own_action() -> None:
     app = PaletteApp()
     for command in unique_commands(app, []):  # type: ignore[arg-type]

@@ -152,7 +152,7 @@ async def test_loading_then_loaded() -> None:
         assert shown(hud, "engine") == (
             "profile  fast\ntarget   Target-1.7B (nf4)\ndraft    Draft-135M\nmode     loading…")
         hud.show_loading(FAST, "lookup")
-        assert shown(hud, "loading") == "Loading fast: loading; lookup stays until it is ready"
+        assert shown(hud, "loading") == "Loading fast: lookup stays until it is ready"
         hud.set_loading(None, "loading target weights", 0.5)  # no name: the loading profile's stays
         assert shown(hud, "loading") == "Loading fast: loading target weights"
         hud.show_engine(FakeBackend(FAST).info, FAST, fresh=True)
