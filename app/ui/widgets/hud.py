@@ -196,10 +196,14 @@ class Hud(VerticalScroll):
         self.flush()
 
     def show_engine(self, info: EngineInfo, profile: "ModelProfile", *, fresh: bool = False) -> None:
-        """``profile`` is loaded; ``fresh``: just loaded (speculation on, no engine notice yet)."""
+        """``profile`` is loaded; ``fresh``: just loaded (speculation on, no engine notice yet, and
+        no figures: the last reply's were another profile's, shown under this one's name)."""
         if fresh:
             self.set_speculation(True)
             self.set_notice(None)
+            self.stats = None
+            self.round_alpha.clear()
+            self._last_counts = (0, 0)
         self.set_engine(info, profile)
         self.flush()
 

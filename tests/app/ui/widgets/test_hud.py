@@ -181,6 +181,23 @@ async def test_the_sparkline_gets_each_rounds_own_acceptance() -> None:
                                            " 2 ███████████▎     0.70\n 3 ████████         0.50")
 
 
+async def test_a_newly_loaded_profile_shows_no_figures_of_the_one_before() -> None:
+    """After F2 the folded HUD read "pocket-suffix · ... 167.9 tok/s · 0.91x": pocket's last reply."""
+    async with HudApp().run_test(size=(60, 60)) as pilot:
+        hud = pilot.app.query_one(Hud)
+        backend = FakeBackend(FAST)
+        hud.show_engine(backend.info, FAST)
+        hud.start_reply()
+        hud.set_stats(backend._stats(1, 3, 2), live=True)
+        hud.set_stats(backend._stats(2, 6, 3), live=False)
+        assert "tok/s    42.0" in shown(hud, "stats")
+        hud.show_engine(FakeBackend(LOOKUP).info, LOOKUP)  # the same profile again (a refresh): kept
+        assert "tok/s    42.0" in shown(hud, "stats")
+        hud.show_engine(FakeBackend(LOOKUP).info, LOOKUP, fresh=True)
+        assert shown(hud, "stats").startswith("─ no reply yet") and "42.0" not in shown(hud, "stats")
+        assert shown(hud, "spark") == "no rounds yet" and not hud.round_alpha
+
+
 async def test_why_speculation_is_off_fallback_first_then_the_user_then_a_notice() -> None:
     async with HudApp().run_test(size=(60, 60)) as pilot:
         hud = pilot.app.query_one(Hud)
