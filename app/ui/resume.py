@@ -65,7 +65,10 @@ def start_with(chat: ChatRecord | None, engine: "EngineHost", first: "ModelProfi
         return first, chat, None
     choice, profiles = engine.choice, engine.profiles
     if choice.name or choice.target or choice.server_profile:
-        return first, (chat if chat.profile == first.name else None), None
+        if chat.profile == first.name:
+            return first, chat, None
+        return first, None, (f"A new chat with {first.name}: the chat used last, “{chat.title}”, was with "
+                             f"{chat.profile or 'another profile'} (F3 opens it).")
     if not chat.profile or chat.profile == first.name:
         return first, chat, None
     if profiles is not None and chat.profile in profiles.names():

@@ -121,6 +121,8 @@ async def test_a_profile_named_on_the_command_line_reopens_only_a_chat_with_it(
         assert shown(app) == [] and app.conversation.chat_id is None
         assert app.engine.profile is not None and app.engine.profile.name == "fast"
         assert app.archive.history is not None and app.archive.history.list_chats()[0].profile == "lookup"
+        assert any("the chat used last, “with lookup”, was with lookup (F3 opens it)" in n.message
+                   for n in app._notifications)  # not a blank chat without a word
     app = make_app(profile="lookup")
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
