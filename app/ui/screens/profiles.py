@@ -57,8 +57,8 @@ class ProfilePicker(Dialog["str | None"]):
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog picker-dialog"):
             yield Label("Switch profile", classes="dialog-title")
-            yield Label("Enter loads it (the current models stay until it is ready, memory allowing) · Esc cancels",
-                        classes="dialog-hint")
+            yield Label("Enter loads it (the current models stay until it is ready) · Esc cancels",
+                        classes="dialog-hint")  # within 80 columns
             options = [
                 profile_option(
                     self._profiles.get(name),
@@ -74,6 +74,8 @@ class ProfilePicker(Dialog["str | None"]):
         option_list = self.query_one(OptionList)
         if self._current in self._profiles.names():
             option_list.highlighted = self._profiles.names().index(self._current)
+            # the current profile at the top, its description whole (at 80x24 it sat on the bottom row, cut)
+            self.call_after_refresh(option_list.scroll_to_highlight, top=True)
         option_list.focus()
 
     def picked(self, option: Option) -> None:

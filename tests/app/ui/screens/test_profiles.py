@@ -72,3 +72,29 @@ async def test_enter_on_an_unavailable_profile_does_nothing(make_app: Callable[.
         assert answers == [] and app.screen is picker
         await pilot.press("escape")
         await wait_for(pilot, lambda: answers == [None])
+
+
+async def test_at_80x24_the_current_profile_and_the_hint_are_shown_whole() -> None:
+    """A reviewer's F2 at 80x24 opened on other profiles' descriptions, the current one cut at the
+    bottom, and the hint cut before "Esc cancels"."""
+    from textual.app import App
+
+    from engine.config.models_file import load_profiles
+
+    profiles = load_profiles(None)  # the shipped ones: eight, most with two-line descriptions
+    current = profiles.names()[-3]
+
+    class Host(App[None]):
+        def on_mount(self) -> None:
+            self.push_screen(ProfilePicker(profiles, current))
+
+    app = Host()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await pilot.pause(0.2)
+        option_list = app.screen.query_one(OptionList)
+        assert option_list.highlighted == profiles.names().index(current)
+        rows = [strip.text.rstrip() for strip in app.screen._compositor.render_strips()]
+        assert any(row.endswith("· Esc cancels") for row in rows)
+        at = next(i for i, row in enumerate(rows) if f" {current} " in row and "current" in row)
+        assert at + 3 < len(rows) - 1  # its own lines below it are on screen too
+        assert " ".join(profiles.get(current).description.split()[:2]) in " ".join(rows[at + 1:at + 6])
