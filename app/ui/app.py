@@ -221,6 +221,10 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
 
         self.push_screen(ChatsScreen(self.archive, self.conversation.chat_id), done)
 
+    def on_chats_screen_renamed(self, message: ChatsScreen.Renamed) -> None:
+        if self.conversation.retitle(message.chat_id, message.title):
+            self.sub_title = message.title
+
     async def on_chats_screen_deleted(self, message: ChatsScreen.Deleted) -> None:
         if await self.conversation.chat_deleted(message.chat_id):
             self.sub_title = header_title(self.engine.profile, False)
@@ -344,9 +348,16 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         self.conversation.stop_reply()
         self._start_load(target)
 
+    def _header(self, profile: "ModelProfile | None") -> str:
+        """The header's second part: the open chat's title, else the profile and its models (the
+        HUD names the profile either way)."""
+        if self.conversation.title and not self.conversation.private:
+            return self.conversation.title
+        return header_title(profile, self.conversation.private)
+
     def _start_load(self, profile: "ModelProfile") -> None:
         old, old_profile = self.engine.begin_load(profile)
-        self.sub_title = header_title(profile, self.conversation.private)
+        self.sub_title = self._header(profile)
         self.conversation.hud.show_loading(profile, old_profile.name if old_profile else None)
         self.conversation.model_state(profile.name)
 
@@ -407,7 +418,7 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         self.conversation.model_state(None, loaded=message.restored is not None)
         if message.restored is not None:
             backend, profile = message.restored
-            self.sub_title = header_title(profile, self.conversation.private)
+            self.sub_title = self._header(profile)
             self.conversation.hud.show_engine(backend.info, profile)
             notice(self, f"{message.error}\nStill using {profile.name}; F2 picks another profile.",
                    severity="error", title=title)

@@ -69,6 +69,14 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
             super().__init__()
             self.chat_id = chat_id
 
+    class Renamed(Message):
+        """A chat was renamed here (the open one's header follows)."""
+
+        def __init__(self, chat_id: int, title: str) -> None:
+            super().__init__()
+            self.chat_id = chat_id
+            self.title = title
+
     # Priority, like a dialog's Esc and Enter (app.ui.screens.dialog): the app runs them as it
     # reads them, so the keys typed right after r (a new name) are held for the rename box
     # instead of reaching this list first (where the n of "Plans" started a new chat).
@@ -180,6 +188,7 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
         def done(title: str | None) -> None:
             if title and title.strip() and self._archive.history is not None:
                 self._archive.db(self._archive.history.rename_chat, chat.id, title.strip())
+                self.post_message(self.Renamed(chat.id, title.strip()))
                 self._reload()
 
         self.ask(EditScreen("Rename chat", inert(chat.title)), done)

@@ -130,6 +130,18 @@ class Conversation(Horizontal):
         return self._chat
 
     @property
+    def title(self) -> str | None:
+        """The chat's title (its first prompt's first line, or as renamed); None before a prompt."""
+        return self._chat.title if self._chat is not None else None
+
+    def retitle(self, chat_id: int, title: str) -> bool:
+        """Chat ``chat_id`` was renamed; answers whether it is this one (its header then follows)."""
+        if self._chat is None or chat_id != self._chat.id:
+            return False
+        self._chat.title = title
+        return True
+
+    @property
     def chat_id(self) -> int | None:
         """The saved chat's id; None before the saver wrote its first row."""
         return self._chat.id if self._chat is not None else None
@@ -303,6 +315,8 @@ class Conversation(Horizontal):
         assert backend is not None and profile is not None
         if self._chat is None:  # created in the database by the saver's first write
             self._chat = ChatRef(chat_title(text), profile.name, self.chat_system_prompt, self.sampling.to_dict())
+            if not self.private:
+                self.app.sub_title = self._chat.title  # the header names the chat, as after a restart
         user_id = answers.saved_id() if answers is not None else None
         earlier = None if supersedes is None else (
             supersedes.message_id if supersedes.message_id is not None else supersedes.record)

@@ -146,7 +146,9 @@ async def test_an_unsaved_chat_that_never_got_an_id_is_exported_once(
         await wait_for(pilot, lambda: app.return_code is not None)
     (exported,) = (specchat_dirs / "exports").glob("unsaved-chat-*.md")
     text = exported.read_text()
-    assert text.count("secret question") == 1 and text.count("## Assistant") == 1
+    assert text.startswith("# secret question\n")  # the header's title: the chat's, as saved
+    body = text.split("\n", 1)[1]
+    assert body.count("secret question") == 1 and body.count("## Assistant") == 1
 
 
 def test_after_a_signal_a_stuck_exit_ends_the_process_once_the_saver_had_its_wait(

@@ -232,3 +232,37 @@ async def test_text_left_unsent_at_quit_is_back_in_the_box_after_a_restart(make_
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         assert app.query_one(TextArea).text == ""  # a private chat's text is never written down
+
+
+async def test_the_header_names_the_open_chat_through_a_profile_load_and_a_rename(
+        make_app: Callable[..., SpecChatApp]) -> None:
+    """It showed the title after a restart, the profile after F3 opened a chat with another profile,
+    and the profile for a new chat until the next restart (a reviewer's "Dragons & code")."""
+    from app.ui.screens.chats import ChatsScreen
+
+    history = History.open()
+    try:
+        other = history.create_chat("Dragons & code", "lookup")
+        history.add_message(other, "user", "Dragons & code")
+        history.add_message(other, "assistant", "Here be dragons.", finish_reason="stop")
+    finally:
+        history.close()
+    app = make_app(profile="fast")
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert app.sub_title.startswith("fast · ")  # a new chat, nothing asked yet: the profile
+        await send(pilot, "first question")
+        await wait_for(pilot, lambda: not app.conversation.generating and app.query(AssistantMessage))
+        assert app.sub_title == "first question"
+        await app.open_chat(other)  # with lookup: loaded for it, the header keeps the chat's title
+        await wait_for(pilot, lambda: app.engine.profile is not None and app.engine.profile.name == "lookup"
+                       and not app.engine.loading)
+        assert app.sub_title == "Dragons & code"
+        app.post_message(ChatsScreen.Renamed(other, "Dragons, renamed"))
+        await pilot.pause()
+        assert app.sub_title == "Dragons, renamed" and app.conversation.title == "Dragons, renamed"
+        app.post_message(ChatsScreen.Renamed(other + 1, "not this one"))
+        await pilot.pause()
+        assert app.sub_title == "Dragons, renamed"
+        await app.action_new_chat()
+        assert app.sub_title.startswith("lookup · ")

@@ -43,7 +43,7 @@ def test_real_terminal_keys(tmux: Tmux) -> None:
     tmux.keys("Enter")
     screen = tmux.wait_for("12 tokens")  # the reply footer once it finished
     lines = screen.splitlines()
-    first = next(i for i, line in enumerate(lines) if "first line" in line)
+    first = next(i for i, line in enumerate(lines[1:], 1) if "first line" in line)  # below the header, which names the chat
     assert "second line" in lines[first + 1], screen
     assert "Hello there!" in screen
     tmux.keys("F4")

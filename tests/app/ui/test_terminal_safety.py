@@ -123,11 +123,11 @@ async def test_profile_names_and_descriptions_are_shown_inert(make_app: Callable
         app.switch_profile("evil" + HOSTILE["osc52-clipboard"])  # loaded: the title bar, the HUD
         await wait_for(pilot, lambda: app.engine.profile is not None and app.engine.profile.name.startswith("evil")
                        and app.engine.backend is not None and not app.engine.loading, timeout=10)
+        assert "evil␛]52;c;cm0gLXJmIH4=␇" in app.sub_title  # the header names the profile until a prompt names the chat
         await send(pilot, "hi")
         await wait_for(pilot, lambda: not app.conversation.generating and app.query(AssistantMessage), timeout=10)
         app.query_one(Hud).flush(force=True)
         await pilot.pause()
-        assert "evil␛]52;c;cm0gLXJmIH4=␇" in app.sub_title
         clean(app)
 
 
@@ -164,6 +164,7 @@ async def test_a_servers_reply_errors_and_build_are_shown_inert() -> None:
         app = SpecChatApp(server_profile=profile_from_server(url), profiles_loader=make_profiles)
         async with app.run_test(size=SIZE, notifications=True) as pilot:
             await wait_for(pilot, lambda: app.engine.backend is not None and not app.engine.loading, timeout=30)
+            assert "hunter2" not in app.sub_title and "alice:***@" in app.sub_title  # before a prompt names the chat
             await send(pilot, "hi")
             await wait_for(pilot, lambda: not app.conversation.generating and app.query(AssistantMessage),
                            timeout=30)
@@ -172,7 +173,6 @@ async def test_a_servers_reply_errors_and_build_are_shown_inert() -> None:
             await pilot.pause()
             out = screen_output(app)
             assert foreign_controls(out) == [] and "hunter2" not in out
-            assert "hunter2" not in app.sub_title and "alice:***@" in app.sub_title
             await send(pilot, "fail")
             await wait_for(pilot, lambda: not app.conversation.generating and len(app.query(AssistantMessage)) == 2,
                            timeout=30)
