@@ -45,8 +45,9 @@ LABEL_WIDTH = 9
 SPARK_ROUNDS = 48
 
 
-ORIGIN_LABELS = {"draft": "model", "chat": "chat", "history": "earlier"}
-"""HUD row labels of the drafters (sources of :mod:`app.store.pieces`)."""
+ORIGIN_LABELS = {"draft": " model", "chat": " chat", "history": " earlier"}
+"""HUD row labels of the drafters (sources of :mod:`app.store.pieces`), indented under τ: each row
+is one drafter's share of the reply, not the chat's."""
 
 
 def row(label: str, value: str | Content, style: str = "") -> Content:
@@ -346,7 +347,7 @@ class Hud(VerticalScroll):
         out = []
         for o in s.by_origin:
             source = drafted_source(o.origin)
-            value = f" {fmt_percent(o.alpha)} τ {fmt_float(o.tau)} ({o.rounds} round{'' if o.rounds == 1 else 's'}) "
+            value = f"{fmt_percent(o.alpha)} τ {fmt_float(o.tau)} ({o.rounds} round{'' if o.rounds == 1 else 's'}) "
             out.append(row(ORIGIN_LABELS[source], Content.styled(value, SOURCE_STYLES[source])))
         return out
 

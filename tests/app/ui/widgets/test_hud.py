@@ -246,7 +246,8 @@ async def test_the_legend_and_the_figures_name_the_drafters_the_profile_has() ->
         hud.set_stats(replace(stats, by_origin=split), live=True)
         rows = shown(hud, "stats").splitlines()
         i = rows.index("τ        3.00")
-        assert rows[i + 1:i + 3] == ["earlier   80% τ 5.00 (2 rounds) ", "chat      25% τ 2.00 (1 round) "]
+        # indented under τ, the figures in τ's column (they stood one further right)
+        assert rows[i + 1:i + 3] == [" earlier 80% τ 5.00 (2 rounds) ", " chat    25% τ 2.00 (1 round) "]
         styles = {str(span.style) for span in hud.query_one("#hud-stats", Static).render().spans}
         assert SOURCE_STYLES["history"] in styles and SOURCE_STYLES["chat"] in styles
         worst = (OriginFigures("history", 999, 15_984, 15_984, 16_983),)  # 100%, τ 17.00, 999 rounds
