@@ -175,7 +175,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     from engine.load.availability import cuda_present, unavailable_reason
     from engine.config.models_file import load_profiles, user_models_file
 
-    from engine.fetch.sources import is_fetched
+    from engine.fetch.sources import in_hub_cache, is_fetched
     from engine.load.loader import profile_device_choice
     from engine.model.card_plan import profile_card_plans
 
@@ -187,7 +187,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         why_not = unavailable_reason(p, cuda=cuda)
         specs = [s for s in (p.target, p.draft) if s is not None and p.backend == "local"]
         by_source = {s.source: s for s in sorted(specs, key=lambda s: s.download_size or 0)}  # one per file
-        to_fetch = [s for s in by_source.values() if is_fetched(s) is False]
+        to_fetch = [s for s in by_source.values() if is_fetched(s) is False or in_hub_cache(s) is False]
         device, device_reason = profile_device_choice(p) if p.backend == "local" else (None, None)
         cards = profile_card_plans(p)
         rows.append({
@@ -245,6 +245,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         if r["to_download"]:
             n = r["download_bytes"]
             size = (f"about {n / 1e9:.2f} GB" if n >= 1e9 else f"about {n / 1e6:.0f} MB") if n else "its models"
+            # a hub id is downloaded by transformers from the Hugging Face hub, its size unknown here
             _show(f"  {'':<18} first use downloads {size} ({len(r['to_download'])} model(s) not in the cache yet)")
         if r["unavailable_reason"]:
             _show(f"  {'':<18} unavailable here: {r['unavailable_reason']}")

