@@ -103,11 +103,16 @@ class SteadyBackend:
         pass
 
 
+def stat_cpu_s(stat: Path) -> float:
+    """User + system CPU seconds in a ``/proc`` ``stat`` file (a process's or a thread's)."""
+    fields = stat.read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def terminal_cpu() -> float:
     """CPU seconds the terminal this app draws into has used so far: in ``--tmux`` the app is the
     pane's command, so its parent is tmux's server, which parses every frame the app writes."""
-    fields = Path(f"/proc/{os.getppid()}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return stat_cpu_s(Path(f"/proc/{os.getppid()}/stat"))
 
 
 def thread_cpu() -> dict[str, float]:
@@ -116,11 +121,11 @@ def thread_cpu() -> dict[str, float]:
     used: dict[str, float] = {}
     for task in Path(f"/proc/{os.getpid()}/task").iterdir():
         try:
-            fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+            cpu = stat_cpu_s(task / "stat")
         except OSError:
             continue
         name = names.get(int(task.name), "other")
-        used[name] = used.get(name, 0.0) + (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+        used[name] = used.get(name, 0.0) + cpu
     return used
 
 
@@ -211,7 +216,7 @@ async def one_reply(args: argparse.Namespace) -> tuple[float, dict[str, float]]:
         while not backend.done:
             await asyncio.sleep(0.05)
         await pilot.pause(0.3)
-    (wall0, cpu0), (wall1, cpu1) = backend.times[first], backend.times[last]
+    (wall0, cpu0, _), (wall1, cpu1, _) = backend.times[first], backend.times[last]
     wall = wall1 - wall0
     return (cpu1 - cpu0) / wall, {name: (after[name] - before.get(name, 0.0)) / wall for name in after}
 
