@@ -70,10 +70,10 @@ def remember_draft(text: str | None) -> None:
     data = _read()
     if text and text.strip():
         data["draft"] = text
-    elif "draft" not in data:
-        return
-    else:
+    elif "draft" in data:
         del data["draft"]
+    else:
+        return  # nothing kept, nothing to forget: the file is left as it is
     _write(data)
 
 

@@ -207,7 +207,7 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
 
     async def action_new_chat(self, private: bool = False) -> None:
         await self.conversation.new_chat(private=private)
-        self.sub_title = header_title(self.engine.profile, private)
+        self.sub_title = self._header(self.engine.profile)
 
     def action_regenerate(self) -> None:
         self.conversation.regenerate()
@@ -227,7 +227,7 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
 
     async def on_chats_screen_deleted(self, message: ChatsScreen.Deleted) -> None:
         if await self.conversation.chat_deleted(message.chat_id):
-            self.sub_title = header_title(self.engine.profile, False)
+            self.sub_title = self._header(self.engine.profile)
         self._teach_drafter()  # what was deleted can no longer be proposed
 
     async def open_chat(self, chat_id: int) -> None:
