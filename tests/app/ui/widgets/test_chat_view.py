@@ -164,3 +164,20 @@ async def test_the_colour_view_is_built_when_switched_on_and_follows_the_stream(
         assert str(sources.render()) == "one two"
         reply.set_show_sources(False)
         assert not reply.has_class("-sources")
+
+
+@pytest.mark.parametrize("opening", ["Some text.", "## A heading", "```python\nx = 1\n```"])
+async def test_a_reply_starts_on_its_boxs_first_row_whatever_block_opens_it(opening: str) -> None:
+    """A heading or a code block first kept its top margin: one or two blank rows under the
+    box's border before the reply (a code block's own shaded padding row stays)."""
+    reply = AssistantMessage("fast")
+    async with Log(reply).run_test(size=(60, 20)) as pilot:
+        await reply.append(opening + "\n\nThe end.", [])
+        await reply.finish("eos", None)
+        await pilot.pause()
+        rows = [strip.text.strip("│ ") for strip in pilot.app.screen._compositor.render_strips()]
+        top = next(i for i, row in enumerate(rows) if row.startswith("╭"))
+        first = next(i for i, row in enumerate(rows) if i > top and row)
+        expected = {"Some text.": "Some text.", "## A heading": "A heading", "```python\nx = 1\n```": "x = 1"}
+        assert rows[first] == expected[opening]
+        assert first - top - 1 == (1 if opening.startswith("```") else 0)
