@@ -38,6 +38,11 @@ class NonFiniteLogitsError(EngineError):
         self.role = role
 
 
+class EngineDiedError(EngineError):
+    """The engine's own process ended (killed, crashed) while the app still ran: the models must
+    be loaded again; the conversation is the app's and nothing of it is lost."""
+
+
 class EngineBusyError(EngineError):
     """A second reply was asked of an engine while another thread's reply is still running."""
 

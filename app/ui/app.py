@@ -31,7 +31,7 @@ from app.ui.key_hold import KeyHold
 from app.ui.keys import BINDINGS, EXTRA_COMMANDS, MAIN_SCREEN_ACTIONS
 from app.ui.labels import header_title
 from app.ui.loading import Loader
-from app.ui.messages import EngineFailed, EngineReady, LoadProgress
+from app.ui.messages import EngineFailed, EngineReady, LoadProgress, ReplyFinished
 from app.ui.notices import notice
 from app.ui.quitting import ExitOnSignals, ask_before_quit
 from app.ui.resume import remember_open_chat, reopen_last
@@ -347,6 +347,16 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
             return
         self.conversation.stop_reply()
         self._start_load(target)
+
+    def on_reply_finished(self, message: ReplyFinished) -> None:
+        """The engine's process ended under a reply (killed, crashed): load its profile again at
+        once; the chat stays, and a prompt sent meanwhile waits for the model as at start-up."""
+        profile = self.engine.profile
+        if not message.engine_died or profile is None or self.engine.loading or self.engine.backend_alive:
+            return
+        notice(self, f"Loading {profile.name} again; ctrl+r asks the last prompt again once it is ready.",
+               title="Engine stopped")
+        self._start_load(profile)
 
     def _header(self, profile: "ModelProfile | None") -> str:
         """The header's second part: the open chat's title, else the profile and its models (the

@@ -136,14 +136,26 @@ class EngineHost:
         why_not = self.unavailable_profiles().get(profile.name)
         if why_not:
             return Refusal(f"{profile.name} cannot run here: {why_not}.", title="Profile unavailable")
-        if self.profile is not None and profile.name == self.profile.name and self.backend is not None:
+        if self.profile is not None and profile.name == self.profile.name and self.backend_alive:
             return Refusal(f"{name} is already loaded.", "information")
         return profile
 
     # -- loading ----------------------------------------------------------------------
 
+    @property
+    def backend_alive(self) -> bool:
+        """A backend is loaded and still runs (an engine process that was killed or crashed does not)."""
+        return self.backend is not None and getattr(self.backend, "alive", True)
+
     def begin_load(self, profile: "ModelProfile") -> "tuple[ChatBackend | None, ModelProfile | None]":
-        """Mark ``profile`` as loading; answers the backend it replaces and that backend's profile."""
+        """Mark ``profile`` as loading; answers the backend it replaces and that backend's profile
+        (none for a backend whose process died: it is let go of here, and nothing falls back on it)."""
+        if self.backend is not None and not self.backend_alive:
+            dead, self.backend = self.backend, None
+            try:
+                dead.close()
+            except Exception:  # noqa: BLE001 - its process is gone already
+                pass
         old, self.backend = self.backend, None
         old_profile = self.profile if old is not None else None
         self.profile = profile

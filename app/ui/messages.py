@@ -92,7 +92,8 @@ class Outbox:
 
 
 class ReplyFinished(Message):
-    """The reply ``reply_id`` ended (normally, stopped, or with ``error``)."""
+    """The reply ``reply_id`` ended (normally, stopped, or with ``error``). Handled by the
+    conversation, then by the App (it bubbles)."""
 
     def __init__(
         self,
@@ -100,9 +101,12 @@ class ReplyFinished(Message):
         finish_reason: FinishReason,
         stats: ReplyStats | None,
         error: str | None = None,
+        engine_died: bool = False,
     ) -> None:
         super().__init__()
         self.reply_id = reply_id
         self.finish_reason = finish_reason
         self.stats = stats
         self.error = error
+        self.engine_died = engine_died
+        """The engine's process ended under the reply (the App loads the profile again)."""

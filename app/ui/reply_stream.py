@@ -24,7 +24,7 @@ from app.ui.messages import Outbox, ReplyChunk, ReplyFinished
 from app.ui.pacing import PaintPacer
 from app.ui.widgets.chat_view import AssistantMessage
 from engine.api import ChatBackend
-from engine.errors import SpecChatError
+from engine.errors import EngineDiedError, SpecChatError
 from engine.events import ChatMessage, FinishReason, GenerationParams, ReplyStats
 
 
@@ -96,6 +96,7 @@ def stream_reply(job: ReplyJob, post: Callable[[Message], Any]) -> None:
     stats: ReplyStats | None = None
     finish: FinishReason | None = None
     error: str | None = None
+    died = False
 
     def save(final: FinishReason | None) -> None:
         # Handing over is cheap: the saver thread coalesces rounds and writes at most
@@ -116,10 +117,10 @@ def stream_reply(job: ReplyJob, post: Callable[[Message], Any]) -> None:
                 if job.outbox.put(event):
                     post(ReplyChunk(job.reply_id, job.outbox))
         except SpecChatError as exc:
-            error, finish = str(exc), "error"
+            error, finish, died = str(exc), "error", isinstance(exc, EngineDiedError)
         except Exception as exc:  # shown as a notice, never a traceback
             error, finish = f"{type(exc).__name__}: {exc}", "error"
     if finish is None or (job.cancel.is_set() and finish == "stop"):
         finish = "cancelled" if job.cancel.is_set() else "stop"
     save(finish)
-    post(ReplyFinished(job.reply_id, finish, stats, error))
+    post(ReplyFinished(job.reply_id, finish, stats, error, died))

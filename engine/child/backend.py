@@ -32,7 +32,7 @@ from engine.child.protocol import (
     ReplyEnd, Round, SpeculationRequest, ToChild,
 )
 from engine.child.serve import serve
-from engine.errors import EngineBusyError, EngineError
+from engine.errors import EngineBusyError, EngineDiedError, EngineError
 from engine.events import ChatEvent, ChatMessage, GenerationParams
 from engine.progress import ProgressFn, no_progress
 
@@ -144,6 +144,11 @@ class ProcessBackend:
     def info(self) -> EngineInfo:
         """The child's state as of its last message (every event and every reply's end carry it)."""
         return self._info
+
+    @property
+    def alive(self) -> bool:
+        """Whether the child still runs (a killed or crashed one must be loaded again)."""
+        return self._process.is_alive()
 
     @property
     def pid(self) -> int | None:
@@ -268,12 +273,11 @@ class ProcessBackend:
         except (EOFError, OSError) as exc:
             raise self._died() from exc
 
-    def _died(self) -> EngineError:
+    def _died(self) -> EngineDiedError:
         self._process.join(1.0)
         code = self._process.exitcode
         how = "was killed" if code is not None and code < 0 else f"exited (code {code})"
-        return EngineError(f"the engine process {how}; the conversation is kept: pick the profile again (F2) "
-                           "to reload the models")
+        return EngineDiedError(f"the engine process {how}; the conversation is kept")
 
 
 def _error(message: FromChild) -> BaseException:

@@ -9,7 +9,7 @@ from app.ui.app import SpecChatApp
 from app.ui.screens.help import HelpScreen, help_markdown
 from app.ui.screens.profiles import ProfilePicker
 from app.ui.widgets.prompt import PromptArea
-from engine.errors import EngineError, ModelSourceError
+from engine.errors import EngineDiedError, EngineError, ModelSourceError
 from engine.events import ChatEvent
 from app.ui.widgets.chat_view import AssistantMessage, UserMessage
 from app.ui.widgets.hud import Hud
@@ -165,6 +165,43 @@ async def test_generation_error_marks_reply_failed(make_app: Callable[..., SpecC
         await wait_for(pilot, lambda: not app.conversation.generating)
         assert app.query_one(AssistantMessage).finish_reason == "error"
         assert any("out of memory" in n.message for n in app._notifications)
+
+
+async def test_an_engine_that_died_under_a_reply_is_loaded_again_and_the_chat_goes_on(
+        make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
+    """A killed engine process: the reply fails with what it had, the profile loads again by
+    itself (F2 on the same profile said "already loaded" of the dead one), the next prompt works."""
+    app = make_app()
+    async with app.run_test() as pilot:
+        backend = (await ready(pilot)).engine.backend
+        assert backend is not None and app.engine.switch_target("fast") is not None
+
+        def killed(*args: object, **kwargs: object) -> Iterator[ChatEvent]:
+            backend.alive = False  # type: ignore[attr-defined]
+            raise EngineDiedError("the engine process was killed; the conversation is kept")
+            yield  # pragma: no cover
+
+        backend.chat = killed  # type: ignore[method-assign]
+        await send(pilot, "hi")
+        await wait_for(pilot, lambda: len(loader.backends) == 2 and app.engine.backend is loader.backends[1])
+        assert app.query_one(AssistantMessage).finish_reason == "error"
+        assert any("Loading fast again" in n.message for n in app._notifications)
+        assert backend.closed  # type: ignore[attr-defined]
+        await send(pilot, "again")
+        await wait_for(pilot, lambda: not app.conversation.generating and len(app.query(AssistantMessage)) == 2)
+        assert app.query(AssistantMessage)[-1].finish_reason == "eos"
+        assert [m.content for m in loader.backends[1].calls[0] if m.role == "user"] == ["hi", "again"]
+
+
+async def test_the_same_profile_picked_again_loads_it_again_only_when_its_engine_died(
+        make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
+    app = make_app()
+    async with app.run_test() as pilot:
+        backend = (await ready(pilot)).engine.backend
+        refusal = app.engine.switch_target("fast")
+        assert getattr(refusal, "text", "") == "fast is already loaded."
+        backend.alive = False  # type: ignore[union-attr]
+        assert app.engine.switch_target("fast") is app.engine.profiles.get("fast")  # type: ignore[union-attr]
 
 
 async def test_toggles_speculation_and_token_colours(make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine.child.backend import ProcessBackend
-from engine.errors import EngineBusyError, EngineError, ModelSourceError
+from engine.errors import EngineBusyError, EngineDiedError, ModelSourceError
 from engine.events import ChatMessage, GenerationParams
 from engine.load.loader import load_engine
 from engine.config.profiles import profile_from_sources
@@ -117,9 +117,10 @@ def test_a_killed_child_ends_the_reply_with_an_engine_error(talker, tmp_path: Pa
     backend = ProcessBackend.start(profile_from_sources(str(talker)), None, log=log, threads=1)
     try:
         assert log.exists()  # the child's output goes to the log, not over a full-screen UI
-        assert backend.pid is not None
+        assert backend.pid is not None and backend.alive
         os.kill(backend.pid, signal.SIGKILL)
-        with pytest.raises(EngineError, match="engine process was killed"):
+        with pytest.raises(EngineDiedError, match="engine process was killed"):
             list(backend.chat(MESSAGES, PARAMS))
+        assert not backend.alive  # the app loads the profile again (app.ui.app.SpecChatApp.on_reply_finished)
     finally:
         backend.close()
