@@ -86,7 +86,7 @@ class PromptArea(TextArea):
         """The text's height, or the whole placeholder's while the box is empty: at 80 columns the
         loading placeholder wraps to two lines, and a one-line box cut it off before "ready"."""
         height = super().get_content_height(container, viewport, width)
-        if not self.text and self.placeholder:
+        if not self.text and self.placeholder and width > 0:  # a terminal shrunk to a few cells leaves none
             height = max(height, len(Content.from_text(self.placeholder).wrap(width)))
         return height
 
