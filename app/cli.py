@@ -102,16 +102,31 @@ def polish_help(parser: argparse.ArgumentParser) -> None:
                 polish_help(subparser)
 
 
+def utf8_text(value: str | bytes, what: str) -> str:
+    """``value`` as text: bytes decoded as UTF-8, or a command-line string (whose bytes that are
+    not UTF-8 Python keeps as lone surrogates, which the tokenizer cannot take). Raises
+    SpecChatError naming ``what`` and the first bad byte's offset."""
+    data = value if isinstance(value, bytes) else value.encode("utf-8", "surrogateescape")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SpecChatError(f"{what} is not UTF-8 text (byte {exc.start}: {data[exc.start:exc.start + 1]!r}): "
+                            "convert it first, e.g. iconv -f latin1 -t utf-8") from None
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from engine.events import ChatMessage
 
     if args.prompt == "-":
-        args.prompt = sys.stdin.read()
+        args.prompt = utf8_text(sys.stdin.buffer.read(), "the prompt read from standard input")
         if not args.prompt.strip():
             raise SpecChatError("the prompt read from standard input is empty: pipe the message in, "
                                 "e.g. echo Hello | specchat generate -")
     if not args.prompt.strip():
         raise SpecChatError("the prompt is empty: give the message to answer, e.g. specchat generate \"Hello\"")
+    args.prompt = utf8_text(args.prompt, "the prompt")
+    if args.system is not None:
+        args.system = utf8_text(args.system, "--system")
     profile = resolve_profile(args)
     params = generation_params(args, profile)
     if args.threads:
@@ -147,15 +162,20 @@ def cmd_generate(args: argparse.Namespace) -> int:
         else:
             print(flush=True)
         if not args.quiet:
-            print(f"specchat: {timing_line(last.stats)}", file=sys.stderr)
+            print(f"specchat: {timing_line(last.stats, last.finish_reason)}", file=sys.stderr)
     finally:
         engine.close()
     return 0
 
 
-def timing_line(stats: "ReplyStats") -> str:
+CUT_SHORT = {"length": "cut at --max-new-tokens", "context": "cut: the context window is full"}
+"""A reply's end the timing line names (the app's footer says the same of its replies)."""
+
+
+def timing_line(stats: "ReplyStats", finish_reason: str | None = None) -> str:
     """The reply's figures on one line: tokens, tok/s, α, τ and the speedup the app shows
-    (:func:`app.ui.formatting.speedup_figure`), or why there is none."""
+    (:func:`app.ui.formatting.speedup_figure`), or why there is none; last, how the reply was
+    cut short, if it was (``finish_reason`` "length" or "context")."""
     from app.ui.formatting import fmt_float, fmt_rate, speedup_figure, spoken_reason
 
     parts = [f"{stats.tokens} tokens", f"{fmt_rate(stats.tokens_per_s)} tok/s"]
@@ -168,6 +188,8 @@ def timing_line(stats: "ReplyStats") -> str:
     else:
         parts.append("plain decoding" + (f" ({spoken_reason(stats.speculation_off_reason)})"
                                          if stats.speculation_off_reason else ""))
+    if finish_reason in CUT_SHORT:
+        parts.append(CUT_SHORT[finish_reason])
     return " · ".join(parts)
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from app.cli import main
+from app.cli import main, timing_line
 from tests.conftest import REPO
 from tests.tiny import save_tiny
 
@@ -342,7 +342,7 @@ def test_profiles_state_what_fits_on_each_card_from_the_memory_plan(capsys, tmp_
 def test_generate_reads_the_prompt_from_stdin_and_prints_a_timing_line(pair, capsys, monkeypatch) -> None:
     target, draft = pair
     common = ["--target", str(target), "--draft", str(draft), "--max-new-tokens", "12", "--k", "3"]
-    monkeypatch.setattr(sys, "stdin", io.StringIO("w1 w2 w3\n"))
+    monkeypatch.setattr(sys, "stdin", stdin_with(b"w1 w2 w3\n"))
     assert main(["generate", "-", *common, "--json"]) == 0
     captured = capsys.readouterr()
     piped = json.loads(captured.out)
@@ -351,16 +351,47 @@ def test_generate_reads_the_prompt_from_stdin_and_prints_a_timing_line(pair, cap
     stats = piped["stats"]
     assert line.startswith(f"specchat: {stats['tokens']} tokens · ")
     assert " tok/s · α/token " in line and " · τ " in line
-    assert line.endswith("speedup too short to measure")  # the JSON's null, in words
-    monkeypatch.setattr(sys, "stdin", io.StringIO("w1 w2 w3"))
+    assert stats["finish_reason"] == "length"  # 12 tokens: the reply was cut, and the line says so last
+    assert line.endswith("speedup too short to measure · cut at --max-new-tokens")  # the JSON's null, in words
+    monkeypatch.setattr(sys, "stdin", stdin_with(b"w1 w2 w3"))
     assert main(["generate", "-", *common, "--quiet", "--mode", "plain"]) == 0
     assert capsys.readouterr().err == ""  # --quiet: no timing line
     assert main(["generate", "w1 w2", *common, "--mode", "plain"]) == 0
-    assert capsys.readouterr().err.strip().endswith(" tok/s · plain decoding")  # no "× vs plain"
+    assert capsys.readouterr().err.strip().endswith(" tok/s · plain decoding · cut at --max-new-tokens")  # no "× vs plain"
+
+
+def stdin_with(data: bytes) -> io.TextIOWrapper:
+    """A standard input that holds ``data`` (with the bytes underneath it, as a real one has)."""
+    return io.TextIOWrapper(io.BytesIO(data), encoding="utf-8")
+
+
+@pytest.mark.parametrize("source, data", [("stdin", b"hello \xc3"), ("stdin", b"\xff\xfe\x00junk"),
+                                          ("argument", b"hi \xff")])
+def test_a_prompt_that_is_not_utf8_is_one_line_and_exit_2(source: str, data: bytes, capsys, monkeypatch) -> None:
+    """Bytes that are not UTF-8 reached the tokenizer as lone surrogates: a traceback (the hostile
+    tester's `printf 'hello \\xc3' | specchat generate -`)."""
+    if source == "stdin":
+        monkeypatch.setattr(sys, "stdin", stdin_with(data))
+        argv = ["generate", "-"]
+    else:
+        argv = ["generate", data.decode("utf-8", "surrogateescape")]  # as Python hands over argv
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specchat: error: the prompt") and "is not UTF-8 text (byte " in err
+    assert err.count("\n") == 1
 
 
 def test_an_empty_stdin_is_one_line_and_exit_2(capsys, monkeypatch) -> None:
-    monkeypatch.setattr(sys, "stdin", io.StringIO("  \n"))
+    monkeypatch.setattr(sys, "stdin", stdin_with(b"  \n"))
     assert main(["generate", "-"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("specchat: error: the prompt read from standard input is empty")
+
+
+def test_the_timing_line_says_how_a_reply_was_cut_short() -> None:
+    from engine.events import ReplyStats
+
+    stats = ReplyStats(tokens=5, elapsed_s=0.5)
+    assert timing_line(stats, "context").endswith("plain decoding · cut: the context window is full")
+    assert timing_line(stats, "length").endswith(" · cut at --max-new-tokens")
+    assert timing_line(stats, "eos") == timing_line(stats) and timing_line(stats).endswith(" tok/s · plain decoding")
