@@ -17,13 +17,14 @@ from typing import TYPE_CHECKING, Any
 from app.bench.cli import add_bench_parser, cmd_bench
 from app.models_cmd import add_models_parser, cmd_models
 from app.models_cli import (
-    add_model_options, generation_params, load_for, positive_int, resolve_profile, stderr_progress,
+    add_model_options, draft_k, generation_params, load_for, positive_int, resolve_profile, stderr_progress,
 )
 
 __all__ = ["add_model_options", "generation_params", "load_for", "main", "resolve_profile", "stderr_progress"]
 from app.server_cli import server_profile_from_args
 from engine.errors import SpecChatError
 from engine.text_safety import inert, json_text
+from engine.events import MAX_K
 
 if TYPE_CHECKING:
     from engine.events import ReplyStats
@@ -54,7 +55,7 @@ def build_parser() -> argparse.ArgumentParser:
                      "whose probabilities sum to this, 0 < p <= 1 (default: the profile's)")
     gen.add_argument("--top-k", type=int, help="sample among the k most likely tokens, 0 = all (default: the profile's)")
     gen.add_argument("--seed", type=int, help="random seed for sampling, for repeatable replies (default: none)")
-    gen.add_argument("--k", type=int, help="fixed K (tokens drafted per round); default: adaptive")
+    gen.add_argument("--k", type=draft_k, help=f"fixed K (tokens drafted per round, 0 to {MAX_K}); default: adaptive")
     gen.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice, one per core)")
 
     prof = sub.add_parser("profiles", help="list the model profiles and where each is defined")

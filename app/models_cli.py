@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 from app.server_cli import load_server, server_profile_from_args
 from engine.errors import SpecChatError
+from engine.events import MAX_K
 from engine.text_safety import inert
 
 if TYPE_CHECKING:
@@ -56,6 +57,18 @@ def positive_int(text: str) -> int:
     if value > MAX_THREADS:
         raise argparse.ArgumentTypeError(f"must be at most {MAX_THREADS} (the number of CPU threads to use; "
                                          f"this machine has {os.cpu_count() or 'an unknown number of'} CPUs), got {value}")
+    return value
+
+
+def draft_k(text: str) -> int:
+    """An argparse ``type`` for ``--k``: a whole number from 0 to :data:`~engine.events.MAX_K`."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if not 0 <= value <= MAX_K:
+        raise argparse.ArgumentTypeError(f"must be from 0 (plain decoding) to {MAX_K} tokens drafted a round, "
+                                         f"got {value}")
     return value
 
 

@@ -59,6 +59,13 @@ class SamplingParams:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
 
 
+MAX_K = 32
+"""The most tokens a round may draft (K): a verify pass of K + 1 tokens costs more than a third of
+a step a token on a CPU (docs/performance.md) and a card's fused attention takes passes of up to
+32, so more drafts nothing that pays, while the schedule's tables grow with K (a K of a billion
+ran the machine out of memory)."""
+
+
 @dataclass(frozen=True)
 class GenerationParams:
     """One reply's request: sampling, stop conditions and the speculation schedule.
@@ -81,10 +88,10 @@ class GenerationParams:
     def __post_init__(self) -> None:
         if self.max_new_tokens < 1:
             raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-        if self.k is not None and self.k < 0:
-            raise ValueError(f"k must be >= 0, got {self.k}")
-        if not 0 <= self.k_min <= self.k_max:
-            raise ValueError(f"need 0 <= k_min <= k_max, got {self.k_min}, {self.k_max}")
+        if self.k is not None and not 0 <= self.k <= MAX_K:
+            raise ValueError(f"k must be from 0 to {MAX_K}, got {self.k}")
+        if not 0 <= self.k_min <= self.k_max <= MAX_K:
+            raise ValueError(f"need 0 <= k_min <= k_max <= {MAX_K}, got {self.k_min}, {self.k_max}")
 
     def cut(self, emitted: list[int], remaining: int) -> "tuple[list[int], FinishReason | None]":
         """Cut a round's tokens at the first stop token (kept) or after ``remaining`` tokens,

@@ -17,6 +17,7 @@ from app.bench.inputs import PromptSpec, ProgressBar, load_prompt_set, render, s
 from app.bench.methods import ALL_METHODS
 from app.models_cli import positive_int
 from engine.errors import SpecChatError
+from engine.events import MAX_K
 from engine.text_safety import inert
 
 if TYPE_CHECKING:
@@ -53,17 +54,18 @@ def add_bench_parser(sub: Any, add_model_options: Callable[[argparse.ArgumentPar
 
 
 def parse_k_range(text: str) -> list[int]:
-    """``"1-6"`` → [1..6]; ``"2,4,8"`` → [2, 4, 8]; every K >= 1."""
+    """``"1-6"`` → [1..6]; ``"2,4,8"`` → [2, 4, 8]; every K from 1 to :data:`~engine.events.MAX_K`."""
     try:
         if "-" in text:
             lo, hi = (int(x) for x in text.split("-", 1))
-            values = list(range(lo, hi + 1))
+            values = list(range(lo, min(hi, MAX_K + 1) + 1))  # a range past MAX_K is refused below, unbuilt
+            values += [hi] if hi > MAX_K else []
         else:
             values = [int(x) for x in text.split(",") if x.strip()]
     except ValueError:
         raise SpecChatError(f"--k-range: expected e.g. 1-6 or 2,4, got {text!r}") from None
-    if not values or min(values) < 1:
-        raise SpecChatError(f"--k-range: need K values >= 1, got {text!r}")
+    if not values or min(values) < 1 or max(values) > MAX_K:
+        raise SpecChatError(f"--k-range: need K values from 1 to {MAX_K}, got {text!r}")
     return sorted(set(values))
 
 

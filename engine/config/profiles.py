@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from engine.config.source_names import check_parts
 from engine.errors import ModelSourceError, ProfileError
+from engine.events import MAX_K
 
 if TYPE_CHECKING:
     from engine.config.server import ServerSpec
@@ -141,10 +142,11 @@ class ModelProfile:
             raise ProfileError(f"{where}: unknown drafter {self.drafter!r}: use one of {', '.join(DRAFTERS)}")
         if self.drafter == "model" and self.draft is None:
             raise ProfileError(f"{where}: drafter = \"model\" needs a draft = {{ source = ... }} table")
-        if self.k is not None and self.k < 0:
-            raise ProfileError(f"{where}: k must be >= 0 (or left out for adaptive K), got {self.k}")
-        if not 0 <= self.k_min <= self.k_max:
-            raise ProfileError(f"{where}: need 0 <= k_min <= k_max, got k_min={self.k_min}, k_max={self.k_max}")
+        if self.k is not None and not 0 <= self.k <= MAX_K:
+            raise ProfileError(f"{where}: k must be from 0 to {MAX_K} (or left out for adaptive K), got {self.k}")
+        if not 0 <= self.k_min <= self.k_max <= MAX_K:
+            raise ProfileError(f"{where}: need 0 <= k_min <= k_max <= {MAX_K}, got k_min={self.k_min}, "
+                               f"k_max={self.k_max}")
         if self.temperature < 0 or not math.isfinite(self.temperature):
             raise ProfileError(f"{where}: temperature must be >= 0, got {self.temperature}")
         if not 0 < self.top_p <= 1:

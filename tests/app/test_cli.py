@@ -395,3 +395,12 @@ def test_the_timing_line_says_how_a_reply_was_cut_short() -> None:
     assert timing_line(stats, "context").endswith("plain decoding · cut: the context window is full")
     assert timing_line(stats, "length").endswith(" · cut at --max-new-tokens")
     assert timing_line(stats, "eos") == timing_line(stats) and timing_line(stats).endswith(" tok/s · plain decoding")
+
+
+@pytest.mark.parametrize("k", ["1000000000", "33", "-1", "two"])
+def test_a_k_out_of_range_is_a_usage_error_before_anything_loads(k: str, capsys) -> None:
+    """--k 1000000000 ran for minutes and took 9 GB before (the schedule's tables grow with K)."""
+    with pytest.raises(SystemExit) as exited:
+        main(["generate", "hi", "--k", k])
+    assert exited.value.code == 2
+    assert "argument --k: must be" in capsys.readouterr().err

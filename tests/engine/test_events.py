@@ -37,9 +37,11 @@ def test_greedy_is_temperature_zero() -> None:
 
 @pytest.mark.parametrize("kw, message", [
     ({"max_new_tokens": 0}, "max_new_tokens must be >= 1, got 0"),
-    ({"k": -1}, "k must be >= 0, got -1"),
-    ({"k_min": 3, "k_max": 2}, "need 0 <= k_min <= k_max, got 3, 2"),
-    ({"k_min": -1}, "need 0 <= k_min <= k_max, got -1, 8"),
+    ({"k": -1}, "k must be from 0 to 32, got -1"),
+    ({"k": 10**9}, "k must be from 0 to 32, got 1000000000"),  # the schedule's tables ran the machine out of memory
+    ({"k_min": 3, "k_max": 2}, "need 0 <= k_min <= k_max <= 32, got 3, 2"),
+    ({"k_min": -1}, "need 0 <= k_min <= k_max <= 32, got -1, 8"),
+    ({"k_max": 33}, "need 0 <= k_min <= k_max <= 32, got 1, 33"),
 ])
 def test_bad_generation_params_are_refused_with_the_values(kw: dict[str, Any], message: str) -> None:
     with pytest.raises(ValueError) as err:

@@ -25,7 +25,8 @@ HEAD = ("method                      tok/s      min-max  speedup   self   e2e   
 
 def test_k_ranges() -> None:
     assert parse_k_range("2-2") == [2] and parse_k_range(" 4, 2 ,4,") == [2, 4]
-    for text, says in (("3-1", "need K values >= 1"), ("1-x", "expected e.g. 1-6 or 2,4, got '1-x'")):
+    for text, says in (("3-1", "need K values from 1 to 32"), ("1-x", "expected e.g. 1-6 or 2,4, got '1-x'"),
+                       ("1-1000000000000", "need K values from 1 to 32"), ("40", "from 1 to 32, got '40'")):
         with pytest.raises(SpecChatError, match=says):
             parse_k_range(text)
 
@@ -108,7 +109,7 @@ def test_near_tie_flips_are_a_note_and_do_not_fail(capsys: pytest.CaptureFixture
 @pytest.mark.parametrize("argv, says", [
     (["--repeats", "0"], "--repeats and --max-new-tokens must be at least 1"),
     (["--max-new-tokens", "0"], "--repeats and --max-new-tokens must be at least 1"),
-    (["--k-range", "0-2"], "--k-range: need K values >= 1, got '0-2'"),
+    (["--k-range", "0-2"], "--k-range: need K values from 1 to 32, got '0-2'"),
     (["--classes", "poetry"], "--classes: unknown class(es) ['poetry']"),
 ])
 def test_bad_options_fail_before_any_model_loads(argv: list[str], says: str, capsys: pytest.CaptureFixture[str],

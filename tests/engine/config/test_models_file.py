@@ -114,6 +114,8 @@ def test_env_models_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         ('[profiles.x]\ntarget = "a/b"\ndrafter = "ngram"\nk = "3"\n', ["k must be an integer", "'3'"]),
         ('[profiles.x]\ntarget = "a/b"\ndrafter = "ngram"\ntop_p = 0\n', ["top_p must be in (0, 1]"]),
         ('[profiles.x]\ntarget = "a/b"\ndrafter = "ngram"\nk_min = 5\nk_max = 2\n', ["k_min <= k_max"]),
+        ('[profiles.x]\ntarget = "a/b"\ndrafter = "ngram"\nk = 1000000000\n', ["k must be from 0 to 32", "1000000000"]),
+        ('[profiles.x]\ntarget = "a/b"\ndrafter = "ngram"\nk_max = 64\n', ["k_max <= 32", "k_max=64"]),
         ('[profiles.x]\ntarget = "a/b"\ndrafter = "ngram"\nmemory_budget = "lots"\n',
          ["memory_budget", "invalid size 'lots'", "2GiB"]),
         ('[profiles.x]\ntarget = "a/b"\ndrafter = "ngram"\ndraft = "c/d"\n', ["'draft' is only used with drafter"]),
