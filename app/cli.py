@@ -198,7 +198,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     from engine.load.availability import cuda_present, unavailable_reason
     from engine.config.models_file import load_profiles, user_models_file
 
-    from engine.fetch.sources import in_hub_cache, is_fetched
+    from engine.fetch.sources import in_hub_cache, is_fetched, missing_local
     from engine.load.loader import profile_device_choice
     from engine.model.card_plan import profile_card_plans
 
@@ -228,6 +228,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
             "available": why_not is None,
             "unavailable_reason": why_not,
             "to_download": [s.source for s in to_fetch],
+            "missing_files": [str(path) for path in map(missing_local, by_source.values()) if path is not None],
             "download_bytes": (sum(s.download_size for s in to_fetch if s.download_size)
                                if to_fetch and all(s.download_size for s in to_fetch) else None),
             "device": p.device,
@@ -270,6 +271,8 @@ def cmd_profiles(args: argparse.Namespace) -> int:
             size = (f"about {n / 1e9:.2f} GB" if n >= 1e9 else f"about {n / 1e6:.0f} MB") if n else "its models"
             # a hub id is downloaded by transformers from the Hugging Face hub, its size unknown here
             _show(f"  {'':<18} first use downloads {size} ({len(r['to_download'])} model(s) not in the cache yet)")
+        for path in r["missing_files"]:
+            _show(f"  {'':<18} missing: nothing at {path} (the profile's local source)")
         if r["unavailable_reason"]:
             _show(f"  {'':<18} unavailable here: {r['unavailable_reason']}")
         elif r["runs_on_reason"] and r["device"] == "any":

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from engine.config.source_names import check_parts
+from engine.config.source_names import check_parts, check_wheel_source
 from engine.errors import ModelSourceError, ProfileError
 from engine.events import MAX_K
 
@@ -60,6 +60,10 @@ class ModelSpec:
     def __post_init__(self) -> None:
         if not isinstance(self.source, str) or not self.source.strip():
             raise ProfileError("a model's source must be a non-empty string")
+        try:
+            check_wheel_source(self.source)
+        except ModelSourceError as exc:
+            raise ProfileError(str(exc)) from None
         if self.parts:
             try:
                 check_parts(self.source, self.parts)

@@ -4,11 +4,33 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from pathlib import PurePosixPath
 
 from engine.errors import ModelSourceError
 
 WHEEL_SOURCE = re.compile(r"wheel:([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)/(.+)")
 """``wheel:DIST==VERSION/path/in/wheel``: groups are the distribution, the version and the path."""
+
+def plain_inner_path(inner: str) -> bool:
+    """Whether ``inner`` is a plain relative path inside a wheel: nothing that could climb out of
+    the folder it is extracted to (no ``..``, no absolute path, no backslash, no empty part)."""
+    p = PurePosixPath(inner)
+    return not ("\\" in inner or p.is_absolute() or not p.parts or any(part in ("", ".", "..") for part in p.parts)
+                or "//" in inner or inner.endswith("/"))
+
+
+def check_wheel_source(source: str) -> None:
+    """Raise :class:`ModelSourceError` if ``source`` starts as a ``wheel:`` source but is not a
+    ``wheel:DIST==VERSION/path`` one with a plain path inside the wheel."""
+    if not source.startswith("wheel:"):
+        return
+    match = WHEEL_SOURCE.fullmatch(source)
+    if match is None:
+        raise ModelSourceError(f"{source!r} is not a wheel:DIST==VERSION/path/in/wheel source")
+    if not plain_inner_path(match.group(3)):
+        raise ModelSourceError(f"refusing wheel path {match.group(3)!r} in {source!r}: it must be a plain relative "
+                               "path inside the wheel")
+
 
 _PLAIN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]*\.gguf", re.IGNORECASE)
 
@@ -26,6 +48,10 @@ def check_parts(name: str, parts: Sequence[str]) -> None:
     for i, part in enumerate(parts, 1):
         if not isinstance(part, str) or not WHEEL_SOURCE.fullmatch(part):
             raise ModelSourceError(f"{name}: part {i} ({part!r}) is not a wheel:DIST==VERSION/path/in/wheel source")
+        try:
+            check_wheel_source(part)
+        except ModelSourceError as exc:
+            raise ModelSourceError(f"{name}: part {i}: {exc}") from None
     seen: dict[str, int] = {}
     for i, part in enumerate(parts, 1):
         if part in seen:

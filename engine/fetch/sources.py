@@ -279,6 +279,16 @@ def is_fetched(spec: ModelSpec) -> bool | None:
     return wheel_file_path(*m.groups()).is_file() or (_converted_dir(kind, value, Path(inner)) / DONE_MARKER).is_file()
 
 
+def missing_local(spec: ModelSpec) -> Path | None:
+    """Where a local source (a ``.gguf`` file or a model directory) should be, when nothing is
+    there; None for a source that exists or is not local (a wheel, parts, a hub id)."""
+    kind, value = classify(spec.source)
+    if spec.parts or kind not in ("gguf", "dir"):
+        return None
+    path = Path(value)
+    return None if path.exists() else path
+
+
 def in_hub_cache(spec: ModelSpec) -> bool | None:
     """Whether a hub id's model is in the local Hugging Face cache (its ``config.json``, all that
     can be told without asking the hub); None for a source that is not a hub id."""

