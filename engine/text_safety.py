@@ -9,8 +9,8 @@ text straight through to the terminal, as ``print`` does.
 
 :func:`inert` shows every such character as a visible stand-in instead, as
 ``less`` and ``git`` do with untrusted text: a C0 control as its Unicode
-Control Picture (ESC as ``␛``, BEL as ``␇``), DEL as ``␡``, a C1 control as
-``<U+009B>``. An escape sequence therefore stays readable, character for
+Control Picture (ESC as ``␛``, BEL as ``␇``), DEL as ``␡``, a C1 control or a
+bidirectional override as ``<U+009B>``, ``<U+202E>``. An escape sequence therefore stays readable, character for
 character (``␛]52;c;cm0gLXJmIH4=␇``), and can no longer act: the terminal only
 starts a sequence at a real ESC or C1 byte, and none is left. Line feeds and
 tabs are kept; a carriage return ends a line only as ``\\r\\n`` (a lone ``\\r``,
@@ -26,8 +26,11 @@ import json
 import re
 from typing import Any
 
-_UNSAFE = re.compile(r"\r\n|[\x00-\x08\x0b-\x1f\x7f-\x9f]")
-"""C0 controls but for tab and line feed (a CR LF pair is matched whole), DEL, C1 controls."""
+_UNSAFE = re.compile(r"\r\n|[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+"""C0 controls but for tab and line feed (a CR LF pair is matched whole), DEL, C1 controls, and
+the bidirectional embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069): in a terminal
+that reorders text they make a line read in another order than its characters run ("Trojan
+Source", CVE-2021-42574), e.g. a command copied from a reply. Right-to-left text needs none of them."""
 
 
 def _stand_in(match: re.Match[str]) -> str:
@@ -44,7 +47,8 @@ def _stand_in(match: re.Match[str]) -> str:
 
 def inert(text: str) -> str:
     """``text`` with every control character but ``\\n`` and ``\\t`` (C0, DEL, C1, so every
-    escape sequence's start) replaced by a visible stand-in; ``\\r\\n`` becomes ``\\n``."""
+    escape sequence's start, and the bidirectional overrides) replaced by a visible stand-in;
+    ``\\r\\n`` becomes ``\\n``."""
     if not _UNSAFE.search(text):
         return text
     return _UNSAFE.sub(_stand_in, text)
@@ -55,7 +59,7 @@ def is_inert(text: str) -> bool:
     return not _UNSAFE.search(text)
 
 
-_JSON_RAW = re.compile(r"[\x7f-\x9f\u2028\u2029]")
+_JSON_RAW = re.compile(r"[\x7f-\x9f\u2028\u2029\u202a-\u202e\u2066-\u2069]")
 
 
 def json_text(obj: Any, **kwargs: Any) -> str:

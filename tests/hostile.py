@@ -9,14 +9,16 @@ HOSTILE: dict[str, str] = {
     "dcs": "\x1bP1$r0m\x1b\\",
     "c1-csi": "\x9b2J",
     "c1-osc": "\x9d0;pwned\x07",
+    "bidi-override": "rm -rf ~ \u202e#\u2066 harmless\u2069\u202c",
 }
 """Name: sequence (OSC 0 window title, OSC 8 hyperlink, OSC 52 clipboard write, CSI 2J
-clear screen, a DCS string, the 8-bit CSI and OSC)."""
+clear screen, a DCS string, the 8-bit CSI and OSC, bidirectional overrides that make a line
+read in another order than it runs)."""
 
 ALL = "".join(f"<{name}>{seq}" for name, seq in HOSTILE.items())
 """Every sequence in one text, each after a visible marker."""
 
-RAW = ("\x1b", "\x07", "\x90", "\x9b", "\x9d", "\x9c")
+RAW = ("\x1b", "\x07", "\x90", "\x9b", "\x9d", "\x9c", "\u202e", "\u2066", "\u2069", "\u202c")
 """Characters that must never reach the terminal from outside text."""
 
 

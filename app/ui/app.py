@@ -44,6 +44,7 @@ from app.ui.terminal_safety import SafeTerminal
 from app.ui.widgets.conversation import Conversation
 from app.ui.widgets.prompt import PromptArea
 from engine.errors import SpecChatError
+from engine.text_safety import inert
 
 if TYPE_CHECKING:
     from engine.config.profiles import ModelProfile, Profiles
@@ -260,10 +261,17 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         self.push_screen(CopyScreen(choices), picked)
 
     def copy_text(self, text: str, what: str) -> None:
-        """Send ``text`` to the terminal's clipboard (OSC 52) and to the desktop's where a tool is
-        at hand (:mod:`app.ui.clipboard`); say "Copied" only where one took it."""
+        """Send ``text`` as it is shown (:func:`~engine.text_safety.inert`: control characters as
+        their stand-ins, so a reply cannot carry an escape sequence into the shell it is pasted
+        in) to the terminal's clipboard (OSC 52) and to the desktop's where a tool is at hand
+        (:mod:`app.ui.clipboard`); say "Copied" only where one took it."""
         from app.ui.clipboard import desktop_copy, sent_notice
 
+        shown = inert(text)
+        if shown != text:
+            notice(self, "It held control characters (an escape sequence can run commands where it is pasted): "
+                         "they are copied as the stand-ins shown on screen.", severity="warning", title="Copied as shown")
+        text = shown
         self.copy_to_clipboard(text)
         lines = len(text.splitlines())  # a final newline ends the last line; it starts none
         size = f"{len(text):,} characters, {lines} line{'s' if lines != 1 else ''}"

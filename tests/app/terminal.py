@@ -25,8 +25,8 @@ def screen_output(app: App) -> str:  # type: ignore[type-arg]
 
 
 def foreign_controls(output: str) -> list[str]:
-    """The control characters (C0 but \\n, DEL, C1) left once Textual's own sequences are taken out,
-    each with a little context."""
+    """The control characters (C0 but \\n, DEL, C1, the bidirectional overrides) left once Textual's
+    own sequences are taken out, each with a little context."""
     rest = _TEXTUAL_OWN.sub("", output)
     return [repr(rest[max(0, m.start() - 12):m.end() + 12])
-            for m in re.finditer(r"[\x00-\x09\x0b-\x1f\x7f-\x9f]", rest)]
+            for m in re.finditer(r"[\x00-\x09\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]", rest)]

@@ -23,6 +23,12 @@ def test_the_stand_ins() -> None:
     assert inert("\x9b2J") == "<U+009B>2J"
     assert inert("\x1bP1$r\x1b\\") == "␛P1$r␛\\"
     assert inert("\x00\x08\x7f") == "␀␈␡"
+    assert inert("ls \u202e#\u2066 x\u2069\u202c") == "ls <U+202E>#<U+2066> x<U+2069><U+202C>"
+
+
+def test_right_to_left_text_needs_no_override_and_is_kept() -> None:
+    text = "שלום עולם · مرحبا · a\u200fb"  # Hebrew, Arabic, a right-to-left mark (a mark, not an override)
+    assert inert(text) is text
 
 
 def test_text_lines_and_tabs_are_kept() -> None:

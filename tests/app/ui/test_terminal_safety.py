@@ -18,6 +18,7 @@ from app.ui.widgets.chat_view import AssistantMessage, UserMessage
 from app.ui.widgets.hud import Hud
 from app.ui.widgets.prompt import PromptArea
 from engine.config.profiles import ModelProfile, ModelSpec, Profiles, profile_from_server
+from engine.text_safety import inert
 from tests.app.fakes import FakeLoader, make_profiles
 from tests.app.helpers import ready, send, wait_for
 from tests.app.terminal import foreign_controls, screen_output
@@ -86,6 +87,10 @@ async def test_a_saved_chat_title_and_messages_are_shown_inert(make_app: Callabl
         await wait_for(pilot, lambda: isinstance(app.screen, CopyScreen))
         await pilot.pause()
         clean(app)
+        await pilot.press("enter")  # the last reply: copied as shown (pasted in a shell, raw ones would act)
+        await wait_for(pilot, lambda: not isinstance(app.screen, CopyScreen))
+        assert app.clipboard == inert("said" + ALL) and raw_in(app.clipboard) == []
+        assert any("copied as the stand-ins shown" in n.message for n in app._notifications)
 
 
 def test_an_export_writes_the_escapes_as_visible_characters() -> None:
