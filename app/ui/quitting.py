@@ -70,7 +70,7 @@ def ask_before_quit(app: "App[Any]", conversation: "Conversation", archive: Arch
                 archive.exit_wait_s = QUIT_ANSWERED_WAIT_S
                 app.exit(message=f"specchat: the unsaved chat was exported to {path}")
 
-    app.push_screen(QuitScreen(f"{why} Quitting now loses it."), answered)
+    app.push_screen(QuitScreen(f"{why} Quitting now loses what is not saved."), answered)
 
 
 def write_unsaved(app: "App[Any]", conversation: "Conversation", archive: Archive) -> Path | None:
