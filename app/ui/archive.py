@@ -10,6 +10,7 @@ from collections.abc import Callable
 from typing import TypeVar
 
 from app.store.history import History, HistoryError
+from app.store.open_chats import OpenChats
 from app.store.saver import HistoryRescued, HistorySaver
 
 T = TypeVar("T")
@@ -38,6 +39,8 @@ class Archive:
         self._report = report
         self.history: History | None = None
         self.saver: HistorySaver | None = None
+        self.open_chats = OpenChats(None)
+        """The lock of the chat this window shows (app.store.open_chats): set by :meth:`open`."""
         self.exit_wait_s = SAVE_FLUSH_AT_EXIT_S
         """How long :meth:`close` waits for the saver (shorter once the user chose to quit
         without what is unsaved, app.ui.quitting)."""
@@ -48,6 +51,7 @@ class Archive:
         set aside, a lock) for the user, or None. ``on_lag`` and ``on_rescue`` (the open
         chat was deleted elsewhere, app.store.saver) hear from the saver thread."""
         self.history = History.open()
+        self.open_chats = OpenChats(self.history.path)
         self.saver = HistorySaver(self.history, on_lag, min_interval_s=WRITE_EVERY_S, on_rescue=on_rescue)
         return self.history.notice
 
@@ -77,3 +81,4 @@ class Archive:
             self.saver.close(self.exit_wait_s)
         if self.history is not None:
             self.history.close()
+        self.open_chats.release()

@@ -4,7 +4,9 @@ The chat to reopen is the one used last: the chat open when the app last closed 
 last opened from F3), remembered in the state file (:func:`app.store.state.remember_chat`)
 with the time it was left, unless a chat was written after that time (the app was
 killed before it could remember a newer chat). A private chat is never saved, so it is
-never remembered nor reopened. ctrl+n still starts a new chat.
+never remembered nor reopened, and a chat another specchat window shows is not taken over
+(:mod:`app.store.open_chats`): the app starts on a new chat and says why. ctrl+n still
+starts a new chat.
 """
 from __future__ import annotations
 
@@ -34,6 +36,9 @@ async def reopen_last(conversation: "Conversation", first: "ModelProfile | None"
     profile that would load anyway."""
     history = conversation.archive.history
     last = conversation.archive.db(chat_to_reopen, history) if history is not None else None
+    if last is not None and conversation.archive.open_chats.elsewhere(last.id):
+        return Start(first, None, f"A new chat: the chat used last, “{last.title}”, is open in another specchat "
+                                  "window (F3 opens it here too).")
     profile, last, said = start_with(last, conversation.host, first)
     if last is not None and await conversation.open_chat(last.id) is None:
         last = None

@@ -205,7 +205,10 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
                 self.post_message(self.Deleted(chat.id))
                 self._reload()
 
-        self.ask(ConfirmScreen(inert(f"Delete “{chat.title}” and its {chat.message_count} messages?"), enter_confirms=True,
+        elsewhere = (" It is open in another specchat window, which will save what it adds next to a new chat."
+                     if self._archive.open_chats.elsewhere(chat.id) else "")
+        self.ask(ConfirmScreen(inert(f"Delete “{chat.title}” and its {chat.message_count} messages?{elsewhere}"),
+                               enter_confirms=True,
                                hint="Enter or y deletes · Esc or n keeps it"), done)
 
     def action_export(self) -> None:

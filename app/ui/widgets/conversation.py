@@ -192,6 +192,7 @@ class Conversation(Horizontal):
         "New chat."."""
         await self._reset()
         self._chat = None
+        self.archive.open_chats.show(None)
         self.chat_system_prompt = None
         self.set_sampling(ChatSampling(), save=False)
         self.private = private
@@ -210,6 +211,10 @@ class Conversation(Horizontal):
         await self._reset()
         self.private = False
         self._chat = ChatRef(chat.title, chat.profile, chat.system_prompt, chat.sampling, id=chat.id)
+        if not self.archive.open_chats.show(chat.id):
+            notice(self, f"“{chat.title}” is open in another specchat window too: what each window adds goes into "
+                         "it, and neither shows the other's turns (ctrl+n starts a new chat).", severity="warning",
+                   title="Open twice")
         self.chat_system_prompt = chat.system_prompt
         self.set_sampling(ChatSampling.from_dict(chat.sampling), save=False)
         widgets = widgets_for(records, self.show_sources)
@@ -397,6 +402,8 @@ class Conversation(Horizontal):
             self.hud.set_seen_sources(self.hud.seen_sources | {source for _, source in widget.pieces})
         if message.stats is not None:
             self.hud.set_stats(message.stats, live=False)
+        if self.chat_id is not None and not self.private:  # a new chat has its id once saved: held from here
+            self.archive.open_chats.show(self.chat_id)
         if self.host.backend is not None:
             self.hud.set_engine(self.host.backend.info, self.host.profile)
         self.hud.live = False

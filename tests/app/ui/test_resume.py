@@ -266,3 +266,36 @@ async def test_the_header_names_the_open_chat_through_a_profile_load_and_a_renam
         assert app.sub_title == "Dragons, renamed"
         await app.action_new_chat()
         assert app.sub_title.startswith("lookup · ")
+
+
+async def test_a_chat_another_window_shows_is_not_taken_over_at_start(make_app: Callable[..., SpecChatApp],
+                                                                       specchat_dirs: Path) -> None:
+    """Two windows on one history each wrote into the chat used last: the saved chat interleaved
+    turns neither window showed. The second window now starts on a new chat and says why."""
+    from app.store.open_chats import OpenChats
+    from app.ui.screens.chats import ChatsScreen
+
+    await chat_once(make_app(), "first question")
+    other = OpenChats(specchat_dirs / "history.db")  # another specchat window, showing that chat
+    chat_id = History.open().list_chats()[0].id
+    assert other.show(chat_id)
+    app = make_app()
+    async with app.run_test(size=(120, 40), notifications=True) as pilot:
+        await ready(pilot)
+        assert shown(app) == [] and app.conversation.chat_id is None
+        assert any("is open in another specchat window (F3 opens it here too)" in n.message
+                   for n in app._notifications)
+        await send(pilot, "a question of its own")
+        await wait_for(pilot, lambda: not app.conversation.generating and app.conversation.chat_id is not None)
+        assert app.conversation.chat_id != chat_id
+        assert other.elsewhere(app.conversation.chat_id)  # its new chat, held once saved
+        await pilot.press("f3")  # opened anyway from F3: the user is told
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen))
+        await app.open_chat(chat_id)
+        await wait_for(pilot, lambda: shown(app) == ["first question"])
+        assert any("open in another specchat window too" in n.message for n in app._notifications)
+    other.release()
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:  # the other window closed: reopened as usual
+        await ready(pilot)
+        assert shown(app) == ["first question"]
