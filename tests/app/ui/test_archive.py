@@ -115,6 +115,30 @@ async def test_chats_screen_rename_and_delete(make_app: Callable[..., SpecChatAp
         assert app.conversation.chat_id is None
 
 
+@pytestmark_async
+async def test_deleting_a_chat_another_window_shows_says_so_before_it_deletes(
+        make_app: Callable[..., SpecChatApp], specchat_dirs: Path) -> None:
+    from app.store.open_chats import OpenChats
+    from app.ui.screens.edit import ConfirmScreen
+
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "first chat")
+        await wait_for(pilot, lambda: not app.conversation.generating)
+        chat_id = app.conversation.chat_id
+        await app.action_new_chat()
+        other = OpenChats(specchat_dirs / "history.db")  # another window opens it
+        assert chat_id is not None and other.show(chat_id)
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen))
+        await pilot.press("d")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert "It is open in another specchat window" in app.screen._question  # type: ignore[attr-defined]
+        await pilot.press("n")
+        other.release()
+
+
 def with_suffix_profile() -> Profiles:
     base = make_profiles()
     suffix = replace(base.get("lookup"), name="suffix", drafter="suffix")
