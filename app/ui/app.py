@@ -16,7 +16,7 @@ from textual import events
 from textual.app import App, ComposeResult
 from textual.driver import Driver
 from textual.screen import Screen
-from textual.widgets import Footer, Header
+from textual.widgets import Header
 
 from app.store.saver import HistoryLag, HistoryRescued
 from app.store.state import remember_draft, take_draft
@@ -28,7 +28,7 @@ from app.ui.export import ask_export
 from app.ui.engine_host import DRAFTING_CHARS, EngineHost, ProfileChoice, Refusal
 from app.ui.formatting import plan_lines
 from app.ui.key_hold import KeyHold
-from app.ui.keys import BINDINGS, EXTRA_COMMANDS, MAIN_SCREEN_ACTIONS
+from app.ui.keys import BINDINGS, EXTRA_COMMANDS, MAIN_SCREEN_ACTIONS, KeysFooter
 from app.ui.labels import header_title
 from app.ui.loading import Loader
 from app.ui.messages import EngineFailed, EngineReady, LoadProgress, ReplyFinished
@@ -90,7 +90,7 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         yield Header(icon="≫")
         yield self.conversation
         # compact, and no palette hint (F1's first line names ctrl+p): every key fits in 80 columns
-        yield Footer(compact=True, show_command_palette=False)
+        yield KeysFooter(compact=True, show_command_palette=False)
 
     async def on_mount(self) -> None:
         lag = self.archive.open(lambda text: self.post_message(HistoryLag(text)), self.post_message)

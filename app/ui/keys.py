@@ -1,7 +1,9 @@
 """The App's keys, in one table: what the footer, the help screen and the command palette show."""
 from __future__ import annotations
 
+from textual.app import ComposeResult
 from textual.binding import Binding, BindingType
+from textual.widgets import Footer
 
 BINDINGS: list[BindingType] = [
     Binding("escape", "stop", "Stop", tooltip="stop the reply, keeping what was written"),
@@ -19,8 +21,10 @@ BINDINGS: list[BindingType] = [
             tooltip="speculative decoding on or off"),
     Binding("f6", "toggle_hud", "HUD", priority=True, tooltip="the side panel, or one status line"),
     Binding("f7", "copy", "Copy", priority=True, tooltip="the last reply, a message or a code block"),
-    Binding("ctrl+n", "new_chat", "New chat", priority=True, tooltip="an empty chat (the open one stays saved)"),
+    # Quit before New chat: while a reply streams, Esc's "Stop" leaves 80 columns one key short,
+    # and the one cut off should not be the way out.
     Binding("ctrl+q", "quit", "Quit", priority=True, tooltip="leave specchat (unsent text comes back next time)"),
+    Binding("ctrl+n", "new_chat", "New chat", priority=True, tooltip="an empty chat (the open one stays saved)"),
     Binding("ctrl+r", "regenerate", "Regenerate", show=False, priority=True,
             tooltip="answer the last prompt again (the earlier reply stays)"),
     Binding("ctrl+g", "edit_last_prompt", "Edit last prompt", show=False, priority=True,
@@ -41,3 +45,14 @@ EXTRA_COMMANDS = [
     ("New private chat", "a chat that is not saved and that no later chat is drafted from", "new_chat(True)"),
 ]
 """Commands only the palette offers: (title, help, action)."""
+
+
+class KeysFooter(Footer):
+    """Textual's footer with its keys in :data:`BINDINGS`' order (Esc, F1 to F7, ctrl+q, ctrl+n).
+    Textual orders them as it meets them from the focused widget up: the prompt box's own f6
+    and f7 (select line, select all: the App's keys win) and the base App's ctrl+q came first,
+    so the footer read "f6 HUD f7 Copy ^q Quit f1 Help …"."""
+
+    def compose(self) -> ComposeResult:
+        order = {b.action: i for i, b in enumerate(BINDINGS) if isinstance(b, Binding)}
+        yield from sorted(super().compose(), key=lambda key: order.get(getattr(key, "action", ""), len(order)))

@@ -27,6 +27,8 @@ async def test_every_footer_key_fits_in_80_columns(make_app: Callable[..., SpecC
         for key in keys:
             width = len(f"{key.key_display} {key.description}")
             assert key.region.right <= 80 and key.region.width >= width, (key.key_display, key.region)
+        in_order = [k.key_display for k in sorted(keys, key=lambda k: k.region.x)]
+        assert in_order == ["f1", "f2", "f3", "f4", "f5", "f6", "f7", "^q", "^n"]  # it read "f6 f7 ^q f1 …"
 
 
 async def test_a_notice_does_not_cover_the_prompt_box(make_app: Callable[..., SpecChatApp]) -> None:
@@ -54,3 +56,19 @@ async def test_a_dialog_hint_wraps_instead_of_being_cut(make_app: Callable[..., 
         box = hint.parent.content_region  # type: ignore[union-attr]
         assert hint.region.right <= box.right, (hint.region, box)  # inside the dialog, not cut at its edge
         assert hint.region.height >= 2 and hint.region.width * hint.region.height >= len(text)  # wrapped
+
+
+async def test_while_a_reply_streams_at_80_columns_the_footer_still_shows_stop_and_quit(
+        make_app: Callable[..., SpecChatApp]) -> None:
+    from tests.app.fakes import FakeLoader
+    from tests.app.helpers import send_held
+
+    loader = FakeLoader(hold_after=2)
+    app = make_app(loader=loader)
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        backend = await send_held(pilot, loader, "hi")
+        await pilot.pause(0.2)
+        footer = app.screen._compositor.render_strips()[-1].text
+        assert footer.startswith("esc Stop f1 Help") and "^q Quit" in footer
+        backend.release.set()
