@@ -17,6 +17,7 @@ and the speedup stays unknown, as it does on servers without such a switch
 from __future__ import annotations
 
 import dataclasses
+import math
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -30,7 +31,9 @@ from engine.errors import EngineError
 from engine.events import ChatEvent, ChatMessage, FinishReason, GenerationParams, TextPiece
 from engine.remote.client import ServerClient, ServerError
 from engine.config.server import ServerSpec
-from engine.remote.figures import Figures, ServerStats, clean_timings, SpecCounters, parse_spec_counters, reply_figures
+from engine.remote.figures import (
+    Figures, ServerStats, SpecCounters, clean_timings, clean_usage, parse_spec_counters, reply_figures,
+)
 from engine.text_safety import inert
 
 CHAT_PATH = "/v1/chat/completions"
@@ -226,8 +229,8 @@ class ServerBackend:
                 return
             if isinstance(payload.get("timings"), dict) and payload["timings"]:  # only counts and finite rates
                 run.timings = clean_timings(payload["timings"])
-            if isinstance(payload.get("usage"), dict) and payload["usage"]:
-                run.usage = payload["usage"]
+            if isinstance(payload.get("usage"), dict) and payload["usage"]:  # only counts a server could make
+                run.usage = clean_usage(payload["usage"])
             choices = payload.get("choices")
             for choice in choices if isinstance(choices, list) else ():
                 if not isinstance(choice, dict):
@@ -356,6 +359,8 @@ class ServerBackend:
             return None, None, f"speedup unknown: {self._calibration_note}"
         self._plain_age += 1
         plain = self.plain_tokens_per_s
+        if not math.isfinite(rate / plain):
+            return None, None, "speedup unknown: the server's rates cannot be compared"
         return plain, rate / plain, (f"against a plain reply from the same server ({plain:.1f} tok/s, "
                                      "speculative.n_max = 0)")
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import re
 import socket
 import threading
 import time
@@ -29,6 +30,10 @@ from engine.text_safety import inert
 CONNECT_TIMEOUT_S = 10.0
 CANCEL_POLL_S = 0.05
 USER_AGENT = "specchat"
+MAX_EVENT_BYTES = 8 * 2**20
+"""The most one server-sent event (or a plain answer) may hold: a reply's event carries a few
+tokens, and a line that never ended grew to gigabytes in memory (a hostile server)."""
+_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 class ServerError(EngineError):
@@ -98,6 +103,12 @@ class ServerClient:
             conn.close()
             raise ServerError("cut", f"{url}: the server closed the connection without an answer "
                                      f"({type(exc).__name__})") from None
+        if 300 <= resp.status < 400:
+            where = inert(resp.getheader("Location", "") or "somewhere else")
+            conn.close()
+            raise ServerError("http", f"{url}: the server redirects ({resp.status}) to {where}; specchat does not "
+                                      "follow redirects: put the address the server means in the profile's url",
+                              resp.status)
         if resp.status >= 400:
             try:
                 raw = resp.read(65536)
@@ -152,9 +163,13 @@ class ServerClient:
                     return
                 raise
             if "text/event-stream" not in resp.getheader("Content-Type", ""):
-                yield _checked(parse_json(_read_all(resp, url, self.spec.timeout, cancel), url), url)
+                text = _read_all(resp, url, self.spec.timeout, cancel)
+                if not cancel.is_set():
+                    yield _checked(parse_json(text, url), url)
                 return
-            for payload in _events(resp, url, self.spec.timeout, cancel):
+            for payload in _events(resp, url, self.spec.timeout, cancel, watch):
+                if cancel.is_set():  # the rest of an event cut by Esc is no error
+                    return
                 if payload.strip() == "[DONE]":
                     return
                 yield _checked(parse_json(payload, url), url)
@@ -169,16 +184,28 @@ class ServerClient:
 
 
 class _Watch(threading.Thread):
-    """Shuts the request's socket down when ``cancel`` is set before ``done``."""
+    """Shuts the request's socket down when ``cancel`` is set before ``done``, or when the
+    stream's ``deadline`` (``time.monotonic()``) passes: a server that sends a byte a second
+    never lets the socket's own timeout fire, and no event ever ends (``timed_out`` then)."""
 
     def __init__(self, cancel: threading.Event) -> None:
         super().__init__(name="specchat-cancel", daemon=True)
         self.cancel = cancel
         self.done = threading.Event()
         self.sock: socket.socket | None = None
+        self.deadline: float | None = None
+        self.timed_out = False
 
     def run(self) -> None:
         while not self.done.is_set():
+            deadline = self.deadline
+            if deadline is not None and time.monotonic() > deadline and self.sock is not None:
+                self.timed_out = True
+                try:
+                    self.sock.shutdown(socket.SHUT_RDWR)
+                except OSError:
+                    pass
+                return
             if self.cancel.wait(CANCEL_POLL_S):
                 while not self.done.is_set():
                     if self.sock is not None:
@@ -193,7 +220,11 @@ class _Watch(threading.Thread):
 
 def _read_all(resp: http.client.HTTPResponse, url: str, timeout: float, cancel: threading.Event) -> str:
     try:
-        return resp.read().decode("utf-8", "replace")
+        raw = resp.read(MAX_EVENT_BYTES + 1)
+        if len(raw) > MAX_EVENT_BYTES:
+            raise ServerError("malformed", f"{url}: the answer is over {MAX_EVENT_BYTES // 2**20} MiB; "
+                                           "specchat stopped reading it")
+        return raw.decode("utf-8", "replace")
     except (socket.timeout, TimeoutError):
         raise ServerError("timeout", f"{url}: the answer stopped for {timeout:g} s (timeout)") from None
     except (OSError, http.client.HTTPException) as exc:
@@ -202,26 +233,44 @@ def _read_all(resp: http.client.HTTPResponse, url: str, timeout: float, cancel: 
         raise ServerError("cut", f"{url}: the answer was cut off ({type(exc).__name__})") from None
 
 
-def _events(resp: http.client.HTTPResponse, url: str, timeout: float, cancel: threading.Event) -> Iterator[str]:
+def _events(resp: http.client.HTTPResponse, url: str, timeout: float, cancel: threading.Event,
+            watch: _Watch | None = None) -> Iterator[str]:
     """The ``data`` of each server-sent event (several ``data:`` lines joined by newlines).
     Keep-alive comments alone for ``timeout`` seconds are a timeout, as silence is (they would
-    keep the socket's own timeout from ever firing)."""
+    keep the socket's own timeout from ever firing), and so is a line that takes longer than that
+    to end (``watch`` shuts the socket at its deadline). An event is at most
+    :data:`MAX_EVENT_BYTES`; returns at once when ``cancel`` is set."""
     data: list[str] = []
+    size = 0
     last_data = time.monotonic()
-    while True:
+    while not cancel.is_set():
+        if watch is not None:
+            watch.deadline = time.monotonic() + timeout
         try:
-            line = resp.readline()
+            line = resp.readline(MAX_EVENT_BYTES + 1)
         except (socket.timeout, TimeoutError):
             if cancel.is_set():
                 return
+            if watch is not None and watch.timed_out:
+                raise _no_line_ended(url, timeout) from None
             raise ServerError("timeout", f"{url}: the server sent nothing for {timeout:g} s (timeout); "
                                          "the reply so far is kept. Raise `timeout` in the profile if the "
                                          "server is just slow") from None
         except (OSError, http.client.HTTPException) as exc:
             if cancel.is_set():
                 return
+            if watch is not None and watch.timed_out:
+                raise _no_line_ended(url, timeout) from None
             raise ServerError("cut", f"{url}: the stream stopped mid-reply ({type(exc).__name__}: {exc}); "
                                      "the reply so far is kept") from None
+        if cancel.is_set():
+            return
+        if watch is not None and watch.timed_out:
+            raise _no_line_ended(url, timeout)
+        size += len(line)
+        if size > MAX_EVENT_BYTES:
+            raise ServerError("malformed", f"{url}: the server sent an event of over {MAX_EVENT_BYTES // 2**20} MiB "
+                                           "(or a line that never ended); specchat stopped reading it")
         if not line:
             if data:
                 yield "\n".join(data)
@@ -233,19 +282,37 @@ def _events(resp: http.client.HTTPResponse, url: str, timeout: float, cancel: th
             last_data = time.monotonic()
         elif not text and data:
             yield "\n".join(data)
-            data = []
+            data, size = [], 0
         elif time.monotonic() - last_data > timeout:  # comments (keep-alive pings), blank lines, other fields
             raise ServerError("timeout", f"{url}: the server sent only keep-alive comments for {timeout:g} s "
                                          "(timeout); the reply so far is kept. Raise `timeout` in the profile "
                                          "if the server is just slow")
 
 
+def _no_line_ended(url: str, timeout: float) -> ServerError:
+    return ServerError("timeout", f"{url}: no line of the stream ended in {timeout:g} s (timeout); the reply so "
+                                  "far is kept. Raise `timeout` in the profile if the server is just slow")
+
+
 def parse_json(text: str, url: str) -> Any:
+    """``text`` parsed, with each lone surrogate (JSON's ``\\ud800`` alone: no character, and
+    nothing UTF-8 can write to a terminal or a database) as U+FFFD."""
     try:
-        return json.loads(text)
+        value = json.loads(text)
+        return _no_lone_surrogates(value) if "\\ud" in text.lower() else value
     except ValueError:
         snippet = text.strip().replace("\n", " ")[:120]
         raise ServerError("malformed", f"{url}: the server sent malformed JSON: {snippet!r}") from None
+
+
+def _no_lone_surrogates(value: Any) -> Any:
+    if isinstance(value, str):
+        return _LONE_SURROGATE.sub("\ufffd", value)
+    if isinstance(value, list):
+        return [_no_lone_surrogates(v) for v in value]
+    if isinstance(value, dict):
+        return {_no_lone_surrogates(k): _no_lone_surrogates(v) for k, v in value.items()}
+    return value
 
 
 def _checked(payload: Any, url: str) -> Any:

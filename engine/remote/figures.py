@@ -155,21 +155,60 @@ def conditional_rates(per_pos: dict[int, float], drafts: float) -> tuple[float, 
 
 
 _COUNTS = ("predicted_n", "prompt_n", "cache_n", "draft_n", "draft_n_accepted")
+MAX_COUNT = 10**9
+"""The most tokens a count from a server may hold (a reply, a prompt, the drafts of one reply)."""
+RATE_RANGE = (1e-3, 1e6)
+"""Tokens a second a server could have decoded at: a rate outside it is no measurement (one of
+1e308 filled the HUD with a 309-digit figure, one of 5e-324 made the speedup infinite)."""
+MAX_MS = 1e10
+"""The longest time (milliseconds) a server's timings may report: about four months."""
+
+
+def _number(value: Any) -> int | float | None:
+    """``value`` if it is a finite number (not a bool; an int too big for a float is no measurement)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    if isinstance(value, int):
+        return value if abs(value) <= 2**63 else None
+    return value if math.isfinite(value) else None
+
+
+def clean_count(value: Any) -> int | None:
+    """``value`` as a count a server could have made (a whole number from 0 to :data:`MAX_COUNT`), or None."""
+    number = _number(value)
+    if number is None or number != int(number) or not 0 <= number <= MAX_COUNT:
+        return None
+    return int(number)
+
+
+def clean_usage(raw: dict[str, Any]) -> dict[str, int]:
+    """A reply's OpenAI ``usage`` with only counts a server could have made (:func:`clean_count`):
+    a negative, fractional, 400-digit or non-numeric count is left out, never shown or divided by."""
+    counts = {key: clean_count(value) for key, value in raw.items()
+              if key in ("completion_tokens", "prompt_tokens", "total_tokens")}
+    return {key: value for key, value in counts.items() if value is not None}
 
 
 def clean_timings(raw: dict[str, Any]) -> dict[str, Any]:
     """A server's ``timings`` with only the values a server could have measured: counts as
-    whole numbers >= 0, times and rates as finite numbers >= 0 (a string, NaN, a list or an
-    infinity is left out), and ``draft_n_accepted`` with ``draft_n`` only when it is at most
-    that (else both left out: an acceptance rate over 1 is no figure)."""
+    whole numbers from 0 to :data:`MAX_COUNT`, rates (``*_per_second``) within :data:`RATE_RANGE`,
+    other times as finite numbers from 0 to :data:`MAX_MS` (a string, NaN, a list or an infinity
+    is left out), and ``draft_n_accepted`` with ``draft_n`` only when it is at most that (else
+    both left out: an acceptance rate over 1 is no figure)."""
     out: dict[str, Any] = {}
-    for key, value in raw.items():
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+    for key, raw_value in raw.items():
+        value = _number(raw_value)
+        if value is None or value < 0:
             continue
         if key in _COUNTS:
-            if value != int(value):
+            value = clean_count(value)
+            if value is None:
                 continue
-            value = int(value)
+        elif key.endswith("_per_second"):
+            if not RATE_RANGE[0] <= value <= RATE_RANGE[1]:
+                continue
+        elif value > MAX_MS:
+            continue
         out[key] = value
     if "draft_n_accepted" in out and out["draft_n_accepted"] > out.get("draft_n", -1):
         out.pop("draft_n_accepted")
@@ -188,12 +227,14 @@ def reply_figures(timings: dict[str, Any] | None, delta: SpecCounters | None, to
     """
     sources: list[str] = []
     proposed = accepted = 0
-    if timings and int(timings.get("draft_n") or 0) > 0:
+    if timings and int(timings.get("draft_n") or 0) > 0 and int(timings.get("draft_n_accepted") or 0) <= tokens:
         proposed, accepted = int(timings["draft_n"]), int(timings.get("draft_n_accepted") or 0)
         sources.append("timings")
     per_position: tuple[float, ...] = ()
     mean_len = None
-    if delta is not None and delta.draft_tokens > 0:
+    if delta is not None and delta.draft_tokens > 0 and 0 <= delta.accepted <= delta.draft_tokens \
+            and delta.drafts >= 0 and (sources or delta.accepted <= tokens):
+        # (an acceptance over 1, or more accepted than the reply has tokens, is no figure)
         if not sources:
             proposed, accepted = int(round(delta.draft_tokens)), int(round(delta.accepted))
         if delta.drafts > 0:

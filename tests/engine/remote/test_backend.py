@@ -88,13 +88,13 @@ def test_tau_is_tokens_per_target_pass() -> None:
 
 
 def test_server_that_ignores_the_per_request_switch_has_unknown_speedup() -> None:
-    chat = speculative_then_plain(timings(4, 50.0, draft_n=10, accepted=7), timings(4, 48.0, draft_n=9, accepted=6))
+    chat = speculative_then_plain(timings(4, 50.0, draft_n=10, accepted=3), timings(4, 48.0, draft_n=9, accepted=2))
     with FakeServer(llama_routes(chat)) as fake:
         b = backend(fake)
         final = run(b)[-1].stats
         assert final.speedup is None and final.plain_tokens_per_s is None
         assert "ignores per-request speculative options" in final.speedup_reason
-        assert final.alpha == pytest.approx(0.7)
+        assert final.alpha == pytest.approx(0.3)
         assert b.switch_honoured is False
         run(b)
         assert len(fake.posts()) == 3  # no second calibration
@@ -103,7 +103,7 @@ def test_server_that_ignores_the_per_request_switch_has_unknown_speedup() -> Non
 
 
 def test_plain_request_that_still_drafted_says_so() -> None:
-    chat = speculative_then_plain(timings(4, 50.0, draft_n=10, accepted=7), timings(4, 48.0, draft_n=9, accepted=6))
+    chat = speculative_then_plain(timings(4, 50.0, draft_n=10, accepted=3), timings(4, 48.0, draft_n=9, accepted=2))
     with FakeServer(llama_routes(chat)) as fake:
         b = backend(fake)
         b.set_speculation(False)

@@ -86,3 +86,23 @@ def test_no_drafts_give_a_reason_never_zeros(timings: dict[str, int] | None, del
     figures = reply_figures(timings, delta, 20, metrics_known=known, server="S")
     assert figures == Figures(reason=reason) and figures.alpha is None and figures.tau is None
     assert no_figures_reason(timings, delta, known, "S") == reason
+
+
+@pytest.mark.parametrize("delta", [
+    SpecCounters(drafts=1, draft_tokens=1, accepted=1000),  # a counter that rose 1000 accepted for 1 drafted
+    SpecCounters(drafts=5, draft_tokens=15, accepted=-3),  # a counter that went back
+    SpecCounters(drafts=5, draft_tokens=40, accepted=30),  # more accepted than the reply's 20 tokens
+])
+def test_counters_no_reply_could_give_are_no_figures(delta: SpecCounters) -> None:
+    """/metrics deltas showed 'accepted 1000.00' (the timings' own check did not reach them)."""
+    figures = reply_figures(None, delta, 20, metrics_known=True, server="S")
+    assert figures.proposed == 0 and figures.alpha is None and figures.reason == OFF
+
+
+def test_clean_usage_and_timings_keep_only_what_a_server_could_measure() -> None:
+    from engine.remote.figures import clean_timings, clean_usage
+
+    assert clean_usage({"completion_tokens": 10**400, "prompt_tokens": 20, "total_tokens": -1, "x": 3}) == {
+        "prompt_tokens": 20}
+    assert clean_timings({"predicted_per_second": 1e308, "prompt_per_second": 4000.0, "predicted_n": 10**18,
+                          "predicted_ms": 1e300, "prompt_ms": 5.0}) == {"prompt_per_second": 4000.0, "prompt_ms": 5.0}

@@ -5,6 +5,8 @@ from __future__ import annotations
 import base64
 import json
 import math
+import threading
+import time
 
 import pytest
 
@@ -174,6 +176,128 @@ def test_timings_that_are_not_counts_give_no_figures_not_a_traceback(bad: dict) 
     assert "".join(e.text for e in events) == "ab"
     assert stats.alpha is None or 0.0 <= stats.alpha <= 1.0
     assert stats.tokens_per_s is None or math.isfinite(stats.tokens_per_s)
+
+
+@pytest.mark.parametrize("bad", [
+    {"predicted_per_second": 1e308, "draft_n": 10**18, "draft_n_accepted": 10**18 - 1},
+    {"predicted_per_second": 5e-324}, {"predicted_n": 2, "draft_n": 9, "draft_n_accepted": 7},
+], ids=["huge-rate-and-counts", "tiny-rate", "more-accepted-than-tokens"])
+def test_timings_no_server_could_measure_give_no_figures(bad: dict) -> None:  # type: ignore[type-arg]
+    """A rate of 1e308 showed a 309-digit tok/s and a billion-billion accepted drafts gave -1e18
+    target passes; 5e-324 tok/s made a speedup of inf; 7 accepted drafts in a 2-token reply, α 0.78."""
+    def chat(req, body):  # type: ignore[no-untyped-def]
+        start_sse(req)
+        events = reply_stream(["a", "b"])
+        events[-2]["timings"] = {"predicted_n": 2, "predicted_ms": 1.0, **bad}
+        write_events(req, events)
+
+    with FakeServer(llama_routes(chat)) as fake:
+        events = list(ServerBackend.connect(ServerSpec(fake.url), "srv").chat(MESSAGES, params(20)))
+    stats = events[-1].stats
+    assert stats.alpha is None and stats.proposed == 0 and stats.target_passes == 2
+    assert stats.tokens_per_s is None or stats.tokens_per_s < 1e7
+
+
+@pytest.mark.parametrize("usage", [
+    {"completion_tokens": 10**400, "prompt_tokens": [1, 2]}, {"completion_tokens": -5, "prompt_tokens": "␛x"},
+    {"completion_tokens": 2.5, "total_tokens": 1e308},
+], ids=["400-digits", "negative", "fractional"])
+def test_usage_counts_no_server_could_make_are_left_out(usage: dict) -> None:  # type: ignore[type-arg]
+    """A 400-digit completion_tokens raised OverflowError out of the reply; -5 was shown as '-5 tokens'."""
+    def chat(req, body):  # type: ignore[no-untyped-def]
+        start_sse(req)
+        events = reply_stream(["a", "b", "c"])
+        events[-2]["usage"] = usage
+        req.wfile.write("".join(e if isinstance(e, str) else "data: " + json.dumps(e) + "\n\n"
+                                for e in events).encode())
+
+    with FakeServer(llama_routes(chat)) as fake:
+        events = list(ServerBackend.connect(ServerSpec(fake.url), "srv").chat(MESSAGES, params(20)))
+    assert "".join(e.text for e in events) == "abc" and events[-1].stats.tokens == 3  # counted here instead
+    assert events[-1].stats.prompt_tokens is None
+
+
+def test_a_lone_surrogate_in_a_reply_becomes_a_replacement_character() -> None:
+    """JSON's "\\ud800" alone decoded to a character UTF-8 cannot write: generate died printing it,
+    and the app's history could not save the reply."""
+    def chat(req, body):  # type: ignore[no-untyped-def]
+        start_sse(req)
+        write_events(req, ['data: {"choices":[{"delta":{"content":"ok \\ud800 end \\ud83d\\ude00"}}]}\n\n',
+                           chunk(None, "stop"), "data: [DONE]\n\n"])
+
+    with FakeServer(llama_routes(chat)) as fake:
+        events = list(ServerBackend.connect(ServerSpec(fake.url), "srv").chat(MESSAGES, params(20)))
+    text = "".join(e.text for e in events)
+    assert text == "ok \ufffd end \U0001f600" and text.encode("utf-8")  # a real pair stays one character
+
+
+def test_a_line_that_never_ends_is_refused_before_it_fills_memory() -> None:
+    """'data: ' then 64 KB after 64 KB with no newline: 3 GB in 12 s before."""
+    def endless(req, body):  # type: ignore[no-untyped-def]
+        start_sse(req)
+        req.wfile.write(b"data: ")
+        try:
+            for _ in range(400):  # 25 MiB at most, then the test's server stops
+                req.wfile.write(b"x" * 65536)
+        except OSError:
+            pass
+
+    with FakeServer(llama_routes(endless)) as fake:
+        with pytest.raises(ServerError, match="over 8 MiB"):
+            list(ServerBackend.connect(ServerSpec(fake.url), "srv").chat(MESSAGES, params(20)))
+
+
+def test_a_server_that_drips_a_byte_a_second_times_out() -> None:
+    """A byte a second kept the socket's own timeout from firing, and no line ever ended: no end."""
+    def drip(req, body):  # type: ignore[no-untyped-def]
+        start_sse(req)
+        write_events(req, [chunk("a")])
+        try:
+            for _ in range(30):
+                req.wfile.write(b":")
+                req.wfile.flush()
+                time.sleep(0.2)
+        except OSError:
+            pass
+
+    with FakeServer(llama_routes(drip)) as fake:
+        started = time.monotonic()
+        with pytest.raises(ServerError, match="no line of the stream ended in 1 s"):
+            list(ServerBackend.connect(ServerSpec(fake.url, timeout=1.0), "srv").chat(MESSAGES, params(20)))
+        assert time.monotonic() - started < 4
+
+
+def test_esc_in_the_middle_of_an_event_stops_the_reply_it_does_not_fail_it() -> None:
+    def drip(req, body):  # type: ignore[no-untyped-def]
+        start_sse(req)
+        write_events(req, [chunk("a")])
+        try:
+            req.wfile.write(b'data: {"choices":[{"delta":{"content":"b')
+            req.wfile.flush()
+            time.sleep(3)
+        except OSError:
+            pass
+
+    cancel = threading.Event()
+    with FakeServer(llama_routes(drip)) as fake:
+        reply = ServerBackend.connect(ServerSpec(fake.url), "srv").chat(MESSAGES, params(20), cancel)
+        first = next(reply)
+        threading.Timer(0.3, cancel.set).start()
+        rest = list(reply)
+    assert first.text == "a" and rest[-1].finish_reason == "cancelled"
+
+
+def test_a_redirect_is_named_not_read_as_malformed_json() -> None:
+    def moved(req, body):  # type: ignore[no-untyped-def]
+        req.send_response(307)
+        req.send_header("Location", "http://elsewhere.example/v1/chat/completions" + HOSTILE["osc0-title"])
+        req.send_header("Content-Length", "0")
+        req.end_headers()
+
+    with FakeServer({CHAT: moved}) as fake:
+        with pytest.raises(ServerError) as err:
+            list(ServerClient(ServerSpec(fake.url)).stream(CHAT, {}))
+    assert "redirects (307) to http://elsewhere.example" in str(err.value) and raw_in(str(err.value)) == []
 
 
 def test_a_reply_that_ends_at_the_budget_keeps_its_figures() -> None:
