@@ -23,14 +23,16 @@ time and joined: the result is the same as the whole text made inert (but for a
 from __future__ import annotations
 
 import json
+import math
 import re
 from typing import Any
 
-_UNSAFE = re.compile(r"\r\n|[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_UNSAFE = re.compile(r"\r\n|[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069\ud800-\udfff]")
 """C0 controls but for tab and line feed (a CR LF pair is matched whole), DEL, C1 controls, and
 the bidirectional embeddings, overrides and isolates (U+202A-U+202E, U+2066-U+2069): in a terminal
 that reorders text they make a line read in another order than its characters run ("Trojan
-Source", CVE-2021-42574), e.g. a command copied from a reply. Right-to-left text needs none of them."""
+Source", CVE-2021-42574), e.g. a command copied from a reply. Right-to-left text needs none of them.
+Lone surrogates too (no character: a terminal's UTF-8 cannot carry one, and printing it raised)."""
 
 
 def _stand_in(match: re.Match[str]) -> str:
@@ -42,6 +44,8 @@ def _stand_in(match: re.Match[str]) -> str:
         return chr(0x2400 + code)  # Unicode Control Pictures: U+241B SYMBOL FOR ESCAPE, ...
     if code == 0x7F:
         return "\u2421"  # SYMBOL FOR DELETE
+    if 0xD800 <= code <= 0xDFFF:
+        return "\ufffd"  # a lone surrogate: REPLACEMENT CHARACTER
     return f"<U+{code:04X}>"
 
 
@@ -66,5 +70,19 @@ def json_text(obj: Any, **kwargs: Any) -> str:
     """``json.dumps(obj, ensure_ascii=False, **kwargs)`` with DEL, the C1 controls and the
     line/paragraph separators written as ``\\uXXXX`` escapes too: JSON escapes only the C0
     controls itself, and a raw ``\\x9b`` would reach the terminal the JSON is printed on.
-    Those characters occur only inside JSON strings, so escaping them keeps the same value."""
-    return _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", json.dumps(obj, ensure_ascii=False, **kwargs))
+    Those characters occur only inside JSON strings, so escaping them keeps the same value.
+    A float that is not finite is written ``null``: ``Infinity`` is no JSON, and strict
+    parsers refuse the whole document."""
+    text = json.dumps(_finite(obj), ensure_ascii=False, allow_nan=False, **kwargs)
+    return _JSON_RAW.sub(lambda m: f"\\u{ord(m.group()):04x}", text)
+
+
+def _finite(obj: Any) -> Any:
+    """``obj`` with every NaN or infinite float (in dicts, lists and tuples) as None."""
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    return obj

@@ -21,6 +21,7 @@ The schema and its versioned upgrades are in :mod:`app.store.schema`.
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 import threading
 import time
@@ -51,6 +52,24 @@ def _private_file(path: Path) -> None:
 
 
 _SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+
+_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def storable(params: Sequence[Any] | dict[str, Any]) -> Sequence[Any] | dict[str, Any]:
+    """``params`` with each lone surrogate in their text as U+FFFD: SQLite takes UTF-8, which
+    cannot write one, and the write raised UnicodeEncodeError, ending the saver's thread (a
+    server's reply then stayed unsaved, and quitting waited for it in vain)."""
+    values = params.values() if isinstance(params, dict) else params
+    if not any(isinstance(p, str) and _LONE_SURROGATE.search(p) for p in values):
+        return params
+
+    def fix(p: Any) -> Any:
+        return _LONE_SURROGATE.sub("\ufffd", p) if isinstance(p, str) else p
+
+    return {k: fix(v) for k, v in params.items()} if isinstance(params, dict) else tuple(map(fix, params))
 
 
 class History:
@@ -212,7 +231,7 @@ class History:
             try:
                 self._ensure_ready()
                 with self._conn:
-                    return self._conn.execute(sql, params)
+                    return self._conn.execute(sql, storable(params))
             except sqlite3.Error as exc:
                 raise HistoryError(describe("Saving chat history failed", exc), locked=is_lock_error(exc)) from exc
 
@@ -227,7 +246,7 @@ class History:
                 with self._conn:
                     done = []
                     for sql, params in statements:
-                        cur = self._conn.execute(sql, params)
+                        cur = self._conn.execute(sql, storable(params))
                         if cur.rowcount == 0:
                             raise ChatDeleted(chat_id)
                         done.append(cur)
@@ -241,7 +260,7 @@ class History:
         with self._lock:
             try:
                 self._ensure_ready()
-                return self._conn.execute(sql, params).fetchall()
+                return self._conn.execute(sql, storable(params)).fetchall()
             except sqlite3.Error as exc:
                 raise HistoryError(describe("Reading chat history failed", exc), locked=is_lock_error(exc)) from exc
 

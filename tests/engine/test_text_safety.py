@@ -49,3 +49,10 @@ def test_json_text_escapes_c1_and_keeps_the_value() -> None:
     assert raw_in(out) == [] and is_inert(out)
     assert "é" in out
     assert json.loads(out) == obj
+
+
+def test_lone_surrogates_show_as_replacement_characters_and_json_has_no_infinity() -> None:
+    """A server's "\\ud800" printed by generate raised UnicodeEncodeError; --json wrote "speedup": Infinity."""
+    assert inert("ok \ud800 end") == "ok \ufffd end" and inert("ok \ud800 end").encode("utf-8")
+    assert json.loads(json_text({"speedup": float("inf"), "rates": [1.5, float("nan")]})) == {
+        "speedup": None, "rates": [1.5, None]}

@@ -132,3 +132,15 @@ def test_a_data_folder_that_is_a_file_is_named_as_such(specchat_dirs: Path) -> N
     assert f"{specchat_dirs} is a file, not a folder" in history.notice and "SPECCHAT_DATA_DIR" in history.notice
     assert "Errno" not in history.notice
     assert specchat_dirs.read_text() == "not a folder"
+
+
+def test_text_with_a_lone_surrogate_is_saved_with_a_replacement_character(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """SQLite cannot take one (UTF-8): the write raised UnicodeEncodeError, which ended the saver's thread."""
+    history = History.open(tmp_path / "history.db")
+    chat = history.create_chat("title \ud800", "fast")
+    first = history.add_message(chat, "user", "ask \udfff")
+    history.update_message(chat, first, "ask \ud83d again")
+    assert [m.content for m in history.messages(chat)] == ["ask \ufffd again"]
+    assert history.get_chat(chat).title == "title \ufffd"  # type: ignore[union-attr]
+    assert [c.id for c, _ in history.search_chats("\ud800")] == [chat]  # a search holding one finds the U+FFFD
+    history.close()
