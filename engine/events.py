@@ -33,6 +33,12 @@ NOT_PAYING = "not paying here"
 "speculation off: not paying here"); the evidence is in ``speculation_off_detail``."""
 
 
+MIN_TEMPERATURE = 0.001
+"""The least temperature above 0 (greedy): below it sampling is greedy decoding in all but name,
+and a temperature of 1e-300 divided the logits into infinities (every reply failed, blaming the
+model's float16)."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How the next token is chosen.
@@ -53,6 +59,8 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if not math.isfinite(self.temperature) or self.temperature < 0:
             raise ValueError(f"temperature must be >= 0 and finite, got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise ValueError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {self.temperature:g}")
         if not 0 < self.top_p <= 1:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:

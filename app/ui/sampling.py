@@ -13,6 +13,8 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
+from engine.events import MIN_TEMPERATURE
+
 if TYPE_CHECKING:
     from engine.events import ReplySettings
 
@@ -85,8 +87,8 @@ def parse_sampling(temperature: str = "", top_p: str = "", top_k: str = "",
     or no seed), or the first field that is wrong."""
     values: dict[str, Any] = {}
     rules: tuple[tuple[str, str, Callable[[str], float | int | None], Callable[[Any], bool], str], ...] = (
-        ("temperature", temperature, _number, lambda v: v >= 0,
-         "Temperature must be a number of 0 or more (0 is greedy)"),
+        ("temperature", temperature, _number, lambda v: v == 0 or v >= MIN_TEMPERATURE,
+         f"Temperature must be 0 (greedy) or a number of at least {MIN_TEMPERATURE:g}"),
         ("top_p", top_p, _number, lambda v: 0 < v <= 1,
          "Top-p must be a number above 0 and at most 1 (1 keeps every token)"),
         ("top_k", top_k, _whole, lambda v: v >= 0,

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from engine.config.source_names import check_parts, check_wheel_source
 from engine.errors import ModelSourceError, ProfileError
-from engine.events import MAX_K
+from engine.events import MAX_K, MIN_TEMPERATURE
 
 if TYPE_CHECKING:
     from engine.config.server import ServerSpec
@@ -153,6 +153,9 @@ class ModelProfile:
                                f"k_max={self.k_max}")
         if self.temperature < 0 or not math.isfinite(self.temperature):
             raise ProfileError(f"{where}: temperature must be >= 0, got {self.temperature}")
+        if 0 < self.temperature < MIN_TEMPERATURE:
+            raise ProfileError(f"{where}: temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, "
+                               f"got {self.temperature:g}")
         if not 0 < self.top_p <= 1:
             raise ProfileError(f"{where}: top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:

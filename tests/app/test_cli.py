@@ -77,6 +77,7 @@ def test_profiles_json_lists_the_shipped_default(capsys) -> None:
     [
         (["generate", "hi", "--temperature", "nan"], "temperature must be >= 0 and finite, got nan"),
         (["generate", "hi", "--temperature", "inf"], "temperature must be >= 0 and finite, got inf"),
+        (["generate", "hi", "--temperature", "1e-300"], "temperature must be 0 (greedy) or at least 0.001, got 1e-300"),
         (["generate", "hi", "--top-p", "nan"], "top_p must be in (0, 1]"),
         (["generate", ""], "the prompt is empty"),
         (["generate", "  \n "], "the prompt is empty"),

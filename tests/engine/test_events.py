@@ -18,6 +18,7 @@ EOS = 2
     ({"temperature": -0.1}, "temperature must be >= 0 and finite, got -0.1"),
     ({"temperature": math.nan}, "temperature must be >= 0 and finite, got nan"),
     ({"temperature": math.inf}, "temperature must be >= 0 and finite, got inf"),
+    ({"temperature": 1e-300}, "temperature must be 0 (greedy) or at least 0.001, got 1e-300"),
     ({"top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
     ({"top_p": 1.5}, "top_p must be in (0, 1], got 1.5"),
     ({"top_k": -1}, "top_k must be >= 0, got -1"),

@@ -26,7 +26,8 @@ def test_fields_are_read_and_a_blank_one_follows_the_profile() -> None:
 
 
 @pytest.mark.parametrize("fields, field, words", [
-    (("-0.1",), "temperature", "Temperature must be a number of 0 or more"),
+    (("-0.1",), "temperature", "Temperature must be 0 (greedy) or a number of at least 0.001"),
+    (("1e-300",), "temperature", "not “1e-300”"),  # every reply then failed: the logits overflowed
     (("warm",), "temperature", "not “warm”"),
     (("inf",), "temperature", "Temperature"),
     (("1", "0"), "top_p", "Top-p must be a number above 0 and at most 1"),
