@@ -7,13 +7,14 @@ a table, and writes the JSON (and a PNG chart when matplotlib is installed).
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from app.bench.inputs import PromptSpec, ProgressBar, load_prompt_set, render, select_prompts
+from app.bench.inputs import (
+    PromptSpec, ProgressBar, check_output, load_prompt_set, render, select_prompts, write_report,
+)
 from app.bench.methods import ALL_METHODS
 from app.models_cli import positive_int
 from engine.errors import SpecChatError
@@ -178,8 +179,12 @@ def write_chart(results: Sequence[dict[str, Any]], path: Path) -> str:
     ax.set_title("decode speedup, all prompts (median; whiskers: min-max over repeats)", fontsize=10)
     plt.setp(ax.get_xticklabels(), rotation=45, ha="right")
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    try:
+        fig.savefig(path, dpi=120)
+    except OSError as exc:
+        return inert(f"the chart could not be written to {path}: {exc}")
+    finally:
+        plt.close(fig)
     return f"chart written to {path}"
 
 
@@ -272,6 +277,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     """Run the benchmark; exit status 1 when any greedy output differs from plain decoding."""
     from app.bench.server import cmd_bench_server, server_bench_profile
 
+    args.json_out = check_output(args.json_out, "--json")
+    args.chart = check_output(args.chart, "--chart")
     server = server_bench_profile(args)
     if server is not None:  # --server URL, or a backend = "server" profile
         return cmd_bench_server(args, server)
@@ -338,8 +345,7 @@ def _output(report: dict[str, Any], args: argparse.Namespace) -> int:
 
     results = report["results"]
     if args.json_out:
-        args.json_out.write_text(json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
-        print(f"JSON written to {args.json_out}", file=sys.stderr)
+        write_report(report, args.json_out)
     if args.chart:
         print(write_chart(results, args.chart), file=sys.stderr)
     print(inert(f"{report['profile']['name']}: {report['profile']['target']} + {report['profile']['drafter']} "

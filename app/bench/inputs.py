@@ -3,6 +3,7 @@ or ``--prompts FILE``), the choice by class, rendering with the target's chat
 template, and the progress bar on stderr. Shared by the local and the server bench."""
 from __future__ import annotations
 
+import os
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any, TextIO
 
 from engine.errors import SpecChatError
 from engine.events import ChatMessage
+from engine.text_safety import inert, json_text
 
 if TYPE_CHECKING:
     from app.bench.run import BenchPrompt
@@ -40,7 +42,7 @@ def load_prompt_set(path: Path | None = None) -> list[PromptSpec]:
     try:
         text = path.read_text(encoding="utf-8") if path else resources.files("app.bench").joinpath("prompts.toml").read_text(encoding="utf-8")
         data = tomllib.loads(text)
-    except (OSError, tomllib.TOMLDecodeError) as exc:
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as exc:
         raise SpecChatError(f"cannot read the prompt set {where}: {exc}") from None
     specs = [_prompt_spec(entry, where) for entry in data.get("prompt", [])]
     if not specs:
@@ -64,11 +66,13 @@ def _prompt_spec(entry: Any, where: str) -> PromptSpec:
         out.append(ChatMessage(m["role"], m["content"]))
     if out[-1].role != "user":
         raise SpecChatError(f"{where}: prompt {name!r} must end with a user message")
-    return PromptSpec(name, cls, tuple(out))
+    return PromptSpec(inert(name), inert(cls), tuple(out))  # shown in progress lines and tables: never obeyed
 
 
 def select_prompts(specs: Sequence[PromptSpec], classes: str | None, per_class: int | None) -> list[PromptSpec]:
     """The prompts of the chosen classes, at most ``per_class`` of each."""
+    if per_class is not None and per_class < 1:
+        raise SpecChatError(f"--per-class must be at least 1, got {per_class}")
     wanted = [c.strip() for c in classes.split(",")] if classes else None
     known = {s.prompt_class for s in specs}
     if wanted and not set(wanted) <= known:
@@ -114,3 +118,31 @@ class ProgressBar:
             print(line, file=self.stream, flush=True)
 
 
+
+
+def check_output(path: Path | None, option: str) -> Path | None:
+    """``path`` ready to be written once the bench is over, checked before any model loads (a bad
+    one failed after the whole run, with a traceback, and took the measurements with it); a
+    ``--chart`` without a suffix gets ``.png``, as matplotlib would write it anyway."""
+    if path is None:
+        return None
+    if option == "--chart" and not path.suffix:
+        path = path.with_suffix(".png")
+    if path.is_dir():
+        raise SpecChatError(f"{option} {path}: that is a folder; give a file name in it")
+    folder = path.parent if str(path.parent) else Path(".")
+    if not folder.is_dir():
+        raise SpecChatError(f"{option} {path}: the folder {folder} does not exist")
+    if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
+        raise SpecChatError(f"{option} {path}: not writable here")
+    return path
+
+
+def write_report(report: dict[str, Any], path: Path) -> None:
+    """The bench's figures as JSON at ``path`` (checked by :func:`check_output` before the run); a
+    write that fails now (a disk that filled since) is said on stderr, and the table still follows."""
+    try:
+        path.write_text(json_text(report, indent=1), encoding="utf-8")
+        print(f"JSON written to {path}", file=sys.stderr)
+    except OSError as exc:
+        print(inert(f"specchat bench: the JSON could not be written to {path}: {exc}"), file=sys.stderr)

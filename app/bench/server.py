@@ -10,7 +10,6 @@ rates where it reports them (llama-server ``timings``), else the rate seen here.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 from collections.abc import Sequence
@@ -189,7 +188,7 @@ def format_table(results: Sequence[dict[str, Any]]) -> str:
 
 def cmd_bench_server(args: argparse.Namespace, profile: "ModelProfile") -> int:
     """Run the server bench, print the table, write the JSON."""
-    from app.bench.inputs import ProgressBar, load_prompt_set, select_prompts
+    from app.bench.inputs import ProgressBar, load_prompt_set, select_prompts, write_report
 
     if args.repeats < 1 or args.max_new_tokens < 1:
         raise SpecChatError("--repeats and --max-new-tokens must be at least 1")
@@ -220,8 +219,7 @@ def cmd_bench_server(args: argparse.Namespace, profile: "ModelProfile") -> int:
         },
     }
     if args.json_out:
-        args.json_out.write_text(json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
-        print(f"JSON written to {args.json_out}", file=sys.stderr)
+        write_report(report, args.json_out)
     for note in sides.notes:
         print(inert(f"specchat bench: {note}"), file=sys.stderr)
     print(inert(f"{sides.spec.kind} server at {sides.spec.spec.root} ({sides.spec.model}); plain side: "

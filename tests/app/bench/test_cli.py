@@ -111,6 +111,10 @@ def test_near_tie_flips_are_a_note_and_do_not_fail(capsys: pytest.CaptureFixture
     (["--max-new-tokens", "0"], "--repeats and --max-new-tokens must be at least 1"),
     (["--k-range", "0-2"], "--k-range: need K values from 1 to 32, got '0-2'"),
     (["--classes", "poetry"], "--classes: unknown class(es) ['poetry']"),
+    (["--per-class", "0"], "--per-class must be at least 1, got 0"),  # a traceback once the models had loaded
+    (["--json", "."], "--json .: that is a folder"),  # these three failed after the whole run, with a traceback
+    (["--json", "no/such/folder/out.json"], "the folder no/such/folder does not exist"),
+    (["--chart", "no/such/folder/chart"], "--chart no/such/folder/chart.png: the folder no/such/folder does not exist"),
 ])
 def test_bad_options_fail_before_any_model_loads(argv: list[str], says: str, capsys: pytest.CaptureFixture[str],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
@@ -121,3 +125,17 @@ def test_bad_options_fail_before_any_model_loads(argv: list[str], says: str, cap
     assert main(["bench", "--target", "/no/such/model", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("specchat: error: ") and says in err
+
+
+def test_a_prompt_set_that_is_not_utf8_or_names_prompts_with_escapes(tmp_path: Path) -> None:
+    from app.bench.inputs import load_prompt_set
+
+    binary = tmp_path / "bad.toml"
+    binary.write_bytes(b"\xff\xfe garbage")
+    with pytest.raises(SpecChatError, match="cannot read the prompt set .*bad.toml"):
+        load_prompt_set(binary)  # a UnicodeDecodeError traceback
+    hostile = tmp_path / "hostile.toml"
+    hostile.write_text('[[prompt]]\nname = "\\u001b]0;pwn\\u0007"\nclass = "\\u001b[2J"\n'
+                       'messages = [ { role = "user", content = "hi" } ]\n', encoding="utf-8")
+    (spec,) = load_prompt_set(hostile)
+    assert (spec.name, spec.prompt_class) == ("␛]0;pwn␇", "␛[2J")  # shown in the progress line and the tables
