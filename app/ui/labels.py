@@ -42,6 +42,18 @@ def profile_pair(profile: "ModelProfile") -> str:
     return f"{target} (no drafter)"
 
 
+TITLE_SHOWN = 100
+"""The most characters of a chat's title shown (the list, the header, dialogs, notices)."""
+
+
+def shown_title(title: str, limit: int = TITLE_SHOWN) -> str:
+    """A saved title as shown: one line, at most ``limit`` characters, with … where it was cut.
+    Titles are renamed by hand or come from a history file: one of 100,000 characters wrapped
+    into 1,400 rows of the chats list, re-wrapped at each key typed into its search (minutes)."""
+    flat = " ".join(title[: limit * 4].split())
+    return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
+
+
 def chat_title(prompt: str, limit: int = 48) -> str:
     """A chat title from its first prompt: first line, shortened."""
     line = next((ln.strip() for ln in prompt.splitlines() if ln.strip()), "New chat")

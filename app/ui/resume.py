@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from app.store.history import ChatRecord, History
 from app.store.state import last_chat, remember_chat
+from app.ui.labels import shown_title
 
 if TYPE_CHECKING:
     from app.ui.engine_host import EngineHost
@@ -37,7 +38,7 @@ async def reopen_last(conversation: "Conversation", first: "ModelProfile | None"
     history = conversation.archive.history
     last = conversation.archive.db(chat_to_reopen, history) if history is not None else None
     if last is not None and conversation.archive.open_chats.elsewhere(last.id):
-        return Start(first, None, f"A new chat: the chat used last, “{last.title}”, is open in another specchat "
+        return Start(first, None, f"A new chat: the chat used last, “{shown_title(last.title)}”, is open in another specchat "
                                   "window (F3 opens it here too).")
     profile, last, said = start_with(last, conversation.host, first)
     if last is not None and await conversation.open_chat(last.id) is None:
@@ -72,7 +73,7 @@ def start_with(chat: ChatRecord | None, engine: "EngineHost", first: "ModelProfi
     if choice.name or choice.target or choice.server_profile:
         if chat.profile == first.name:
             return first, chat, None
-        return first, None, (f"A new chat with {first.name}: the chat used last, “{chat.title}”, was with "
+        return first, None, (f"A new chat with {first.name}: the chat used last, “{shown_title(chat.title)}”, was with "
                              f"{chat.profile or 'another profile'} (F3 opens it).")
     if not chat.profile or chat.profile == first.name:
         return first, chat, None

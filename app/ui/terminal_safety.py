@@ -135,6 +135,10 @@ class HungUpSafe:
         return getattr(self._file, name)
 
 
+SUB_TITLE_SHOWN = 160
+"""The most characters of the header's second part (a chat's title, or a profile and its models)."""
+
+
 class SafeTerminal:
     """Mixed into the App: its titles made inert, pastes whole and inert, the paste-safe driver."""
 
@@ -142,7 +146,10 @@ class SafeTerminal:
         return inert(str(title))
 
     def validate_sub_title(self, sub_title: str) -> str:
-        return inert(str(sub_title))
+        """One line, cut (a chat's title is its usual sub-title: app.ui.labels.shown_title), made inert."""
+        from app.ui.labels import shown_title
+
+        return inert(shown_title(str(sub_title), SUB_TITLE_SHOWN))
 
     def get_driver_class(self) -> type[Driver]:
         return safe_driver_class(super().get_driver_class())  # type: ignore[misc]

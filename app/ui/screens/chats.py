@@ -22,12 +22,16 @@ from app.store.history import ChatRecord, HistoryError
 from app.ui.archive import Archive
 from app.ui.export import ask_export
 from app.ui.screens.dialog import Dialog
+from app.ui.labels import shown_title
 from app.ui.screens.edit import ConfirmScreen, EditScreen
 from engine.text_safety import inert
 
 ChatsResult = tuple[str, "int | None"]
 """``("open", chat_id)`` or ``("new", None)``."""
 
+
+TITLE_KEPT = 200
+"""The most characters a title renamed by hand keeps."""
 
 SNIPPET_CHARS = 60
 """About how much of a matching message a search result shows."""
@@ -49,7 +53,7 @@ def chat_option(chat: ChatRecord, current: bool, found: str | None = None) -> Op
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(chat.updated))
     return Option(
         Content.assemble(
-            (inert(chat.title), "bold"),
+            (inert(shown_title(chat.title)), "bold"),
             ("  ● open" if current else "", "$text-success"),
             "\n  ",
             (inert(f"{when} · {chat.profile or '—'} · {chat.message_count} messages"), "$text-muted"),
@@ -186,9 +190,10 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
             return
 
         def done(title: str | None) -> None:
-            if title and title.strip() and self._archive.history is not None:
-                self._archive.db(self._archive.history.rename_chat, chat.id, title.strip())
-                self.post_message(self.Renamed(chat.id, title.strip()))
+            title = " ".join((title or "").split())[:TITLE_KEPT]  # one line, as titles made from prompts are
+            if title and self._archive.history is not None:
+                self._archive.db(self._archive.history.rename_chat, chat.id, title)
+                self.post_message(self.Renamed(chat.id, title))
                 self._reload()
 
         self.ask(EditScreen("Rename chat", inert(chat.title)), done)
@@ -207,7 +212,7 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
 
         elsewhere = (" It is open in another specchat window, which will save what it adds next to a new chat."
                      if self._archive.open_chats.elsewhere(chat.id) else "")
-        self.ask(ConfirmScreen(inert(f"Delete “{chat.title}” and its {chat.message_count} messages?{elsewhere}"),
+        self.ask(ConfirmScreen(inert(f"Delete “{shown_title(chat.title)}” and its {chat.message_count} messages?{elsewhere}"),
                                enter_confirms=True,
                                hint="Enter or y deletes · Esc or n keeps it"), done)
 

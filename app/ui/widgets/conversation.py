@@ -28,7 +28,7 @@ from app.store.saver import ChatRef
 from app.ui import pacing
 from app.ui.archive import Archive
 from app.ui.engine_host import EngineHost
-from app.ui.labels import chat_title
+from app.ui.labels import chat_title, shown_title
 from app.ui.messages import ReplyChunk, ReplyFinished
 from app.ui.notices import notice
 from app.ui.reply_stream import ReplyJob, ReplyStream, stream_reply
@@ -212,7 +212,7 @@ class Conversation(Horizontal):
         self.private = False
         self._chat = ChatRef(chat.title, chat.profile, chat.system_prompt, chat.sampling, id=chat.id)
         if not self.archive.open_chats.show(chat.id):
-            notice(self, f"“{chat.title}” is open in another specchat window too: what each window adds goes into "
+            notice(self, f"“{shown_title(chat.title)}” is open in another specchat window too: what each window adds goes into "
                          "it, and neither shows the other's turns (ctrl+n starts a new chat).", severity="warning",
                    title="Open twice")
         self.chat_system_prompt = chat.system_prompt

@@ -131,3 +131,34 @@ async def test_titles_and_messages_found_are_shown_inert(make_app: Callable[...,
             screen.query_one(OptionList).get_option_at_index(0).prompt))
         text = str(screen.query_one(OptionList).get_option_at_index(0).prompt)
         assert "\x1b" not in text and "\x07" not in text and "[b]bold[/b]" in text
+
+
+async def test_a_title_of_100k_characters_is_one_cut_line_in_the_list_the_header_and_dialogs(
+        make_app: Callable[..., SpecChatApp]) -> None:
+    """Such a title (renamed by hand, or a history file edited) wrapped into 1,400 rows of the list and
+    was wrapped again at each key typed into the search: the app froze for minutes."""
+    from app.ui.screens.edit import ConfirmScreen
+
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        history = app.archive.history
+        assert history is not None
+        huge = history.create_chat("T" * 100_000 + " END\nsecond line", "fast")
+        history.add_message(huge, "user", "hello")
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen))
+        screen = app.screen
+        title = rows(screen)[0]  # type: ignore[arg-type]
+        assert len(title) <= 100 and title.endswith("…") and title.startswith("TTTT")
+        await pilot.press("slash", *"TTTTTTTT")
+        await wait_for(pilot, lambda: len(rows(screen)) == 1)  # type: ignore[arg-type]
+        screen.query_one(OptionList).focus()
+        await pilot.press("d")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert len(app.screen._question) < 300  # type: ignore[attr-defined]
+        await pilot.press("n")
+        await wait_for(pilot, lambda: app.screen is screen)
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: app.conversation.chat_id == huge)
+        assert len(app.sub_title) <= 160 and "\n" not in app.sub_title
