@@ -90,36 +90,52 @@ def write_unsaved(app: "App[Any]", conversation: "Conversation", archive: Archiv
 
 
 class ExitOnSignals:
-    """SIGTERM/SIGHUP handlers on the app's event loop (so they run on the app's thread).
+    """SIGTERM/SIGHUP: the exit runs on the app's event loop (so on the app's thread), and the
+    last resort (:meth:`_exit_anyway`) is armed as the signal arrives, loop or not.
 
     Nobody can be asked: when the chat would be lost (:meth:`Archive.at_risk`) it is
-    exported first, as ctrl+q's "export" would, and the saver still gets its wait."""
+    exported first, as ctrl+q's "export" would, and the saver still gets its wait. The handler
+    is Python's own (it runs between two bytecodes of the main thread): asyncio's ran only once
+    the loop got round to it, and a loop kept busy for minutes (a 100,000-character title being
+    wrapped) left the app running at 60% of a core after its terminal had closed."""
 
     def __init__(self, app: "App[Any]", conversation: "Conversation", archive: Archive) -> None:
         self._app = app
         self._conversation = conversation
         self._archive = archive
-        self._installed: list[int] = []
+        self._installed: list[tuple[int, Any]] = []
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._armed = False
 
     def install(self) -> None:
         """Call from the app's loop; where signals cannot be caught (a loop not in the main
         thread, Windows) Python's defaults stay."""
         try:
-            loop = asyncio.get_running_loop()
+            self._loop = asyncio.get_running_loop()
             for sig in SIGNALS:
-                loop.add_signal_handler(sig, self.on_signal, sig)
-                self._installed.append(sig)
-        except (NotImplementedError, RuntimeError, ValueError):
+                self._installed.append((sig, signal.signal(sig, self._caught)))
+        except (NotImplementedError, RuntimeError, ValueError, AttributeError):
             pass
 
     def remove(self) -> None:
-        try:
-            loop = asyncio.get_running_loop()
-        except RuntimeError:
-            return
-        for sig in self._installed:
-            loop.remove_signal_handler(sig)
+        for sig, previous in self._installed:
+            try:
+                signal.signal(sig, previous)
+            except (RuntimeError, ValueError):
+                pass
         self._installed = []
+
+    def _caught(self, sig: int, _frame: object) -> None:
+        """The signal, in the main thread: arm the last resort now, and ask the loop for the exit."""
+        self._arm(sig)
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            loop.call_soon_threadsafe(self.on_signal, sig)
+
+    def _arm(self, sig: int) -> None:
+        if not self._armed and not self._app.is_headless:  # a real terminal; under run_test the process is the test's
+            self._armed = True
+            threading.Thread(target=self._exit_anyway, args=(sig,), name="exit-anyway", daemon=True).start()
 
     def on_signal(self, sig: int) -> None:
         """Exit with 128 + ``sig`` (as a shell reports a signal), exporting first what would be lost."""
@@ -130,8 +146,7 @@ class ExitOnSignals:
             if path is not None:
                 message = f"specchat: the unsaved chat was exported to {path}"
         self._app.exit(return_code=128 + sig, message=message)
-        if not self._app.is_headless:  # a real terminal; under run_test the process is the test's
-            threading.Thread(target=self._exit_anyway, args=(sig,), name="exit-anyway", daemon=True).start()
+        self._arm(sig)
 
     def _exit_anyway(self, sig: int) -> None:
         """The last resort (a daemon thread: a normal exit ends it): once the normal exit has had

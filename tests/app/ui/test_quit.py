@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 import sqlite3
+import time
 from pathlib import Path
 
 import pytest
@@ -203,3 +204,54 @@ def test_after_a_signal_a_stuck_exit_ends_the_process_once_the_saver_had_its_wai
     assert ended.wait(5)
     assert real.exits == [128 + signal.SIGHUP] and codes == [128 + signal.SIGHUP]
     assert slept == [Archive.exit_wait_s + quitting.EXIT_ANYWAY_S] and Saver.flushed == [quitting.QUIT_ANSWERED_WAIT_S]
+
+
+def test_a_signal_arms_the_last_resort_while_the_apps_loop_is_busy(monkeypatch: pytest.MonkeyPatch) -> None:
+    """asyncio's handler ran only once the loop was free: a loop kept busy for minutes left the app
+    running after its terminal closed. Python's handler arms the exit at once; the loop exits later."""
+    import asyncio
+    import os
+    import signal
+    import threading
+
+    from app.ui import quitting
+
+    armed = threading.Event()
+    monkeypatch.setattr(quitting.ExitOnSignals, "_exit_anyway", lambda self, sig: armed.set())
+
+    class App:
+        is_headless = False
+        exits: list[int] = []
+
+        def exit(self, return_code: int = 0, message: object = None) -> None:
+            self.exits.append(return_code)
+
+    class Archive:
+        def at_risk(self, on_screen: bool) -> None:
+            return None
+
+    class Conversation:
+        private = False
+
+        def messages(self) -> list[object]:
+            return []
+
+    app = App()
+    handler = quitting.ExitOnSignals(app, Conversation(), Archive())  # type: ignore[arg-type]
+    seen_while_busy: list[bool] = []
+
+    async def busy() -> None:
+        handler.install()
+        try:
+            threading.Timer(0.1, os.kill, (os.getpid(), signal.SIGHUP)).start()
+            deadline = time.monotonic() + 2
+            while time.monotonic() < deadline and not armed.is_set():
+                sum(range(10_000))  # the loop's thread busy in Python, never yielding to the loop
+            seen_while_busy.append(armed.is_set() and app.exits == [])
+            await asyncio.sleep(0.05)  # the loop runs the exit it was asked for
+        finally:
+            handler.remove()
+
+    asyncio.run(busy())
+    assert seen_while_busy == [True] and app.exits == [128 + signal.SIGHUP]
+    assert signal.getsignal(signal.SIGHUP) is not handler._caught  # put back
