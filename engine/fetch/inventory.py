@@ -145,13 +145,20 @@ def inventory(profiles: Iterable[ModelProfile], root: Path) -> list[CachedModel]
 
 
 def matching(models: list[CachedModel], name: str) -> list[CachedModel]:
-    """The models ``name`` means: a model's name (any case; a space, dot or dash alike, so it need
-    not be quoted), or every model a profile of that name uses."""
+    """The models ``name`` means: every model a profile of that name uses, else the model of that
+    very name, else the one model whose name it is in any case, a space, dot or dash alike (so it
+    need not be quoted). Raises :class:`ModelSourceError` when that last reading fits several:
+    ``a.b`` deleted ``a-b`` and ``a b`` too."""
     def plain(text: str) -> str:
         return re.sub(r"[\s.-]+", "-", text.strip().lower())
 
-    by_name = [m for m in models if plain(m.name) == plain(name)]
-    return by_name or [m for m in models if name in m.profiles]
+    by_profile = [m for m in models if name in m.profiles]
+    exact = [m for m in models if m.name == name]
+    loose = [m for m in models if plain(m.name) == plain(name)]
+    if by_profile or exact or len(loose) <= 1:
+        return by_profile or exact or loose
+    raise ModelSourceError(f"{name!r} could mean any of {', '.join(repr(m.name) for m in loose)}: give one of "
+                           "those names exactly (quoted)")
 
 
 def remove(model: CachedModel, root: Path) -> int:

@@ -142,3 +142,22 @@ def test_cache_file_names_are_printed_inert(tmp_path: Path, monkeypatch: pytest.
     assert raw_in(err) == []
     assert main(["models", "remove", name, "--yes"]) == 0
     assert raw_in(capsys.readouterr().out) == []
+
+
+def test_a_name_that_loosely_fits_several_models_deletes_none(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                              capsys) -> None:
+    """`models remove a.b --yes` deleted a.b, a-b and 'a b' (a dot, a dash and a space read alike)."""
+    root = tmp_path / "cache"
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(root))
+    for name in ("a.b", "a-b", "a b"):
+        put(root / "files" / name / "m.gguf", 10)
+    assert main(["models", "remove", "A.B", "--yes"]) == 2
+    assert "could mean any of" in capsys.readouterr().err
+    assert all((root / "files" / name).exists() for name in ("a.b", "a-b", "a b"))
+    assert main(["models", "remove", "a.b", "--yes"]) == 0  # the very name: that one only
+    assert not (root / "files" / "a.b").exists() and (root / "files" / "a-b").exists()
+    assert main(["models", "remove", "A B", "--yes"]) == 2  # 'a-b' and 'a b' still both fit
+    assert main(["models", "remove", "a b", "--yes"]) == 0
+    assert not (root / "files" / "a b").exists() and (root / "files" / "a-b").exists()
+    assert main(["models", "remove", "A.B", "--yes"]) == 0  # one fits now
+    assert not (root / "files" / "a-b").exists()
