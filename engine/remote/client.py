@@ -33,6 +33,8 @@ USER_AGENT = "specchat"
 MAX_EVENT_BYTES = 8 * 2**20
 """The most one server-sent event (or a plain answer) may hold: a reply's event carries a few
 tokens, and a line that never ended grew to gigabytes in memory (a hostile server)."""
+MAX_MESSAGE_CHARS = 1000
+"""The most of an error's text shown (a server's own message is quoted in it)."""
 _LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
@@ -40,6 +42,8 @@ class ServerError(EngineError):
     """A request to the server failed; ``kind`` says how, ``status`` the HTTP status if any."""
 
     def __init__(self, kind: str, message: str, status: int | None = None) -> None:
+        if len(message) > MAX_MESSAGE_CHARS:  # it quotes the server: 200,000 characters were printed whole
+            message = message[:MAX_MESSAGE_CHARS] + f"… ({len(message) - MAX_MESSAGE_CHARS:,} characters more)"
         super().__init__(inert(message))  # it quotes the server, and is shown on a terminal
         self.kind = kind
         self.status = status

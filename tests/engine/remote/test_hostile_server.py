@@ -309,3 +309,14 @@ def test_a_reply_that_ends_at_the_budget_keeps_its_figures() -> None:
         events = list(ServerBackend.connect(ServerSpec(fake.url), "srv").chat(MESSAGES, params(3)))
     assert "".join(e.text for e in events) == "abc" and events[-1].finish_reason == "length"
     assert events[-1].notice is None and events[-1].stats.prompt_tokens == 20  # the usage after the text was read
+
+
+def test_a_servers_error_of_200k_characters_is_cut() -> None:
+    def fail(req, body):  # type: ignore[no-untyped-def]
+        start_sse(req)
+        write_events(req, [chunk("a"), {"error": {"message": "x" * 200_000}}])
+
+    with FakeServer({CHAT: fail}) as fake:
+        with pytest.raises(ServerError) as err:
+            list(ServerClient(ServerSpec(fake.url)).stream(CHAT, {}))
+    assert len(str(err.value)) < 1100 and str(err.value).endswith("characters more)")
