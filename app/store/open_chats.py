@@ -47,7 +47,7 @@ class OpenChats:
         self.release()
         if chat_id is None or self._folder is None:
             return True
-        fd = self._open(chat_id)
+        fd = self._open(chat_id, create=True)
         if fd is None:
             return True  # the folder cannot be written: nothing to hold, nothing to tell
         try:
@@ -62,9 +62,9 @@ class OpenChats:
         """Whether another specchat window shows ``chat_id`` now."""
         if self._folder is None or chat_id == self.shown:
             return False
-        fd = self._open(chat_id)
+        fd = self._open(chat_id, create=False)
         if fd is None:
-            return False
+            return False  # no window ever showed it (a window makes the file before it locks it)
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except OSError:
@@ -79,10 +79,12 @@ class OpenChats:
             os.close(self._held[1])
             self._held = None
 
-    def _open(self, chat_id: int) -> int | None:
+    def _open(self, chat_id: int, create: bool) -> int | None:
         assert self._folder is not None
         try:
-            self._folder.mkdir(parents=True, exist_ok=True)
-            return os.open(self._folder / f"{int(chat_id)}.lock", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            if create:
+                self._folder.mkdir(parents=True, exist_ok=True)
+            flags = os.O_RDWR | os.O_CLOEXEC | (os.O_CREAT if create else 0)
+            return os.open(self._folder / f"{int(chat_id)}.lock", flags, 0o600)
         except OSError:
             return None

@@ -47,14 +47,16 @@ def snippet(text: str, query: str, width: int = SNIPPET_CHARS) -> str:
     return ("…" if start > 0 else "") + part + ("…" if start + width < len(flat) else "")
 
 
-def chat_option(chat: ChatRecord, current: bool, found: str | None = None) -> Option:
-    """A saved chat's row (``found``: the words of a message that matched a search); its title,
-    profile and messages come from the history file: shown, never obeyed."""
+def chat_option(chat: ChatRecord, current: bool, found: str | None = None, elsewhere: bool = False) -> Option:
+    """A saved chat's row (``found``: the words of a message that matched a search; ``elsewhere``:
+    another specchat window shows it); its title, profile and messages come from the history
+    file: shown, never obeyed."""
     when = time.strftime("%Y-%m-%d %H:%M", time.localtime(chat.updated))
     return Option(
         Content.assemble(
             (inert(shown_title(chat.title)), "bold"),
             ("  ● open" if current else "", "$text-success"),
+            ("  ◐ open in another window" if elsewhere else "", "$text-warning"),
             "\n  ",
             (inert(f"{when} · {chat.profile or '—'} · {chat.message_count} messages"), "$text-muted"),
             *(("\n  ", (inert(found), "italic")) if found else ()),
@@ -131,7 +133,9 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
             empty = f"No chat contains “{inert(query.strip())}”." if query.strip() else "No saved chats yet."
             option_list.add_option(Option(Content.styled(empty, "$text-muted"), disabled=True))
             return
-        option_list.add_options(chat_option(c, c.id == self._current, found) for c, found in chats)
+        open_chats = self._archive.open_chats
+        option_list.add_options(chat_option(c, c.id == self._current, found, open_chats.elsewhere(c.id))
+                                for c, found in chats)
         option_list.highlighted = 0 if highlighted is None else min(highlighted, len(chats) - 1)
 
     def on_input_changed(self, event: Input.Changed) -> None:

@@ -132,6 +132,9 @@ async def test_deleting_a_chat_another_window_shows_says_so_before_it_deletes(
         assert chat_id is not None and other.show(chat_id)
         await pilot.press("f3")
         await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen))
+        from textual.widgets import OptionList
+        row = str(app.screen.query_one(OptionList).get_option_at_index(0).prompt)
+        assert "◐ open in another window" in row.split("\n")[0]  # the list says so too
         await pilot.press("d")
         await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
         assert "It is open in another specchat window" in app.screen._question  # type: ignore[attr-defined]
