@@ -64,6 +64,8 @@ class Dialog(ModalScreen[ResultType]):
     BINDINGS = [
         Binding("escape", "cancel", "Cancel", priority=True),
         Binding("enter", "answer", "Choose", show=False, priority=True),
+        Binding("tab", "next_field(1)", "Next field", show=False, priority=True),
+        Binding("shift+tab", "next_field(-1)", "Previous field", show=False, priority=True),
     ]
     CANCELLED: ClassVar[object] = None
     """What the dialog returns when cancelled."""
@@ -101,6 +103,26 @@ class Dialog(ModalScreen[ResultType]):
             raise SkipAction()
         release = cast(HoldsKeys, self.app).key_hold.hold()
         self._after_queued_keys(focused, lambda: self._answer_for(focused, release))
+
+    def action_next_field(self, step: int) -> None:
+        """Tab and shift+Tab: move to the next (previous) field once the focused one has taken the
+        keys typed before the Tab, holding the keys after it meanwhile, so that they go to the field
+        the Tab moves to. Handed on, the Tab moved the focus only once the keys typed after it had
+        been handed to the field it left: F10 then "0.7 Tab 0.5" read a temperature of "0.70.5",
+        and "0.8 Tab 0.9 Tab Tab 42" saved a top-p of 0.942 and no seed."""
+        focused = self.focused
+        release = cast(HoldsKeys, self.app).key_hold.hold()
+
+        def move() -> None:
+            try:
+                self.focus_next() if step > 0 else self.focus_previous()
+            finally:
+                release()
+
+        if focused is None:
+            move()
+        else:
+            self._after_queued_keys(focused, move)
 
     def _after_queued_keys(self, node: MessagePump, then: Callable[[], None]) -> None:
         """``then``, once the keys read before now have gone through ``node`` and up to the

@@ -76,6 +76,15 @@ def test_text_and_enter_in_one_burst_send_whole_messages(tmux: Tmux, tmp_path: P
     assert "Now shorten" not in tmux.screen().split("╭")[-1]  # nothing left behind in the prompt box
 
 
+def test_a_burst_with_tabs_fills_each_field_of_a_dialog_in_order(tmux: Tmux, tmp_path: Path) -> None:
+    """F10 then "0.8 Tab 0.9 Tab Tab 42 Enter" in one write: the Tab moved the focus only after the
+    keys behind it had gone to the field it left, and the chat was saved with top-p 0.942, no seed."""
+    tmux.wait_for("fake:0")
+    tmux.run("send-keys", "-t", tmux.session, "F10", "0.8", "Tab", "0.9", "Tab", "Tab", "42", "Enter")
+    screen = tmux.wait_for("T 0.8 · top-p 0.9 · seed 42")  # on the prompt box's border
+    assert "0.942" not in screen
+
+
 @pytest.fixture
 def real_app(tmp_path: Path, pocket_dir: Path) -> Iterator[Tmux]:
     """The real `specchat` command on the real SmolLM2 weights, in tmux."""
