@@ -185,6 +185,8 @@ class Conversation(Horizontal):
                 notice(self, "The private chat's unsent prompts are back in the box: sent now, they go "
                              "into the new chat.", severity="warning")
         self.hud.set_seen_sources(())
+        self.hud.clear_reply()  # the figures were the chat left's (a new user read them as the new one's)
+        self.hud.flush()
 
     async def new_chat(self, private: bool = False, said: str | None = None) -> None:
         """Start an empty conversation (the saved one stays in the history); a ``private``

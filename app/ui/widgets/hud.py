@@ -202,11 +202,16 @@ class Hud(VerticalScroll):
         if fresh:
             self.set_speculation(True)
             self.set_notice(None)
-            self.stats = None
-            self.round_alpha.clear()
-            self._last_counts = (0, 0)
+            self.clear_reply()
         self.set_engine(info, profile)
         self.flush()
+
+    def clear_reply(self) -> None:
+        """No last reply's figures (a new or another chat is shown: they were the chat left's)."""
+        self.stats = None
+        self.round_alpha.clear()
+        self._last_counts = (0, 0)
+        self._dirty = True
 
     def show_failed(self, error: str) -> None:
         """Loading failed and nothing is loaded."""
