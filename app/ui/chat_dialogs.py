@@ -25,7 +25,7 @@ def ask_edited_prompt(conversation: "Conversation", user: "UserMessage", reply: 
         if text is not None and text.strip():
             conversation.ask_edited(user, reply, text)
 
-    return EditScreen("Edit the last prompt", user.text, multiline=True,
+    return EditScreen("Edit the last prompt", user.text, multiline=True, save_label="Ask again",
                       hint="ctrl+s asks it again (the earlier answer stays, dimmed) · Esc cancels"), done
 
 

@@ -16,12 +16,14 @@ class EditScreen(Dialog["str | None"]):
 
     BINDINGS = [Binding("ctrl+s", "save", "Save", priority=True)]
 
-    def __init__(self, title: str, value: str = "", *, multiline: bool = False, hint: str = "") -> None:
+    def __init__(self, title: str, value: str = "", *, multiline: bool = False, hint: str = "",
+                 save_label: str = "Save") -> None:
         super().__init__()
         self._title = inert(title)
         self._value = inert(value)
         self._multiline = multiline
         self._hint = hint
+        self._save_label = save_label
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog edit-dialog"):
@@ -33,8 +35,17 @@ class EditScreen(Dialog["str | None"]):
             else:
                 yield Input(self._value, id="edit-value")
             with Horizontal(classes="dialog-buttons"):
-                yield Button("Save", variant="primary", id="save")
+                yield Button(self._save_label, variant="primary", id="save")
                 yield Button("Cancel", id="cancel")
+
+    def on_mount(self) -> None:
+        """The cursor at the end of the text, where one adds to it (it sat at the start: " Keep it
+        short." typed after ctrl+g went in front of the prompt)."""
+        widget = self.query_one("#edit-value")
+        if isinstance(widget, TextArea):
+            widget.move_cursor(widget.document.end)
+        else:
+            widget.cursor_position = len(widget.value)  # type: ignore[attr-defined]
 
     def _value_now(self) -> str:
         widget = self.query_one("#edit-value")
