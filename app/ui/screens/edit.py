@@ -39,13 +39,12 @@ class EditScreen(Dialog["str | None"]):
                 yield Button("Cancel", id="cancel")
 
     def on_mount(self) -> None:
-        """The cursor at the end of the text, where one adds to it (it sat at the start: " Keep it
-        short." typed after ctrl+g went in front of the prompt)."""
+        """A text box's cursor at the end of its text, where one adds to it (it sat at the start:
+        " Keep it short." typed after ctrl+g went in front of the prompt). A one-line box keeps its
+        text selected, so that a new name typed replaces the old."""
         widget = self.query_one("#edit-value")
         if isinstance(widget, TextArea):
             widget.move_cursor(widget.document.end)
-        else:
-            widget.cursor_position = len(widget.value)  # type: ignore[attr-defined]
 
     def _value_now(self) -> str:
         widget = self.query_one("#edit-value")
