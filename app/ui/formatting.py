@@ -95,13 +95,15 @@ SHORT_MODE_LABELS = {"spec": "model draft", "ngram": "lookup", "plain": "plain"}
 
 
 def modes_label(stats: dict[str, Any]) -> str:
-    """The modes a reply ran in with their share of its tokens, ``"lookup 72% · plain 28%"``;
-    a reply that ran in one mode only gets that mode's full name."""
+    """The modes a reply ran in with their share of its tokens, ``"lookup on 72% · plain 28%"``
+    (drafting on for 72% of its tokens: "lookup 72%" read as 72% of the tokens drafted); a reply
+    that ran in one mode only gets that mode's full name."""
     shares = {m: n for m, n in (stats.get("mode_tokens") or {}).items() if n}
     if len(shares) < 2:
         return mode_label(next(iter(shares), None) or stats.get("mode"))
     total = sum(shares.values())
-    return " · ".join(f"{SHORT_MODE_LABELS.get(m, m)} {round(100 * n / total)}%" for m, n in shares.items())
+    return " · ".join(f"{SHORT_MODE_LABELS.get(m, m)}{'' if m == 'plain' else ' on'} {round(100 * n / total)}%"
+                      for m, n in shares.items())
 
 
 def bar(fraction: float | None, width: int = 10) -> str:

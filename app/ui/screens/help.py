@@ -28,6 +28,25 @@ in one pass: the reply is exactly the target's, only faster. The HUD shows
 {ALPHA_TERM}
 
 Everything below is also in the command palette (**ctrl+p**).
+
+## The HUD's figures
+
+| Figure | What it is |
+|---|---|
+| **K** | tokens drafted a round; "adaptive" picks it each round from the costs and acceptance measured |
+| **accepted** | accepted ÷ proposed drafts (α is per position, above) |
+| **τ** | the reply's tokens ÷ the target's passes: 1.00 is plain decoding's |
+| **speedup** | tok/s ÷ plain decoding's tok/s on this machine, measured, ± its standard error; "too short to measure" or "too uncertain" below its evidence floor |
+| **lookup on 72% · plain 28%** | the share of the reply's tokens decoded with drafting on and off: the engine steps aside where drafting does not pay ("not paying here"; F5 forces it on) |
+| **F4's colours** | each token by where it came from: a draft the target accepted, or the target's own (suffix drafting also marks drafts copied from this chat and from earlier chats); the HUD's legend names each colour |
+
+## Where files live
+
+Chats (`history.db`) and F9's exports in the data folder, the engine's log in the state folder,
+models in the cache folder, your own profiles (`models.toml`) in the config folder: `specchat
+profiles` prints the config file's path, `specchat models` the cache's, and README's "Where your
+files are" the rest, with the variables that move them (`SPECCHAT_DATA_DIR`, `SPECCHAT_STATE_DIR`,
+`SPECCHAT_CACHE_DIR`, `SPECCHAT_CONFIG_DIR`).
 """
 
 

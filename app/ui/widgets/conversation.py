@@ -476,3 +476,4 @@ class Conversation(Horizontal):
             if isinstance(message, AssistantMessage):
                 message.set_show_sources(show)
         self.hud.set_class(show, "-legend")
+        self.hud.flush(force=True)  # the one-line HUD carries the legend too

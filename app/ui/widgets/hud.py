@@ -225,7 +225,10 @@ class Hud(VerticalScroll):
         if not (self._dirty or force):
             return
         self._dirty = False
-        self._show("#hud-line", status_line(self))
+        line = status_line(self)
+        if self.has_class("-legend"):  # the colour view (F4): its legend first, where the line is never cut
+            line = Content.assemble(self._legend(), "  ", line)
+        self._show("#hud-line", line)
         self._show("#hud-engine", self._engine_content())
         self._show("#hud-legend", self._legend())
         loading = self.loading_stage is not None

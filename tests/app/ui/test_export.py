@@ -35,7 +35,7 @@ def test_export_gives_each_mode_its_share_of_the_tokens(specchat_dirs: Path) -> 
                                "proposed": 50, "tokens": 100, "mode_tokens": {"ngram": 72, "plain": 28},
                                "plain_rounds": 31, "plain_tokens_per_s": 95.0, "plain_measured_tokens_per_s": 97.0})
     text = export_chat(history, chat).read_text()
-    assert "mode lookup 72% · plain 28%" in text and "plain decoding" not in text
+    assert "mode lookup on 72% · plain 28%" in text and "plain decoding" not in text
     assert "α per token 0.80" in text and "acceptance rate 54%" in text
     assert "31 K=0 rounds: 97.0 tok/s" in text
 

@@ -72,3 +72,22 @@ async def test_while_a_reply_streams_at_80_columns_the_footer_still_shows_stop_a
         footer = app.screen._compositor.render_strips()[-1].text
         assert footer.startswith("esc Stop f1 Help") and "^q Quit" in footer
         backend.release.set()
+
+
+async def test_the_colour_view_at_80_columns_names_its_colours_on_the_hud_line(
+        make_app: Callable[..., SpecChatApp]) -> None:
+    """F4 at 80x24 coloured the tokens with no legend anywhere (only the full side panel had one)."""
+    from tests.app.helpers import send
+
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        await wait_for(pilot, lambda: not app.conversation.generating)
+        await pilot.press("f4")
+        await pilot.pause(0.2)
+        line = str(app.query_one("#hud-line").render())
+        assert line.startswith(" draft accepted    target produced ")
+        await pilot.press("f4")
+        await pilot.pause(0.2)
+        assert "draft accepted" not in str(app.query_one("#hud-line").render())

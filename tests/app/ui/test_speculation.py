@@ -23,13 +23,13 @@ async def test_mixed_mode_reply_footer_gives_each_mode_its_share(make_app: Calla
         await wait_for(pilot, lambda: not app.conversation.generating)
         reply = app.query_one(AssistantMessage)
         footer = str(reply.query_one(".reply-footer").render())
-        assert "model draft 67% · plain 33%" in footer
+        assert "model draft on 67% · plain 33%" in footer
         assert "plain decoding" not in footer  # it did not run plain throughout
         assert "accepted" in footer and "α/token" in footer
         hud = app.query_one(Hud)
         hud.flush()
         stats = str(hud.query_one("#hud-stats").render())
-        assert "model draft 67% · plain 33%" in stats
+        assert "model draft on 67% · plain 33%" in stats
         assert not any(n.title == "Engine" for n in app._notifications)  # quietly: no notice per reply
 
 
