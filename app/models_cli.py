@@ -123,6 +123,8 @@ def generation_params(args: argparse.Namespace, profile: "ModelProfile") -> "Gen
     """
     from engine.events import generation_params as params_for
 
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise SpecChatError(f"--max-new-tokens must be at least 1, got {args.max_new_tokens}")
     try:
         return params_for(profile, args.max_new_tokens, temperature=args.temperature, top_p=args.top_p,
                           top_k=args.top_k, seed=args.seed, k=args.k)

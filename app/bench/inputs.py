@@ -76,7 +76,8 @@ def select_prompts(specs: Sequence[PromptSpec], classes: str | None, per_class: 
     wanted = [c.strip() for c in classes.split(",")] if classes else None
     known = {s.prompt_class for s in specs}
     if wanted and not set(wanted) <= known:
-        raise SpecChatError(f"--classes: unknown class(es) {sorted(set(wanted) - known)}; the set has {sorted(known)}")
+        raise SpecChatError(f"--classes: unknown class(es) {', '.join(sorted(set(wanted) - known))}; the set has "
+                            f"{', '.join(sorted(known))}")
     counts: dict[str, int] = {}
     chosen = []
     for spec in specs:

@@ -50,7 +50,7 @@ def test_generate_json_shape_and_modes(pair, capsys) -> None:
     "argv, message",
     [
         (["generate", "hi", "--temperature", "-1"], "temperature must be >= 0"),
-        (["generate", "hi", "--max-new-tokens", "0"], "max_new_tokens must be >= 1"),
+        (["generate", "hi", "--max-new-tokens", "0"], "--max-new-tokens must be at least 1, got 0"),
         (["generate", "hi", "--draft", "/x"], "--draft needs --target"),
         (["generate", "hi", "--profile", "nope"], "known profiles are"),
         (["generate", "hi", "--target", "/no/such/model"], "/no/such/model"),

@@ -79,6 +79,8 @@ class Conversation(Horizontal):
         """How many prompts Up recalled when the private chat began: its own go when it ends."""
         self._hud_timer: Timer | None = None
         """Flushes the HUD every HUD_REFRESH_S; paused while a reply streams (its paints flush it)."""
+        self._greedy_said = False
+        """ctrl+r's word on greedy decoding (the same reply again) was said this session."""
         self._prompt = PromptArea(id="prompt", placeholder=PLACEHOLDER)
         """The prompt box, held: its text can still be read as the app closes, once unmounted."""
 
@@ -447,6 +449,12 @@ class Conversation(Horizontal):
         user, reply = last
         if reply is not None:
             reply.set_superseded()
+        profile = self.host.profile
+        if profile is not None and generation_params(profile, sampling=self.sampling).sampling.greedy \
+                and not self._greedy_said:
+            self._greedy_said = True  # once a session: an ollama user expects another answer from ctrl+r
+            notice(self, "Temperature 0 (greedy) writes the same reply again; F10 sets a temperature for "
+                         "this chat.")
         self.send_prompt(user.text, shown=reply or user, answers=user)
 
     def ask_edited(self, user: UserMessage, reply: AssistantMessage | None, text: str) -> None:

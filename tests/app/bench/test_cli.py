@@ -110,7 +110,7 @@ def test_near_tie_flips_are_a_note_and_do_not_fail(capsys: pytest.CaptureFixture
     (["--repeats", "0"], "--repeats and --max-new-tokens must be at least 1"),
     (["--max-new-tokens", "0"], "--repeats and --max-new-tokens must be at least 1"),
     (["--k-range", "0-2"], "--k-range: need K values from 1 to 32, got '0-2'"),
-    (["--classes", "poetry"], "--classes: unknown class(es) ['poetry']"),
+    (["--classes", "poetry"], "--classes: unknown class(es) poetry; the set has chat, code, grounded"),
     (["--per-class", "0"], "--per-class must be at least 1, got 0"),  # a traceback once the models had loaded
     (["--json", "."], "--json .: that is a folder"),  # these three failed after the whole run, with a traceback
     (["--json", "no/such/folder/out.json"], "the folder no/such/folder does not exist"),

@@ -92,6 +92,8 @@ async def test_regenerate_keeps_the_earlier_reply_and_sends_only_the_new_one(
         await wait_for(pilot, lambda: len(loader.backends[0].calls) == 3 and not app.conversation.generating)
         replies = list(app.query(AssistantMessage))
         assert len(replies) == 3 and replies[1].has_class("-superseded") and not replies[2].has_class("-superseded")
+        greedy = [n for n in app._notifications if "Temperature 0 (greedy) writes the same reply again" in n.message]
+        assert len(greedy) == 1  # an ollama user expects another answer from ctrl+r: said, once
         assert len(app.query(UserMessage)) == 2
         sent = [(m.role, m.content) for m in loader.backends[0].calls[2]][1:]
         assert sent == [("user", "first"), ("assistant", replies[0].text), ("user", "second")]
