@@ -33,11 +33,17 @@ def test_export_gives_each_mode_its_share_of_the_tokens(specchat_dirs: Path) -> 
     history.add_message(chat, "assistant", "text", profile="pocket", finish_reason="eos",
                         stats={"mode": "plain", "drafter": "n-gram lookup", "alpha": 0.54, "alpha_per_token": 0.8,
                                "proposed": 50, "tokens": 100, "mode_tokens": {"ngram": 72, "plain": 28},
-                               "plain_rounds": 31, "plain_tokens_per_s": 95.0, "plain_measured_tokens_per_s": 97.0})
+                               "plain_rounds": 31, "plain_tokens_per_s": 95.0, "plain_measured_tokens_per_s": 97.0,
+                               "speedup": 1.3, "speedup_se": 0.05})
+    history.add_message(chat, "user", "again", profile="pocket")
+    history.add_message(chat, "assistant", "short", profile="pocket", finish_reason="eos",
+                        stats={"mode": "ngram", "proposed": 5, "tokens": 8, "plain_tokens_per_s": 4.8,
+                               "plain_rounds": 1, "plain_measured_tokens_per_s": 89.0})
     text = export_chat(history, chat).read_text()
     assert "mode lookup on 72% · plain 28%" in text and "plain decoding" not in text
     assert "α per token 0.80" in text and "acceptance rate 54%" in text
     assert "31 K=0 rounds: 97.0 tok/s" in text
+    assert "4.8" not in text and "89.0" not in text  # no speedup shown for it: no plain estimate beside it
 
 
 def test_export_stats_line_says_speculation_off_once_and_uses_times_sign() -> None:

@@ -42,8 +42,9 @@ def test_hud_says_measuring_until_the_estimate_is_sound_and_shows_its_cross_chec
     assert speedup_text(ReplyStats(mode="plain", tokens=40, speedup=0.98), live=False) == "—"  # decoded plainly
     assert speedup_text(ReplyStats(mode="ngram", tokens=30, proposed=20, speedup=1.8, speedup_se=0.1)) == "1.80× ± 0.10"
     assert plain_text(ReplyStats(tokens=3)) == "—"
-    assert plain_text(ReplyStats(plain_tokens_per_s=95.04)) == "95.0 est"
-    sound = ReplyStats(plain_tokens_per_s=95.04, plain_rounds=3, plain_measured_tokens_per_s=97.0)
+    assert plain_text(ReplyStats(plain_tokens_per_s=95.04)) == "—"  # no speedup shown: no estimate either
+    assert plain_text(ReplyStats(plain_tokens_per_s=95.04, speedup=1.2)) == "95.0 est"
+    sound = ReplyStats(plain_tokens_per_s=95.04, plain_rounds=3, plain_measured_tokens_per_s=97.0, speedup=1.2)
     assert plain_text(sound) == "95.0 est · 97.0 in 3 K=0"
 
 #----
