@@ -33,6 +33,9 @@ USER_AGENT = "specchat"
 MAX_EVENT_BYTES = 8 * 2**20
 """The most one server-sent event (or a plain answer) may hold: a reply's event carries a few
 tokens, and a line that never ended grew to gigabytes in memory (a hostile server)."""
+LINE_TIMEOUTS = 2
+"""A line of the stream must end within this many ``timeout``s (a server dripping a byte a second
+never lets the socket's own timeout fire)."""
 MAX_MESSAGE_CHARS = 1000
 """The most of an error's text shown (a server's own message is quoted in it)."""
 _LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
@@ -241,15 +244,16 @@ def _events(resp: http.client.HTTPResponse, url: str, timeout: float, cancel: th
             watch: _Watch | None = None) -> Iterator[str]:
     """The ``data`` of each server-sent event (several ``data:`` lines joined by newlines).
     Keep-alive comments alone for ``timeout`` seconds are a timeout, as silence is (they would
-    keep the socket's own timeout from ever firing), and so is a line that takes longer than that
-    to end (``watch`` shuts the socket at its deadline). An event is at most
-    :data:`MAX_EVENT_BYTES`; returns at once when ``cancel`` is set."""
+    keep the socket's own timeout from ever firing), and so is a line that takes longer than
+    twice that to end (``watch`` shuts the socket at its deadline: twice, so that silence is
+    always the socket's own timeout, said as such). An event is at most :data:`MAX_EVENT_BYTES`;
+    returns at once when ``cancel`` is set."""
     data: list[str] = []
     size = 0
     last_data = time.monotonic()
     while not cancel.is_set():
         if watch is not None:
-            watch.deadline = time.monotonic() + timeout
+            watch.deadline = time.monotonic() + LINE_TIMEOUTS * timeout
         try:
             line = resp.readline(MAX_EVENT_BYTES + 1)
         except (socket.timeout, TimeoutError):
@@ -294,8 +298,9 @@ def _events(resp: http.client.HTTPResponse, url: str, timeout: float, cancel: th
 
 
 def _no_line_ended(url: str, timeout: float) -> ServerError:
-    return ServerError("timeout", f"{url}: no line of the stream ended in {timeout:g} s (timeout); the reply so "
-                                  "far is kept. Raise `timeout` in the profile if the server is just slow")
+    return ServerError("timeout", f"{url}: no line of the stream ended in {LINE_TIMEOUTS * timeout:g} s (twice the "
+                                  "timeout); the reply so far is kept. Raise `timeout` in the profile if the server "
+                                  "is just slow")
 
 
 def parse_json(text: str, url: str) -> Any:
