@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from app.ui.formatting import fmt_float, fmt_percent, fmt_rate, modes_label, speedup_figure
+from app.ui.sampling import ChatSampling
 from app.store.history import History, HistoryError
 from app.store.paths import data_dir, ensure_private_dir
 from app.ui.screens.edit import EditScreen
@@ -58,10 +59,16 @@ def chat_markdown(history: History, chat_id: int) -> str:
         f"- Profile: {chat.profile or '—'}",
         f"- Started: {time.strftime('%Y-%m-%d %H:%M', time.localtime(chat.created))}",
     ]
+    sampling = ChatSampling.from_dict(chat.sampling).label(None)
+    if sampling:
+        lines.append(f"- Sampling: {sampling}")
     if chat.system_prompt:
-        lines += ["", "## System prompt", "", chat.system_prompt]
+        lines += ["", "## System prompt (the chat's as it is now)", "", chat.system_prompt]
     for msg in history.messages(chat_id):
-        lines += ["", f"## {msg.role.capitalize()}" + (f" ({msg.profile})" if msg.role == "assistant" and msg.profile else ""), ""]
+        earlier = (" · earlier reply, answered again below" if msg.role == "assistant" else
+                   " · edited, asked again below") if msg.superseded else ""
+        lines += ["", f"## {msg.role.capitalize()}" + (f" ({msg.profile})" if msg.role == "assistant" and msg.profile else "")
+                  + earlier, ""]
         lines.append(msg.content)
         if msg.role == "assistant":
             if msg.finish_reason == "cancelled":

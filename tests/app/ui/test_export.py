@@ -95,3 +95,19 @@ def test_export_to_a_folder_writes_the_default_name_inside_it(specchat_dirs: Pat
     written = export_chat(history, chat, folder)  # was a new file "out-2" beside the folder
     assert written == folder / f"notes-{chat}.md" and written.read_text().startswith("# Notes")
     assert not (tmp_path / "out-2").exists()
+
+
+def test_export_marks_replies_answered_again_and_names_the_chats_sampling(specchat_dirs: Path) -> None:
+    """Two replies to one prompt read as a conversation's two turns, and the sampling was left out
+    (a new user's review)."""
+    history = History.open()
+    chat = history.create_chat("Colours", "fast", "Be brief.", sampling={"temperature": 0.7, "top_p": 0.9, "seed": 42})
+    history.add_message(chat, "user", "name a colour", profile="fast")
+    first = history.add_message(chat, "assistant", "red", profile="fast", finish_reason="eos")
+    history.mark_superseded(chat, first)
+    history.add_message(chat, "assistant", "blue", profile="fast", finish_reason="eos")
+    text = export_chat(history, chat).read_text()
+    assert "- Sampling: T 0.7 · top-p 0.9 · seed 42" in text
+    assert "## Assistant (fast) · earlier reply, answered again below\n\nred" in text
+    assert "## Assistant (fast)\n\nblue" in text and text.count("earlier reply") == 1
+    assert "## System prompt (the chat's as it is now)\n\nBe brief." in text
