@@ -49,6 +49,16 @@ def _stand_in(match: re.Match[str]) -> str:
     return f"<U+{code:04X}>"
 
 
+_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
+
+
+def without_lone_surrogates(text: str) -> str:
+    """``text`` with each lone surrogate (no character: what JSON's ``\\ud800`` alone decodes to,
+    and what Python keeps of bytes that are not UTF-8) as U+FFFD, so that UTF-8 can write it (a
+    terminal, SQLite). A well-formed pair is one character already and stays."""
+    return _LONE_SURROGATE.sub("\ufffd", text)
+
+
 def inert(text: str) -> str:
     """``text`` with every control character but ``\\n`` and ``\\t`` (C0, DEL, C1, so every
     escape sequence's start, and the bidirectional overrides) replaced by a visible stand-in;

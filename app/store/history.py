@@ -21,7 +21,6 @@ The schema and its versioned upgrades are in :mod:`app.store.schema`.
 from __future__ import annotations
 
 import os
-import re
 import sqlite3
 import threading
 import time
@@ -34,6 +33,7 @@ from app.store.pieces import Pieces
 from app.store.records import (CHAT_COLUMNS, ChatDeleted, ChatRecord, HistoryError, MessageRecord, chat_from_row,
                                describe, is_missing_parent, message_from_row, to_json)
 from app.store.schema import NewerSchema, is_corruption_error, is_lock_error, migrate
+from engine.text_safety import without_lone_surrogates
 
 __all__ = ["BUSY_TIMEOUT_S", "OPEN_ATTEMPTS", "ChatDeleted", "ChatRecord", "History", "HistoryError",
            "MessageRecord"]
@@ -54,20 +54,12 @@ def _private_file(path: Path) -> None:
 _SIDE_FILES = ("-wal", "-shm", "-journal")
 
 
-
-_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
-
-
 def storable(params: Sequence[Any] | dict[str, Any]) -> Sequence[Any] | dict[str, Any]:
-    """``params`` with each lone surrogate in their text as U+FFFD: SQLite takes UTF-8, which
-    cannot write one, and the write raised UnicodeEncodeError, ending the saver's thread (a
-    server's reply then stayed unsaved, and quitting waited for it in vain)."""
-    values = params.values() if isinstance(params, dict) else params
-    if not any(isinstance(p, str) and _LONE_SURROGATE.search(p) for p in values):
-        return params
-
+    """``params`` with their text :func:`~engine.text_safety.without_lone_surrogates`: SQLite takes
+    UTF-8, which cannot write a lone surrogate, and the write raised UnicodeEncodeError, ending the
+    saver's thread (a server's reply then stayed unsaved, and quitting waited for it in vain)."""
     def fix(p: Any) -> Any:
-        return _LONE_SURROGATE.sub("\ufffd", p) if isinstance(p, str) else p
+        return without_lone_surrogates(p) if isinstance(p, str) else p
 
     return {k: fix(v) for k, v in params.items()} if isinstance(params, dict) else tuple(map(fix, params))
 

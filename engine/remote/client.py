@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import re
 import socket
 import threading
 import time
@@ -25,7 +24,7 @@ from urllib.parse import urlsplit
 
 from engine.errors import EngineError
 from engine.config.server import ServerSpec
-from engine.text_safety import inert
+from engine.text_safety import inert, without_lone_surrogates
 
 CONNECT_TIMEOUT_S = 10.0
 CANCEL_POLL_S = 0.05
@@ -38,7 +37,6 @@ LINE_TIMEOUTS = 2
 never lets the socket's own timeout fire)."""
 MAX_MESSAGE_CHARS = 1000
 """The most of an error's text shown (a server's own message is quoted in it)."""
-_LONE_SURROGATE = re.compile(r"[\ud800-\udfff]")
 
 
 class ServerError(EngineError):
@@ -254,27 +252,22 @@ def _events(resp: http.client.HTTPResponse, url: str, timeout: float, cancel: th
     while not cancel.is_set():
         if watch is not None:
             watch.deadline = time.monotonic() + LINE_TIMEOUTS * timeout
+        failed: BaseException | None = None
         try:
             line = resp.readline(MAX_EVENT_BYTES + 1)
-        except (socket.timeout, TimeoutError):
-            if cancel.is_set():
-                return
-            if watch is not None and watch.timed_out:
-                raise _no_line_ended(url, timeout) from None
+        except (OSError, http.client.HTTPException) as exc:  # socket.timeout is an OSError too
+            line, failed = b"", exc
+        if cancel.is_set():  # Esc shut the socket: whatever the read got or raised is no error
+            return
+        if watch is not None and watch.timed_out:  # the watch shut it: a line that never ended
+            raise _no_line_ended(url, timeout)
+        if isinstance(failed, (socket.timeout, TimeoutError)):
             raise ServerError("timeout", f"{url}: the server sent nothing for {timeout:g} s (timeout); "
                                          "the reply so far is kept. Raise `timeout` in the profile if the "
-                                         "server is just slow") from None
-        except (OSError, http.client.HTTPException) as exc:
-            if cancel.is_set():
-                return
-            if watch is not None and watch.timed_out:
-                raise _no_line_ended(url, timeout) from None
-            raise ServerError("cut", f"{url}: the stream stopped mid-reply ({type(exc).__name__}: {exc}); "
-                                     "the reply so far is kept") from None
-        if cancel.is_set():
-            return
-        if watch is not None and watch.timed_out:
-            raise _no_line_ended(url, timeout)
+                                         "server is just slow")
+        if failed is not None:
+            raise ServerError("cut", f"{url}: the stream stopped mid-reply ({type(failed).__name__}: {failed}); "
+                                     "the reply so far is kept")
         size += len(line)
         if size > MAX_EVENT_BYTES:
             raise ServerError("malformed", f"{url}: the server sent an event of over {MAX_EVENT_BYTES // 2**20} MiB "
@@ -316,7 +309,7 @@ def parse_json(text: str, url: str) -> Any:
 
 def _no_lone_surrogates(value: Any) -> Any:
     if isinstance(value, str):
-        return _LONE_SURROGATE.sub("\ufffd", value)
+        return without_lone_surrogates(value)
     if isinstance(value, list):
         return [_no_lone_surrogates(v) for v in value]
     if isinstance(value, dict):
