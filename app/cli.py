@@ -123,9 +123,10 @@ def cmd_generate(args: argparse.Namespace) -> int:
         if not args.prompt.strip():
             raise SpecChatError("the prompt read from standard input is empty: pipe the message in, "
                                 "e.g. echo Hello | specchat generate -")
+    else:
+        args.prompt = utf8_text(args.prompt, "the prompt")
     if not args.prompt.strip():
         raise SpecChatError("the prompt is empty: give the message to answer, e.g. specchat generate \"Hello\"")
-    args.prompt = utf8_text(args.prompt, "the prompt")
     if args.system is not None:
         args.system = utf8_text(args.system, "--system")
     profile = resolve_profile(args)

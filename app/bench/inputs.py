@@ -131,7 +131,7 @@ def check_output(path: Path | None, option: str) -> Path | None:
         path = path.with_suffix(".png")
     if path.is_dir():
         raise SpecChatError(f"{option} {path}: that is a folder; give a file name in it")
-    folder = path.parent if str(path.parent) else Path(".")
+    folder = path.parent  # Path("x.json").parent is Path(".")
     if not folder.is_dir():
         raise SpecChatError(f"{option} {path}: the folder {folder} does not exist")
     if not os.access(folder, os.W_OK) or (path.exists() and not os.access(path, os.W_OK)):
