@@ -199,7 +199,8 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     from engine.load.availability import cuda_present, unavailable_reason
     from engine.config.models_file import load_profiles, user_models_file
 
-    from engine.fetch.sources import in_hub_cache, is_fetched, missing_local
+    from engine.fetch.inventory import to_download
+    from engine.fetch.sources import missing_local
     from engine.load.loader import profile_device_choice
     from engine.model.card_plan import profile_card_plans
 
@@ -211,7 +212,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         why_not = unavailable_reason(p, cuda=cuda)
         specs = [s for s in (p.target, p.draft) if s is not None and p.backend == "local"]
         by_source = {s.source: s for s in sorted(specs, key=lambda s: s.download_size or 0)}  # one per file
-        to_fetch = [s for s in by_source.values() if is_fetched(s) is False or in_hub_cache(s) is False]
+        fetch = to_download(p)
         device, device_reason = profile_device_choice(p) if p.backend == "local" else (None, None)
         cards = profile_card_plans(p)
         rows.append({
@@ -228,10 +229,10 @@ def cmd_profiles(args: argparse.Namespace) -> int:
             "url": p.server.root if p.server else None,  # a password in it shown as ***
             "available": why_not is None,
             "unavailable_reason": why_not,
-            "to_download": [s.source for s in to_fetch],
+            "to_download": list(fetch.sources),
             "missing_files": [str(path) for path in map(missing_local, by_source.values()) if path is not None],
-            "download_bytes": (sum(s.download_size for s in to_fetch if s.download_size)
-                               if to_fetch and all(s.download_size for s in to_fetch) else None),
+            "download_bytes": fetch.bytes,
+            "download_words": fetch.words() if fetch.sources else None,
             "device": p.device,
             "runs_on": device.torch_device.type if device is not None else None,
             "runs_on_reason": device_reason,
@@ -268,10 +269,9 @@ def cmd_profiles(args: argparse.Namespace) -> int:
             _show(f"  {'':<18} draft  {draft}")
         _show(f"  {'':<18} from   {r['source_file']}")
         if r["to_download"]:
-            n = r["download_bytes"]
-            size = (f"about {n / 1e9:.2f} GB" if n >= 1e9 else f"about {n / 1e6:.0f} MB") if n else "its models"
             # a hub id is downloaded by transformers from the Hugging Face hub, its size unknown here
-            _show(f"  {'':<18} first use downloads {size} ({len(r['to_download'])} model(s) not in the cache yet)")
+            _show(f"  {'':<18} first use downloads {r['download_words']} ({len(r['to_download'])} model(s) "
+                  "not in the cache yet)")
         for path in r["missing_files"]:
             _show(f"  {'':<18} missing: nothing at {path} (the profile's local source)")
         if r["unavailable_reason"]:

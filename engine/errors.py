@@ -43,6 +43,11 @@ class EngineDiedError(EngineError):
     be loaded again; the conversation is the app's and nothing of it is lost."""
 
 
+class LoadStoppedError(EngineError):
+    """Loading a profile was stopped by the user (Esc) before it was ready: its process, and any
+    download it ran, ended; whatever was loaded before stays."""
+
+
 class EngineBusyError(EngineError):
     """A second reply was asked of an engine while another thread's reply is still running."""
 

@@ -38,6 +38,7 @@ from app.ui.resume import remember_open_chat, reopen_last
 from app.ui.screens.chats import ChatsResult, ChatsScreen
 from app.ui.screens.copy import CopyChoice, CopyScreen, copy_choices, last_code_block, last_reply
 from app.ui.screens.dialog import AskDialog, Dialog
+from app.ui.screens.edit import ConfirmScreen
 from app.ui.screens.help import HelpScreen
 from app.ui.screens.profiles import ProfilePicker
 from app.ui.terminal_safety import SafeTerminal
@@ -123,7 +124,7 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
 
     def check_action(self, action: str, parameters: tuple[object, ...]) -> bool | None:
         if action == "stop":
-            return self.can_stop()
+            return self.can_stop() or (self.engine.loading and not self.dialog_open())
         if action in self._MAIN_SCREEN_ACTIONS and self.dialog_open():
             # A dialog is open: its keys are its own (F1 closes the help it opened).
             return action == "help" and isinstance(self.screen, HelpScreen)
@@ -195,10 +196,14 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
                 self.switch_profile(name)
 
         self.push_screen(ProfilePicker(engine.profiles, engine.profile.name if engine.profile else None,
-                                       engine.unavailable_profiles()), picked)
+                                       engine.unavailable_profiles(), engine.downloads()), picked)
 
     def action_stop(self) -> None:
-        self.conversation.stop_reply()
+        """Esc: stop the reply; with none streaming, stop a profile's load (its downloads too)."""
+        if self.conversation.generating:
+            self.conversation.stop_reply()
+        elif self.engine.stop_loading():
+            notice(self, f"Stopping the load of {self.engine.profile.name if self.engine.profile else 'the profile'}…")
 
     def action_toggle_sources(self) -> None:
         self.conversation.show_sources = not self.conversation.show_sources
@@ -343,16 +348,31 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         text, severity = self.engine.toggle_words(info)
         notice(self, text, severity=severity)
 
-    def switch_profile(self, name: str) -> None:
+    def switch_profile(self, name: str, *, download_asked: bool = False) -> None:
         """Load profile ``name`` in place of the current pair; the conversation continues.
 
         A profile that cannot run here (see :mod:`engine.load.availability`) is refused
-        with its reason, and the loaded models stay.
+        with its reason, and the loaded models stay. One whose models are not in the cache
+        asks first, saying how much it downloads (Esc stops the download later too). A
+        reply streaming is stopped, and said to be.
         """
         target = self.engine.switch_target(name)
         if isinstance(target, Refusal):
             notice(self, target.text, severity=target.severity, title=target.title)
             return
+        download = None if download_asked else self.engine.downloads().get(target.name)
+        if download is not None:
+            def answered(yes: bool | None) -> None:
+                if yes:
+                    self.switch_profile(name, download_asked=True)
+
+            self.push_screen(ConfirmScreen(f"{target.name}'s first use downloads {download}. Download it now?",
+                                           enter_confirms=True,
+                                           hint="y or Enter downloads (Esc stops it later too) · n or Esc cancels"),
+                             answered)
+            return
+        if self.conversation.generating:
+            notice(self, f"Stopped the reply to load {target.name}; ctrl+r asks again once it is ready.")
         self.conversation.stop_reply()
         self._start_load(target)
 
@@ -432,19 +452,24 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
         self.engine.failed(message.restored)
         if not self.screen_stack:
             return
-        title = f"Could not load {message.profile_name or 'profile'}"
+        title = "Loading stopped" if message.stopped else f"Could not load {message.profile_name or 'profile'}"
+        severity = "information" if message.stopped else "error"
         self.conversation.model_state(None, loaded=message.restored is not None)
         if message.restored is not None:
             backend, profile = message.restored
             self.sub_title = self._header(profile)
             self.conversation.hud.show_engine(backend.info, profile)
             notice(self, f"{message.error}\nStill using {profile.name}; F2 picks another profile.",
-                   severity="error", title=title)
+                   severity=severity, title=title)
         else:
             self.conversation.hud.show_failed(message.error)
-            notice(self, f"{message.error}\nNo model is loaded: F2 picks another profile.", severity="error",
+            notice(self, f"{message.error}\nNo model is loaded: F2 picks another profile.", severity=severity,
                    title=title)
-        self.conversation.drop_queued()
+        waiting = self.conversation.drop_queued()
+        if waiting:
+            notice(self, f"{'Your prompt' if waiting == 1 else f'Your {waiting} prompts'} waiting for "
+                         f"{message.profile_name or 'the model'} {'is' if waiting == 1 else 'are'} back in the box, "
+                         "not sent.", severity="warning")
 
     def on_unmount(self) -> None:
         self.signals.remove()

@@ -72,6 +72,8 @@ class EngineHost:
         """What the last toggle found: speculation on, and off by itself (:data:`NOT_PAYING`)."""
         self.lock = threading.Lock()
         self._cuda: bool | None = None
+        self._stop_load = threading.Event()
+        """Set by :meth:`stop_loading`: the load under way gives up (a fresh one for each load)."""
 
     def _load_profiles_file(self) -> "Profiles":
         from engine.config.models_file import load_profiles
@@ -123,12 +125,23 @@ class EngineHost:
         reasons = {name: unavailable_reason(self.profiles.get(name), cuda=self._cuda) for name in self.profiles.names()}
         return {name: why for name, why in reasons.items() if why}
 
+    def downloads(self) -> dict[str, str]:
+        """Profile name -> what its first load downloads (``about 6.20 GB``), for those not in the cache
+        (none with a loader other than :func:`~app.ui.loading.default_loader`: the cache is that one's)."""
+        if self.profiles is None or self.loader is not default_loader:
+            return {}
+        from engine.fetch.inventory import to_download
+
+        fetch = {name: to_download(self.profiles.get(name)) for name in self.profiles.names()}
+        return {name: f.words() for name, f in fetch.items() if f.sources}
+
     def switch_target(self, name: str) -> "ModelProfile | Refusal":
         """The profile ``name`` if a switch to it may start now, else why not."""
         if self.profiles is None:
             return Refusal("No profiles are available.")
         if self.loading:
-            return Refusal("A profile is still loading; try again when it is ready.")
+            loading = self.profile.name if self.profile is not None else "A profile"
+            return Refusal(f"{loading} is still loading: Esc stops it, then F2 picks another.")
         try:
             profile = self.profiles.get(name)
         except SpecChatError as exc:
@@ -160,14 +173,24 @@ class EngineHost:
         old_profile = self.profile if old is not None else None
         self.profile = profile
         self.loading = True
+        self._stop_load = threading.Event()
         return old, old_profile
+
+    def stop_loading(self) -> bool:
+        """Stop the load under way (Esc): its process and downloads end, the models loaded
+        before stay (:func:`app.ui.loading.load_beside`). Answers whether a load was under way."""
+        if not self.loading or self._stop_load.is_set():
+            return False
+        self._stop_load.set()
+        return True
 
     def load(self, profile: "ModelProfile", old: ChatBackend | None, old_profile: "ModelProfile | None",
              progress: ProgressFn) -> EngineReady | EngineFailed:
         """Load ``profile`` beside ``old`` (:func:`app.ui.loading.load_beside`), once any reply on the
         old backend has stopped. Runs in a worker thread."""
+        stop = self._stop_load
         with self.lock:
-            return load_beside(self.loader, self.memory_budget, profile, old, old_profile, progress)
+            return load_beside(self.loader, self.memory_budget, profile, old, old_profile, progress, stop)
 
     def ready(self, backend: ChatBackend, profile: "ModelProfile") -> None:
         """A load finished: ``backend`` serves ``profile`` with speculation on."""

@@ -6,7 +6,7 @@ from textual.binding import Binding, BindingType
 from textual.widgets import Footer
 
 BINDINGS: list[BindingType] = [
-    Binding("escape", "stop", "Stop", tooltip="stop the reply, keeping what was written"),
+    Binding("escape", "stop", "Stop", tooltip="stop the reply, keeping what was written (or a profile's load)"),
     # All but Esc are priority keys: the app runs them as it reads them, before the
     # keys typed after them, which then reach the dialog they open (F2 Enter picks a
     # profile instead of sending the prompt; see app.ui.screens.dialog). F6 and F7 are

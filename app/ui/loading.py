@@ -7,40 +7,50 @@ plan says they do not fit together): :func:`load_beside`, run in a worker thread
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from app.ui.messages import EngineFailed, EngineReady
 from engine.api import ChatBackend
 from engine.progress import ProgressFn
-from engine.errors import SpecChatError
+from engine.errors import LoadStoppedError, SpecChatError
 
 if TYPE_CHECKING:
     from engine.config.profiles import ModelProfile
 
-Loader = Callable[["ModelProfile", "int | None", ProgressFn], ChatBackend]
-"""Loads a profile's backend (``default_loader``; tests pass fakes)."""
+Loader = Callable[["ModelProfile", "int | None", ProgressFn, threading.Event], ChatBackend]
+"""Loads a profile's backend (``default_loader``; tests pass fakes). Its last argument is set when
+the user stops the load (Esc): the loader then ends what it runs and raises
+:class:`~engine.errors.LoadStoppedError`."""
 
 ENGINE_LOG = "engine.log"
 
 
-def default_loader(profile: "ModelProfile", memory_budget: int | None, progress: ProgressFn) -> ChatBackend:
+def default_loader(profile: "ModelProfile", memory_budget: int | None, progress: ProgressFn,
+                   stop: threading.Event) -> ChatBackend:
     """Load the engine for real (seconds to minutes; runs in a worker thread).
 
     Local models load in a child process (:mod:`engine.child.backend`): the decode loop
-    then never waits for the UI's Python. Its output goes to ``engine.log`` in
-    the user state dir. A server profile only talks HTTP and stays here."""
+    then never waits for the UI's Python, and ``stop`` ends the load, downloads and
+    all, by ending that process. Its output goes to ``engine.log`` in the user state
+    dir. A server profile only talks HTTP and stays here (its connection has timeouts
+    of its own; ``stop`` is honoured once it answers)."""
     if profile.backend != "server":  # torch is imported in the child only (app.ui.collector says why)
         from engine.child.backend import ProcessBackend
         from engine.paths import state_dir
 
         return ProcessBackend.start(profile, memory_budget, progress, log=state_dir() / ENGINE_LOG,
-                                    threads=engine_threads())
+                                    threads=engine_threads(), stop=stop)
     from engine.fetch.hublog import hub_messages_as_progress
     from engine.load.loader import load_engine
 
     with hub_messages_as_progress(progress):  # hub retries as progress, not raw text over the screen
-        return load_engine(profile, memory_budget=memory_budget, progress=progress)
+        backend = load_engine(profile, memory_budget=memory_budget, progress=progress)
+    if stop.is_set():
+        backend.close()
+        raise LoadStoppedError(f"Stopped loading {profile.name}.")
+    return backend
 
 
 UI_NICE = 0
@@ -91,16 +101,19 @@ def error_text(exc: BaseException) -> str:
 
 
 def load_beside(loader: Loader, memory_budget: int | None, profile: "ModelProfile", old: ChatBackend | None,
-                old_profile: "ModelProfile | None", progress: ProgressFn) -> EngineReady | EngineFailed:
+                old_profile: "ModelProfile | None", progress: ProgressFn,
+                stop: threading.Event | None = None) -> EngineReady | EngineFailed:
     """Load ``profile`` next to the old backend, closing the old one once the new is ready.
 
     When the new one does not fit next to the old (the memory plan says so, or
     loading runs out of memory), the old one is closed first and the new one tried
-    again; if that fails too the old profile is loaded again. Any other failure
-    leaves the old backend as it was. Never ends with no model unless even
-    reloading the old profile fails (then the message says so). Runs in a worker
-    thread; the answer is the message to post to the UI.
+    again; if that fails too the old profile is loaded again. Any other failure,
+    and a load the user stops (``stop`` set), leaves the old backend as it was (or
+    loads it again where it was closed to make room). Never ends with no model
+    unless even reloading the old profile fails (then the message says so). Runs in
+    a worker thread; the answer is the message to post to the UI.
     """
+    stop = stop if stop is not None else threading.Event()
 
     def close(backend: ChatBackend) -> None:
         try:
@@ -109,26 +122,27 @@ def load_beside(loader: Loader, memory_budget: int | None, profile: "ModelProfil
             progress(f"previous models closed with an error: {exc}", None)
 
     try:
-        backend = loader(profile, memory_budget, progress)
+        backend = loader(profile, memory_budget, progress, stop)
     except Exception as exc:  # noqa: BLE001 - every failure is reported, none is a traceback
-        error = error_text(exc)
+        error, stopped = error_text(exc), isinstance(exc, LoadStoppedError)
         if old is None or old_profile is None:
-            return EngineFailed(error, profile.name)
+            return EngineFailed(error, profile.name, stopped=stopped)
         if not needs_room(exc):
-            return EngineFailed(error, profile.name, (old, old_profile))
+            return EngineFailed(error, profile.name, (old, old_profile), stopped=stopped)
         progress(f"{profile.name} does not fit next to {old_profile.name}: unloading it first", None)
         close(old)
         try:
-            backend = loader(profile, memory_budget, progress)
+            backend = loader(profile, memory_budget, progress, stop)
         except Exception as again:  # noqa: BLE001
-            error = error_text(again)
+            error, stopped = error_text(again), isinstance(again, LoadStoppedError)
             progress(f"loading {old_profile.name} again", None)
+            stop.clear()  # the stop was meant for the new profile, not for the way back
             try:
-                restored = loader(old_profile, memory_budget, progress)
+                restored = loader(old_profile, memory_budget, progress, stop)
             except Exception as lost:  # noqa: BLE001
                 return EngineFailed(f"{error}. Reloading {old_profile.name} failed too: {error_text(lost)}",
                                     profile.name)
-            return EngineFailed(error, profile.name, (restored, old_profile))
+            return EngineFailed(error, profile.name, (restored, old_profile), stopped=stopped)
     if old is not None:
         close(old)
     return EngineReady(backend, profile)

@@ -41,15 +41,17 @@ class EngineFailed(Message):
     """Loading failed; ``error`` is the message to show the user.
 
     ``restored`` is the backend and profile still (or again) loaded after a failed
-    switch, so the app keeps a model; None when there is none.
+    switch, so the app keeps a model; None when there is none. ``stopped``: the user
+    stopped the load (Esc), nothing went wrong.
     """
 
     def __init__(self, error: str, profile_name: str | None,
-                 restored: "tuple[ChatBackend, ModelProfile] | None" = None) -> None:
+                 restored: "tuple[ChatBackend, ModelProfile] | None" = None, *, stopped: bool = False) -> None:
         super().__init__()
         self.error = error
         self.profile_name = profile_name
         self.restored = restored
+        self.stopped = stopped
 
 
 class ReplyChunk(Message):

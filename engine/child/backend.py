@@ -18,6 +18,8 @@ saying so; the conversation is the app's and nothing of it is lost.
 from __future__ import annotations
 
 import multiprocessing
+import os
+import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -32,7 +34,7 @@ from engine.child.protocol import (
     ReplyEnd, Round, SpeculationRequest, ToChild,
 )
 from engine.child.serve import serve
-from engine.errors import EngineBusyError, EngineDiedError, EngineError
+from engine.errors import EngineBusyError, EngineDiedError, EngineError, LoadStoppedError
 from engine.events import ChatEvent, ChatMessage, GenerationParams
 from engine.progress import ProgressFn, no_progress
 
@@ -100,14 +102,16 @@ class ProcessBackend:
     @classmethod
     def start(cls, profile: "ModelProfile", memory_budget: int | None = None,
               progress: ProgressFn = no_progress, log: Path | None = None,
-              threads: int | None = None) -> "ProcessBackend":
+              threads: int | None = None, stop: threading.Event | None = None) -> "ProcessBackend":
         """Spawn the child, load ``profile`` there (progress forwarded), and wait until it is ready.
 
         Load errors are raised here as the child raised them (a
         :class:`~engine.errors.MemoryPlanError` stays one). ``log``: a file that
         takes the child's stdout and stderr (under a full-screen UI, which they
         would scribble over); None leaves them on the parent's. ``threads``: torch's
-        intra-op threads in the child (None: torch's default, one per core)."""
+        intra-op threads in the child (None: torch's default, one per core). ``stop``:
+        once set, the child and its process group (a download's pip) are killed within
+        :data:`POLL_S` and :class:`~engine.errors.LoadStoppedError` is raised."""
         ctx = multiprocessing.get_context("spawn")  # never fork a process that runs threads (the UI)
         conn, child_conn = ctx.Pipe()
         control, child_control = ctx.Pipe()
@@ -128,7 +132,7 @@ class ProcessBackend:
         backend._yield_until = yield_until
         try:
             while True:
-                message = backend._receive()
+                message = backend._receive(stop=stop)
                 if isinstance(message, Progress):
                     progress(message.stage, message.fraction)
                 elif isinstance(message, Ready):
@@ -136,6 +140,9 @@ class ProcessBackend:
                     return backend
                 else:
                     raise _error(message)
+        except LoadStoppedError:
+            backend._kill()
+            raise LoadStoppedError(f"Stopped loading {profile.name}.") from None
         except BaseException:
             backend._stop()
             raise
@@ -253,17 +260,35 @@ class ProcessBackend:
         self._conn.close()
         self._control.close()
 
+    def _kill(self) -> None:
+        """End the child at once with its process group (what it started: a download's pip)."""
+        pid = self._process.pid
+        try:
+            if pid is not None and hasattr(os, "killpg") and os.getpgid(pid) == pid:
+                os.killpg(pid, signal.SIGKILL)
+            else:
+                self._process.kill()
+        except (ProcessLookupError, PermissionError):
+            pass
+        self._process.join()
+        self._conn.close()
+        self._control.close()
+
     def _send(self, message: ToChild | ControlRequest, conn: Connection | None = None) -> None:
         try:
             (conn or self._conn).send(message)
         except (OSError, ValueError) as exc:
             raise self._died() from exc
 
-    def _receive(self, cancel: threading.Event | None = None, conn: Connection | None = None) -> FromChild | ControlAnswer:
-        """The child's next message on ``conn`` (the reply pipe by default); forwards ``cancel``."""
+    def _receive(self, cancel: threading.Event | None = None, conn: Connection | None = None,
+                 stop: threading.Event | None = None) -> FromChild | ControlAnswer:
+        """The child's next message on ``conn`` (the reply pipe by default); forwards ``cancel``;
+        raises :class:`LoadStoppedError` once ``stop`` is set."""
         conn = conn or self._conn
         try:
             while True:
+                if stop is not None and stop.is_set():
+                    raise LoadStoppedError("stopped")
                 if cancel is not None and cancel.is_set():
                     self._cancel.set()
                 if conn.poll(POLL_S):

@@ -83,6 +83,8 @@ def serve(conn: Connection, control: Connection, cancel: "ProcessEvent", profile
     ``time.monotonic()`` deadline before which each round runs on one thread fewer
     (:meth:`~engine.child.backend.ProcessBackend.yield_to_ui`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when the engine stops
+    if hasattr(os, "setpgid"):  # a group of its own: a stopped load ends its downloads (pip) with it
+        os.setpgid(0, 0)
     if threads is not None:
         import torch
 

@@ -59,6 +59,31 @@ class CachedModel:
         return sum(f.size for f in self.files)
 
 
+@dataclass(frozen=True)
+class ToDownload:
+    """What a profile's first load downloads: the sources not in the cache, and their bytes
+    (None when one's size is not known: a hub id, which transformers fetches)."""
+
+    sources: tuple[str, ...]
+    bytes: int | None
+
+    def words(self) -> str:
+        """``about 6.20 GB``, ``about 93 MB``, or ``its models`` (size unknown)."""
+        n = self.bytes
+        return (f"about {n / 1e9:.2f} GB" if n >= 1e9 else f"about {n / 1e6:.0f} MB") if n else "its models"
+
+
+def to_download(profile: ModelProfile) -> ToDownload:
+    """What loading ``profile`` here would download first (nothing for a server profile)."""
+    from engine.fetch.sources import in_hub_cache, is_fetched
+
+    specs = [s for s in (profile.target, profile.draft) if s is not None and profile.backend == "local"]
+    by_source = {s.source: s for s in sorted(specs, key=lambda s: s.download_size or 0)}  # one per file
+    missing = [s for s in by_source.values() if is_fetched(s) is False or in_hub_cache(s) is False]
+    known = bool(missing) and all(s.download_size for s in missing)
+    return ToDownload(tuple(s.source for s in missing), sum(s.download_size or 0 for s in missing) if known else None)
+
+
 def disk_size(path: Path) -> int:
     """Bytes ``path`` takes (a directory: every file under it; links are not followed)."""
     if path.is_symlink() or not path.is_dir():

@@ -7,6 +7,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 from engine.api import EngineInfo
+from engine.errors import LoadStoppedError
 from engine.progress import ProgressFn
 from engine.events import NOT_PAYING, ChatEvent, ChatMessage, GenerationParams, ReplyStats, TextPiece
 from engine.config.profiles import ModelProfile, ModelSpec, Profiles
@@ -168,12 +169,16 @@ class FakeLoader:
         self.gate: threading.Event | None = None
         """When set to an Event, loading waits for it (a model still loading)."""
 
-    def __call__(self, profile: ModelProfile, memory_budget: int | None, progress: ProgressFn) -> FakeBackend:
+    def __call__(self, profile: ModelProfile, memory_budget: int | None, progress: ProgressFn,
+                 stop: threading.Event | None = None) -> FakeBackend:
         self.budgets.append(memory_budget)
         progress("reading config", 0.0)
         progress("loading target weights", 0.5)
         if self.gate is not None:
-            self.gate.wait(10)
+            deadline = time.monotonic() + 10
+            while not self.gate.wait(0.01) and time.monotonic() < deadline:
+                if stop is not None and stop.is_set():  # as the real loader: its process ends at once
+                    raise LoadStoppedError(f"Stopped loading {profile.name}.")
         if self.error is not None:
             raise self.error
         progress("loading draft weights", 1.0)

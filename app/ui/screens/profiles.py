@@ -17,10 +17,12 @@ if TYPE_CHECKING:
     from engine.config.profiles import ModelProfile, Profiles
 
 
-def profile_option(profile: "ModelProfile", *, current: bool, default: bool, unavailable: str | None = None) -> Option:
+def profile_option(profile: "ModelProfile", *, current: bool, default: bool, unavailable: str | None = None,
+                   download: str | None = None) -> Option:
     """One line with the name and badges, one with the pair, one with the description;
-    an unavailable profile says why and cannot be picked. Names and descriptions come from
-    models files: shown, never obeyed (:func:`~engine.text_safety.inert`)."""
+    an unavailable profile says why and cannot be picked; one that downloads first says how
+    much (``download``). Names and descriptions come from models files: shown, never obeyed
+    (:func:`~engine.text_safety.inert`)."""
     badges = []
     if current:
         badges.append(("  ● current", "$text-success"))
@@ -40,6 +42,8 @@ def profile_option(profile: "ModelProfile", *, current: bool, default: bool, una
         prompt = Content.assemble(prompt, "\n  ", (inert(profile.description), "$text-muted italic"))
     if unavailable:
         prompt = Content.assemble(prompt, "\n  ", (inert(f"unavailable: {unavailable}"), "$text-error"))
+    elif download:
+        prompt = Content.assemble(prompt, "\n  ", (f"first use downloads {download}", "$text-warning"))
     return Option(prompt, id=profile.name, disabled=unavailable is not None)
 
 
@@ -47,12 +51,14 @@ class ProfilePicker(Dialog["str | None"]):
     """Pick a profile; dismisses with its name, or None."""
 
     def __init__(self, profiles: "Profiles", current: str | None,
-                 unavailable: "dict[str, str] | None" = None) -> None:
+                 unavailable: "dict[str, str] | None" = None, downloads: "dict[str, str] | None" = None) -> None:
         super().__init__()
         self._profiles = profiles
         self._current = current
         self._unavailable = dict(unavailable or {})
         """Profile name -> why it cannot run on this machine."""
+        self._downloads = dict(downloads or {})
+        """Profile name -> what its first load downloads."""
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog picker-dialog"):
@@ -65,6 +71,7 @@ class ProfilePicker(Dialog["str | None"]):
                     current=name == self._current,
                     default=name == self._profiles.default,
                     unavailable=self._unavailable.get(name),
+                    download=self._downloads.get(name),
                 )
                 for name in self._profiles.names()
             ]

@@ -301,14 +301,15 @@ class Conversation(Horizontal):
             widget.set_waiting(None)
             self.send_prompt(widget.text, shown=widget)
 
-    def drop_queued(self) -> None:
-        """Take every waiting prompt off the transcript and back into the box."""
+    def drop_queued(self) -> int:
+        """Take every waiting prompt off the transcript and back into the box; answers how many."""
         texts = [w.text for w in self.queued]
         for widget in self.queued:
             widget.remove()
         self.queued = []
         if texts:
             self.prompt.restore("\n".join(texts))
+        return len(texts)
 
     def send_prompt(self, text: str, shown: Widget | None = None,
                     answers: UserMessage | None = None, supersedes: UserMessage | None = None) -> None:

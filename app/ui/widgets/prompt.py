@@ -31,7 +31,7 @@ from engine.text_safety import inert
 NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
 
 PLACEHOLDER = "Ask something · Enter sends · ctrl+j newline · F1 help"
-LOADING_PLACEHOLDER = "Loading {name}… you can type: Enter queues it, sent when the model is ready"
+LOADING_PLACEHOLDER = "Loading {name}… you can type: Enter queues it, sent when the model is ready · Esc stops loading"
 NO_MODEL_PLACEHOLDER = "No model is loaded: F2 picks a profile"
 """What the empty box says: ready, while a profile loads, when no model could be loaded."""
 

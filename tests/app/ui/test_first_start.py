@@ -62,3 +62,24 @@ async def test_a_failed_load_says_no_model_is_loaded(make_app: Callable[..., Spe
         await wait_for(pilot, lambda: not app.engine.loading and app.engine.backend is None
                        and "No model" in app.conversation.prompt.placeholder)
         assert app.conversation.prompt.placeholder == "No model is loaded: F2 picks a profile"
+
+
+async def test_esc_stops_the_first_load_and_says_nothing_is_loaded(make_app: Callable[..., SpecChatApp],
+                                                                 loader: FakeLoader) -> None:
+    """A first start that downloads gigabytes must not hold the user: Esc stops it, and a prompt
+    queued for it comes back to the box, said to."""
+    loader.gate = threading.Event()
+    app = make_app()
+    async with app.run_test(size=(80, 24)) as pilot:
+        await wait_for(pilot, lambda: app.engine.loading)
+        assert "Esc stops loading" in app.conversation.prompt.placeholder
+        await send(pilot, "hello while loading")
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not app.engine.loading)
+        await pilot.pause()
+        assert app.engine.backend is None and not loader.backends
+        assert app.conversation.prompt.text == "hello while loading"
+        notes = {n.title: n.message for n in app._notifications}
+        assert notes["Loading stopped"].startswith("Stopped loading fast.")
+        assert any("back in the box, not sent" in n.message for n in app._notifications)
+        assert app.conversation.prompt.placeholder.startswith("No model is loaded")

@@ -1,10 +1,12 @@
 """A switch in place (app.ui.loading.load_beside): never ends without a model unless even the old one fails."""
 from __future__ import annotations
 
+import threading
+
 from app.ui.loading import load_beside
 from app.ui.messages import EngineFailed, EngineReady
 from engine.config.profiles import ModelProfile
-from engine.errors import MemoryPlanError, ModelSourceError
+from engine.errors import LoadStoppedError, MemoryPlanError, ModelSourceError
 from tests.app.fakes import FakeBackend, make_profiles
 
 FAST = make_profiles().get("fast")
@@ -17,10 +19,13 @@ class Loader:
     def __init__(self, *failing: tuple[str, Exception]) -> None:
         self.failing = list(failing)
         self.loaded: list[str] = []
+        self.stopped: list[bool] = []
+        """Whether its stop was set when each load began."""
         self.stages: list[str] = []
 
-    def __call__(self, profile: ModelProfile, budget: int | None, progress: object) -> FakeBackend:
+    def __call__(self, profile: ModelProfile, budget: int | None, progress: object, stop: threading.Event) -> FakeBackend:
         self.loaded.append(profile.name)
+        self.stopped.append(stop.is_set())
         if self.failing and self.failing[0][0] == profile.name:
             raise self.failing.pop(0)[1]
         return FakeBackend(profile)
@@ -70,6 +75,25 @@ def test_a_first_load_that_fails_leaves_nothing() -> None:
     assert isinstance(answer, EngineFailed) and answer.restored is None and answer.error == "ValueError: bad value"
 
 
+def test_a_stopped_load_keeps_the_old_pair() -> None:
+    loader, old = Loader(("lookup", LoadStoppedError("Stopped loading lookup."))), FakeBackend(FAST)
+    answer = load_beside(loader, None, LOOKUP, old, FAST, loader.progress, threading.Event())
+    assert isinstance(answer, EngineFailed) and answer.stopped and answer.error == "Stopped loading lookup."
+    assert answer.restored == (old, FAST) and not old.closed
+
+
+def test_a_load_stopped_after_the_old_pair_made_room_loads_the_old_pair_again_unstopped() -> None:
+    """The stop was for the new profile: the way back to the old one is not stopped by it."""
+    stop = threading.Event()
+    loader = Loader(("lookup", MemoryPlanError("does not fit")), ("lookup", LoadStoppedError("Stopped loading lookup.")))
+    old = FakeBackend(FAST)
+    stop.set()  # as Esc during the second try
+    answer = load_beside(loader, None, LOOKUP, old, FAST, loader.progress, stop)
+    assert isinstance(answer, EngineFailed) and answer.stopped and old.closed
+    assert answer.restored is not None and answer.restored[1] == FAST and not answer.restored[0].closed
+    assert loader.loaded == ["lookup", "lookup", "fast"] and loader.stopped == [True, True, False]
+
+
 def test_the_ui_process_loads_a_local_profile_and_lists_profiles_without_importing_torch() -> None:
     """torch stays in the engine's child: in the UI process its 100k+ objects made each full
     garbage collection 125-210 ms while a reply streamed (app.ui.collector)."""
@@ -85,7 +109,8 @@ from engine.child import backend
 from engine.config.models_file import load_profiles
 started = []
 backend.ProcessBackend.start = classmethod(lambda cls, profile, *a, **k: started.append(profile.name) or "child")
-assert loading.default_loader(load_profiles(None).get("pocket"), None, lambda stage, fraction: None) == "child"
+assert loading.default_loader(load_profiles(None).get("pocket"), None, lambda stage, fraction: None,
+                              __import__("threading").Event()) == "child"
 host = EngineHost(ProfileChoice())
 assert host.read_profiles() is None and host.unavailable_profiles() is not None
 assert started == ["pocket"]

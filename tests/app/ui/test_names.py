@@ -44,7 +44,7 @@ def test_the_plan_names_the_suffix_drafter_as_the_hud_does() -> None:
 
 
 async def test_suffix_lookup_in_the_load_notice_the_plan_and_the_hud(make_app: Callable[..., SpecChatApp]) -> None:
-    def loader(profile: ModelProfile, budget: int | None, progress: Any) -> PlannedBackend:
+    def loader(profile: ModelProfile, budget: int | None, progress: Any, stop: Any) -> PlannedBackend:
         return PlannedBackend(profile)
 
     app = make_app(loader=loader, profiles_loader=lambda: Profiles({"pocket-suffix": SUFFIX}, "pocket-suffix", ()))

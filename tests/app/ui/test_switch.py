@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import threading
 from collections.abc import Callable
 from dataclasses import replace
 
@@ -14,8 +15,8 @@ from app.ui.screens.profiles import ProfilePicker
 from engine.progress import ProgressFn
 from engine.errors import MemoryPlanError, ModelSourceError
 from engine.config.profiles import ModelProfile, Profiles
-from tests.app.fakes import FakeBackend, make_profiles
-from tests.app.helpers import ready, send, wait_for
+from tests.app.fakes import FakeBackend, FakeLoader, make_profiles
+from tests.app.helpers import ready, send, send_held, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -28,7 +29,7 @@ class ScriptedLoader:
         self.loads: list[tuple[str, list[str]]] = []  # (profile, backends open at that moment)
         self.backends: list[FakeBackend] = []
 
-    def __call__(self, profile: ModelProfile, budget: int | None, progress: ProgressFn) -> FakeBackend:
+    def __call__(self, profile: ModelProfile, budget: int | None, progress: ProgressFn, stop: object) -> FakeBackend:
         self.loads.append((profile.name, [b.profile.name for b in self.backends if not b.closed]))
         progress("loading", 0.5)
         pending = self.failures.get(profile.name)
@@ -137,7 +138,7 @@ async def test_an_over_long_chat_is_fitted_with_a_notice(make_app: Callable[...,
 
     engines: list[object] = []
 
-    def loader(profile: ModelProfile, budget: int | None, progress: ProgressFn):  # type: ignore[no-untyped-def]
+    def loader(profile: ModelProfile, budget: int | None, progress: ProgressFn, stop: object):  # type: ignore[no-untyped-def]
         engines.append(engine(make_tokenizer()))
         return engines[-1]
 
@@ -152,3 +153,68 @@ async def test_an_over_long_chat_is_fitted_with_a_notice(make_app: Callable[...,
         assert any("earlier message" in n.message and "96-token context window" in n.message
                    for n in app._notifications)
         assert replies[-1].stats is not None and replies[-1].stats["truncated_turns"] >= 2
+
+
+async def test_esc_stops_a_switch_and_the_old_model_stays(make_app: Callable[..., SpecChatApp],
+                                                        loader: FakeLoader) -> None:
+    """A switch to a profile that downloads gigabytes can be stopped: F2 meanwhile says how, Esc
+    stops it, and the pair loaded before answers the next prompt."""
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await ready(pilot)
+        old = app.engine.backend
+        loader.gate = threading.Event()
+        app.switch_profile("lookup")
+        await wait_for(pilot, lambda: app.engine.loading)
+        refusal = app.engine.switch_target("fast")
+        assert not isinstance(refusal, ModelProfile) and "Esc stops it" in refusal.text
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not app.engine.loading)
+        await pilot.pause()
+        assert app.engine.backend is old and not old.closed and app.engine.profile.name == "fast"
+        notes = {n.title: n.message for n in app._notifications}
+        assert notes["Loading stopped"] == "Stopped loading lookup.\nStill using fast; F2 picks another profile."
+        loader.gate.set()
+        await send(pilot, "still there?")
+        await wait_for(pilot, lambda: len(old.calls) == 1)
+
+
+async def test_a_profile_that_downloads_asks_first_and_says_how_much(make_app: Callable[..., SpecChatApp],
+                                                                    loader: FakeLoader) -> None:
+    """F2 lists what a first use downloads; picking such a profile asks before it starts, and
+    n keeps the models loaded (a reviewer's 6.2 GB download began at once, with no way back)."""
+    from app.ui.screens.edit import ConfirmScreen
+
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await ready(pilot)
+        app.engine.downloads = lambda: {"lookup": "about 6.20 GB"}  # type: ignore[method-assign]
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: isinstance(app.screen, ProfilePicker))
+        listed = app.screen.query_one(OptionList)
+        assert "first use downloads about 6.20 GB" in str(listed.get_option("lookup").prompt)
+        assert "downloads" not in str(listed.get_option("fast").prompt)
+        listed.highlighted = 1
+        await pilot.press("enter")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        assert "lookup's first use downloads about 6.20 GB" in str(app.screen.query_one(".dialog-title").render())
+        await pilot.press("n")
+        await pilot.pause()
+        assert not app.engine.loading and app.engine.profile.name == "fast" and len(loader.backends) == 1
+        app.switch_profile("lookup")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("enter")  # Enter downloads, as the hint says
+        await wait_for(pilot, lambda: app.engine.profile.name == "lookup" and not app.engine.loading)
+        assert len(loader.backends) == 2
+
+
+async def test_a_switch_during_a_reply_says_it_stopped_the_reply(make_app: Callable[..., SpecChatApp]) -> None:
+    loader = FakeLoader(hold_after=2)
+    app = make_app(loader=loader)
+    async with app.run_test(size=(160, 48)) as pilot:
+        await ready(pilot)
+        await send_held(pilot, loader, "a long essay")
+        app.switch_profile("lookup")
+        await wait_for(pilot, lambda: not app.engine.loading and not app.conversation.generating)
+        said = [n.message for n in app._notifications]
+        assert "Stopped the reply to load lookup; ctrl+r asks again once it is ready." in said

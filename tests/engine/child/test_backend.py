@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from engine.child.backend import ProcessBackend
-from engine.errors import EngineBusyError, EngineDiedError, ModelSourceError
+from engine.errors import EngineBusyError, EngineDiedError, LoadStoppedError, ModelSourceError
 from engine.events import ChatMessage, GenerationParams
 from engine.load.loader import load_engine
 from engine.config.profiles import profile_from_sources
@@ -124,3 +124,32 @@ def test_a_killed_child_ends_the_reply_with_an_engine_error(talker, tmp_path: Pa
         assert not backend.alive  # the app loads the profile again (app.ui.app.SpecChatApp.on_reply_finished)
     finally:
         backend.close()
+
+
+@pytest.mark.skipif(not hasattr(os, "killpg"), reason="process groups")
+def test_a_stopped_load_ends_the_child_and_what_it_started(talker) -> None:
+    """Esc during a load (app.ui.loading): the child and its process group (a download's pip, here a
+    `sleep` put in that group) end at once, and the load raises LoadStoppedError naming the profile."""
+    import multiprocessing
+    import subprocess
+
+    stop = threading.Event()
+    started: list[subprocess.Popen[bytes]] = []
+    before = {p.pid for p in multiprocessing.active_children()}  # the module's backend has a child too
+
+    def progress(stage: str, fraction: float | None) -> None:
+        if started:
+            return
+        child = next(p for p in multiprocessing.active_children()
+                     if p.name.startswith("specchat-engine-") and p.pid not in before)
+        assert child.pid is not None and os.getpgid(child.pid) == child.pid  # a group of its own
+        group = child.pid
+        started.append(subprocess.Popen(["sleep", "300"], preexec_fn=lambda: os.setpgid(0, group)))
+        stop.set()
+
+    t0 = time.monotonic()
+    with pytest.raises(LoadStoppedError, match="Stopped loading cli"):
+        ProcessBackend.start(profile_from_sources(str(talker)), None, progress, threads=1, stop=stop)
+    assert time.monotonic() - t0 < 30
+    assert started and started[0].wait(timeout=10) == -signal.SIGKILL
+    assert not [p for p in multiprocessing.active_children() if p.pid not in before]
