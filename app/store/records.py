@@ -82,6 +82,14 @@ class MessageRecord:
     """Replaced by an edited prompt: shown dimmed, left out of what the model reads."""
 
 
+def answered_again(records: Sequence[MessageRecord], i: int) -> bool:
+    """Whether ``records[i]`` is an earlier version: marked superseded (an edited prompt's exchange),
+    or a reply whose prompt was answered again (ctrl+r: the next record is a reply too). The screen
+    and the export both read a saved chat so."""
+    rec = records[i]
+    return rec.superseded or (rec.role == "assistant" and i + 1 < len(records) and records[i + 1].role == "assistant")
+
+
 CHAT_COLUMNS = ("c.id, c.title, c.profile, c.system_prompt, c.created, c.updated,"
                 " (SELECT count(*) FROM messages m WHERE m.chat_id = c.id), c.sampling")
 """A :class:`ChatRecord`'s fields, in order, from ``chats c`` (read by :func:`chat_from_row`)."""

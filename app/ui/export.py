@@ -12,6 +12,7 @@ from typing import Any
 from app.ui.formatting import fmt_float, fmt_percent, fmt_rate, modes_label, speedup_figure
 from app.ui.sampling import ChatSampling
 from app.store.history import History, HistoryError
+from app.store.records import answered_again
 from app.store.paths import data_dir, ensure_private_dir
 from app.ui.screens.edit import EditScreen
 from engine.text_safety import inert
@@ -64,9 +65,10 @@ def chat_markdown(history: History, chat_id: int) -> str:
         lines.append(f"- Sampling: {sampling}")
     if chat.system_prompt:
         lines += ["", "## System prompt (the chat's as it is now)", "", chat.system_prompt]
-    for msg in history.messages(chat_id):
+    records = history.messages(chat_id)
+    for i, msg in enumerate(records):
         earlier = (" · earlier reply, answered again below" if msg.role == "assistant" else
-                   " · edited, asked again below") if msg.superseded else ""
+                   " · edited, asked again below") if answered_again(records, i) else ""
         lines += ["", f"## {msg.role.capitalize()}" + (f" ({msg.profile})" if msg.role == "assistant" and msg.profile else "")
                   + earlier, ""]
         lines.append(msg.content)

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 
 from textual.widget import Widget
 
+from app.store.records import answered_again
 from app.ui.widgets.chat_view import AssistantMessage, UserMessage
 
 if TYPE_CHECKING:
@@ -52,8 +53,7 @@ def widgets_for(records: Sequence["MessageRecord"], show_sources: bool) -> list[
                                       show_sources=show_sources)
         else:
             continue
-        if rec.superseded or (rec.role == "assistant" and i + 1 < len(records)
-                              and records[i + 1].role == "assistant"):
+        if answered_again(records, i):
             widget.set_superseded()
         widgets.append(widget)
     return widgets

@@ -111,3 +111,17 @@ def test_export_marks_replies_answered_again_and_names_the_chats_sampling(specch
     assert "## Assistant (fast) · earlier reply, answered again below\n\nred" in text
     assert "## Assistant (fast)\n\nblue" in text and text.count("earlier reply") == 1
     assert "## System prompt (the chat's as it is now)\n\nBe brief." in text
+
+
+def test_export_marks_a_reply_answered_again_as_ctrl_r_saves_it(specchat_dirs: Path) -> None:
+    """ctrl+r saves a second reply after the first without marking the first (the screen reads two
+    replies in a row as one answered again): the export reads them the same way (a reviewer's
+    export showed two plain replies back to back)."""
+    history = History.open()
+    chat = history.create_chat("Cats", "fast", None)
+    history.add_message(chat, "user", "three names for a cat", profile="fast")
+    history.add_message(chat, "assistant", "Tom", profile="fast", finish_reason="eos")
+    history.add_message(chat, "assistant", "Felix", profile="fast", finish_reason="eos")
+    text = export_chat(history, chat).read_text()
+    assert "## Assistant (fast) · earlier reply, answered again below\n\nTom" in text
+    assert "## Assistant (fast)\n\nFelix" in text and text.count("earlier reply") == 1
