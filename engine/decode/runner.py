@@ -225,7 +225,7 @@ class ModelRunner:
                 if self._lean is not None:
                     watchers = _PASS_WATCHERS.get(self.model)
                     start = self.device.now() if watchers else 0.0
-                    logits = self._lean_pass(input_ids, keep, row_exact=logits_to_keep > 0)
+                    logits = self._lean_pass(input_ids, keep, row_exact=logits_to_keep > 0 or self._lean.prompt_row_exact)
                     for watch in watchers or ():
                         watch(len(new_ids), self.device.now() - start)
                 else:
@@ -248,7 +248,9 @@ class ModelRunner:
 
     def _lean_pass(self, input_ids: torch.Tensor, keep: int, row_exact: bool) -> torch.Tensor:
         """Logits ``[1, keep, V]`` of ``input_ids`` ``[1, T]`` on the lean path: the captured pass
-        where there is one for this shape (the cache advanced here), else the eager one."""
+        where there is one for this shape (the cache advanced here), else the eager one, row by
+        row where ``row_exact`` (a pass whose logits are read; a prompt's pieces where that makes
+        the cache independent of where a piece began: :attr:`~engine.model.lean.LeanForward.prompt_row_exact`)."""
         if isinstance(self.cache, StaticKV):
             assert self._lean is not None
             if len(self) + int(input_ids.shape[1]) > self.cache.window:  # a card would fail inside a kernel

@@ -151,6 +151,14 @@ class LeanForward:
         """Every projection is tensors (dense, or torch's int4 kernel): what ``torch.compile`` traces
         whole; bitsandbytes' layers and specchat's CPU kernel are calls it would break at."""
         self.rows_pay = rows_pay(itertools.chain(model.parameters(), model.buffers()))
+        self.prompt_row_exact = self.rows_pay and not any(isinstance(m, nn.Linear) for m in inner.layers.modules())
+        """A prompt's pieces are read row by row too: on the CPU with every layer's products on an int4
+        kernel (batch-invariant), so a position's keys and values never depend on where its piece began.
+        The app's engine reads a new chat's prompt past the template tokens it shares with the chat
+        before, in other pieces than a cold read (``specchat generate``): pocket's greedy replies parted
+        on 4 of 11 prompts when a cold read's first piece took SDPA's causal kernel. Free on specchat's
+        kernels (its attention step is row-exact anyway); dense fp32 products differ by row count, so
+        there it would buy nothing."""
         self.native_attention = (self.rows_pay and self.embed.dtype == torch.float32
                                  and all(layer.folded for layer in self.layers)
                                  and cpu_attention.available(self.n_heads, self.n_kv, self.head_dim))

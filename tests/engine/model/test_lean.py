@@ -237,3 +237,27 @@ def test_a_prompt_is_read_the_same_way_whether_or_not_it_can_be_stopped(int4: bo
         assert runner.ids == prompt[:-1]
         logits.append(runner.forward(prompt[-1:]))
     assert torch.equal(logits[0], logits[1])
+
+
+@pytest.mark.parametrize("shared", [0, 7, 40])
+def test_a_prompt_is_read_the_same_way_whatever_the_engine_read_before(shared: int, int4_kernel: str) -> None:
+    """The app keeps one engine a session: a new chat's prompt shares the chat template's first
+    tokens with the chat before, so its reading starts past them, in other pieces than a cold read
+    (``specchat generate``). Every prompt position must come out the same either way, or the app's
+    greedy (and seeded) replies part from generate's and the bench's: pocket's did on 4 of 11
+    prompts (a reviewer's; the first piece of a cold read took SDPA's causal kernel)."""
+    from engine.decode.runner import PREFILL_PIECE
+
+    model = _model("llama")
+    quantize_model(model, group_size=32)
+    gen = torch.Generator().manual_seed(11)
+    prompt = torch.randint(0, 96, (2 * PREFILL_PIECE + 9,), generator=gen).tolist()
+    earlier = prompt[:shared] + torch.randint(0, 96, (PREFILL_PIECE + 3,), generator=gen).tolist()
+    cold = ModelRunner(model, Device(torch.device("cpu")))
+    cold.catch_up(prompt)
+    warm = ModelRunner(model, Device(torch.device("cpu")))
+    warm.catch_up(earlier)
+    warm.forward(earlier[-1:])  # the earlier chat's last prompt token, read as a reply's first step
+    warm.catch_up(prompt)
+    assert warm.ids == cold.ids == prompt[:-1]
+    assert torch.equal(warm.forward(prompt[-1:]), cold.forward(prompt[-1:]))
