@@ -187,7 +187,7 @@ class SpecDecoder(DeviceRounds):
         self.costs.new_reply()
         generator = make_randomness(params.sampling, len(seq), self.target.vocab_size, self.device)
         drafter_name = self.drafter.name if self.drafter is not None else "none"
-        stats = ReplyTally(self.mode, drafter_name, params.k is None, self.costs)
+        stats = ReplyTally(self.mode, drafter_name, params.k is None and self.mode != "plain", self.costs)
         stats.speculation_off_reason = self.plain_reason
         stats.speculation_off_detail = self.off_detail if self.fallback_reason is None else None
         start = self.device.mark()

@@ -198,6 +198,7 @@ def test_plain_mode_is_k_zero_through_the_same_loop(target) -> None:
     assert stats.mode == "plain"
     assert stats.proposed == 0 and stats.alpha is None
     assert stats.tau == 1.0 and stats.target_passes == 10
+    assert stats.k == 0 and not stats.adaptive  # no K schedule ran (generate --json said "adaptive": true)
     assert all(e.sources == ("target",) for e in events)
     assert stats.speedup is None and stats.speedup_note == "decoded plainly"  # nothing to show "× vs plain"
     assert stats.plain_tokens_per_s is not None
