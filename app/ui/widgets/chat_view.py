@@ -38,12 +38,12 @@ SOURCE_LABELS = {"draft": "draft accepted", "chat": "copied from chat", "history
                  "target": "target produced"}
 
 
-def legend(sources: Iterable[str] = ("draft", "target")) -> Content:
+def legend(sources: Iterable[str] = ("draft", "target"), *, one_line: bool = False) -> Content:
     """The colour view's legend for ``sources`` (those the loaded drafter can produce, see
     :func:`drafted_sources`): on one line for two, one a line for more (a narrow panel
-    would otherwise wrap inside a label)."""
+    would otherwise wrap inside a label); ``one_line`` (the one-line HUD's): always on one."""
     sources = tuple(sources)
-    gap = "  " if len(sources) <= 2 else "\n"
+    gap = "  " if len(sources) <= 2 or one_line else "\n"
     parts: list[tuple[str, str] | str] = []
     for source in sources:
         if parts:

@@ -229,7 +229,7 @@ class Hud(VerticalScroll):
         self._dirty = False
         line = status_line(self)
         if self.has_class("-legend"):  # the colour view (F4): its legend first, where the line is never cut
-            line = Content.assemble(self._legend(), "  ", line)
+            line = Content.assemble(self._legend(one_line=True), "  ", line)
         self._show("#hud-line", line)
         self._show("#hud-engine", self._engine_content())
         self._show("#hud-legend", self._legend())
@@ -297,11 +297,12 @@ class Hud(VerticalScroll):
             drafter = "ngram"
         return drafted_sources(drafter, self.profile.lookup and drafter == "model")
 
-    def _legend(self) -> Content:
+    def _legend(self, one_line: bool = False) -> Content:
         """The colour view's legend: what the loaded drafter produces and what the chat on
-        screen holds, in the colours' order."""
+        screen holds, in the colours' order (``one_line``: for the one-line HUD, whose second
+        line would not show: a suffix profile's three entries left only the first there)."""
         shown = set(self._drafted()) | self.seen_sources
-        return legend(s for s in PIECE_SOURCES if s in shown)
+        return legend((s for s in PIECE_SOURCES if s in shown), one_line=one_line)
 
     def _engine_content(self) -> Content:
         if hud_server.is_server(self.profile):

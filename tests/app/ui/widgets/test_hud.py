@@ -274,3 +274,18 @@ async def test_the_legend_follows_the_drafter_that_loaded_and_the_colours_on_scr
         hud.set_seen_sources(())
         hud.flush()
         assert shown(hud, "legend") == " copied from chat    target produced "
+
+
+async def test_the_one_line_hud_keeps_a_suffix_profiles_legend_on_its_line() -> None:
+    """F4 on the one-line HUD (80 columns, or F6) with three legend entries: the line held only
+    its first entry, the profile, mode and figures gone (a reviewer's)."""
+    suffix = replace(LOOKUP, name="suffix", drafter="suffix")
+    async with HudApp().run_test(size=(160, 10)) as pilot:
+        hud = pilot.app.query_one(Hud)
+        hud.show_engine(FakeBackend(suffix).info, suffix)
+        hud.set_class(True, "-line")
+        hud.set_class(True, "-legend")
+        hud.flush(force=True)
+        line = shown(hud, "line")
+        assert "\n" not in line
+        assert " copied from chat    from earlier chats    target produced " in line and "suffix" in line
