@@ -21,6 +21,7 @@ from textual.widgets.option_list import Option
 from app.store.history import ChatRecord, HistoryError
 from app.ui.archive import Archive
 from app.ui.export import ask_export
+from app.ui.key_order import OrderedInput
 from app.ui.screens.dialog import Dialog
 from app.ui.labels import shown_title
 from app.ui.screens.edit import ConfirmScreen, EditScreen
@@ -105,7 +106,7 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
             yield Label("Chats", classes="dialog-title")
             yield Label("Enter opens · n new · r rename · d delete · e export · Esc closes",
                         classes="dialog-hint")
-            yield Input(placeholder="/ searches titles and messages", id="chat-search")
+            yield OrderedInput(placeholder="/ searches titles and messages", id="chat-search")
             yield OptionList(id="chat-list")
         yield Footer()
 

@@ -4,8 +4,9 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Button, Input, Label, TextArea
+from textual.widgets import Button, Label, TextArea
 
+from app.ui.key_order import OrderedInput, OrderedTextArea
 from app.ui.screens.dialog import Dialog
 from engine.text_safety import inert
 
@@ -31,9 +32,9 @@ class EditScreen(Dialog["str | None"]):
             if self._hint:
                 yield Label(self._hint, classes="dialog-hint")
             if self._multiline:
-                yield TextArea(self._value, id="edit-value", soft_wrap=True)
+                yield OrderedTextArea(self._value, id="edit-value", soft_wrap=True)
             else:
-                yield Input(self._value, id="edit-value")
+                yield OrderedInput(self._value, id="edit-value")
             with Horizontal(classes="dialog-buttons"):
                 yield Button(self._save_label, variant="primary", id="save")
                 yield Button("Cancel", id="cancel")

@@ -7,6 +7,7 @@ from textual.app import ComposeResult
 from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Input, Label
 
+from app.ui.key_order import OrderedInput
 from app.ui.sampling import ChatSampling, parse_sampling
 from app.ui.screens.dialog import Dialog
 from engine.text_safety import inert
@@ -49,7 +50,7 @@ class SamplingScreen(Dialog["ChatSampling | None"]):
                 placeholder = f"profile: {defaults[name]}" if name in defaults else "none"
                 with Horizontal(classes="sampling-row"):
                     yield Label(label, classes="sampling-label")
-                    yield Input("" if value is None else f"{value:g}" if isinstance(value, float) else str(value),
+                    yield OrderedInput("" if value is None else f"{value:g}" if isinstance(value, float) else str(value),
                                 placeholder=placeholder, id=f"sampling-{name}", compact=True)
                     yield Label(help_text, classes="sampling-help")
             yield Label("", id="sampling-error", markup=False)

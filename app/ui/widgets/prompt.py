@@ -26,6 +26,7 @@ from textual.message import Message
 from textual.widget import Widget
 from textual.widgets import TextArea
 
+from app.ui.key_order import run_own_binding
 from engine.text_safety import inert
 
 NEWLINE_KEYS = ("ctrl+j", "shift+enter", "alt+enter")
@@ -97,7 +98,8 @@ class PromptArea(TextArea):
     # -- keys ----------------------------------------------------------------------
 
     async def _on_key(self, event: events.Key) -> None:
-        """Enter, newline, history and page keys, in the order they arrived."""
+        """Enter, newline, history and page keys, and the box's own editing keys (Home, ctrl+w,
+        arrows…), in the order they arrived (:mod:`app.ui.key_order`)."""
         key = event.key
         handled = True
         if key == "enter":
@@ -116,6 +118,8 @@ class PromptArea(TextArea):
             return
         if self._recall is not None and (event.is_printable or key in ("backspace", "delete")):
             self._recall = None  # editing a recalled prompt makes it a new one
+        if await run_own_binding(self, event):  # the box's editing keys: now (app.ui.key_order)
+            return
         await super()._on_key(event)
 
     def _browsing(self) -> bool:
@@ -156,14 +160,14 @@ class PromptArea(TextArea):
         self.move_cursor(self.document.end)
 
     def action_scroll_chat(self, pages: int = 1) -> None:
-        """Scroll the transcript by whole pages without leaving the box."""
+        """Scroll the transcript by whole pages without leaving the box, at once: Textual's
+        page scroll waits for the next refresh, so two pages in one read scrolled one (and
+        PageDown presses then stopped short of a streaming reply's end)."""
         target = self.scroll_target()
         if target is None:
             return
-        if pages < 0:
-            target.scroll_page_up(animate=False)
-        else:
-            target.scroll_page_down(animate=False)
+        page = target.scrollable_content_region.height
+        target.scroll_to(y=target.scroll_y + pages * page, animate=False, immediate=True)
 
     # -- prompt history --------------------------------------------------------------
 

@@ -45,6 +45,48 @@ async def test_newline_keys_in_a_burst_land_where_typed(make_app: Callable[..., 
         await wait_for(pilot, lambda: app.conversation.prompt.text == "ab\nc")
 
 
+@pytest.mark.parametrize("keys, before, after", [
+    ([("home", None), ("H", "H")], "hello", "Hhello"),
+    ([("ctrl+e", None), ("E", "E")], "hello", "helloE"),
+    ([("ctrl+u", None), *[(c, c) for c in "Zab"]], "Q", "Zab"),
+    ([("ctrl+w", None), ("W", "W")], "hello", "W"),
+    ([("left", None), ("left", None), ("X", "X")], "hello", "helXlo"),
+], ids=["home", "ctrl+e", "ctrl+u", "ctrl+w", "left"])
+async def test_editing_keys_in_a_burst_act_before_the_letters_after_them(
+        make_app: Callable[..., SpecChatApp], keys: list[tuple[str, str | None]], before: str, after: str) -> None:
+    """The box's own editing keys (Home, ctrl+e, ctrl+u, ctrl+w…) in one read with letters: the
+    letters landed first (a reviewer's `[Home "H"]` gave "helloH"), as over a laggy SSH link."""
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        prompt = app.conversation.prompt
+        prompt.focus()
+        prompt.load_text(before)
+        prompt.move_cursor(prompt.document.end)
+        await pilot.pause()
+        for key, ch in keys:
+            app.post_message(events.Key(key, ch))
+        await wait_for(pilot, lambda: prompt.text == after)
+
+
+async def test_editing_keys_in_a_burst_keep_their_order_in_a_dialogs_input(make_app: Callable[..., SpecChatApp]) -> None:
+    """F3's rename box, `ctrl+u Quick` in one read: the box was left empty (a reviewer's)."""
+    from textual.widgets import Input
+
+    from app.ui.screens.edit import EditScreen
+
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        answers: list[object] = []
+        app.push_screen(EditScreen("Rename chat", "Old title"), answers.append)
+        await wait_for(pilot, lambda: isinstance(app.focused, Input))
+        await pilot.pause()
+        for key, ch in [("ctrl+u", None), *[(c, c) for c in "Quick"], ("home", None), ("A", "A"), ("enter", "\r")]:
+            app.post_message(events.Key(key, ch))
+        await wait_for(pilot, lambda: answers == ["AQuick"])
+
+
 async def test_paste_keeps_newlines_and_does_not_send(make_app: Callable[..., SpecChatApp],
                                                       loader: FakeLoader) -> None:
     app = make_app()
