@@ -129,18 +129,42 @@ async def test_up_and_down_recall_earlier_prompts(make_app: Callable[..., SpecCh
         assert prompt.text == "second prompt!"
 
 
+async def scrolled_chat(pilot, app: SpecChatApp, prompts: int):  # type: ignore[no-untyped-def]
+    """The chat log after ``prompts`` exchanges, followed to its end."""
+    await ready(pilot)
+    for i in range(prompts):
+        await send(pilot, f"question {i}")
+        await wait_for(pilot, lambda: not app.conversation.generating)
+    log = app.conversation.chat_log
+    await wait_for(pilot, lambda: log.max_scroll_y > 0 and log.scroll_y == log.max_scroll_y)
+    return log
+
+
 async def test_page_keys_scroll_the_chat_from_the_prompt_box(make_app: Callable[..., SpecChatApp]) -> None:
     app = make_app()
     async with app.run_test(size=(100, 24)) as pilot:
-        await ready(pilot)
-        for i in range(4):
-            await send(pilot, f"question {i}")
-            await wait_for(pilot, lambda: not app.conversation.generating)
-        log = app.conversation.chat_log
-        await wait_for(pilot, lambda: log.max_scroll_y > 0 and log.scroll_y == log.max_scroll_y)
+        log = await scrolled_chat(pilot, app, 4)
         bottom = log.scroll_y
         await pilot.press("pageup")
         await wait_for(pilot, lambda: log.scroll_y < bottom)
         assert app.focused is app.conversation.prompt
         await pilot.press("pagedown")
         await wait_for(pilot, lambda: log.scroll_y == bottom)
+
+
+async def test_page_keys_in_one_read_scroll_a_page_each(make_app: Callable[..., SpecChatApp]) -> None:
+    """Two PageUps in one read scrolled one page (Textual's page scroll waits for a refresh), and
+    PageDowns then stopped short of the end (a reviewer's)."""
+    from textual import events
+
+    app = make_app()
+    async with app.run_test(size=(100, 24)) as pilot:
+        log = await scrolled_chat(pilot, app, 8)
+        bottom, page = log.scroll_y, log.scrollable_content_region.height
+        assert bottom >= 2 * page
+        for _ in range(2):
+            app.post_message(events.Key("pageup", None))
+        await wait_for(pilot, lambda: log.scroll_y == bottom - 2 * page)
+        for _ in range(3):
+            app.post_message(events.Key("pagedown", None))
+        await wait_for(pilot, lambda: log.scroll_y == log.max_scroll_y)
