@@ -55,7 +55,7 @@ def preview(text: str, width: int = 60) -> str:
 
 def copy_choices(messages: list[tuple[str, str]]) -> list[CopyChoice]:
     """What the picker offers for ``(role, text)`` messages (oldest first): the last
-    reply, then the code blocks of every reply, then every message, newest first."""
+    reply, then the code blocks of every reply, then every other message, newest first."""
     choices: list[CopyChoice] = []
     replies = [text for role, text in messages if role == "assistant" and text]
     if replies:
@@ -66,8 +66,9 @@ def copy_choices(messages: list[tuple[str, str]]) -> list[CopyChoice]:
             where = "last reply" if n == 0 else f"reply −{n}"
             choices.append(CopyChoice(f"Code · {lang or 'text'} · {lines} line{'s' if lines != 1 else ''}"
                                       f" · {where} · {preview(code, 40)}", code))
-    for role, text in reversed(messages):
-        if text:
+    last = max((i for i, (role, text) in enumerate(messages) if role == "assistant" and text), default=None)
+    for i, (role, text) in reversed(list(enumerate(messages))):
+        if text and i != last:  # the last reply is offered first already
             who = "You" if role == "user" else "Reply"
             choices.append(CopyChoice(f"{who} · {preview(text)}", text))
     return choices

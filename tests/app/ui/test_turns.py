@@ -51,7 +51,10 @@ def test_code_blocks_and_copy_choices() -> None:
     assert choices[0].text == reply and choices[0].label.startswith("Last reply")
     assert [c.text for c in choices[1:3]] == ["print('hi')\n", "ls -l\n"]
     assert "python · 1 line" in choices[1].label
-    assert [c.text for c in choices[3:]] == [reply, "show code"]
+    assert [c.text for c in choices[3:]] == ["show code"]  # the last reply once, not again as "Reply"
+    earlier = copy_choices([("user", "a"), ("assistant", "one"), ("user", "b"), ("assistant", "two")])
+    assert [c.label.split(" · ")[0] for c in earlier] == ["Last reply", "You", "Reply", "You"]
+    assert [c.text for c in earlier] == ["two", "b", "one", "a"]
     assert copy_choices([]) == []
 
 
