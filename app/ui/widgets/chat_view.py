@@ -209,8 +209,8 @@ class AssistantMessage(Vertical):
         return self.has_class("-superseded")
 
     def _footer_text(self) -> Content:
-        if self.finish_reason is None:
-            return Content("generating…")
+        if self.finish_reason is None:  # no text yet: the engine reads the prompt (a long paste: a minute on coder)
+            return Content("generating…" if self.text else "reading the prompt…")
         parts: list[str] = []
         if self.finish_reason == "cancelled":
             parts.append("■ stopped")
@@ -250,7 +250,10 @@ class AssistantMessage(Vertical):
         rounds together, as the stream would."""
         if not text:
             return
+        first = not self.text
         self.text += text
+        if first:
+            self.query_one(".reply-footer", Static).update(self._footer_text())
         extend_pieces(self.pieces, pieces)
         if self._show_sources:
             self.query_one(".sources", Static).update(pieces_content(self.pieces))

@@ -137,8 +137,10 @@ async def test_the_footer_says_how_a_reply_ended(finish_reason: str, shown: str)
 async def test_a_reply_streams_then_finishes_with_its_figures() -> None:
     reply = AssistantMessage("fast")
     async with Log(reply).run_test(size=(80, 30)) as pilot:
-        assert footer(reply) == "generating…" and reply.has_class("-streaming")
+        # before its first token the engine reads the prompt (a long paste said "generating…" a minute)
+        assert footer(reply) == "reading the prompt…" and reply.has_class("-streaming")
         await reply.append("Hello", [("Hel", "draft"), ("lo", "draft")])
+        assert footer(reply) == "generating…"
         await reply.append("", [("ignored", "target")])  # no text: nothing changes
         await reply.append(" there", [(" there", "target")])
         assert reply.text == "Hello there" and reply.pieces == [("Hello", "draft"), (" there", "target")]
