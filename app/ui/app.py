@@ -5,6 +5,8 @@ keys and their order, and the screen stack. It owns two plain objects, the
 :class:`EngineHost` (profiles and the loaded backend) and the :class:`Archive`
 (history and saver), and hands them to the Conversation, which owns the chat.
 Only the App opens dialogs; each takes its data in and answers with ``dismiss``.
+What it does with the engine host (load, switch, stop a load) is mixed in from
+:mod:`app.ui.engine_control`.
 """
 from __future__ import annotations
 
@@ -24,34 +26,31 @@ from app.ui.archive import Archive
 from app.ui.chat_dialogs import ask_edited_prompt, ask_sampling, ask_system_prompt
 from app.ui.commands import ProfileCommands, unique_commands
 from app.ui.early_stop import early_stop_driver
+from app.ui.engine_control import EngineControl
 from app.ui.export import ask_export
-from app.ui.engine_host import DRAFTING_CHARS, EngineHost, ProfileChoice, Refusal
-from app.ui.formatting import plan_lines
+from app.ui.engine_host import EngineHost, ProfileChoice, Refusal
 from app.ui.key_hold import KeyHold
 from app.ui.keys import BINDINGS, EXTRA_COMMANDS, MAIN_SCREEN_ACTIONS, KeysFooter
-from app.ui.labels import header_title
 from app.ui.loading import Loader
-from app.ui.messages import EngineFailed, EngineReady, LoadProgress, ReplyFinished
 from app.ui.notices import notice
 from app.ui.quitting import ExitOnSignals, ask_before_quit
 from app.ui.resume import remember_open_chat, reopen_last
 from app.ui.screens.chats import ChatsResult, ChatsScreen
 from app.ui.screens.copy import CopyChoice, CopyScreen, copy_choices, last_code_block, last_reply
 from app.ui.screens.dialog import AskDialog, Dialog
-from app.ui.screens.edit import ConfirmScreen
 from app.ui.screens.help import HelpScreen
 from app.ui.screens.profiles import ProfilePicker
 from app.ui.terminal_safety import SafeTerminal
 from app.ui.widgets.conversation import Conversation
 from app.ui.widgets.prompt import PromptArea
-from engine.errors import SpecChatError
 from engine.text_safety import inert
 
 if TYPE_CHECKING:
     from engine.config.profiles import ModelProfile, Profiles
 
 
-class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes shown, never obeyed
+class SpecChatApp(SafeTerminal, EngineControl, App[None]):  # SafeTerminal: titles and pastes shown, never obeyed;
+    # EngineControl: loading, switching and stopping profiles (app.ui.engine_control)
     """The chat app. ``loader`` and ``profiles_loader`` are injectable for tests."""
 
     CSS_PATH = "specchat.tcss"
@@ -329,147 +328,6 @@ class SpecChatApp(SafeTerminal, App[None]):  # SafeTerminal: titles and pastes s
     async def action_quit(self) -> None:
         """ctrl+q: quit, unless the chat would be lost (history writes failing): then ask."""
         ask_before_quit(self, self.conversation, self.archive)
-
-    # -- the engine -----------------------------------------------------------------------
-
-    def action_toggle_speculation(self) -> None:
-        if self.engine.backend is None:
-            notice(self, "No model is loaded yet.", severity="warning")
-            return
-        try:
-            was_on, info = self.engine.toggle_speculation()
-        except SpecChatError as exc:
-            notice(self, str(exc), severity="error")
-            return
-        on = self.engine.speculation_on
-        self.conversation.hud.set_speculation(not (was_on and not on))  # "switched off by you"
-        if self.engine.profile is not None:
-            self.conversation.hud.show_engine(info, self.engine.profile)
-        text, severity = self.engine.toggle_words(info)
-        notice(self, text, severity=severity)
-
-    def switch_profile(self, name: str, *, download_asked: bool = False) -> None:
-        """Load profile ``name`` in place of the current pair; the conversation continues.
-
-        A profile that cannot run here (see :mod:`engine.load.availability`) is refused
-        with its reason, and the loaded models stay. One whose models are not in the cache
-        asks first, saying how much it downloads (Esc stops the download later too). A
-        reply streaming is stopped, and said to be.
-        """
-        target = self.engine.switch_target(name)
-        if isinstance(target, Refusal):
-            notice(self, target.text, severity=target.severity, title=target.title)
-            return
-        download = None if download_asked else self.engine.downloads().get(target.name)
-        if download is not None:
-            def answered(yes: bool | None) -> None:
-                if yes:
-                    self.switch_profile(name, download_asked=True)
-
-            self.push_screen(ConfirmScreen(f"{target.name}'s first use downloads {download}. Download it now?",
-                                           enter_confirms=True,
-                                           hint="y or Enter downloads (Esc stops it later too) · n or Esc cancels"),
-                             answered)
-            return
-        if self.conversation.generating:
-            notice(self, f"Stopped the reply to load {target.name}; ctrl+r asks again once it is ready.")
-        self.conversation.stop_reply()
-        self._start_load(target)
-
-    def on_reply_finished(self, message: ReplyFinished) -> None:
-        """The engine's process ended under a reply (killed, crashed): load its profile again at
-        once; the chat stays, and a prompt sent meanwhile waits for the model as at start-up."""
-        profile = self.engine.profile
-        if not message.engine_died or profile is None or self.engine.loading or self.engine.backend_alive:
-            return
-        notice(self, f"Loading {profile.name} again; ctrl+r asks the last prompt again once it is ready.",
-               title="Engine stopped")
-        self._start_load(profile)
-
-    def _header(self, profile: "ModelProfile | None") -> str:
-        """The header's second part: the open chat's title, else the profile and its models (the
-        HUD names the profile either way)."""
-        if self.conversation.title and not self.conversation.private:
-            return self.conversation.title
-        return header_title(profile, self.conversation.private)
-
-    def _start_load(self, profile: "ModelProfile") -> None:
-        old, old_profile = self.engine.begin_load(profile)
-        self.sub_title = self._header(profile)
-        self.conversation.hud.show_loading(profile, old_profile.name if old_profile else None)
-        self.conversation.model_state(profile.name)
-
-        def progress(stage: str, fraction: float | None) -> None:
-            self.post_message(LoadProgress(stage, fraction))
-
-        def load() -> None:
-            self.post_message(self.engine.load(profile, old, old_profile, progress))
-
-        self.run_worker(load, thread=True, group="load", exit_on_error=False)
-
-    def on_load_progress(self, message: LoadProgress) -> None:
-        if self.engine.loading and self.screen_stack:
-            self.conversation.hud.set_loading(None, message.stage, message.fraction)
-
-    def on_engine_ready(self, message: EngineReady) -> None:
-        from engine.child.backend import ProcessBackend
-        from engine.child.launcher import lower_priority_except_launcher
-        from app.ui.loading import key_threads, ui_nice
-
-        if not self.screen_stack:  # loaded while the app was closing: nobody will use it
-            message.backend.close()
-            return
-        if isinstance(message.backend, ProcessBackend) and ui_nice() > 0:
-            lower_priority_except_launcher(ui_nice(), keep=key_threads())  # the engine first (see UI_NICE)
-        self.engine.ready(message.backend, message.profile)
-        info = message.backend.info
-        self.conversation.hud.show_engine(info, message.profile, fresh=True)
-        self.conversation.model_state(None)
-        self.conversation.profile_changed(message.profile.name)
-        self._teach_drafter()
-        summary = plan_lines(info.plan)
-        notice(self, f"{message.profile.name} ready" + (f": {summary[0]}" if summary else "."), title="Loaded")
-        if info.fallback_reason:
-            notice(self, f"Running without the draft model: {info.fallback_reason}", severity="warning",
-                   title="Draft refused")
-        self.conversation.send_queued()
-
-    def _teach_drafter(self) -> None:
-        """A suffix-drafting profile drafts from earlier chats: hand it the history as it is now
-        (read here, where the database lives; tokenized and indexed in a worker)."""
-        history = self.archive.history
-        if self.engine.drafts_from_history and history is not None:
-            texts = self.archive.db(history.drafting_texts, DRAFTING_CHARS) or []
-
-            def learn() -> None:
-                failed = self.engine.learn(texts)
-                if failed:
-                    self.call_from_thread(notice, self, failed, severity="warning", title="Suffix drafter")
-
-            self.run_worker(learn, thread=True, group="learn", exit_on_error=False)
-
-    def on_engine_failed(self, message: EngineFailed) -> None:
-        self.engine.failed(message.restored)
-        if not self.screen_stack:
-            return
-        title = "Loading stopped" if message.stopped else f"Could not load {message.profile_name or 'profile'}"
-        severity = "information" if message.stopped else "error"
-        self.conversation.model_state(None, loaded=message.restored is not None)
-        if message.restored is not None:
-            backend, profile = message.restored
-            self.sub_title = self._header(profile)
-            self.conversation.hud.show_engine(backend.info, profile)
-            notice(self, f"{message.error}\nStill using {profile.name}; F2 picks another profile.",
-                   severity=severity, title=title)
-        else:
-            self.conversation.hud.show_failed(message.error)
-            notice(self, f"{message.error}\nNo model is loaded: F2 picks another profile.", severity=severity,
-                   title=title)
-        waiting = self.conversation.drop_queued()
-        if waiting:
-            notice(self, f"{'Your prompt' if waiting == 1 else f'Your {waiting} prompts'} waiting for "
-                         f"{message.profile_name or 'the model'} {'is' if waiting == 1 else 'are'} back in the box, "
-                         "not sent.", severity="warning")
 
     def on_unmount(self) -> None:
         self.signals.remove()

@@ -121,7 +121,7 @@ def test_a_killed_child_ends_the_reply_with_an_engine_error(talker, tmp_path: Pa
         os.kill(backend.pid, signal.SIGKILL)
         with pytest.raises(EngineDiedError, match="engine process was killed"):
             list(backend.chat(MESSAGES, PARAMS))
-        assert not backend.alive  # the app loads the profile again (app.ui.app.SpecChatApp.on_reply_finished)
+        assert not backend.alive  # the app loads the profile again (app.ui.engine_control.EngineControl.on_reply_finished)
     finally:
         backend.close()
 
