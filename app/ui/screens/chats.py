@@ -8,6 +8,7 @@ goes to the list.
 from __future__ import annotations
 
 import time
+from typing import cast
 
 from textual.app import ComposeResult
 from textual.actions import SkipAction
@@ -22,7 +23,7 @@ from app.store.history import ChatRecord, HistoryError
 from app.ui.archive import Archive
 from app.ui.export import ask_export
 from app.ui.key_order import OrderedInput
-from app.ui.screens.dialog import Dialog
+from app.ui.screens.dialog import Dialog, HoldsKeys
 from app.ui.labels import shown_title
 from app.ui.screens.edit import ConfirmScreen, EditScreen
 from engine.text_safety import inert
@@ -146,8 +147,12 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
         self._reload()
 
     def action_search(self) -> None:
+        """/ or ctrl+f: into the search box, holding the keys typed after it until the box has the
+        focus: the letters of `/ dye` in one read reached the list's d (delete) and y (yes) first."""
         self._typing()
+        release = cast(HoldsKeys, self.app).key_hold.hold()
         self.query_one("#chat-search", Input).focus()
+        self.app.call_later(release)  # after the focus, which Textual sets from the app's queue
 
     def action_to_list(self) -> None:
         if isinstance(self.focused, Input):

@@ -162,3 +162,32 @@ async def test_a_title_of_100k_characters_is_one_cut_line_in_the_list_the_header
         await pilot.press("enter")
         await wait_for(pilot, lambda: app.conversation.chat_id == huge)
         assert len(app.sub_title) <= 160 and "\n" not in app.sub_title
+
+
+async def test_slash_and_the_letters_after_it_in_one_read_are_the_search_not_commands(
+        make_app: Callable[..., SpecChatApp]) -> None:
+    """`/ d y e` in one read: d opened the delete question and y confirmed it, deleting the open
+    chat (a hostile reviewer's); `/ n o t e s` started a new chat. The letters are the search."""
+    from textual import events
+
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert app.archive.history is not None
+        fill(app.archive.history)
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen))
+        screen = app.screen
+        await pilot.pause(0.2)
+        for name, ch in [("slash", "/"), *[(c, c) for c in "dye"]]:
+            app.post_message(events.Key(name, ch))
+        await wait_for(pilot, lambda: screen.query_one(Input).value == "dye")
+        await pilot.pause(0.2)
+        assert app.screen is screen and len(app.archive.history.list_chats()) == len(CHATS)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, ChatsScreen))
+        for name, ch in [("f3", None), ("slash", "/"), *[(c, c) for c in "notes"]]:  # F3 too, in the same read
+            app.post_message(events.Key(name, ch))
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen)
+                       and app.screen.query_one(Input).value == "notes")
+        assert app.conversation.prompt.text == ""
