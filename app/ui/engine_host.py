@@ -74,6 +74,8 @@ class EngineHost:
         self._cuda: bool | None = None
         self._stop_load = threading.Event()
         """Set by :meth:`stop_loading`: the load under way gives up (a fresh one for each load)."""
+        self._replaced: ChatBackend | None = None
+        """The backend a load under way replaces (closed by the load, or kept if it fails): closed on exit."""
 
     def _load_profiles_file(self) -> "Profiles":
         from engine.config.models_file import load_profiles
@@ -174,6 +176,7 @@ class EngineHost:
         self.profile = profile
         self.loading = True
         self._stop_load = threading.Event()
+        self._replaced = old
         return old, old_profile
 
     def stop_loading(self) -> bool:
@@ -195,6 +198,7 @@ class EngineHost:
     def ready(self, backend: ChatBackend, profile: "ModelProfile") -> None:
         """A load finished: ``backend`` serves ``profile`` with speculation on."""
         self.loading = False
+        self._replaced = None
         self.backend, self.profile = backend, profile
         self.speculation_on, self.speculation_forced = True, False
         if self.profiles is not None and profile.name in self.profiles.names():
@@ -203,6 +207,7 @@ class EngineHost:
     def failed(self, restored: "tuple[ChatBackend, ModelProfile] | None") -> None:
         """A load failed; ``restored`` is the pair still (or again) loaded, if any."""
         self.loading = False
+        self._replaced = None
         if restored is not None:
             self.backend, self.profile = restored
 
@@ -276,11 +281,15 @@ class EngineHost:
         return None
 
     def close(self) -> None:
-        """Close the backend (waiting for a reply that still holds it)."""
+        """Close the backend (waiting for a reply that still holds it); a load under way is stopped
+        first (its process and downloads end: quitting waited for a whole load, on a blank screen),
+        and the pair it was replacing is closed too."""
+        self._stop_load.set()
         with self.lock:
-            if self.backend is not None:
-                try:
-                    self.backend.close()
-                except Exception:  # exiting anyway
-                    pass
-                self.backend = None
+            for backend in (self.backend, self._replaced):
+                if backend is not None:
+                    try:
+                        backend.close()
+                    except Exception:  # exiting anyway
+                        pass
+            self.backend = self._replaced = None

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 import sqlite3
+import threading
 import time
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from app.ui.app import SpecChatApp
 from app.ui.screens.quit import QuitScreen
 from app.ui.widgets.prompt import PromptArea
+from tests.app.fakes import FakeLoader
 from tests.app.helpers import ready, send, wait_for
 
 pytestmark = pytest.mark.anyio
@@ -255,3 +257,21 @@ def test_a_signal_arms_the_last_resort_while_the_apps_loop_is_busy(monkeypatch: 
     asyncio.run(busy())
     assert seen_while_busy == [True] and app.exits == [128 + signal.SIGHUP]
     assert signal.getsignal(signal.SIGHUP) is not handler._caught  # put back
+
+
+async def test_ctrl_q_during_a_switch_stops_the_load_and_closes_both_pairs(make_app: Callable[..., SpecChatApp],
+                                                                         loader: FakeLoader) -> None:
+    """Quitting waited for the whole load on a blank screen (the host's close waited on the lock the
+    load held; a hostile reviewer's 22-27 s): the load is stopped, and the pair it replaced closed."""
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        old = app.engine.backend
+        loader.gate = threading.Event()  # never set: a load that would take its whole 10 s
+        app.switch_profile("lookup")
+        await wait_for(pilot, lambda: app.engine.loading)
+        t0 = time.monotonic()
+        await pilot.press("ctrl+q")
+        await wait_for(pilot, lambda: app.return_code is not None)
+    assert time.monotonic() - t0 < 5
+    assert old.closed and len(loader.backends) == 1
