@@ -73,6 +73,29 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
+PARENT_CHECK_S = 1.0
+"""How often the child looks whether the app that started it still lives (seconds)."""
+
+
+def own_group_ending_with_parent(check_s: float = PARENT_CHECK_S) -> None:
+    """Make this process a process group of its own, so a stopped load kills what it started with
+    it (a download's pip: :meth:`engine.child.backend.ProcessBackend._kill`), and end that group when
+    the parent ends. A group of its own no longer gets the terminal's SIGHUP, and a child busy
+    loading reads no pipe that would tell it: a terminal closed during a load left it downloading
+    on its own. A daemon thread looks every ``check_s``; POSIX only (elsewhere: nothing)."""
+    if not hasattr(os, "setpgid"):
+        return
+    os.setpgid(0, 0)
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(check_s)
+        os.killpg(0, signal.SIGKILL)
+
+    threading.Thread(target=watch, name="parent-watch", daemon=True).start()
+
+
 def serve(conn: Connection, control: Connection, cancel: "ProcessEvent", profile: "ModelProfile",
           memory_budget: int | None, log: Path | None, threads: int | None = None,
           yield_until: Any = None) -> None:
@@ -83,8 +106,7 @@ def serve(conn: Connection, control: Connection, cancel: "ProcessEvent", profile
     ``time.monotonic()`` deadline before which each round runs on one thread fewer
     (:meth:`~engine.child.backend.ProcessBackend.yield_to_ui`)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides when the engine stops
-    if hasattr(os, "setpgid"):  # a group of its own: a stopped load ends its downloads (pip) with it
-        os.setpgid(0, 0)
+    own_group_ending_with_parent()
     if threads is not None:
         import torch
 

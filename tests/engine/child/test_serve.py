@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 import sys
 import threading
@@ -230,3 +231,40 @@ def test_rounds_go_out_together_the_first_and_the_last_at_once() -> None:
     assert [e.text for m in pipe.sent for e in m.events] == texts
     batch.add(replace(event("note"), notice="draft dropped"), now=200.0)
     assert pipe.sent[-1].events[-1].notice == "draft dropped"  # a notice is not kept waiting
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="process states read from /proc")
+def test_the_childs_group_ends_when_its_parent_is_killed(tmp_path) -> None:
+    """A terminal closed during a load killed the app but left its engine child, in a process group
+    of its own, downloading on its own (a hostile reviewer's). The child's watch ends its group."""
+    import time
+
+    root = Path(__file__).resolve().parents[3]
+    pids = tmp_path / "pids"
+    child = ("import os, sys, subprocess, time; sys.path.insert(0, %r)\n"
+             "from engine.child.serve import own_group_ending_with_parent\n"
+             "own_group_ending_with_parent(0.1)\n"
+             "grandchild = subprocess.Popen(['sleep', '300'])\n"
+             "open(%r, 'w').write(f'{os.getpid()} {grandchild.pid}')\n"
+             "time.sleep(300)\n") % (str(root), str(pids))
+    parent = subprocess.Popen([sys.executable, "-c", f"import subprocess, sys, time; "
+                               f"subprocess.Popen([sys.executable, '-c', {child!r}]); time.sleep(300)"])
+    try:
+        deadline = time.monotonic() + 30
+        while not (pids.exists() and len(pids.read_text().split()) == 2) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        engine, download = map(int, pids.read_text().split())
+        assert os.getpgid(engine) == engine and os.getpgid(download) == engine
+        parent.kill()
+        parent.wait()
+        deadline = time.monotonic() + 10
+        def alive(pid: int) -> bool:  # a zombie (killed, not yet reaped by whoever adopted it) is dead
+            try:
+                return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+            except (FileNotFoundError, ProcessLookupError):
+                return False
+        while (alive(engine) or alive(download)) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not alive(engine) and not alive(download)
+    finally:
+        parent.kill()
