@@ -194,7 +194,8 @@ class SpecChatApp(SafeTerminal, EngineControl, App[None]):  # SafeTerminal: titl
             if name:
                 self.switch_profile(name)
 
-        self.push_screen(ProfilePicker(engine.profiles, engine.profile.name if engine.profile else None,
+        answering = engine.profile.name if engine.profile is not None and engine.backend_alive else None
+        self.push_screen(ProfilePicker(engine.profiles, answering,  # "● current": loaded, not loading
                                        engine.unavailable_profiles(), engine.downloads()), picked)
 
     def action_stop(self) -> None:

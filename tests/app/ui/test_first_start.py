@@ -6,6 +6,7 @@ import threading
 from collections.abc import Callable
 
 import pytest
+from textual.widgets import OptionList
 
 from app.ui.app import SpecChatApp
 from app.ui.widgets.chat_view import UserMessage
@@ -83,3 +84,7 @@ async def test_esc_stops_the_first_load_and_says_nothing_is_loaded(make_app: Cal
         assert notes["Loading stopped"].startswith("Stopped loading fast.")
         assert any("back in the box, not sent" in n.message for n in app._notifications)
         assert app.conversation.prompt.placeholder.startswith("No model is loaded")
+        await pilot.press("f2")  # nothing is loaded: no profile is marked current (fast was, after the stop)
+        await wait_for(pilot, lambda: len(app.screen_stack) == 2)
+        listed = app.screen.query_one(OptionList)
+        assert not any("current" in str(listed.get_option_at_index(i).prompt) for i in range(listed.option_count))
