@@ -99,6 +99,7 @@ class EngineControl:
         self.sub_title = self._header(profile)
         self.conversation.hud.show_loading(profile, old_profile.name if old_profile else None)
         self.conversation.model_state(profile.name)
+        self.refresh_bindings()  # Esc stops the load now: the footer says so (and stops saying it after)
 
         def progress(stage: str, fraction: float | None) -> None:
             self.post_message(LoadProgress(stage, fraction))
@@ -123,6 +124,7 @@ class EngineControl:
         if isinstance(message.backend, ProcessBackend) and ui_nice() > 0:
             lower_priority_except_launcher(ui_nice(), keep=key_threads())  # the engine first (see UI_NICE)
         self.engine.ready(message.backend, message.profile)
+        self.refresh_bindings()
         info = message.backend.info
         self.conversation.hud.show_engine(info, message.profile, fresh=True)
         self.conversation.model_state(None)
@@ -153,6 +155,7 @@ class EngineControl:
         self.engine.failed(message.restored)
         if not self.screen_stack:
             return
+        self.refresh_bindings()
         title = "Loading stopped" if message.stopped else f"Could not load {message.profile_name or 'profile'}"
         severity = "information" if message.stopped else "error"
         self.conversation.model_state(None, loaded=message.restored is not None)

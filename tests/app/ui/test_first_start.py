@@ -75,6 +75,8 @@ async def test_esc_stops_the_first_load_and_says_nothing_is_loaded(make_app: Cal
         await wait_for(pilot, lambda: app.engine.loading)
         assert "Esc stops loading" in app.conversation.prompt.placeholder
         await send(pilot, "hello while loading")
+        await pilot.pause()
+        assert "Stop" in footer_keys(app)  # the footer says Esc stops the load...
         await pilot.press("escape")
         await wait_for(pilot, lambda: not app.engine.loading)
         await pilot.pause()
@@ -84,7 +86,29 @@ async def test_esc_stops_the_first_load_and_says_nothing_is_loaded(make_app: Cal
         assert notes["Loading stopped"].startswith("Stopped loading fast.")
         assert any("back in the box, not sent" in n.message for n in app._notifications)
         assert app.conversation.prompt.placeholder.startswith("No model is loaded")
+        assert "Stop" not in footer_keys(app)  # ...and no longer once nothing loads (it stayed after a load)
         await pilot.press("f2")  # nothing is loaded: no profile is marked current (fast was, after the stop)
         await wait_for(pilot, lambda: len(app.screen_stack) == 2)
         listed = app.screen.query_one(OptionList)
         assert not any("current" in str(listed.get_option_at_index(i).prompt) for i in range(listed.option_count))
+
+
+def footer_keys(app: SpecChatApp) -> str:
+    """The footer's keys as shown."""
+    from textual.widgets import Footer
+
+    return " ".join(str(key.render()) for key in app.query_one(Footer).query("FooterKey"))
+
+
+async def test_the_footer_offers_esc_only_while_something_can_be_stopped(make_app: Callable[..., SpecChatApp],
+                                                                        loader: FakeLoader) -> None:
+    loader.gate = threading.Event()
+    app = make_app()
+    async with app.run_test(size=(160, 24)) as pilot:
+        await wait_for(pilot, lambda: app.engine.loading)
+        await pilot.pause()
+        assert "Stop" in footer_keys(app)
+        loader.gate.set()
+        await ready(pilot)
+        await pilot.pause()
+        assert "Stop" not in footer_keys(app)  # the first load ended: Esc had been offered still
