@@ -199,7 +199,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     from engine.load.availability import cuda_present, unavailable_reason
     from engine.config.models_file import load_profiles, user_models_file
 
-    from engine.fetch.inventory import to_download
+    from engine.fetch.inventory import local_specs, to_download
     from engine.fetch.sources import missing_local
     from engine.load.loader import profile_device_choice
     from engine.model.card_plan import profile_card_plans
@@ -210,8 +210,6 @@ def cmd_profiles(args: argparse.Namespace) -> int:
     for name in profiles.names():
         p = profiles.get(name)
         why_not = unavailable_reason(p, cuda=cuda)
-        specs = [s for s in (p.target, p.draft) if s is not None and p.backend == "local"]
-        by_source = {s.source: s for s in sorted(specs, key=lambda s: s.download_size or 0)}  # one per file
         fetch = to_download(p)
         device, device_reason = profile_device_choice(p) if p.backend == "local" else (None, None)
         cards = profile_card_plans(p)
@@ -230,7 +228,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
             "available": why_not is None,
             "unavailable_reason": why_not,
             "to_download": list(fetch.sources),
-            "missing_files": [str(path) for path in map(missing_local, by_source.values()) if path is not None],
+            "missing_files": [str(path) for path in map(missing_local, local_specs(p)) if path is not None],
             "download_bytes": fetch.bytes,
             "download_words": fetch.words() if fetch.sources else None,
             "device": p.device,

@@ -61,7 +61,7 @@ class EngineControl:
         if isinstance(target, Refusal):
             notice(self, target.text, severity=target.severity, title=target.title)
             return
-        download = None if download_asked else self.engine.downloads().get(target.name)
+        download = None if download_asked else self.engine.download_of(target)
         if download is not None:
             def answered(yes: bool | None) -> None:
                 if yes:

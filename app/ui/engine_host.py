@@ -127,15 +127,23 @@ class EngineHost:
         reasons = {name: unavailable_reason(self.profiles.get(name), cuda=self._cuda) for name in self.profiles.names()}
         return {name: why for name, why in reasons.items() if why}
 
-    def downloads(self) -> dict[str, str]:
-        """Profile name -> what its first load downloads (``about 6.20 GB``), for those not in the cache
-        (none with a loader other than :func:`~app.ui.loading.default_loader`: the cache is that one's)."""
-        if self.profiles is None or self.loader is not default_loader:
-            return {}
+    def download_of(self, profile: "ModelProfile") -> str | None:
+        """What ``profile``'s first load downloads (``about 6.20 GB``), None when its models are in the
+        cache (always None with a loader other than :func:`~app.ui.loading.default_loader`: the cache
+        is that one's)."""
+        if self.loader is not default_loader:
+            return None
         from engine.fetch.inventory import to_download
 
-        fetch = {name: to_download(self.profiles.get(name)) for name in self.profiles.names()}
-        return {name: f.words() for name, f in fetch.items() if f.sources}
+        fetch = to_download(profile)
+        return fetch.words() if fetch.sources else None
+
+    def downloads(self) -> dict[str, str]:
+        """Profile name -> :meth:`download_of`, for the profiles not in the cache."""
+        if self.profiles is None:
+            return {}
+        found = {name: self.download_of(self.profiles.get(name)) for name in self.profiles.names()}
+        return {name: words for name, words in found.items() if words is not None}
 
     def switch_target(self, name: str) -> "ModelProfile | Refusal":
         """The profile ``name`` if a switch to it may start now, else why not."""

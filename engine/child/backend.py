@@ -141,7 +141,7 @@ class ProcessBackend:
                 else:
                     raise _error(message)
         except LoadStoppedError:
-            backend._kill()
+            backend._stop(wait_s=0)
             raise LoadStoppedError(f"Stopped loading {profile.name}.") from None
         except BaseException:
             backend._stop()
@@ -252,25 +252,20 @@ class ProcessBackend:
             pass
         self._stop()
 
-    def _stop(self) -> None:
-        self._process.join(CLOSE_WAIT_S)
-        if self._process.is_alive():
-            self._process.kill()
-            self._process.join()
-        self._conn.close()
-        self._control.close()
-
-    def _kill(self) -> None:
-        """End the child at once with its process group (what it started: a download's pip)."""
+    def _stop(self, wait_s: float = CLOSE_WAIT_S) -> None:
+        """Give the child ``wait_s`` to exit, then end it with its process group (what it started:
+        a download's pip), and close the pipes."""
+        self._process.join(wait_s)
         pid = self._process.pid
-        try:
-            if pid is not None and hasattr(os, "killpg") and os.getpgid(pid) == pid:
-                os.killpg(pid, signal.SIGKILL)
-            else:
-                self._process.kill()
-        except (ProcessLookupError, PermissionError):
-            pass
-        self._process.join()
+        if self._process.is_alive() and pid is not None:
+            try:
+                if hasattr(os, "killpg") and os.getpgid(pid) == pid:
+                    os.killpg(pid, signal.SIGKILL)
+                else:
+                    self._process.kill()
+            except (ProcessLookupError, PermissionError):
+                pass
+            self._process.join()
         self._conn.close()
         self._control.close()
 

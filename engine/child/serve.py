@@ -79,7 +79,7 @@ PARENT_CHECK_S = 1.0
 
 def own_group_ending_with_parent(check_s: float = PARENT_CHECK_S) -> None:
     """Make this process a process group of its own, so a stopped load kills what it started with
-    it (a download's pip: :meth:`engine.child.backend.ProcessBackend._kill`), and end that group when
+    it (a download's pip: :meth:`engine.child.backend.ProcessBackend._stop`), and end that group when
     the parent ends. A group of its own no longer gets the terminal's SIGHUP, and a child busy
     loading reads no pipe that would tell it: a terminal closed during a load left it downloading
     on its own. A daemon thread looks every ``check_s``; POSIX only (elsewhere: nothing)."""

@@ -73,13 +73,18 @@ class ToDownload:
         return (f"about {n / 1e9:.2f} GB" if n >= 1e9 else f"about {n / 1e6:.0f} MB") if n else "its models"
 
 
+def local_specs(profile: ModelProfile) -> list[ModelSpec]:
+    """The models loading ``profile`` here reads, one per source (where target and draft share a file,
+    the spec with the larger ``download_size``); none for a server profile."""
+    specs = [s for s in (profile.target, profile.draft) if s is not None and profile.backend == "local"]
+    return list({s.source: s for s in sorted(specs, key=lambda s: s.download_size or 0)}.values())
+
+
 def to_download(profile: ModelProfile) -> ToDownload:
     """What loading ``profile`` here would download first (nothing for a server profile)."""
     from engine.fetch.sources import in_hub_cache, is_fetched
 
-    specs = [s for s in (profile.target, profile.draft) if s is not None and profile.backend == "local"]
-    by_source = {s.source: s for s in sorted(specs, key=lambda s: s.download_size or 0)}  # one per file
-    missing = [s for s in by_source.values() if is_fetched(s) is False or in_hub_cache(s) is False]
+    missing = [s for s in local_specs(profile) if is_fetched(s) is False or in_hub_cache(s) is False]
     known = bool(missing) and all(s.download_size for s in missing)
     return ToDownload(tuple(s.source for s in missing), sum(s.download_size or 0 for s in missing) if known else None)
 

@@ -188,7 +188,8 @@ async def test_a_profile_that_downloads_asks_first_and_says_how_much(make_app: C
     app = make_app()
     async with app.run_test(size=(160, 48)) as pilot:
         await ready(pilot)
-        app.engine.downloads = lambda: {"lookup": "about 6.20 GB"}  # type: ignore[method-assign]
+        app.engine.download_of = (  # type: ignore[method-assign]
+            lambda profile: "about 6.20 GB" if profile.name == "lookup" else None)
         await pilot.press("f2")
         await wait_for(pilot, lambda: isinstance(app.screen, ProfilePicker))
         listed = app.screen.query_one(OptionList)
