@@ -28,6 +28,7 @@ from typing import Any
 import torch
 from torch import nn
 
+import engine.quant.cpu_isa as cpu_isa
 import engine.quant.cpu_kernel as cpu_kernel
 import engine.quant.cpu_pack as cpu_pack
 from engine.paths import disk_full, disk_full_error, make_dir
@@ -36,9 +37,10 @@ from engine.quant.int4 import Int4Weights, QuantReport, nibble_pairs, quantize_m
 
 log = logging.getLogger(__name__)
 CACHE_VERSION = 3  # 2: two-plane (8-bit) groups; 3: Q6_K carried as 6-bit groups of 16
-_CACHE_NAME = re.compile(r"^(?P<model>.+)-(?P<key>[0-9a-f]{16})-(?P<tags>g\d+(?:-nohead)?(?:-planes)?)(?:-k(?P<layout>\d+(?:-vnni)?))?\.safetensors$")
+_CACHE_NAME = re.compile(r"^(?P<model>.+)-(?P<key>[0-9a-f]{16})-(?P<tags>g\d+(?:-nohead)?(?:-planes)?)(?:-k(?P<layout>\d+(?:-vnni)?(?:-t\d+)?))?\.safetensors$")
 """What :func:`_cache_file` names a cache: the model's directory name, the key (source, version,
-weight files), the settings, the kernel layout's version (``-vnni``: the VNNI variants' order)."""
+weight files), the settings, the kernel layout's version (``-vnni``: the VNNI variants' order, ``-t2``: Q4_K rows
+in tiles of two; :func:`engine.quant.cpu_pack.layout_tag`)."""
 
 
 def local_snapshot(location: str) -> Path | None:
@@ -132,7 +134,8 @@ def _drop_superseded(path: Path, source: str) -> list[Path]:
     name and settings under another key (an older version, weights since changed) or another
     version of the kernel's layout, written from the same source or before sources were recorded.
     Caches of other settings, of other directories, and the same key's cache for the other kernel
-    (a card's codes beside the CPU's layout) or for the other variant's order of the same layout stay.
+    (a card's codes beside the CPU's layout) or for another kernel variant this CPU runs stay (a layout no
+    variant here reads, such as an AVX-512 machine's before its Q4_K rows came in tiles, goes).
     Returns the removed."""
     from safetensors import safe_open
 
@@ -146,9 +149,8 @@ def _drop_superseded(path: Path, source: str) -> list[Path]:
             continue
         if theirs["key"] == mine["key"] and None in (theirs["layout"], mine["layout"]):
             continue
-        if (theirs["key"] == mine["key"] and theirs["layout"] != mine["layout"]
-                and theirs["layout"].split("-")[0] == mine["layout"].split("-")[0]):
-            continue  # the other kernel variant's order of the same layout (SPECCHAT_CPU_KERNEL switches back)
+        if theirs["key"] == mine["key"] and theirs["layout"] in _layouts_here():
+            continue  # another kernel variant's layout this CPU runs (SPECCHAT_CPU_KERNEL switches back)
         try:
             with safe_open(str(other), framework="pt") as f:
                 recorded = (f.metadata() or {}).get("source")
@@ -160,6 +162,11 @@ def _drop_superseded(path: Path, source: str) -> list[Path]:
         removed.append(other)
         log.info("int4: removed %s, superseded by %s", other.name, path.name)
     return removed
+
+
+def _layouts_here() -> set[str]:
+    """The layouts (:func:`engine.quant.cpu_pack.layout_tag`) of the kernel variants this CPU has the flags for."""
+    return {cpu_pack.layout_tag(name) for name in cpu_kernel.VARIANTS if cpu_isa.has(name)}
 
 
 def _glob_escape(text: str) -> str:

@@ -204,6 +204,15 @@ def matmul4k(variant: str | None = None) -> Matmul | None:
 
 
 @functools.cache
+def matmul4kt(variant: str | None = None) -> Matmul | None:
+    """The matmul's entry point for Q4_K rows in tiles (:func:`~engine.quant.cpu_pack.tile_rows`; None where
+    :func:`library` is). Signature: ``(tiles, bias | None, N, K, x, M, y, ldy, threads, norm | None, eps, accumulate,
+    gated) -> 0``: ``tiles`` uint8 ``[N/4, K/256, 4, 144]``, the rest as :func:`matmul`. The outputs are
+    :func:`matmul4k`'s over the same rows, bit for bit."""
+    return _entry("specchat_int4kt_mm", variant, P, P, I64, I64, P, I64, P, I64, INT, P, FLOAT, INT, INT)
+
+
+@functools.cache
 def matmul6k(variant: str | None = None) -> Matmul | None:
     """The matmul's entry point for a GGUF's Q6_K rows with their headers (:func:`~engine.quant.cpu_pack.pack6`'s; None where
     :func:`library` is). Signature as :func:`matmul4k`'s: ``codes`` uint8 ``[N, K·3/4]``, ``headers`` uint8

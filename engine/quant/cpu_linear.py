@@ -11,6 +11,7 @@ from collections.abc import Callable
 import torch
 
 import engine.quant.cpu_kernel as cpu_kernel
+from engine.quant import cpu_pack
 
 
 def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, k: int, planes: int,
@@ -34,15 +35,16 @@ def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
         raise ValueError("a gated input takes no folded norm")
     six = planes == 2 and packed.dtype == torch.uint8
     k_quant = planes == 1 and scales.dtype == torch.uint8  # a Q4_K's headers (cpu_pack.pack)
+    tiled = k_quant and packed.dim() == 4  # Q4_K rows in tiles, their headers in them (cpu_pack.tile_rows)
     six_k = six and scales.numel() > 0  # a Q6_K's codes, its headers beside them (cpu_pack.pack6)
-    entry = (cpu_kernel.matmul4k if k_quant else cpu_kernel.matmul if planes == 1 else cpu_kernel.matmul6k if six_k
+    entry = (cpu_kernel.matmul4kt if tiled else cpu_kernel.matmul4k if k_quant else cpu_kernel.matmul if planes == 1 else cpu_kernel.matmul6k if six_k
              else cpu_kernel.matmul6 if six else cpu_kernel.matmul8)
     fn = entry() if variant is None else entry(variant)
     if fn is None:
         raise RuntimeError("specchat's CPU int4 kernel is not available here")
     if planes not in (1, 2):
         raise ValueError(f"the kernel takes one or two planes, not {planes}")
-    n = int(packed.shape[0])
+    n = int(packed.shape[0]) * (cpu_pack.TILE_ROWS if tiled else 1)
     bias32 = bias.to(torch.float32).contiguous() if bias is not None else None
     norm32 = norm[0].to(torch.float32).contiguous() if norm is not None else None
     eps = float(norm[1]) if norm is not None else 0.0
@@ -68,7 +70,9 @@ def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
                 raise ValueError(f"the residual or output must be a float32 tensor of {m} x {n} with unit column stride")
             y = target
         tail = (flat.data_ptr(), m, y.data_ptr(), ldy, threads(), norm_ptr, eps, residual is not None, gated)
-        if planes == 1 and not k_quant:  # the int4 entry also takes the plane count
+        if tiled:  # the headers lie in the tiles
+            failed = fn(codes_ptr, bias_ptr, n, k, *tail)
+        elif planes == 1 and not k_quant:  # the int4 entry also takes the plane count
             failed = fn(codes_ptr, scales_ptr, bias_ptr, n, k, 1, *tail)
         elif six and not six_k:  # 6-bit rows with their scales in them: the rows' stride instead of a table
             failed = fn(codes_ptr, int(packed.stride(0)), bias_ptr, n, k, *tail)
@@ -83,7 +87,7 @@ def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
 
     f.keep = (packed, scales, bias32, norm32)  # type: ignore[attr-defined]  # the pointers' owners live as long as f
     # what engine/model/cpu_layer.py hands csrc/layer.c: (kind 0 int4 / 1 8-bit / 2 6-bit / 3 int4 with Q4_K headers /
-    # 4 6-bit with Q6_K headers, codes, table, stride, bias, N, K), and the folded norm's (weight, eps)
-    f.spec = (3 if k_quant else 4 if six_k else 0 if planes == 1 else 2 if six else 1, codes_ptr, scales_ptr, int(packed.stride(0)), bias_ptr, n, k)  # type: ignore[attr-defined]
+    # 4 6-bit with Q6_K headers / 5 Q4_K rows in tiles, codes, table, stride, bias, N, K), and the folded norm's (weight, eps)
+    f.spec = (5 if tiled else 3 if k_quant else 4 if six_k else 0 if planes == 1 else 2 if six else 1, codes_ptr, scales_ptr, int(packed.stride(0)), bias_ptr, n, k)  # type: ignore[attr-defined]
     f.norm_spec = (norm_ptr, eps, gated)  # type: ignore[attr-defined]
     return f

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 
 from engine.quant.cpu_isa import vnni_order
-from engine.quant.cpu_kernel import is_vnni
+from engine.quant.cpu_kernel import is_vnni, variant as kernel_variant
 
 GROUP = 32  # the kernel's group size
 K_MULTIPLE = 64  # inputs per row must fill whole pairs of groups (32 bytes of codes)
@@ -52,12 +52,52 @@ def on_huge_pages(t: torch.Tensor, copy: bool = False) -> torch.Tensor:
 LAYOUT_VERSION = 2  # of pack's output; the int4 cache keeps weights in it (a change rebuilds those caches).
 # 2: a GGUF's Q4_K and Q6_K rows keep their super-blocks' own scales (4.5 and 6.56 bits a weight, not 5 and 7)
 
+TILE_ROWS = 2
+"""Rows a tile of Q4_K rows holds (:func:`tile_rows`; ``TILE`` in csrc/int4_avx2.c)."""
+TILE_MAX_K = 2048
+"""Q4_K rows of this many inputs or more stay apart: in tiles they ran slower (2048 to 8960 inputs, docs/performance.md)."""
+TILED_VARIANTS = frozenset({"avx512-vnni"})
+"""The kernel variants whose Q4_K rows :func:`pack` lays out in tiles: measured faster on AVX-512 (Zen 4,
+docs/performance.md); the AVX2 machines that set the other variants' layout were not measured with them."""
+
 
 def layout_tag(name: str | None = None) -> str:
     """The layout :func:`pack` makes for variant ``name`` (else this process's), as the int4 cache records
-    it: :data:`LAYOUT_VERSION`, and ``-vnni`` for the VNNI variants' order (a cache of one order is not
-    read by a process of the other)."""
-    return f"{LAYOUT_VERSION}{'-vnni' if is_vnni(name) else ''}"
+    it: :data:`LAYOUT_VERSION`, ``-vnni`` for the VNNI variants' order and ``-t2`` where Q4_K rows come in
+    tiles of two (a cache of one layout is not read by a process of another)."""
+    return f"{LAYOUT_VERSION}{'-vnni' if is_vnni(name) else ''}{f'-t{TILE_ROWS}' if tiles(name) else ''}"
+
+
+def tiles(name: str | None = None) -> bool:
+    """Whether :func:`pack` lays out Q4_K rows in tiles for variant ``name`` (else this process's)."""
+    return (name or kernel_variant()) in TILED_VARIANTS
+
+
+def in_tiles(n: int, k: int, name: str | None = None) -> bool:
+    """Whether :func:`pack` lays out ``n`` Q4_K rows of ``k`` inputs in tiles for variant ``name`` (else this
+    process's): whole tiles of rows shorter than :data:`TILE_MAX_K`, for the :data:`TILED_VARIANTS`."""
+    return tiles(name) and n % TILE_ROWS == 0 and k < TILE_MAX_K
+
+
+def tile_rows(packed: torch.Tensor, headers: torch.Tensor) -> torch.Tensor:
+    """Q4_K rows in tiles of :data:`TILE_ROWS` (T): ``packed`` uint8 ``[N, K/2]`` (:func:`pack`'s codes) and their
+    ``headers`` ``[N, K/256·16]`` as uint8 ``[N/T, K/256, T, 144]``: per tile and super-block the T rows' headers
+    (16 bytes each), then their codes (128 each), so that the kernel streams a tile's rows as one run of bytes,
+    and no 32-byte load of codes straddles two cache lines. ``N % T == 0``."""
+    n, half = packed.shape
+    blocks, t = half // 128, n // TILE_ROWS
+    heads = headers.reshape(t, TILE_ROWS, blocks, 16).transpose(1, 2).reshape(t, blocks, TILE_ROWS * 16)
+    codes = packed.reshape(t, TILE_ROWS, blocks, 128).transpose(1, 2).reshape(t, blocks, TILE_ROWS * 128)
+    return torch.cat([heads, codes], dim=2).reshape(t, blocks, TILE_ROWS, 144).contiguous()
+
+
+def untile(tiled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`tile_rows` undone: ``(packed [N, K/2], headers [N, K/256·16])``, as :func:`pack` lays rows out."""
+    t, blocks = tiled.shape[:2]
+    flat = tiled.reshape(t, blocks, TILE_ROWS * 144)
+    heads = flat[:, :, : TILE_ROWS * 16].reshape(t, blocks, TILE_ROWS, 16).transpose(1, 2)
+    codes = flat[:, :, TILE_ROWS * 16 :].reshape(t, blocks, TILE_ROWS, 128).transpose(1, 2)
+    return codes.reshape(t * TILE_ROWS, blocks * 128).contiguous(), heads.reshape(t * TILE_ROWS, blocks * 16).contiguous()
 
 
 @dataclass(frozen=True)
@@ -90,7 +130,7 @@ def fits(k: int, group_size: int) -> bool:
 
 def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, planes: int,
          six: tuple[torch.Tensor, torch.Tensor] | None = None, variant: str | None = None,
-         headers: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+         headers: torch.Tensor | None = None, tiled: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The kernel's layout of int4 groups (those of :class:`engine.quant.int4.Int4Weights`).
 
     Args:
@@ -108,7 +148,9 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, planes: i
         are joined back into one byte a weight (:func:`pack8`), or, in groups of 16, laid out as 6-bit
         codes (:func:`pack6`; ``six``: their :func:`six_bit_codes`, when the caller has them).
         ``variant``: the kernel variant they are for (else this process's): the VNNI ones take the
-        codes in :func:`vnni_order`.
+        codes in :func:`vnni_order`. Q4_K rows with ``headers`` come in tiles (:func:`tile_rows`, with an
+        empty table ``[N, 0]``) when ``N`` makes whole tiles and ``tiled`` says so, by default as
+        :func:`in_tiles` says.
     """
     if planes == 2:
         if scale.shape[1] * SIX_BIT_GROUP == codes.shape[1]:
@@ -122,6 +164,8 @@ def pack(codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, planes: i
     pairs = codes.to(torch.uint8).reshape(n, width // 64, 2, 32)
     packed = (pairs[:, :, 0] | (pairs[:, :, 1] << 4)).reshape(n, width // 2).contiguous()
     if headers is not None:
+        if in_tiles(n, width, variant) if tiled is None else tiled and n % TILE_ROWS == 0:
+            return tile_rows(packed, headers.to(torch.uint8)), torch.empty(n, 0, dtype=torch.uint8)
         return packed, headers.to(torch.uint8).contiguous()
     return packed, bf16_table(scale, zero, planes)
 
@@ -282,6 +326,8 @@ def unpack_codes(packed: torch.Tensor, k: int | None = None, variant: str | None
     """The codes uint8 ``[N, planes·K]`` back from :func:`pack`'s ``packed`` (``k``, the inputs,
     for 6-bit rows, whose codes come back as the planes of ``q + 96``; ``variant``: the one it was
     packed for, else this process's)."""
+    if packed.dim() == 4:  # Q4_K rows in tiles
+        packed = untile(packed)[0]
     if is_vnni(variant):  # the VNNI order is its own inverse, plane by plane
         plain = unpack_codes(packed, k, "avx2")
         return torch.cat([vnni_order(p) for p in plain.split(plain.shape[1] // (1 if packed.dtype == torch.uint8

@@ -136,6 +136,7 @@ class Int4Linear(nn.Module):
         return (all(l.group_size == first.group_size and l.in_features == first.in_features
                     and l.planes == first.planes and l.kernel == first.kernel and l.is_cuda == first.is_cuda
                     and (l.kernel == "specchat" or l.packed.shape[1:] == first.packed.shape[1:])
+                    and l.packed.dim() == first.packed.dim()  # Q4_K rows in tiles join only their own kind
                     # one kind of table (int4's Q4_K headers join bf16 tables as bf16: _joint_table)
                     and (l.planes == 1 or (l.scales_and_zeros.dtype == first.scales_and_zeros.dtype
                                            and bool(l.scales_and_zeros.numel()) == bool(first.scales_and_zeros.numel())))
@@ -206,7 +207,8 @@ class Int4Linear(nn.Module):
             return None
         ids = ids.to(torch.long)
         bias = self.bias.detach()[ids] if self.bias is not None else None
-        return cpu_linear.linear(self.packed[ids].contiguous(), self.scales_and_zeros[ids].contiguous(), bias,
+        packed, table = cpu_pack.untile(self.packed) if self.packed.dim() == 4 else (self.packed, self.scales_and_zeros)
+        return cpu_linear.linear(packed[ids].contiguous(), table[ids].contiguous(), bias,
                                  self.in_features, self.planes, norm=norm)
 
     @staticmethod

@@ -15,6 +15,14 @@
  * dmin, twelve bytes of 6-bit sub-scales and mins, as the file stores them): s = d sc and z - 8 s = -dmin m
  * are computed from them in fp32, both exact, so such a row reads 4.5 bits a weight instead of 5.
  *
+ * Q4_K rows may also come in tiles of TILE rows (kind INT4KT, cpu_pack.tile_rows): per super-block, the tile's
+ * TILE 16-byte headers, then each row's 128 bytes of codes (every 32-byte load of codes within one cache line),
+ * so that a tile's rows stream from memory as one run of bytes (llama.cpp repacks Q4_K rows alike, q4_K_8x8)
+ * where two rows laid apart are four streams, codes and headers. On the AVX-512 machine measured (Zen 4, two
+ * threads, 20 layers' weights from DRAM), coder's gate_up (17920 x 1536) took 0.50 -> 0.47 ms for one token,
+ * 0.71 -> 0.62 for two, 0.77 -> 0.74 for three and 0.87 -> 0.86 for four; longer rows (2048 inputs and more)
+ * were slower so, and stay apart (cpu_pack.TILE_MAX_K). The arithmetic is dot_rows', output for output.
+ *
  * The same driver (run) multiplies 8-bit weights (dot_rows8: two int4 planes joined) and a GGUF's Q6_K
  * as 6-bit codes (dot_rows6). One token takes ROWS weight rows at a time; several take one row at a
  * time (on AVX-512 two) with up to MB tokens, each row's codes unpacked once for them.
@@ -83,6 +91,9 @@ const char *specchat_kernel_variant(void) {
 }
 
 #define ROWS 4      /* output rows sharing each activation load */
+#define TILE 2      /* rows a tile of tiled Q4_K rows holds (INT4KT) */
+#define TILE_ROW 144 /* bytes a row takes in each super-block of a tile: a 16-byte header, 128 of codes */
+#define TILE_AHEAD 2 /* super-blocks of a tile's stream fetched ahead of need */
 #define MCHUNK 32   /* tokens per block, so a long prompt's activations stay in cache */
 /* Per token, -32 times the sums of each group's first and last 16 codes, four groups at a time: [firsts of
  * groups 4c..4c+3, lasts of the same], the order dot_rows6 sums its lanes in. Floats a token: */
@@ -193,7 +204,13 @@ static inline __attribute__((always_inline)) void copy_acc(int n, __m256 *da, __
 static inline __attribute__((always_inline)) void dot_rows(int rows, int mb, int ahead, int kq, const uint8_t *codes,
                                                            const void *table, int64_t row_bytes, int64_t row_scales,
                                                            int64_t K, const int8_t *xq, const float *dx,
-                                                           const float *xs, __m256 *acc_out, __m256 *zacc_out) {
+                                                           const float *xs, __m256 *acc_out, __m256 *zacc_out,
+                                                           int tiled, int tile_ahead) {
+    /* where row r's codes and header for groups g.. lie: rows apart by rstep (hstep), super-blocks by bstep
+     * (hbstep); tiled (kq only): a TILE-row tile's stream, super-blocks TILE * TILE_ROW apart, in each the rows'
+     * headers 16 bytes apart, then their codes 128 apart, and tile_ahead super-blocks fetched ahead (0: none) */
+    const int64_t rstep = tiled ? 128 : row_bytes, bstep = tiled ? TILE * TILE_ROW : 128;
+    const int64_t hstep = tiled ? 16 : row_scales, hbstep = tiled ? TILE * TILE_ROW : 16;
     /* the accumulators in registers (through the pointers every update would go to memory and back) */
     __m256 acc[ACC], zacc[ACC];
     copy_acc(rows * mb, acc, zacc, acc_out, zacc_out);
@@ -207,7 +224,7 @@ static inline __attribute__((always_inline)) void dot_rows(int rows, int mb, int
         for (int r = 0; r < rows; r++) {
             __m256 scale, off;
             if (kq) {
-                kq_scales((const uint8_t *)table + r * row_scales + g * 2, &scale, &off);
+                kq_scales((const uint8_t *)table + r * hstep + g / 8 * hbstep, &scale, &off);
             } else {
                 const uint16_t *s = (const uint16_t *)table + r * row_scales;
                 scale = bf16x8(s + g);
@@ -218,17 +235,23 @@ static inline __attribute__((always_inline)) void dot_rows(int rows, int mb, int
                 zacc[r * mb + i] = _mm256_fmadd_ps(off, _mm256_loadu_ps(xs + i * G + g), zacc[r * mb + i]);
             }
         }
-        for (int r = 0; r < rows; r++) { /* the next tile's same 128 bytes, ahead of need */
-            _mm_prefetch((const char *)(codes + (r + ahead) * row_bytes + g * 16), _MM_HINT_T0);
-            _mm_prefetch((const char *)(codes + (r + ahead) * row_bytes + g * 16 + 64), _MM_HINT_T0);
+        if (tiled) { /* this tile's stream, tile_ahead super-blocks on */
+            for (int64_t c = 0; c < (tile_ahead ? bstep : 0); c += 64)
+                _mm_prefetch((const char *)table + (g / 8 + tile_ahead) * hbstep + c, _MM_HINT_T0);
+        } else {
+            for (int r = 0; r < rows; r++) { /* the next tile's same 128 bytes, ahead of need */
+                _mm_prefetch((const char *)(codes + (r + ahead) * row_bytes + g * 16), _MM_HINT_T0);
+                _mm_prefetch((const char *)(codes + (r + ahead) * row_bytes + g * 16 + 64), _MM_HINT_T0);
+            }
         }
         for (int j = 0; j < 8; j += 4) { /* four groups: 64 bytes of codes a row */
             __m256i x[MB][4];
             for (int i = 0; i < mb; i++)
                 for (int c = 0; c < 4; c++) x[i][c] = _mm256_loadu_si256((const __m256i *)(xq + i * K + (g + j + c) * 32));
             for (int r = 0; r < rows; r++) {
-                const __m256i b0 = _mm256_loadu_si256((const __m256i *)(codes + r * row_bytes + (g + j) * 16));
-                const __m256i b1 = _mm256_loadu_si256((const __m256i *)(codes + r * row_bytes + (g + j) * 16 + 32));
+                const uint8_t *at = codes + r * rstep + g / 8 * bstep + j * 16;
+                const __m256i b0 = _mm256_loadu_si256((const __m256i *)at);
+                const __m256i b1 = _mm256_loadu_si256((const __m256i *)(at + 32));
                 const __m256i w[4] = {_mm256_and_si256(b0, m4), _mm256_and_si256(_mm256_srli_epi16(b0, 4), m4),
                                       _mm256_and_si256(b1, m4), _mm256_and_si256(_mm256_srli_epi16(b1, 4), m4)};
                 for (int i = 0; i < mb; i++) {
@@ -538,7 +561,7 @@ static inline __attribute__((always_inline)) void dot_rows6(int rows, int mb, in
     copy_acc(rows * mb, acc_out, zacc_out, acc, zacc);
 }
 
-enum { INT4 = 0, INT8 = 1, INT6 = 2, INT4K = 3, INT6K = 4 };
+enum { INT4 = 0, INT8 = 1, INT6 = 2, INT4K = 3, INT6K = 4, INT4KT = 5 };
 #define SIX_BITS(kind) ((kind) == INT6 || (kind) == INT6K)
 
 /* Where one kind of weights lies: codes (and for INT4 P planes side by side), scales/table. */
@@ -546,7 +569,8 @@ typedef struct {
     int kind;
     const uint8_t *codes;
     const void *table; /* INT4: bf16 [N, P, 2, G]; INT8: fp32 [N, 2, G]; INT6: NULL (in the rows);
-                        * INT4K: Q4_K headers uint8 [N, K / 256, 16]; INT6K: Q6_K's uint8 [N, K / 256, 18] */
+                        * INT4K: Q4_K headers uint8 [N, K / 256, 16]; INT6K: Q6_K's uint8 [N, K / 256, 18];
+                        * INT4KT: unused (the headers lie in the tiles: codes [N / TILE, K / 256, TILE * TILE_ROW]) */
     int64_t K, P, row_bytes;
 } weights_t;
 
@@ -600,8 +624,8 @@ typedef struct {
             CHOOSE(INT6_DOT);                                                                                       \
         }                                                                                                           \
     } while (0)
-#define INT4_DOT(R, B, A) dot_rows(R, B, A, 0, c, z, wt->row_bytes, row_scales, K, xq, dx, xs, acc, zacc)
-#define INT4K_DOT(R, B, A) dot_rows(R, B, A, 1, c, z, wt->row_bytes, K / 16, K, xq, dx, xs, acc, zacc)
+#define INT4_DOT(R, B, A) dot_rows(R, B, A, 0, c, z, wt->row_bytes, row_scales, K, xq, dx, xs, acc, zacc, 0, 0)
+#define INT4K_DOT(R, B, A) dot_rows(R, B, A, 1, c, z, wt->row_bytes, K / 16, K, xq, dx, xs, acc, zacc, 0, 0)
 #define INT8_DOT(R, B, A) dot_rows8(R, B, A, c, z, K, xq, dx, xs, halves, acc, zacc)
 #define INT6_DOT(R, B, A) dot_rows6(R, B, A, 0, c, wt->row_bytes, NULL, 0, K, xq, dx, halves, acc, zacc)
 #define INT6K_DOT(R, B, A) dot_rows6(R, B, A, 1, c, wt->row_bytes, z, K / 256 * 18, K, xq, dx, halves, acc, zacc)
@@ -617,6 +641,41 @@ static __attribute__((noinline)) void tile_dot_wide(const weights_t *wt, int row
                                                     const float *dx, const float *xs, const float *halves, __m256 *acc,
                                                     __m256 *zacc) {
     TILE_DOT(DOTS_WIDE);
+}
+
+/* tile_dot for tiled Q4_K rows (INT4KT): `rows` rows from n0 (within one tile) with `mb` tokens. One token takes the
+ * whole tile; two, on AVX-512 (ACC >= 8), too; more, MROWS rows a call. The call starting at a tile's first row
+ * fetches the tile's stream ahead. Not inlined, like tile_dot_wide. */
+static __attribute__((noinline)) void tile_dot_tiled(const weights_t *wt, int rows, int mb, int64_t n0,
+                                                     const int8_t *xq, const float *dx, const float *xs, __m256 *acc,
+                                                     __m256 *zacc) {
+    const int64_t K = wt->K;
+    const uint8_t *h = wt->codes + n0 / TILE * (K / 256 * TILE * TILE_ROW) + n0 % TILE * 16;
+    const uint8_t *c = h - n0 % TILE * 16 + TILE * 16 + n0 % TILE * 128;
+    const int ahead = n0 % TILE == 0 ? TILE_AHEAD : 0;
+#define TILED_DOT(R, B) dot_rows(R, B, R, 1, c, h, 0, 0, K, xq, dx, xs, acc, zacc, 1, ahead)
+    if (rows == TILE && mb == 1) TILED_DOT(TILE, 1);
+#if ACC >= 2 * TILE
+    else if (rows == TILE && mb == 2) TILED_DOT(TILE, 2);
+#endif
+    else if (rows == MROWS && mb == 1) TILED_DOT(MROWS, 1);
+    else if (rows == MROWS && mb == 2) TILED_DOT(MROWS, 2);
+    else if (rows == MROWS && mb == 3) TILED_DOT(MROWS, 3);
+    else TILED_DOT(MROWS, MB);
+#undef TILED_DOT
+}
+
+/* One pass of `mb` tokens over a tile of tiled Q4_K rows from n0: the whole tile in one call where its
+ * accumulators fit (ACC), else MROWS rows a call. */
+static inline void tiled_pass(const weights_t *wt, int mb, int64_t n0, const int8_t *xq, const float *dx,
+                              const float *xs, const float *bias, float *y, int64_t ldy, int accumulate) {
+    const int step = TILE * mb <= ACC ? TILE : MROWS;
+    for (int h = 0; h < TILE; h += step) {
+        __m256 acc[ACC], zacc[ACC];
+        zero_rows(acc, zacc);
+        tile_dot_tiled(wt, step, mb, n0 + h, xq, dx, xs, acc, zacc);
+        store_rows(step, mb, acc, zacc, bias, n0 + h, y, ldy, accumulate);
+    }
 }
 
 /* y [M, N] (rows ldy apart) = x @ W.T (+ bias) for any kind of weights: x's rows quantized once, then
@@ -637,12 +696,21 @@ static int run(const weights_t *wt, const float *bias, int64_t N, const float *x
          * measured (Zen 4) 1.1-1.3x faster than one row at a time for every int4 shape of pocket and coder,
          * two tokens to 32 (a 32-token prompt piece of coder's gate_up, 17920 x 1536: 10.7 -> 8.4 ms) */
         const int wide = MROWS > 1 && m1 - m0 > 1;
-        const int64_t tile = wide ? MROWS : m1 - m0 > 1 || !tiled ? 1 : ROWS;
+        const int kt = wt->kind == INT4KT; /* tiled rows: a tile of TILE rows at a time, whatever M (N % TILE == 0) */
+        const int64_t tile = kt ? TILE : wide ? MROWS : m1 - m0 > 1 || !tiled ? 1 : ROWS;
         const int64_t tiles = (N + tile - 1) / tile;
 #pragma omp parallel for schedule(static) num_threads(threads)
         for (int64_t t = 0; t < tiles; t++) {
             const int64_t n0 = t * tile;
             const int rows = (int)(N - n0 < tile ? N - n0 : tile);
+            if (kt) {
+                for (int64_t m = m0, q = (m1 - m0 + MB - 1) / MB; q > 0; q--) { /* passes as below */
+                    const int mb = (int)((m1 - m + q - 1) / q);
+                    tiled_pass(wt, mb, n0, xq + m * K, dx + m * G, xs + m * G, bias, y + m * ldy, ldy, accumulate);
+                    m += mb;
+                }
+                continue;
+            }
             if (m1 - m0 == 1) { /* one token (a decoding step): its own call, the shape known here */
                 __m256 acc[ACC], zacc[ACC];
                 zero_rows(acc, zacc);
@@ -690,6 +758,15 @@ int specchat_int4k_mm(const uint8_t *codes, const uint8_t *headers, const float 
                       const float *x, int64_t M, float *y, int64_t ldy, int threads, const float *norm, float eps,
                       int accumulate, int gated) {
     const weights_t wt = {INT4K, codes, headers, K, 1, K / 2};
+    return run(&wt, bias, N, x, M, y, ldy, threads, norm, eps, accumulate, gated);
+}
+
+/* specchat_int4k_mm for Q4_K rows in tiles (cpu_pack.tile_rows): tiles uint8 [N / TILE, K / 256, TILE * 144], per
+ * super-block the TILE rows' headers then their codes; N % TILE == 0, K % 256 == 0. The same outputs, bit for
+ * bit, as specchat_int4k_mm over the same rows. Returns 0, or -1 (no scratch). */
+int specchat_int4kt_mm(const uint8_t *tiles, const float *bias, int64_t N, int64_t K, const float *x, int64_t M,
+                       float *y, int64_t ldy, int threads, const float *norm, float eps, int accumulate, int gated) {
+    const weights_t wt = {INT4KT, tiles, NULL, K, 1, K / 256 * TILE_ROW};
     return run(&wt, bias, N, x, M, y, ldy, threads, norm, eps, accumulate, gated);
 }
 

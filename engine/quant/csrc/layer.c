@@ -22,12 +22,15 @@ int specchat_int4k_mm(const uint8_t *codes, const uint8_t *headers, const float 
 int specchat_int6k_mm(const uint8_t *codes, const uint8_t *headers, const float *bias, int64_t N, int64_t K,
                       const float *x, int64_t M, float *y, int64_t ldy, int threads, const float *norm, float eps,
                       int accumulate, int gated);
+int specchat_int4kt_mm(const uint8_t *tiles, const float *bias, int64_t N, int64_t K, const float *x, int64_t M,
+                       float *y, int64_t ldy, int threads, const float *norm, float eps, int accumulate, int gated);
 int specchat_attention(float *qkv, int64_t T, int64_t start, const float *cos, const float *sin, uint16_t *kbuf,
                        uint16_t *vbuf, int64_t cap, int64_t H, int64_t KV, int64_t d, float scale, float *out,
                        int threads, int attend_rows);
 
 /* One product as engine/quant/cpu_linear.linear calls it: kind 0 int4 (one plane), 1 8-bit, 2 6-bit rows
- * (`stride` bytes apart; table unused), 3 int4 with Q4_K headers, 4 6-bit codes with Q6_K headers. */
+ * (`stride` bytes apart; table unused), 3 int4 with Q4_K headers, 4 6-bit codes with Q6_K headers, 5 Q4_K rows
+ * in tiles (table unused). */
 typedef struct {
     int64_t kind;
     const void *codes, *table;
@@ -57,6 +60,9 @@ static int product(const specchat_product *p, const float *x, int64_t M, float *
     if (p->kind == 3)
         return specchat_int4k_mm((const uint8_t *)p->codes, (const uint8_t *)p->table, p->bias, p->N, p->K, x, M, y,
                                  ldy, threads, norm, eps, accumulate, gated);
+    if (p->kind == 5)
+        return specchat_int4kt_mm((const uint8_t *)p->codes, p->bias, p->N, p->K, x, M, y, ldy, threads, norm, eps,
+                                  accumulate, gated);
     if (p->kind == 1)
         return specchat_int8_mm((const int8_t *)p->codes, (const float *)p->table, p->bias, p->N, p->K, x, M, y, ldy,
                                 threads, norm, eps, accumulate, gated);

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 import torch
 
 from engine.quant.cache import _drop_superseded, _save
@@ -50,3 +52,22 @@ def test_a_model_name_with_glob_characters_is_taken_literally(tmp_path: Path) ->
     _save(new, GROUPS, [], source="/models/m[1]")
     assert not other.exists() and unrelated.exists() and new.exists()
     assert _drop_superseded(new, "/models/m[1]") == []
+
+
+def test_another_variants_layout_stays_only_where_this_cpu_runs_that_variant(tmp_path: Path,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """The same key's cache in another kernel variant's layout stays where SPECCHAT_CPU_KERNEL could switch back
+    to it; the VNNI order without tiles, which an AVX-512 machine read before its Q4_K rows came in tiles, goes
+    where no variant of this CPU reads it."""
+    import engine.quant.cache as quant
+
+    avx512, vnni_rows, avx2 = (f"m-cccccccccccccccc-g32-k{tag}.safetensors" for tag in ("2-vnni-t2", "2-vnni", "2"))
+    monkeypatch.setattr(quant.cpu_pack, "LAYOUT_VERSION", 2)
+    monkeypatch.setattr(quant.cpu_isa, "has", lambda name: name in ("avx2", "avx512-vnni"))
+    older = [_write(tmp_path, name) for name in (vnni_rows, avx2)]
+    _save(tmp_path / avx512, GROUPS, [], source="/models/m")
+    assert not older[0].exists() and older[1].exists()
+    monkeypatch.setattr(quant.cpu_isa, "has", lambda name: name in ("avx2", "avx-vnni"))  # an AVX-VNNI machine
+    again = _write(tmp_path, vnni_rows)
+    _save(tmp_path / avx512, GROUPS, [], source="/models/m")
+    assert again.exists() and older[1].exists()

@@ -85,8 +85,12 @@ def test_the_layer_keeps_the_files_bytes_and_multiplies_its_weights(kind: str, n
     layer = Int4Linear(weights, None, CPU)
     table, packed = layer.scales_and_zeros, layer.packed
     assert layer.kernel == "specchat" and table.dtype == torch.uint8
-    assert table.shape == (n, k // 256 * (16 if kind == "Q4_K" else 18))
-    assert packed.shape == (n, k // 2 if kind == "Q4_K" else k // 4 * 3)
+    if kind == "Q4_K" and cpu_pack.in_tiles(n, k):  # in tiles of rows, their headers among their codes
+        t = cpu_pack.TILE_ROWS
+        assert table.numel() == 0 and packed.shape == (n // t, k // 256, t, 144)
+    else:
+        assert table.shape == (n, k // 256 * (16 if kind == "Q4_K" else 18))
+        assert packed.shape == (n, k // 2 if kind == "Q4_K" else k // 4 * 3)
     report = QuantReport()
     report.add("w", layer)
     assert report.int4_bytes == n * k // 256 * (144 if kind == "Q4_K" else 210)
@@ -125,7 +129,8 @@ def test_a_tokens_row_has_the_same_bits_alone_and_in_a_pass_of_any_size(kind: st
 def test_layers_join_with_their_own_tables_or_as_bf16_tables() -> None:
     """q/k (Q4_K headers) join in one product, with each row's bits. Beside a bf16-table layer (a gate and up of
     two kinds) they join too, their headers as the bf16 scales and zeros they stand for, so each row has the
-    bits of its layer without headers. A Q6_K with headers and one without do not join."""
+    bits of its layer without headers, except where Q4_K rows come in tiles. A Q6_K with headers and one
+    without do not join."""
     _kernel()
     weights = [q4_k_weights(n, 512, seed=n) for n in (64, 32)]
     q, k = (Int4Linear(w, None, CPU) for w in weights)
@@ -133,6 +138,9 @@ def test_layers_join_with_their_own_tables_or_as_bf16_tables() -> None:
     x = torch.randn(3, 512)
     alone = torch.cat([q(x), k(x)], dim=-1)
     assert Int4Linear.can_fuse([q, k]) and torch.equal(Int4Linear.fuse([q, k])(x), alone)
+    if cpu_pack.tiles():  # Q4_K rows in tiles join only their own kind: the three run as two products
+        assert not Int4Linear.can_fuse([q, k, v]) and not Int4Linear.can_fuse([v, q])
+        return
     assert Int4Linear.can_fuse([q, k, v])
     plain = [Int4Linear(dataclasses.replace(w, headers=None), None, CPU) for w in weights]
     mixed = [Int4Linear(w, None, CPU) for w in weights]  # fuse() re-points a layer's codes: fresh layers
@@ -143,7 +151,7 @@ def test_layers_join_with_their_own_tables_or_as_bf16_tables() -> None:
 
 
 def test_a_model_of_k_quant_layers_gives_the_same_bits_in_one_call_a_layer(int4_kernel: str) -> None:
-    """csrc/layer.c's fourth and fifth product kinds: a two-layer model laid out as a Q4_K_M file lays out
+    """csrc/layer.c's fourth and fifth product kinds (or the sixth, Q4_K rows in tiles): a two-layer model laid out as a Q4_K_M file lays out
     Qwen (Q4_K everywhere, Q6_K for v and down) runs its layers in one C call each with the bits of the
     Python calls, in prefill, steps and verify passes."""
     if int4_kernel != "specchat":
@@ -170,7 +178,7 @@ def test_a_model_of_k_quant_layers_gives_the_same_bits_in_one_call_a_layer(int4_
     assert one is not None and calls is not None and one.native_layers is not None
     kinds = {int(p.kind) for layer in one.native_layers
              for p in (*layer.qkv[: layer.n_qkv], layer.o, layer.gate_up, layer.down)}
-    assert kinds == {3, 4}
+    assert kinds == {5 if cpu_pack.tiles() else 3, 4}  # Q4_K rows in tiles on AVX-512 (cpu_pack.TILED_VARIANTS)
     calls.native_layers = None
 
     def equal(got: torch.Tensor, want: torch.Tensor) -> None:
