@@ -52,10 +52,10 @@ def on_huge_pages(t: torch.Tensor, copy: bool = False) -> torch.Tensor:
 LAYOUT_VERSION = 2  # of pack's output; the int4 cache keeps weights in it (a change rebuilds those caches).
 # 2: a GGUF's Q4_K and Q6_K rows keep their super-blocks' own scales (4.5 and 6.56 bits a weight, not 5 and 7)
 
-TILE_ROWS = 2
+TILE_ROWS = 4
 """Rows a tile of Q4_K rows holds (:func:`tile_rows`; ``TILE`` in csrc/int4_avx2.c)."""
 TILE_MAX_K = 2048
-"""Q4_K rows of this many inputs or more stay apart: in tiles they ran slower (2048 to 8960 inputs, docs/performance.md)."""
+"""Q4_K rows of more inputs stay apart: in tiles they ran no faster or slower (3584 and 8960 inputs, docs/performance.md)."""
 TILED_VARIANTS = frozenset({"avx512-vnni"})
 """The kernel variants whose Q4_K rows :func:`pack` lays out in tiles: measured faster on AVX-512 (Zen 4,
 docs/performance.md); the AVX2 machines that set the other variants' layout were not measured with them."""
@@ -75,8 +75,8 @@ def tiles(name: str | None = None) -> bool:
 
 def in_tiles(n: int, k: int, name: str | None = None) -> bool:
     """Whether :func:`pack` lays out ``n`` Q4_K rows of ``k`` inputs in tiles for variant ``name`` (else this
-    process's): whole tiles of rows shorter than :data:`TILE_MAX_K`, for the :data:`TILED_VARIANTS`."""
-    return tiles(name) and n % TILE_ROWS == 0 and k < TILE_MAX_K
+    process's): whole tiles of rows of at most :data:`TILE_MAX_K` inputs, for the :data:`TILED_VARIANTS`."""
+    return tiles(name) and n % TILE_ROWS == 0 and k <= TILE_MAX_K
 
 
 def tile_rows(packed: torch.Tensor, headers: torch.Tensor) -> torch.Tensor:

@@ -18,10 +18,11 @@
  * Q4_K rows may also come in tiles of TILE rows (kind INT4KT, cpu_pack.tile_rows): per super-block, the tile's
  * TILE 16-byte headers, then each row's 128 bytes of codes (every 32-byte load of codes within one cache line),
  * so that a tile's rows stream from memory as one run of bytes (llama.cpp repacks Q4_K rows alike, q4_K_8x8)
- * where two rows laid apart are four streams, codes and headers. On the AVX-512 machine measured (Zen 4, two
- * threads, 20 layers' weights from DRAM), coder's gate_up (17920 x 1536) took 0.50 -> 0.47 ms for one token,
- * 0.71 -> 0.62 for two, 0.77 -> 0.74 for three and 0.87 -> 0.86 for four; longer rows (2048 inputs and more)
- * were slower so, and stay apart (cpu_pack.TILE_MAX_K). The arithmetic is dot_rows', output for output.
+ * where rows laid apart are two streams each, codes and headers, and a pass of up to MB tokens takes the whole
+ * tile (dot_tile). On the AVX-512 machine measured (Zen 4, two threads, 20 layers' weights from DRAM), coder's
+ * gate_up (17920 x 1536) took 0.52 -> 0.46 ms for one token, 0.70 -> 0.51 for two, 0.71 -> 0.68 for three and
+ * 0.87 -> 0.82 for four; rows of more than 2048 inputs were no faster or slower so, and stay apart
+ * (cpu_pack.TILE_MAX_K). The arithmetic is dot_rows', output for output.
  *
  * The same driver (run) multiplies 8-bit weights (dot_rows8: two int4 planes joined) and a GGUF's Q6_K
  * as 6-bit codes (dot_rows6). One token takes ROWS weight rows at a time; several take one row at a
@@ -91,7 +92,7 @@ const char *specchat_kernel_variant(void) {
 }
 
 #define ROWS 4      /* output rows sharing each activation load */
-#define TILE 2      /* rows a tile of tiled Q4_K rows holds (INT4KT) */
+#define TILE 4      /* rows a tile of tiled Q4_K rows holds (INT4KT) */
 #define TILE_ROW 144 /* bytes a row takes in each super-block of a tile: a 16-byte header, 128 of codes */
 #define TILE_AHEAD 2 /* super-blocks of a tile's stream fetched ahead of need */
 #define MCHUNK 32   /* tokens per block, so a long prompt's activations stay in cache */
@@ -204,13 +205,7 @@ static inline __attribute__((always_inline)) void copy_acc(int n, __m256 *da, __
 static inline __attribute__((always_inline)) void dot_rows(int rows, int mb, int ahead, int kq, const uint8_t *codes,
                                                            const void *table, int64_t row_bytes, int64_t row_scales,
                                                            int64_t K, const int8_t *xq, const float *dx,
-                                                           const float *xs, __m256 *acc_out, __m256 *zacc_out,
-                                                           int tiled, int tile_ahead) {
-    /* where row r's codes and header for groups g.. lie: rows apart by rstep (hstep), super-blocks by bstep
-     * (hbstep); tiled (kq only): a TILE-row tile's stream, super-blocks TILE * TILE_ROW apart, in each the rows'
-     * headers 16 bytes apart, then their codes 128 apart, and tile_ahead super-blocks fetched ahead (0: none) */
-    const int64_t rstep = tiled ? 128 : row_bytes, bstep = tiled ? TILE * TILE_ROW : 128;
-    const int64_t hstep = tiled ? 16 : row_scales, hbstep = tiled ? TILE * TILE_ROW : 16;
+                                                           const float *xs, __m256 *acc_out, __m256 *zacc_out) {
     /* the accumulators in registers (through the pointers every update would go to memory and back) */
     __m256 acc[ACC], zacc[ACC];
     copy_acc(rows * mb, acc, zacc, acc_out, zacc_out);
@@ -224,7 +219,7 @@ static inline __attribute__((always_inline)) void dot_rows(int rows, int mb, int
         for (int r = 0; r < rows; r++) {
             __m256 scale, off;
             if (kq) {
-                kq_scales((const uint8_t *)table + r * hstep + g / 8 * hbstep, &scale, &off);
+                kq_scales((const uint8_t *)table + r * row_scales + g * 2, &scale, &off);
             } else {
                 const uint16_t *s = (const uint16_t *)table + r * row_scales;
                 scale = bf16x8(s + g);
@@ -235,23 +230,17 @@ static inline __attribute__((always_inline)) void dot_rows(int rows, int mb, int
                 zacc[r * mb + i] = _mm256_fmadd_ps(off, _mm256_loadu_ps(xs + i * G + g), zacc[r * mb + i]);
             }
         }
-        if (tiled) { /* this tile's stream, tile_ahead super-blocks on */
-            for (int64_t c = 0; c < (tile_ahead ? bstep : 0); c += 64)
-                _mm_prefetch((const char *)table + (g / 8 + tile_ahead) * hbstep + c, _MM_HINT_T0);
-        } else {
-            for (int r = 0; r < rows; r++) { /* the next tile's same 128 bytes, ahead of need */
-                _mm_prefetch((const char *)(codes + (r + ahead) * row_bytes + g * 16), _MM_HINT_T0);
-                _mm_prefetch((const char *)(codes + (r + ahead) * row_bytes + g * 16 + 64), _MM_HINT_T0);
-            }
+        for (int r = 0; r < rows; r++) { /* the next tile's same 128 bytes, ahead of need */
+            _mm_prefetch((const char *)(codes + (r + ahead) * row_bytes + g * 16), _MM_HINT_T0);
+            _mm_prefetch((const char *)(codes + (r + ahead) * row_bytes + g * 16 + 64), _MM_HINT_T0);
         }
         for (int j = 0; j < 8; j += 4) { /* four groups: 64 bytes of codes a row */
             __m256i x[MB][4];
             for (int i = 0; i < mb; i++)
                 for (int c = 0; c < 4; c++) x[i][c] = _mm256_loadu_si256((const __m256i *)(xq + i * K + (g + j + c) * 32));
             for (int r = 0; r < rows; r++) {
-                const uint8_t *at = codes + r * rstep + g / 8 * bstep + j * 16;
-                const __m256i b0 = _mm256_loadu_si256((const __m256i *)at);
-                const __m256i b1 = _mm256_loadu_si256((const __m256i *)(at + 32));
+                const __m256i b0 = _mm256_loadu_si256((const __m256i *)(codes + r * row_bytes + (g + j) * 16));
+                const __m256i b1 = _mm256_loadu_si256((const __m256i *)(codes + r * row_bytes + (g + j) * 16 + 32));
                 const __m256i w[4] = {_mm256_and_si256(b0, m4), _mm256_and_si256(_mm256_srli_epi16(b0, 4), m4),
                                       _mm256_and_si256(b1, m4), _mm256_and_si256(_mm256_srli_epi16(b1, 4), m4)};
                 for (int i = 0; i < mb; i++) {
@@ -624,8 +613,8 @@ typedef struct {
             CHOOSE(INT6_DOT);                                                                                       \
         }                                                                                                           \
     } while (0)
-#define INT4_DOT(R, B, A) dot_rows(R, B, A, 0, c, z, wt->row_bytes, row_scales, K, xq, dx, xs, acc, zacc, 0, 0)
-#define INT4K_DOT(R, B, A) dot_rows(R, B, A, 1, c, z, wt->row_bytes, K / 16, K, xq, dx, xs, acc, zacc, 0, 0)
+#define INT4_DOT(R, B, A) dot_rows(R, B, A, 0, c, z, wt->row_bytes, row_scales, K, xq, dx, xs, acc, zacc)
+#define INT4K_DOT(R, B, A) dot_rows(R, B, A, 1, c, z, wt->row_bytes, K / 16, K, xq, dx, xs, acc, zacc)
 #define INT8_DOT(R, B, A) dot_rows8(R, B, A, c, z, K, xq, dx, xs, halves, acc, zacc)
 #define INT6_DOT(R, B, A) dot_rows6(R, B, A, 0, c, wt->row_bytes, NULL, 0, K, xq, dx, halves, acc, zacc)
 #define INT6K_DOT(R, B, A) dot_rows6(R, B, A, 1, c, wt->row_bytes, z, K / 256 * 18, K, xq, dx, halves, acc, zacc)
@@ -643,39 +632,90 @@ static __attribute__((noinline)) void tile_dot_wide(const weights_t *wt, int row
     TILE_DOT(DOTS_WIDE);
 }
 
-/* tile_dot for tiled Q4_K rows (INT4KT): `rows` rows from n0 (within one tile) with `mb` tokens. One token takes the
- * whole tile; two, on AVX-512 (ACC >= 8), too; more, MROWS rows a call. The call starting at a tile's first row
- * fetches the tile's stream ahead. Not inlined, like tile_dot_wide. */
-static __attribute__((noinline)) void tile_dot_tiled(const weights_t *wt, int rows, int mb, int64_t n0,
-                                                     const int8_t *xq, const float *dx, const float *xs, __m256 *acc,
-                                                     __m256 *zacc) {
-    const int64_t K = wt->K;
-    const uint8_t *h = wt->codes + n0 / TILE * (K / 256 * TILE * TILE_ROW) + n0 % TILE * 16;
-    const uint8_t *c = h - n0 % TILE * 16 + TILE * 16 + n0 % TILE * 128;
-    const int ahead = n0 % TILE == 0 ? TILE_AHEAD : 0;
-#define TILED_DOT(R, B) dot_rows(R, B, R, 1, c, h, 0, 0, K, xq, dx, xs, acc, zacc, 1, ahead)
-    if (rows == TILE && mb == 1) TILED_DOT(TILE, 1);
-#if ACC >= 2 * TILE
-    else if (rows == TILE && mb == 2) TILED_DOT(TILE, 2);
+/* The dots of a whole tile of tiled Q4_K rows (INT4KT) with `mb` <= MB consecutive tokens, into acc/zacc[r * mb + i]:
+ * dot_rows' arithmetic, output for output, with its accumulators of the rows' offsets (zacc) summed after each
+ * run of ZB super-blocks from the offsets kept on the stack, so that the products' TILE x mb accumulators alone
+ * hold registers while the codes stream (each activation load serving the tile's rows). */
+#define ZB 8 /* super-blocks whose offsets wait on the stack for their sums */
+static inline __attribute__((always_inline)) void dot_tile(int mb, const uint8_t *tile, int64_t K, const int8_t *xq,
+                                                           const float *dx, const float *xs, __m256 *acc_out,
+                                                           __m256 *zacc_out) {
+    const int64_t G = K / 32, B = K / 256, bstep = TILE * TILE_ROW;
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+#if !SPECCHAT_VNNI
+    const __m256i ones = _mm256_set1_epi16(1);
 #endif
-    else if (rows == MROWS && mb == 1) TILED_DOT(MROWS, 1);
-    else if (rows == MROWS && mb == 2) TILED_DOT(MROWS, 2);
-    else if (rows == MROWS && mb == 3) TILED_DOT(MROWS, 3);
-    else TILED_DOT(MROWS, MB);
-#undef TILED_DOT
+    __m256 acc[TILE * MB], zacc[TILE * MB];
+    for (int a = 0; a < TILE * mb; a++) {
+        acc[a] = _mm256_setzero_ps();
+        zacc[a] = _mm256_setzero_ps();
+    }
+    float sc[TILE * MB][8] __attribute__((aligned(32)));
+    __m256 offs[ZB][TILE];
+    for (int64_t b0 = 0; b0 < B; b0 += ZB) {
+        const int64_t b1 = b0 + ZB < B ? b0 + ZB : B;
+        for (int64_t b = b0; b < b1; b++) {
+            const int64_t g = 8 * b;
+            const uint8_t *blk = tile + b * bstep;
+            for (int r = 0; r < TILE; r++) {
+                __m256 scale;
+                kq_scales(blk + 16 * r, &scale, &offs[b - b0][r]);
+                for (int i = 0; i < mb; i++)
+                    _mm256_store_ps(sc[r * mb + i], _mm256_mul_ps(scale, _mm256_loadu_ps(dx + i * G + g)));
+            }
+            for (int64_t c = 0; c < bstep; c += 64) /* the tile's stream, TILE_AHEAD super-blocks on */
+                _mm_prefetch((const char *)blk + TILE_AHEAD * bstep + c, _MM_HINT_T0);
+            for (int j = 0; j < 8; j += 4) { /* four groups: 64 bytes of codes a row */
+                for (int r = 0; r < TILE; r++) {
+                    const uint8_t *at = blk + TILE * 16 + r * 128 + j * 16;
+                    const __m256i c0 = _mm256_loadu_si256((const __m256i *)at);
+                    const __m256i c1 = _mm256_loadu_si256((const __m256i *)(at + 32));
+                    const __m256i w[4] = {_mm256_and_si256(c0, m4), _mm256_and_si256(_mm256_srli_epi16(c0, 4), m4),
+                                          _mm256_and_si256(c1, m4), _mm256_and_si256(_mm256_srli_epi16(c1, 4), m4)};
+                    for (int i = 0; i < mb; i++) {
+                        const __m256i *xi = (const __m256i *)(xq + i * K + (g + j) * 32);
+                        const __m256i x[4] = {_mm256_loadu_si256(xi), _mm256_loadu_si256(xi + 1),
+                                              _mm256_loadu_si256(xi + 2), _mm256_loadu_si256(xi + 3)};
+#if SPECCHAT_VNNI
+                        const __m256i sum = dot4(w, x, _mm256_setzero_si256());
+#else
+                        __m256i p[4];
+                        for (int q = 0; q < 4; q++) p[q] = _mm256_maddubs_epi16(w[q], x[q]);
+                        const __m256i sum = _mm256_madd_epi16(
+                            _mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3])), ones);
+#endif
+                        acc[r * mb + i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum),
+                                                          _mm256_broadcast_ps((const __m128 *)&sc[r * mb + i][j]),
+                                                          acc[r * mb + i]);
+                    }
+                }
+            }
+        }
+        for (int r = 0; r < TILE; r++) /* the offsets' sums, super-block by super-block as dot_rows adds them */
+            for (int i = 0; i < mb; i++)
+                for (int64_t b = b0; b < b1; b++)
+                    zacc[r * mb + i] = _mm256_fmadd_ps(offs[b - b0][r], _mm256_loadu_ps(xs + i * G + 8 * b),
+                                                       zacc[r * mb + i]);
+    }
+    for (int a = 0; a < TILE * mb; a++) {
+        acc_out[a] = acc[a];
+        zacc_out[a] = zacc[a];
+    }
 }
 
-/* One pass of `mb` tokens over a tile of tiled Q4_K rows from n0: the whole tile in one call where its
- * accumulators fit (ACC), else MROWS rows a call. */
-static inline void tiled_pass(const weights_t *wt, int mb, int64_t n0, const int8_t *xq, const float *dx,
-                              const float *xs, const float *bias, float *y, int64_t ldy, int accumulate) {
-    const int step = TILE * mb <= ACC ? TILE : MROWS;
-    for (int h = 0; h < TILE; h += step) {
-        __m256 acc[ACC], zacc[ACC];
-        zero_rows(acc, zacc);
-        tile_dot_tiled(wt, step, mb, n0 + h, xq, dx, xs, acc, zacc);
-        store_rows(step, mb, acc, zacc, bias, n0 + h, y, ldy, accumulate);
-    }
+/* One pass of `mb` <= MB tokens over the tile of tiled Q4_K rows from n0 (a multiple of TILE) into y's rows.
+ * Not inlined, like tile_dot_wide. */
+static __attribute__((noinline)) void tiled_pass(const weights_t *wt, int mb, int64_t n0, const int8_t *xq,
+                                                 const float *dx, const float *xs, const float *bias, float *y,
+                                                 int64_t ldy, int accumulate) {
+    const int64_t K = wt->K;
+    const uint8_t *tile = wt->codes + n0 / TILE * (K / 256 * TILE * TILE_ROW);
+    __m256 acc[TILE * MB], zacc[TILE * MB];
+    if (mb == 1) dot_tile(1, tile, K, xq, dx, xs, acc, zacc);
+    else if (mb == 2) dot_tile(2, tile, K, xq, dx, xs, acc, zacc);
+    else if (mb == 3) dot_tile(3, tile, K, xq, dx, xs, acc, zacc);
+    else dot_tile(MB, tile, K, xq, dx, xs, acc, zacc);
+    store_rows(TILE, mb, acc, zacc, bias, n0, y, ldy, accumulate);
 }
 
 /* y [M, N] (rows ldy apart) = x @ W.T (+ bias) for any kind of weights: x's rows quantized once, then

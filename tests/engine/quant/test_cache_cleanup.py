@@ -61,7 +61,7 @@ def test_another_variants_layout_stays_only_where_this_cpu_runs_that_variant(tmp
     where no variant of this CPU reads it."""
     import engine.quant.cache as quant
 
-    avx512, vnni_rows, avx2 = (f"m-cccccccccccccccc-g32-k{tag}.safetensors" for tag in ("2-vnni-t2", "2-vnni", "2"))
+    avx512, vnni_rows, avx2 = (f"m-cccccccccccccccc-g32-k{tag}.safetensors" for tag in (f"2-vnni-t{quant.cpu_pack.TILE_ROWS}", "2-vnni", "2"))
     monkeypatch.setattr(quant.cpu_pack, "LAYOUT_VERSION", 2)
     monkeypatch.setattr(quant.cpu_isa, "has", lambda name: name in ("avx2", "avx512-vnni"))
     older = [_write(tmp_path, name) for name in (vnni_rows, avx2)]

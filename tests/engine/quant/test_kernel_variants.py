@@ -112,7 +112,7 @@ def test_the_variant_follows_the_cpus_flags_unless_one_is_forced(
     monkeypatch.setenv(cpu_kernel.ENV, env)
     assert cpu_kernel.why_not() is None
     assert cpu_isa.choose() == chosen
-    assert cpu_pack.layout_tag(chosen) == {"avx2": "2", "avx-vnni": "2-vnni", "avx512-vnni": "2-vnni-t2"}[chosen]
+    assert cpu_pack.layout_tag(chosen) == {"avx2": "2", "avx-vnni": "2-vnni", "avx512-vnni": f"2-vnni-t{cpu_pack.TILE_ROWS}"}[chosen]
 
 
 def test_a_forced_variant_the_cpu_lacks_or_an_unknown_name_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

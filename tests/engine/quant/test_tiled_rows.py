@@ -44,7 +44,7 @@ def test_rows_off_the_tiles_or_another_variants_choice_stay_rows() -> None:
     weights = q4_k_weights(9, 512, seed=4)  # 9 rows: not whole tiles
     packed, table = cpu_pack.pack(weights.codes, weights.scale, weights.zero, 1, headers=weights.headers, tiled=True)
     assert packed.shape == (9, 256) and table.shape == (9, 32)
-    whole, long = q4_k_weights(8, 512, seed=4), q4_k_weights(8, cpu_pack.TILE_MAX_K, seed=5)
+    whole, long = q4_k_weights(8, 512, seed=4), q4_k_weights(8, cpu_pack.TILE_MAX_K + 256, seed=5)
     assert cpu_pack.pack(whole.codes, whole.scale, whole.zero, 1, headers=whole.headers, variant="avx2")[0].dim() == 2
     tiled = cpu_pack.pack(whole.codes, whole.scale, whole.zero, 1, headers=whole.headers, variant="avx512-vnni")[0]
     assert tiled.dim() == 4 and cpu_pack.tiles("avx512-vnni") and not cpu_pack.tiles("avx2")
