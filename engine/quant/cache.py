@@ -39,8 +39,8 @@ log = logging.getLogger(__name__)
 CACHE_VERSION = 3  # 2: two-plane (8-bit) groups; 3: Q6_K carried as 6-bit groups of 16
 _CACHE_NAME = re.compile(r"^(?P<model>.+)-(?P<key>[0-9a-f]{16})-(?P<tags>g\d+(?:-nohead)?(?:-planes)?)(?:-k(?P<layout>\d+(?:-vnni)?(?:-t\d+)?))?\.safetensors$")
 """What :func:`_cache_file` names a cache: the model's directory name, the key (source, version,
-weight files), the settings, the kernel layout's version (``-vnni``: the VNNI variants' order, ``-t2``: Q4_K rows
-in tiles of two; :func:`engine.quant.cpu_pack.layout_tag`)."""
+weight files), the settings, the kernel layout's version (``-vnni``: the VNNI variants' order, ``-t4``: Q4_K rows
+in tiles of four; :func:`engine.quant.cpu_pack.layout_tag`)."""
 
 
 def local_snapshot(location: str) -> Path | None:

@@ -63,8 +63,8 @@ docs/performance.md); the AVX2 machines that set the other variants' layout were
 
 def layout_tag(name: str | None = None) -> str:
     """The layout :func:`pack` makes for variant ``name`` (else this process's), as the int4 cache records
-    it: :data:`LAYOUT_VERSION`, ``-vnni`` for the VNNI variants' order and ``-t2`` where Q4_K rows come in
-    tiles of two (a cache of one layout is not read by a process of another)."""
+    it: :data:`LAYOUT_VERSION`, ``-vnni`` for the VNNI variants' order and ``-t4`` where Q4_K rows come in
+    tiles of four (a cache of one layout is not read by a process of another)."""
     return f"{LAYOUT_VERSION}{'-vnni' if is_vnni(name) else ''}{f'-t{TILE_ROWS}' if tiles(name) else ''}"
 
 

@@ -157,6 +157,31 @@ static inline void kq_scales(const uint8_t *h, __m256 *scale, __m256 *off) {
                          _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(mn)));
 }
 
+/* Four groups' codes from their 64 bytes at `at` (byte j: code j low, code j + 32 high, two pairs of groups) as
+ * four vectors of u8 codes 0..15, the order the activations come in (VNNI order on the VNNI variants). */
+static inline void four_groups(const uint8_t *at, __m256i *w) {
+    const __m256i m4 = _mm256_set1_epi8(0x0F);
+    const __m256i b0 = _mm256_loadu_si256((const __m256i *)at), b1 = _mm256_loadu_si256((const __m256i *)(at + 32));
+    w[0] = _mm256_and_si256(b0, m4);
+    w[1] = _mm256_and_si256(_mm256_srli_epi16(b0, 4), m4);
+    w[2] = _mm256_and_si256(b1, m4);
+    w[3] = _mm256_and_si256(_mm256_srli_epi16(b1, 4), m4);
+}
+
+/* The int32 dots of four groups' codes w (u8 0..15) with their int8 activations x: lanes 0..3 the four groups'
+ * first 16 products summed, 4..7 their last 16. VNNI: four vpdpbusd; AVX2: vpmaddubsw, whose int16 sums of up to
+ * 8 products stay exact (|sum| <= 8 * 15 * 127 < 32768), then int32. The same sums either way. */
+static inline __m256i four_group_dots(const __m256i *w, const __m256i *x) {
+#if SPECCHAT_VNNI
+    return dot4(w, x, _mm256_setzero_si256());
+#else
+    __m256i p[4];
+    for (int c = 0; c < 4; c++) p[c] = _mm256_maddubs_epi16(w[c], x[c]);
+    return _mm256_madd_epi16(_mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3])),
+                             _mm256_set1_epi16(1));
+#endif
+}
+
 /* One group of 32 floats to int8 codes; returns the scale, writes sum(codes) * scale to *xs and -32 times
  * the sums of its first and last 16 codes to half[0] and half[4] (the 6-bit kernel's offsets). */
 static inline float quantize_group(const float *v, int8_t *out, float *xs, float *half) {
@@ -239,21 +264,10 @@ static inline __attribute__((always_inline)) void dot_rows(int rows, int mb, int
             for (int i = 0; i < mb; i++)
                 for (int c = 0; c < 4; c++) x[i][c] = _mm256_loadu_si256((const __m256i *)(xq + i * K + (g + j + c) * 32));
             for (int r = 0; r < rows; r++) {
-                const __m256i b0 = _mm256_loadu_si256((const __m256i *)(codes + r * row_bytes + (g + j) * 16));
-                const __m256i b1 = _mm256_loadu_si256((const __m256i *)(codes + r * row_bytes + (g + j) * 16 + 32));
-                const __m256i w[4] = {_mm256_and_si256(b0, m4), _mm256_and_si256(_mm256_srli_epi16(b0, 4), m4),
-                                      _mm256_and_si256(b1, m4), _mm256_and_si256(_mm256_srli_epi16(b1, 4), m4)};
+                __m256i w[4];
+                four_groups(codes + r * row_bytes + (g + j) * 16, w);
                 for (int i = 0; i < mb; i++) {
-#if SPECCHAT_VNNI
-                    const __m256i sum = dot4(w, x[i], _mm256_setzero_si256()); /* codes 0..15 are the u8 side */
-#else
-                    __m256i p[4];
-                    for (int c = 0; c < 4; c++) p[c] = _mm256_maddubs_epi16(w[c], x[i][c]);
-                    /* int16 sums of up to 8 products (|sum| <= 8 * 15 * 127 < 32768: exact), then int32: lanes
-                     * 0..3 the four groups' first 16 products summed, 4..7 their last 16 */
-                    const __m256i sum = _mm256_madd_epi16(
-                        _mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3])), ones);
-#endif
+                    const __m256i sum = four_group_dots(w, x[i]);
                     acc[r * mb + i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum),
                                                       _mm256_broadcast_ps((const __m128 *)&sc[r * mb + i][j]), acc[r * mb + i]);
                 }
@@ -641,10 +655,6 @@ static inline __attribute__((always_inline)) void dot_tile(int mb, const uint8_t
                                                            const float *dx, const float *xs, __m256 *acc_out,
                                                            __m256 *zacc_out) {
     const int64_t G = K / 32, B = K / 256, bstep = TILE * TILE_ROW;
-    const __m256i m4 = _mm256_set1_epi8(0x0F);
-#if !SPECCHAT_VNNI
-    const __m256i ones = _mm256_set1_epi16(1);
-#endif
     __m256 acc[TILE * MB], zacc[TILE * MB];
     for (int a = 0; a < TILE * mb; a++) {
         acc[a] = _mm256_setzero_ps();
@@ -667,23 +677,13 @@ static inline __attribute__((always_inline)) void dot_tile(int mb, const uint8_t
                 _mm_prefetch((const char *)blk + TILE_AHEAD * bstep + c, _MM_HINT_T0);
             for (int j = 0; j < 8; j += 4) { /* four groups: 64 bytes of codes a row */
                 for (int r = 0; r < TILE; r++) {
-                    const uint8_t *at = blk + TILE * 16 + r * 128 + j * 16;
-                    const __m256i c0 = _mm256_loadu_si256((const __m256i *)at);
-                    const __m256i c1 = _mm256_loadu_si256((const __m256i *)(at + 32));
-                    const __m256i w[4] = {_mm256_and_si256(c0, m4), _mm256_and_si256(_mm256_srli_epi16(c0, 4), m4),
-                                          _mm256_and_si256(c1, m4), _mm256_and_si256(_mm256_srli_epi16(c1, 4), m4)};
+                    __m256i w[4];
+                    four_groups(blk + TILE * 16 + r * 128 + j * 16, w);
                     for (int i = 0; i < mb; i++) {
                         const __m256i *xi = (const __m256i *)(xq + i * K + (g + j) * 32);
                         const __m256i x[4] = {_mm256_loadu_si256(xi), _mm256_loadu_si256(xi + 1),
                                               _mm256_loadu_si256(xi + 2), _mm256_loadu_si256(xi + 3)};
-#if SPECCHAT_VNNI
-                        const __m256i sum = dot4(w, x, _mm256_setzero_si256());
-#else
-                        __m256i p[4];
-                        for (int q = 0; q < 4; q++) p[q] = _mm256_maddubs_epi16(w[q], x[q]);
-                        const __m256i sum = _mm256_madd_epi16(
-                            _mm256_hadd_epi16(_mm256_hadd_epi16(p[0], p[1]), _mm256_hadd_epi16(p[2], p[3])), ones);
-#endif
+                        const __m256i sum = four_group_dots(w, x);
                         acc[r * mb + i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum),
                                                           _mm256_broadcast_ps((const __m128 *)&sc[r * mb + i][j]),
                                                           acc[r * mb + i]);
