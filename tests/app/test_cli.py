@@ -44,6 +44,11 @@ def test_generate_json_shape_and_modes(pair, capsys) -> None:
     assert 0 < len(spec["token_ids"]) <= 12
     ngram = generate(capsys, *common, "--mode", "ngram")
     assert ngram["stats"]["mode"] == "ngram" and ngram["token_ids"] == plain["token_ids"]
+    suffix = generate(capsys, *common, "--mode", "suffix")
+    assert suffix["token_ids"] == plain["token_ids"]
+    # The round kind is a copy either way; the drafter says which lookup the user asked for.
+    assert (ngram["stats"]["drafter"], suffix["stats"]["drafter"]) == ("n-gram lookup", "suffix lookup")
+    assert plain["stats"]["drafter"] == "none" and spec["stats"]["drafter"] not in ("none", "n-gram lookup", "suffix lookup")
 
 
 @pytest.mark.parametrize(
