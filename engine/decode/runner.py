@@ -27,7 +27,8 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from engine.errors import ContextLengthError
-from engine.model.capture import CompiledPass, PassCapture, attention_span, capture_shapes, compile_backend
+from engine.model.capture import PassCapture, attention_span, capture_shapes
+from engine.model.compiled import CompiledPass, compile_backend
 from engine.model.device import Device, ids_tensor, oom_summary
 from engine.model.kv import GrowingKV, StaticKV
 from engine.model.card_attention import FUSED_ROWS, card_layer, card_varying, why_not_fused

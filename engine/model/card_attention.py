@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from engine.model.capture import switched_off
+from engine.model.compiled import switched_off
 from engine.model.layer_parts import Dims, LayerParts, finish_layer, project, rms_norm
 
 ENV = "SPECCHAT_CARD_ATTENTION"

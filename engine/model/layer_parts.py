@@ -8,7 +8,7 @@ callable. :func:`static_layer` is one layer of a pass over the static cache, wri
 function of its tensors, so that ``torch.compile`` compiles it **once for every layer**
 (regional compilation: dynamo guards on the tensors' shapes, not on which layer they belong to)
 instead of unrolling the whole model into one graph: pocket's 30 layers compile in the time of
-one (:class:`engine.model.capture.CompiledPass`). Each call also normalises its output for the
+one (:class:`engine.model.compiled.CompiledPass`). Each call also normalises its output for the
 next layer (``next_norm``), so the residual add and the next layer's norm stay one fused kernel
 across the boundary, as they are in a whole-model graph.
 """
@@ -250,7 +250,7 @@ def varying_sizes(x: torch.Tensor, h: torch.Tensor, p: LayerParts, d: Dims, keys
     """Mark for ``torch.compile`` the sizes of :func:`static_layer`'s arguments that vary between
     calls: the new tokens ``T`` where above one, and the keys attended over. Every other size and
     every int (the weights', the cache's, the heads') stays fixed, so one compile serves a model's
-    layers for ``T = 1`` and one for every ``T`` from two (:class:`engine.model.capture.CompiledPass`
+    layers for ``T = 1`` and one for every ``T`` from two (:class:`engine.model.compiled.CompiledPass`
     compiles with automatic dynamic shapes off); with every size symbolic, a width that happened to
     equal a head count at the first compile tied the two together and compiled again later."""
     import torch._dynamo

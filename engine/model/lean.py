@@ -179,7 +179,7 @@ class LeanForward:
         self._mask_constants: dict[tuple[torch.device, torch.dtype], tuple[torch.Tensor, torch.Tensor]] = {}
         self.layer_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]] = static_layer
         """Each layer of :meth:`static_pass`: :func:`engine.model.layer_parts.static_layer`, or the same
-        compiled once for every layer (:class:`engine.model.capture.CompiledPass`, set by the runner)."""
+        compiled once for every layer (:class:`engine.model.compiled.CompiledPass`, set by the runner)."""
         self.step_fn: Callable[..., tuple[torch.Tensor, torch.Tensor]] | None = None
         """Where the runner chose a card's fused attention: each layer of a :meth:`static_pass` of at
         most :data:`~engine.model.card_attention.FUSED_ROWS` tokens

@@ -267,7 +267,7 @@ def test_one_compile_serves_every_layer(monkeypatch) -> None:
 
 
 def test_a_card_compiles_by_default_and_the_environment_decides_first(monkeypatch) -> None:
-    from engine.model.capture import compile_backend
+    from engine.model.compiled import compile_backend
 
     monkeypatch.delenv("SPECCHAT_COMPILE", raising=False)
     assert compile_backend(card=True) == "inductor" and compile_backend(card=False) is None
