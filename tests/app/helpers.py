@@ -1,8 +1,10 @@
 """Pilot helpers shared by the app tests."""
 from __future__ import annotations
 
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 
 from textual.pilot import Pilot
 
@@ -44,3 +46,15 @@ async def send_held(pilot: Pilot, loader: FakeLoader, text: str) -> FakeBackend:
     backend = loader.backends[0]
     await wait_for(pilot, backend.held.is_set)
     return backend
+
+
+@asynccontextmanager
+async def first_load_held(make_app: Callable[..., SpecChatApp], loader: FakeLoader,
+                          size: tuple[int, int] = (80, 24)) -> AsyncIterator[tuple[SpecChatApp, Pilot]]:
+    """An app whose first load waits on ``loader.gate`` (set it to let the load finish), run and
+    watched until it is loading: the set-up of every test of what a first start shows."""
+    loader.gate = threading.Event()
+    app = make_app()
+    async with app.run_test(size=size) as pilot:
+        await wait_for(pilot, lambda: app.engine.loading)
+        yield app, pilot

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from app.cli import main
-from engine.config.profiles import ModelSpec
 from engine.fetch.parts import joined_path
 from engine.fetch.sources import _converted_dir
 from engine.fetch.wheels import fetch_wheel_file

@@ -1,7 +1,6 @@
 """The command palette: each title once, the app's keys and extra commands, a switch per other profile."""
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -13,7 +12,7 @@ from app.ui.app import SpecChatApp
 from app.ui.commands import ProfileCommands, unique_commands
 from engine.errors import ProfileError
 from tests.app.fakes import FakeLoader
-from tests.app.helpers import ready, wait_for
+from tests.app.helpers import first_load_held, ready, wait_for
 
 pytestmark = pytest.mark.anyio
 
@@ -102,10 +101,7 @@ async def test_discovery_lists_a_switch_per_other_profile_with_its_pair(make_app
 
 
 async def test_the_profile_still_loading_is_offered(make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
-    loader.gate = threading.Event()
-    app = make_app()
-    async with app.run_test() as pilot:
-        await wait_for(pilot, lambda: app.engine.loading)
+    async with first_load_held(make_app, loader, size=(80, 24)) as (app, pilot):
         assert [name for name, _, _ in ProfileCommands(app.screen)._choices()] == ["fast", "lookup"]
         loader.gate.set()
         await ready(pilot)

@@ -2,7 +2,6 @@
 message once the model is ready, and says nothing is loaded when loading fails."""
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable
 
 import pytest
@@ -12,17 +11,14 @@ from app.ui.app import SpecChatApp
 from app.ui.widgets.chat_view import UserMessage
 from engine.errors import ModelSourceError
 from tests.app.fakes import FakeLoader
-from tests.app.helpers import ready, send, wait_for
+from tests.app.helpers import first_load_held, ready, send, wait_for
 
 pytestmark = pytest.mark.anyio
 
 
 async def test_the_prompt_box_says_it_waits_for_the_model(make_app: Callable[..., SpecChatApp],
                                                           loader: FakeLoader) -> None:
-    loader.gate = threading.Event()
-    app = make_app()
-    async with app.run_test(size=(80, 24)) as pilot:
-        await wait_for(pilot, lambda: app.engine.loading)
+    async with first_load_held(make_app, loader, size=(80, 24)) as (app, pilot):
         prompt = app.conversation.prompt
         assert prompt.placeholder.startswith("Loading fast… you can type")
         assert "Ask" not in prompt.placeholder
@@ -39,10 +35,7 @@ async def test_the_whole_loading_placeholder_shows_in_a_narrow_box(make_app: Cal
     """A loading placeholder wider than the box wraps to two lines (at 80 columns "pocket"'s
     does): the empty box grows to show both (a one-line box cut it off before "ready"), also
     once a queued prompt empties it, and goes back to one line with the short ready placeholder."""
-    loader.gate = threading.Event()
-    app = make_app()
-    async with app.run_test(size=(70, 24)) as pilot:
-        await wait_for(pilot, lambda: app.engine.loading)
+    async with first_load_held(make_app, loader, size=(70, 24)) as (app, pilot):
         prompt = app.conversation.prompt
         await pilot.pause()
         assert prompt.content_size.height == 2 and "ready" in prompt.render_line(1).text
@@ -69,10 +62,7 @@ async def test_esc_stops_the_first_load_and_says_nothing_is_loaded(make_app: Cal
                                                                  loader: FakeLoader) -> None:
     """A first start that downloads gigabytes must not hold the user: Esc stops it, and a prompt
     queued for it comes back to the box, said to."""
-    loader.gate = threading.Event()
-    app = make_app()
-    async with app.run_test(size=(80, 24)) as pilot:
-        await wait_for(pilot, lambda: app.engine.loading)
+    async with first_load_held(make_app, loader, size=(80, 24)) as (app, pilot):
         assert "Esc stops loading" in app.conversation.prompt.placeholder
         await send(pilot, "hello while loading")
         await pilot.pause()
@@ -102,10 +92,7 @@ def footer_keys(app: SpecChatApp) -> str:
 
 async def test_the_footer_offers_esc_only_while_something_can_be_stopped(make_app: Callable[..., SpecChatApp],
                                                                         loader: FakeLoader) -> None:
-    loader.gate = threading.Event()
-    app = make_app()
-    async with app.run_test(size=(160, 24)) as pilot:
-        await wait_for(pilot, lambda: app.engine.loading)
+    async with first_load_held(make_app, loader, size=(160, 24)) as (app, pilot):
         await pilot.pause()
         assert "Stop" in footer_keys(app)
         loader.gate.set()
