@@ -34,8 +34,9 @@ def default_loader(profile: "ModelProfile", memory_budget: int | None, progress:
     Local models load in a child process (:mod:`engine.child.backend`): the decode loop
     then never waits for the UI's Python, and ``stop`` ends the load, downloads and
     all, by ending that process. Its output goes to ``engine.log`` in the user state
-    dir. A server profile only talks HTTP and stays here (its connection has timeouts
-    of its own; ``stop`` is honoured once it answers)."""
+    dir. A server profile only talks HTTP and stays here: its connect and probes (up to
+    :data:`engine.remote.backend.PROBE_TIMEOUT_S` each against a server that never answers)
+    run in a thread of their own, which ``stop`` leaves behind at once (:func:`abandonable`)."""
     if profile.backend != "server":  # torch is imported in the child only (app.ui.collector says why)
         from engine.child.backend import ProcessBackend
         from engine.paths import state_dir
@@ -45,12 +46,54 @@ def default_loader(profile: "ModelProfile", memory_budget: int | None, progress:
     from engine.fetch.hublog import hub_messages_as_progress
     from engine.load.loader import load_engine
 
-    with hub_messages_as_progress(progress):  # hub retries as progress, not raw text over the screen
-        backend = load_engine(profile, memory_budget=memory_budget, progress=progress)
-    if stop.is_set():
-        backend.close()
-        raise LoadStoppedError(f"Stopped loading {profile.name}.")
-    return backend
+    def connect() -> ChatBackend:
+        with hub_messages_as_progress(progress):  # hub retries as progress, not raw text over the screen
+            return load_engine(profile, memory_budget=memory_budget, progress=progress)
+
+    return abandonable(connect, stop, f"Stopped loading {profile.name}.")
+
+
+STOP_POLL_S = 0.05
+"""How often :func:`abandonable` looks at its stop flag."""
+
+
+def abandonable(load: Callable[[], ChatBackend], stop: threading.Event, stopped: str) -> ChatBackend:
+    """``load()`` in a daemon thread, waited for until it answers or ``stop`` is set; then
+    :class:`~engine.errors.LoadStoppedError` (``stopped``, its message) is raised at once, and a
+    backend the abandoned load still brings is closed when it comes (a server that answers late
+    holds nothing of ours). Its errors are raised here as they are."""
+    lock, done = threading.Lock(), threading.Event()
+    outcome: list[ChatBackend | BaseException] = []
+    abandoned = False
+
+    def run() -> None:
+        try:
+            result: ChatBackend | BaseException = load()
+        except BaseException as exc:  # noqa: BLE001 - handed to the waiting thread, raised there
+            result = exc
+        with lock:
+            outcome.append(result)
+            late = abandoned
+        done.set()
+        if late and not isinstance(result, BaseException):
+            result.close()
+
+    threading.Thread(target=run, name="load", daemon=True).start()
+    while True:
+        with lock:
+            if stop.is_set():  # before a result: Esc pressed as the server answered still stops
+                abandoned = True
+                came = outcome[0] if outcome else None
+                break
+            if outcome:
+                result = outcome[0]
+                if isinstance(result, BaseException):
+                    raise result
+                return result
+        done.wait(STOP_POLL_S)
+    if came is not None and not isinstance(came, BaseException):
+        came.close()
+    raise LoadStoppedError(stopped)
 
 
 UI_NICE = 0

@@ -2,8 +2,11 @@
 from __future__ import annotations
 
 import threading
+import time
 
-from app.ui.loading import load_beside
+import pytest
+
+from app.ui.loading import abandonable, load_beside
 from app.ui.messages import EngineFailed, EngineReady
 from engine.config.profiles import ModelProfile
 from engine.errors import LoadStoppedError, MemoryPlanError, ModelSourceError
@@ -121,3 +124,49 @@ print("torch" in sys.modules)
                          env={**__import__("os").environ, "PYTHONPATH": str(root)})
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "False"
+
+
+def test_an_abandonable_load_answers_its_backend_or_raises_its_error() -> None:
+    backend = FakeBackend(FAST)
+    assert abandonable(lambda: backend, threading.Event(), "stopped") is backend
+
+    def failing() -> FakeBackend:
+        raise ModelSourceError("no server at that address")
+
+    with pytest.raises(ModelSourceError, match="no server"):
+        abandonable(failing, threading.Event(), "stopped")
+
+
+def test_a_stopped_load_is_left_at_once_and_what_it_brings_later_is_closed() -> None:
+    """A server profile's connect against a server that never answers took its probes' timeouts
+    (10 s each) whatever Esc said: the wait ends as the stop comes, and a backend the connect
+    still brings afterwards is closed (it would hold a connection no one uses)."""
+    release, came = threading.Event(), FakeBackend(LOOKUP)
+    stop = threading.Event()
+
+    def slow() -> FakeBackend:
+        release.wait(10)
+        return came
+
+    threading.Timer(0.1, stop.set).start()
+    t0 = time.monotonic()
+    with pytest.raises(LoadStoppedError, match="Stopped loading lookup"):
+        abandonable(slow, stop, "Stopped loading lookup.")
+    assert time.monotonic() - t0 < 1.0 and not came.closed
+    release.set()
+    deadline = time.monotonic() + 5
+    while not came.closed and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert came.closed
+
+
+def test_a_stop_that_comes_as_the_load_ends_still_stops_it() -> None:
+    stop, came = threading.Event(), FakeBackend(LOOKUP)
+
+    def answered_as_esc_came() -> FakeBackend:
+        stop.set()
+        return came
+
+    with pytest.raises(LoadStoppedError):
+        abandonable(answered_as_esc_came, stop, "stopped")
+    assert came.closed

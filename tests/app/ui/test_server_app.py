@@ -1,6 +1,9 @@
 """The app against a loopback server playing recorded answers: HUD figures, failures kept in history."""
 from __future__ import annotations
 
+import socket
+import time
+
 import pytest
 
 from app.ui.app import SpecChatApp
@@ -139,3 +142,24 @@ async def test_server_down_at_start_is_a_notice() -> None:
         await wait_for(pilot, lambda: not app.engine.loading and app._notifications, timeout=30.0)
         assert app.engine.backend is None
         assert any("connection refused" in n.message for n in app._notifications)
+
+
+async def test_esc_stops_connecting_to_a_server_that_never_answers() -> None:
+    """The connect waits up to its probes' timeouts (10 s each) on a server that takes the
+    connection and says nothing; the prompt box says Esc stops loading, and it does, at once."""
+    with socket.socket() as mute:
+        mute.bind(("127.0.0.1", 0))
+        mute.listen(4)  # the kernel completes the handshake; nobody ever reads or answers
+        app = server_app(f"http://127.0.0.1:{mute.getsockname()[1]}")
+        async with app.run_test(size=(130, 45)) as pilot:
+            await wait_for(pilot, lambda: app.engine.loading, timeout=30.0)
+            await pilot.pause(0.3)  # the connect is under way
+            assert app.engine.loading
+            t0 = time.monotonic()
+            await pilot.press("escape")
+            await wait_for(pilot, lambda: not app.engine.loading, timeout=5.0)
+            assert time.monotonic() - t0 < 2.0
+            await pilot.pause()
+            assert app.engine.backend is None
+            notes = {n.title: n.message for n in app._notifications}
+            assert notes["Loading stopped"].startswith("Stopped loading")
