@@ -14,6 +14,29 @@ import engine.quant.cpu_kernel as cpu_kernel
 from engine.quant import cpu_pack
 
 
+INT4, INT8, INT6, INT4K, INT6K, INT4KT = range(6)
+"""The kinds of weights, numbered as csrc/layer.c numbers its products."""
+ENTRIES: dict[int, Callable[..., cpu_kernel.Matmul | None]] = {
+    INT4: cpu_kernel.matmul, INT8: cpu_kernel.matmul8, INT6: cpu_kernel.matmul6,
+    INT4K: cpu_kernel.matmul4k, INT6K: cpu_kernel.matmul6k, INT4KT: cpu_kernel.matmul4kt,
+}
+"""Each kind's entry point in the kernel library."""
+
+
+def kind_of(packed: torch.Tensor, scales: torch.Tensor, planes: int) -> int:
+    """Which kind of weights :func:`engine.quant.cpu_pack.pack` (or ``pack6``, ``pack8``) laid out: one plane with a
+    bf16 table (int4), or with a Q4_K's uint8 headers beside the rows (``INT4K``) or inside tiles of them
+    (``INT4KT``, 4-d); two planes as 6-bit codes with their scales in the rows (``INT6``) or a Q6_K's headers
+    beside them (``INT6K``), else as 8-bit codes (``INT8``)."""
+    if planes == 1:
+        if scales.dtype != torch.uint8:
+            return INT4
+        return INT4KT if packed.dim() == 4 else INT4K
+    if planes == 2 and packed.dtype == torch.uint8:
+        return INT6K if scales.numel() > 0 else INT6
+    return INT8
+
+
 def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None, k: int, planes: int,
            norm: tuple[torch.Tensor, float] | None = None, gated: bool = False,
            variant: str | None = None) -> Callable[..., torch.Tensor]:
@@ -33,18 +56,14 @@ def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
     """
     if gated and norm is not None:
         raise ValueError("a gated input takes no folded norm")
-    six = planes == 2 and packed.dtype == torch.uint8
-    k_quant = planes == 1 and scales.dtype == torch.uint8  # a Q4_K's headers (cpu_pack.pack)
-    tiled = k_quant and packed.dim() == 4  # Q4_K rows in tiles, their headers in them (cpu_pack.tile_rows)
-    six_k = six and scales.numel() > 0  # a Q6_K's codes, its headers beside them (cpu_pack.pack6)
-    entry = (cpu_kernel.matmul4kt if tiled else cpu_kernel.matmul4k if k_quant else cpu_kernel.matmul if planes == 1 else cpu_kernel.matmul6k if six_k
-             else cpu_kernel.matmul6 if six else cpu_kernel.matmul8)
+    kind = kind_of(packed, scales, planes)
+    entry = ENTRIES[kind]
     fn = entry() if variant is None else entry(variant)
     if fn is None:
         raise RuntimeError("specchat's CPU int4 kernel is not available here")
     if planes not in (1, 2):
         raise ValueError(f"the kernel takes one or two planes, not {planes}")
-    n = int(packed.shape[0]) * (cpu_pack.TILE_ROWS if tiled else 1)
+    n = int(packed.shape[0]) * (cpu_pack.TILE_ROWS if kind == INT4KT else 1)
     bias32 = bias.to(torch.float32).contiguous() if bias is not None else None
     norm32 = norm[0].to(torch.float32).contiguous() if norm is not None else None
     eps = float(norm[1]) if norm is not None else 0.0
@@ -70,11 +89,11 @@ def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
                 raise ValueError(f"the residual or output must be a float32 tensor of {m} x {n} with unit column stride")
             y = target
         tail = (flat.data_ptr(), m, y.data_ptr(), ldy, threads(), norm_ptr, eps, residual is not None, gated)
-        if tiled:  # the headers lie in the tiles
+        if kind == INT4KT:  # the headers lie in the tiles
             failed = fn(codes_ptr, bias_ptr, n, k, *tail)
-        elif planes == 1 and not k_quant:  # the int4 entry also takes the plane count
+        elif kind == INT4:  # the int4 entry also takes the plane count
             failed = fn(codes_ptr, scales_ptr, bias_ptr, n, k, 1, *tail)
-        elif six and not six_k:  # 6-bit rows with their scales in them: the rows' stride instead of a table
+        elif kind == INT6:  # 6-bit rows with their scales in them: the rows' stride instead of a table
             failed = fn(codes_ptr, int(packed.stride(0)), bias_ptr, n, k, *tail)
         else:  # codes and a table: 8-bit, and the Q4_K and Q6_K rows with their headers
             failed = fn(codes_ptr, scales_ptr, bias_ptr, n, k, *tail)
@@ -86,8 +105,8 @@ def linear(packed: torch.Tensor, scales: torch.Tensor, bias: torch.Tensor | None
         return y if x.dtype == torch.float32 else y.to(x.dtype)
 
     f.keep = (packed, scales, bias32, norm32)  # type: ignore[attr-defined]  # the pointers' owners live as long as f
-    # what engine/model/cpu_layer.py hands csrc/layer.c: (kind 0 int4 / 1 8-bit / 2 6-bit / 3 int4 with Q4_K headers /
-    # 4 6-bit with Q6_K headers / 5 Q4_K rows in tiles, codes, table, stride, bias, N, K), and the folded norm's (weight, eps)
-    f.spec = (5 if tiled else 3 if k_quant else 4 if six_k else 0 if planes == 1 else 2 if six else 1, codes_ptr, scales_ptr, int(packed.stride(0)), bias_ptr, n, k)  # type: ignore[attr-defined]
+    # what engine/model/cpu_layer.py hands csrc/layer.c: (kind, codes, table, stride, bias, N, K), and the folded
+    # norm's (weight, eps)
+    f.spec = (kind, codes_ptr, scales_ptr, int(packed.stride(0)), bias_ptr, n, k)  # type: ignore[attr-defined]
     f.norm_spec = (norm_ptr, eps, gated)  # type: ignore[attr-defined]
     return f
