@@ -17,7 +17,7 @@ from engine.events import ChatEvent, ChatMessage, GenerationParams, Mode
 class EngineInfo:
     """What is loaded and why, for the HUD and for ``--json`` output.
 
-    ``plan`` is the memory plan's plain-data form (``engine.model.memory.Plan.to_dict``):
+    ``plan`` is the memory plan's plain-data form (``engine.model.plan.Plan.to_dict``):
     the choice made and the byte figures behind it. ``fallback_reason`` says why
     the engine runs without its configured drafter, if it does. ``compat_note``
     counts and names the reserved special tokens on which target and draft

@@ -18,7 +18,7 @@ from engine.progress import DownloadMeter, ProgressFn, Steps, no_progress, ticki
 from engine.model.compat import check_pair
 from engine.model.device import Device, oom_summary
 from engine.errors import IncompatibleDraftError, ModelSourceError, ProfileError, QuantizationError
-from engine.model.memory import Plan, plan_memory
+from engine.model.plan import Plan, plan_memory
 from engine.config.profiles import ModelProfile, ModelSpec
 from engine.fetch.sources import ResolvedSource, download_meter, locate, prepare, read_config
 from engine.load.weights import load_tokenizer, load_weights, same_tokenizer_files

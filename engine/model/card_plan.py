@@ -1,6 +1,6 @@
 """What a profile can run on a 4, 6, 8 or 12 GB CUDA card: the memory plan, asked per card.
 
-No new arithmetic: each card size is given to :func:`engine.model.memory.plan_memory` as the
+No new arithmetic: each card size is given to :func:`engine.model.plan.plan_memory` as the
 free memory a card of that size leaves (its size less the CUDA context, which ``mem_get_info``
 never reports as free), with the compute dtype a card of compute capability 8.0 or newer runs
 (bfloat16: the int4 kernels need 8.0 anyway). The plan keeps its own reserve on top. The window
@@ -21,7 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from engine.errors import MemoryPlanError
-from engine.model.memory import GiB, Plan, fmt_bytes, plan_memory
+from engine.model.memory import GiB, fmt_bytes
+from engine.model.plan import Plan, plan_memory
 from engine.model.published import PUBLISHED_CONFIGS, published_config
 
 if TYPE_CHECKING:

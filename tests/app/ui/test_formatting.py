@@ -17,7 +17,7 @@ def test_plan_lines_read_as_people_read_them() -> None:
     assert plan_lines({}) == []
     lines = plan_lines({"summary": "both fit", "budget_bytes": 2**30, "layers": [1, 2], "choice_note": "x"})
     assert lines == ["both fit", "budget 1.0 GiB"]
-    # The engine's own plan (engine.model.memory.Plan.to_dict): no raw field names, no None.
+    # The engine's own plan (engine.model.plan.Plan.to_dict): no raw field names, no None.
     engine_plan = {"choice": "target+draft", "reason": "both fit", "free_bytes": 6 * 2**30, "budget_bytes": None,
                    "reserve_bytes": 2**29, "available_bytes": 5 * 2**30, "context_length": 8192,
                    "target": {"weights_bytes": 1}, "draft": None, "planned_bytes": 3 * 2**29,

@@ -14,7 +14,7 @@ from app.ui.formatting import plan_lines
 from app.ui.screens.help import ALPHA_TERM, HelpScreen
 from app.ui.widgets.hud import Hud
 from engine.config.profiles import ModelProfile, ModelSpec, Profiles
-from engine.model.memory import plan_memory
+from engine.model.plan import plan_memory
 from tests.app.fakes import FakeBackend
 from tests.app.helpers import ready
 from tests.conftest import REPO

@@ -12,7 +12,8 @@ import torch
 from engine.model.device import Device
 from engine.errors import ContextLengthError, EngineBusyError
 from engine.events import ChatMessage, GenerationParams
-from engine.model.memory import context_window, plan_memory
+from engine.model.memory import context_window
+from engine.model.plan import plan_memory
 from engine.config.profiles import ModelProfile, ModelSpec
 from engine.chat.session import ChatEngine
 from tests.tiny import MPE, WORDS, make_tokenizer, tiny_config

@@ -17,7 +17,8 @@ from engine.errors import MemoryPlanError, ModelSourceError
 from engine.events import ChatMessage, GenerationParams
 from engine.load.loader import load_engine
 from engine.load.weights import load_model
-from engine.model.memory import count_params, estimate_weights_bytes, plan_memory
+from engine.model.memory import count_params, estimate_weights_bytes
+from engine.model.plan import plan_memory
 from engine.config.profiles import ModelProfile, ModelSpec
 from engine.config.models_file import load_profiles
 from tests.tiny import make_tokenizer, save_tiny

@@ -14,7 +14,8 @@ from engine.model.card_plan import (
     CARD_SIZES_GB, CUDA_CONTEXT_BYTES, card_free_bytes, known_config, plan_card, plan_cards, profile_card_plans,
     published_repo, windows,
 )
-from engine.model.memory import GiB, plan_memory
+from engine.model.memory import GiB
+from engine.model.plan import plan_memory
 from engine.model.published import published_config
 
 SHIPPED = read_profiles_file(shipped_models_file())[0]

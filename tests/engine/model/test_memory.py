@@ -17,10 +17,10 @@ from engine.model.memory import (
     count_params,
     estimate_kv_bytes,
     estimate_weights_bytes,
-    plan_memory,
     published_config,
     resolve_dtype,
 )
+from engine.model.plan import plan_memory
 from engine.config.profiles import ModelProfile, ModelSpec
 from engine.config.models_file import load_profiles
 from tests.tiny import tiny_config
