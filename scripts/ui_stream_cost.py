@@ -135,7 +135,7 @@ def steady_app(backend: SteadyBackend) -> "SpecChatApp":
     from engine.config.profiles import ModelProfile, ModelSpec, Profiles
 
     profile = ModelProfile(name="steady", target=ModelSpec("steady/model"), drafter="none")
-    return SpecChatApp(loader=lambda p, budget, progress: backend,
+    return SpecChatApp(loader=lambda p, budget, progress, stop=None: backend,
                        profiles_loader=lambda: Profiles({"steady": profile}, default="steady", files=()))
 
 
