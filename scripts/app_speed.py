@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import shutil
@@ -42,6 +43,19 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PROMPT = "Explain in two short paragraphs what a hash table is and why lookups in it are fast."
 ESC_PROMPT = "Write a long story about a lighthouse keeper and the sea, in ten chapters."
+
+
+def median_interval(values: list[float], level: float = 0.95) -> tuple[float, float]:
+    """A distribution-free interval for the median of ``values`` at ``level`` (or the widest one
+    ``len(values)`` allow: their range): order statistics x(k) and x(n-k+1), with k the largest
+    such that a Binomial(n, 1/2) falls below k with probability at most (1 - level) / 2."""
+    ordered, n = sorted(values), len(values)
+    tail, k = 0.0, 0
+    while k < n // 2 and tail + math.comb(n, k) / 2**n <= (1 - level) / 2:
+        tail += math.comb(n, k) / 2**n
+        k += 1
+    k = max(k, 1)
+    return ordered[k - 1], ordered[n - k]
 
 
 def headless_plain(args: argparse.Namespace, env: dict[str, str]) -> float:
@@ -283,8 +297,10 @@ def interleaved(args: argparse.Namespace, env: dict[str, str], configs: list[tup
             print(f"round {i + 1} ({' '.join(order)}): " + " · ".join(f"{w} {v:.1f}" for w, v in got.items())
                   + " tok/s · " + " · ".join(f"{n}/headless {ratios[n][-1]:.3f}" for n in ratios), flush=True)
         for name in ratios:
-            print(f"{name}: median {name}/headless {statistics.median(ratios[name]):.3f} over {len(ratios[name])} "
-                  f"rounds (median {statistics.median(speeds[name]):.1f} tok/s)")
+            low, high = median_interval(ratios[name])
+            print(f"{name}: median {name}/headless {statistics.median(ratios[name]):.3f} (95% interval of the median "
+                  f"{low:.3f}-{high:.3f}) over {len(ratios[name])} rounds (median {statistics.median(speeds[name]):.1f} "
+                  "tok/s)")
         print(f"headless median {statistics.median(speeds['headless']):.1f} tok/s; the idle apps used "
               f"{statistics.median(idle):.1%} of a core while the headless engine decoded")
     finally:
