@@ -43,9 +43,11 @@ def int4_bytes_per_param(group_size: int) -> float:
     """torch's int4 kernels: half a byte a weight plus a bf16 scale and zero per group."""
     return 0.5 + 4 / group_size
 
+
 PREFILL_CHUNK = 512
 """Tokens a prefill pass feeds at most; longer prompts are fed in chunks of this size."""
 GiB = 2**30
+
 
 def fmt_bytes(n: int | float) -> str:
     """``1.50 GiB``, ``512 MiB``, ``900 B``."""
