@@ -17,8 +17,10 @@ parser's own way.
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+import os
+from collections.abc import Callable, Iterable
 from typing import Any
+
 from textual import events
 from textual._xterm_parser import XTermParser
 from textual.driver import Driver
@@ -101,7 +103,25 @@ def safe_driver_class(base: type[Driver]) -> type[Driver]:
             # Textual's loop, with this parser, and Esc read as Esc after 30 ms (app.ui.key_reader)
             read_keys(self, PasteParser(getattr(self, "_debug", False)))
 
+        def _get_terminal_size(self) -> tuple[int, int]:
+            return terminal_size(self._file, super()._get_terminal_size)
+
     return PasteSafeLinuxDriver
+
+
+def terminal_size(file: Any, fallback: Callable[[], tuple[int, int]]) -> tuple[int, int]:
+    """(columns, lines) of the terminal ``file`` writes to, asked of the terminal itself.
+
+    Textual asks :func:`shutil.get_terminal_size`, which believes ``COLUMNS`` and ``LINES``
+    in the environment before the terminal: a shell or a wrapper that exports them (a
+    snapshot of the size when it started) had the app drawn at that size, cut off or in a
+    corner, and deaf to every resize. ``fallback`` (Textual's way) where the file is no
+    terminal."""
+    try:
+        size = os.get_terminal_size(file.fileno())
+    except (AttributeError, ValueError, OSError):
+        return fallback()
+    return size.columns or 80, size.lines or 25
 
 
 class HungUpSafe:

@@ -138,3 +138,30 @@ def test_keys_right_after_a_reply_and_after_a_dialog_closes(tmux: Tmux) -> None:
         tmux.run("send-keys", "-t", tmux.session, *["BSpace"] * len(f"typed{round_}"))
         tmux.wait_for("Ask something", timeout=5)  # the empty box's placeholder
     tmux.keys("C-q")
+
+
+def test_the_terminals_own_size_wins_over_columns_and_lines_in_the_environment(tmp_path: Path) -> None:
+    """A shell that exports COLUMNS and LINES (a snapshot of its size at start) had the app drawn
+    at that size in a corner of the terminal, and deaf to resizes: Textual asks
+    :func:`shutil.get_terminal_size`, which believes the environment first."""
+    env = {**os.environ, "TERM": "xterm-256color", "SPECCHAT_DATA_DIR": str(tmp_path / "data"),
+           "SPECCHAT_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT), "COLUMNS": "60", "LINES": "20"}
+    t = Tmux.start(tmp_path / "tmux.sock", f"specchat-size-{uuid.uuid4().hex[:8]}",
+                   f"{sys.executable} -m tests.app.tty_app; sleep 30", width=120, height=36, cwd=ROOT, env=env)
+
+    def rows_once_the_footer_is_last(height: int) -> list[str]:
+        deadline = time.monotonic() + 15
+        while not ((rows := t.screen().splitlines()) and len(rows) == height and "^q Quit" in rows[-1]):
+            assert time.monotonic() < deadline, t.screen()  # the footer on the terminal's last row
+            time.sleep(0.1)
+        return rows
+
+    try:
+        t.wait_for("fake:0")  # the full HUD, shown beside the chat only on a wide terminal
+        rows_once_the_footer_is_last(36)
+        t.run("resize-window", "-t", t.session, "-x", "90", "-y", "30")
+        rows = rows_once_the_footer_is_last(30)
+        box = next(row for row in rows if "╭" in row)
+        assert len(box.strip()) == 88, "\n".join(rows)  # the prompt box spans the new width, less its margins
+    finally:
+        t.kill_server()
