@@ -149,19 +149,22 @@ def test_the_terminals_own_size_wins_over_columns_and_lines_in_the_environment(t
     t = Tmux.start(tmp_path / "tmux.sock", f"specchat-size-{uuid.uuid4().hex[:8]}",
                    f"{sys.executable} -m tests.app.tty_app; sleep 30", width=120, height=36, cwd=ROOT, env=env)
 
-    def rows_once_the_footer_is_last(height: int) -> list[str]:
+    def drawn_at(height: int, box_width: int) -> None:
+        """Until the footer is on the terminal's last row and the prompt box is ``box_width``
+        wide: a repaint on a busy machine can be caught half done."""
         deadline = time.monotonic() + 15
-        while not ((rows := t.screen().splitlines()) and len(rows) == height and "^q Quit" in rows[-1]):
-            assert time.monotonic() < deadline, t.screen()  # the footer on the terminal's last row
+        while True:
+            rows = t.screen().splitlines()
+            boxes = [row[row.index("╭"):row.index("╮") + 1] for row in rows if "╭" in row and "╮" in row]
+            if len(rows) == height and "^q Quit" in rows[-1] and boxes and len(boxes[-1]) == box_width:
+                return
+            assert time.monotonic() < deadline, "\n".join(rows)
             time.sleep(0.1)
-        return rows
 
     try:
         t.wait_for("fake:0")  # the full HUD, shown beside the chat only on a wide terminal
-        rows_once_the_footer_is_last(36)
+        drawn_at(36, 78)  # the full HUD beside the box
         t.run("resize-window", "-t", t.session, "-x", "90", "-y", "30")
-        rows = rows_once_the_footer_is_last(30)
-        box = next(row for row in rows if "╭" in row)
-        assert len(box.strip()) == 88, "\n".join(rows)  # the prompt box spans the new width, less its margins
+        drawn_at(30, 88)  # the HUD folded: the box spans the terminal, less its margins
     finally:
         t.kill_server()
