@@ -160,7 +160,16 @@ SUB_TITLE_SHOWN = 160
 
 
 class SafeTerminal:
-    """Mixed into the App: its titles made inert, pastes whole and inert, the paste-safe driver."""
+    """Mixed into the App: its titles made inert, pastes whole and inert, the paste-safe driver,
+    the terminal's own size."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        # COLUMNS and LINES exported by a shell are a snapshot that Rich's console (the App's
+        # first size, read as the App is made) and shutil believe before the terminal: the app
+        # was laid out at that size, then resized (:func:`terminal_size` covers the driver).
+        for name in ("COLUMNS", "LINES"):
+            os.environ.pop(name, None)
+        super().__init__(*args, **kwargs)
 
     def validate_title(self, title: str) -> str:
         return inert(str(title))

@@ -4,6 +4,7 @@ Each test puts the hostile sequences (OSC 0/8/52, CSI 2J, DCS, C1 CSI/OSC) throu
 of the app and checks what a full repaint writes to the terminal (tests.app.terminal)."""
 from __future__ import annotations
 
+import os
 from collections.abc import Callable
 
 import pytest
@@ -222,3 +223,14 @@ def test_textual_output_thread_outlives_a_hung_up_terminal() -> None:
     threading.Thread(target=frames_then_exit, daemon=True).start()
     assert done.wait(10), "the output thread's queue never drained"
     assert out.gone and out.fileno() == 2
+
+
+def test_columns_and_lines_in_the_environment_do_not_size_the_app(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A shell's exported COLUMNS and LINES (a snapshot of its size at start) were the App's
+    first size, read by Rich's console as the App is made: the app was laid out at it, then
+    resized to the terminal's (tests/app/ui/test_smoke_tty.py drives the real terminal)."""
+    monkeypatch.setenv("COLUMNS", "61")
+    monkeypatch.setenv("LINES", "19")
+    app = SpecChatApp(loader=FakeLoader(), profiles_loader=make_profiles)
+    assert "COLUMNS" not in os.environ and "LINES" not in os.environ
+    assert tuple(app.console.size) != (61, 19)
