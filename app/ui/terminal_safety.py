@@ -113,10 +113,10 @@ def terminal_size(file: Any, fallback: Callable[[], tuple[int, int]]) -> tuple[i
     """(columns, lines) of the terminal ``file`` writes to, asked of the terminal itself.
 
     Textual asks :func:`shutil.get_terminal_size`, which believes ``COLUMNS`` and ``LINES``
-    in the environment before the terminal: a shell or a wrapper that exports them (a
-    snapshot of the size when it started) had the app drawn at that size, cut off or in a
-    corner, and deaf to every resize. ``fallback`` (Textual's way) where the file is no
-    terminal."""
+    in the environment before the terminal, and asks stdout, not the stderr the app draws
+    on: a shell that exports them (a snapshot of the size when it started), or stdout sent
+    to a file (80x24 then), had the app drawn at that size in a corner, deaf to every
+    resize. ``fallback`` (Textual's way) where the file is no terminal."""
     try:
         size = os.get_terminal_size(file.fileno())
     except (AttributeError, ValueError, OSError):

@@ -140,14 +140,21 @@ def test_keys_right_after_a_reply_and_after_a_dialog_closes(tmux: Tmux) -> None:
     tmux.keys("C-q")
 
 
-def test_the_terminals_own_size_wins_over_columns_and_lines_in_the_environment(tmp_path: Path) -> None:
-    """A shell that exports COLUMNS and LINES (a snapshot of its size at start) had the app drawn
-    at that size in a corner of the terminal, and deaf to resizes: Textual asks
-    :func:`shutil.get_terminal_size`, which believes the environment first."""
+@pytest.mark.parametrize("way", ["COLUMNS and LINES exported", "stdout to a file"])
+def test_the_app_is_drawn_at_the_terminals_own_size_and_follows_it(tmp_path: Path, way: str) -> None:
+    """Textual asks :func:`shutil.get_terminal_size`, which believes COLUMNS and LINES in the
+    environment (a snapshot some shells export) before the terminal, and asks stdout, not the
+    stderr the app draws on: either way the app was drawn at a wrong size in a corner of the
+    terminal (80x24 with stdout sent to a file), deaf to resizes."""
     env = {**os.environ, "TERM": "xterm-256color", "SPECCHAT_DATA_DIR": str(tmp_path / "data"),
-           "SPECCHAT_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT), "COLUMNS": "60", "LINES": "20"}
-    t = Tmux.start(tmp_path / "tmux.sock", f"specchat-size-{uuid.uuid4().hex[:8]}",
-                   f"{sys.executable} -m tests.app.tty_app; sleep 30", width=120, height=36, cwd=ROOT, env=env)
+           "SPECCHAT_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT)}
+    command = f"{sys.executable} -m tests.app.tty_app"
+    if way == "stdout to a file":
+        command += f" > {tmp_path / 'out.txt'}"
+    else:
+        env.update(COLUMNS="60", LINES="20")
+    t = Tmux.start(tmp_path / "tmux.sock", f"specchat-size-{uuid.uuid4().hex[:8]}", f"{command}; sleep 30",
+                   width=120, height=36, cwd=ROOT, env=env)
 
     def drawn_at(height: int, box_width: int) -> None:
         """Until the footer is on the terminal's last row and the prompt box is ``box_width``
