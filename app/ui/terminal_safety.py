@@ -1,4 +1,4 @@
-"""The app's side of terminal safety: the window title, pastes, and the terminal's input.
+"""The app's side of terminal safety: the window title, pastes, the terminal's input and its size.
 
 Each widget that shows text from outside makes it :func:`~engine.text_safety.inert`
 itself; :class:`SafeTerminal`, mixed into the App, covers what belongs to the
