@@ -96,7 +96,7 @@ def safe_driver_class(base: type[Driver]) -> type[Driver]:
     class PasteSafeLinuxDriver(linux_driver.LinuxDriver):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self._file = HungUpSafe(self._file)  # what Textual's output thread writes to
+            self._file = HungUpSafe(terminal_output(self._file))  # what Textual's output thread writes to
             self.exit_event = WakingEvent()  # wakes the input loop at once (app.ui.key_reader)
 
         def run_input_thread(self) -> None:
@@ -107,6 +107,20 @@ def safe_driver_class(base: type[Driver]) -> type[Driver]:
             return terminal_size(self._file, super()._get_terminal_size)
 
     return PasteSafeLinuxDriver
+
+
+def terminal_output(file: Any) -> Any:
+    """``file`` (stderr, where Textual draws), or the controlling terminal where stderr is
+    not one: ``specchat 2>/dev/null`` (a common way to hide library warnings) or
+    ``2>errors.log`` drew the whole app into the file and left the terminal blank. Errors
+    printed after the app closes still go where stderr was sent."""
+    try:
+        if file.isatty():
+            return file
+        # open for the app's life: Textual's output thread writes to it until the process ends
+        return open("/dev/tty", "w", encoding="utf-8", errors="backslashreplace")
+    except (AttributeError, ValueError, OSError):  # no controlling terminal: as before
+        return file
 
 
 def terminal_size(file: Any, fallback: Callable[[], tuple[int, int]]) -> tuple[int, int]:

@@ -175,3 +175,24 @@ def test_the_app_is_drawn_at_the_terminals_own_size_and_follows_it(tmp_path: Pat
         drawn_at(30, 88)  # the HUD folded: the box spans the terminal, less its margins
     finally:
         t.kill_server()
+
+
+def test_the_app_draws_on_the_terminal_when_stderr_goes_to_a_file(tmp_path: Path) -> None:
+    """Textual draws on stderr: ``specchat 2>/dev/null`` (a common way to hide library warnings)
+    drew the whole app into the file and left the terminal blank, keys still read."""
+    errors = tmp_path / "errors.txt"
+    env = {**os.environ, "TERM": "xterm-256color", "SPECCHAT_DATA_DIR": str(tmp_path / "data"),
+           "SPECCHAT_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT)}
+    t = Tmux.start(tmp_path / "tmux.sock", f"specchat-stderr-{uuid.uuid4().hex[:8]}",
+                   f"{sys.executable} -m tests.app.tty_app 2> {errors}; echo exit $?; sleep 30",
+                   width=120, height=36, cwd=ROOT, env=env)
+    try:
+        t.wait_for("fake:0")
+        t.keys("-l", "hello")
+        t.keys("Enter")
+        t.wait_for("12 tokens")  # the reply's footer: drawn, and the keys were read
+        t.keys("C-q")
+        t.wait_for("exit 0")
+        assert "\x1b[" not in errors.read_text(errors="replace")  # not one escape sequence went to the file
+    finally:
+        t.kill_server()
