@@ -205,6 +205,14 @@ class SpecChatApp(SafeTerminal, EngineControl, App[None]):  # SafeTerminal: titl
         elif self.engine.stop_loading():
             notice(self, f"Stopping the load of {self.engine.profile.name if self.engine.profile else 'the profile'}…")
 
+    def action_interrupt(self) -> None:
+        """ctrl+c with nothing selected to copy: what Esc stops, stopped; with nothing to stop,
+        Textual's word on how to quit (ctrl+c no longer quits a Textual app)."""
+        if self.check_action("stop", ()):
+            self.action_stop()
+        else:
+            self.action_help_quit()
+
     def action_toggle_sources(self) -> None:
         self.conversation.show_sources = not self.conversation.show_sources
 

@@ -7,6 +7,9 @@ from textual.widgets import Footer
 
 BINDINGS: list[BindingType] = [
     Binding("escape", "stop", "Stop", tooltip="stop the reply, keeping what was written (or a profile's load)"),
+    # Not a priority key: a selection in the prompt box or on screen is copied first.
+    Binding("ctrl+c", "interrupt", "Stop", show=False,
+            tooltip="as Esc, the way ollama stops a reply (a selection is copied instead)"),
     # All but Esc are priority keys: the app runs them as it reads them, before the
     # keys typed after them, which then reach the dialog they open (F2 Enter picks a
     # profile instead of sending the prompt; see app.ui.screens.dialog). F6 and F7 are
@@ -36,7 +39,7 @@ BINDINGS: list[BindingType] = [
     Binding("f10", "sampling", "Sampling…", show=False, priority=True,
             tooltip="temperature, top-p, top-k and seed for this chat"),
 ]
-MAIN_SCREEN_ACTIONS = frozenset(b.action for b in BINDINGS if isinstance(b, Binding)) - {"quit", "stop"}
+MAIN_SCREEN_ACTIONS = frozenset(b.action for b in BINDINGS if isinstance(b, Binding)) - {"quit", "stop", "interrupt"}
 """The keys that act on the chat: a dialog on top takes them instead."""
 
 EXTRA_COMMANDS = [

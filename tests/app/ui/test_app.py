@@ -88,6 +88,32 @@ async def test_escape_does_nothing_when_idle(make_app: Callable[..., SpecChatApp
         assert app.engine.backend is not None and not app.conversation.generating
 
 
+async def test_ctrl_c_stops_a_reply_as_esc_does_after_copying_a_selection(make_app: Callable[..., SpecChatApp]) -> None:
+    """ollama's users stop a reply with ctrl+c. Text selected in the prompt box is copied
+    instead (the reply goes on); with nothing to stop, Textual's word on how to quit."""
+    loader = FakeLoader(hold_after=1)
+    app = make_app(loader=loader)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await pilot.press("ctrl+c")
+        assert any("ctrl+q" in n.message for n in app._notifications)  # idle: how to quit
+        backend = await send_held(pilot, loader, "first")
+        await wait_for(pilot, lambda: app.query_one(AssistantMessage).text == "Hello there!")
+        prompt = app.query_one(PromptArea)
+        prompt.insert("keep this")
+        prompt.select_all()
+        await pilot.press("ctrl+c")
+        await pilot.pause()
+        assert app.clipboard == "keep this" and app.conversation.generating  # copied, the reply goes on
+        prompt.move_cursor((0, 0))  # nothing selected now
+        await pilot.press("ctrl+c")
+        await wait_for(pilot, lambda: not app.conversation.generating)
+        stopped = app.query_one(AssistantMessage)
+        assert stopped.finish_reason == "cancelled" and stopped.text == "Hello there!"
+        assert prompt.text == "keep this"
+        backend.release.set()
+
+
 async def test_switch_profile_closes_old_backend_and_keeps_conversation(
     make_app: Callable[..., SpecChatApp], loader: FakeLoader
 ) -> None:
