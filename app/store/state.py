@@ -1,6 +1,6 @@
 """Small state kept between runs, in the user state dir: the last profile used, the
-last chat open (with when it was left, to weigh against chats written since) and the
-text left unsent in the prompt box at the last quit.
+last chat open (with when it was left, to weigh against chats written since), the
+text left unsent in the prompt box at the last quit and the theme chosen last.
 
 A missing or unreadable file means "nothing remembered"; a failed write is
 ignored (remembering is a convenience, never a reason to stop the app).
@@ -41,6 +41,21 @@ def remember_profile(name: str) -> None:
     if data.get("last_profile") == name:
         return
     data["last_profile"] = name
+    _write(data)
+
+
+def last_theme() -> str | None:
+    """The name of the theme chosen last (ctrl+p, "Change theme"), if one was remembered."""
+    name = _read().get("theme")
+    return name if isinstance(name, str) and name else None
+
+
+def remember_theme(name: str) -> None:
+    """Remember ``name`` as the theme to start with next time."""
+    data = _read()
+    if data.get("theme") == name:
+        return
+    data["theme"] = name
     _write(data)
 
 

@@ -21,7 +21,7 @@ from textual.screen import Screen
 from textual.widgets import Header
 
 from app.store.saver import HistoryLag, HistoryRescued
-from app.store.state import remember_draft, take_draft
+from app.store.state import last_theme, remember_draft, remember_theme, take_draft
 from app.ui.archive import Archive
 from app.ui.chat_dialogs import ask_edited_prompt, ask_sampling, ask_system_prompt
 from app.ui.commands import ProfileCommands, unique_commands
@@ -93,6 +93,10 @@ class SpecChatApp(SafeTerminal, EngineControl, App[None]):  # SafeTerminal: titl
         yield KeysFooter(compact=True, show_command_palette=False)
 
     async def on_mount(self) -> None:
+        theme = last_theme()  # the theme chosen last (ctrl+p), as oterm's users expect after a restart
+        if theme in self.available_themes:
+            self.theme = theme
+        self.theme_changed_signal.subscribe(self, lambda chosen: remember_theme(chosen.name))
         lag = self.archive.open(lambda text: self.post_message(HistoryLag(text)), self.post_message)
         if lag:
             notice(self, lag, severity="error", title="History")

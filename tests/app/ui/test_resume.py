@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from app.store.history import History
-from app.store.state import last_chat, remember_chat
+from app.store.state import last_chat, last_theme, remember_chat, remember_theme
 from app.ui.app import SpecChatApp
 from app.ui.resume import chat_to_reopen
 from app.ui.widgets.chat_view import AssistantMessage, UserMessage
@@ -299,3 +299,24 @@ async def test_a_chat_another_window_shows_is_not_taken_over_at_start(make_app: 
     async with app.run_test(size=(120, 40)) as pilot:  # the other window closed: reopened as usual
         await ready(pilot)
         assert shown(app) == ["first question"]
+
+
+async def test_the_theme_chosen_last_is_the_one_a_restart_opens_with(make_app: Callable[..., SpecChatApp]) -> None:
+    """oterm's users pick a theme once (here ctrl+p, "Change theme"); it was lost at every restart.
+    A remembered theme that is no longer there is passed over."""
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        default = app.theme
+        assert default != "nord"
+        app.theme = "nord"
+        await wait_for(pilot, lambda: last_theme() == "nord")
+    again = make_app()
+    async with again.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert again.theme == "nord"
+    remember_theme("a-theme-since-removed")
+    third = make_app()
+    async with third.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert third.theme == default
