@@ -31,32 +31,34 @@ def _read() -> dict[str, Any]:
 
 def last_profile() -> str | None:
     """The name of the profile loaded last, if one was remembered."""
-    name = _read().get("last_profile")
-    return name if isinstance(name, str) and name else None
+    return _name("last_profile")
 
 
 def remember_profile(name: str) -> None:
     """Remember ``name`` as the profile to start with next time (written atomically)."""
-    data = _read()
-    if data.get("last_profile") == name:
-        return
-    data["last_profile"] = name
-    _write(data)
+    _keep_name("last_profile", name)
 
 
 def last_theme() -> str | None:
     """The name of the theme chosen last (ctrl+p, "Change theme"), if one was remembered."""
-    name = _read().get("theme")
-    return name if isinstance(name, str) and name else None
+    return _name("theme")
 
 
 def remember_theme(name: str) -> None:
     """Remember ``name`` as the theme to start with next time."""
+    _keep_name("theme", name)
+
+
+def _name(key: str) -> str | None:
+    name = _read().get(key)
+    return name if isinstance(name, str) and name else None
+
+
+def _keep_name(key: str, name: str) -> None:
     data = _read()
-    if data.get("theme") == name:
-        return
-    data["theme"] = name
-    _write(data)
+    if data.get(key) != name:  # unchanged: the file is left as it is
+        data[key] = name
+        _write(data)
 
 
 def last_chat() -> tuple[int, float] | None:
