@@ -21,12 +21,17 @@ pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is no
 ROOT = Path(__file__).resolve().parents[3]
 
 
+def fake_app_env(tmp_path: Path) -> dict[str, str]:
+    """The environment ``tests.app.tty_app`` runs in: its history and state in ``tmp_path``."""
+    return {**os.environ, "TERM": "xterm-256color", "SPECCHAT_DATA_DIR": str(tmp_path / "data"),
+            "SPECCHAT_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT)}
+
+
 @pytest.fixture
 def tmux(tmp_path: Path) -> Iterator[Tmux]:
     socket = tmp_path / "tmux.sock"
     session = f"specchat-{uuid.uuid4().hex[:8]}"
-    env = {**os.environ, "TERM": "xterm-256color", "SPECCHAT_DATA_DIR": str(tmp_path / "data"),
-           "SPECCHAT_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT)}
+    env = fake_app_env(tmp_path)
     t = Tmux.start(socket, session, f"{sys.executable} -m tests.app.tty_app; sleep 30", width=120, height=36,
                    cwd=ROOT, env=env)
     try:
@@ -146,8 +151,7 @@ def test_the_app_is_drawn_at_the_terminals_own_size_and_follows_it(tmp_path: Pat
     environment (a snapshot some shells export) before the terminal, and asks stdout, not the
     stderr the app draws on: either way the app was drawn at a wrong size in a corner of the
     terminal (80x24 with stdout sent to a file), deaf to resizes."""
-    env = {**os.environ, "TERM": "xterm-256color", "SPECCHAT_DATA_DIR": str(tmp_path / "data"),
-           "SPECCHAT_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT)}
+    env = fake_app_env(tmp_path)
     command = f"{sys.executable} -m tests.app.tty_app"
     if way == "stdout to a file":
         command += f" > {tmp_path / 'out.txt'}"
@@ -181,8 +185,7 @@ def test_the_app_draws_on_the_terminal_when_stderr_goes_to_a_file(tmp_path: Path
     """Textual draws on stderr: ``specchat 2>/dev/null`` (a common way to hide library warnings)
     drew the whole app into the file and left the terminal blank, keys still read."""
     errors = tmp_path / "errors.txt"
-    env = {**os.environ, "TERM": "xterm-256color", "SPECCHAT_DATA_DIR": str(tmp_path / "data"),
-           "SPECCHAT_STATE_DIR": str(tmp_path / "state"), "PYTHONPATH": str(ROOT)}
+    env = fake_app_env(tmp_path)
     t = Tmux.start(tmp_path / "tmux.sock", f"specchat-stderr-{uuid.uuid4().hex[:8]}",
                    f"{sys.executable} -m tests.app.tty_app 2> {errors}; echo exit $?; sleep 30",
                    width=120, height=36, cwd=ROOT, env=env)
