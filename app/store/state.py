@@ -4,16 +4,33 @@ text left unsent in the prompt box at the last quit and the theme chosen last.
 
 A missing or unreadable file means "nothing remembered"; a failed write is
 ignored (remembering is a convenience, never a reason to stop the app).
+
+Several windows share the file. Each change is a read-modify-write under an exclusive
+``flock`` on ``state.lock`` (where ``fcntl`` exists), written to a temporary file of its own
+and renamed over ``state.json``, so a reader never sees half a file and no window's change
+is lost to another's. Unsent text is a short stack, one entry a window that closed with
+text in its box: a window closing with an empty box takes nothing away from another's.
+The file is readable by its owner only, since unsent text is in it.
 """
 from __future__ import annotations
 
 import json
 import math
 import os
+import tempfile
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from engine.paths import state_dir
+
+try:
+    import fcntl
+except ImportError:  # not Linux or macOS: changes are not serialized between windows
+    fcntl = None  # type: ignore[assignment]
+
+DRAFTS_KEPT = 8  # unsent texts kept at most (windows closed with text, newest last)
 
 
 def state_file() -> Path:
@@ -24,7 +41,7 @@ def state_file() -> Path:
 def _read() -> dict[str, Any]:
     try:
         data = json.loads(state_file().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # RecursionError: nested beyond the parser's depth
         return {}
     return data if isinstance(data, dict) else {}
 
@@ -55,10 +72,13 @@ def _name(key: str) -> str | None:
 
 
 def _keep_name(key: str, name: str) -> None:
-    data = _read()
-    if data.get(key) != name:  # unchanged: the file is left as it is
+    def change(data: dict[str, Any]) -> bool:
+        if data.get(key) == name:  # unchanged: the file is left as it is
+            return False
         data[key] = name
-        _write(data)
+        return True
+
+    _update(change)
 
 
 def last_chat() -> tuple[int, float] | None:
@@ -67,49 +87,107 @@ def last_chat() -> tuple[int, float] | None:
     if not isinstance(entry, dict):
         return None
     chat_id, at = entry.get("id"), entry.get("at")
-    if (not isinstance(chat_id, int) or isinstance(chat_id, bool) or not isinstance(at, (int, float))
-            or isinstance(at, bool) or not math.isfinite(at)):
+    if not isinstance(chat_id, int) or isinstance(chat_id, bool) or not isinstance(at, (int, float)) or isinstance(at, bool):
         return None
-    return chat_id, float(at)
+    try:
+        when = float(at)  # an integer beyond a float's range is OverflowError
+    except OverflowError:
+        return None
+    return (chat_id, when) if math.isfinite(when) else None
 
 
 def remember_chat(chat_id: int, at: float) -> None:
     """Remember saved chat ``chat_id`` as open at time ``at`` (the app reopens it next time
     unless another chat was written after ``at``). A private chat is never passed here."""
-    data = _read()
-    data["last_chat"] = {"id": int(chat_id), "at": float(at)}
-    _write(data)
+    def change(data: dict[str, Any]) -> bool:
+        data["last_chat"] = {"id": int(chat_id), "at": float(at)}
+        return True
+
+    _update(change)
+
+
+def _drafts(data: dict[str, Any]) -> list[str]:
+    """The kept unsent texts, oldest first (``draft``, one string, is how 0.x kept one)."""
+    kept = data.get("drafts")
+    drafts = [t for t in kept if isinstance(t, str) and t.strip()] if isinstance(kept, list) else []
+    old = data.get("draft")
+    return ([old] if isinstance(old, str) and old.strip() else []) + drafts
 
 
 def remember_draft(text: str | None) -> None:
     """Keep ``text``, left unsent in the prompt box as the app closes, for the next start
-    (None or blank: nothing kept). A private chat's is never passed here."""
-    data = _read()
-    if text and text.strip():
-        data["draft"] = text
-    elif "draft" in data:
-        del data["draft"]
-    else:
-        return  # nothing kept, nothing to forget: the file is left as it is
-    _write(data)
+    (None or blank: nothing is kept, and nothing another window kept is forgotten). A private
+    chat's is never passed here."""
+    if not text or not text.strip():
+        return
+
+    def change(data: dict[str, Any]) -> bool:
+        drafts = [t for t in _drafts(data) if t != text] + [text]
+        data.pop("draft", None)
+        data["drafts"] = drafts[-DRAFTS_KEPT:]
+        return True
+
+    _update(change)
 
 
 def take_draft() -> str | None:
-    """The text :func:`remember_draft` kept, forgotten as it is taken (None: there is none)."""
-    data = _read()
-    if "draft" not in data:
-        return None
-    text = data.pop("draft")
-    _write(data)
-    return text if isinstance(text, str) and text.strip() else None
+    """The newest text :func:`remember_draft` kept, forgotten as it is taken (None: there is
+    none); an older one, kept by another window, waits for the start after."""
+    taken: list[str] = []
+
+    def change(data: dict[str, Any]) -> bool:
+        if "draft" not in data and "drafts" not in data:
+            return False
+        drafts = _drafts(data)
+        if drafts:
+            taken.append(drafts.pop())
+        data.pop("draft", None)
+        data.pop("drafts", None)
+        if drafts:
+            data["drafts"] = drafts
+        return True
+
+    _update(change)
+    return taken[0] if taken else None
+
+
+def _update(change: Callable[[dict[str, Any]], bool]) -> None:
+    """Read the file, let ``change`` edit its contents (True: it did) and write them back,
+    all under the lock. A failed write is ignored."""
+    try:
+        with _locked():
+            data = _read()
+            if change(data):
+                _write(data)
+    except OSError:
+        pass
+
+
+@contextmanager
+def _locked() -> Iterator[None]:
+    """An exclusive lock on ``state.lock`` beside the file, held for the block (the folder made
+    first); without ``fcntl``, no lock."""
+    folder = state_file().parent
+    folder.mkdir(parents=True, exist_ok=True)
+    if fcntl is None:
+        yield
+        return
+    fd = os.open(folder / "state.lock", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing lets the lock go
 
 
 def _write(data: dict[str, Any]) -> None:
+    """``data`` into a temporary file of this call's own (mode 0600), renamed over the file."""
     path = state_file()
+    fd, tmp = tempfile.mkstemp(prefix="state.", suffix=".tmp", dir=path.parent)
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1), encoding="utf-8")
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(json.dumps(data, indent=1))
         os.replace(tmp, path)
-    except OSError:
-        pass
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

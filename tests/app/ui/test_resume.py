@@ -234,6 +234,38 @@ async def test_text_left_unsent_at_quit_is_back_in_the_box_after_a_restart(make_
         assert app.query_one(TextArea).text == ""  # a private chat's text is never written down
 
 
+async def test_a_window_quitting_with_an_empty_box_leaves_the_text_another_window_kept(
+        make_app: Callable[..., SpecChatApp]) -> None:
+    """A hostile tester's two windows: A quit with text in its box, then B (open all along, its box
+    empty) quit and erased A's text from the state file. Two windows' texts both come back."""
+    from textual.widgets import TextArea
+
+    from app.store.state import remember_draft
+
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:  # window B
+        await ready(pilot)
+        remember_draft("window A's unsent lines")  # window A quits meanwhile
+        await pilot.pause()
+    for expected in ("window A's unsent lines", ""):
+        app = make_app()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await ready(pilot)
+            assert app.query_one(TextArea).text == expected
+            app.query_one(TextArea).text = ""  # sent or cleared: not kept again
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        app.query_one(TextArea).text = "B's text"
+        remember_draft("A's text")  # both windows quit with text: each comes back, newest first
+    for expected in ("B's text", "A's text", ""):
+        app = make_app()
+        async with app.run_test(size=(120, 40)) as pilot:
+            await ready(pilot)
+            assert app.query_one(TextArea).text == expected
+            app.query_one(TextArea).text = ""
+
+
 async def test_the_header_names_the_open_chat_through_a_profile_load_and_a_rename(
         make_app: Callable[..., SpecChatApp]) -> None:
     """It showed the title after a restart, the profile after F3 opened a chat with another profile,
