@@ -111,29 +111,49 @@ def write_new_file(path: Path, text: str) -> Path:
     return written
 
 
-def export_chat(history: History, chat_id: int, path: Path | None = None) -> Path:
-    """Write the chat to ``path`` (default :func:`default_export_path`; given a folder, its name
-    in that folder), created with mode 0600;
-    if ``path`` exists, to ``<stem>-2<suffix>`` (and so on) instead. Returns the path written."""
-    if path is None:
+def export_destination(history: History, chat_id: int, path: Path | str | None = None) -> Path:
+    """Where :func:`export_chat` means to write: ``path``, or the default name
+    (:func:`default_export_path`) in the exports folder, or inside ``path`` where that is a
+    folder or ends in a separator (a folder to make). :class:`HistoryError` for a path no
+    file can have (a NUL character, a name too long)."""
+    def default_name() -> str:
         chat = history.get_chat(chat_id)
-        path = default_export_path(chat_id, chat.title if chat else "chat")
-    path = Path(path).expanduser()
-    if path.is_dir():  # a folder given: the default name inside it
+        return default_export_path(chat_id, chat.title if chat else "chat").name
+
+    if path is None or not str(path):
         chat = history.get_chat(chat_id)
-        path = path / default_export_path(chat_id, chat.title if chat else "chat").name
+        return default_export_path(chat_id, chat.title if chat else "chat")
+    text = str(path)
+    if "\0" in text:
+        raise HistoryError("Could not export: a file path cannot hold a NUL character.")
+    target = Path(text).expanduser()
+    try:
+        if text.endswith(("/", os.sep)) or target.is_dir():
+            return target / default_name()
+    except OSError as exc:  # ENAMETOOLONG and the like, from asking about the path at all
+        raise HistoryError(f"Could not export to {target}: {exc.strerror or exc}") from None
+    return target
+
+
+def export_chat(history: History, chat_id: int, path: Path | str | None = None) -> Path:
+    """Write the chat to :func:`export_destination`'s file, created with mode 0600; if it
+    exists, to ``<stem>-2<suffix>`` (and so on) instead. Returns the path written; a failure
+    is :class:`HistoryError` naming the path and why."""
+    path = export_destination(history, chat_id, path)
     try:
         if path.parent == data_dir() / "exports":
             ensure_private_dir(path.parent)
         else:
             path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise HistoryError(f"Could not create {path.parent}: {exc}") from exc
+        raise HistoryError(f"Could not create {path.parent}: {exc.strerror or exc}") from exc
     text = chat_markdown(history, chat_id)
     try:
         return write_new_file(path, text)
     except OSError as exc:
-        raise HistoryError(f"Could not write {path}: {exc}") from exc
+        tried = Path(exc.filename) if isinstance(exc.filename, str) else path
+        beside = f" ({path} exists and was left as it was)" if tried != path else ""
+        raise HistoryError(f"Could not write {tried}{beside}: {exc.strerror or exc}") from exc
 
 
 def transcript_markdown(title: str, messages: list[tuple[str, str]], unsent: str = "") -> str:
@@ -175,12 +195,13 @@ def ask_export(history: History, chat_id: int, title: str,
         if not path:
             return
         try:
-            written = export_chat(history, chat_id, Path(path))
+            meant = export_destination(history, chat_id, path)
+            written = export_chat(history, chat_id, meant)
         except HistoryError as exc:
             tell(str(exc), "error")
             return
-        if written != Path(path).expanduser():
-            tell(f"{path} exists and was left as it was; exported to {written}", "warning")
+        if written != meant:
+            tell(f"{meant} exists and was left as it was; exported to {written}", "warning")
         else:
             tell(f"Exported to {written}", "information")
 

@@ -125,3 +125,29 @@ def test_export_marks_a_reply_answered_again_as_ctrl_r_saves_it(specchat_dirs: P
     text = export_chat(history, chat).read_text()
     assert "## Assistant (fast) · earlier reply, answered again below\n\nTom" in text
     assert "## Assistant (fast)\n\nFelix" in text and text.count("earlier reply") == 1
+
+
+def test_the_export_dialog_takes_a_folder_a_new_folder_and_refuses_impossible_names_without_crashing(
+        specchat_dirs: Path, tmp_path: Path) -> None:
+    """A hostile tester's paths: a name over 255 bytes or with a NUL ended the app (the check for a
+    folder ran outside the error handling); a folder was called "exists and was left as it was";
+    ``newdir/`` made a file called newdir."""
+    from app.ui.export import ask_export
+
+    history = History.open()
+    chat = history.create_chat("Notes", "fast")
+    history.add_message(chat, "user", "hello", profile="fast")
+    told: list[tuple[str, str]] = []
+    _screen, done = ask_export(history, chat, "Notes", lambda text, severity: told.append((text, severity)))
+    folder = tmp_path / "out"
+    folder.mkdir()
+    done(str(folder))
+    assert told.pop() == (f"Exported to {folder / f'notes-{chat}.md'}", "information")
+    done(f"{tmp_path / 'new' / 'dir'}/")
+    assert told.pop() == (f"Exported to {tmp_path / 'new' / 'dir' / f'notes-{chat}.md'}", "information")
+    done(str(tmp_path / ("y" * 300 + ".md")))
+    text, severity = told.pop()
+    assert severity == "error" and text.startswith(f"Could not export to {tmp_path / 'y'}") and "too long" in text
+    done(str(tmp_path / "nul\0.md"))
+    assert told.pop() == ("Could not export: a file path cannot hold a NUL character.", "error")
+    assert not list(tmp_path.glob("y*")) and not list(tmp_path.glob("nul*"))
