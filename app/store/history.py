@@ -54,6 +54,11 @@ def _private_file(path: Path) -> None:
 _SIDE_FILES = ("-wal", "-shm", "-journal")
 
 
+def _decoded(raw: bytes) -> str:
+    """A TEXT value as a str: one title that was not UTF-8 made every listing of chats fail."""
+    return raw.decode("utf-8", "replace")
+
+
 def storable(params: Sequence[Any] | dict[str, Any]) -> Sequence[Any] | dict[str, Any]:
     """``params`` with their text :func:`~engine.text_safety.without_lone_surrogates`: SQLite takes
     UTF-8, which cannot write a lone surrogate, and the write raised UnicodeEncodeError, ending the
@@ -68,6 +73,7 @@ class History:
     """A thread-safe store of chats; every method may raise :class:`HistoryError`."""
 
     def __init__(self, conn: sqlite3.Connection, path: Path | None, notice: str | None = None) -> None:
+        conn.text_factory = _decoded  # text that is not UTF-8 (another program wrote it) reads with stand-ins
         self._conn = conn
         self._lock = threading.RLock()
         self.path = path

@@ -8,8 +8,9 @@ about the database itself.
 from __future__ import annotations
 
 import json
+import math
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -95,28 +96,111 @@ CHAT_COLUMNS = ("c.id, c.title, c.profile, c.system_prompt, c.created, c.updated
 """A :class:`ChatRecord`'s fields, in order, from ``chats c`` (read by :func:`chat_from_row`)."""
 
 
+# Rows are read leniently: the file is the user's, and another program (a DB browser, a script,
+# an older or newer specchat) may have written a value of another type into any column. One odd
+# value must not end the app at every start or hide the other chats; it is read as the nearest
+# thing that can be shown (bytes as UTF-8 with stand-ins, a time out of range as 0, JSON of the
+# wrong shape as none).
+
+LATEST_TIME = 253402300799.0
+"""The last second of year 9999: a later time (or a negative one) is read as 0, since the
+clock's formatting raises on times the platform cannot hold."""
+
+
+def _text(value: Any, default: str = "") -> str:
+    if isinstance(value, str):
+        return value
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return default if value is None else str(value)
+
+
+def _optional_text(value: Any) -> str | None:
+    return None if value is None else _text(value)
+
+
+def _time(value: Any) -> float:
+    try:
+        when = float(value)
+    except (TypeError, ValueError, OverflowError):
+        return 0.0
+    return when if 0.0 <= when <= LATEST_TIME else 0.0
+
+
+def _whole(value: Any) -> int:
+    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+
+
+def _json_dict(value: Any) -> dict[str, Any] | None:
+    loaded = from_json(value)
+    return loaded if isinstance(loaded, dict) else None
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _whole_number(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+_STAT_CHECKS: dict[str, Callable[[Any], bool]] = {
+    **{name: _whole_number for name in ("k", "rounds", "target_passes", "proposed", "accepted", "tokens",
+                                        "plain_rounds", "truncated_turns")},
+    **{name: (lambda v: v is None or _number(v)) for name in (
+        "alpha", "alpha_per_token", "tau", "draft_s", "verify_s", "other_s", "prefill_s", "elapsed_s", "tokens_per_s",
+        "itl_ms", "plain_tokens_per_s", "speedup", "speedup_se", "plain_measured_tokens_per_s")},
+    **{name: (lambda v: v is None or isinstance(v, str)) for name in (
+        "mode", "drafter", "speedup_note", "speculation_off_reason", "speculation_off_detail")},
+    "adaptive": lambda v: isinstance(v, bool),
+    "per_position": lambda v: isinstance(v, list) and all(_number(f) for f in v),
+    "mode_tokens": lambda v: isinstance(v, dict) and all(_whole_number(n) for n in v.values()),
+    "by_origin": lambda v: isinstance(v, list) and all(isinstance(o, dict) for o in v),
+}
+"""What each of :class:`~engine.events.ReplyStats`' fields may hold in its saved (dict) form."""
+
+
+def _stats(value: Any) -> dict[str, Any] | None:
+    """A reply's saved statistics with every value of the wrong type left out (a figure that is
+    text, a note that is a number): the views format them and must not meet a list where a
+    rate should be. Keys this version does not know are kept as they are."""
+    stats = _json_dict(value)
+    if stats is None:
+        return None
+    return {key: item for key, item in stats.items() if key not in _STAT_CHECKS or _STAT_CHECKS[key](item)}
+
+
+def _pieces(value: Any) -> Pieces | None:
+    loaded = from_json(value)
+    if not isinstance(loaded, list) or not all(isinstance(p, list) and len(p) == 2 for p in loaded):
+        return None
+    return [(_text(t), _text(s)) for t, s in loaded] or None
+
+
 def chat_from_row(row: Sequence[Any]) -> ChatRecord:
-    sampling = from_json(row[7])
-    return ChatRecord(*row[:7], sampling=sampling if isinstance(sampling, dict) else None)
+    """A chat from :data:`CHAT_COLUMNS`' row, read leniently (above)."""
+    cid, title, profile, system_prompt, created, updated, count, sampling = row
+    return ChatRecord(_whole(cid), _text(title, "chat"), _optional_text(profile), _optional_text(system_prompt),
+                      _time(created), _time(updated), _whole(count), sampling=_json_dict(sampling))
 
 
 def message_from_row(row: Sequence[Any]) -> MessageRecord:
     """A message from ``id, chat_id, role, content, profile, stats, pieces, finish_reason,
-    created, superseded``; JSON that cannot be read is left out (None)."""
+    created, superseded``, read leniently (above): JSON that cannot be read, or of the wrong
+    shape, is left out (None)."""
     mid, cid, role, content, profile, stats, pieces, finish, created, superseded = row
-    loaded = from_json(pieces)
-    return MessageRecord(mid, cid, role, content, profile, from_json(stats),
-                         [(str(t), str(s)) for t, s in loaded] if loaded else None, finish, created, bool(superseded))
+    return MessageRecord(_whole(mid), _whole(cid), _text(role), _text(content), _optional_text(profile),
+                         _stats(stats), _pieces(pieces), _optional_text(finish), _time(created), bool(superseded))
 
 
 def to_json(value: Any) -> str | None:
     return None if value is None else json.dumps(value, ensure_ascii=False)
 
 
-def from_json(text: str | None) -> Any:
-    if not text:
+def from_json(text: str | bytes | None) -> Any:
+    if not text or not isinstance(text, (str, bytes)):
         return None
     try:
         return json.loads(text)
-    except ValueError:
+    except (ValueError, RecursionError):
         return None

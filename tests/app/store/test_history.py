@@ -144,3 +144,64 @@ def test_text_with_a_lone_surrogate_is_saved_with_a_replacement_character(tmp_pa
     assert history.get_chat(chat).title == "title \ufffd"  # type: ignore[union-attr]
     assert [c.id for c, _ in history.search_chats("\ud800")] == [chat]  # a search holding one finds the U+FFFD
     history.close()
+
+
+ODD_VALUES = {  # what another program (a DB browser, a script) could write into one chat's rows
+    "a title that is not UTF-8": "UPDATE chats SET title = CAST(x'ff1b5d303b70776e6564fe07' AS TEXT) WHERE id = :v",
+    "a title stored as a blob": "UPDATE chats SET title = x'41424344' WHERE id = :v",
+    "content stored as a blob": "UPDATE messages SET content = x'41424344' WHERE chat_id = :v",
+    "content that is not UTF-8": "UPDATE messages SET content = CAST(x'c328ff' AS TEXT) WHERE chat_id = :v",
+    "pieces of the wrong shape": "UPDATE messages SET pieces = '[1,2,3]' WHERE chat_id = :v",
+    "pieces as an object": "UPDATE messages SET pieces = '{\"ab\": 1}' WHERE chat_id = :v",
+    "statistics as a list": "UPDATE messages SET stats = '[1,2]' WHERE chat_id = :v",
+    "statistics of the wrong types": "UPDATE messages SET stats = '{\"tokens\": \"x\", \"alpha\": \"bad\", "
+                                     "\"tokens_per_s\": [1], \"speedup\": \"y\", \"mode_tokens\": 3}' WHERE chat_id = :v",
+    "a time beyond any clock": "UPDATE chats SET updated = 1e300, created = -5 WHERE id = :v",
+    "a time as text": "UPDATE chats SET updated = 'yesterday' WHERE id = :v",
+    "a profile stored as a blob": "UPDATE chats SET profile = x'00ff' WHERE id = :v",
+    "a finish reason that is a number": "UPDATE messages SET finish_reason = 5, created = 'x' WHERE chat_id = :v",
+}
+
+
+@pytest.mark.parametrize("odd", ODD_VALUES)
+def test_one_chat_with_odd_values_is_read_and_shown_and_the_others_stay_listed(specchat_dirs: Path, odd: str) -> None:
+    """A hostile tester's rows: one title that was not UTF-8 hid every chat ("No saved chats yet"),
+    and pieces, statistics or times of the wrong type ended the app at each start (the chat was
+    reopened) or at F3. Each now reads as the nearest thing that can be shown."""
+    import time as time_module
+
+    from app.ui.export import chat_markdown
+    from app.ui.labels import shown_title
+
+    history = History.open()
+    ids = []
+    for title in ("first", "odd one", "last"):
+        chat = history.create_chat(title, "fast")
+        history.add_message(chat, "user", f"question in {title}", profile="fast")
+        history.add_message(chat, "assistant", f"answer in {title}", profile="fast", stats={"tokens": 3, "alpha": 0.5},
+                            pieces=[("answer", "target")], finish_reason="eos")
+        ids.append(chat)
+    conn = sqlite3.connect(specchat_dirs / "history.db")
+    conn.execute(ODD_VALUES[odd], {"v": ids[1]})
+    conn.commit()
+    conn.close()
+    assert sorted(c.id for c in history.list_chats()) == ids
+    chat = history.get_chat(ids[1])
+    assert chat is not None and isinstance(chat.title, str) and isinstance(chat.profile, str)
+    time_module.strftime("%Y-%m-%d", time_module.localtime(chat.updated))
+    shown_title(chat.title)
+    for message in history.messages(ids[1]):
+        assert isinstance(message.content, str) and isinstance(message.finish_reason, (str, type(None)))
+        assert message.pieces is None or all(isinstance(t, str) and isinstance(s, str) for t, s in message.pieces)
+    assert "## User" in chat_markdown(history, ids[1])
+    assert [c.id for c, _ in history.search_chats("question")] != []
+    history.close()
+
+
+def test_every_reply_statistic_has_a_check_of_its_saved_type() -> None:
+    from dataclasses import fields
+
+    from app.store.records import _STAT_CHECKS
+    from engine.events import ReplyStats
+
+    assert set(_STAT_CHECKS) == {f.name for f in fields(ReplyStats)}

@@ -56,6 +56,26 @@ async def test_a_restart_reopens_the_last_chat_and_continues_it(make_app: Callab
         assert shown(app) == [] and app.query("#welcome")
 
 
+async def test_the_last_chat_reopens_though_another_program_wrote_odd_values_into_its_rows(
+        make_app: Callable[..., SpecChatApp], specchat_dirs: Path) -> None:
+    """Pieces, statistics and a title of the wrong type in the chat used last ended the app at
+    every start (a hostile tester's crash loop, fixed only by editing the file by hand)."""
+    await chat_once(make_app(), "first question")
+    conn = sqlite3.connect(specchat_dirs / "history.db")
+    conn.execute("UPDATE messages SET pieces = '[1,2,3]', stats = '{\"tokens_per_s\": [1], \"tokens\": \"x\"}'")
+    conn.execute("UPDATE chats SET title = x'41424344', updated = 1e300")
+    conn.commit()
+    conn.close()
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert shown(app) == ["first question"] and app.sub_title == "ABCD"
+        assert app.query_one(AssistantMessage).text.startswith("Hello there!")
+        await pilot.press("f3")
+        await pilot.pause()
+        assert "ABCD" in str(app.screen.query_one("OptionList").get_option_at_index(0).prompt)
+
+
 async def test_a_private_chat_is_never_reopened(make_app: Callable[..., SpecChatApp]) -> None:
     await chat_once(make_app(), "saved one")
     await chat_once(make_app(), "secret", private=True)
