@@ -206,6 +206,12 @@ def test_the_childs_output_goes_to_its_log(tmp_path: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout == "" and done.stderr == ""
     assert log.read_text().splitlines() == ["to stdout", "to stderr", "raw fd 2"]
+    again = subprocess.run([sys.executable, "-c", code.replace("to stdout", "the next engine")], cwd=REPO,
+                           capture_output=True, text=True, timeout=120)
+    assert again.returncode == 0, again.stderr
+    assert log.read_text().splitlines() == ["the next engine", "to stderr", "raw fd 2"]
+    kept = log.with_name("engine.log.1")  # the engine before's log (a crash report), kept once
+    assert kept.read_text().splitlines() == ["to stdout", "to stderr", "raw fd 2"]
 
 
 def test_rounds_go_out_together_the_first_and_the_last_at_once() -> None:
