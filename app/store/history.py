@@ -1,7 +1,7 @@
 """Conversations saved in SQLite as they happen.
 
 One file, ``history.db`` in :func:`app.store.paths.data_dir` (mode 0600, its directory
-0700). A chat has a title, its last profile and a system prompt; a message its role,
+0700 when specchat made it). A chat has a title, its last profile and a system prompt; a message its role,
 text, profile, final statistics (JSON) and, for replies, the pieces with their token
 source (draft/target), so the colour view survives a restart.
 

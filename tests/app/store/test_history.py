@@ -205,3 +205,16 @@ def test_every_reply_statistic_has_a_check_of_its_saved_type() -> None:
     from engine.events import ReplyStats
 
     assert set(_STAT_CHECKS) == {f.name for f in fields(ReplyStats)}
+
+
+def test_a_data_folder_that_was_there_keeps_its_mode_and_a_new_one_is_private(specchat_dirs: Path) -> None:
+    """``SPECCHAT_DATA_DIR`` at a shared 1777 folder: its mode was set to 0700, the sticky bit and
+    everyone else's access gone. The history file in it is still private."""
+    specchat_dirs.mkdir()
+    specchat_dirs.chmod(0o1777)
+    History.open().close()
+    assert mode(specchat_dirs) == 0o1777 and mode(specchat_dirs / "history.db") == 0o600
+    specchat_dirs.chmod(0o755)
+    fresh = specchat_dirs / "fresh"
+    History.open(fresh / "history.db").close()
+    assert mode(fresh) == 0o700
