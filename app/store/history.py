@@ -14,7 +14,8 @@ program's lock (another specchat, a DB browser, a backup) and :meth:`History.ope
 tries again after that. Only SQLite's own corruption errors ("database disk
 image is malformed", "file is not a database"), confirmed by ``PRAGMA
 integrity_check``, make it set the file aside as ``history.db.corrupt-<timestamp>``
-and start a fresh one; :attr:`History.notice` says so and the app shows it.
+and start a fresh one, into which :mod:`app.store.salvage` reads every chat the damaged
+file still holds whole; :attr:`History.notice` says so and the app shows it.
 
 The schema and its versioned upgrades are in :mod:`app.store.schema`.
 """
@@ -32,6 +33,7 @@ from app.store.paths import data_dir, ensure_private_dir
 from app.store.pieces import Pieces
 from app.store.records import (CHAT_COLUMNS, ChatDeleted, ChatRecord, HistoryError, MessageRecord, chat_from_row,
                                describe, is_missing_parent, message_from_row, to_json)
+from app.store.salvage import salvage
 from app.store.schema import NewerSchema, is_corruption_error, is_lock_error, migrate
 from engine.text_safety import without_lone_surrogates
 
@@ -52,6 +54,12 @@ def _private_file(path: Path) -> None:
 
 
 _SIDE_FILES = ("-wal", "-shm", "-journal")
+
+
+def _first_line(error: BaseException, limit: int = 120) -> str:
+    """An error's first line, cut to ``limit`` characters (an integrity check's report runs on)."""
+    line = (str(error).splitlines() or [""])[0]
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 def _decoded(raw: bytes) -> str:
@@ -120,10 +128,11 @@ class History:
         except OSError as exc:
             return cls._in_memory(f"History database {path} is damaged ({error}) and could not be moved "
                                   f"aside ({exc}); this session's chats are not saved.")
-        notice = (f"History database {path} is damaged ({error}). "
+        notice = (f"History database {path} is damaged ({_first_line(error)}). "
                   f"It was moved to {moved.name} and a new one started.")
         try:
-            return cls(cls._connect(path), path, notice)
+            conn = cls._connect(path)
+            return cls(conn, path, f"{notice} {salvage(moved, conn).sentence()}")
         except (sqlite3.Error, OSError) as exc:
             return cls._in_memory(f"{notice} The new one failed too ({exc}); "
                                   "this session is not saved.")

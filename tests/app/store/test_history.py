@@ -111,6 +111,47 @@ def test_malformed_database_is_confirmed_and_set_aside(specchat_dirs: Path) -> N
     assert len(list(specchat_dirs.glob("history.db.corrupt-*"))) == 1
 
 
+def test_the_chats_a_damaged_file_still_holds_are_read_into_the_new_one_whole(specchat_dirs: Path) -> None:
+    """One page overwritten in a history of 200 chats: the whole file was set aside and the app
+    started empty, though 194 chats still read one by one (a hostile tester). Every chat that reads
+    whole is now copied, under its own id and with all its messages; the damaged file is kept as
+    it was, and the notice says how many chats came across."""
+    import os
+
+    first = History.open()
+    for i in range(200):
+        chat = first.create_chat(f"chat {i}", "fast")
+        first.add_message(chat, "user", f"question {i} " + "q" * 300, profile="fast")
+        first.add_message(chat, "assistant", f"answer {i} " + "a" * 300, profile="fast", stats={"tokens": i},
+                          finish_reason="eos")
+    first.close()
+    path = specchat_dirs / "history.db"
+    conn = sqlite3.connect(path)
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    conn.close()
+    data = bytearray(path.read_bytes())
+    page = int.from_bytes(data[16:18], "big")
+    middle = len(data) // page // 2
+    data[middle * page + 8:(middle + 1) * page] = os.urandom(page - 8)  # one page, its header kept
+    path.write_bytes(bytes(data))
+    history = History.open()
+    assert history.notice is not None and "damaged" in history.notice
+    (aside,) = specchat_dirs.glob("history.db.corrupt-*")
+    assert aside.read_bytes() == bytes(data)  # read from a copy, never written
+    chats = history.list_chats()
+    assert 150 <= len(chats) < 200
+    assert f"{len(chats)} of its 200 chats were read into the new one; {200 - len(chats)} could not be read" \
+        in history.notice
+    for chat in chats:
+        i = chat.id - 1
+        assert (chat.title, chat.profile) == (f"chat {i}", "fast")
+        assert [(m.role, m.content, m.stats) for m in history.messages(chat.id)] == [
+            ("user", f"question {i} " + "q" * 300, None), ("assistant", f"answer {i} " + "a" * 300, {"tokens": i})]
+    new = history.create_chat("after", "fast")
+    assert new > 200  # ids are never reused, salvaged or not
+    history.close()
+
+
 def test_drafting_texts_are_the_newest_messages_within_the_budget_oldest_first(specchat_dirs: Path) -> None:
     history = History.open()
     chat = history.create_chat("one", "fast")
