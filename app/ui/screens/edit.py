@@ -28,9 +28,9 @@ class EditScreen(Dialog["str | None"]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog edit-dialog"):
-            yield Label(self._title, classes="dialog-title")
+            yield Label(self._title, classes="dialog-title", markup=False)  # a chat's title: "[/INST]" is text
             if self._hint:
-                yield Label(self._hint, classes="dialog-hint")
+                yield Label(self._hint, classes="dialog-hint", markup=False)
             if self._multiline:
                 yield OrderedTextArea(self._value, id="edit-value", soft_wrap=True)
             else:
@@ -80,9 +80,9 @@ class ConfirmScreen(Dialog[bool]):
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog confirm-dialog"):
-            yield Label(self._question, classes="dialog-title")
+            yield Label(self._question, classes="dialog-title", markup=False)  # "Delete “[/INST] …”" ended the app
             if self._hint:
-                yield Label(self._hint, classes="dialog-hint")
+                yield Label(self._hint, classes="dialog-hint", markup=False)
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Yes", variant="error", id="yes")
                 yield Button("No", id="no")

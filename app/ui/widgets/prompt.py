@@ -81,6 +81,11 @@ class PromptArea(TextArea):
         self.scroll_target: Callable[[], Widget | None] = lambda: None
         """The widget PageUp/PageDown scroll (the transcript)."""
 
+    def validate_placeholder(self, placeholder: str | Content) -> Content:
+        """The placeholder as plain text: Textual reads a str as markup, and one that names a
+        profile called ``pk[/x]`` (a user's models.toml) ended the app at start."""
+        return placeholder if isinstance(placeholder, Content) else Content(placeholder)
+
     # -- height ----------------------------------------------------------------------
 
     def get_content_height(self, container: Size, viewport: Size, width: int) -> int:

@@ -20,13 +20,13 @@ async def test_the_prompt_box_says_it_waits_for_the_model(make_app: Callable[...
                                                           loader: FakeLoader) -> None:
     async with first_load_held(make_app, loader, size=(80, 24)) as (app, pilot):
         prompt = app.conversation.prompt
-        assert prompt.placeholder.startswith("Loading fast… you can type")
-        assert "Ask" not in prompt.placeholder
+        assert str(prompt.placeholder).startswith("Loading fast… you can type")
+        assert "Ask" not in str(prompt.placeholder)
         await send(pilot, "hello while loading")  # queued, as the placeholder says
         loader.gate.set()
         await ready(pilot)
         await wait_for(pilot, lambda: len(loader.backends[0].calls) == 1)
-        assert prompt.placeholder.startswith("Ask something")
+        assert str(prompt.placeholder).startswith("Ask something")
         assert [m.text for m in app.query(UserMessage)] == ["hello while loading"]
 
 
@@ -54,7 +54,7 @@ async def test_a_failed_load_says_no_model_is_loaded(make_app: Callable[..., Spe
     app = make_app()
     async with app.run_test(size=(80, 24)) as pilot:
         await wait_for(pilot, lambda: not app.engine.loading and app.engine.backend is None
-                       and "No model" in app.conversation.prompt.placeholder)
+                       and "No model" in str(app.conversation.prompt.placeholder))
         assert app.conversation.prompt.placeholder == "No model is loaded: F2 picks a profile"
 
 
@@ -63,7 +63,7 @@ async def test_esc_stops_the_first_load_and_says_nothing_is_loaded(make_app: Cal
     """A first start that downloads gigabytes must not hold the user: Esc stops it, and a prompt
     queued for it comes back to the box, said to."""
     async with first_load_held(make_app, loader, size=(80, 24)) as (app, pilot):
-        assert "Esc stops loading" in app.conversation.prompt.placeholder
+        assert "Esc stops loading" in str(app.conversation.prompt.placeholder)
         await send(pilot, "hello while loading")
         await pilot.pause()
         assert "Stop" in footer_keys(app)  # the footer says Esc stops the load...
@@ -75,7 +75,7 @@ async def test_esc_stops_the_first_load_and_says_nothing_is_loaded(make_app: Cal
         notes = {n.title: n.message for n in app._notifications}
         assert notes["Loading stopped"].startswith("Stopped loading fast.")
         assert any("back in the box, not sent" in n.message for n in app._notifications)
-        assert app.conversation.prompt.placeholder.startswith("No model is loaded")
+        assert str(app.conversation.prompt.placeholder).startswith("No model is loaded")
         assert "Stop" not in footer_keys(app)  # ...and no longer once nothing loads (it stayed after a load)
         await pilot.press("f2")  # nothing is loaded: no profile is marked current (fast was, after the stop)
         await wait_for(pilot, lambda: len(app.screen_stack) == 2)

@@ -10,7 +10,8 @@ from textual import events
 
 from app.ui.app import SpecChatApp
 from app.ui.screens.edit import ConfirmScreen, EditScreen
-from tests.app.helpers import ready, wait_for
+from tests.app.fakes import FakeLoader
+from tests.app.helpers import first_load_held, ready, wait_for
 from tests.app.ui.screens.test_chats import chats, opened, rows
 
 pytestmark = pytest.mark.anyio
@@ -56,3 +57,55 @@ async def test_enter_in_deletes_confirmation_deletes(make_app: Callable[..., Spe
         await pilot.press("enter")
         await wait_for(pilot, lambda: rows(screen) == ["keep"])
         assert [c.id for c in app.archive.history.list_chats()] == [keep]  # type: ignore[union-attr]
+
+
+async def test_a_title_with_square_brackets_is_text_in_every_dialog(make_app: Callable[..., SpecChatApp]) -> None:
+    """A hostile tester's first prompt "What does [/INST] mean in Llama 2 prompts?" became the
+    chat's title, and d in F3 ended the app (MarkupError: the question was read as markup);
+    "[b]T[/b] [reverse]TT[/]" was drawn bold and reversed."""
+    from textual.widgets import Label
+
+    app = make_app()
+    async with app.run_test(size=(100, 30)) as pilot:
+        await ready(pilot)
+        chats(app, "[b]T[/b] [reverse]TT[/]", "What does [/INST] mean?")
+        screen, _ = await opened(pilot)
+        await pilot.press("d")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.pause()
+        question = app.screen.query_one(".dialog-title", Label)
+        assert str(question.render()).startswith("Delete “What does [/INST] mean?”")
+        await pilot.press("n")
+        await wait_for(pilot, lambda: app.screen is screen)
+        await pilot.press("down", "r")
+        await wait_for(pilot, lambda: isinstance(app.screen, EditScreen))
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.screen is screen)
+        await pilot.press("d")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.pause()
+        question = app.screen.query_one(".dialog-title", Label)
+        assert str(question.render()).startswith("Delete “[b]T[/b] [reverse]TT[/]”")
+        assert not question.render().spans  # drawn as typed: neither bold nor reversed
+
+
+async def test_a_profile_whose_name_has_square_brackets_starts(make_app: Callable[..., SpecChatApp],
+                                                                loader: FakeLoader) -> None:
+    """A user's models.toml profile "pk[/x]" ended the app at start: the prompt box's loading
+    placeholder, which names it, was read as markup."""
+    import dataclasses
+
+    from engine.config.profiles import Profiles
+    from tests.app.fakes import make_profiles
+
+    odd = dataclasses.replace(make_profiles().profiles["fast"], name="pk[/x]")
+
+    def odd_app(**kwargs: object) -> SpecChatApp:
+        return make_app(profiles_loader=lambda: Profiles({"pk[/x]": odd}, default="pk[/x]", files=()), **kwargs)
+
+    async with first_load_held(odd_app, loader, size=(100, 30)) as (app, pilot):
+        await pilot.pause()
+        assert str(app.conversation.prompt.placeholder).startswith("Loading pk[/x]… you can type")
+        loader.gate.set()
+        await ready(pilot)
+        assert app.engine.profile is not None and app.engine.profile.name == "pk[/x]"
