@@ -116,6 +116,12 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
         self.query_one(OptionList).focus()
 
     def _reload(self) -> None:
+        """Fill the list from the history (or the search), then fit it to the dialog again: a
+        search that empties the box can bring back more rows than the dialog holds."""
+        self._fill_list()
+        self._fit_lists()
+
+    def _fill_list(self) -> None:
         option_list = self.query_one(OptionList)
         highlighted = option_list.highlighted
         option_list.clear_options()

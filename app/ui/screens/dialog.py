@@ -30,6 +30,7 @@ from textual.binding import Binding
 from textual.message import Message
 from textual.message_pump import MessagePump
 from textual.screen import ModalScreen
+from textual.widget import Widget
 from textual.widgets import Button, Input, OptionList
 from textual.widgets.option_list import Option
 
@@ -83,6 +84,29 @@ class Dialog(ModalScreen[ResultType]):
     def on_mount(self) -> None:
         for release in self._release_when_ready:  # after the focus the subclass or Textual sets
             self.call_after_refresh(self.app.call_later, release)
+        self._fit_lists()
+
+    def on_resize(self) -> None:
+        self._fit_lists()
+
+    def _fit_lists(self) -> None:
+        """Keep each option list inside its dialog. The dialog stops at 85% of the screen and a
+        list at 24 rows; where the list's rows and the rest would not fit, the dialog cut the
+        list's bottom off, and the list scrolled its highlight into the part cut off (F3 at
+        80x24: the sixth chat's row highlighted, unseen, and d asked to delete it). A list as
+        tall as its rows is measured first; one that runs past its dialog's inside then takes
+        just the room left (``1fr``), so it scrolls within what shows."""
+        lists = list(self.query(".dialog OptionList").results(OptionList))
+        for option_list in lists:
+            option_list.styles.height = "auto"
+        if lists:
+            self.call_after_refresh(self._shrink_cut_lists, lists)
+
+    def _shrink_cut_lists(self, lists: list[OptionList]) -> None:
+        for option_list in lists:
+            dialog = option_list.parent
+            if isinstance(dialog, Widget) and option_list.region.bottom > dialog.content_region.bottom:
+                option_list.styles.height = "1fr"
 
     def ask(self, dialog: "Dialog[Any]", answered: Callable[[Any], Any]) -> None:
         """Open ``dialog`` over this one (through the App); ``answered`` gets its answer. The keys

@@ -109,3 +109,52 @@ async def test_a_profile_whose_name_has_square_brackets_starts(make_app: Callabl
         loader.gate.set()
         await ready(pilot)
         assert app.engine.profile is not None and app.engine.profile.name == "pk[/x]"
+
+
+def list_fits(screen: object) -> bool:
+    """The dialog's option list lies inside its dialog (so the row it highlights is on screen)."""
+    from textual.widgets import OptionList
+
+    option_list = screen.query_one(OptionList)  # type: ignore[attr-defined]
+    return option_list.region.bottom <= option_list.parent.content_region.bottom and option_list.region.height > 0
+
+
+@pytest.mark.parametrize("size", [(80, 24), (100, 18), (120, 36)])
+async def test_a_dialogs_list_stays_inside_the_dialog_so_its_highlight_is_seen(
+        make_app: Callable[..., SpecChatApp], size: tuple[int, int]) -> None:
+    """A hostile tester: F3 at 80x24 with six chats showed five, and after five Downs nothing was
+    highlighted, then d asked to delete the chat no one could see (the dialog cut the list's
+    bottom off); F7 at 100x18 copied a reply from a row cut off. Through a resize and a search
+    that brings every chat back, the list keeps to its dialog."""
+    from textual.widgets import OptionList
+
+    from app.ui.screens.copy import CopyChoice, CopyScreen
+
+    app = make_app()
+    async with app.run_test(size=size) as pilot:
+        await ready(pilot)
+        ids = chats(app, *(f"chat {n}" for n in range(20)))
+        screen, _ = await opened(pilot)
+        await pilot.pause()
+        assert list_fits(screen)
+        for _ in range(15):
+            await pilot.press("down")
+        await pilot.pause()
+        assert list_fits(screen) and screen.query_one(OptionList).highlighted == 15
+        await pilot.resize_terminal(size[0], size[1] - 4)
+        await pilot.pause(0.1)
+        assert list_fits(screen)
+        await pilot.press("slash", "1", "5")
+        await wait_for(pilot, lambda: rows(screen) == ["chat 15"])
+        await pilot.press("backspace", "backspace")
+        await wait_for(pilot, lambda: len(rows(screen)) == len(ids))
+        await pilot.pause(0.1)
+        assert list_fits(screen)
+        await pilot.resize_terminal(*size)
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: app.screen is not screen)
+        copy = CopyScreen([CopyChoice(f"Reply · {n}", f"text {n}") for n in range(18)])
+        app.push_screen(copy)
+        await wait_for(pilot, lambda: app.screen is copy)
+        await pilot.pause(0.1)
+        assert list_fits(copy)
