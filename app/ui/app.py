@@ -349,4 +349,4 @@ class SpecChatApp(SafeTerminal, EngineControl, App[None]):  # SafeTerminal: titl
         self.archive.close()  # the saver has written the open chat's rows: it has its id now
         remember_open_chat(self.conversation)
         if not self.conversation.private:  # unsent text comes back at the next start; a private chat's never
-            remember_draft(self.conversation.prompt.text)
+            remember_draft(self.conversation.unsent_text())

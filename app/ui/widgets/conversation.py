@@ -301,6 +301,12 @@ class Conversation(Horizontal):
             widget.set_waiting(None)
             self.send_prompt(widget.text, shown=widget)
 
+    def unsent_text(self) -> str:
+        """What was typed and has not gone out: prompts waiting behind a reply or a load, then
+        the box's text, as :meth:`drop_queued` would put them back in the box (ctrl+q lost the
+        waiting ones: neither saved nor kept for the next start)."""
+        return "\n".join([w.text for w in self.queued] + ([self.prompt.text] if self.prompt.text else []))
+
     def drop_queued(self) -> int:
         """Take every waiting prompt off the transcript and back into the box; answers how many."""
         texts = [w.text for w in self.queued]

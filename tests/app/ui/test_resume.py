@@ -254,6 +254,29 @@ async def test_text_left_unsent_at_quit_is_back_in_the_box_after_a_restart(make_
         assert app.query_one(TextArea).text == ""  # a private chat's text is never written down
 
 
+async def test_prompts_waiting_behind_a_reply_at_quit_are_back_in_the_box_after_a_restart() -> None:
+    """A hostile tester typed a prompt while a reply streamed (shown "waiting for the reply
+    above") and pressed ctrl+q: it was neither saved nor kept, unlike the box's own text."""
+    from textual.widgets import TextArea
+
+    from tests.app.fakes import make_profiles
+    from tests.app.helpers import send_held
+
+    loader = FakeLoader(hold_after=1)
+    app = SpecChatApp(loader=loader, profiles_loader=make_profiles)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send_held(pilot, loader, "first")
+        await send(pilot, "queued prompt B")
+        await wait_for(pilot, lambda: len(app.conversation.queued) == 1)
+        app.query_one(TextArea).text = "and half a third"
+        await pilot.press("ctrl+q")
+    app = SpecChatApp(loader=FakeLoader(), profiles_loader=make_profiles)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert app.query_one(TextArea).text == "queued prompt B\nand half a third"
+
+
 async def test_a_window_quitting_with_an_empty_box_leaves_the_text_another_window_kept(
         make_app: Callable[..., SpecChatApp]) -> None:
     """A hostile tester's two windows: A quit with text in its box, then B (open all along, its box
