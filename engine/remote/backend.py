@@ -120,7 +120,8 @@ class ServerBackend:
         """``GET /v1/models`` (errors propagate: refused, 401, 404), then ``/props`` and ``/metrics`` (optional)."""
         progress(f"connecting to {self.spec.root}", None)
         listing = self.client.get_json("/v1/models", PROBE_TIMEOUT_S)
-        models = [m for m in (listing.get("data") or []) if isinstance(m, dict)] if isinstance(listing, dict) else []
+        data = listing.get("data") if isinstance(listing, dict) else None
+        models = [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
         ids = [str(m.get("id")) for m in models if m.get("id")]
         owners = {str(m.get("owned_by", "")).lower() for m in models}
         if "vllm" in owners:

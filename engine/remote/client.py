@@ -302,7 +302,7 @@ def parse_json(text: str, url: str) -> Any:
     try:
         value = json.loads(text)
         return _no_lone_surrogates(value) if "\\ud" in text.lower() else value
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
         snippet = text.strip().replace("\n", " ")[:120]
         raise ServerError("malformed", f"{url}: the server sent malformed JSON: {snippet!r}") from None
 
@@ -341,7 +341,7 @@ def http_error(status: int, url: str, raw: bytes, spec: ServerSpec) -> ServerErr
     text = raw.decode("utf-8", "replace").strip()
     try:
         detail = error_message(json.loads(text))
-    except ValueError:
+    except (ValueError, RecursionError):
         detail = text[:200]
     said = f" (the server says: {detail})" if detail else ""
     if status in (401, 403):

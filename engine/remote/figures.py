@@ -32,7 +32,9 @@ from typing import Any
 from engine.events import ReplyStats
 
 _SAMPLE = re.compile(r"^([A-Za-z_:][A-Za-z0-9_:]*)(\{[^}]*\})?\s+(\S+)")
-_POSITION = re.compile(r'position="(\d+)"')
+_POSITION = re.compile(r'position="(\d{1,3})"')
+"""A draft position label; a longer number (a hostile server's 5,000 digits ended the connect in
+a ValueError) is no position any drafter reaches, and its sample is left out."""
 
 
 @dataclass(frozen=True)

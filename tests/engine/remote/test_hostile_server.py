@@ -320,3 +320,36 @@ def test_a_servers_error_of_200k_characters_is_cut() -> None:
         with pytest.raises(ServerError) as err:
             list(ServerClient(ServerSpec(fake.url)).stream(CHAT, {}))
     assert len(str(err.value)) < 1100 and str(err.value).endswith("characters more)")
+
+
+@pytest.mark.parametrize("listing", [{"data": 5}, {"data": True}, {"data": {"id": "m"}}, [1, 2], "text"])
+def test_a_models_list_of_another_shape_is_read_as_naming_nothing(listing: object) -> None:
+    """``{"data": 5}`` ended the connect in a TypeError (a traceback from ``specchat generate``);
+    now it is a list that names no model, and the error says what to set."""
+    from engine.errors import EngineError
+
+    routes = llama_routes(lambda req, body: None)
+    routes["/v1/models"] = lambda req, body: send_json(req, 200, listing)
+    with FakeServer(routes) as fake:
+        with pytest.raises(EngineError, match='lists no models at /v1/models: name one with model = "..."'):
+            ServerBackend.connect(ServerSpec(fake.url), "srv")
+
+
+def test_a_draft_position_of_five_thousand_digits_is_left_out() -> None:
+    """A ``/metrics`` label ``position="<5000 digits>"`` ended the connect in a ValueError
+    (Python's limit on converting long digit strings)."""
+    from engine.remote.figures import parse_spec_counters
+
+    text = ('vllm:spec_decode_num_drafts_total 10\n'
+            'vllm:spec_decode_num_accepted_tokens_per_pos_total{position="0"} 7\n'
+            f'vllm:spec_decode_num_accepted_tokens_per_pos_total{{position="{"9" * 5000}"}} 3\n')
+    counters = parse_spec_counters(text)
+    assert counters is not None and counters.per_position == {0: 7.0}
+
+
+def test_json_nested_beyond_the_parsers_depth_is_malformed_not_a_crash() -> None:
+    """A stream event of 100,000 ``[`` ended ``generate`` in a RecursionError."""
+    from engine.remote.client import parse_json
+
+    with pytest.raises(ServerError, match="malformed JSON"):
+        parse_json("[" * 100_000 + "]" * 100_000, "http://h/v1/chat/completions")
