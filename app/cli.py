@@ -118,7 +118,12 @@ def utf8_text(value: str | bytes, what: str) -> str:
 def cmd_generate(args: argparse.Namespace) -> int:
     from engine.events import ChatMessage
 
+    if sys.stdout is None:  # started with >&-: the reply would go nowhere, and say nothing
+        raise SpecChatError("standard output is closed, so the reply has nowhere to go: leave it open "
+                            "or send it to a file (> reply.txt)")
     if args.prompt == "-":
+        if sys.stdin is None:
+            raise SpecChatError("standard input is closed: pipe the message in, e.g. echo Hello | specchat generate -")
         args.prompt = utf8_text(sys.stdin.buffer.read(), "the prompt read from standard input")
         if not args.prompt.strip():
             raise SpecChatError("the prompt read from standard input is empty: pipe the message in, "
@@ -160,7 +165,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             stats["compat_note"] = engine.info.compat_note
             stats["cpu_kernel"] = engine.info.cpu_kernel
             out = {"profile": profile.name, "text": "".join(text), "token_ids": ids, "stats": stats}
-            print(json_text(out))  # the exact text, its controls as JSON escapes (C1 ones too)
+            print(json_for(sys.stdout, out))  # the exact text, its controls as JSON escapes (C1 ones too)
         else:
             print(flush=True)
         if not args.quiet:
@@ -310,8 +315,33 @@ def cmd_app(args: argparse.Namespace) -> int:
     return app.return_code or 0  # 128 + signal after SIGTERM/SIGHUP, as a shell reports it
 
 
+def json_for(stream: Any, obj: Any) -> str:
+    """:func:`json_text` of ``obj``, all ASCII (``\\uXXXX`` escapes, the same value) where
+    ``stream`` cannot encode the rest (a latin-1 or ASCII locale: ``✓`` in a reply ended the
+    command in a UnicodeEncodeError)."""
+    text = json_text(obj)
+    try:
+        text.encode(getattr(stream, "encoding", None) or "utf-8")
+    except (UnicodeEncodeError, LookupError):
+        return json.dumps(json.loads(text), ensure_ascii=True)
+    return text
+
+
+def _tolerant_output() -> None:
+    """Text stdout and stderr cannot encode (a legacy locale, ``PYTHONIOENCODING=latin-1``) is
+    written as ``\\u2713`` escapes instead of ending the command with a traceback."""
+    for stream in (sys.stdout, sys.stderr):
+        reconfigure = getattr(stream, "reconfigure", None)
+        if reconfigure is not None:
+            try:
+                reconfigure(errors="backslashreplace")
+            except (ValueError, OSError):  # a stream that is closed, or not a plain text one
+                pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _tolerant_output()
     if args.command in ("generate", "bench"):  # the app loads its models in the engine's child
         from engine.fetch.hublog import quiet_transformers
 
@@ -329,6 +359,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         # The reader went away (`| head -c 5`): stop quietly, like other Unix tools.
         _silence_stdout()
         return 141
+    except OSError as exc:  # writing the output failed (`> /dev/full`, a disk that filled up)
+        _silence_stdout()
+        try:
+            print(inert(f"specchat: error: {exc.strerror or exc}"
+                        f"{f' ({exc.filename})' if exc.filename else ' writing the output'}"), file=sys.stderr)
+        except (OSError, ValueError):
+            pass
+        return 1
 
 
 def _silence_stdout() -> None:

@@ -3,6 +3,9 @@ models file, credentials in a URL. What is printed is shown, never obeyed; no se
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -109,3 +112,51 @@ def test_a_reply_through_a_url_with_a_password_prints_it_nowhere(capsys: pytest.
     out = capsys.readouterr()
     assert "hunter2" not in out.out + out.err
     assert json.loads(out.out)["stats"]["plan"]["summary"].endswith(fake.url.replace("http://", "http://alice:***@"))
+
+
+def run_cli(*argv: str, env: dict[str, str] | None = None, **kwargs: object) -> subprocess.CompletedProcess[bytes]:
+    """The command line in a process of its own (its real streams, encodings and file descriptors)."""
+    root = Path(__file__).resolve().parents[2]
+    streams = {"stdout": subprocess.PIPE, "stderr": subprocess.PIPE, **kwargs}
+    return subprocess.run([sys.executable, "-m", "app.cli", *argv], cwd=root, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(root), **(env or {})}, **streams)  # type: ignore[call-overload]
+
+
+def checkmarks(req, body):  # type: ignore[no-untyped-def]
+    start_sse(req)
+    write_events(req, reply_stream(["Done: ", "✓ ", "😀"]))
+
+
+@pytest.mark.parametrize("encoding", ["latin-1", "ascii"])
+def test_a_reply_a_legacy_locale_cannot_encode_is_printed_escaped_not_a_traceback(encoding: str) -> None:
+    """``PYTHONIOENCODING=latin-1`` (or a legacy locale): a ✓ in the reply ended generate in a
+    UnicodeEncodeError and the reply was lost. Text escapes what it cannot encode; --json is ASCII."""
+    with FakeServer(llama_routes(checkmarks)) as fake:
+        text = run_cli("generate", "hi", "--server", fake.url, env={"PYTHONIOENCODING": encoding})
+        as_json = run_cli("generate", "hi", "--server", fake.url, "--json", "--quiet",
+                          env={"PYTHONIOENCODING": encoding})
+    assert text.returncode == 0, text.stderr
+    assert text.stdout.decode(encoding) == "Done: \\u2713 \\U0001f600\n"
+    assert b"Traceback" not in text.stderr and text.stderr.startswith(b"specchat: ")
+    assert as_json.returncode == 0, as_json.stderr
+    assert json.loads(as_json.stdout.decode("ascii"))["text"] == "Done: ✓ 😀"
+
+
+def test_output_that_cannot_be_written_is_one_line_not_a_traceback() -> None:
+    """``> /dev/full`` (a disk that filled up under a redirect) printed a traceback."""
+    with FakeServer(llama_routes(checkmarks)) as fake:
+        for argv in (["generate", "hi", "--server", fake.url], ["generate", "hi", "--server", fake.url, "--json"],
+                     ["profiles"], ["profiles", "--json"]):
+            with open("/dev/full", "wb") as full:
+                done = run_cli(*argv, stdout=full)
+            assert done.returncode == 1, argv
+            assert done.stderr.decode().splitlines()[-1] == "specchat: error: No space left on device writing the output"
+            assert b"Traceback" not in done.stderr
+
+
+def test_generate_with_stdin_or_stdout_closed_says_so() -> None:
+    """``generate - <&-`` ended in an AttributeError; with ``>&-`` the reply went nowhere, exit 0."""
+    closed_in = run_cli("generate", "-", preexec_fn=lambda: os.close(0))
+    assert closed_in.returncode == 2 and closed_in.stderr.decode().startswith("specchat: error: standard input is closed")
+    closed_out = run_cli("generate", "hi", preexec_fn=lambda: os.close(1))
+    assert closed_out.returncode == 2 and "standard output is closed" in closed_out.stderr.decode()
