@@ -195,7 +195,9 @@ def remove(model: CachedModel, root: Path) -> int:
     """Delete ``model``'s files, each checked to lie inside ``root``; returns the bytes freed.
 
     Raises:
-        ModelSourceError: an entry that is not inside the cache (nothing is deleted then).
+        ModelSourceError: an entry that is not inside the cache (nothing is deleted then), or
+            a file that could not be deleted (a read-only disk, another user's files; the
+            entries before it are gone), named.
     """
     base = root.resolve()
     for entry in model.files:
@@ -204,11 +206,17 @@ def remove(model: CachedModel, root: Path) -> int:
             raise ModelSourceError(f"refusing to remove {entry.path}: it is not inside the cache {root}")
     freed = 0
     for entry in model.files:
-        if entry.path.is_dir() and not entry.path.is_symlink():
-            shutil.rmtree(entry.path, ignore_errors=True)
-        else:
-            entry.path.unlink(missing_ok=True)
-            record = entry.path.parent / f".{entry.path.name}.record.json"
-            record.unlink(missing_ok=True)
+        try:
+            if entry.path.is_dir() and not entry.path.is_symlink():
+                shutil.rmtree(entry.path)  # stops at the first file it cannot delete
+            else:
+                entry.path.unlink(missing_ok=True)
+                record = entry.path.parent / f".{entry.path.name}.record.json"
+                record.unlink(missing_ok=True)
+        except FileNotFoundError:
+            pass  # gone already (another window's remove)
+        except OSError as exc:
+            raise ModelSourceError(f"could not delete {exc.filename or entry.path}: {exc.strerror or exc}. Check "
+                                   "the cache folder's permissions, or whether its disk is mounted read-only") from None
         freed += entry.size
     return freed

@@ -160,3 +160,22 @@ def test_a_name_that_loosely_fits_several_models_deletes_none(tmp_path: Path, mo
     assert not (root / "files" / "a b").exists() and (root / "files" / "a-b").exists()
     assert main(["models", "remove", "A.B", "--yes"]) == 0  # one fits now
     assert not (root / "files" / "a-b").exists()
+
+
+@pytest.mark.parametrize("name", ["old-model.gguf", "linked-1.0-py3-none-any.whl"])
+def test_files_that_cannot_be_deleted_are_named_not_counted_as_freed(
+        cache: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """A read-only cache (a hostile tester's remount): a folder's remove said "Deleted 300 kB." with
+    every file still there (its errors were ignored), a file's ended in a traceback."""
+    def refuse(path: object, *args: object, **kwargs: object) -> None:
+        raise PermissionError(13, "Permission denied", str(path))
+
+    before = listing(capsys, tmp_path)
+    with monkeypatch.context() as read_only:
+        read_only.setattr(os, "unlink", refuse)
+        read_only.setattr(os, "rmdir", refuse)
+        assert main(["models", "--models", str(tmp_path / "models.toml"), "remove", name, "--yes"]) == 2
+    out = capsys.readouterr()
+    assert "Deleted" not in out.out and out.err.count("\n") == 1
+    assert out.err.startswith("specchat: error: could not delete ") and ": Permission denied. Check the cache" in out.err
+    assert listing(capsys, tmp_path) == before
