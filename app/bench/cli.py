@@ -42,7 +42,7 @@ def add_bench_parser(sub: Any, add_model_options: Callable[[argparse.ArgumentPar
     bench.add_argument("--repeats", type=int, default=3, help="measured rounds after one warm-up (medians over them)")
     bench.add_argument("--methods", help=f"comma-separated subset of {','.join(ALL_METHODS)} (plain always runs)")
     bench.add_argument("--k-range", default="1-6", help="fixed K values for spec and hf-assisted-constant, e.g. 1-6 or 2,4")
-    bench.add_argument("--lookup-tokens", type=int, help="prompt_lookup_num_tokens for hf-prompt-lookup (default: the profile's k_max)")
+    bench.add_argument("--lookup-tokens", type=positive_int, help="prompt_lookup_num_tokens for hf-prompt-lookup (default: the profile's k_max)")
     bench.add_argument("--threads", type=positive_int, help="torch threads, and llama.cpp's -t (default: torch's choice)")
     bench.add_argument("--llama-cpp", metavar="DIR", dest="llama_cpp",
                        help="folder with llama.cpp's llama-server (default: SPECCHAT_LLAMA_CPP, the cache dir "
@@ -52,6 +52,19 @@ def add_bench_parser(sub: Any, add_model_options: Callable[[argparse.ArgumentPar
                             "(default: the same server with speculative.n_max = 0 per request, where it obeys)")
     bench.add_argument("--json", type=Path, dest="json_out", help="write every figure to this JSON file")
     bench.add_argument("--chart", type=Path, help="write a PNG chart of the speedups (needs matplotlib)")
+
+
+def method_names(text: str | None) -> list[str]:
+    """``--methods``' names (None: every method), checked before any model loads: an empty list
+    ran every method, llama-server included, and an unknown name was refused only after the load."""
+    if text is None:
+        return list(ALL_METHODS)
+    names = [n.strip() for n in text.split(",") if n.strip()]
+    unknown = [n for n in names if n not in ALL_METHODS]
+    if not names or unknown:
+        said = f"unknown method(s) {', '.join(unknown)}" if unknown else "no method named"
+        raise SpecChatError(f"--methods: {said}; choose from {', '.join(ALL_METHODS)}")
+    return names
 
 
 def parse_k_range(text: str) -> list[int]:
@@ -295,6 +308,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     if args.repeats < 1 or args.max_new_tokens < 1:
         raise SpecChatError("--repeats and --max-new-tokens must be at least 1")
     k_values = parse_k_range(args.k_range)
+    names = method_names(args.methods)
     specs = select_prompts(load_prompt_set(args.prompts), args.classes, args.per_class)
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -304,9 +318,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     profile, engine, notes = _load(args, stderr_progress if sys.stderr.isatty() else None)
     try:
         models = bench_models(profile, engine, args)
-        names = args.methods.split(",") if args.methods else list(ALL_METHODS)
         try:
-            methods, skipped = plan_methods([n.strip() for n in names], k_values, models.draft is not None, models.lookup_k)
+            methods, skipped = plan_methods(names, k_values, models.draft is not None, models.lookup_k)
         except ValueError as exc:
             raise SpecChatError(f"--methods: {exc}") from None
         notes += skipped

@@ -115,6 +115,9 @@ def test_near_tie_flips_are_a_note_and_do_not_fail(capsys: pytest.CaptureFixture
     (["--json", "."], "--json .: that is a folder"),  # these three failed after the whole run, with a traceback
     (["--json", "no/such/folder/out.json"], "the folder no/such/folder does not exist"),
     (["--chart", "no/such/folder/chart"], "--chart no/such/folder/chart.png: the folder no/such/folder does not exist"),
+    (["--methods", ""], "--methods: no method named; choose from plain,"),  # ran every method, llama-server too
+    (["--methods", " , "], "--methods: no method named; choose from plain,"),
+    (["--methods", "plain,nope"], "--methods: unknown method(s) nope; choose from plain,"),  # refused after the load
 ])
 def test_bad_options_fail_before_any_model_loads(argv: list[str], says: str, capsys: pytest.CaptureFixture[str],
                                                  monkeypatch: pytest.MonkeyPatch) -> None:
@@ -125,6 +128,15 @@ def test_bad_options_fail_before_any_model_loads(argv: list[str], says: str, cap
     assert main(["bench", "--target", "/no/such/model", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("specchat: error: ") and says in err
+
+
+@pytest.mark.parametrize("value", ["-1", "0"])
+def test_lookup_tokens_below_one_is_a_usage_error(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """-1 was taken, and transformers refused it after plain had run, with a traceback; 0 was
+    silently the profile's k_max."""
+    with pytest.raises(SystemExit) as exit_:
+        main(["bench", "--lookup-tokens", value])
+    assert exit_.value.code == 2 and "--lookup-tokens" in capsys.readouterr().err
 
 
 def test_a_prompt_set_that_is_not_utf8_or_names_prompts_with_escapes(tmp_path: Path) -> None:
