@@ -115,6 +115,24 @@ def utf8_text(value: str | bytes, what: str) -> str:
                             "convert it first, e.g. iconv -f latin1 -t utf-8") from None
 
 
+def earlier_chats() -> list[str]:
+    """The saved chats' messages the suffix drafter drafts from (the app's own choice of them);
+    none where there is no history yet (nothing is created for it)."""
+    from app.store.history import DRAFTING_CHARS, History, HistoryError
+    from app.store.paths import data_dir
+
+    path = data_dir() / "history.db"
+    if not path.is_file():
+        return []
+    history = History.open(path)
+    try:
+        return history.drafting_texts(DRAFTING_CHARS)
+    except HistoryError:
+        return []
+    finally:
+        history.close()
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from engine.events import ChatMessage
 
@@ -145,6 +163,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if progress:
         print("\r\033[K", end="", file=sys.stderr)
     try:
+        if args.mode == "suffix" or (args.mode == "spec" and profile.drafter == "suffix"):
+            engine.learn(earlier_chats())  # "lookup in this chat and earlier ones", as the app does
         system = args.system if args.system is not None else profile.system_prompt
         messages = ([ChatMessage("system", system)] if system else []) + [ChatMessage("user", args.prompt)]
         text, ids, last = [], [], None

@@ -44,6 +44,9 @@ BUSY_TIMEOUT_S = 5.0
 """How long one statement waits for another connection's lock before failing."""
 OPEN_ATTEMPTS = 2
 """Tries (each waiting BUSY_TIMEOUT_S) before :meth:`History.open` gives up on a lock."""
+DRAFTING_CHARS = 3_000_000
+"""Characters of earlier chats the suffix drafter drafts from (about 750k tokens, within
+its index's bound, engine.decode.suffix.MAX_TOKENS)."""
 
 
 def _private_file(path: Path) -> None:

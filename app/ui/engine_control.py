@@ -10,7 +10,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from app.ui.engine_host import DRAFTING_CHARS, EngineHost, Refusal
+from app.store.history import DRAFTING_CHARS
+from app.ui.engine_host import EngineHost, Refusal
 from app.ui.formatting import plan_lines
 from app.ui.labels import header_title
 from app.ui.messages import EngineFailed, EngineReady, LoadProgress, ReplyFinished

@@ -26,9 +26,6 @@ if TYPE_CHECKING:
     from engine.config.profiles import ModelProfile, Profiles
 
 
-DRAFTING_CHARS = 3_000_000
-"""Characters of earlier chats the suffix drafter drafts from (about 750k tokens, within
-its index's bound, engine.decode.suffix.MAX_TOKENS)."""
 
 
 @dataclass(frozen=True)

@@ -432,3 +432,36 @@ def test_a_k_out_of_range_is_a_usage_error_before_anything_loads(k: str, capsys)
         main(["generate", "hi", "--k", k])
     assert exited.value.code == 2
     assert "argument --k: must be" in capsys.readouterr().err
+
+
+def test_generate_with_the_suffix_drafter_drafts_from_the_saved_chats(pair, capsys, monkeypatch) -> None:
+    """``--mode suffix`` is "lookup in this chat and earlier ones", but generate never read the
+    history: the drafter was given nothing (a hostile tester). It now gets the app's texts; with
+    no history file none, and none is made."""
+    import app.cli as cli
+    from app.store.history import History
+    from app.store.paths import data_dir
+
+    taught: list[list[str]] = []
+    real_load = cli.load_for
+
+    def spying_load(*args: object, **kwargs: object) -> object:
+        engine = real_load(*args, **kwargs)  # type: ignore[arg-type]
+        real_learn = engine.learn
+        engine.learn = lambda texts: (taught.append(list(texts)), real_learn(texts))  # type: ignore[method-assign]
+        return engine
+
+    monkeypatch.setattr(cli, "load_for", spying_load)
+    target, draft = pair
+    common = ["w1 w2 w3", "--target", str(target), "--max-new-tokens", "4"]
+    generate(capsys, *common, "--mode", "suffix")
+    assert taught == [[]] and not (data_dir() / "history.db").exists()
+    history = History.open()
+    chat = history.create_chat("earlier", None)
+    history.add_message(chat, "user", "w4 w5 w6")
+    history.add_message(chat, "assistant", "w7 w8 w9", finish_reason="eos")
+    history.close()
+    generate(capsys, *common, "--mode", "suffix")
+    assert taught[-1] == ["w4 w5 w6", "w7 w8 w9"]
+    generate(capsys, *common, "--mode", "ngram")
+    assert len(taught) == 2  # other drafters are taught nothing
