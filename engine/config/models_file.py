@@ -24,6 +24,7 @@ from types import MappingProxyType
 from typing import Any
 
 from engine.config.profiles import DRAFTERS, ModelProfile, ModelSpec, Profiles, server_profile
+from engine.config.source_names import HUB_ID
 from engine.errors import ProfileError
 from engine.paths import config_dir
 from engine.sizes import parse_size
@@ -65,7 +66,20 @@ def _check_type(value: Any, key: str, where: str) -> None:
         raise ProfileError(f"{where}: {key} must be {_TYPE_NAMES[types]}, got {value!r}")
 
 
-def _parse_spec(raw: Any, field: str, where: str) -> ModelSpec:
+def beside(source: str, base: Path) -> str:
+    """``source`` with a relative local path made absolute from ``base``, the folder of the models
+    file that names it (it was taken from the folder specchat was started in, so one profile
+    worked or not by where it was launched). A hub id ``org/name`` stays one unless a folder of
+    that name lies beside the file; ``wheel:`` and ``hf:`` sources are left as they are."""
+    if source.startswith(("wheel:", "hf:", "~")) or Path(source).is_absolute():
+        return source
+    there = base / source
+    if source.lower().endswith(".gguf") or source.startswith(".") or there.exists() or not HUB_ID.fullmatch(source):
+        return str(there)
+    return source
+
+
+def _parse_spec(raw: Any, field: str, where: str, base: Path | None = None) -> ModelSpec:
     if isinstance(raw, str):
         raw = {"source": raw}
     if not isinstance(raw, dict):
@@ -79,6 +93,8 @@ def _parse_spec(raw: Any, field: str, where: str) -> ModelSpec:
         raise ProfileError(f"{where}: missing field {field}.source (a hub id, directory, .gguf file or wheel:...)")
     for key, value in raw.items():
         _check_type(value, key, f"{where}: {field}")
+    if base is not None and "parts" not in raw:  # joined from parts, the source is the file's name, not a path
+        raw = {**raw, "source": beside(raw["source"], base)}
     if "parts" in raw:
         raw = {**raw, "parts": tuple(raw["parts"])}
     if "download_size" in raw:
@@ -115,7 +131,7 @@ def _parse_profile(name: str, raw: Any, path: Path) -> ModelProfile:
     fields: dict[str, Any] = {}
     for key, value in raw.items():
         if key in ("target", "draft"):
-            fields[key] = _parse_spec(value, key, where)
+            fields[key] = _parse_spec(value, key, where, path.parent)
             continue
         _check_type(value, key, where)
         fields[key] = value
@@ -165,9 +181,13 @@ def _disabled(name: str, path: Path, text: str, exc: ProfileError) -> str:
 def _read(path: Path, lenient: bool) -> tuple[dict[str, ModelProfile], str | None, dict[str, str]]:
     """One models.toml: its profiles, its default, and (``lenient``) the profiles left out with why;
     without ``lenient`` a bad profile raises. A file that cannot be read or parsed always raises."""
+    if path.exists() and not path.is_file() and not path.is_dir():  # a FIFO would hang the read
+        raise ProfileError(f"models file {path} is not a regular file")
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
+        if path.is_symlink():
+            raise ProfileError(f"models file {path} is a link to {os.readlink(path)}, which does not exist") from None
         raise ProfileError(f"models file not found: {path}") from None
     except IsADirectoryError:
         raise ProfileError(f"models file {path} is a folder, not a file") from None
@@ -221,7 +241,7 @@ def load_profiles(models_file: Path | str | None = None) -> Profiles:
     shipped = shipped_models_file()
     paths: list[Path] = [shipped]
     user = user_models_file()
-    if user.exists():  # a folder there is named in a notice, not skipped in silence
+    if user.exists() or user.is_symlink():  # a folder or a broken link is named in a notice, not skipped
         paths.append(user)
     extra = models_file if models_file is not None else os.environ.get(MODELS_ENV) or None
     if extra is not None:

