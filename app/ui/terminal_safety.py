@@ -83,6 +83,15 @@ class PasteParser(XTermParser):
         held, self._held = self._held, ""
         return [*(super().feed(held) if held else ()), *super().tick()]
 
+    def _sequence_to_key_events(self, sequence: str, alt: bool = False) -> Iterable[events.Key]:
+        """ESC CR, what terminals send for Alt+Enter, is ``alt+enter`` (a new line in the prompt
+        box, as README's key table says). Textual reads a modifier only on a one-letter key name,
+        so it read Enter, and the prompt went out half typed."""
+        if alt and sequence == "\r":
+            yield events.Key("alt+enter", None)
+            return
+        yield from super()._sequence_to_key_events(sequence, alt)
+
 
 def safe_driver_class(base: type[Driver]) -> type[Driver]:
     """``base`` (Textual's driver for this platform), reading input with :class:`PasteParser`

@@ -74,3 +74,16 @@ def test_what_only_looked_like_a_paste_starting_goes_on_at_the_next_tick() -> No
         time.sleep(0.05)
         keys = summary(list(parser.tick()))
     assert keys != []
+
+
+def test_esc_cr_is_alt_enter_and_other_alt_keys_are_as_textual_reads_them() -> None:
+    """Alt+Enter arrives as ESC CR; Textual's parser read it as a bare Enter (the prompt was sent)."""
+    def read(parser: XTermParser, data: str) -> list[str]:
+        out = list(parser.feed(data))
+        time.sleep(0.15)  # past the wait for the rest of an escape sequence
+        return summary([*out, *parser.tick()])
+
+    assert read(PasteParser(), "a\x1b\rb") == ["key:a", "key:alt+enter", "key:b"]
+    assert read(XTermParser(), "a\x1b\rb") == ["key:a", "key:enter", "key:b"]  # the reason
+    assert read(PasteParser(), "\r") == ["key:enter"]
+    assert read(PasteParser(), "\x1ba") == ["key:alt+a"] and read(PasteParser(), "\x1b[A") == ["key:up"]

@@ -145,6 +145,24 @@ def test_keys_right_after_a_reply_and_after_a_dialog_closes(tmux: Tmux) -> None:
     tmux.keys("C-q")
 
 
+def test_alt_enter_from_a_terminal_adds_a_line_and_sends_nothing(tmux: Tmux) -> None:
+    """Terminals send ESC CR for Alt+Enter; Textual's parser read it as Enter, so the prompt went
+    out half typed where README's key table promises a new line (a hostile tester, in tmux)."""
+    tmux.wait_for("fake:0")
+    tmux.keys("-l", "alt line one")
+    tmux.keys("M-Enter")
+    tmux.keys("-l", "line two")
+    tmux.wait_for("line two", timeout=5)
+    time.sleep(1.0)  # time for a reply, had Alt+Enter sent the prompt
+    screen = tmux.screen()
+    box = screen.split("╭")[-1]
+    assert "alt line one" in box and "line two" in box, screen  # both lines still in the prompt box
+    assert box.index("alt line one") < box.index("line two") and "─ you" not in screen, screen
+    tmux.keys("Enter")
+    tmux.wait_for("12 tokens", timeout=15)  # Enter alone sends both lines as one prompt
+    tmux.keys("C-q")
+
+
 @pytest.mark.parametrize("way", ["COLUMNS and LINES exported", "stdout to a file"])
 def test_the_app_is_drawn_at_the_terminals_own_size_and_follows_it(tmp_path: Path, way: str) -> None:
     """Textual asks :func:`shutil.get_terminal_size`, which believes COLUMNS and LINES in the
