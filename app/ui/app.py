@@ -199,8 +199,9 @@ class SpecChatApp(SafeTerminal, EngineControl, App[None]):  # SafeTerminal: titl
                 self.switch_profile(name)
 
         answering = engine.profile.name if engine.profile is not None and engine.backend_alive else None
+        asked = engine.profile.name if engine.profile is not None else None  # loading, or its load stopped
         self.push_screen(ProfilePicker(engine.profiles, answering,  # "● current": loaded, not loading
-                                       engine.unavailable_profiles(), engine.downloads()), picked)
+                                       engine.unavailable_profiles(), engine.downloads(), highlight=asked), picked)
 
     def action_stop(self) -> None:
         """Esc: stop the reply; with none streaming, stop a profile's load (its downloads too)."""

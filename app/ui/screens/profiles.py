@@ -51,10 +51,15 @@ class ProfilePicker(Dialog["str | None"]):
     """Pick a profile; dismisses with its name, or None."""
 
     def __init__(self, profiles: "Profiles", current: str | None,
-                 unavailable: "dict[str, str] | None" = None, downloads: "dict[str, str] | None" = None) -> None:
+                 unavailable: "dict[str, str] | None" = None, downloads: "dict[str, str] | None" = None,
+                 highlight: str | None = None) -> None:
         super().__init__()
         self._profiles = profiles
         self._current = current
+        self._highlight = current or highlight
+        """The row highlighted first: the loaded profile, else the one last asked for (a load just
+        stopped or failed); the first row was highlighted instead, and after Esc stopped pocket's
+        load, F2 and Enter started coder's 1.6 GB download."""
         self._unavailable = dict(unavailable or {})
         """Profile name -> why it cannot run on this machine."""
         self._downloads = dict(downloads or {})
@@ -79,8 +84,8 @@ class ProfilePicker(Dialog["str | None"]):
 
     def on_mount(self) -> None:
         option_list = self.query_one(OptionList)
-        if self._current in self._profiles.names():
-            option_list.highlighted = self._profiles.names().index(self._current)
+        if self._highlight in self._profiles.names():
+            option_list.highlighted = self._profiles.names().index(self._highlight)
             # the current profile at the top, its description whole (at 80x24 it sat on the bottom row, cut)
             self.call_after_refresh(option_list.scroll_to_highlight, top=True)
         option_list.focus()

@@ -83,6 +83,20 @@ async def test_esc_stops_the_first_load_and_says_nothing_is_loaded(make_app: Cal
         assert not any("current" in str(listed.get_option_at_index(i).prompt) for i in range(listed.option_count))
 
 
+async def test_after_a_stopped_load_f2_starts_on_the_profile_that_was_stopped(
+        make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
+    """F2 started on the first profile, not the one just stopped: a hostile tester stopped pocket's
+    load, pressed F2 and Enter, and coder (first in the list, 1.6 GB) began to load."""
+    async with first_load_held(lambda **kw: make_app(profile="lookup", **kw), loader, size=(80, 24)) as (app, pilot):
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not app.engine.loading)
+        await pilot.press("f2")
+        await wait_for(pilot, lambda: len(app.screen_stack) == 2)
+        listed = app.screen.query_one(OptionList)
+        assert listed.highlighted is not None and listed.get_option_at_index(listed.highlighted).id == "lookup"
+        assert listed.get_option_at_index(0).id == "fast"  # not simply the first row
+
+
 def footer_keys(app: SpecChatApp) -> str:
     """The footer's keys as shown."""
     from textual.widgets import Footer
