@@ -209,8 +209,11 @@ class Hud(VerticalScroll):
         self.flush()
 
     def clear_reply(self) -> None:
-        """No last reply's figures (a new or another chat is shown: they were the chat left's)."""
+        """No last reply's figures (a new or another chat is shown: they were the chat left's), and
+        none live: left while a reply streamed, the HUD said "live" with every figure "—" until
+        the next reply."""
         self.stats = None
+        self.live = False
         self.round_alpha.clear()
         self._last_counts = (0, 0)
         self._dirty = True

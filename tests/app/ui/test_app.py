@@ -57,6 +57,26 @@ async def test_hud_is_live_mid_reply(make_app: Callable[..., SpecChatApp]) -> No
         assert "last reply" in str(hud.query_one("#hud-stats").render())
 
 
+async def test_a_new_chat_started_while_a_reply_streams_shows_no_live_figures(
+        make_app: Callable[..., SpecChatApp]) -> None:
+    """ctrl+n (or a chat from F3) while a reply streamed left the HUD on "live", every figure "—",
+    and the status line on "live", until the next reply (a hostile tester)."""
+    loader = FakeLoader(hold_after=2)
+    app = make_app(loader=loader)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        backend = await send_held(pilot, loader, "hi")
+        hud = app.query_one(Hud)
+        await wait_for(pilot, lambda: hud.live and hud.stats is not None)
+        await app.action_new_chat()
+        await pilot.pause()
+        hud.flush()
+        assert not hud.live
+        assert "no reply yet" in str(hud.query_one("#hud-stats").render())
+        assert "live" not in str(hud.query_one("#hud-line").render())
+        backend.release.set()
+
+
 async def test_escape_keeps_partial_reply_and_engine_stays_ready(make_app: Callable[..., SpecChatApp]) -> None:
     loader = FakeLoader(hold_after=1)
     app = make_app(loader=loader)
