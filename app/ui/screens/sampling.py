@@ -45,6 +45,9 @@ class SamplingScreen(Dialog["ChatSampling | None"]):
         with Vertical(classes="dialog sampling-dialog"):
             yield Label("Sampling for this chat", classes="dialog-title")
             yield Label(HINT, classes="dialog-hint")
+            # the error under the hint, beside the fields it names: below them it was cut off on
+            # a short terminal (100x16: Enter on "nan" seemed to do nothing)
+            yield Label("", id="sampling-error", markup=False)
             for name, label, help_text in FIELDS:
                 value = getattr(self._current, name)
                 placeholder = f"profile: {defaults[name]}" if name in defaults else "none"
@@ -53,7 +56,6 @@ class SamplingScreen(Dialog["ChatSampling | None"]):
                     yield OrderedInput("" if value is None else f"{value:g}" if isinstance(value, float) else str(value),
                                 placeholder=placeholder, id=f"sampling-{name}", compact=True)
                     yield Label(help_text, classes="sampling-help")
-            yield Label("", id="sampling-error", markup=False)
             with Horizontal(classes="dialog-buttons"):
                 yield Button("Save", variant="primary", id="save")
                 yield Button("Cancel", id="cancel")
@@ -67,7 +69,9 @@ class SamplingScreen(Dialog["ChatSampling | None"]):
         if isinstance(parsed, ChatSampling):
             self.dismiss(parsed)
             return
-        self.query_one("#sampling-error", Label).update(inert(parsed.message))
+        error = self.query_one("#sampling-error", Label)
+        error.update(inert(parsed.message))
+        error.add_class("-shown")
         self.query_one(f"#sampling-{parsed.field}", Input).focus()  # what was typed stays
 
     def entered(self, value: str) -> None:

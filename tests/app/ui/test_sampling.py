@@ -177,3 +177,30 @@ async def test_the_palette_and_f1_offer_sampling(make_app: Callable[..., SpecCha
         assert "Sampling…" in titles
         text = help_markdown([("App", list(app.BINDINGS))])
         assert any("f10" in line.lower() and "Sampling…" in line for line in text.splitlines())
+
+
+def shown_whole(widget: object) -> bool:
+    """``widget`` lies inside the part of its dialog on screen (the dialog may scroll)."""
+    dialog = widget.screen.query_one(".dialog")  # type: ignore[attr-defined]
+    return dialog.scrollable_content_region.contains_region(widget.region)  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize("size", [(100, 16), (60, 12)])
+async def test_on_a_short_terminal_the_error_is_seen_and_the_buttons_are_reached(
+        make_app: Callable[..., SpecChatApp], size: tuple[int, int]) -> None:
+    """At 100x16 Enter on "nan" seemed to do nothing: the error line and the buttons were below the
+    dialog's cut (a hostile tester). The error now stands under the hint, and the dialog scrolls."""
+    from textual.widgets import Button
+
+    app = make_app()
+    async with app.run_test(size=size) as pilot:
+        await ready(pilot)
+        screen = await set_in_dialog(pilot, app, temperature="nan")
+        await pilot.press("enter")
+        error = screen.query_one("#sampling-error", Label)
+        await wait_for(pilot, lambda: "Temperature must be" in str(error.render()))
+        await pilot.pause()
+        assert shown_whole(error) and shown_whole(screen.query_one("#sampling-temperature", Input))
+        save = screen.query_one("#save", Button)
+        save.focus()
+        await wait_for(pilot, lambda: shown_whole(save))  # the dialog scrolls to it
