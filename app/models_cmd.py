@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from typing import TYPE_CHECKING
@@ -53,7 +53,7 @@ def cmd_models(args: argparse.Namespace, ask: Callable[[str], str] | None = None
     root = cache_dir()
     models = inventory([profiles.get(name) for name in profiles.names()], root)
     if args.models_command == "remove":
-        return _remove(args, models, root, ask or input)
+        return _remove(args, models, root, ask or input, profiles.names())
     if args.json:
         rows = [{"name": m.name, "bytes": m.size, "profiles": m.profiles,
                  "files": [{"kind": f.kind, "path": str(f.path), "bytes": f.size} for f in m.files]} for m in models]
@@ -73,12 +73,15 @@ def cmd_models(args: argparse.Namespace, ask: Callable[[str], str] | None = None
     return 0
 
 
-def _remove(args: argparse.Namespace, models: "list[CachedModel]", root: Path, ask: Callable[[str], str]) -> int:
+def _remove(args: argparse.Namespace, models: "list[CachedModel]", root: Path, ask: Callable[[str], str],
+            profile_names: Sequence[str] = ()) -> int:
     from engine.fetch.inventory import matching, remove
 
     chosen = matching(models, args.name)
     if not chosen:
         known = ", ".join(m.name for m in models) or "none: the cache is empty"
+        if args.name in profile_names:  # it was said to be no profile at all
+            raise SpecChatError(f"profile {args.name!r} has nothing downloaded in {root} (downloaded: {known})")
         raise SpecChatError(f"no downloaded model or profile is called {args.name!r} (downloaded: {known})")
     total = sum(m.size for m in chosen)
     users = sorted({p for m in chosen for p in m.profiles})

@@ -32,5 +32,7 @@ def parse_size(text: str | int) -> int:
         )
     value = int(float(m.group(1)) * _SIZE_UNITS[unit])
     if value <= 0:
+        if not unit and float(m.group(1)) > 0:  # "0.5" read as bytes: "it must be positive" puzzled a tester
+            raise ProfileError(f"invalid size {text!r}: that is less than one byte; give a unit, e.g. {m.group(1)}GB")
         raise ProfileError(f"invalid size {text!r}: it must be positive")
     return value

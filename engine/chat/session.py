@@ -120,8 +120,14 @@ class ChatEngine:
 
         alone = ids_for(cuts[-1])
         if len(alone) >= window:
-            with_system = " with the system prompt" if head else ""
             earlier = " (leaving out every earlier turn is not enough)" if len(body) > 1 else ""
+            system = len(self.prompt_ids(head)) if head else 0
+            if system * 2 >= len(alone):  # most of it is the system prompt: a 2-token message was told to shorten
+                raise ContextLengthError(
+                    f"the system prompt is too long: {system} of the {len(alone)} tokens with the message, but the "
+                    f"context window holds {window} tokens of prompt and reply{earlier}; shorten the system prompt"
+                )
+            with_system = f" with the system prompt ({system} of them)" if head else ""
             raise ContextLengthError(
                 f"the message is too long: {len(alone)} tokens{with_system}, but the context window holds "
                 f"{window} tokens of prompt and reply{earlier}; shorten it"

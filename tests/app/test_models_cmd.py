@@ -179,3 +179,12 @@ def test_files_that_cannot_be_deleted_are_named_not_counted_as_freed(
     assert "Deleted" not in out.out and out.err.count("\n") == 1
     assert out.err.startswith("specchat: error: could not delete ") and ": Permission denied. Check the cache" in out.err
     assert listing(capsys, tmp_path) == before
+
+
+def test_a_profile_with_nothing_downloaded_is_called_a_profile(cache: Path, tmp_path: Path, capsys) -> None:
+    """"no downloaded model or profile is called 'llama3.1-8b'" said the profile did not exist."""
+    assert main(["models", "remove", "qwen2.5-7b", "--yes"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("specchat: error: profile 'qwen2.5-7b' has nothing downloaded in ")
+    assert main(["models", "remove", "no-such-thing", "--yes"]) == 2
+    assert "no downloaded model or profile is called 'no-such-thing'" in capsys.readouterr().err

@@ -44,3 +44,10 @@ def test_zero_or_less_says_it_must_be_positive(text: str | int, shown: str) -> N
     with pytest.raises(ProfileError) as err:
         parse_size(text)
     assert str(err.value) == f"invalid size {shown}: it must be positive"
+
+
+def test_a_fraction_without_a_unit_asks_for_one() -> None:
+    """``--memory-budget 0.5`` said "it must be positive" (it was read as half a byte)."""
+    with pytest.raises(ProfileError) as err:
+        parse_size("0.5")
+    assert str(err.value) == "invalid size '0.5': that is less than one byte; give a unit, e.g. 0.5GB"

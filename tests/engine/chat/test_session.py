@@ -71,6 +71,17 @@ def test_a_message_too_long_alone_is_refused_before_any_prefill(tokenizer) -> No
     assert events[-1].finish_reason == "length" and len(ids) == PARAMS.max_new_tokens
 
 
+def test_a_system_prompt_too_long_is_named_not_the_short_message(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """A 66,015-token system prompt and a 2-token message: "the message is too long ... shorten it"
+    (a hostile tester, who had typed two words)."""
+    eng = engine(tokenizer)
+    with pytest.raises(ContextLengthError, match=r"^the system prompt is too long: \d+ of the \d+ tokens with the "
+                                                 r"message, .*; shorten the system prompt$"):
+        eng.chat([ChatMessage("system", words(MPE)), ChatMessage("user", "w1 w2")], PARAMS)
+    with pytest.raises(ContextLengthError, match=r"^the message is too long: \d+ tokens with the system prompt \(\d+ of"):
+        eng.chat([ChatMessage("system", "w1 w2"), ChatMessage("user", words(MPE))], PARAMS)
+
+
 def test_a_long_chat_drops_the_oldest_turns_and_says_so(tokenizer) -> None:  # type: ignore[no-untyped-def]
     eng = engine(tokenizer)
     system = ChatMessage("system", "w0 w1 w2")
