@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -347,6 +348,25 @@ def json_for(stream: Any, obj: Any) -> str:
     return text
 
 
+class _EngineWarnings(logging.Handler):
+    """The engine's warnings (a draft dropped, a kernel not built) as the command's own lines:
+    ``specchat: …``, shown inert. Without a handler Python printed them bare, their text
+    (a profile's or a model's names) obeyed."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            print(inert(f"specchat: {record.getMessage()}"), file=sys.stderr)
+        except Exception:  # noqa: BLE001 - logging must never end the command
+            self.handleError(record)
+
+
+def engine_warnings_to_stderr() -> None:
+    """Route the ``engine`` loggers' warnings through :class:`_EngineWarnings` (once)."""
+    logger = logging.getLogger("engine")
+    if not any(isinstance(h, _EngineWarnings) for h in logger.handlers):
+        logger.addHandler(_EngineWarnings(logging.WARNING))
+
+
 def _tolerant_output() -> None:
     """Text stdout and stderr cannot encode (a legacy locale, ``PYTHONIOENCODING=latin-1``) is
     written as ``\\u2713`` escapes instead of ending the command with a traceback."""
@@ -366,6 +386,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from engine.fetch.hublog import quiet_transformers
 
         quiet_transformers()
+        engine_warnings_to_stderr()
     handlers = {"generate": cmd_generate, "profiles": cmd_profiles, "bench": cmd_bench, "models": cmd_models,
                 None: cmd_app}
     try:

@@ -160,3 +160,24 @@ def test_generate_with_stdin_or_stdout_closed_says_so() -> None:
     assert closed_in.returncode == 2 and closed_in.stderr.decode().startswith("specchat: error: standard input is closed")
     closed_out = run_cli("generate", "hi", preexec_fn=lambda: os.close(1))
     assert closed_out.returncode == 2 and "standard output is closed" in closed_out.stderr.decode()
+
+
+def test_the_engines_warnings_are_the_commands_own_lines_shown_inert(capsys: pytest.CaptureFixture[str]) -> None:
+    """"draft model dropped: …" came out bare (no ``specchat:``) and raw, through Python's last-resort
+    logging handler."""
+    import logging
+
+    from app.cli import engine_warnings_to_stderr
+
+    engine_warnings_to_stderr()
+    engine_warnings_to_stderr()  # once, however often it is called
+    try:
+        logging.getLogger("engine.load.loader").warning("%s", f"draft model dropped: {HOSTILE['osc52-clipboard']}")
+        logging.getLogger("engine.load.loader").info("memory plan: not shown")
+        err = capsys.readouterr().err
+        assert err.splitlines() == [inert(f"specchat: draft model dropped: {HOSTILE['osc52-clipboard']}")]
+        assert raw_in(err) == []
+    finally:
+        engine = logging.getLogger("engine")
+        for handler in list(engine.handlers):
+            engine.removeHandler(handler)
