@@ -34,7 +34,7 @@ from app.store.pieces import Pieces
 from app.store.records import (CHAT_COLUMNS, ChatDeleted, ChatRecord, HistoryError, MessageRecord, chat_from_row,
                                describe, is_missing_parent, message_from_row, to_json)
 from app.store.salvage import salvage
-from app.store.schema import NewerSchema, is_corruption_error, is_lock_error, migrate
+from app.store.schema import NewerSchema, check_ours, is_corruption_error, is_lock_error, migrate
 from engine.text_safety import without_lone_surrogates
 
 __all__ = ["BUSY_TIMEOUT_S", "OPEN_ATTEMPTS", "ChatDeleted", "ChatRecord", "History", "HistoryError",
@@ -50,10 +50,9 @@ its index's bound, engine.decode.suffix.MAX_TOKENS)."""
 
 
 def _private_file(path: Path) -> None:
-    """Create ``path`` if missing and restrict it to its owner (0600)."""
+    """Create ``path`` if missing, readable by its owner only (0600)."""
     fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
     os.close(fd)
-    os.chmod(path, 0o600)
 
 
 _SIDE_FILES = ("-wal", "-shm", "-journal")
@@ -180,7 +179,7 @@ class History:
         except BaseException:
             conn.close()
             raise
-        cls._private_side_files(path)
+        cls._restrict_files(path)
         return conn
 
     @staticmethod
@@ -190,6 +189,7 @@ class History:
         row = conn.execute("PRAGMA quick_check").fetchone()
         if row is None or row[0] != "ok":
             raise sqlite3.DatabaseError(f"integrity check failed: {row[0] if row else '?'}")
+        check_ours(conn)  # before anything is written to it
         conn.execute("PRAGMA journal_mode = WAL")
         conn.execute("PRAGMA synchronous = NORMAL")
         migrate(conn)
@@ -197,7 +197,10 @@ class History:
         conn.execute("SELECT count(*) FROM chats").fetchone()
 
     @staticmethod
-    def _private_side_files(path: Path) -> None:
+    def _restrict_files(path: Path) -> None:
+        """The history file and its side files readable by their owner only, once the file is known
+        to be specchat's (another program's is left as it was, its mode too)."""
+        os.chmod(path, 0o600)
         for suffix in _SIDE_FILES:
             side = Path(f"{path}{suffix}")
             if side.exists():
@@ -210,7 +213,7 @@ class History:
         self._prepare(self._conn)
         self._ready = True
         if self.path is not None:
-            self._private_side_files(self.path)
+            self._restrict_files(self.path)
 
     @staticmethod
     def _set_aside(path: Path) -> Path:

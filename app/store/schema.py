@@ -105,6 +105,30 @@ class NewerSchema(sqlite3.DatabaseError):
     """The file was written by a newer specchat (its user_version is above ours)."""
 
 
+class ForeignFile(sqlite3.DatabaseError):
+    """The file is an SQLite database of another program: left as it is, never upgraded."""
+
+
+_OUR_TABLES = {"chats": {"id", "title", "created", "updated"}, "messages": {"id", "chat_id", "role", "content"}}
+
+
+def check_ours(conn: sqlite3.Connection) -> None:
+    """Raise :class:`ForeignFile` unless the file is empty or a specchat history (of any version).
+
+    Run before anything writes (journal mode, upgrades): a tester's file of another program,
+    with a ``chats`` table of its own, was switched to WAL, given ``user_version`` 2 and a
+    ``messages`` table, while the notice said it "was left untouched". A file with a
+    user_version is specchat's (0.x files had none, with these tables)."""
+    if int(conn.execute("PRAGMA user_version").fetchone()[0]) != 0:
+        return
+    tables = {row[0] for row in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
+    tables -= {"sqlite_sequence"}
+    for name in sorted(tables):
+        columns = {row[1] for row in conn.execute(f"PRAGMA table_info({name})")}
+        if name not in _OUR_TABLES or not _OUR_TABLES[name] <= columns:
+            raise ForeignFile(f"it is another program's SQLite file: its table {name!r} is not specchat's")
+
+
 def migrate(conn: sqlite3.Connection, migrations: Sequence[tuple[int, str]] = MIGRATIONS) -> int:
     """Bring the schema up to the last step of ``migrations``; returns the version.
 

@@ -259,3 +259,37 @@ def test_a_data_folder_that_was_there_keeps_its_mode_and_a_new_one_is_private(sp
     fresh = specchat_dirs / "fresh"
     History.open(fresh / "history.db").close()
     assert mode(fresh) == 0o700
+
+
+def test_another_programs_sqlite_file_is_left_as_it_was(specchat_dirs: Path) -> None:
+    """A tester's SQLite file with a ``chats`` table of its own: the notice said it "was left
+    untouched", but it had been switched to WAL, given user_version 2 and a messages table."""
+    specchat_dirs.mkdir()
+    path = specchat_dirs / "history.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE chats (id INTEGER PRIMARY KEY, name TEXT, body TEXT)")
+    conn.execute("INSERT INTO chats (name, body) VALUES ('theirs', 'data')")
+    conn.commit()
+    conn.close()
+    path.chmod(0o644)
+    before = path.read_bytes()
+    history = History.open()
+    assert history.path is None  # this session's chats live in memory
+    assert history.notice is not None and "another program's SQLite file: its table 'chats' is not specchat's" \
+        in history.notice and "left untouched" in history.notice
+    history.close()
+    assert path.read_bytes() == before and mode(path) == 0o644
+    assert sorted(p.name for p in specchat_dirs.iterdir()) == ["history.db"]
+
+
+def test_a_history_from_before_schema_versions_is_still_upgraded(specchat_dirs: Path) -> None:
+    """0.x files had no user_version, with specchat's own two tables: they are specchat's."""
+    specchat_dirs.mkdir()
+    conn = sqlite3.connect(specchat_dirs / "history.db")
+    conn.executescript(schema_module._SCHEMA)
+    conn.execute("INSERT INTO chats (title, created, updated) VALUES ('old', 1, 2)")
+    conn.commit()
+    conn.close()
+    history = History.open()
+    assert history.notice is None and [c.title for c in history.list_chats()] == ["old"]
+    history.close()
