@@ -27,7 +27,7 @@ from app.ui.chat_dialogs import ask_edited_prompt, ask_sampling, ask_system_prom
 from app.ui.commands import ProfileCommands, unique_commands
 from app.ui.early_stop import early_stop_driver
 from app.ui.engine_control import EngineControl
-from app.ui.export import ask_export
+from app.ui.export import ask_export, ask_export_screen
 from app.ui.engine_host import EngineHost, ProfileChoice, Refusal
 from app.ui.key_hold import KeyHold
 from app.ui.keys import BINDINGS, EXTRA_COMMANDS, MAIN_SCREEN_ACTIONS, KeysFooter
@@ -327,15 +327,24 @@ class SpecChatApp(SafeTerminal, EngineControl, App[None]):  # SafeTerminal: titl
         self.push_screen(*ask_sampling(self.conversation))
 
     def action_export_chat(self) -> None:
-        chat_id = self.conversation.chat_id
-        if chat_id is None:
+        """F9: the chat to a Markdown file, from the history; from the screen where the history
+        does not hold it all (a private chat, or replies it has not taken yet)."""
+        conversation, history, saver = self.conversation, self.archive.history, self.archive.saver
+        chat_id = conversation.chat_id
+        on_screen = conversation.messages()
+        tell = lambda text, severity: notice(self, text, severity=severity, title="Export")  # noqa: E731
+        behind = saver is not None and saver.lagging and saver.unsaved() > 0
+        if on_screen and (conversation.private or chat_id is None or history is None or behind):
+            note = ("A private chat, never saved, exported from the screen" if conversation.private else
+                    "Exported from the screen: the history had not taken all of it")
+            title = conversation.title or ("private chat" if conversation.private else "chat")
+            self.push_screen(*ask_export_screen(title, on_screen, note, tell))
+            return
+        if chat_id is None or history is None:
             notice(self, "Nothing to export yet.", severity="warning")
             return
-        history = self.archive.history
-        chat = self.archive.db(history.get_chat, chat_id) if history is not None else None
-        if history is not None:
-            self.push_screen(*ask_export(history, chat_id, chat.title if chat else "chat",
-                                         lambda text, severity: notice(self, text, severity=severity, title="Export")))
+        chat = self.archive.db(history.get_chat, chat_id)
+        self.push_screen(*ask_export(history, chat_id, chat.title if chat else "chat", tell))
 
     # -- quitting (app.ui.quitting) --------------------------------------------------------
 

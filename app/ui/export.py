@@ -18,10 +18,10 @@ from app.ui.screens.edit import EditScreen
 from engine.text_safety import inert
 
 
-def default_export_path(chat_id: int, title: str) -> Path:
-    """``data_dir()/exports/<slug>-<id>.md``."""
+def default_export_path(chat_id: int | None, title: str) -> Path:
+    """``data_dir()/exports/<slug>-<id>.md`` (a chat not saved: ``<slug>-<date>-<time>.md``)."""
     slug = re.sub(r"[^A-Za-z0-9]+", "-", title).strip("-").lower()[:40] or "chat"
-    return data_dir() / "exports" / f"{slug}-{chat_id}.md"
+    return data_dir() / "exports" / f"{slug}-{time.strftime('%Y%m%d-%H%M%S') if chat_id is None else chat_id}.md"
 
 
 def stats_line(stats: dict[str, Any]) -> str:
@@ -111,35 +111,28 @@ def write_new_file(path: Path, text: str) -> Path:
     return written
 
 
-def export_destination(history: History, chat_id: int, path: Path | str | None = None) -> Path:
-    """Where :func:`export_chat` means to write: ``path``, or the default name
-    (:func:`default_export_path`) in the exports folder, or inside ``path`` where that is a
-    folder or ends in a separator (a folder to make). :class:`HistoryError` for a path no
-    file can have (a NUL character, a name too long)."""
-    def default_name() -> str:
-        chat = history.get_chat(chat_id)
-        return default_export_path(chat_id, chat.title if chat else "chat").name
-
+def export_destination(path: Path | str | None, default: Path) -> Path:
+    """Where an export means to write: ``path``, or ``default`` where none is given, or
+    ``default``'s name inside ``path`` where that is a folder or ends in a separator (a folder to
+    make). :class:`HistoryError` for a path no file can have (a NUL character, a name too long)."""
     if path is None or not str(path):
-        chat = history.get_chat(chat_id)
-        return default_export_path(chat_id, chat.title if chat else "chat")
+        return default
     text = str(path)
     if "\0" in text:
         raise HistoryError("Could not export: a file path cannot hold a NUL character.")
     target = Path(text).expanduser()
     try:
         if text.endswith(("/", os.sep)) or target.is_dir():
-            return target / default_name()
+            return target / default.name
     except OSError as exc:  # ENAMETOOLONG and the like, from asking about the path at all
         raise HistoryError(f"Could not export to {target}: {exc.strerror or exc}") from None
     return target
 
 
-def export_chat(history: History, chat_id: int, path: Path | str | None = None) -> Path:
-    """Write the chat to :func:`export_destination`'s file, created with mode 0600; if it
-    exists, to ``<stem>-2<suffix>`` (and so on) instead. Returns the path written; a failure
-    is :class:`HistoryError` naming the path and why."""
-    path = export_destination(history, chat_id, path)
+def write_export(path: Path, text: str) -> Path:
+    """Write ``text`` to ``path``, created with mode 0600 (its folder made; the exports folder
+    0700); if it exists, to ``<stem>-2<suffix>`` (and so on) instead. Returns the path written;
+    a failure is :class:`HistoryError` naming the path and why."""
     try:
         if path.parent == data_dir() / "exports":
             ensure_private_dir(path.parent)
@@ -147,7 +140,6 @@ def export_chat(history: History, chat_id: int, path: Path | str | None = None) 
             path.parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
         raise HistoryError(f"Could not create {path.parent}: {exc.strerror or exc}") from exc
-    text = chat_markdown(history, chat_id)
     try:
         return write_new_file(path, text)
     except OSError as exc:
@@ -156,11 +148,20 @@ def export_chat(history: History, chat_id: int, path: Path | str | None = None) 
         raise HistoryError(f"Could not write {tried}{beside}: {exc.strerror or exc}") from exc
 
 
-def transcript_markdown(title: str, messages: list[tuple[str, str]], unsent: str = "") -> str:
+def export_chat(history: History, chat_id: int, path: Path | str | None = None) -> Path:
+    """Write saved chat ``chat_id`` (:func:`chat_markdown`) to :func:`export_destination`'s
+    file, by :func:`write_export`."""
+    chat = history.get_chat(chat_id)
+    default = default_export_path(chat_id, chat.title if chat else "chat")
+    return write_export(export_destination(path, default), chat_markdown(history, chat_id))
+
+
+def transcript_markdown(title: str, messages: list[tuple[str, str]], unsent: str = "",
+                        note: str = "Exported unsaved at quit") -> str:
     """A chat as the screen shows it (``(role, text)`` in order) and the prompt box's unsent
     text, as Markdown: what quitting exports when the history could not take it. Made inert
     (:func:`~engine.text_safety.inert`) as :func:`chat_markdown` is."""
-    lines = [f"# {title}", "", f"- Exported unsaved at quit: {time.strftime('%Y-%m-%d %H:%M')}"]
+    lines = [f"# {title}", "", f"- {note}: {time.strftime('%Y-%m-%d %H:%M')}"]
     for role, text in messages:
         lines += ["", f"## {role.capitalize()}", "", text]
     if unsent.strip():
@@ -189,14 +190,29 @@ Tell = Callable[[str, str], None]
 
 def ask_export(history: History, chat_id: int, title: str,
                tell: Tell) -> tuple[EditScreen, Callable[[str | None], None]]:
-    """The dialog that asks where to write chat ``chat_id`` as Markdown, and what to do with
-    its answer (write the file, then tell where, or why not). The caller opens it."""
+    """The dialog that asks where to write saved chat ``chat_id`` as Markdown, and what to do
+    with its answer (write the file, then tell where, or why not). The caller opens it."""
+    return _ask(default_export_path(chat_id, title), lambda path: write_export(path, chat_markdown(history, chat_id)),
+                tell)
+
+
+def ask_export_screen(title: str, messages: list[tuple[str, str]], note: str,
+                      tell: Tell) -> tuple[EditScreen, Callable[[str | None], None]]:
+    """:func:`ask_export` for a chat as the screen shows it (``(role, text)`` in order): a
+    private chat, never saved, or one whose last replies the history has not taken yet. F9 said
+    "Nothing to export yet." in the first case and left the unsaved replies out in the second."""
+    return _ask(default_export_path(None, title),
+                lambda path: write_export(path, transcript_markdown(title, messages, note=note)), tell)
+
+
+def _ask(default: Path, write: Callable[[Path], Path],
+         tell: Tell) -> tuple[EditScreen, Callable[[str | None], None]]:
     def done(path: str | None) -> None:
         if not path:
             return
         try:
-            meant = export_destination(history, chat_id, path)
-            written = export_chat(history, chat_id, meant)
+            meant = export_destination(path, default)
+            written = write(meant)
         except HistoryError as exc:
             tell(str(exc), "error")
             return
@@ -205,5 +221,5 @@ def ask_export(history: History, chat_id: int, title: str,
         else:
             tell(f"Exported to {written}", "information")
 
-    return EditScreen("Export chat to Markdown", str(default_export_path(chat_id, title)),
+    return EditScreen("Export chat to Markdown", str(default),
                       hint="File path (a new file, mode 0600; an existing one is never replaced)"), done

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 
 from app.ui.export import export_chat
 from app.store.history import History
@@ -151,3 +152,43 @@ def test_the_export_dialog_takes_a_folder_a_new_folder_and_refuses_impossible_na
     done(str(tmp_path / "nul\0.md"))
     assert told.pop() == ("Could not export: a file path cannot hold a NUL character.", "error")
     assert not list(tmp_path.glob("y*")) and not list(tmp_path.glob("nul*"))
+
+
+async def _export_with_f9(pilot, app, path: Path) -> None:  # type: ignore[no-untyped-def]
+    from app.ui.screens.edit import EditScreen
+    from tests.app.helpers import wait_for
+
+    await pilot.press("f9")
+    await wait_for(pilot, lambda: isinstance(app.screen, EditScreen))
+    app.screen.query_one("#edit-value").value = str(path)
+    await pilot.press("enter")
+    await wait_for(pilot, lambda: path.exists())
+
+
+@pytest.mark.anyio
+async def test_f9_exports_a_private_chat_and_replies_the_history_has_not_taken_from_the_screen(
+        make_app, specchat_dirs: Path, tmp_path: Path, short_busy: None) -> None:  # type: ignore[no-untyped-def]
+    """F9 in a private chat said "Nothing to export yet." with a conversation on screen; with
+    history writes failing it exported the file's copy, the new exchange missing, and said
+    "Exported to …" (a tester)."""
+    from tests.app.helpers import ready, send, wait_for
+    from tests.app.ui.test_quit import _unsaved_reply
+
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await app.action_new_chat(private=True)
+        await send(pilot, "a private question")
+        await wait_for(pilot, lambda: not app.conversation.generating and len(app.conversation.messages()) == 2)
+        await _export_with_f9(pilot, app, tmp_path / "private.md")
+        text = (tmp_path / "private.md").read_text()
+        assert "A private chat, never saved, exported from the screen" in text
+        assert "a private question" in text and "Hello there!" in text
+        await app.action_new_chat()
+        await _unsaved_reply(pilot, app)  # the second exchange is not in the history
+        await _export_with_f9(pilot, app, tmp_path / "behind.md")
+        text = (tmp_path / "behind.md").read_text()
+        assert "the history had not taken all of it" in text and "my unsaved question" in text
+        await app.action_new_chat()
+        await pilot.press("f9")
+        await wait_for(pilot, lambda: any("Nothing to export yet." in n.message for n in app._notifications))
