@@ -291,6 +291,8 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         else:
             _show(f"{mark} {r['name']:<18} target {r['target']} [{r['target_quantization']}]")
             _show(f"  {'':<18} draft  {draft}")
+        if r["description"]:  # models.toml: "one line shown in the profile list"
+            _show(f"  {'':<18} about  {r['description']}")
         _show(f"  {'':<18} from   {r['source_file']}")
         if r["to_download"]:
             # a hub id is downloaded by transformers from the Hugging Face hub, its size unknown here
@@ -309,7 +311,7 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         print(f"\nint4 on the CPU: specchat's {kernel['variant']} kernel (CPU flags: {features})")
     else:
         print(f"\nint4 on the CPU: torch's kernel ({kernel['unavailable_reason']}; CPU flags: {features})")
-    state = "" if user_file.exists() else " (not created yet)"
+    state = "" if user_file.exists() or user_file.is_symlink() else " (not created yet)"
     _show(f"\nYour own profiles go in {user_file}{state}; SPECCHAT_CONFIG_DIR moves it.")
     return 0
 

@@ -465,3 +465,11 @@ def test_generate_with_the_suffix_drafter_drafts_from_the_saved_chats(pair, caps
     assert taught[-1] == ["w4 w5 w6", "w7 w8 w9"]
     generate(capsys, *common, "--mode", "ngram")
     assert len(taught) == 2  # other drafters are taught nothing
+
+
+def test_profiles_show_each_profiles_description(capsys) -> None:
+    """models.toml says a description is "one line shown in the profile list"; ``specchat profiles``
+    never showed it (a tester)."""
+    assert main(["profiles"]) == 0
+    out = capsys.readouterr().out
+    assert "about  SmolLM2-135M-Instruct, int4" in out
