@@ -87,10 +87,10 @@ def resolve_profile(args: argparse.Namespace) -> "ModelProfile":
         profile = profile_from_sources(args.target, args.draft)
     else:
         profiles = load_profiles(args.models)
-        asked = profiles.invalid.get(args.profile or "")  # the error below says that one
+        asked = profiles.invalid.get(args.profile or profiles.default)  # the error below says that one
         for notice in profiles.notices:  # a profile of the user's left out: said, never silent
             if notice != asked:
-                print(f"specchat: notice: {notice}", file=sys.stderr)
+                print(inert(f"specchat: notice: {notice}"), file=sys.stderr)
         profile = profiles.get(args.profile)
     if args.memory_budget:
         profile = dataclasses.replace(profile, memory_budget=parse_size(args.memory_budget))

@@ -473,3 +473,15 @@ def test_profiles_show_each_profiles_description(capsys) -> None:
     assert main(["profiles"]) == 0
     out = capsys.readouterr().out
     assert "about  SmolLM2-135M-Instruct, int4" in out
+
+
+def test_a_broken_override_of_the_default_profile_is_said_once(capsys, tmp_path, monkeypatch) -> None:
+    """The user's own [profiles.pocket] with an unknown drafter: generate without --profile printed
+    the same sentence twice, as a notice and as the error (a tester)."""
+    monkeypatch.setenv("SPECCHAT_CONFIG_DIR", str(tmp_path / "cfg"))
+    user = tmp_path / "cfg" / "models.toml"
+    user.parent.mkdir()
+    user.write_text('[profiles.pocket]\ntarget = "x.gguf"\ndrafter = "ngramz"\n')
+    assert main(["generate", "hi"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("unknown drafter 'ngramz'") == 1 and err.startswith("specchat: error: profile 'pocket' in ")
