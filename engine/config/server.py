@@ -78,6 +78,11 @@ class ServerSpec:
             parts.port
         except ValueError:
             raise ProfileError(f"server url {shown!r} has an invalid port") from None
+        if any(ord(c) < 0x21 or 0x7f <= ord(c) <= 0x9f for c in self.url):  # http.client refused it later,
+            raise ProfileError(f"server url {shown!r} holds a space or a control character")  # blamed on the server
+        if parts.query or parts.fragment:  # every request's path is built below the root: it was dropped in silence
+            raise ProfileError(f"server url {shown!r} has a ?query or #fragment, which specchat cannot send; "
+                               "give the server's address and path only")
         if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()):
             raise ProfileError("server model must be a non-empty string (or left out for the server's first model)")
         if self.api_key_env is not None and not _ENV_NAME.fullmatch(str(self.api_key_env)):

@@ -1,6 +1,7 @@
 """``backend = "server"`` profiles in models.toml: keys, checks, and the shipped one."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -75,3 +76,16 @@ def test_a_password_in_a_url_without_its_scheme_is_hidden_too() -> None:
     with pytest.raises(ProfileError) as err:
         ServerSpec("alice:s3cret@127.0.0.1:9")  # printed as given: 'alice:s3cret@127.0.0.1:9'
     assert "s3cret" not in str(err.value)
+
+
+@pytest.mark.parametrize("url, words", [
+    ("http://127.0.0.1:8080/\x1b]0;x\x07", "holds a space or a control character"),
+    ("http://127.0.0.1:8080/v1 x", "holds a space or a control character"),
+    ("http://127.0.0.1:8080/v1?key=abc", "has a ?query or #fragment, which specchat cannot send"),
+    ("http://127.0.0.1:8080/#top", "has a ?query or #fragment, which specchat cannot send"),
+])
+def test_a_url_no_request_can_carry_is_refused_up_front(url: str, words: str) -> None:
+    """An ESC in the URL was blamed on the server ("closed the connection without an answer
+    (InvalidURL)"), and a ?query was dropped in silence (a tester)."""
+    with pytest.raises(ProfileError, match=re.escape(words)):
+        ServerSpec(url)
