@@ -73,6 +73,9 @@ class Conversation(Horizontal):
         self.sampling = ChatSampling()
         """The chat's own temperature, top-p, top-k and seed over the profile's (app.ui.sampling)."""
         self.private = False
+        self._private_text: str | None = None
+        """The box's text as a private chat was left (carried into the next chat): never kept for
+        the next start unless edited since, as a private chat's text is never written down."""
         """A private chat: nothing of it is saved, and the engine is told not to learn from
         its replies (``GenerationParams.private``), so no later chat is drafted from it."""
         self._recall_mark = 0
@@ -186,6 +189,7 @@ class Conversation(Horizontal):
             if self.private:
                 notice(self, "The private chat's unsent prompts are back in the box: sent now, they go "
                              "into the new chat.", severity="warning")
+        self._private_text = self.prompt.text if self.private and self.prompt.text else None
         self.hud.set_seen_sources(())
         self.hud.clear_reply()  # the figures were the chat left's (a new user read them as the new one's)
         self.hud.flush()
@@ -304,8 +308,10 @@ class Conversation(Horizontal):
     def unsent_text(self) -> str:
         """What was typed and has not gone out: prompts waiting behind a reply or a load, then
         the box's text, as :meth:`drop_queued` would put them back in the box (ctrl+q lost the
-        waiting ones: neither saved nor kept for the next start)."""
-        return "\n".join([w.text for w in self.queued] + ([self.prompt.text] if self.prompt.text else []))
+        waiting ones: neither saved nor kept for the next start). Text typed in a private chat
+        and carried out of it unedited is left out."""
+        box = self.prompt.text if self.prompt.text != self._private_text else ""
+        return "\n".join([w.text for w in self.queued] + ([box] if box else []))
 
     def drop_queued(self) -> int:
         """Take every waiting prompt off the transcript and back into the box; answers how many."""

@@ -252,6 +252,27 @@ async def test_text_left_unsent_at_quit_is_back_in_the_box_after_a_restart(make_
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         assert app.query_one(TextArea).text == ""  # a private chat's text is never written down
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await app.action_new_chat(private=True)
+        app.query_one(TextArea).text = "private secret hunter5"
+        await app.action_new_chat()  # the text stays in the box, now a saved chat's
+        await pilot.pause()
+        assert app.query_one(TextArea).text == "private secret hunter5"
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert app.query_one(TextArea).text == ""  # typed in private and not edited since: not written down
+        await app.action_new_chat(private=True)
+        app.query_one(TextArea).text = "private words"
+        await app.action_new_chat()
+        app.query_one(TextArea).text = "private words, and then some for the saved chat"
+        await pilot.pause()
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert app.query_one(TextArea).text == "private words, and then some for the saved chat"  # edited: kept
 
 
 async def test_prompts_waiting_behind_a_reply_at_quit_are_back_in_the_box_after_a_restart() -> None:
