@@ -281,15 +281,3 @@ def test_another_programs_sqlite_file_is_left_as_it_was(specchat_dirs: Path) -> 
     assert path.read_bytes() == before and mode(path) == 0o644
     assert sorted(p.name for p in specchat_dirs.iterdir()) == ["history.db"]
 
-
-def test_a_history_from_before_schema_versions_is_still_upgraded(specchat_dirs: Path) -> None:
-    """0.x files had no user_version, with specchat's own two tables: they are specchat's."""
-    specchat_dirs.mkdir()
-    conn = sqlite3.connect(specchat_dirs / "history.db")
-    conn.executescript(schema_module._SCHEMA)
-    conn.execute("INSERT INTO chats (title, created, updated) VALUES ('old', 1, 2)")
-    conn.commit()
-    conn.close()
-    history = History.open()
-    assert history.notice is None and [c.title for c in history.list_chats()] == ["old"]
-    history.close()
