@@ -73,11 +73,11 @@ class Conversation(Horizontal):
         self.sampling = ChatSampling()
         """The chat's own temperature, top-p, top-k and seed over the profile's (app.ui.sampling)."""
         self.private = False
+        """A private chat: nothing of it is saved, and the engine is told not to learn from
+        its replies (``GenerationParams.private``), so no later chat is drafted from it."""
         self._private_text: str | None = None
         """The box's text as a private chat was left (carried into the next chat): never kept for
         the next start unless edited since, as a private chat's text is never written down."""
-        """A private chat: nothing of it is saved, and the engine is told not to learn from
-        its replies (``GenerationParams.private``), so no later chat is drafted from it."""
         self._recall_mark = 0
         """How many prompts Up recalled when the private chat began: its own go when it ends."""
         self._hud_timer: Timer | None = None
