@@ -44,6 +44,16 @@ class HistoryLag(Message):
         self.notice = notice
 
 
+class ChatCreated(Message):
+    """Posted by the saver thread: ``chat`` has just been written as a new row (it has its id).
+    The window that shows it takes its open-chat lock at once (app.store.open_chats): taken only
+    when the first reply finished, a second window started meanwhile took the new chat over."""
+
+    def __init__(self, chat: "ChatRef") -> None:
+        super().__init__()
+        self.chat = chat
+
+
 class HistoryRescued(Message):
     """Posted by the saver thread: the open chat was deleted elsewhere and its unsaved
     exchanges were saved to a new chat (``notice`` says which)."""
@@ -117,10 +127,12 @@ class HistorySaver:
     """The app's one writer of prompts and replies (thread-safe)."""
 
     def __init__(self, history: History, on_lag: Callable[[str | None], None] | None = None,
-                 min_interval_s: float = 0.0, on_rescue: Callable[[HistoryRescued], None] | None = None) -> None:
+                 min_interval_s: float = 0.0, on_rescue: Callable[[HistoryRescued], None] | None = None,
+                 on_created: Callable[[ChatCreated], None] | None = None) -> None:
         self.history = history
         self.on_lag = on_lag or (lambda _notice: None)
         self.on_rescue = on_rescue or (lambda _rescued: None)
+        self.on_created = on_created or (lambda _created: None)
         self.min_interval_s = min_interval_s
         self._queue: deque[ReplyRecord] = deque()
         self._cond = threading.Condition()
@@ -301,6 +313,7 @@ class HistorySaver:
         chat = record.chat
         if chat.id is None:
             chat.id = h.create_chat(chat.title, chat.profile, chat.system_prompt, chat.sampling)
+            self.on_created(ChatCreated(chat))
         if record.user_id is not None and record.assistant_id is None and not h.has_message(chat.id, record.user_id):
             record.user_id = None  # the prompt it answers again went with a deleted chat: written again here
         if record.user_id is None:

@@ -20,7 +20,7 @@ from textual.driver import Driver
 from textual.screen import Screen
 from textual.widgets import Header
 
-from app.store.saver import HistoryLag, HistoryRescued
+from app.store.saver import ChatCreated, HistoryLag, HistoryRescued
 from app.store.state import last_theme, remember_draft, remember_theme, take_draft
 from app.ui.archive import Archive
 from app.ui.chat_dialogs import ask_edited_prompt, ask_sampling, ask_system_prompt
@@ -97,7 +97,7 @@ class SpecChatApp(SafeTerminal, EngineControl, App[None]):  # SafeTerminal: titl
         if theme in self.available_themes:
             self.theme = theme
         self.theme_changed_signal.subscribe(self, lambda chosen: remember_theme(chosen.name))
-        lag = self.archive.open(lambda text: self.post_message(HistoryLag(text)), self.post_message)
+        lag = self.archive.open(lambda text: self.post_message(HistoryLag(text)), self.post_message, self.post_message)
         if lag:
             notice(self, lag, severity="error", title="History")
         history = self.archive.history
@@ -172,6 +172,13 @@ class SpecChatApp(SafeTerminal, EngineControl, App[None]):  # SafeTerminal: titl
             notice(self, message.notice, severity="warning", title="History not saved yet", timeout=30)
         else:
             notice(self, "The history database is free again: everything is saved.", title="History saved")
+
+    def on_chat_created(self, message: ChatCreated) -> None:
+        """A new chat's first row is written: the window showing it holds it from now (a second
+        window started during its first reply took it over)."""
+        conversation = self.conversation
+        if message.chat is conversation.chat_ref and not conversation.private and message.chat.id is not None:
+            self.archive.open_chats.show(message.chat.id)
 
     def on_history_rescued(self, message: HistoryRescued) -> None:
         """The open chat was deleted in another window: what was unsaved went to a new chat."""

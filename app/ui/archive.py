@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from app.store.history import History, HistoryError
 from app.store.open_chats import OpenChats
-from app.store.saver import HistoryRescued, HistorySaver
+from app.store.saver import ChatCreated, HistoryRescued, HistorySaver
 
 T = TypeVar("T")
 
@@ -46,13 +46,16 @@ class Archive:
         without what is unsaved, app.ui.quitting)."""
 
     def open(self, on_lag: Callable[[str | None], None],
-             on_rescue: Callable[[HistoryRescued], None] | None = None) -> str | None:
+             on_rescue: Callable[[HistoryRescued], None] | None = None,
+             on_created: Callable[[ChatCreated], None] | None = None) -> str | None:
         """Open the history and start the saver; returns the history's notice (a database
-        set aside, a lock) for the user, or None. ``on_lag`` and ``on_rescue`` (the open
-        chat was deleted elsewhere, app.store.saver) hear from the saver thread."""
+        set aside, a lock) for the user, or None. ``on_lag``, ``on_rescue`` (the open chat was
+        deleted elsewhere) and ``on_created`` (a new chat's row written; app.store.saver) hear
+        from the saver thread."""
         self.history = History.open()
         self.open_chats = OpenChats(self.history.path)
-        self.saver = HistorySaver(self.history, on_lag, min_interval_s=WRITE_EVERY_S, on_rescue=on_rescue)
+        self.saver = HistorySaver(self.history, on_lag, min_interval_s=WRITE_EVERY_S, on_rescue=on_rescue,
+                                  on_created=on_created)
         return self.history.notice
 
     def db(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T | None:

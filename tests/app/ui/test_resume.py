@@ -397,6 +397,28 @@ async def test_a_chat_another_window_shows_is_not_taken_over_at_start(make_app: 
         assert shown(app) == ["first question"]
 
 
+async def test_a_new_chat_is_held_from_its_first_row_not_from_its_first_replys_end(
+        specchat_dirs: Path) -> None:
+    """A second window started while a new chat's first reply streamed opened that chat (its lock
+    was taken only when the reply finished), and both windows then wrote into it, unwarned."""
+    from app.store.open_chats import OpenChats
+    from tests.app.fakes import make_profiles
+    from tests.app.helpers import send_held
+
+    loader = FakeLoader(hold_after=1)
+    app = SpecChatApp(loader=loader, profiles_loader=make_profiles)
+    other = OpenChats(specchat_dirs / "history.db")  # what a second window asks
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        backend = await send_held(pilot, loader, "first question")
+        await wait_for(pilot, lambda: app.conversation.chat_id is not None)
+        await wait_for(pilot, lambda: other.elsewhere(app.conversation.chat_id))  # held mid-reply
+        assert app.conversation.generating
+        backend.release.set()
+        await wait_for(pilot, lambda: not app.conversation.generating)
+        assert other.elsewhere(app.conversation.chat_id)
+
+
 async def test_the_theme_chosen_last_is_the_one_a_restart_opens_with(make_app: Callable[..., SpecChatApp]) -> None:
     """oterm's users pick a theme once (here ctrl+p, "Change theme"); it was lost at every restart.
     A remembered theme that is no longer there is passed over."""
