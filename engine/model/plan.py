@@ -10,7 +10,7 @@ from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from engine.errors import MemoryPlanError
-from engine.model.memory import ModelEstimate, context_window, estimate_model, fmt_bytes, resolve_dtype
+from engine.model.memory import ModelEstimate, context_window, estimate_model, fmt_bytes, max_positions, resolve_dtype
 
 if TYPE_CHECKING:
     from engine.config.profiles import ModelProfile
@@ -111,9 +111,9 @@ def plan_memory(
     budget = memory_budget if memory_budget is not None else profile.memory_budget
     usable = min(free_bytes, budget) if budget is not None else free_bytes
     available = max(0, usable - reserve_bytes)
-    # Reserve for the window actually used: a model's own limit may be below context_length.
-    ctx = context_window(profile.context_length, target_cfg,
-                         draft_cfg if profile.drafter == "model" else None) or profile.context_length
+    # Reserve for the window actually used: the target's own limit may be below context_length. A draft
+    # whose limit is below that window is dropped (below): it must never decide where a reply ends.
+    ctx = context_window(profile.context_length, target_cfg) or profile.context_length
     rows = (profile.k if profile.k is not None else profile.k_max) + 1
     t_spec = profile.target
     t_dtype = resolve_dtype(t_spec.dtype, t_spec.quantization, cuda=cuda, config=target_cfg, bf16=bf16)
@@ -149,6 +149,13 @@ def plan_memory(
     if draft is None:
         why = draft_error or "the draft model's config could not be read"
         return make("target+ngram", f"draft model dropped: {why}; using the n-gram drafter", target.total_bytes)
+    draft_limit = max_positions(draft_cfg)
+    if ctx is not None and draft_limit is not None and draft_limit < ctx:
+        # It would cut replies (and refuse prompts) the target alone finishes: greedy output is
+        # the target's alone, whatever the draft (a tester's pair, 256 and 200 positions).
+        return make("target+ngram", f"draft model dropped: it holds {draft_limit} tokens of context, fewer than the "
+                    f"target's {ctx}; set context_length = {draft_limit} in profile {profile.name!r} to keep it; "
+                    "using the n-gram drafter", target.total_bytes)
     # Target and draft run one after the other, so only the larger transient counts.
     both = target.resident_bytes + draft.resident_bytes + max(target.activation_bytes, draft.activation_bytes)
     if both > available:

@@ -190,3 +190,20 @@ def test_captured_passes_add_their_pool_to_each_models_resident_bytes() -> None:
     tight = eager.planned_bytes + eager.reserve_bytes
     assert plan_memory(TARGET, DRAFT, profile(), tight, cuda=True).choice == "target+draft"
     assert plan_memory(TARGET, DRAFT, profile(), tight, cuda=True, graphs=True).choice == "target+ngram"
+
+
+def test_a_draft_with_a_shorter_window_than_the_targets_is_dropped_unless_the_profile_fits_it() -> None:
+    """A tester's pair (the target 256 positions, the draft 200): the window was the smaller,
+    so the draft cut replies and refused prompts the target alone finished. Greedy output must be
+    the target's whatever the draft: such a draft is dropped, and the reason says how to keep it."""
+    import copy
+    import dataclasses
+
+    short = copy.deepcopy(DRAFT)
+    short.max_position_embeddings = 2048
+    plan = plan_memory(TARGET, short, profile(), 40 * GiB, cuda=True)  # the profile asks for 4096 tokens
+    assert plan.choice == "target+ngram" and plan.context_length == 4096
+    assert plan.reason == ("draft model dropped: it holds 2048 tokens of context, fewer than the target's 4096; set "
+                           "context_length = 2048 in profile 't' to keep it; using the n-gram drafter")
+    kept = plan_memory(TARGET, short, dataclasses.replace(profile(), context_length=2048), 40 * GiB, cuda=True)
+    assert kept.choice == "target+draft" and kept.context_length == 2048
