@@ -14,7 +14,7 @@ from app.store.history import DRAFTING_CHARS
 from app.ui.engine_host import EngineHost, Refusal
 from app.ui.formatting import plan_lines
 from app.ui.labels import header_title
-from app.ui.messages import EngineFailed, EngineReady, LoadProgress, ReplyFinished
+from app.ui.messages import EngineEnded, EngineFailed, EngineReady, LoadProgress, ReplyFinished
 from app.ui.notices import notice
 from app.ui.screens.edit import ConfirmScreen
 from engine.errors import SpecChatError
@@ -88,6 +88,17 @@ class EngineControl:
                title="Engine stopped")
         self._start_load(profile)
 
+    def on_engine_ended(self, message: EngineEnded) -> None:
+        """The engine's process ended with no reply streaming (killed, crashed while idle): load
+        its profile again at once, as after a death under a reply, so the next prompt waits for
+        the model instead of failing. Ignored for a backend the app let go of itself."""
+        profile = self.engine.profile
+        if (message.backend is not self.engine.backend or profile is None or self.engine.loading
+                or self.conversation.generating or not self.screen_stack):
+            return  # closed on purpose, or a reply's end reports it (on_reply_finished)
+        notice(self, f"The engine stopped; loading {profile.name} again.", title="Engine stopped")
+        self._start_load(profile)
+
     def _header(self, profile: "ModelProfile | None") -> str:
         """The header's second part: the open chat's title, else the profile and its models (the
         HUD names the profile either way)."""
@@ -122,8 +133,11 @@ class EngineControl:
         if not self.screen_stack:  # loaded while the app was closing: nobody will use it
             message.backend.close()
             return
-        if isinstance(message.backend, ProcessBackend) and ui_nice() > 0:
-            lower_priority_except_launcher(ui_nice(), keep=key_threads())  # the engine first (see UI_NICE)
+        if isinstance(message.backend, ProcessBackend):
+            if ui_nice() > 0:
+                lower_priority_except_launcher(ui_nice(), keep=key_threads())  # the engine first (see UI_NICE)
+            backend = message.backend
+            backend.when_it_ends(lambda: self.post_message(EngineEnded(backend)))
         self.engine.ready(message.backend, message.profile)
         self.refresh_bindings()
         info = message.backend.info

@@ -37,6 +37,14 @@ class EngineReady(Message):
         self.profile = profile
 
 
+class EngineEnded(Message):
+    """The engine's process ``backend`` has ended (killed, crashed, or closed by the app)."""
+
+    def __init__(self, backend: ChatBackend) -> None:
+        super().__init__()
+        self.backend = backend
+
+
 class EngineFailed(Message):
     """Loading failed; ``error`` is the message to show the user.
 

@@ -23,7 +23,7 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from multiprocessing.connection import Connection
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -161,6 +161,16 @@ class ProcessBackend:
     def pid(self) -> int | None:
         """The child's process id."""
         return self._process.pid
+
+    def when_it_ends(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` (from a thread of its own) once the child has ended, however it ends,
+        closed by :meth:`close` too. Killed while idle, it was noticed only when the next prompt
+        failed; a thread asleep on the process's sentinel wakes nobody until then."""
+        def watch() -> None:
+            wait([self._process.sentinel])
+            callback()
+
+        threading.Thread(target=watch, name="specchat-engine-watch", daemon=True).start()
 
     def chat(self, messages: Sequence[ChatMessage], params: GenerationParams,
              cancel: threading.Event | None = None) -> Iterator[ChatEvent]:

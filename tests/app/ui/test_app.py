@@ -239,6 +239,29 @@ async def test_an_engine_that_died_under_a_reply_is_loaded_again_and_the_chat_go
         assert [m.content for m in loader.backends[1].calls[0] if m.role == "user"] == ["hi", "again"]
 
 
+async def test_an_engine_that_died_while_idle_is_loaded_again_before_the_next_prompt(
+        make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
+    """Killed with no reply streaming, the engine was noticed only when the next prompt failed
+    ("✗ failed", a tester). Its end now loads the profile again at once; the end of a backend the
+    app let go of (a profile switched) is not a death."""
+    from app.ui.messages import EngineEnded
+
+    app = make_app()
+    async with app.run_test() as pilot:
+        backend = (await ready(pilot)).engine.backend
+        assert backend is not None
+        app.post_message(EngineEnded(loader.backends[0].__class__(app.engine.profile)))  # not the current one
+        await pilot.pause()
+        assert len(loader.backends) == 1 and not app.engine.loading
+        backend.alive = False  # type: ignore[attr-defined]
+        app.post_message(EngineEnded(backend))
+        await wait_for(pilot, lambda: len(loader.backends) == 2 and app.engine.backend is loader.backends[1])
+        assert any("The engine stopped; loading fast again." in n.message for n in app._notifications)
+        await send(pilot, "after the death")
+        await wait_for(pilot, lambda: not app.conversation.generating and len(app.query(AssistantMessage)) == 1)
+        assert app.query_one(AssistantMessage).finish_reason == "eos"
+
+
 async def test_the_same_profile_picked_again_loads_it_again_only_when_its_engine_died(
         make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
     app = make_app()

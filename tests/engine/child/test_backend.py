@@ -126,6 +126,29 @@ def test_a_killed_child_ends_the_reply_with_an_engine_error(talker, tmp_path: Pa
         backend.close()
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
+def test_a_child_that_ends_while_idle_is_told_at_once(talker) -> None:
+    """Killed while no reply streamed, the engine was noticed only when the next prompt failed
+    (a tester): a watcher on the process's sentinel says so as it ends, and on close too."""
+    import threading
+
+    backend = ProcessBackend.start(profile_from_sources(str(talker)), None, threads=1)
+    ended = threading.Event()
+    try:
+        backend.when_it_ends(ended.set)
+        assert not ended.wait(0.3)  # alive: nothing said
+        assert backend.pid is not None
+        os.kill(backend.pid, signal.SIGKILL)
+        assert ended.wait(10) and not backend.alive
+    finally:
+        backend.close()
+    closed = ProcessBackend.start(profile_from_sources(str(talker)), None, threads=1)
+    told = threading.Event()
+    closed.when_it_ends(told.set)
+    closed.close()
+    assert told.wait(10)
+
+
 @pytest.mark.skipif(not hasattr(os, "killpg"), reason="process groups")
 def test_a_stopped_load_ends_the_child_and_what_it_started(talker) -> None:
     """Esc during a load (app.ui.loading): the child and its process group (a download's pip, here a
