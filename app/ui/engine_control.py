@@ -142,6 +142,9 @@ class EngineControl:
         self.refresh_bindings()
         info = message.backend.info
         self.conversation.hud.show_engine(info, message.profile, fresh=True)
+        if self.engine.off_by_user:
+            self.conversation.hud.set_speculation(False)  # "switched off by you", kept through the load
+            self.conversation.hud.flush()
         self.conversation.model_state(None)
         self.conversation.profile_changed(message.profile.name)
         self._teach_drafter()
@@ -150,6 +153,8 @@ class EngineControl:
         if info.fallback_reason:
             notice(self, f"Running without the draft model: {info.fallback_reason}", severity="warning",
                    title="Draft refused")
+        if self.engine.off_by_user:
+            notice(self, "Speculation stays off, as you set it with F5: plain decoding until you press F5 again.")
         self.conversation.send_queued()
 
     def _teach_drafter(self) -> None:

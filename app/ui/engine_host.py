@@ -67,6 +67,9 @@ class EngineHost:
         """Switched on by hand over an automatic switch-off (the engine no longer steps aside)."""
         self.last_toggle: tuple[bool, bool] = (True, False)
         """What the last toggle found: speculation on, and off by itself (:data:`NOT_PAYING`)."""
+        self.off_by_user = False
+        """F5 switched speculation off, and it stays off through a profile switch or a reload until
+        F5 again (it came back on with every load, unsaid, against F5's own notice)."""
         self.lock = threading.Lock()
         self._cuda: bool | None = None
         self._stop_load = threading.Event()
@@ -201,11 +204,18 @@ class EngineHost:
             return load_beside(self.loader, self.memory_budget, profile, old, old_profile, progress, stop)
 
     def ready(self, backend: ChatBackend, profile: "ModelProfile") -> None:
-        """A load finished: ``backend`` serves ``profile`` with speculation on."""
+        """A load finished: ``backend`` serves ``profile``, speculating unless F5 switched it off."""
         self.loading = False
         self._replaced = None
         self.backend, self.profile = backend, profile
         self.speculation_on, self.speculation_forced = True, False
+        if self.off_by_user:
+            try:
+                backend.set_speculation(False)
+            except SpecChatError:
+                self.off_by_user = False  # it speculates; the HUD says so
+            else:
+                self.speculation_on = backend.info.mode != "plain"
         if self.profiles is not None and profile.name in self.profiles.names():
             remember_profile(profile.name)  # not a --target/--server pair made on the fly
 
@@ -231,6 +241,8 @@ class EngineHost:
         self.speculation_on = info.mode != "plain"
         self.speculation_forced = self.speculation_on and before.fallback_reason == NOT_PAYING
         self.last_toggle = (was_on, before.fallback_reason == NOT_PAYING)
+        if was_on != self.speculation_on:
+            self.off_by_user = not self.speculation_on
         return was_on, info
 
     def toggle_words(self, info: EngineInfo) -> tuple[str, str]:

@@ -292,6 +292,30 @@ async def test_toggles_speculation_and_token_colours(make_app: Callable[..., Spe
         assert loader.backends[0].speculation is True
 
 
+async def test_speculation_switched_off_with_f5_stays_off_through_a_profile_switch(
+        make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
+    """F5 says "plain decoding until you press F5 again", but every load turned speculation back
+    on, unsaid (a tester: through F2 and through the reload after an engine crash)."""
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await pilot.press("f5")
+        assert loader.backends[0].speculation is False
+        app.switch_profile("lookup")
+        await wait_for(pilot, lambda: len(loader.backends) == 2 and app.engine.backend is loader.backends[1])
+        await pilot.pause()
+        assert loader.backends[1].speculation is False and not app.engine.speculation_on
+        hud = app.query_one(Hud)
+        hud.flush()
+        assert "plain decoding" in str(hud.query_one("#hud-engine").render())
+        assert any("Speculation stays off, as you set it with F5" in n.message for n in app._notifications)
+        await pilot.press("f5")
+        assert loader.backends[1].speculation is True
+        app.switch_profile("fast")
+        await wait_for(pilot, lambda: len(loader.backends) == 3 and app.engine.backend is loader.backends[2])
+        assert loader.backends[2].speculation is True  # on again: F5 turned it on
+
+
 async def test_engine_notice_is_shown(make_app: Callable[..., SpecChatApp]) -> None:
     app = make_app(loader=FakeLoader(notice_round=(2, "draft dropped after OOM; continuing plain")))
     async with app.run_test() as pilot:
