@@ -204,9 +204,9 @@ def timing_line(stats: "ReplyStats", finish_reason: str | None = None) -> str:
     """The reply's figures on one line: tokens, tok/s, α, τ and the speedup the app shows
     (:func:`app.ui.formatting.speedup_figure`), or why there is none; last, how the reply was
     cut short, if it was (``finish_reason`` "length" or "context")."""
-    from app.ui.formatting import fmt_float, fmt_rate, speedup_figure, spoken_reason
+    from app.ui.formatting import fmt_float, fmt_rate, speedup_figure, spoken_reason, tokens_text
 
-    parts = [f"{stats.tokens} tokens", f"{fmt_rate(stats.tokens_per_s)} tok/s"]
+    parts = [tokens_text(stats.tokens), f"{fmt_rate(stats.tokens_per_s)} tok/s"]
     if stats.proposed:
         parts += [f"α/token {fmt_float(stats.alpha_per_token)}", f"accepted {fmt_float(stats.alpha)}",
                   f"τ {fmt_float(stats.tau)}"]

@@ -103,7 +103,7 @@ def _label(r: dict[str, Any]) -> str:
 def format_table(results: Sequence[dict[str, Any]], prompt_class: str = "all") -> str:
     """The summary of every method over the prompts of ``prompt_class``."""
     from app.bench.llamacpp import TABLE_FOOTNOTE, same_cell  # imports torch: not at the chat app's start
-    head = (f"{'method':<26}{'tok/s':>7}{'min-max':>13}{'speedup':>9}{'self':>7}{'e2e':>6}{'acc':>6}{'τ':>6}"
+    head = (f"{'method':<26}{'tok/s':>7}{'min-max':>17}{'speedup':>9}{'self':>7}{'e2e':>6}{'acc':>6}{'τ':>6}"
             f"{'pass/tok':>9}{'d/v/o %':>11}{'pred':>6}{'meas/pred':>10}{'peak MB':>9}  same")
     lines = [head, "-" * len(head)]
     for r in (x for x in results if x["prompt_class"] == prompt_class):
@@ -111,7 +111,7 @@ def format_table(results: Sequence[dict[str, Any]], prompt_class: str = "all") -
         spread = f"{_fmt(r['tokens_per_s_min'], '.1f')}-{_fmt(r['tokens_per_s_max'], '.1f')}"
         peak = r["peak_memory_bytes"] / 2**20 if r["peak_memory_bytes"] else None
         lines.append(
-            f"{_label(r):<26}{_fmt(r['tokens_per_s'], '7.1f'):>7}{spread:>13}{_x(r['speedup']):>9}"
+            f"{_label(r):<26}{_fmt(r['tokens_per_s'], '7.1f'):>7}{spread:>17}{_x(r['speedup']):>9}"
             f"{_x(r.get('engine_speedup')):>7}"
             f"{_fmt(r['speedup_e2e'], '.2f'):>6}{_fmt(r['alpha'], '.2f'):>6}{_fmt(r['tau'], '.2f'):>6}"
             f"{_fmt(r['target_passes_per_token'], '.2f'):>9}{_split(r):>11}{_fmt(pred['predicted_speedup'], '.2f'):>6}"

@@ -168,8 +168,13 @@ def reply_summary(stats: dict[str, Any] | None) -> str:
     speedup = speedup_figure(stats)
     if speedup is not None:
         parts.append(f"{speedup} vs plain" if stats.get("speedup") is not None else f"speedup {speedup}")
-    parts.append(f"{stats.get('tokens', 0)} tokens")
+    parts.append(tokens_text(stats.get("tokens", 0)))
     return " · ".join(parts)
+
+
+def tokens_text(n: int) -> str:
+    """``"1 token"``, ``"12 tokens"``."""
+    return f"{n} token" if n == 1 else f"{n} tokens"
 
 
 def server_reply_summary(stats: dict[str, Any]) -> str:
@@ -182,5 +187,5 @@ def server_reply_summary(stats: dict[str, Any]) -> str:
     parts.append(f"{fmt_rate(stats.get('tokens_per_s'))} tok/s")
     speedup = stats.get("speedup")
     parts.append(f"{fmt_speedup(speedup)} vs plain" if speedup is not None else "speedup unknown")
-    parts.append(f"{stats.get('tokens', 0)} tokens")
+    parts.append(tokens_text(stats.get("tokens", 0)))
     return " · ".join(parts)

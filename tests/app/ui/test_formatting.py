@@ -47,3 +47,12 @@ def test_a_server_reply_without_a_figure_says_unknown_not_too_short() -> None:
 
     server = {"server": "llama.cpp", "mode": "spec", "proposed": 30, "tokens": 200, "speedup": None}
     assert "speedup unknown" in stats_line(server)
+
+
+def test_one_token_is_one_token_not_one_tokens() -> None:
+    """The footer and generate's timing line said "1 tokens" (a tester)."""
+    from app.ui.formatting import reply_summary, server_reply_summary, tokens_text
+
+    assert tokens_text(1) == "1 token" and tokens_text(0) == "0 tokens" and tokens_text(12) == "12 tokens"
+    assert reply_summary({"mode": "plain", "tokens": 1, "tokens_per_s": 3.0}).endswith(" · 1 token")
+    assert server_reply_summary({"server": "vLLM", "mode": "plain", "tokens": 1}).endswith(" · 1 token")
