@@ -44,6 +44,8 @@ BUSY_TIMEOUT_S = 5.0
 """How long one statement waits for another connection's lock before failing."""
 OPEN_ATTEMPTS = 2
 """Tries (each waiting BUSY_TIMEOUT_S) before :meth:`History.open` gives up on a lock."""
+SEARCH_MAX_BYTES = 50_000
+"""SQLite's longest LIKE pattern (SQLITE_MAX_LIKE_PATTERN_LENGTH), escapes included."""
 DRAFTING_CHARS = 3_000_000
 """Characters of earlier chats the suffix drafter drafts from (about 750k tokens, within
 its index's bound, engine.decode.suffix.MAX_TOKENS)."""
@@ -298,8 +300,12 @@ class History:
     def search_chats(self, text: str) -> list[tuple[ChatRecord, str | None]]:
         """Chats whose title or a message contains ``text`` (case-insensitive for ASCII; ``%``,
         ``_`` and ``\\`` match themselves), most recently updated first, each with the first
-        message that contains it (None: only the title does)."""
+        message that contains it (None: only the title does). A search longer than SQLite's
+        patterns allow (:data:`SEARCH_MAX_BYTES`) is a :class:`HistoryError` saying so: SQLite's
+        "LIKE or GLOB pattern too complex" read as a history that could not be read."""
         pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
+        if len(pattern.encode("utf-8")) > SEARCH_MAX_BYTES:
+            raise HistoryError(f"The search is too long ({len(text):,} characters): search for a shorter part of it.")
         rows = self._query(
             f"SELECT {CHAT_COLUMNS}, found FROM (SELECT *, (SELECT m.content FROM messages m WHERE"
             " m.chat_id = chats.id AND m.content LIKE :p ESCAPE '\\' ORDER BY m.id LIMIT 1) AS found FROM chats) c"

@@ -138,7 +138,8 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
             self.notify(inert(str(exc)), severity="error", markup=False)
             chats = []
         if not chats:
-            empty = f"No chat contains “{inert(query.strip())}”." if query.strip() else "No saved chats yet."
+            shown = shown_title(query.strip())  # a pasted 30,000 characters filled the dialog
+            empty = f"No chat contains “{inert(shown)}”." if query.strip() else "No saved chats yet."
             option_list.add_option(Option(Content.styled(empty, "$text-muted"), disabled=True))
             return
         open_chats = self._archive.open_chats

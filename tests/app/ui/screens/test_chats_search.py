@@ -191,3 +191,20 @@ async def test_slash_and_the_letters_after_it_in_one_read_are_the_search_not_com
         await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen)
                        and app.screen.query_one(Input).value == "notes")
         assert app.conversation.prompt.text == ""
+
+
+def test_a_search_too_long_for_sqlite_says_so_not_that_the_history_failed(specchat_dirs) -> None:  # type: ignore[no-untyped-def]
+    """A pasted 30,000 "%" (escaped to 60,000) gave "Reading chat history failed: LIKE or GLOB
+    pattern too complex", as if the history were damaged (a tester)."""
+    from app.store.history import History, HistoryError
+
+    history = History.open()
+    chat = history.create_chat("percent", None)
+    history.add_message(chat, "user", "100% sure")
+    assert [c.id for c, _ in history.search_chats("%" * 100)] == []
+    assert [c.id for c, _ in history.search_chats("%")] == [chat]
+    with pytest.raises(HistoryError, match=r"^The search is too long \(30,000 characters\): search for a shorter"):
+        history.search_chats("%" * 30_000)
+    with pytest.raises(HistoryError, match="too long"):
+        history.search_chats("a" * 50_000)
+    history.close()
