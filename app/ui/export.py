@@ -36,7 +36,7 @@ def stats_line(stats: dict[str, Any]) -> str:
         f"τ {fmt_float(stats.get('tau'))}",
         f"{fmt_rate(stats.get('tokens_per_s'))} tok/s",
         f"ITL {fmt_float(stats.get('itl_ms'), 1)} ms",
-        f"speedup {speedup_figure(stats) or 'none (decoded plainly)'}",
+        f"speedup {speedup_figure(stats) or ('none (no tokens)' if not stats.get('tokens') else 'none (decoded plainly)')}",
         *([f"plain estimate {fmt_rate(stats.get('plain_tokens_per_s'))} tok/s"
            + (f" ({stats['plain_rounds']} K=0 rounds: {fmt_rate(stats.get('plain_measured_tokens_per_s'))} tok/s)"
               if stats.get("plain_rounds") else "")] if stats.get("speedup") is not None else []),

@@ -192,3 +192,13 @@ async def test_f9_exports_a_private_chat_and_replies_the_history_has_not_taken_f
         await app.action_new_chat()
         await pilot.press("f9")
         await wait_for(pilot, lambda: any("Nothing to export yet." in n.message for n in app._notifications))
+
+
+def test_a_reply_stopped_before_its_first_token_is_not_said_to_be_decoded_plainly() -> None:
+    """Enter then Esc at once: the footer read "speculative · lookup · 0 tokens", the export
+    "speedup none (decoded plainly)" (a tester)."""
+    from app.ui.export import stats_line
+
+    line = stats_line({"mode": "spec", "drafter": "lookup", "tokens": 0, "proposed": 0})
+    assert "speedup none (no tokens)" in line and "decoded plainly" not in line
+    assert "speedup none (decoded plainly)" in stats_line({"mode": "plain", "tokens": 5, "proposed": 0})
