@@ -75,6 +75,8 @@ def chat_markdown(history: History, chat_id: int) -> str:
         if msg.role == "assistant":
             if msg.finish_reason == "cancelled":
                 lines += ["", "*(stopped)*"]
+            elif msg.finish_reason is None:  # its app ended before the reply did
+                lines += ["", "*(unfinished: its end was never saved)*"]
             if msg.stats:
                 lines += ["", f"> {stats_line(msg.stats)}"]
     return inert("\n".join(lines) + "\n")

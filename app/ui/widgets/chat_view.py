@@ -24,6 +24,10 @@ from app.ui.widgets.reply_markdown import ReplyMarkdown
 from app.store.pieces import Pieces, extend_pieces, merge_pieces
 from engine.text_safety import inert
 
+UNFINISHED = "unfinished"
+"""A saved reply's finish reason where the history has none: its app ended (killed, the machine
+went down) before the reply did. It read "■ stopped", as if the user had pressed Esc."""
+
 SOURCE_STYLES = {
     "draft": "$text on $success-muted",
     "chat": "$text on $primary-muted",
@@ -214,6 +218,8 @@ class AssistantMessage(Vertical):
         parts: list[str] = []
         if self.finish_reason == "cancelled":
             parts.append("■ stopped")
+        elif self.finish_reason == UNFINISHED:
+            parts.append("■ unfinished: its end was never saved")
         elif self.finish_reason == "error":
             parts.append("✗ failed")
         elif self.finish_reason == "length":
@@ -237,7 +243,7 @@ class AssistantMessage(Vertical):
             self.app.stylesheet.update_nodes([self, *self.children], animate=False)
 
     def _update_state(self) -> None:
-        self._set_classes(**{"-streaming": self.finish_reason is None, "-stopped": self.finish_reason == "cancelled",
+        self._set_classes(**{"-streaming": self.finish_reason is None, "-stopped": self.finish_reason in ("cancelled", UNFINISHED),
                              "-error": self.finish_reason == "error"})
         self.query_one(".reply-footer", Static).update(self._footer_text())
 

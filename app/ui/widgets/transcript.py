@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from textual.widget import Widget
 
 from app.store.records import answered_again
-from app.ui.widgets.chat_view import AssistantMessage, UserMessage
+from app.ui.widgets.chat_view import UNFINISHED, AssistantMessage, UserMessage
 
 if TYPE_CHECKING:
     from app.store.history import MessageRecord
@@ -43,13 +43,13 @@ def widgets_for(records: Sequence["MessageRecord"], show_sources: bool) -> list[
     """The message widgets of a saved chat. An edited prompt's earlier exchange, and a
     reply answered again (the next record is a reply too), come back superseded."""
     widgets: list[Message] = []
-    for i, rec in enumerate(records):
+    for i, rec in enumerate(records):  # a reply saved with no end (its app was killed) is UNFINISHED
         widget: Message
         if rec.role == "user":
             widget = UserMessage(rec.content, message_id=rec.id)
         elif rec.role == "assistant":
             widget = AssistantMessage(rec.profile, text=rec.content, pieces=rec.pieces,
-                                      finish_reason=rec.finish_reason or "cancelled", stats=rec.stats,
+                                      finish_reason=rec.finish_reason or UNFINISHED, stats=rec.stats,
                                       show_sources=show_sources)
         else:
             continue

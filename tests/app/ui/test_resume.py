@@ -76,6 +76,26 @@ async def test_the_last_chat_reopens_though_another_program_wrote_odd_values_int
         assert "ABCD" in str(app.screen.query_one("OptionList").get_option_at_index(0).prompt)
 
 
+async def test_a_reply_whose_app_was_killed_comes_back_unfinished_not_stopped(
+        make_app: Callable[..., SpecChatApp]) -> None:
+    """kill -9 of the app mid-reply: the partial reply came back "■ stopped", as if Esc had been
+    pressed (a tester); its saved row has no finish reason."""
+    from textual.widgets import Static
+
+    history = History.open()
+    chat = history.create_chat("cut", "fast")
+    history.add_message(chat, "user", "a long story")
+    history.add_message(chat, "assistant", "Once upon a", profile="fast")  # never finished
+    history.close()
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        reply = app.query_one(AssistantMessage)
+        assert reply.text == "Once upon a" and reply.has_class("-stopped")
+        footer = str(reply.query_one(".reply-footer", Static).render())
+        assert footer.startswith("■ unfinished: its end was never saved") and "stopped" not in footer
+
+
 async def test_a_private_chat_is_never_reopened(make_app: Callable[..., SpecChatApp]) -> None:
     await chat_once(make_app(), "saved one")
     await chat_once(make_app(), "secret", private=True)
