@@ -304,7 +304,7 @@ class History:
         patterns allow (:data:`SEARCH_MAX_BYTES`) is a :class:`HistoryError` saying so: SQLite's
         "LIKE or GLOB pattern too complex" read as a history that could not be read."""
         pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        if len(pattern.encode("utf-8")) > SEARCH_MAX_BYTES:
+        if len(pattern.encode("utf-8", "surrogatepass")) > SEARCH_MAX_BYTES:  # a lone surrogate is written as U+FFFD
             raise HistoryError(f"The search is too long ({len(text):,} characters): search for a shorter part of it.")
         rows = self._query(
             f"SELECT {CHAT_COLUMNS}, found FROM (SELECT *, (SELECT m.content FROM messages m WHERE"
