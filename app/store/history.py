@@ -32,7 +32,7 @@ from typing import Any
 from app.store.paths import data_dir, ensure_private_dir
 from app.store.pieces import Pieces
 from app.store.records import (CHAT_COLUMNS, ChatDeleted, ChatRecord, HistoryError, MessageRecord, chat_from_row,
-                               describe, is_missing_parent, message_from_row, to_json)
+                               decoded, describe, is_missing_parent, message_from_row, to_json)
 from app.store.salvage import salvage
 from app.store.schema import NewerSchema, check_ours, is_corruption_error, is_lock_error, migrate
 from engine.text_safety import without_lone_surrogates
@@ -66,10 +66,6 @@ def _first_line(error: BaseException, limit: int = 120) -> str:
     return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
-def _decoded(raw: bytes) -> str:
-    """A TEXT value as a str: one title that was not UTF-8 made every listing of chats fail."""
-    return raw.decode("utf-8", "replace")
-
 
 def storable(params: Sequence[Any] | dict[str, Any]) -> Sequence[Any] | dict[str, Any]:
     """``params`` with their text :func:`~engine.text_safety.without_lone_surrogates`: SQLite takes
@@ -85,7 +81,7 @@ class History:
     """A thread-safe store of chats; every method may raise :class:`HistoryError`."""
 
     def __init__(self, conn: sqlite3.Connection, path: Path | None, notice: str | None = None) -> None:
-        conn.text_factory = _decoded  # text that is not UTF-8 (another program wrote it) reads with stand-ins
+        conn.text_factory = decoded  # text that is not UTF-8 (another program wrote it) reads with stand-ins
         self._conn = conn
         self._lock = threading.RLock()
         self.path = path

@@ -107,11 +107,17 @@ LATEST_TIME = 253402300799.0
 clock's formatting raises on times the platform cannot hold."""
 
 
+def decoded(raw: bytes) -> str:
+    """Bytes as text, what is not UTF-8 as U+FFFD: the history's text factory (one title that was
+    not UTF-8 made every listing of chats fail) and a blob's reading."""
+    return raw.decode("utf-8", "replace")
+
+
 def _text(value: Any, default: str = "") -> str:
     if isinstance(value, str):
         return value
     if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
+        return decoded(value)
     return default if value is None else str(value)
 
 
@@ -128,7 +134,7 @@ def _time(value: Any) -> float:
 
 
 def _whole(value: Any) -> int:
-    return value if isinstance(value, int) and not isinstance(value, bool) else 0
+    return value if _whole_number(value) else 0
 
 
 def _json_dict(value: Any) -> dict[str, Any] | None:

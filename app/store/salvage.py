@@ -17,6 +17,8 @@ import sqlite3
 import tempfile
 from pathlib import Path
 
+from app.store.records import decoded
+
 __all__ = ["Salvaged", "salvage"]
 
 _SIDE_FILES = ("-wal", "-journal")
@@ -54,7 +56,7 @@ def salvage(damaged: Path, into: sqlite3.Connection) -> Salvaged:
             source = sqlite3.connect(copy)
         except (OSError, sqlite3.Error):
             return Salvaged()
-        source.text_factory = lambda raw: raw.decode("utf-8", "replace")  # as the history reads text
+        source.text_factory = decoded  # as the history reads text
         try:
             return _copy_chats(source, into)
         finally:
