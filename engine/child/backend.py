@@ -168,7 +168,8 @@ class ProcessBackend:
         failed; a thread asleep on the process's sentinel wakes nobody until then."""
         def watch() -> None:
             wait([self._process.sentinel])
-            callback()
+            self._process.join()  # the sentinel closes as the child exits, before it can be reaped:
+            callback()  # joined, :attr:`alive` is already False when the callback asks (it read True once in CI)
 
         threading.Thread(target=watch, name="specchat-engine-watch", daemon=True).start()
 
