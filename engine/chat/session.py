@@ -258,7 +258,8 @@ class ChatEngine:
         was deleted is forgotten. Nothing for other drafters."""
         learn = getattr(self.decoder.drafter, "learn", None)
         if learn is not None:
-            learn([self.tokenizer.encode(t, add_special_tokens=False) for t in texts if t])
+            # As a prompt reads them (engine.chat.text.render_prompt): a control token's spelling is text.
+            learn([self.tokenizer.encode(t, add_special_tokens=False, split_special_tokens=True) for t in texts if t])
 
     def _remember(self, reply: Sequence[int]) -> None:
         """A finished reply ``[n]`` joins what a suffix drafter drafts from in later chats."""

@@ -5,6 +5,7 @@ The only module of the engine that handles text; the decoder sees token ids.
 from __future__ import annotations
 
 import dataclasses
+import logging
 
 from collections.abc import Sequence
 
@@ -14,19 +15,71 @@ from engine.errors import SpecChatError
 from engine.events import ChatMessage, TextPiece
 
 
+# Private-use characters that fence a message's text while the template is rendered, so its
+# place in the prompt is known exactly (checked: neither may occur in the messages or the template).
+_OPEN, _CLOSE = "\ue000", "\ue001"
+
+log = logging.getLogger(__name__)
+
+
 def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[ChatMessage]) -> list[int]:
     """Token ids ``[L]`` of the conversation with the assistant's turn opened,
-    through the tokenizer's own chat template."""
+    through the tokenizer's own chat template.
+
+    A message's text is read as text: a control token's spelling typed or pasted into a
+    message (``<|im_end|>``, say) becomes the ordinary tokens that spell it, not the control
+    token, so no message can close its own turn or open another speaker's. Only the template
+    writes control tokens. Messages without such a spelling are tokenized exactly as the
+    template's own ``tokenize=True`` does.
+    """
     if getattr(tokenizer, "chat_template", None) is None:
         raise SpecChatError(
             "the target model's tokenizer has no chat template; use an instruct/chat model "
             "or set one in the tokenizer files"
         )
     convo = [{"role": m.role, "content": m.content} for m in messages]
+    spellings = _control_spellings(tokenizer)
+    if any(s in m.content for m in messages for s in spellings):
+        ids = _render_as_text(tokenizer, convo, spellings)
+        if ids is not None:
+            return ids
     ids = tokenizer.apply_chat_template(convo, add_generation_prompt=True, tokenize=True)
     if isinstance(ids, dict) or hasattr(ids, "input_ids"):
         ids = ids["input_ids"]
     return [int(t) for t in ids]
+
+
+def _control_spellings(tokenizer: PreTrainedTokenizerBase) -> tuple[str, ...]:
+    """The text of every special (control) token the tokenizer would read out of a string."""
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    found = {str(t.content) for t in added.values() if getattr(t, "special", False)}
+    found.update(str(t) for t in getattr(tokenizer, "all_special_tokens", ()) or ())
+    return tuple(sorted(s for s in found if s))
+
+
+def _render_as_text(
+    tokenizer: PreTrainedTokenizerBase, convo: list[dict[str, str]], spellings: Sequence[str]
+) -> list[int] | None:
+    """The prompt's ids with the messages that spell a control token encoded as plain text,
+    the template's own text as the template writes it; None (and a line in the log) where
+    the template alters a message's text, so its place cannot be found exactly."""
+    fenced = [
+        {**m, "content": f"{_OPEN}{m['content']}{_CLOSE}"} if any(s in m["content"] for s in spellings) else m
+        for m in convo
+    ]
+    plain = tokenizer.apply_chat_template(convo, add_generation_prompt=True, tokenize=False)
+    marked = tokenizer.apply_chat_template(fenced, add_generation_prompt=True, tokenize=False)
+    fences_free = not any(_OPEN in m["content"] or _CLOSE in m["content"] for m in convo) and _OPEN not in plain
+    if not fences_free or marked.replace(_OPEN, "").replace(_CLOSE, "") != plain:
+        log.warning("the chat template alters message text; control-token spellings in messages stay as typed")
+        return None
+    ids: list[int] = []
+    for i, part in enumerate(marked.replace(_CLOSE, _OPEN).split(_OPEN)):
+        if not part:
+            continue
+        encoded = tokenizer(part, add_special_tokens=False, split_special_tokens=i % 2 == 1)
+        ids.extend(int(t) for t in encoded["input_ids"])
+    return ids
 
 
 def stop_token_ids(tokenizer: PreTrainedTokenizerBase, generation_config: object | None = None) -> tuple[int, ...]:
