@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from collections.abc import Callable, Sequence
+from functools import partial
 from pathlib import Path
-
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TextIO
 
 from engine.errors import SpecChatError
 from engine.text_safety import inert
@@ -26,6 +27,8 @@ def add_models_parser(sub: "argparse._SubParsersAction[argparse.ArgumentParser]"
     rm = actions.add_parser("remove", help="delete a model's files from the cache (downloaded, converted, int4)")
     rm.add_argument("name", help="a model's name as `specchat models` lists it, or a profile: all the models it uses")
     rm.add_argument("--yes", "-y", action="store_true", help="do not ask before deleting")
+    rm.add_argument("--json", action="store_true", default=argparse.SUPPRESS,
+                    help="print one JSON object (what was deleted) on stdout; the rest goes to stderr")
 
 
 def human(n: int) -> str:
@@ -37,10 +40,10 @@ def human(n: int) -> str:
     return f"{n / 1e3:.0f} kB"
 
 
-def _say(text: str) -> None:
+def _say(text: str, stream: TextIO | None = None) -> None:
     """Print ``text`` with its control characters shown, not obeyed: the cache's file names come
     from wheels and profiles, and a name holding ``ESC ] 52`` would write the clipboard."""
-    print(inert(text))
+    print(inert(text), file=stream or sys.stdout)
 
 
 def cmd_models(args: argparse.Namespace, ask: Callable[[str], str] | None = None) -> int:
@@ -85,20 +88,36 @@ def _remove(args: argparse.Namespace, models: "list[CachedModel]", root: Path, a
         raise SpecChatError(f"no downloaded model or profile is called {args.name!r} (downloaded: {known})")
     total = sum(m.size for m in chosen)
     users = sorted({p for m in chosen for p in m.profiles})
-    _say(f"This deletes {human(total)} from {root}:")
+    as_json = bool(getattr(args, "json", False))
+    say = partial(_say, stream=sys.stderr if as_json else sys.stdout)  # stdout holds only the JSON
+    say(f"This deletes {human(total)} from {root}:")
     for m in chosen:
-        _say(f"  {m.name} ({human(m.size)}, {len(m.files)} {'entry' if len(m.files) == 1 else 'entries'})")
+        say(f"  {m.name} ({human(m.size)}, {len(m.files)} {'entry' if len(m.files) == 1 else 'entries'})")
     if users:
-        _say(f"Used by {', '.join(users)}: the next start of {'it' if len(users) == 1 else 'any of them'} "
-              "downloads it again.")
+        say(f"Used by {', '.join(users)}: the next start of {'it' if len(users) == 1 else 'any of them'} "
+            "downloads it again.")
     if not args.yes:
         try:
-            answer = ask("Delete? [y/N] ")
+            answer = ask("Delete? [y/N] ") if not as_json else _ask_on_stderr(ask, "Delete? [y/N] ")
         except EOFError:
             answer = ""
         if answer.strip().lower() not in ("y", "yes"):
-            _say("Nothing deleted.")
+            say("Nothing deleted.")
+            if as_json:
+                print(json.dumps({"cache_dir": str(root), "removed": [], "freed_bytes": 0}))
             return 1
-    freed = sum(remove(m, root) for m in chosen)
-    _say(f"Deleted {human(freed)}.")
+    removed = [(m, remove(m, root)) for m in chosen]
+    freed = sum(n for _, n in removed)
+    say(f"Deleted {human(freed)}.")
+    if as_json:
+        print(json.dumps({"cache_dir": str(root), "removed": [{"name": m.name, "bytes": n} for m, n in removed],
+                          "freed_bytes": freed}))
     return 0
+
+
+def _ask_on_stderr(ask: Callable[[str], str], question: str) -> str:
+    """``ask`` with its question on stderr, so that stdout stays one JSON object."""
+    if ask is input:
+        print(question, end="", file=sys.stderr, flush=True)
+        return input()
+    return ask(question)

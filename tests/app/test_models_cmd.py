@@ -106,6 +106,22 @@ def test_remove_asks_first_and_no_keeps_everything(cache: Path, tmp_path: Path, 
     assert not any((cache / "int4").iterdir()) and not any((cache / "files").glob("tiny_pkg*"))
 
 
+def test_remove_with_json_prints_only_json_on_stdout(cache: Path, tmp_path: Path, capsys,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    models = str(tmp_path / "models.toml")
+    asked: list[str] = []
+    monkeypatch.setattr("builtins.input", lambda prompt="": asked.append(prompt) or "n")
+    assert main(["models", "--json", "--models", models, "remove", "big"]) == 1
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"cache_dir": str(cache), "removed": [], "freed_bytes": 0}
+    assert "Delete? [y/N]" in err and "Nothing deleted." in err and asked == [""]  # the question on stderr
+    assert main(["models", "--models", models, "remove", "big", "--yes", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"cache_dir": str(cache), "removed": [{"name": "Big-1.5B Q4_K_M", "bytes": 6_000_000}],
+                               "freed_bytes": 6_000_000}
+    assert "Deleted 6 MB" in err
+
+
 def test_removing_a_link_never_touches_what_it_points_to(cache: Path, tmp_path: Path, capsys) -> None:
     assert main(["models", "remove", "linked-1.0-py3-none-any.whl", "--yes"]) == 0
     assert not (cache / "wheels" / "linked-1.0-py3-none-any.whl").is_symlink()
