@@ -244,7 +244,7 @@ class History:
                 with self._conn:
                     return self._conn.execute(sql, storable(params))
             except sqlite3.Error as exc:
-                raise HistoryError(describe("Saving chat history failed", exc), locked=is_lock_error(exc)) from exc
+                raise HistoryError(describe("Saving chat history failed", exc, self.path), locked=is_lock_error(exc)) from exc
 
     def _write_chat(self, chat_id: int, statements: Sequence[tuple[str, Sequence[Any]]]) -> list[sqlite3.Cursor]:
         """Run ``statements`` in one transaction; each must change a row of chat ``chat_id``.
@@ -265,7 +265,7 @@ class History:
             except sqlite3.Error as exc:
                 if is_missing_parent(exc):
                     raise ChatDeleted(chat_id) from exc
-                raise HistoryError(describe("Saving chat history failed", exc), locked=is_lock_error(exc)) from exc
+                raise HistoryError(describe("Saving chat history failed", exc, self.path), locked=is_lock_error(exc)) from exc
 
     def _query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
@@ -273,7 +273,7 @@ class History:
                 self._ensure_ready()
                 return self._conn.execute(sql, storable(params)).fetchall()
             except sqlite3.Error as exc:
-                raise HistoryError(describe("Reading chat history failed", exc), locked=is_lock_error(exc)) from exc
+                raise HistoryError(describe("Reading chat history failed", exc, self.path), locked=is_lock_error(exc)) from exc
 
     # -- chats ---------------------------------------------------------------------
 
@@ -339,7 +339,7 @@ class History:
                     self._conn.execute("DELETE FROM messages WHERE chat_id = ?", (chat_id,))
                     self._conn.execute("DELETE FROM chats WHERE id = ?", (chat_id,))
             except sqlite3.Error as exc:
-                raise HistoryError(describe("Deleting the chat failed", exc), locked=is_lock_error(exc)) from exc
+                raise HistoryError(describe("Deleting the chat failed", exc, self.path), locked=is_lock_error(exc)) from exc
 
     # -- messages ------------------------------------------------------------------
 

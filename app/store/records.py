@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import math
 import sqlite3
+import shutil
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from engine.errors import SpecChatError
@@ -45,9 +47,23 @@ def is_missing_parent(exc: sqlite3.Error) -> bool:
     return isinstance(exc, sqlite3.IntegrityError) and "foreign key" in str(exc).lower()
 
 
-def describe(what: str, exc: sqlite3.Error) -> str:
+FULL_BELOW_BYTES = 1 << 20
+"""Free space under which a failed write is put down to a full disk (SQLite often says only
+"disk I/O error" when a write finds no room)."""
+
+
+def describe(what: str, exc: sqlite3.Error, path: Path | None = None) -> str:
+    """One line for a failed read or write of the history file at ``path``, saying what to fix."""
     if is_lock_error(exc):
         return f"{what}: the history database is locked by another program ({exc}); will retry"
+    if path is not None and isinstance(exc, sqlite3.OperationalError):
+        try:
+            free = shutil.disk_usage(path.parent).free
+        except OSError:
+            free = None
+        if "full" in str(exc).lower() or (free is not None and free < FULL_BELOW_BYTES):
+            left = f" ({free:,} bytes free)" if free is not None else ""
+            return f"{what}: the disk holding {path.parent} is full{left}; free some space ({exc})"
     return f"{what}: {exc}"
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import sqlite3
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -281,3 +282,38 @@ def test_another_programs_sqlite_file_is_left_as_it_was(specchat_dirs: Path) -> 
     assert path.read_bytes() == before and mode(path) == 0o644
     assert sorted(p.name for p in specchat_dirs.iterdir()) == ["history.db"]
 
+
+
+def test_a_full_disk_is_named_as_such(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite often says only "disk I/O error" when a write finds no room: the notice says the
+    disk is full and which folder's, so the user knows what to free."""
+    import subprocess
+
+    import app.store.records as records
+
+    room = tmp_path / "room"
+    room.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=300k", "tmpfs", str(room)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("cannot mount a small tmpfs here (not root)")
+    try:
+        monkeypatch.setenv("SPECCHAT_DATA_DIR", str(room / "data"))
+        history = History.open()
+        chat = history.create_chat("t", None)
+        with pytest.raises(HistoryError) as err:
+            for _ in range(100):
+                history.add_message(chat, "user", "x" * 5000)
+        assert f"the disk holding {room / 'data'} is full" in str(err.value) and not err.value.locked
+        history.close()
+    finally:
+        subprocess.run(["umount", "-l", str(room)], check=False)
+    monkeypatch.setattr(records.shutil, "disk_usage", lambda path: shutil_usage(0))
+    said = records.describe("Saving chat history failed", sqlite3.OperationalError("disk I/O error"), tmp_path / "h.db")
+    assert said.startswith(f"Saving chat history failed: the disk holding {tmp_path} is full (0 bytes free)")
+    monkeypatch.setattr(records.shutil, "disk_usage", lambda path: shutil_usage(10 << 30))
+    assert records.describe("Saving", sqlite3.OperationalError("disk I/O error"), tmp_path / "h.db") == \
+        "Saving: disk I/O error"  # room enough: another cause, said as SQLite says it
+
+
+def shutil_usage(free: int) -> SimpleNamespace:
+    return SimpleNamespace(total=free + 1, used=1, free=free)
