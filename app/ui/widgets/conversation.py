@@ -7,12 +7,11 @@ the saved chat it belongs to. The App owns the engine host and the archive and
 hands them in; it opens every dialog and calls the methods here with the answer.
 
 A token's way to the screen: the engine's ``ChatEvent`` → :func:`stream_reply`
-(worker thread) → :class:`Outbox` → :meth:`Conversation.on_reply_chunk` →
-:meth:`AssistantMessage.append` and the HUD.
+(worker thread) → :class:`Outbox` → :meth:`ReplyPainting.on_reply_chunk` →
+:meth:`AssistantMessage.append` and the HUD (:mod:`app.ui.widgets.reply_painting`).
 """
 from __future__ import annotations
 
-import asyncio
 from functools import partial
 
 from textual.app import ComposeResult
@@ -23,13 +22,10 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from app.store.history import ChatRecord
-from app.store.pieces import piece_runs
 from app.store.saver import ChatRef
-from app.ui import pacing
 from app.ui.archive import Archive
 from app.ui.engine_host import EngineHost
 from app.ui.labels import chat_title, shown_title
-from app.ui.messages import ReplyChunk, ReplyFinished
 from app.ui.notices import notice
 from app.ui.reply_stream import ReplyJob, ReplyStream, stream_reply
 from app.ui.requests import build_messages, generation_params, turns_from
@@ -38,6 +34,7 @@ from app.ui.widgets.chat_log import ChatLog
 from app.ui.widgets.chat_view import AssistantMessage, UserMessage
 from app.ui.widgets.hud import Hud
 from app.ui.widgets.hud_line import HUD_MIN_WIDTH
+from app.ui.widgets.reply_painting import ReplyPainting
 from app.ui.widgets.prompt import LOADING_PLACEHOLDER, NO_MODEL_PLACEHOLDER, PLACEHOLDER, PromptArea
 from app.ui.widgets.transcript import copyable, last_exchange, messages_of, widgets_for
 from engine.events import ChatMessage
@@ -52,7 +49,7 @@ PRIVATE = ("[b]Private chat[/b]: it is not saved to the history, and no later ch
            "It ends with the next new chat or when the app closes.")
 
 
-class Conversation(Horizontal):
+class Conversation(ReplyPainting, Horizontal):
     """One chat: the transcript and prompt box on the left, the HUD on the right."""
 
     generating: reactive[bool] = reactive(False, bindings=True)
@@ -368,75 +365,6 @@ class Conversation(Horizontal):
     def stop_reply(self) -> None:
         """Ask the engine to stop after the current round (Esc; safe from any thread)."""
         self.stream.stop()
-
-    # -- streaming ----------------------------------------------------------------------
-
-    async def on_reply_chunk(self, message: ReplyChunk) -> None:
-        """Rounds are waiting: show them now, or when the pacer allows the next paint."""
-        if message.reply_id != self.stream.reply_id:
-            return
-        wait = self.stream.pacer.wait()
-        if wait > 0:
-            self.set_timer(wait, partial(self._lend_and_paint, message.reply_id))
-        else:
-            await self._lend_and_paint(message.reply_id)
-
-    async def _lend_and_paint(self, reply_id: int) -> None:
-        """Paint now; where the engine lends the UI a core for it, once it has switched."""
-        lend = pacing.PAINT_YIELD_S
-        if lend > 0 and self.stream.is_current(reply_id) and self.host.yield_to_ui(lend):
-            await asyncio.sleep(pacing.PAINT_LEAD_S)  # the engine's next round runs on one thread fewer
-        await self.paint_rounds(reply_id)
-
-    async def paint_rounds(self, reply_id: int) -> None:
-        """Append every waiting round to the reply at once; the HUD sees each round's statistics."""
-        stream = self.stream
-        widget = stream.widget
-        if not stream.is_current(reply_id) or widget is None or not self.is_attached:
-            return  # a later reply, or the app is closing (a paint timer may still fire)
-        events = stream.outbox.take()
-        if not events:
-            return
-        stream.pacer.painting()
-        hud = self.hud
-        with self.app.batch_update():  # the reply and the HUD in one layout of the screen
-            await widget.append("".join(e.text for e in events), [r for e in events for r in piece_runs(e.pieces)])
-            for event in events:
-                hud.set_stats(event.stats, live=True)
-                if event.notice:
-                    hud.set_notice(event.notice)
-                    notice(self, event.notice, severity="warning", title="Engine")
-            hud.flush()
-
-    async def on_reply_finished(self, message: ReplyFinished) -> None:
-        if message.reply_id != self.stream.reply_id or not self.is_attached:
-            return  # a stale reply, or the app closed its screens (the saver has the reply)
-        await self.paint_rounds(message.reply_id)  # rounds still waiting for a paint slot
-        widget = self.stream.end()
-        self.generating = False
-        if widget is not None:
-            await widget.finish(message.finish_reason, message.stats.to_dict() if message.stats else None)
-            self.hud.set_seen_sources(self.hud.seen_sources | {source for _, source in widget.pieces})
-        if message.stats is not None:
-            self.hud.set_stats(message.stats, live=False)
-        if self.chat_id is not None and not self.private:  # a new chat has its id once saved: held from here
-            self.archive.open_chats.show(self.chat_id)
-        if self.host.backend is not None:
-            self.hud.set_engine(self.host.backend.info, self.host.profile)
-        self.hud.live = False
-        self.hud.flush()
-        if message.error:
-            notice(self, message.error, severity="error", title="Generation failed")
-        if self.screen.is_active and self.screen.focused is None:
-            self.prompt.focus()
-        self.send_queued()
-        if not self.generating:  # no queued prompt took over: collect once the last frame is out
-            self.call_after_refresh(self.stream.collector.reply_over)
-
-    def _sources(self) -> set[str]:
-        """The token sources in the transcript's replies (the legend must name every colour shown)."""
-        return {source for message in messages_of(self.chat_log.transcript())
-                if isinstance(message, AssistantMessage) for _, source in message.pieces}
 
     # -- the last exchange --------------------------------------------------------------
 
