@@ -169,14 +169,23 @@ def cmd_generate(args: argparse.Namespace) -> int:
         system = args.system if args.system is not None else profile.system_prompt
         messages = ([ChatMessage("system", system)] if system else []) + [ChatMessage("user", args.prompt)]
         text, ids, last = [], [], None
-        for event in engine.chat(messages, params):
-            text.append(event.text)
-            ids.extend(event.token_ids)
-            last = event
-            if event.notice:
-                print(inert(f"specchat: {event.notice}"), file=sys.stderr)
-            if not args.json:  # shown, never obeyed: a reply's escape sequences come out visible (--json: raw)
-                print(inert(event.text), end="", flush=True)
+        try:
+            for event in engine.chat(messages, params):
+                text.append(event.text)
+                ids.extend(event.token_ids)
+                last = event
+                if event.notice:
+                    print(inert(f"specchat: {event.notice}"), file=sys.stderr)
+                if not args.json:  # shown, never obeyed: a reply's escape sequences come out visible (--json: raw)
+                    print(inert(event.text), end="", flush=True)
+        except SpecChatError as exc:  # failed mid-reply: the text so far is kept, as the error says
+            if args.json:
+                print(json_for(sys.stdout, {"profile": profile.name, "text": "".join(text), "token_ids": ids,
+                                            "stats": last.stats.to_dict() if last is not None else None,
+                                            "finish_reason": "error", "error": str(exc)}))
+            elif text:
+                print(flush=True)
+            raise
         assert last is not None
         if args.json:
             stats = last.stats.to_dict()

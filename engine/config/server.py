@@ -26,6 +26,9 @@ DEFAULT_TIMEOUT_S = 120.0
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://|)(?P<userinfo>[^/?#]*)@")
 """A URL's user part, its scheme left out too (``user:secret@host``, a mistake still shown)."""
+_LOOSE_USERINFO = re.compile(r"^(?P<scheme>[A-Za-z][A-Za-z0-9+.-]*://|)(?P<userinfo>[^\s]*)@")
+"""Everything up to the last ``@``: a password holding ``/``, ``?`` or ``#`` unescaped ends the URL's
+user part early for a parser, and the rest is still the password to the eye."""
 NOT_A_VARIABLE = ("api_key_env must name an environment variable (like OPENAI_API_KEY), and what was given is not "
                   "a variable's name (it is not repeated here, in case it is the key itself); "
                   "never put the key itself in a models file or on the command line")
@@ -44,7 +47,7 @@ def shown_env_name(name: str) -> str:
 def redact_url(url: str) -> str:
     """``url`` with the password of its user part shown as ``***`` (``http://user:***@host``); a user
     part without a password (often a token) is hidden whole (``http://***@host``)."""
-    match = _USERINFO.match(url)
+    match = _USERINFO.match(url) or _LOOSE_USERINFO.match(url)
     if match is None:
         return url
     user, colon, _ = match.group("userinfo").partition(":")  # a user name holds no ":", a password may

@@ -30,7 +30,7 @@ from engine.progress import ProgressFn, no_progress
 from engine.errors import EngineError
 from engine.events import ChatEvent, ChatMessage, FinishReason, GenerationParams, TextPiece
 from engine.remote.client import ServerClient, ServerError
-from engine.config.server import ServerSpec
+from engine.config.server import DEFAULT_TIMEOUT_S, ServerSpec
 from engine.remote.figures import (
     Figures, ServerStats, SpecCounters, clean_timings, clean_usage, parse_spec_counters, reply_figures,
 )
@@ -50,6 +50,17 @@ LLAMA_CPP, VLLM = "llama.cpp", "vLLM"
 CALIBRATING = "measuring: one short reply from the same server with speculation off"
 
 
+MODEL_NAME_SHOWN = 80
+"""The most of a server's model name shown (its id is sent back whole)."""
+
+
+def shown_model(name: str) -> str:
+    """A model id as the HUD and messages show it: one line, at most :data:`MODEL_NAME_SHOWN`
+    characters, its control characters visible (:func:`~engine.text_safety.inert`)."""
+    name = " ".join(inert(name).split())
+    return name if len(name) <= MODEL_NAME_SHOWN else name[:MODEL_NAME_SHOWN - 1] + "…"
+
+
 @dataclass
 class _Run:
     """One streamed request as it arrives."""
@@ -66,6 +77,8 @@ class _Run:
     usage: dict[str, Any] | None = None
     over_budget: bool = False
     """The server went on past ``max_tokens`` and was cut there."""
+    reasoning_chars: int = 0
+    """Characters of a reasoning model's thoughts (``reasoning_content``: not shown, not kept)."""
 
     @property
     def tokens(self) -> int:
@@ -119,7 +132,7 @@ class ServerBackend:
     def probe(self, progress: ProgressFn = no_progress) -> None:
         """``GET /v1/models`` (errors propagate: refused, 401, 404), then ``/props`` and ``/metrics`` (optional)."""
         progress(f"connecting to {self.spec.root}", None)
-        listing = self.client.get_json("/v1/models", PROBE_TIMEOUT_S)
+        listing = self.client.get_json("/v1/models", self.probe_timeout)
         data = listing.get("data") if isinstance(listing, dict) else None
         models = [m for m in data if isinstance(m, dict)] if isinstance(data, list) else []
         ids = [str(m.get("id")) for m in models if m.get("id")]
@@ -130,7 +143,7 @@ class ServerBackend:
             self.kind = LLAMA_CPP
         progress("asking the server what it is", None)
         try:
-            props = self.client.get_json("/props", PROBE_TIMEOUT_S)
+            props = self.client.get_json("/props", self.probe_timeout)
             if isinstance(props, dict) and ("build_info" in props or "default_generation_settings" in props):
                 self.kind = LLAMA_CPP
                 self.build = str(props.get("build_info") or "") or None
@@ -139,11 +152,20 @@ class ServerBackend:
         self.metrics_known = self._scrape() is not None
         if self.model is None:
             if not ids:
-                raise EngineError(f"{self.spec.root} lists no models at /v1/models: name one with model = \"...\" in the profile")
+                raise EngineError(f"{self.spec.root} lists no models at /v1/models: name one with --server-model NAME, "
+                                  "or model = \"...\" in the profile")
             self.model = ids[0]
         elif self.kind == VLLM and ids and self.model not in ids:
-            raise EngineError(inert(f"{self.spec.root} does not serve model {self.model!r}; it serves {', '.join(ids)}"))
+            served = ", ".join(shown_model(i) for i in ids[:8]) + (f" and {len(ids) - 8} more" if len(ids) > 8 else "")
+            raise EngineError(inert(f"{self.spec.root} does not serve model {shown_model(self.model)!r}; "
+                                    f"it serves {served}"))
         progress("connected", 1.0)
+
+    @property
+    def probe_timeout(self) -> float:
+        """Seconds the start-up requests wait: the profile's ``timeout`` where it sets one (a busy
+        server), else :data:`PROBE_TIMEOUT_S` (a dead one is said soon)."""
+        return self.spec.timeout if self.spec.timeout != DEFAULT_TIMEOUT_S else PROBE_TIMEOUT_S
 
     @property
     def info(self) -> EngineInfo:
@@ -152,7 +174,7 @@ class ServerBackend:
         figures = "reply timings" if self.kind == LLAMA_CPP else None
         if self.metrics_known:
             figures = f"{figures} + /metrics" if figures else "/metrics"
-        model = inert(self.model) if self.model else None
+        model = shown_model(self.model) if self.model else None
         plan: dict[str, Any] = {"summary": inert(f"served by {self.kind} at {self.spec.root}"), "model": model}
         if self.build:
             plan["build"] = inert(self.build)
@@ -239,6 +261,9 @@ class ServerBackend:
                 part = choice.get("delta") or choice.get("message") or {}
                 text = part.get("content") if isinstance(part, dict) else None
                 text = text if isinstance(text, str) else None  # a number or list where the text goes: left out
+                thought = part.get("reasoning_content", part.get("reasoning")) if isinstance(part, dict) else None
+                if isinstance(thought, str):
+                    run.reasoning_chars += len(thought)
                 if text and budget is not None and run.chunks >= budget:
                     run.finish, run.over_budget = "length", True
                     return
@@ -263,18 +288,18 @@ class ServerBackend:
                 cancel: threading.Event | None = None) -> tuple[str, ServerStats]:
         """One reply with no calibration and no speedup: its text and the server's figures (the bench)."""
         cancel = cancel or threading.Event()
-        before = self._scrape()
+        before = self._scrape(cancel)
         run = _Run()
         for _ in self.stream_text(self.request_body(messages, params, speculate), cancel, run):
             pass
-        figures = reply_figures(run.timings, self._delta(before, run), run.tokens,
+        figures = reply_figures(run.timings, self._delta(before, run, cancel), run.tokens,
                                 metrics_known=self.metrics_known, server=self.kind)
         return "".join(run.text), self._stats(run, speculate, figures)
 
     def _reply(self, messages: list[ChatMessage], params: GenerationParams,
                cancel: threading.Event) -> Iterator[ChatEvent]:
         spec_on = self.speculation_on
-        before = self._scrape()
+        before = self._scrape(cancel)  # Esc while it waits: the request below is never sent
         run = _Run()
         for text in self.stream_text(self.request_body(messages, params, spec_on), cancel, run):
             yield ChatEvent(text, (TextPiece(text, "target"),), (), self._stats(run, spec_on, Figures(
@@ -284,12 +309,16 @@ class ServerBackend:
             yield ChatEvent("", (), (), self._stats(run, spec_on, stopped, speedup_reason="reply stopped"),
                             "cancelled")
             return
-        figures = reply_figures(run.timings, self._delta(before, run), run.tokens,
+        figures = reply_figures(run.timings, self._delta(before, run, cancel), run.tokens,
                                 metrics_known=self.metrics_known, server=self.kind)
         notice = None
         if run.over_budget:
             notice = (f"the server went on past the {params.max_new_tokens}-token limit it was sent "
                       "(max_tokens); specchat stopped reading there")
+        if run.reasoning_chars and not run.text:
+            notice = (f"the server's model spent the reply reasoning ({run.reasoning_chars:,} characters of "
+                      "reasoning_content, which specchat does not show) and wrote no answer: raise the token limit "
+                      "(max_new_tokens in the profile, or --max-new-tokens)")
         if not spec_on and figures.proposed > 0:
             self.switch_honoured, self.speculation_on = False, True
             notice = ("the server ignored speculative.n_max = 0 and drafted anyway (this llama-server build "
@@ -320,20 +349,22 @@ class ServerBackend:
 
     # -- figures --------------------------------------------------------------------------
 
-    def _scrape(self) -> SpecCounters | None:
+    def _scrape(self, cancel: threading.Event | None = None) -> SpecCounters | None:
+        """The server's speculation counters now; None where it has none, or Esc came first."""
         try:
-            text, _ = self.client.get("/metrics", PROBE_TIMEOUT_S)
+            text, _ = self.client.get("/metrics", PROBE_TIMEOUT_S, cancel)
         except EngineError:
             return None
         return parse_spec_counters(text)
 
-    def _delta(self, before: SpecCounters | None, run: _Run) -> SpecCounters | None:
+    def _delta(self, before: SpecCounters | None, run: _Run,
+               cancel: threading.Event | None = None) -> SpecCounters | None:
         if before is None or not self.metrics_known:
             return None
-        after = self._scrape()
+        after = self._scrape(cancel)
         if after is not None and after.minus(before).draft_tokens <= 0 and run.tokens > 1:
             time.sleep(METRICS_SETTLE_S)  # some servers count a step just after sending it
-            after = self._scrape() or after
+            after = self._scrape(cancel) or after
         return after.minus(before) if after is not None else None
 
     def _speedup(self, messages: list[ChatMessage], params: GenerationParams, run: _Run, figures: Figures,

@@ -13,14 +13,19 @@ silent (a blocked read cannot otherwise be interrupted).
 """
 from __future__ import annotations
 
+import errno
 import http.client
 import json
+import os
+import re
+import selectors
 import socket
 import threading
 import time
 from collections.abc import Iterator
+from functools import partial
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import quote, urlsplit
 
 from engine.errors import EngineError
 from engine.config.server import ServerSpec
@@ -60,17 +65,25 @@ class ServerClient:
         self._https = parts.scheme == "https"
         self._host = parts.hostname or "localhost"
         self._port = parts.port
-        self._prefix = parts.path.rstrip("/")
+        self._prefix = quote(parts.path.rstrip("/"), safe="/%:@!$&'()*+,;=~")  # http.client sends ASCII only
 
-    def _connection(self, timeout: float) -> http.client.HTTPConnection:
+    def _connection(self, timeout: float, cancel: threading.Event | None = None) -> http.client.HTTPConnection:
+        """A connection whose connect gives up when ``cancel`` is set (a server whose host drops
+        the handshake kept Esc waiting for the whole connect timeout)."""
         cls = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
-        return cls(self._host, self._port, timeout=timeout)
+        conn = cls(self._host, self._port, timeout=timeout)
+        conn._create_connection = partial(_connect, cancel=cancel or threading.Event())  # type: ignore[attr-defined]
+        return conn
 
     def _headers(self, body: bool) -> dict[str, str]:
         headers = {"User-Agent": USER_AGENT, "Accept": "application/json, text/event-stream"}
         if body:
             headers["Content-Type"] = "application/json"
         key = self.spec.api_key()
+        if key and not (key.isascii() and key.isprintable()):
+            raise EngineError(f"the API key in ${self.spec.api_key_env} holds a line break, a control character or a "
+                              "character outside ASCII, which an HTTP header cannot carry: check the variable's "
+                              "value (it is not shown here)")
         if key:
             headers["Authorization"] = f"Bearer {key}"
         basic = self.spec.basic_authorization()
@@ -123,21 +136,51 @@ class ServerClient:
             raise http_error(resp.status, url, raw, self.spec)
         return conn, resp
 
-    def get(self, path: str, timeout: float | None = None) -> tuple[str, str]:
-        """``GET path``: the body as text and its content type. Errors as :class:`ServerError`."""
-        limit = timeout or self.spec.timeout
-        conn, resp = self._open("GET", path, None, limit)
-        try:
-            return resp.read().decode("utf-8", "replace"), resp.getheader("Content-Type", "")
-        except (socket.timeout, TimeoutError):
-            raise ServerError("timeout", f"{self.spec.root + path}: the answer stopped for {limit:g} s (timeout)") from None
-        except (OSError, http.client.HTTPException) as exc:
-            raise ServerError("cut", f"{self.spec.root + path}: the answer was cut off ({exc})") from None
-        finally:
-            conn.close()
+    def get(self, path: str, timeout: float | None = None,
+            cancel: threading.Event | None = None) -> tuple[str, str]:
+        """``GET path``: the body as text and its content type. Errors as :class:`ServerError`.
 
-    def get_json(self, path: str, timeout: float | None = None) -> Any:
-        text, _ = self.get(path, timeout)
+        The whole answer must come within ``LINE_TIMEOUTS * timeout`` seconds (a server dripping a
+        byte at a time never lets the socket's own timeout fire) and hold at most
+        :data:`MAX_EVENT_BYTES`; ``cancel`` (Esc) ends the wait at once, as a ``cut``."""
+        limit = timeout or self.spec.timeout
+        url = self.spec.root + path
+        cancel = cancel or threading.Event()
+        watch = _Watch(cancel)
+        watch.deadline = time.monotonic() + LINE_TIMEOUTS * limit
+        conn = self._connection(min(limit, CONNECT_TIMEOUT_S), cancel)
+        watch.start()
+        resp: http.client.HTTPResponse | None = None
+        try:
+            conn, resp = self._open("GET", path, None, limit, conn, watch)
+            raw = resp.read(MAX_EVENT_BYTES + 1)
+        except (socket.timeout, TimeoutError):
+            raise ServerError("timeout", f"{url}: the answer stopped for {limit:g} s (timeout)") from None
+        except (OSError, http.client.HTTPException, ServerError) as exc:
+            if cancel.is_set():
+                raise ServerError("cut", f"{url}: stopped") from None
+            if watch.timed_out:
+                raise ServerError("timeout", f"{url}: the answer did not end within {LINE_TIMEOUTS * limit:g} s "
+                                             "(timeout)") from None
+            if isinstance(exc, ServerError):
+                raise
+            raise ServerError("cut", f"{url}: the answer was cut off ({exc})") from None
+        finally:
+            watch.done.set()
+            if resp is not None:
+                resp.close()
+            conn.close()
+        if cancel.is_set():
+            raise ServerError("cut", f"{url}: stopped")
+        if watch.timed_out:
+            raise ServerError("timeout", f"{url}: the answer did not end within {LINE_TIMEOUTS * limit:g} s (timeout)")
+        if len(raw) > MAX_EVENT_BYTES:
+            raise ServerError("malformed", f"{url}: the answer is over {MAX_EVENT_BYTES // 2**20} MiB; "
+                                           "specchat stopped reading it")
+        return raw.decode("utf-8", "replace"), resp.getheader("Content-Type", "")
+
+    def get_json(self, path: str, timeout: float | None = None, cancel: threading.Event | None = None) -> Any:
+        text, _ = self.get(path, timeout, cancel)
         return parse_json(text, self.spec.root + path)
 
     def post_json(self, path: str, body: dict[str, Any], cancel: threading.Event | None = None) -> Any:
@@ -156,8 +199,9 @@ class ServerClient:
         """
         url = self.spec.root + path
         cancel = cancel or threading.Event()
-        conn = self._connection(min(self.spec.timeout, CONNECT_TIMEOUT_S))
+        conn = self._connection(min(self.spec.timeout, CONNECT_TIMEOUT_S), cancel)
         watch = _Watch(cancel)
+        watch.deadline = time.monotonic() + LINE_TIMEOUTS * self.spec.timeout  # the answer's head, dripped
         watch.start()
         resp: http.client.HTTPResponse | None = None
         try:
@@ -167,18 +211,22 @@ class ServerClient:
                 if cancel.is_set():
                     return
                 raise
-            if "text/event-stream" not in resp.getheader("Content-Type", ""):
-                text = _read_all(resp, url, self.spec.timeout, cancel)
+            if "text/event-stream" not in resp.getheader("Content-Type", "").lower():  # media types ignore case
+                watch.deadline = time.monotonic() + LINE_TIMEOUTS * self.spec.timeout
+                text = _read_all(resp, url, self.spec.timeout, cancel, watch)
                 if not cancel.is_set():
                     yield _checked(parse_json(text, url), url)
                 return
+            finished = False
             for payload in _events(resp, url, self.spec.timeout, cancel, watch):
                 if cancel.is_set():  # the rest of an event cut by Esc is no error
                     return
                 if payload.strip() == "[DONE]":
                     return
-                yield _checked(parse_json(payload, url), url)
-            if not cancel.is_set():
+                checked = _checked(parse_json(payload, url), url)
+                finished = finished or _says_finished(checked)
+                yield checked
+            if not cancel.is_set() and not finished:  # a reply that gave its finish_reason is whole without [DONE]
                 raise ServerError("cut", f"{url}: the server closed the stream before the reply ended "
                                          "(no [DONE]); it may have crashed or been stopped")
         finally:
@@ -186,6 +234,48 @@ class ServerClient:
             if resp is not None:
                 resp.close()
             conn.close()
+
+
+class _Cancelled(OSError):
+    """Esc while connecting: the connect gave up (no error is shown for it)."""
+
+
+def _connect(address: tuple[str, int], timeout: float | None = None, source_address: tuple[str, int] | None = None,
+             *, cancel: threading.Event) -> socket.socket:
+    """``socket.create_connection`` that gives up when ``cancel`` is set: the handshake runs
+    non-blocking, looked at every :data:`CANCEL_POLL_S` (a blocked ``connect`` cannot be
+    interrupted, and a host that drops the handshake holds it for the whole timeout)."""
+    host, port = address
+    deadline = time.monotonic() + (timeout if timeout is not None else CONNECT_TIMEOUT_S)
+    last: OSError | None = None
+    for family, kind, proto, _, addr in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
+        sock = socket.socket(family, kind, proto)
+        try:
+            if source_address:
+                sock.bind(source_address)
+            sock.setblocking(False)
+            code = sock.connect_ex(addr)
+            with selectors.DefaultSelector() as sel:
+                sel.register(sock, selectors.EVENT_WRITE)
+                while code in (errno.EINPROGRESS, errno.EALREADY, errno.EWOULDBLOCK):
+                    if cancel.is_set():
+                        raise _Cancelled("stopped while connecting")
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        raise TimeoutError("timed out while connecting")
+                    if sel.select(min(CANCEL_POLL_S, left)):
+                        code = sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR)
+            if code:
+                raise OSError(code, os.strerror(code))  # ECONNREFUSED reads as ConnectionRefusedError
+            sock.settimeout(timeout)
+            return sock
+        except _Cancelled:
+            sock.close()
+            raise
+        except OSError as exc:
+            sock.close()
+            last = exc
+    raise last or OSError(f"no address found for {host}")
 
 
 class _Watch(threading.Thread):
@@ -223,19 +313,31 @@ class _Watch(threading.Thread):
                 return
 
 
-def _read_all(resp: http.client.HTTPResponse, url: str, timeout: float, cancel: threading.Event) -> str:
+def _read_all(resp: http.client.HTTPResponse, url: str, timeout: float, cancel: threading.Event,
+              watch: _Watch | None = None) -> str:
     try:
         raw = resp.read(MAX_EVENT_BYTES + 1)
         if len(raw) > MAX_EVENT_BYTES:
             raise ServerError("malformed", f"{url}: the answer is over {MAX_EVENT_BYTES // 2**20} MiB; "
                                            "specchat stopped reading it")
-        return raw.decode("utf-8", "replace")
     except (socket.timeout, TimeoutError):
         raise ServerError("timeout", f"{url}: the answer stopped for {timeout:g} s (timeout)") from None
     except (OSError, http.client.HTTPException) as exc:
         if cancel.is_set():
             return "{}"
+        if watch is not None and watch.timed_out:
+            raise _no_line_ended(url, timeout) from None
         raise ServerError("cut", f"{url}: the answer was cut off ({type(exc).__name__})") from None
+    if watch is not None and watch.timed_out and not cancel.is_set():
+        raise _no_line_ended(url, timeout)
+    return raw.decode("utf-8", "replace")
+
+
+def _says_finished(payload: dict[str, Any]) -> bool:
+    """Whether a chunk carries a choice's ``finish_reason``: the reply is whole even if the server
+    then closes the stream without ``[DONE]``."""
+    choices = payload.get("choices")
+    return isinstance(choices, list) and any(isinstance(c, dict) and c.get("finish_reason") for c in choices)
 
 
 def _events(resp: http.client.HTTPResponse, url: str, timeout: float, cancel: threading.Event,
@@ -272,9 +374,12 @@ def _events(resp: http.client.HTTPResponse, url: str, timeout: float, cancel: th
         if size > MAX_EVENT_BYTES:
             raise ServerError("malformed", f"{url}: the server sent an event of over {MAX_EVENT_BYTES // 2**20} MiB "
                                            "(or a line that never ended); specchat stopped reading it")
-        if not line:
-            if data:
+        if not line:  # the stream ended; an event it cut off is whole only if it still reads as one
+            if data and _whole_event("\n".join(data)):
                 yield "\n".join(data)
+            elif data:
+                raise ServerError("cut", f"{url}: the stream stopped in the middle of an event (the connection "
+                                         "closed); the reply so far is kept")
             return
         text = line.decode("utf-8", "replace").rstrip("\r\n")
         name, _, value = text.partition(":")
@@ -288,6 +393,16 @@ def _events(resp: http.client.HTTPResponse, url: str, timeout: float, cancel: th
             raise ServerError("timeout", f"{url}: the server sent only keep-alive comments for {timeout:g} s "
                                          "(timeout); the reply so far is kept. Raise `timeout` in the profile "
                                          "if the server is just slow")
+
+
+def _whole_event(data: str) -> bool:
+    if data.strip() == "[DONE]":
+        return True
+    try:
+        json.loads(data)
+    except (ValueError, RecursionError):
+        return False
+    return True
 
 
 def _no_line_ended(url: str, timeout: float) -> ServerError:
@@ -327,28 +442,45 @@ def _checked(payload: Any, url: str) -> Any:
 
 
 def error_message(payload: Any) -> str:
-    """The human part of an OpenAI-style ``{"error": {"message": ...}}`` body."""
+    """The human part of an OpenAI-style ``{"error": {"message": ...}}`` body (or FastAPI's
+    ``{"detail": ...}``, whose list of problems is joined by their messages)."""
     if isinstance(payload, dict) and "error" not in payload and "detail" in payload:  # FastAPI-style bodies
-        return str(payload["detail"])
+        detail = payload["detail"]
+        if isinstance(detail, list):
+            return "; ".join(str(d.get("msg", d)) if isinstance(d, dict) else str(d) for d in detail)
+        return str(detail)
     err = payload.get("error", payload) if isinstance(payload, dict) else payload
     if isinstance(err, dict):
         return str(err.get("message") or err.get("msg") or err)
     return str(err)
 
 
+_TAG = re.compile(r"<(script|style)\b.*?</\1\s*>|<!--.*?-->|<[^>]*>", re.S | re.I)
+
+
+def one_line(text: str, limit: int = 200) -> str:
+    """A server's text for a one-line message: an HTML page's tags, scripts and comments dropped,
+    white space run together, at most ``limit`` characters."""
+    if text.lstrip().startswith("<"):
+        text = _TAG.sub(" ", text)
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[:limit] + "…"
+
+
 def http_error(status: int, url: str, raw: bytes, spec: ServerSpec) -> ServerError:
-    """The error for an HTTP status >= 400, with the server's own message."""
+    """The error for an HTTP status >= 400, with the server's own message on one line."""
     text = raw.decode("utf-8", "replace").strip()
     try:
-        detail = error_message(json.loads(text))
+        detail = one_line(error_message(json.loads(text)))
     except (ValueError, RecursionError):
-        detail = text[:200]
+        detail = one_line(text)
     said = f" (the server says: {detail})" if detail else ""
     if status in (401, 403):
         fix = (f"check the key in ${spec.api_key_env}" if spec.api_key_env else
                "the server wants an API key: put it in an environment variable and name it with "
-               "api_key_env in the profile (e.g. api_key_env = \"OPENAI_API_KEY\")")
-        return ServerError("auth", f"{url}: {status} unauthorized: {fix}{said}", status)
+               "--api-key-env, or api_key_env in the profile (e.g. api_key_env = \"OPENAI_API_KEY\")")
+        return ServerError("auth", f"{url}: {status} {'unauthorized' if status == 401 else 'forbidden'}: {fix}{said}",
+                           status)
     if status == 404:
         return ServerError("not_found", f"{url}: 404 not found: check the url (the server's root, e.g. "
                                         f"http://127.0.0.1:8080) and the model name{said}", status)

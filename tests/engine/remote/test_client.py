@@ -193,14 +193,20 @@ KEYED = ServerSpec("http://h:1", api_key_env="MY_KEY")
 @pytest.mark.parametrize("status, spec, raw, kind, message", [
     (401, SPEC, b'{"error": {"message": "Invalid API Key"}}', "auth",
      "u: 401 unauthorized: the server wants an API key: put it in an environment variable and name it with "
-     'api_key_env in the profile (e.g. api_key_env = "OPENAI_API_KEY") (the server says: Invalid API Key)'),
-    (403, KEYED, b"", "auth", "u: 403 unauthorized: check the key in $MY_KEY"),
+     '--api-key-env, or api_key_env in the profile (e.g. api_key_env = "OPENAI_API_KEY") (the server says: '
+     "Invalid API Key)"),
+    (403, KEYED, b"", "auth", "u: 403 forbidden: check the key in $MY_KEY"),
     (404, SPEC, b"File Not Found", "not_found",
      "u: 404 not found: check the url (the server's root, e.g. http://127.0.0.1:8080) and the model name "
      "(the server says: File Not Found)"),
     (422, SPEC, b'{"detail": "messages: field required"}', "http",
      "u: HTTP 422 (the server says: messages: field required)"),
-    (500, SPEC, b"x" * 300, "http", f"u: HTTP 500 (the server says: {'x' * 200})"),
+    (500, SPEC, b"x" * 300, "http", f"u: HTTP 500 (the server says: {'x' * 200}…)"),
+    (502, SPEC, b"<html>\n<head><title>502 Bad Gateway</title><style>p {x}</style></head>\n<body>\n<h1>Bad\n"
+                b"Gateway</h1>\n<!-- a padding comment -->\n</body></html>\n", "http",
+     "u: HTTP 502 (the server says: 502 Bad Gateway Bad Gateway)"),  # one line, no markup
+    (422, SPEC, b'{"detail": [{"loc": ["body", "messages"], "msg": "field required"}, {"msg": "bad role"}]}',
+     "http", "u: HTTP 422 (the server says: field required; bad role)"),
 ])
 def test_http_errors_say_what_to_fix(status: int, spec: ServerSpec, raw: bytes, kind: str, message: str) -> None:
     error = http_error(status, "u", raw, spec)

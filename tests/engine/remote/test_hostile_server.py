@@ -331,7 +331,7 @@ def test_a_models_list_of_another_shape_is_read_as_naming_nothing(listing: objec
     routes = llama_routes(lambda req, body: None)
     routes["/v1/models"] = lambda req, body: send_json(req, 200, listing)
     with FakeServer(routes) as fake:
-        with pytest.raises(EngineError, match='lists no models at /v1/models: name one with model = "..."'):
+        with pytest.raises(EngineError, match='lists no models at /v1/models: name one with --server-model NAME, or model = "..."'):
             ServerBackend.connect(ServerSpec(fake.url), "srv")
 
 
