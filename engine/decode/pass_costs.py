@@ -39,9 +39,11 @@ that moment would have cost ``p * L_i``. The round's time would have bought
 Load that slows every pass alike cancels out; a single slow pass cancels too
 (its ``w_i`` and ``v_i`` grow together), while a slow draft counts in full,
 because it is a real cost of speculating. Plain decoding measured this way
-reads 1.0 up to the spread of its bookkeeping time. The figure is *sound*
-(not None) once p is sound and every size fed in the stretch has a typical
-cost (its own median, or the sound line).
+reads 1.0 up to the spread of its bookkeeping time. Each ``c_i`` is valued as
+round ``i`` ends, with the estimates of that moment (p and t(n) then drawn from
+the same stretch of load): valued later, with a p measured after the machine
+grew quieter against a t(n) measured before, one reply read 0.69× where its
+rounds said 1.29×. A round is left out while p or its t(n) is not sound yet.
 """
 from __future__ import annotations
 
@@ -59,6 +61,9 @@ MIN_PLAIN = 4
 """One-token rounds needed before the plain step counts."""
 STALE_PASSES = 512
 """A pass size not fed for this many passes is forgotten."""
+PAIR_WITHIN = 8
+"""A pass and a plain round this many passes apart or fewer were timed under the same load: their
+ratio is a sample of what the pass costs in plain steps (:meth:`PassCosts.cost_ratio`)."""
 PRIOR_SLOPE = 0.1
 """Before the line is sound: each extra token fed costs this fraction of the nearest measured pass."""
 
@@ -90,6 +95,12 @@ class PassCosts:
         self._plain: float | None = None
         self._line: tuple[float, float] | None = None  # (a, b): t(n) = a + b n for n >= 2
         self.passes = 0
+        self._ratios: dict[int, deque[float]] = {}
+        """Per size: a pass's time over a plain round's timed within :data:`PAIR_WITHIN` passes of it
+        (for size 1: a plain round's own pass over its own time)."""
+        self._latest: dict[int, tuple[int, float]] = {}
+        """Per size: (pass number, pass time) of its newest pass; a plain round pairs with them."""
+        self._last_plain: tuple[int, float] | None = None
 
     def add(self, n: int, pass_s: float, round_s: float, draft_s: float = 0.0, plain_sample: bool = True) -> None:
         """One round: a target pass over ``n`` tokens took ``pass_s``, the whole round ``round_s``,
@@ -101,13 +112,40 @@ class PassCosts:
         size.samples.append(pass_s)
         size.last_pass = self.passes
         size.median = statistics.median(size.samples) if len(size.samples) >= MIN_SAMPLES else None
+        key = size_key(n, plain_sample)
         if n == 1 and plain_sample:  # plain decoding would not have looked for a draft
-            self._plain_rounds.append(round_s - draft_s)
+            step = round_s - draft_s
+            self._plain_rounds.append(step)
             self._plain = statistics.median(self._plain_rounds) if len(self._plain_rounds) >= MIN_PLAIN else None
+            if step > 0:
+                self._pair(1, pass_s / step)
+                for size, (when, took) in self._latest.items():
+                    if self.passes - when <= PAIR_WITHIN:
+                        self._pair(size, took / step)
+                self._last_plain = (self.passes, step)
+        else:
+            self._latest[key] = (self.passes, pass_s)
+            if self._last_plain is not None and self.passes - self._last_plain[0] <= PAIR_WITHIN:
+                self._pair(key, pass_s / self._last_plain[1])
         for stale in [m for m, s in self._sizes.items() if self.passes - s.last_pass > STALE_PASSES]:
             del self._sizes[stale]
+            self._ratios.pop(stale, None)
+            self._latest.pop(stale, None)
         if n >= 2:
             self._line = self._fit()
+
+    def _pair(self, key: int, ratio: float) -> None:
+        self._ratios.setdefault(key, deque(maxlen=WINDOW)).append(ratio)
+
+    def cost_ratio(self, n: int) -> float | None:
+        """t(n) ÷ p, what a pass of ``n`` tokens costs in plain steps: the median of the ratios of
+        passes and plain rounds timed close together (load cancels in each), or, for a size with
+        too few of them, t(n) ÷ p from the two medians; None while neither is known."""
+        ratios = self._ratios.get(n)
+        if ratios is not None and len(ratios) >= MIN_SAMPLES:
+            return statistics.median(ratios)
+        t = self.typical(n)
+        return t / self._plain if t is not None and self._plain else None
 
     def _fit(self) -> tuple[float, float] | None:
         points = [(n, s.median, len(s.samples)) for n, s in self._sizes.items() if n >= 2 and s.median is not None]
@@ -130,15 +168,15 @@ class PassCosts:
         return len(self._plain_rounds)
 
     def plain_step_relative_se(self) -> float:
-        """The plain step's standard error over its value: a median's, ``sqrt(pi / 2)`` times
-        a mean's (0 while fewer than two samples or no sound step)."""
+        """The plain step's standard error over its value: a median's, ``sqrt(pi / 2)`` times a
+        mean's, with the spread read robustly (1.4826 times the median absolute deviation), so one
+        stalled step (another process took the core for two seconds) widens it no more than it
+        moves the median itself (0 while fewer than two samples or no sound step)."""
         samples = self._plain_rounds
         if self._plain is None or self._plain <= 0 or len(samples) < 2:
             return 0.0
-        n = len(samples)
-        mean = sum(samples) / n
-        stdev = math.sqrt(max(sum((x - mean) ** 2 for x in samples) / (n - 1), 0.0))  # floats: statistics' is exact, 0.1 ms
-        return math.sqrt(math.pi / 2) * stdev / math.sqrt(n) / self._plain
+        spread = 1.4826 * statistics.median(abs(x - self._plain) for x in samples)
+        return math.sqrt(math.pi / 2) * spread / math.sqrt(len(samples)) / self._plain
 
     @property
     def line_sound(self) -> bool:
@@ -168,65 +206,15 @@ class PassCosts:
         return base * (1 + PRIOR_SLOPE * (n - m)) if n >= m else base / (1 + PRIOR_SLOPE * (m - n))
 
     def plain_equivalent(self, n: int, pass_s: float, round_s: float) -> float | None:
-        """``c = round_s / (p * L)``: the plain tokens this round's time would have bought at
-        its own load ``L = pass_s / t(n)``; None while p or t(n) is not sound."""
-        p, t = self._plain, self.typical(n)
-        if p is None or t is None:
+        """``c = round_s / (p * L)`` with ``L = pass_s / t(n)``, the round's own load: the plain
+        tokens its time would have bought, ``(round_s / pass_s) * t(n) / p``, with t(n) ÷ p from
+        :meth:`cost_ratio`; None while p or the ratio is not known."""
+        if self._plain is None:
             return None
-        load = pass_s / t if pass_s > 0 else 1.0
-        return round_s / (p * load)
-
-
-@dataclass
-class _SizeSums:
-    rounds: int = 0
-    ratio: float = 0.0  # sum of w_i / v_i (rounds with a timed pass)
-    untimed: float = 0.0  # sum of w_i where v_i was 0
-    wall: float = 0.0  # sum of w_i
-    passes: float = 0.0  # sum of v_i
-
-
-@dataclass
-class Stretch:
-    """Rounds of one reply, summed per pass size, so the speedup can be valued with
-    the newest estimates at any time: ``sum(c_i) = sum over sizes of t(n) / p *
-    sum(w_i / v_i)``. A size without a typical cost yet (a short pass at the end
-    of a reply) is valued at the stretch's mean load instead; at least half the
-    rounds must be at sizes with a typical cost."""
-
-    sizes: dict[int, _SizeSums] = field(default_factory=dict)
-
-    def add(self, n: int, pass_s: float, round_s: float) -> None:
-        sums = self.sizes.setdefault(n, _SizeSums())
-        sums.rounds += 1
-        sums.wall += round_s
-        sums.passes += pass_s
-        if pass_s > 0:
-            sums.ratio += round_s / pass_s
-        else:
-            sums.untimed += round_s
-
-    def plain_tokens(self, costs: PassCosts) -> float | None:
-        """Sum of ``c_i`` over the stretch; None while not sound."""
-        p = costs.plain_step_s
-        if p is None:
-            return None
-        total, known_rounds, known_pass, known_typical, unknown_wall = 0.0, 0, 0.0, 0.0, 0.0
-        for n, sums in self.sizes.items():
-            t = costs.typical(n)
-            if t is None:
-                unknown_wall += sums.wall
-                continue
-            total += (t * sums.ratio + sums.untimed) / p
-            known_rounds += sums.rounds
-            known_pass += sums.passes
-            known_typical += t * sums.rounds
-        if 2 * known_rounds < sum(s.rounds for s in self.sizes.values()):
-            return None
-        if unknown_wall:
-            load = known_pass / known_typical if known_pass > 0 else 1.0
-            total += unknown_wall / (p * load)
-        return total
+        if pass_s <= 0:
+            return round_s / self._plain
+        ratio = self.cost_ratio(n)
+        return round_s / pass_s * ratio if ratio is not None else None
 
 
 def speedup_upper_bound(rounds: Iterable[tuple[int, float]], z: float = 2.0) -> tuple[float, float]:

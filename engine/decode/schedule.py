@@ -10,7 +10,7 @@ No knowledge of models: the decoder asks, and does what the answer says.
 """
 from __future__ import annotations
 
-from engine.decode.pass_costs import MIN_PLAIN
+from engine.decode.tally import SPEEDUP_FLOOR
 from engine.decode.drafters import Drafter
 from engine.events import GenerationParams, Mode
 from engine.decode.cost_model import REFRESH_EVERY, CostModel
@@ -88,11 +88,14 @@ class Schedule:
         return self.costs.passes.line_sound and self.costs.decisions % REFRESH_EVERY == REFRESH_EVERY - 1
 
     def calibrating(self, mode: Mode) -> bool:
-        """Whether this speculative round runs as a plain step to measure the plain step."""
+        """Whether this speculative round runs as a plain step to measure the plain step: every
+        other round until the session has the plain steps a speedup needs (``SPEEDUP_FLOOR``; with
+        fewer, a 155-token reply read "too short to measure"), then every ``calibrate_every``."""
         if self.calibrate_every <= 0 or mode == "plain":
             return False
         since = self.costs.rounds_since_plain
-        return since >= (2 if self.costs.passes.plain_samples < MIN_PLAIN else self.calibrate_every)
+        wanted = SPEEDUP_FLOOR["plain_samples"]
+        return since >= (2 if self.costs.passes.plain_samples < wanted else self.calibrate_every)
 
     def verdict(self, params: GenerationParams, round_mode: Mode, emitted: int,
                 plain_equivalent: float | None) -> tuple[bool, str] | None:

@@ -30,7 +30,7 @@ import math
 from dataclasses import dataclass, field
 
 from engine.decode.cost_model import CostModel, PositionCounts
-from engine.decode.pass_costs import Stretch, size_key
+from engine.decode.pass_costs import size_key
 from engine.events import PLAIN_REPLY, TOO_NOISY, TOO_SHORT, DraftOrigin, Mode, OriginFigures, ReplyStats
 
 SPEEDUP_FLOOR = {"tokens": 32, "drafting_rounds": 8, "plain_samples": 8}
@@ -67,7 +67,6 @@ class ReplyTally:
     positions: PositionCounts = field(default_factory=PositionCounts)
     speculation_off_reason: str | None = None
     speculation_off_detail: str | None = None
-    stretch: Stretch = field(default_factory=Stretch)
     mode_tokens: dict[str, int] = field(default_factory=dict)
     plain_rounds: int = 0
     plain_rounds_s: float = 0.0
@@ -75,8 +74,9 @@ class ReplyTally:
     """Per draft origin: rounds, proposed, accepted, emitted (the order they first drafted)."""
     drafting_rounds: int = 0
     evidence: list[float] = field(default_factory=lambda: [0.0] * 6)
-    """Sums over rounds with a plain equivalent ``c`` (tokens emitted ``e``): count, e, c, e², ec, c²
-    (the spread of the per-round ratio, for the speedup's standard error)."""
+    """Sums over rounds with a plain equivalent ``c`` (tokens emitted ``e``), each valued as the round
+    ended: count, e, c, e², ec, c². The speedup is e ÷ c, and its standard error comes from the same
+    sums (the spread of the per-round ratio): one estimate and its own uncertainty."""
 
     def record(
         self, k: int, proposed: int, n_accepted: int, emitted: int, draft_s: float, verify_s: float,
@@ -110,7 +110,6 @@ class ReplyTally:
         self.positions.add(proposed, n_accepted)
         wall = draft_s + verify_s + other_s
         size = size_key(width, plain_step)
-        self.stretch.add(size, verify_s, wall)
         plain_equivalent = self.costs.passes.plain_equivalent(size, verify_s, wall)
         if plain_equivalent is not None:
             e, c = float(emitted), plain_equivalent
@@ -128,8 +127,17 @@ class ReplyTally:
             for i, n in enumerate((1, proposed, n_accepted, emitted)):
                 counts[i] += n
 
-    def speedup(self, plain_tokens: float | None) -> tuple[float | None, float | None, str | None]:
-        """``(speedup, standard error, note)``: the figure when the reply is past
+    def ratio(self) -> float | None:
+        """Tokens emitted over their plain equivalent, over the rounds valued so far; None while
+        those rounds hold under half of the reply's tokens (the rest came before the plain step
+        and the pass costs were known)."""
+        _, e, c, *_ = self.evidence
+        if c <= 0 or 2 * e < self.tokens:
+            return None
+        return e / c
+
+    def speedup(self) -> tuple[float | None, float | None, str | None]:
+        """``(speedup, standard error, note)``: :meth:`ratio` when the reply is past
         :data:`SPEEDUP_FLOOR` and known to within :data:`SPEEDUP_MAX_RELATIVE_SE`, else None and
         why (:data:`~engine.events.PLAIN_REPLY`, :data:`~engine.events.TOO_SHORT`,
         :data:`~engine.events.TOO_NOISY`).
@@ -140,17 +148,16 @@ class ReplyTally:
         if self.tokens and not self.proposed:
             return None, None, PLAIN_REPLY
         floor = SPEEDUP_FLOOR
-        if (plain_tokens is None or plain_tokens <= 0 or self.tokens < floor["tokens"]
+        value = self.ratio()
+        if (value is None or value <= 0 or self.tokens < floor["tokens"]
                 or self.drafting_rounds < floor["drafting_rounds"]
                 or self.costs.passes.plain_samples < floor["plain_samples"]):
             return None, None, TOO_SHORT
-        value = self.tokens / plain_tokens
         n, e, c, ee, ec, cc = self.evidence
         relative = 0.0
-        if n >= 2 and c > 0:
-            ratio = e / c
-            spread = max(ee - 2 * ratio * ec + ratio * ratio * cc, 0.0) / (n - 1)
-            relative += spread / n / (c / n) ** 2 / ratio ** 2 if ratio > 0 else 0.0
+        if n >= 2:
+            spread = max(ee - 2 * value * ec + value * value * cc, 0.0) / (n - 1)
+            relative += spread / n / (c / n) ** 2 / value ** 2
         relative += self.costs.passes.plain_step_relative_se() ** 2
         if math.sqrt(relative) > SPEEDUP_MAX_RELATIVE_SE:
             return None, None, TOO_NOISY
@@ -159,9 +166,8 @@ class ReplyTally:
     def snapshot(self) -> ReplyStats:
         decode_s = self.draft_s + self.verify_s + self.other_s
         tps = self.tokens / decode_s if decode_s > 0 and self.tokens else None
-        plain_tokens = self.stretch.plain_tokens(self.costs.passes) if self.tokens else None
-        sound = plain_tokens is not None and plain_tokens > 0 and decode_s > 0
-        speedup, speedup_se, speedup_note = self.speedup(plain_tokens if sound else None)
+        ratio = self.ratio() if self.tokens else None
+        speedup, speedup_se, speedup_note = self.speedup()
         return ReplyStats(
             mode=self.mode,
             drafter=self.drafter,
@@ -183,7 +189,7 @@ class ReplyTally:
             elapsed_s=decode_s + self.prefill_s,
             tokens_per_s=tps,
             itl_ms=1000 * decode_s / self.tokens if self.tokens else None,
-            plain_tokens_per_s=plain_tokens / decode_s if sound and plain_tokens else None,
+            plain_tokens_per_s=tps / ratio if tps and ratio else None,  # so speedup = tok/s ÷ plain tok/s
             speedup=speedup,
             speedup_se=speedup_se,
             speedup_note=speedup_note,

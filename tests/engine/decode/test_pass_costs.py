@@ -193,3 +193,54 @@ def test_a_step_that_is_not_plain_decodings_is_valued_apart_from_t1() -> None:
     assert costs.plain_equivalent(1, 1.0, 1.1) == 1.0
     assert abs(costs.plain_equivalent(SYNCED_STEP, 2.0, 2.1) - 2.1 / 1.1) < 1e-9
     assert costs.predict(1) == 1.0  # choosing K never borrows the miss's cost
+
+
+def test_a_reply_that_grew_quieter_is_valued_at_the_load_each_round_ran_under() -> None:
+    """Drafting rounds under 3x load, then the machine grows quiet and every round is plain: a
+    plain step measured quiet against a pass cost measured loaded read 0.69x ("± 0.03") where the
+    rounds said 1.29x. Pass and plain step are compared only when timed close together."""
+    costs = CostModel()
+
+    def round_(stats: ReplyTally, proposed: int, emitted: int, pass_s: float) -> None:
+        costs.observe(proposed, proposed, 0.0, pass_s, 0.0)
+        stats.record(proposed, proposed, proposed, emitted, 0.0, pass_s, 0.0)
+
+    warm = ReplyTally("ngram", "n-gram lookup", True, costs)
+    for _ in range(12):
+        round_(warm, 0, 1, 0.010)  # loaded: a plain step 10 ms
+    for _ in range(8):
+        round_(warm, 1, 2, 0.012)  # and a two-token pass 12 ms
+    stats = ReplyTally("ngram", "n-gram lookup", True, costs)
+    for _ in range(20):
+        round_(stats, 1, 2, 0.012)  # still loaded: 2 tokens for 1.2 plain steps
+    for _ in range(32):
+        round_(stats, 0, 1, 0.0033)  # quiet: plain steps of 3.3 ms
+    truth = (20 * 2 + 32) / (20 * 1.2 + 32)
+    snap = stats.snapshot()
+    assert snap.speedup == pytest.approx(truth, rel=0.01)
+    assert snap.speedup_se is not None and snap.speedup_se < 0.1 * truth
+    assert snap.speedup == pytest.approx(snap.tokens_per_s / snap.plain_tokens_per_s)
+
+
+def test_one_stalled_plain_step_neither_moves_the_step_nor_widens_its_error() -> None:
+    """With the spread read from the mean, one 2-second step among 31 of 10 ms took the relative
+    error from 0.0007 to 1.5, and every speedup read "too uncertain" for the next 32 steps."""
+    costs = PassCosts()
+    rng = random.Random(1)
+    for _ in range(31):
+        costs.add(1, 0.009, 0.010 * (1 + 0.01 * rng.random()))
+    before = costs.plain_step_relative_se()
+    costs.add(1, 2.0, 2.001)
+    assert costs.plain_step_s == pytest.approx(0.010, rel=0.01)
+    assert before < 0.01 and costs.plain_step_relative_se() < 2 * before
+
+
+def test_pass_and_plain_step_timed_together_give_the_cost_ratio_whatever_the_load() -> None:
+    costs = PassCosts()
+    for i in range(40):
+        load = 1.0 if i < 20 else 4.0
+        costs.add(1, 0.009 * load, 0.010 * load)
+        costs.add(5, 0.016 * load, 0.017 * load)
+    assert costs.cost_ratio(5) == pytest.approx(1.6)
+    assert costs.cost_ratio(1) == pytest.approx(0.9)
+    assert costs.plain_equivalent(5, 0.016 * 7, 0.017 * 7) == pytest.approx(1.7)  # at any load

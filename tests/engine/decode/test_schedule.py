@@ -1,7 +1,7 @@
 """The round-by-round policy (engine.decode.schedule): K, calibration rounds, switching off and on."""
 from __future__ import annotations
 
-from engine.decode.pass_costs import MIN_PLAIN
+from engine.decode.tally import SPEEDUP_FLOOR
 from engine.decode.drafters import NgramDrafter
 from engine.events import GenerationParams
 from engine.decode.schedule import Schedule
@@ -25,12 +25,13 @@ def test_plain_rounds_come_every_third_round_until_measured_then_after_calibrate
     assert s.calibrating("ngram")  # nothing measured yet
     assert not s.calibrating("plain")  # plain rounds measure themselves
     seen = []
-    for _ in range(3 * MIN_PLAIN + 12):
+    wanted = SPEEDUP_FLOOR["plain_samples"]  # as many as a speedup needs: with 4, a 155-token reply was "too short"
+    for _ in range(3 * wanted + 12):
         plain = s.calibrating("ngram")
         seen.append(int(plain))
         s.costs.observe(0 if plain else 2, 1, 0.001, 0.01, 0.0001)
-    assert seen[:3 * MIN_PLAIN] == [1, 0, 0] * MIN_PLAIN  # until MIN_PLAIN plain steps were measured
-    assert seen[3 * MIN_PLAIN:] == [0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0]  # then 5 speculative rounds between
+    assert seen[:3 * wanted] == [1, 0, 0] * wanted  # until the floor's plain steps were measured
+    assert seen[3 * wanted:] == [0, 0, 0, 1, 0, 0, 0, 0, 0, 1, 0, 0]  # then 5 speculative rounds between
     assert not schedule(calibrate_every=0).calibrating("ngram")
 
 
