@@ -272,10 +272,13 @@ def load_profiles(models_file: Path | str | None = None) -> Profiles:
         raise ProfileError(f"no default profile: add default = \"NAME\" to {paths[-1]}")
     default, default_from = defaults[-1]
     if default not in merged and default not in invalid:
-        raise ProfileError(
-            f"{default_from}: default = {default!r} names no profile; "
-            f"known profiles are {', '.join(sorted(merged)) or '(none)'}"
-        )
+        said = (f"{default_from}: default = {default!r} names no profile; "
+                f"known profiles are {', '.join(sorted(merged)) or '(none)'}")
+        usable = [name for name, _ in defaults if name in merged]
+        if default_from == shipped or not usable:
+            raise ProfileError(said)
+        notices.append(f"{said}; using {usable[-1]!r} until it is fixed")  # a typo there stopped every command
+        default = usable[-1]
     if default in invalid:
         usable = [name for name, _ in defaults if name in merged]
         if usable:

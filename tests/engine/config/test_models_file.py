@@ -121,7 +121,6 @@ def test_env_models_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Non
         ('[profiles.x]\ntarget = "a/b"\ndrafter = "ngram"\ndraft = "c/d"\n', ["'draft' is only used with drafter"]),
         ('[profiles.x]\ntarget = { source = "a/b", trust_remote_code = "yes" }\ndrafter = "ngram"\n',
          ["trust_remote_code must be true or false"]),
-        ('default = "nosuch"\n', ["default = 'nosuch' names no profile", "pocket", "bad.toml"]),
     ],
 )
 def test_bad_models_file_says_what_to_fix(tmp_path: Path, text: str, expected: list[str]) -> None:
@@ -130,6 +129,17 @@ def test_bad_models_file_says_what_to_fix(tmp_path: Path, text: str, expected: l
         load_profiles(bad).get("x")
     for part in expected:
         assert part in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("where", ["user", "extra"])
+def test_a_default_that_names_no_profile_gives_way_with_a_notice(tmp_path: Path, where: str) -> None:
+    """A typo in the user's default (``default = "pocekt"``) ended every command, --profile pocket too."""
+    text = 'default = "pocekt"\n[profiles.mine]\ntarget = "a/b"\ndrafter = "ngram"\n'
+    path = write(user_file(tmp_path) if where == "user" else tmp_path / "extra.toml", text)
+    profiles = load_profiles(None if where == "user" else path)
+    assert profiles.default == "pocket" and profiles.get("mine").name == "mine"
+    (notice,) = profiles.notices
+    assert f"{path}: default = 'pocekt' names no profile" in notice and "using 'pocket'" in notice
 
 
 def test_syntax_error_in_user_file_names_it_and_leaves_only_it_out(tmp_path: Path) -> None:
