@@ -71,3 +71,12 @@ def quiet_transformers() -> None:
 
     hf_logging.disable_progress_bar()
     hf_logging.set_verbosity_error()
+    try:  # its GGUF reader draws tqdm's own bar, which disable_progress_bar does not reach
+        import transformers.modeling_gguf_pytorch_utils as gguf_reader
+    except ImportError:
+        return
+    from functools import partial
+
+    from tqdm.auto import tqdm
+
+    gguf_reader.tqdm = partial(tqdm, disable=True)  # type: ignore[attr-defined]

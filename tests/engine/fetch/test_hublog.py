@@ -75,3 +75,17 @@ def test_quiet_transformers_turns_off_bars_and_info_logs() -> None:
     finally:
         hf_logging.set_verbosity(level)
         (hf_logging.enable_progress_bar if was_enabled else hf_logging.disable_progress_bar)()
+
+
+def test_quiet_transformers_silences_the_gguf_readers_own_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`generate --target x.gguf --quiet` wrote 1.5 KB of "Converting and de-quantizing GGUF
+    tensors..." frames to stderr: that reader draws tqdm itself, past disable_progress_bar."""
+    import io
+
+    import transformers.modeling_gguf_pytorch_utils as gguf_reader
+
+    monkeypatch.setattr(gguf_reader, "tqdm", gguf_reader.tqdm)  # restored after the test
+    quiet_transformers()
+    out = io.StringIO()
+    assert list(gguf_reader.tqdm(range(3), desc="Converting", file=out)) == [0, 1, 2]
+    assert out.getvalue() == ""
