@@ -23,7 +23,12 @@ class IncompatibleDraftError(SpecChatError):
 
 
 class MemoryPlanError(SpecChatError):
-    """Even the target alone does not fit in the memory budget."""
+    """Even the target alone does not fit in the memory budget. ``room_helps``: whether freeing
+    memory (closing the models loaded now) could make it fit; not when the budget is the limit."""
+
+    def __init__(self, message: str, room_helps: bool = True) -> None:
+        super().__init__(message)
+        self.room_helps = room_helps
 
 
 class EngineError(SpecChatError):

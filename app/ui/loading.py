@@ -132,11 +132,12 @@ def key_threads() -> set[int]:
 
 
 def needs_room(exc: BaseException) -> bool:
-    """True when a load failed for lack of memory (planned, or a real out-of-memory error)."""
+    """True when a load failed for lack of memory that closing the loaded models could free
+    (planned, or a real out-of-memory error); not when the profile's own budget is the limit."""
     from engine.model.device import Device
     from engine.errors import MemoryPlanError
 
-    return isinstance(exc, MemoryPlanError) or Device.is_out_of_memory(exc)
+    return (isinstance(exc, MemoryPlanError) and exc.room_helps) or Device.is_out_of_memory(exc)
 
 
 def error_text(exc: BaseException) -> str:
@@ -179,12 +180,13 @@ def load_beside(loader: Loader, memory_budget: int | None, profile: "ModelProfil
         except Exception as again:  # noqa: BLE001
             error, stopped = error_text(again), isinstance(again, LoadStoppedError)
             progress(f"loading {old_profile.name} again", None)
-            stop.clear()  # the stop was meant for the new profile, not for the way back
+            # The way back is not stopped by Esc: Esc stops the new profile's load, and the models
+            # loaded before stay (a second Esc here left no model loaded at all).
             try:
-                restored = loader(old_profile, memory_budget, progress, stop)
+                restored = loader(old_profile, memory_budget, progress, threading.Event())
             except Exception as lost:  # noqa: BLE001
-                return EngineFailed(f"{error}. Reloading {old_profile.name} failed too: {error_text(lost)}",
-                                    profile.name)
+                return EngineFailed(f"{error.rstrip('.')}. Reloading {old_profile.name} failed too: "
+                                    f"{error_text(lost)}", profile.name)
             return EngineFailed(error, profile.name, (restored, old_profile), stopped=stopped)
     if old is not None:
         close(old)

@@ -95,7 +95,8 @@ def count_params(config: Any) -> ParamCount:
     except (AttributeError, TypeError, ValueError) as exc:
         raise MemoryPlanError(
             f"cannot estimate memory for model type {getattr(cfg, 'model_type', '?')!r}: its config lacks {exc}; "
-            "set memory_budget generously or use a Llama/Qwen-style model"
+            "set memory_budget generously or use a Llama/Qwen-style model",
+            room_helps=False,
         ) from None
     hd, kv = _head_dim(cfg), _kv_heads(cfg)
     q_out, kv_out = n_heads * hd, kv * hd

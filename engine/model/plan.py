@@ -131,7 +131,8 @@ def plan_memory(
         return Plan(choice, reason, free_bytes, budget, reserve_bytes, available, ctx, target, draft, planned, lookup)
 
     if target.total_bytes > available:
-        limit = f"the memory budget of {fmt_bytes(budget)}" if budget is not None and budget < free_bytes else "free memory"
+        by_budget = budget is not None and budget < free_bytes
+        limit = f"the memory budget of {fmt_bytes(budget)}" if by_budget else "free memory"
         smaller = {"none": "quantization = \"int4\" or \"nf4\"", "int8": "quantization = \"int4\" or \"nf4\""}.get(
             t_spec.quantization, "a smaller model")
         raise MemoryPlanError(
@@ -140,7 +141,8 @@ def plan_memory(
             f"+ activations {fmt_bytes(target.activation_bytes)} for {ctx} tokens) but only "
             f"{fmt_bytes(available)} is available ({fmt_bytes(usable)} of {limit} minus "
             f"{fmt_bytes(reserve_bytes)} reserve). Try {smaller} in profile {profile.name!r}, a shorter "
-            f"context_length, a larger --memory-budget if the budget is what limits it, or another profile."
+            f"context_length, a larger --memory-budget if the budget is what limits it, or another profile.",
+            room_helps=not by_budget,
         )
     if profile.drafter == "none":
         return make("target", "the profile has no drafter (plain decoding)", target.total_bytes)

@@ -170,3 +170,38 @@ def test_a_stop_that_comes_as_the_load_ends_still_stops_it() -> None:
     with pytest.raises(LoadStoppedError):
         abandonable(answered_as_esc_came, stop, "stopped")
     assert came.closed
+
+
+def test_a_profile_over_its_own_budget_keeps_the_old_pair_loaded() -> None:
+    """Unloading cannot help a profile whose budget is the limit: it was unloaded, and the old
+    pair (coder: 15 s) loaded again, for the same refusal."""
+    refusal = MemoryPlanError("the target does not fit the memory budget of 572 MiB", room_helps=False)
+    loader, old = Loader(("lookup", refusal)), FakeBackend(FAST)
+    answer = load_beside(loader, None, LOOKUP, old, FAST, loader.progress)
+    assert isinstance(answer, EngineFailed) and answer.restored == (old, FAST) and not old.closed
+    assert loader.loaded == ["lookup"]
+
+
+def test_esc_during_the_way_back_does_not_leave_the_app_without_a_model() -> None:
+    stop = threading.Event()
+
+    class EscOnTheWayBack(Loader):
+        def __call__(self, profile, budget, progress, given):  # type: ignore[no-untyped-def]
+            if profile.name == "fast":
+                stop.set()  # Esc pressed while the old profile loads again
+                if given.is_set():
+                    raise LoadStoppedError("Stopped loading fast.")
+            return super().__call__(profile, budget, progress, given)
+
+    loader = EscOnTheWayBack(("lookup", MemoryPlanError("does not fit")), ("lookup", MemoryPlanError("still not.")))
+    answer = load_beside(loader, None, LOOKUP, FakeBackend(FAST), FAST, loader.progress, stop)
+    assert isinstance(answer, EngineFailed) and answer.restored is not None and answer.restored[1] == FAST
+    assert answer.error == "still not."
+
+
+def test_the_two_failures_are_joined_with_one_full_stop() -> None:
+    loader = Loader(("lookup", MemoryPlanError("9 GiB needed")), ("lookup", LoadStoppedError("Stopped loading lookup.")),
+                    ("fast", RuntimeError("disk gone")))
+    answer = load_beside(loader, None, LOOKUP, FakeBackend(FAST), FAST, loader.progress)
+    assert isinstance(answer, EngineFailed)
+    assert answer.error == "Stopped loading lookup. Reloading fast failed too: RuntimeError: disk gone"

@@ -141,6 +141,10 @@ def test_target_that_does_not_fit_says_what_to_do() -> None:
     assert "Qwen2.5-7B-Instruct (nf4) does not fit" in msg
     assert "budget of 3.00 GiB" in msg and "--memory-budget" in msg and "another profile" in msg
     assert re.search(r"needs about \d+\.\d\d GiB", msg)
+    assert not err.value.room_helps  # the budget is the limit: closing the models loaded now cannot help
+    with pytest.raises(MemoryPlanError) as short:
+        plan_memory(TARGET, DRAFT, profile(), 3 * GiB, cuda=True)
+    assert short.value.room_helps  # free memory is: closing them might
     unquantized = dataclasses.replace(profile(), target=ModelSpec("Qwen/Qwen2.5-7B-Instruct"))
     with pytest.raises(MemoryPlanError, match='quantization = "int4" or "nf4"'):
         plan_memory(TARGET, None, unquantized, 8 * GiB, cuda=True)
