@@ -31,6 +31,8 @@ PLAIN_REPLY = "decoded plainly"
 NOT_PAYING = "not paying here"
 """``ReplyStats.speculation_off_reason`` after an automatic switch-off (the HUD shows
 "speculation off: not paying here"); the evidence is in ``speculation_off_detail``."""
+OFF_BY_USER = "speculation switched off by the user"
+"""``ReplyStats.speculation_off_reason`` while the user keeps speculation off (F5, ``--mode plain``)."""
 
 
 MIN_TEMPERATURE = 0.001

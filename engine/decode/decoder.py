@@ -25,7 +25,7 @@ from transformers import PreTrainedModel
 from engine.model.device import Device, Mark
 from engine.decode.drafters import EMPTY_DRAFT, Draft, Drafter, ModelDrafter
 from engine.errors import ContextLengthError, EngineError, NonFiniteLogitsError
-from engine.events import NOT_PAYING, FinishReason, GenerationParams, Mode, RoundEvent, TokenSource
+from engine.events import NOT_PAYING, OFF_BY_USER, FinishReason, GenerationParams, Mode, RoundEvent, TokenSource
 from engine.decode.runner import ModelRunner
 from engine.decode.sampling import GumbelNoise, Randomness, make_randomness, warp
 from engine.decode.schedule import Schedule
@@ -131,7 +131,7 @@ class SpecDecoder(DeviceRounds):
         an automatic switch-off, it is forced on (:class:`~engine.decode.auto_switch.AutoSwitch`)."""
         forced = enabled and not self.speculation_enabled and self.off_reason == NOT_PAYING
         self.speculation_enabled = enabled
-        self.off_reason = None if enabled else "speculation switched off by the user"
+        self.off_reason = None if enabled else OFF_BY_USER
         self.off_detail = None
         self.schedule.switch.reset(forced)
 

@@ -309,6 +309,7 @@ async def test_speculation_switched_off_with_f5_stays_off_through_a_profile_swit
         hud.flush()
         assert "plain decoding" in str(hud.query_one("#hud-engine").render())
         assert any("Speculation stays off, as you set it with F5" in n.message for n in app._notifications)
+        assert not any(n.title == "Draft refused" for n in app._notifications)  # nothing was refused
         await pilot.press("f5")
         assert loader.backends[1].speculation is True
         app.switch_profile("fast")
