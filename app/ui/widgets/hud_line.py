@@ -63,11 +63,11 @@ def status_line(hud: HudState, toggle_key: str = "F6") -> Content:
             elif not hud.live:  # no plain reply to compare with
                 parts += [SEP, "speedup unknown"]
             elif s.tokens and mode != "plain":
-                parts += [SEP, "measuring…"]
+                parts += [SEP, "speedup measuring…"]
         else:
             speedup = speedup_figure(s, live=hud.live)  # the same figure as the HUD's and the footer's
-            if speedup is not None:
-                parts += [SEP, (speedup, "bold" if s.speedup is not None else "")]
+            if speedup is not None:  # a note is named as the speedup's, as every other view names it
+                parts += [SEP, (speedup, "bold") if s.speedup is not None else f"speedup {speedup}"]
     parts.append(("  live" if hud.live else "", "$text-success"))
     parts.append(hint)
     return Content.assemble(*parts)

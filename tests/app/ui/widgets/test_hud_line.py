@@ -43,7 +43,9 @@ def test_plain_decoding_shows_no_acceptance_and_a_fresh_reply_measures() -> None
     plain = ReplyStats(mode="plain", tokens=5, tokens_per_s=90.0)  # type: ignore[call-arg]
     assert "accepted" not in str(status_line(State(info=INFO, stats=plain, live=True)))
     early = ReplyStats(mode="ngram", tokens=5, tokens_per_s=90.0, speedup=None)  # type: ignore[call-arg]
-    assert "measuring…" in str(status_line(State(info=INFO, stats=early, live=True)))
+    assert "· speedup measuring…" in str(status_line(State(info=INFO, stats=early, live=True)))
+    short = ReplyStats(mode="ngram", tokens=5, proposed=3, tokens_per_s=90.0, speedup_note="too short to measure")  # type: ignore[call-arg]
+    assert str(status_line(State(info=INFO, stats=short))).endswith("90.0 tok/s · speedup too short to measure  F6: full HUD")
 
 
 def test_an_error_outranks_loading_and_an_unknown_fraction_shows_no_percent() -> None:
@@ -73,7 +75,7 @@ def test_a_finished_server_reply_without_a_speedup_says_unknown() -> None:
     assert str(status_line(State(info=spec, stats=stats))) == \
         "pocket · spec · 50.0 tok/s · speedup unknown  F6: full HUD"
     assert str(status_line(State(info=spec, stats=stats, live=True))) == \
-        "pocket · spec · 50.0 tok/s · measuring…  live  F6: full HUD"
+        "pocket · spec · 50.0 tok/s · speedup measuring…  live  F6: full HUD"
 
 
 def test_a_narrow_line_cuts_the_models_name_not_the_figures() -> None:
