@@ -192,7 +192,10 @@ class Hud(VerticalScroll):
     # -- the engine's state, shown at once ------------------------------------------
 
     def show_loading(self, profile: "ModelProfile", replacing: str | None) -> None:
-        """``profile`` starts loading, beside the profile ``replacing`` (None: nothing loaded)."""
+        """``profile`` starts loading, beside the profile ``replacing`` (None: nothing loaded). The
+        last reply's figures go: they were another profile's, shown under this one's name."""
+        if profile.name != replacing:
+            self.clear_reply()
         self.set_engine(None, profile)
         self.set_loading(profile.name, f"{replacing} stays until it is ready" if replacing else "starting",
                          None)

@@ -199,6 +199,20 @@ async def test_a_newly_loaded_profile_shows_no_figures_of_the_one_before() -> No
         assert shown(hud, "spark") == "no rounds yet" and not hud.round_alpha
 
 
+async def test_while_another_profile_loads_the_last_replys_figures_are_not_shown_under_its_name() -> None:
+    """During a switch the HUD read "profile pocket-suffix / mode loading…" above pocket's last reply."""
+    async with HudApp().run_test(size=(60, 60)) as pilot:
+        hud = pilot.app.query_one(Hud)
+        backend = FakeBackend(FAST)
+        hud.show_engine(backend.info, FAST)
+        hud.start_reply()
+        hud.set_stats(backend._stats(2, 6, 3), live=False)
+        hud.show_loading(FAST, "fast")  # the same profile again (a reload): its figures stay
+        assert "tok/s    42.0" in shown(hud, "stats")
+        hud.show_loading(LOOKUP, "fast")
+        assert shown(hud, "stats").startswith("─ no reply yet") and "42.0" not in shown(hud, "stats")
+
+
 async def test_why_speculation_is_off_fallback_first_then_the_user_then_a_notice() -> None:
     async with HudApp().run_test(size=(60, 60)) as pilot:
         hud = pilot.app.query_one(Hud)
