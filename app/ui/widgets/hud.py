@@ -112,7 +112,7 @@ class Hud(VerticalScroll):
         self.error: str | None = None
         self.seen_sources: frozenset[str] = frozenset()
         """Token sources in the chat on screen (a reopened chat may hold colours this profile never makes)."""
-        self.round_alpha: deque[float] = deque(maxlen=SPARK_ROUNDS)
+        self.round_accepted: deque[float] = deque(maxlen=SPARK_ROUNDS)
         self._last_counts = (0, 0)
         self._dirty = True
         self._shown: dict[str, tuple[str, tuple[object, ...]]] = {}
@@ -124,7 +124,7 @@ class Hud(VerticalScroll):
         yield Static(id="hud-loading")
         yield ProgressBar(id="hud-progress", show_eta=False)
         yield Static(id="hud-stats")
-        yield Label("α per round (0–1)", classes="hud-caption")
+        yield Label("accepted per round (0–1)", classes="hud-caption")
         yield Static(id="hud-spark")
         yield Static(id="hud-positions")
         yield Static(id="hud-memory")
@@ -171,7 +171,7 @@ class Hud(VerticalScroll):
     def start_reply(self) -> None:
         """A new reply begins: per-reply counters restart."""
         self._last_counts = (0, 0)
-        self.round_alpha.clear()  # the sparkline shows this reply's rounds (none in a plain reply)
+        self.round_accepted.clear()  # the sparkline shows this reply's rounds (none in a plain reply)
         self.live = True
         self._dirty = True
 
@@ -179,7 +179,7 @@ class Hud(VerticalScroll):
         """Latest statistics; also records this round's acceptance for the sparkline."""
         proposed, accepted = self._last_counts
         if stats.proposed > proposed:
-            self.round_alpha.append((stats.accepted - accepted) / (stats.proposed - proposed))
+            self.round_accepted.append((stats.accepted - accepted) / (stats.proposed - proposed))
         self._last_counts = (stats.proposed, stats.accepted)
         self.stats = stats
         self.live = live
@@ -217,7 +217,7 @@ class Hud(VerticalScroll):
         the next reply."""
         self.stats = None
         self.live = False
-        self.round_alpha.clear()
+        self.round_accepted.clear()
         self._last_counts = (0, 0)
         self._dirty = True
 
@@ -250,7 +250,7 @@ class Hud(VerticalScroll):
             else:
                 progress.update(total=1.0, progress=self.loading_fraction)
         self._show("#hud-stats", self._stats_content())
-        self._show("#hud-spark", sparkline(self.round_alpha, SPARK_ROUNDS - 12))
+        self._show("#hud-spark", sparkline(self.round_accepted, SPARK_ROUNDS - 12))
         self._show("#hud-positions", self._positions_content())
         self._show("#hud-memory", self._memory_content())
 
@@ -338,7 +338,7 @@ class Hud(VerticalScroll):
         s = self.stats
         if hud_server.is_server(self.profile, s):
             return hud_server.stats_content(s, live=self.live)
-        title = "live" if self.live else ("last reply" if s else "no reply yet")
+        title = "live" if self.live else ("last reply" if s else "no new reply yet")  # a resumed chat's replies are older
         k = DASH if s is None else (f"{s.k} adaptive" if s.adaptive else str(s.k))
         return lines(
             Content.assemble((f"─ {title} ", "$text-muted"), ("─" * 20, "$text-muted")),

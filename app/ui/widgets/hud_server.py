@@ -58,7 +58,7 @@ def engine_content(profile: "ModelProfile | None", info: EngineInfo | None, *, n
 def stats_content(stats: ReplyStats | None, *, live: bool) -> Content:
     """α, τ, tokens/s and the speedup as the server measured them."""
     s = stats if isinstance(stats, ServerStats) else None
-    title = "live" if live else ("last reply" if stats else "no reply yet")
+    title = "live" if live else ("last reply" if stats else "no new reply yet")
     rows = [Content.assemble((f"─ {title} ", "$text-muted"), ("─" * 20, "$text-muted"))]
     if s is None:
         rows += [_row("α", DASH), _row("τ", DASH), _row("tok/s", DASH), _row("speedup", DASH)]

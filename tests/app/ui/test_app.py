@@ -33,7 +33,7 @@ async def test_prompt_streams_reply_and_updates_hud(make_app: Callable[..., Spec
         assert [m.text for m in app.query(UserMessage)] == ["Say hello"]
         assert hud.stats is not None and hud.stats.rounds == 5
         assert hud.stats.speedup == pytest.approx(45 / 20)
-        assert len(hud.round_alpha) == 5
+        assert len(hud.round_accepted) == 5
         # The backend saw the profile's system prompt and the prompt.
         messages = loader.backends[0].calls[0]
         assert [(m.role, m.content) for m in messages] == [("system", "You are terse."), ("user", "Say hello")]
@@ -72,7 +72,7 @@ async def test_a_new_chat_started_while_a_reply_streams_shows_no_live_figures(
         await pilot.pause()
         hud.flush()
         assert not hud.live
-        assert "no reply yet" in str(hud.query_one("#hud-stats").render())
+        assert "no new reply yet" in str(hud.query_one("#hud-stats").render())
         assert "live" not in str(hud.query_one("#hud-line").render())
         backend.release.set()
 
@@ -363,7 +363,7 @@ async def test_a_new_or_reopened_chat_shows_no_figures_of_the_chat_left(make_app
         assert hud.stats is not None and "last reply" in str(hud.query_one("#hud-stats").render())
         await app.action_new_chat()
         await pilot.pause()
-        assert hud.stats is None and not hud.round_alpha
+        assert hud.stats is None and not hud.round_accepted
         assert "last reply" not in str(hud.query_one("#hud-stats").render())
         await send(pilot, "again")
         await wait_for(pilot, lambda: not app.conversation.generating and app.query(AssistantMessage))

@@ -58,10 +58,10 @@ async def test_sparkline_is_cleared_for_a_plain_reply(make_app: Callable[..., Sp
         await wait_for(pilot, lambda: not app.conversation.generating
                        and app.query(AssistantMessage).last().finish_reason)
         hud = app.query_one(Hud)
-        assert len(hud.round_alpha) == 5
+        assert len(hud.round_accepted) == 5
         hud.start_reply()  # the next reply (a plain one proposes nothing): no stale α columns
         hud.flush()
-        assert len(hud.round_alpha) == 0
+        assert len(hud.round_accepted) == 0
         assert "no rounds yet" in str(hud.query_one("#hud-spark").render())
 
 #----
@@ -140,7 +140,7 @@ async def test_nothing_loaded_yet_shows_dashes_never_none() -> None:
     async with HudApp().run_test(size=(60, 60)) as pilot:
         hud = pilot.app.query_one(Hud)
         assert shown(hud, "engine") == "profile  —\nmode     not loaded"
-        assert shown(hud, "stats") == ("─ no reply yet ────────────────────\nK        —\naccepted —\nα/token  —\n"
+        assert shown(hud, "stats") == ("─ no new reply yet ────────────────────\nK        —\naccepted —\nα/token  —\n"
                                        "τ        —\ntok/s    —\nITL      —\nspeedup  —\nplain    —\ntokens   —")
         assert shown(hud, "memory") == "" and shown(hud, "positions") == "acceptance by draft position: —"
 
@@ -174,7 +174,9 @@ async def test_the_sparkline_gets_each_rounds_own_acceptance() -> None:
         hud.set_stats(backend._stats(1, 3, 2), live=True)  # 2 of 4 proposed
         hud.set_stats(backend._stats(2, 6, 3), live=True)  # then 1 of the next 4
         hud.set_stats(backend._stats(2, 6, 3), live=True)  # nothing new proposed: no column
-        assert list(hud.round_alpha) == [0.5, 0.25] and shown(hud, "spark") == "▅▃"
+        assert list(hud.round_accepted) == [0.5, 0.25] and shown(hud, "spark") == "▅▃"
+        # what it plots is the "accepted" row's figure per round (of proposed), not α: its caption says so
+        assert "accepted per round (0–1)" in [str(c.render()) for c in hud.query(".hud-caption")]
         assert shown(hud, "stats") == ("─ live ────────────────────\nK        4 adaptive\naccepted 38% of proposed\n"
                                        "α/token  —\nτ        3.00\ntok/s    42.0\nITL      23.0 ms\nspeedup  2.10× ± 0.05\n"
                                        "plain    20.0 est\ntokens   6")
@@ -195,8 +197,8 @@ async def test_a_newly_loaded_profile_shows_no_figures_of_the_one_before() -> No
         hud.show_engine(FakeBackend(LOOKUP).info, LOOKUP)  # the same profile again (a refresh): kept
         assert "tok/s    42.0" in shown(hud, "stats")
         hud.show_engine(FakeBackend(LOOKUP).info, LOOKUP, fresh=True)
-        assert shown(hud, "stats").startswith("─ no reply yet") and "42.0" not in shown(hud, "stats")
-        assert shown(hud, "spark") == "no rounds yet" and not hud.round_alpha
+        assert shown(hud, "stats").startswith("─ no new reply yet") and "42.0" not in shown(hud, "stats")
+        assert shown(hud, "spark") == "no rounds yet" and not hud.round_accepted
 
 
 async def test_while_another_profile_loads_the_last_replys_figures_are_not_shown_under_its_name() -> None:
@@ -210,7 +212,7 @@ async def test_while_another_profile_loads_the_last_replys_figures_are_not_shown
         hud.show_loading(FAST, "fast")  # the same profile again (a reload): its figures stay
         assert "tok/s    42.0" in shown(hud, "stats")
         hud.show_loading(LOOKUP, "fast")
-        assert shown(hud, "stats").startswith("─ no reply yet") and "42.0" not in shown(hud, "stats")
+        assert shown(hud, "stats").startswith("─ no new reply yet") and "42.0" not in shown(hud, "stats")
 
 
 async def test_why_speculation_is_off_fallback_first_then_the_user_then_a_notice() -> None:

@@ -47,7 +47,7 @@ def test_a_connected_server_names_its_model_kind_and_mode() -> None:
 
 def test_no_figures_yet_are_dashes() -> None:
     assert stats_content(None, live=False).plain == (
-        "─ no reply yet ────────────────────\nα        —\nτ        —\ntok/s    —\nspeedup  —")
+        "─ no new reply yet ────────────────────\nα        —\nτ        —\ntok/s    —\nspeedup  —")
     assert stats_content(ReplyStats(tokens=3), live=False).plain.startswith("─ last reply ──")  # a local reply's figures
 
 
