@@ -8,6 +8,7 @@ not, or when the plan has no room for it) and returns a ready
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -280,6 +281,9 @@ def _load_local(profile: ModelProfile, memory_budget: int | None, device: Device
             drafter = model_drafter(profile, draft_model, target_model, tokenizer, device)
     if drafter is None and profile.drafter != "none":
         drafter = SuffixDrafter() if profile.drafter == "suffix" else NgramDrafter()
+    if plan.choice == "target+draft" and draft_model is None:  # dropped after planning: the plan says so
+        plan = dataclasses.replace(plan, choice="target+ngram", reason=fallback or "the draft model was not loaded",
+                                   planned_bytes=plan.target.total_bytes)
     if fallback:
         log.warning("%s", fallback)
     if compat_note:

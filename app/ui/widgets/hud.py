@@ -317,7 +317,10 @@ class Hud(VerticalScroll):
         rows = [row("profile", self.profile_name or DASH, "bold")]
         if self.profile is not None:
             rows.append(row("target", spec_label(self.profile.target)))
-            if self.profile.drafter == "model" and self.profile.draft is not None:
+            dropped = self.info is not None and not self.info.draft_bytes  # not loaded (memory, tokenizer)
+            if self.profile.drafter == "model" and self.profile.draft is not None and dropped:
+                rows.append(row("draft", "n-gram lookup (draft model dropped)", "$text-warning"))
+            elif self.profile.drafter == "model" and self.profile.draft is not None:
                 rows.append(row("draft", spec_label(self.profile.draft)))
             else:
                 rows.append(row("draft", {"ngram": "n-gram lookup", "suffix": "suffix lookup"}.get(self.profile.drafter, "none")))

@@ -131,6 +131,9 @@ def test_engine_falls_back_when_tokenizers_differ(models: dict[str, Path]) -> No
     assert info.mode == "ngram" and info.drafter == NgramDrafter().name and info.draft_bytes is None
     assert "draft model dropped" in (info.fallback_reason or "") and "token ids differ" in (info.fallback_reason or "")
     assert not any(s.startswith("loading draft") for s in stages)  # never loaded
+    plan = info.plan or {}  # the plan says what loaded ("target + draft model" beside "draft —" before)
+    assert plan["choice"] == "target+ngram" and plan["reason"] == info.fallback_reason
+    assert plan["planned_bytes"] == plan["target"]["total_bytes"]
     run_reply(engine)
 
 

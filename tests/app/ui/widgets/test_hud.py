@@ -10,6 +10,7 @@ from textual.widgets import Static
 
 from app.ui.app import SpecChatApp
 from app.ui.widgets.chat_view import SOURCE_STYLES, AssistantMessage
+from app.ui.labels import spec_label
 from app.ui.widgets.hud import Hud, plain_text, sparkline, speedup_text
 from engine.events import OriginFigures, ReplyStats
 from tests.app.fakes import FakeBackend, FakeLoader, make_profiles
@@ -280,10 +281,12 @@ async def test_the_legend_follows_the_drafter_that_loaded_and_the_colours_on_scr
         backend = FakeBackend(FAST)
         hud.show_engine(backend.info, FAST)
         assert shown(hud, "legend") == " draft accepted    target produced "
-        dropped = replace(backend.info, mode="ngram", drafter="n-gram lookup",
+        assert "draft    " + spec_label(FAST.draft) in shown(hud, "engine")
+        dropped = replace(backend.info, mode="ngram", drafter="n-gram lookup", draft_bytes=None,
                           fallback_reason="draft model dropped: not enough memory")
         hud.show_engine(dropped, FAST)
         assert shown(hud, "legend") == " copied from chat    target produced "
+        assert "draft    n-gram lookup (draft model dropped)" in shown(hud, "engine")  # it named the 0.5B
         hud.set_seen_sources({"history", "target"})  # a suffix-drafted chat reopened
         hud.flush()
         assert shown(hud, "legend") == " copied from chat \n from earlier chats \n target produced "
