@@ -137,6 +137,12 @@ def write_record(path: Path, sha256_hex: str, origin: str, record: Path | None =
     os.replace(tmp, where)
 
 
+def recorded_sha256(path: Path, record: Path) -> str | None:
+    """``path``'s sha256 from ``record`` without reading the file; None where the record does not
+    hold (the rules of :func:`content_sha256`)."""
+    return _recorded(path, record)
+
+
 def _recorded(path: Path, record: Path) -> str | None:
     """The sha256 in ``record`` while ``path``'s status is still the recorded one and the record was
     written well after the file last changed; None otherwise (missing, unreadable, changed, racy)."""

@@ -30,6 +30,7 @@ from engine.errors import ModelSourceError
 from engine.fetch.convert import LEAN_SUFFIX
 from engine.fetch.parts import joined_key
 from engine.fetch.wheels import norm_dist
+from engine.fetch.sources import classify, known_local_copy
 from engine.progress import model_name
 
 INT4_CACHE = re.compile(r"^(?P<model>.+)-[0-9a-f]{16}-g\d+")
@@ -128,7 +129,7 @@ def _owned(spec: ModelSpec, root: Path) -> tuple[set[Path], set[str]]:
     else:
         m = WHEEL_SOURCE.fullmatch(spec.source)
         if m is None:
-            return paths, set()
+            return _owned_local(spec, root)
         dist, version, inner = m.groups()
         paths.add(root / "files" / f"{norm_dist(dist)}-{version}")
         converted.append(f"{norm_dist(dist)}-{version}-" + re.sub(r"[^\w.-]", "_", inner))
@@ -139,6 +140,16 @@ def _owned(spec: ModelSpec, root: Path) -> tuple[set[Path], set[str]]:
     names = {name + suffix for name in converted for suffix in ("", LEAN_SUFFIX)}
     paths.update(root / "converted" / name for name in names)
     return paths, {name[:60] for name in names}
+
+
+def _owned_local(spec: ModelSpec, root: Path) -> tuple[set[Path], set[str]]:
+    """A local GGUF's converted copies (the file itself lies outside the cache: never claimed)."""
+    kind, value = classify(spec.source)
+    copy = known_local_copy(Path(value), root) if kind == "gguf" else None
+    if copy is None:
+        return set(), set()
+    names = {copy.name, copy.name + LEAN_SUFFIX}
+    return {copy.parent / name for name in names}, {name[:60] for name in names}
 
 
 def _specs(profile: ModelProfile) -> list[ModelSpec]:

@@ -37,7 +37,7 @@ from engine.progress import Download, DownloadMeter, ProgressFn, model_name, no_
 from engine.errors import ModelSourceError
 from engine.paths import cache_dir, make_dir
 from engine.config.profiles import ModelSpec
-from engine.fetch.cachefiles import clean_leftovers, content_sha256
+from engine.fetch.cachefiles import clean_leftovers, content_sha256, recorded_sha256
 from engine.fetch.convert import (
     DONE_MARKER, LEAN_SUFFIX, convert_gguf, converted_copy_intact, gguf_read_error, is_lean,
 )
@@ -93,9 +93,10 @@ def classify(source: str) -> tuple[SourceKind, str]:
     path = Path(source).expanduser()
     if not names_a_path(source, path):
         return "hub", source
+    where = os.path.normpath(path.absolute())  # one file, one name: "cfg/../x.gguf" converted x.gguf again
     if path.is_dir():  # a saved model dir, even one named like a file (converted caches end in .gguf)
-        return "dir", str(path.absolute())
-    return ("gguf" if source.lower().endswith(".gguf") else "dir"), str(path.absolute())
+        return "dir", where
+    return ("gguf" if source.lower().endswith(".gguf") else "dir"), where
 
 
 def hub_error(repo_id: str, exc: BaseException | None = None) -> ModelSourceError:
@@ -129,9 +130,24 @@ def _converted_dir(kind: SourceKind, value: str, gguf: Path) -> Path:
         dist, version, inner = WHEEL_SOURCE.fullmatch(value).groups()  # type: ignore[union-attr]
         key = f"{norm_dist(dist)}-{version}-" + re.sub(r"[^\w.-]", "_", inner)
     else:  # a local file: its path and its bytes (another file of the same size and mtime is another copy)
-        ident = f"{gguf}|{local_gguf_sha256(gguf)}".encode()
-        key = f"{gguf.stem}-{hashlib.sha256(ident).hexdigest()[:12]}"
+        key = _local_key(gguf, local_gguf_sha256(gguf))
     return inside(root / key, root.parent)
+
+
+def _local_key(gguf: Path, sha256: str) -> str:
+    return f"{gguf.stem}-{hashlib.sha256(f'{gguf}|{sha256}'.encode()).hexdigest()[:12]}"
+
+
+def _source_record(gguf: Path, root: Path) -> Path:
+    return root / "converted" / ".sources" / f"{hashlib.sha256(str(gguf).encode()).hexdigest()[:16]}.json"
+
+
+def known_local_copy(gguf: Path, root: Path) -> Path | None:
+    """The converted copy's folder (in the cache at ``root``) of the local GGUF ``gguf``, where its
+    hash is on record and still holds; None otherwise. Nothing is hashed: listing the cache must
+    not read gigabytes, and a copy that cannot be told apart from another is claimed by none."""
+    digest = recorded_sha256(gguf, _source_record(gguf, root))
+    return root / "converted" / _local_key(gguf, digest) if digest is not None else None
 
 
 def local_gguf_sha256(gguf: Path) -> str:
@@ -139,9 +155,8 @@ def local_gguf_sha256(gguf: Path) -> str:
     ``cache_dir()/converted/.sources`` while the file's status (size, mtime, ctime, inode) is
     unchanged (:func:`~engine.fetch.cachefiles.content_sha256` says why that is honest). The
     converted copy is named by it, so a GGUF replaced by another gets its own conversion."""
-    records = cache_dir(create=True) / "converted" / ".sources"
-    make_dir(records)
-    record = records / f"{hashlib.sha256(str(gguf).encode()).hexdigest()[:16]}.json"
+    record = _source_record(gguf, cache_dir(create=True))
+    make_dir(record.parent)
     try:
         return content_sha256(gguf, record, origin=f"hashed from {gguf}")
     except OSError as exc:

@@ -204,3 +204,25 @@ def test_a_profile_with_nothing_downloaded_is_called_a_profile(cache: Path, tmp_
     assert err.startswith("specchat: error: profile 'qwen2.5-7b' has nothing downloaded in ")
     assert main(["models", "remove", "no-such-thing", "--yes"]) == 2
     assert "no downloaded model or profile is called 'no-such-thing'" in capsys.readouterr().err
+
+
+def test_a_local_gguf_profiles_converted_copies_are_its_own(cache: Path, tmp_path: Path, capsys,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """They were listed as two models 'used by no profile' (safe to delete, it seemed), and
+    `models remove loc` said the profile had nothing downloaded."""
+    from engine.fetch import cachefiles
+
+    monkeypatch.setattr(cachefiles, "RACY_NS", 0)  # the file was made long before its first load
+    gguf = tmp_path / "local" / "smol.gguf"
+    put(gguf, 5_000)
+    full = _converted_dir("gguf", str(gguf), gguf)  # records the file's hash, as a first load does
+    put(full.with_name(full.name + ".lean") / "model.safetensors", 70_000)
+    models = tmp_path / "models.toml"
+    models.write_text(MODELS_TOML + f'\n[profiles.loc]\ndrafter = "ngram"\ntarget = {{ source = "{tmp_path}/local/../local/smol.gguf", quantization = "int4" }}\n')
+    got = listing(capsys, tmp_path)
+    mine = [m for m in got.values() if m["profiles"] == ["loc"]]
+    assert len(mine) == 1 and mine[0]["bytes"] == 70_000
+    assert main(["models", "--models", str(models), "remove", "loc", "--yes"]) == 0
+    assert "Deleted 70 kB" in capsys.readouterr().out
+    assert gguf.exists()  # the user's own file, outside the cache, is never touched
+    assert not any(m["profiles"] == ["loc"] for m in listing(capsys, tmp_path).values())
