@@ -213,15 +213,17 @@ def timing_line(stats: "ReplyStats", finish_reason: str | None = None) -> str:
     """The reply's figures on one line: tokens, tok/s, α, τ and the speedup the app shows
     (:func:`app.ui.formatting.speedup_figure`), or why there is none; last, how the reply was
     cut short, if it was (``finish_reason`` "length" or "context")."""
-    from app.ui.formatting import fmt_float, fmt_rate, speedup_figure, spoken_reason, tokens_text
+    from app.ui.formatting import fmt_float, fmt_percent, fmt_rate, speedup_figure, spoken_reason, tokens_text
 
     parts = [tokens_text(stats.tokens), f"{fmt_rate(stats.tokens_per_s)} tok/s"]
-    if stats.proposed:
-        parts += [f"α/token {fmt_float(stats.alpha_per_token)}", f"accepted {fmt_float(stats.alpha)}",
+    if stats.proposed:  # named and written as the HUD writes them
+        parts += [f"accepted {fmt_percent(stats.alpha)}", f"α/token {fmt_float(stats.alpha_per_token)}",
                   f"τ {fmt_float(stats.tau)}"]
     speedup = speedup_figure(stats)
     if speedup is not None:
         parts.append(f"speedup {speedup}")
+        if stats.speculation_off_reason:  # switched off during the reply: said, as the HUD says it
+            parts.append(spoken_reason(stats.speculation_off_reason))
     else:
         parts.append("plain decoding" + (f" ({spoken_reason(stats.speculation_off_reason)})"
                                          if stats.speculation_off_reason else ""))

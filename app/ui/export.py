@@ -28,11 +28,12 @@ def stats_line(stats: dict[str, Any]) -> str:
     """One line summarising a reply's statistics."""
     parts = [f"mode {modes_label(stats)}", f"drafter {stats.get('drafter', '?')}"]
     k = stats.get("k")
-    if k is not None:
-        parts.append(f"K {k}{' (adaptive)' if stats.get('adaptive') else ''}")
+    if stats.get("proposed"):  # the drafting figures, named as the HUD names them; none for a plain reply
+        if k is not None:
+            parts.append(f"K {k}{' (adaptive)' if stats.get('adaptive') else ''}")
+        parts += [f"accepted {fmt_percent(stats.get('alpha'))} of proposed",
+                  f"α/token {fmt_float(stats.get('alpha_per_token'))}"]
     parts += [
-        f"acceptance rate {fmt_percent(stats.get('alpha'))} (accepted ÷ proposed)",
-        f"α per token {fmt_float(stats.get('alpha_per_token'))}",
         f"τ {fmt_float(stats.get('tau'))}",
         f"{fmt_rate(stats.get('tokens_per_s'))} tok/s",
         f"ITL {fmt_float(stats.get('itl_ms'), 1)} ms",

@@ -378,7 +378,7 @@ def test_generate_reads_the_prompt_from_stdin_and_prints_a_timing_line(pair, cap
     line = captured.err.strip().splitlines()[-1]
     stats = piped["stats"]
     assert line.startswith(f"specchat: {stats['tokens']} tokens · ")
-    assert " tok/s · α/token " in line and " · τ " in line
+    assert " tok/s · accepted " in line and "% · α/token " in line and " · τ " in line  # as the HUD writes them
     assert stats["finish_reason"] == "length"  # 12 tokens: the reply was cut, and the line says so last
     assert line.endswith("speedup too short to measure · cut at --max-new-tokens")  # the JSON's null, in words
     monkeypatch.setattr(sys, "stdin", stdin_with(b"w1 w2 w3"))
@@ -485,3 +485,16 @@ def test_a_broken_override_of_the_default_profile_is_said_once(capsys, tmp_path,
     assert main(["generate", "hi"]) == 2
     err = capsys.readouterr().err
     assert err.count("unknown drafter 'ngramz'") == 1 and err.startswith("specchat: error: profile 'pocket' in ")
+
+
+def test_the_timing_line_says_when_speculation_was_switched_off_during_the_reply() -> None:
+    """The JSON said "speculation switched off: 0.93× …" while the line said only "speedup too
+    uncertain to measure"."""
+    from app.cli import timing_line
+    from engine.events import NOT_PAYING, TOO_NOISY, ReplyStats
+
+    stats = ReplyStats(mode="plain", proposed=40, accepted=30, alpha=0.75, tokens=80, tau=1.6, tokens_per_s=20.0,  # type: ignore[call-arg]
+                       speedup_note=TOO_NOISY, speculation_off_reason=NOT_PAYING)
+    line = timing_line(stats)
+    assert "accepted 75% · α/token" in line
+    assert line.endswith("speedup too uncertain to measure · speculation off: not paying here")

@@ -16,12 +16,13 @@ def test_export_markdown_with_stats(specchat_dirs: Path, tmp_path: Path) -> None
     history.add_message(chat, "user", "show code", profile="fast")
     history.add_message(chat, "assistant", "```python\nprint(1)\n```", profile="fast", finish_reason="cancelled",
                         stats={"mode": "spec", "drafter": "model", "k": 4, "adaptive": True, "alpha": 0.8,
-                               "tau": 3.2, "tokens_per_s": 50.0, "itl_ms": 20.0, "speedup": 2.5, "tokens": 9})
+                               "tau": 3.2, "tokens_per_s": 50.0, "itl_ms": 20.0, "speedup": 2.5, "tokens": 9,
+                               "proposed": 5})
     path = export_chat(history, chat)
     assert path.parent == specchat_dirs / "exports" and mode(path) == 0o600 and mode(path.parent) == 0o700
     text = path.read_text()
     assert text.startswith("# Code please") and "Be brief." in text and "```python\nprint(1)\n```" in text
-    assert "acceptance rate 80% (accepted ÷ proposed)" in text and "2.50×" in text
+    assert "accepted 80% of proposed" in text and "2.50×" in text  # named as the HUD names it
     assert "K 4 (adaptive)" in text and "*(stopped)*" in text
     custom = export_chat(history, chat, tmp_path / "out" / "chat.md")
     assert custom.read_text() == text and mode(custom) == 0o600
@@ -42,7 +43,7 @@ def test_export_gives_each_mode_its_share_of_the_tokens(specchat_dirs: Path) -> 
                                "plain_rounds": 1, "plain_measured_tokens_per_s": 89.0})
     text = export_chat(history, chat).read_text()
     assert "mode lookup on 72% · plain 28%" in text and "plain decoding" not in text
-    assert "α per token 0.80" in text and "acceptance rate 54%" in text
+    assert "α/token 0.80" in text and "accepted 54% of proposed" in text
     assert "31 K=0 rounds: 97.0 tok/s" in text
     assert "4.8" not in text and "89.0" not in text  # no speedup shown for it: no plain estimate beside it
 
@@ -202,3 +203,13 @@ def test_a_reply_stopped_before_its_first_token_is_not_said_to_be_decoded_plainl
     line = stats_line({"mode": "spec", "drafter": "lookup", "tokens": 0, "proposed": 0})
     assert "speedup none (no tokens)" in line and "decoded plainly" not in line
     assert "speedup none (decoded plainly)" in stats_line({"mode": "plain", "tokens": 5, "proposed": 0})
+
+
+def test_a_plain_replys_export_shows_no_drafting_figures() -> None:
+    """A reply decoded plainly read 'K 0 (adaptive) · acceptance rate — (accepted ÷ proposed) ·
+    α per token —': figures of drafting that never happened."""
+    from app.ui.export import stats_line
+
+    line = stats_line({"mode": "plain", "drafter": "n-gram lookup", "k": 0, "adaptive": True, "proposed": 0,
+                       "tokens": 5, "tau": 1.0, "speedup_note": "decoded plainly"})
+    assert "K 0" not in line and "accepted" not in line and "α/token" not in line and "τ 1.00" in line
