@@ -36,7 +36,11 @@ Everything below is also in the command palette (**ctrl+p**).
 | **K** | tokens drafted a round; "adaptive" picks it each round from the costs and acceptance measured |
 | **accepted** | accepted ÷ proposed drafts (α is per position, above) |
 | **τ** | the reply's tokens ÷ the target's passes: 1.00 is plain decoding's |
-| **speedup** | tok/s ÷ plain decoding's tok/s on this machine, measured, ± its standard error; "too short to measure" or "too uncertain" below its evidence floor |
+| **speedup** | tok/s ÷ plain decoding's tok/s on this machine, measured, ± its standard error; "too short to measure" below 32 tokens, 8 drafting rounds or 8 timed plain steps, "too uncertain to measure" when its standard error is over a quarter of it |
+| **plain** | the plain tok/s the speedup divides by ("est"), and beside it what the reply's own plain (K=0) rounds measured |
+| **ITL** | inter-token latency: the reply's decoding time ÷ its tokens |
+| **chat / model / earlier** | per drafter of the reply: its acceptance, τ and rounds (a copy from this chat, the draft model, earlier chats) |
+| **acceptance by draft position** | of the rounds that reached draft position i, the share whose i-th draft was accepted |
 | **lookup on 72% · plain 28%** | the share of the reply's tokens decoded with drafting on and off: the engine steps aside where drafting does not pay ("not paying here"; F5 forces it on) |
 | **F4's colours** | each token by where it came from: a draft the target accepted, or the target's own (suffix drafting also marks drafts copied from this chat and from earlier chats); the HUD's legend names each colour |
 

@@ -75,3 +75,14 @@ async def test_alpha_is_defined_once_in_the_readme_and_in_f1(make_app: Callable[
         await pilot.pause()
         assert isinstance(app.screen, HelpScreen)
         assert _words(ALPHA_TERM) in _words(app.screen.markdown)
+
+
+def test_every_figure_the_hud_shows_is_explained_in_f1() -> None:
+    """ITL, the plain row's "est" and K=0, the per-drafter rows and the acceptance by position were
+    shown with no word of what they are (a tester's)."""
+    from app.ui.screens.help import INTRO as text
+
+    for figure in ("**K**", "**accepted**", "α", "**τ**", "**speedup**", "**plain**", "**ITL**", "K=0",
+                   "**acceptance by draft position**", "**chat / model / earlier**", "too short to measure",
+                   "too uncertain to measure"):
+        assert figure in text, figure
