@@ -103,15 +103,17 @@ def _label(r: dict[str, Any]) -> str:
 def format_table(results: Sequence[dict[str, Any]], prompt_class: str = "all") -> str:
     """The summary of every method over the prompts of ``prompt_class``."""
     from app.bench.llamacpp import TABLE_FOOTNOTE, same_cell  # imports torch: not at the chat app's start
-    head = (f"{'method':<26}{'tok/s':>7}{'min-max':>17}{'speedup':>9}{'self':>7}{'e2e':>6}{'acc':>6}{'τ':>6}"
+    head = (f"{'method':<26}{'tok/s':>7}{'min-max':>17}{'speedup':>9}{'min-max':>12}{'self':>7}{'e2e':>6}{'acc':>6}{'τ':>6}"
             f"{'pass/tok':>9}{'d/v/o %':>11}{'pred':>6}{'meas/pred':>10}{'peak MB':>9}  same")
     lines = [head, "-" * len(head)]
     for r in (x for x in results if x["prompt_class"] == prompt_class):
         pred = r["prediction"]
         spread = f"{_fmt(r['tokens_per_s_min'], '.1f')}-{_fmt(r['tokens_per_s_max'], '.1f')}"
+        sp_spread = (f"{_fmt(r.get('speedup_min'), '.2f')}-{_fmt(r.get('speedup_max'), '.2f')}"
+                     if r.get("speedup_min") is not None else "-")  # a median from 0.51x-3.23x read as solid
         peak = r["peak_memory_bytes"] / 2**20 if r["peak_memory_bytes"] else None
         lines.append(
-            f"{_label(r):<26}{_fmt(r['tokens_per_s'], '7.1f'):>7}{spread:>17}{_x(r['speedup']):>9}"
+            f"{_label(r):<26}{_fmt(r['tokens_per_s'], '7.1f'):>7}{spread:>17}{_x(r['speedup']):>9}{sp_spread:>12}"
             f"{_x(r.get('engine_speedup')):>7}"
             f"{_fmt(r['speedup_e2e'], '.2f'):>6}{_fmt(r['alpha'], '.2f'):>6}{_fmt(r['tau'], '.2f'):>6}"
             f"{_fmt(r['target_passes_per_token'], '.2f'):>9}{_split(r):>11}{_fmt(pred['predicted_speedup'], '.2f'):>6}"
@@ -124,7 +126,8 @@ def format_table(results: Sequence[dict[str, Any]], prompt_class: str = "all") -
 
 TABLE_LEGEND = """\
 tok/s      new tokens after each reply's first ÷ their seconds, median over repeats (min-max: the repeats')
-speedup    this method's tok/s ÷ plain's in the same repeat, median over repeats (so not tok/s ÷ tok/s)
+speedup    this method's tok/s ÷ plain's in the same repeat, median over repeats (so not tok/s ÷ tok/s);
+           min-max beside it: the repeats' (a wide one says the figure is not settled)
 self       the engine's own estimate, the figure the app's HUD shows
 e2e        speedup counting every reply's whole time, prompt reading included
 acc        drafted tokens accepted ÷ drafted (README's "accepted"; α per position is in the JSON)
