@@ -80,11 +80,15 @@ class _Run:
     reasoning_chars: int = 0
     """Characters of a reasoning model's thoughts (``reasoning_content``: not shown, not kept)."""
 
+    budget: int | None = None
+    """The ``max_tokens`` the request was sent: a count above it is no count of this reply."""
+
     @property
     def tokens(self) -> int:
-        """Reply tokens: the server's count where it gives one, else content chunks."""
+        """Reply tokens: the server's count where it gives one it could have made (at most the
+        budget it was sent: a server said 999999 of 256), else content chunks."""
         for source, key in ((self.usage, "completion_tokens"), (self.timings, "predicted_n")):
-            if source and isinstance(source.get(key), int):
+            if source and isinstance(source.get(key), int) and (self.budget is None or source[key] <= self.budget):
                 return int(source[key])
         return self.chunks
 
@@ -238,6 +242,7 @@ class ServerBackend:
         events) means the server would go on. The stream is closed, the reply ends
         with finish ``length`` and ``run.over_budget`` set."""
         budget = body.get("max_tokens")
+        run.budget = budget if isinstance(budget, int) else None
         with closing(self.client.stream(CHAT_PATH, body, cancel)) as payloads:
             yield from self._read(payloads, budget if isinstance(budget, int) else None, cancel, run)
 

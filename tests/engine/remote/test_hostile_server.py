@@ -200,8 +200,8 @@ def test_timings_no_server_could_measure_give_no_figures(bad: dict) -> None:  # 
 
 @pytest.mark.parametrize("usage", [
     {"completion_tokens": 10**400, "prompt_tokens": [1, 2]}, {"completion_tokens": -5, "prompt_tokens": "␛x"},
-    {"completion_tokens": 2.5, "total_tokens": 1e308},
-], ids=["400-digits", "negative", "fractional"])
+    {"completion_tokens": 2.5, "total_tokens": 1e308}, {"completion_tokens": 999999},
+], ids=["400-digits", "negative", "fractional", "past-the-budget"])
 def test_usage_counts_no_server_could_make_are_left_out(usage: dict) -> None:  # type: ignore[type-arg]
     """A 400-digit completion_tokens raised OverflowError out of the reply; -5 was shown as '-5 tokens'."""
     def chat(req, body):  # type: ignore[no-untyped-def]
