@@ -35,7 +35,7 @@ from app.store.pieces import PIECE_SOURCES, drafted_source
 from app.ui.widgets.chat_view import SOURCE_STYLES, drafted_sources, legend
 from app.ui.widgets.hud_line import status_line
 from engine.api import EngineInfo
-from engine.events import ReplyStats
+from engine.events import OFF_BY_USER, ReplyStats
 from engine.text_safety import inert, is_inert
 
 if TYPE_CHECKING:
@@ -45,6 +45,8 @@ LABEL_WIDTH = 9
 SPARK_ROUNDS = 48
 
 
+OFF_BY_YOU = "switched off by you"
+"""The engine's :data:`~engine.events.OFF_BY_USER`, as the HUD says it to the user."""
 ORIGIN_LABELS = {"draft": " model", "chat": " chat", "history": " earlier"}
 """HUD row labels of the drafters (sources of :mod:`app.store.pieces`), indented under τ: each row
 is one drafter's share of the reply, not the chat's."""
@@ -287,10 +289,10 @@ class Hud(VerticalScroll):
         elif self.info and self.info.fallback_reason:
             reason = self.info.fallback_reason
         elif not self.speculation_on:
-            reason = "switched off by you"
+            reason = OFF_BY_YOU
         elif self.notice:
             reason = self.notice
-        return mode_label(mode) if mode else DASH, reason
+        return mode_label(mode) if mode else DASH, (OFF_BY_YOU if reason == OFF_BY_USER else reason)
 
     def _drafted(self) -> tuple[str, ...]:
         """The sources the loaded drafter produces: the profile's, unless the engine runs
