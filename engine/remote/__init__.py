@@ -6,7 +6,8 @@
 OpenAI-compatible ``/v1/chat/completions`` stream, standard library only.
 
 * :mod:`engine.config.server`: the profile keys (url, model, api_key_env, timeout).
-* :mod:`engine.remote.client`: HTTP and server-sent events, every failure a named error.
+* :mod:`engine.remote.client`: HTTP requests; :mod:`engine.remote.sse`: the event stream;
+  :mod:`engine.remote.server_errors`: every failure a named error.
 * :mod:`engine.remote.figures`: the server's own α, τ, per-position acceptance.
 * :mod:`engine.remote.backend`: replies, figures per reply, the plain calibration.
 """

@@ -29,7 +29,8 @@ from engine.api import EngineInfo
 from engine.progress import ProgressFn, no_progress
 from engine.errors import EngineError
 from engine.events import ChatEvent, ChatMessage, FinishReason, GenerationParams, TextPiece
-from engine.remote.client import ServerClient, ServerError
+from engine.remote.client import ServerClient
+from engine.remote.server_errors import ServerError
 from engine.config.server import DEFAULT_TIMEOUT_S, ServerSpec
 from engine.remote.figures import (
     Figures, ServerStats, SpecCounters, clean_timings, clean_usage, parse_spec_counters, reply_figures,

@@ -1,11 +1,8 @@
 """HTTP to an OpenAI-compatible server with the standard library: JSON GETs and
-the server-sent-event stream of ``POST /v1/chat/completions``.
+the server-sent-event stream of ``POST /v1/chat/completions`` (read by :mod:`engine.remote.sse`).
 
-Every failure becomes a :class:`ServerError` (an :class:`~engine.errors.EngineError`)
-whose message says what happened and what to check, and whose ``kind`` names
-the case: ``refused``, ``auth``, ``not_found``, ``http``, ``timeout``, ``cut``
-(the stream stopped before the reply ended), ``malformed`` (not JSON) or
-``server`` (the server reported an error inside the stream).
+Every failure becomes a :class:`~engine.remote.server_errors.ServerError` whose message says
+what happened and what to check.
 
 Cancelling: while a stream is read, a watcher thread polls the ``cancel``
 event and shuts the socket down, so Esc stops a reply even while the server is
@@ -17,7 +14,6 @@ import errno
 import http.client
 import json
 import os
-import re
 import selectors
 import socket
 import threading
@@ -27,32 +23,17 @@ from functools import partial
 from typing import Any
 from urllib.parse import quote, urlsplit
 
-from engine.errors import EngineError
 from engine.config.server import ServerSpec
-from engine.text_safety import inert, without_lone_surrogates
+from engine.errors import EngineError
+from engine.remote.server_errors import ServerError, http_error
+from engine.remote.sse import (
+    LINE_TIMEOUTS, MAX_EVENT_BYTES, checked, no_line_ended, parse_json, read_events, says_finished,
+)
+from engine.text_safety import inert
 
 CONNECT_TIMEOUT_S = 10.0
 CANCEL_POLL_S = 0.05
 USER_AGENT = "specchat"
-MAX_EVENT_BYTES = 8 * 2**20
-"""The most one server-sent event (or a plain answer) may hold: a reply's event carries a few
-tokens, and a line that never ended grew to gigabytes in memory (a hostile server)."""
-LINE_TIMEOUTS = 2
-"""A line of the stream must end within this many ``timeout``s (a server dripping a byte a second
-never lets the socket's own timeout fire)."""
-MAX_MESSAGE_CHARS = 1000
-"""The most of an error's text shown (a server's own message is quoted in it)."""
-
-
-class ServerError(EngineError):
-    """A request to the server failed; ``kind`` says how, ``status`` the HTTP status if any."""
-
-    def __init__(self, kind: str, message: str, status: int | None = None) -> None:
-        if len(message) > MAX_MESSAGE_CHARS:  # it quotes the server: 200,000 characters were printed whole
-            message = message[:MAX_MESSAGE_CHARS] + f"… ({len(message) - MAX_MESSAGE_CHARS:,} characters more)"
-        super().__init__(inert(message))  # it quotes the server, and is shown on a terminal
-        self.kind = kind
-        self.status = status
 
 
 class ServerClient:
@@ -215,17 +196,17 @@ class ServerClient:
                 watch.deadline = time.monotonic() + LINE_TIMEOUTS * self.spec.timeout
                 text = _read_all(resp, url, self.spec.timeout, cancel, watch)
                 if not cancel.is_set():
-                    yield _checked(parse_json(text, url), url)
+                    yield checked(parse_json(text, url), url)
                 return
             finished = False
-            for payload in _events(resp, url, self.spec.timeout, cancel, watch):
+            for payload in read_events(resp, url, self.spec.timeout, cancel, watch):
                 if cancel.is_set():  # the rest of an event cut by Esc is no error
                     return
                 if payload.strip() == "[DONE]":
                     return
-                checked = _checked(parse_json(payload, url), url)
-                finished = finished or _says_finished(checked)
-                yield checked
+                chunk = checked(parse_json(payload, url), url)
+                finished = finished or says_finished(chunk)
+                yield chunk
             if not cancel.is_set() and not finished:  # a reply that gave its finish_reason is whole without [DONE]
                 raise ServerError("cut", f"{url}: the server closed the stream before the reply ended "
                                          "(no [DONE]); it may have crashed or been stopped")
@@ -326,162 +307,10 @@ def _read_all(resp: http.client.HTTPResponse, url: str, timeout: float, cancel: 
         if cancel.is_set():
             return "{}"
         if watch is not None and watch.timed_out:
-            raise _no_line_ended(url, timeout) from None
+            raise no_line_ended(url, timeout) from None
         raise ServerError("cut", f"{url}: the answer was cut off ({type(exc).__name__})") from None
     if watch is not None and watch.timed_out and not cancel.is_set():
-        raise _no_line_ended(url, timeout)
+        raise no_line_ended(url, timeout)
     return raw.decode("utf-8", "replace")
 
 
-def _says_finished(payload: dict[str, Any]) -> bool:
-    """Whether a chunk carries a choice's ``finish_reason``: the reply is whole even if the server
-    then closes the stream without ``[DONE]``."""
-    choices = payload.get("choices")
-    return isinstance(choices, list) and any(isinstance(c, dict) and c.get("finish_reason") for c in choices)
-
-
-def _events(resp: http.client.HTTPResponse, url: str, timeout: float, cancel: threading.Event,
-            watch: _Watch | None = None) -> Iterator[str]:
-    """The ``data`` of each server-sent event (several ``data:`` lines joined by newlines).
-    Keep-alive comments alone for ``timeout`` seconds are a timeout, as silence is (they would
-    keep the socket's own timeout from ever firing), and so is a line that takes longer than
-    twice that to end (``watch`` shuts the socket at its deadline: twice, so that silence is
-    always the socket's own timeout, said as such). An event is at most :data:`MAX_EVENT_BYTES`;
-    returns at once when ``cancel`` is set."""
-    data: list[str] = []
-    size = 0
-    last_data = time.monotonic()
-    while not cancel.is_set():
-        if watch is not None:
-            watch.deadline = time.monotonic() + LINE_TIMEOUTS * timeout
-        failed: BaseException | None = None
-        try:
-            line = resp.readline(MAX_EVENT_BYTES + 1)
-        except (OSError, http.client.HTTPException) as exc:  # socket.timeout is an OSError too
-            line, failed = b"", exc
-        if cancel.is_set():  # Esc shut the socket: whatever the read got or raised is no error
-            return
-        if watch is not None and watch.timed_out:  # the watch shut it: a line that never ended
-            raise _no_line_ended(url, timeout)
-        if isinstance(failed, (socket.timeout, TimeoutError)):
-            raise ServerError("timeout", f"{url}: the server sent nothing for {timeout:g} s (timeout); "
-                                         "the reply so far is kept. Raise `timeout` in the profile if the "
-                                         "server is just slow")
-        if failed is not None:
-            raise ServerError("cut", f"{url}: the stream stopped mid-reply ({type(failed).__name__}: {failed}); "
-                                     "the reply so far is kept")
-        size += len(line)
-        if size > MAX_EVENT_BYTES:
-            raise ServerError("malformed", f"{url}: the server sent an event of over {MAX_EVENT_BYTES // 2**20} MiB "
-                                           "(or a line that never ended); specchat stopped reading it")
-        if not line:  # the stream ended; an event it cut off is whole only if it still reads as one
-            if data and _whole_event("\n".join(data)):
-                yield "\n".join(data)
-            elif data:
-                raise ServerError("cut", f"{url}: the stream stopped in the middle of an event (the connection "
-                                         "closed); the reply so far is kept")
-            return
-        text = line.decode("utf-8", "replace").rstrip("\r\n")
-        name, _, value = text.partition(":")
-        if name == "data":
-            data.append(value[1:] if value.startswith(" ") else value)
-            last_data = time.monotonic()
-        elif not text and data:
-            yield "\n".join(data)
-            data, size = [], 0
-        elif time.monotonic() - last_data > timeout:  # comments (keep-alive pings), blank lines, other fields
-            raise ServerError("timeout", f"{url}: the server sent only keep-alive comments for {timeout:g} s "
-                                         "(timeout); the reply so far is kept. Raise `timeout` in the profile "
-                                         "if the server is just slow")
-
-
-def _whole_event(data: str) -> bool:
-    if data.strip() == "[DONE]":
-        return True
-    try:
-        json.loads(data)
-    except (ValueError, RecursionError):
-        return False
-    return True
-
-
-def _no_line_ended(url: str, timeout: float) -> ServerError:
-    return ServerError("timeout", f"{url}: no line of the stream ended in {LINE_TIMEOUTS * timeout:g} s (twice the "
-                                  "timeout); the reply so far is kept. Raise `timeout` in the profile if the server "
-                                  "is just slow")
-
-
-def parse_json(text: str, url: str) -> Any:
-    """``text`` parsed, with each lone surrogate (JSON's ``\\ud800`` alone: no character, and
-    nothing UTF-8 can write to a terminal or a database) as U+FFFD."""
-    try:
-        value = json.loads(text)
-        return _no_lone_surrogates(value) if "\\ud" in text.lower() else value
-    except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
-        snippet = text.strip().replace("\n", " ")[:120]
-        raise ServerError("malformed", f"{url}: the server sent malformed JSON: {snippet!r}") from None
-
-
-def _no_lone_surrogates(value: Any) -> Any:
-    if isinstance(value, str):
-        return without_lone_surrogates(value)
-    if isinstance(value, list):
-        return [_no_lone_surrogates(v) for v in value]
-    if isinstance(value, dict):
-        return {_no_lone_surrogates(k): _no_lone_surrogates(v) for k, v in value.items()}
-    return value
-
-
-def _checked(payload: Any, url: str) -> Any:
-    """The payload, unless it is an error object sent inside a 200 answer."""
-    if not isinstance(payload, dict):
-        raise ServerError("malformed", f"{url}: expected a JSON object, got {type(payload).__name__}")
-    if "error" in payload and "choices" not in payload:
-        raise ServerError("server", f"the server reported an error mid-reply: {error_message(payload)}")
-    return payload
-
-
-def error_message(payload: Any) -> str:
-    """The human part of an OpenAI-style ``{"error": {"message": ...}}`` body (or FastAPI's
-    ``{"detail": ...}``, whose list of problems is joined by their messages)."""
-    if isinstance(payload, dict) and "error" not in payload and "detail" in payload:  # FastAPI-style bodies
-        detail = payload["detail"]
-        if isinstance(detail, list):
-            return "; ".join(str(d.get("msg", d)) if isinstance(d, dict) else str(d) for d in detail)
-        return str(detail)
-    err = payload.get("error", payload) if isinstance(payload, dict) else payload
-    if isinstance(err, dict):
-        return str(err.get("message") or err.get("msg") or err)
-    return str(err)
-
-
-_TAG = re.compile(r"<(script|style)\b.*?</\1\s*>|<!--.*?-->|<[^>]*>", re.S | re.I)
-
-
-def one_line(text: str, limit: int = 200) -> str:
-    """A server's text for a one-line message: an HTML page's tags, scripts and comments dropped,
-    white space run together, at most ``limit`` characters."""
-    if text.lstrip().startswith("<"):
-        text = _TAG.sub(" ", text)
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[:limit] + "…"
-
-
-def http_error(status: int, url: str, raw: bytes, spec: ServerSpec) -> ServerError:
-    """The error for an HTTP status >= 400, with the server's own message on one line."""
-    text = raw.decode("utf-8", "replace").strip()
-    try:
-        detail = one_line(error_message(json.loads(text)))
-    except (ValueError, RecursionError):
-        detail = one_line(text)
-    said = f" (the server says: {detail})" if detail else ""
-    if status in (401, 403):
-        fix = (f"check the key in ${spec.api_key_env}" if spec.api_key_env else
-               "the server wants an API key: put it in an environment variable and name it with "
-               "--api-key-env, or api_key_env in the profile (e.g. api_key_env = \"OPENAI_API_KEY\")")
-        return ServerError("auth", f"{url}: {status} {'unauthorized' if status == 401 else 'forbidden'}: {fix}{said}",
-                           status)
-    if status == 404:
-        return ServerError("not_found", f"{url}: 404 not found: check the url (the server's root, e.g. "
-                                        f"http://127.0.0.1:8080) and the model name{said}", status)
-    return ServerError("http", f"{url}: HTTP {status}{said}", status)

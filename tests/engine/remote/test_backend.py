@@ -12,7 +12,7 @@ import pytest
 from engine.errors import EngineError
 from engine.events import ChatEvent, ChatMessage, GenerationParams, SamplingParams
 from engine.remote.backend import CALIBRATION_TOKENS, ServerBackend
-from engine.remote.client import ServerError
+from engine.remote.server_errors import ServerError
 from engine.config.server import ServerSpec
 from engine.remote.figures import ServerStats
 from tests.fake_server import (

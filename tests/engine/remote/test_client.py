@@ -8,7 +8,9 @@ from typing import Any
 import pytest
 
 from engine.config.server import ServerSpec
-from engine.remote.client import ServerClient, ServerError, error_message, http_error, parse_json
+from engine.remote.client import ServerClient
+from engine.remote.server_errors import ServerError, error_message, http_error
+from engine.remote.sse import parse_json
 from tests.fake_server import FakeServer, send_json, start_sse, write_events
 
 CHAT = "/v1/chat/completions"

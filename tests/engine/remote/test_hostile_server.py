@@ -14,7 +14,8 @@ from engine.config.server import ServerSpec
 from engine.errors import ProfileError
 from engine.events import ChatMessage, GenerationParams, SamplingParams
 from engine.remote.backend import MAX_TOKEN_CHARS, ServerBackend
-from engine.remote.client import ServerClient, ServerError
+from engine.remote.client import ServerClient
+from engine.remote.server_errors import ServerError
 from tests.fake_server import (
     FakeServer, chunk, llama_routes, models_route, props_route, reply_stream, send_json, send_text, start_sse,
     write_events,
@@ -349,7 +350,7 @@ def test_a_draft_position_of_five_thousand_digits_is_left_out() -> None:
 
 def test_json_nested_beyond_the_parsers_depth_is_malformed_not_a_crash() -> None:
     """A stream event of 100,000 ``[`` ended ``generate`` in a RecursionError."""
-    from engine.remote.client import parse_json
+    from engine.remote.sse import parse_json
 
     with pytest.raises(ServerError, match="malformed JSON"):
         parse_json("[" * 100_000 + "]" * 100_000, "http://h/v1/chat/completions")

@@ -15,7 +15,7 @@ import pytest
 
 from engine.events import ChatMessage, GenerationParams, SamplingParams
 from engine.remote.backend import ServerBackend
-from engine.remote.client import ServerError
+from engine.remote.server_errors import ServerError
 from engine.config.server import ServerSpec
 from engine.remote.figures import ServerStats
 from tests.conftest import POCKET_SOURCE

@@ -18,7 +18,8 @@ from engine.config.server import ServerSpec, redact_url
 from engine.errors import EngineError
 from engine.events import ChatMessage, GenerationParams, SamplingParams
 from engine.remote.backend import ServerBackend
-from engine.remote.client import ServerClient, ServerError
+from engine.remote.client import ServerClient
+from engine.remote.server_errors import ServerError
 from tests.fake_server import (
     FakeServer, chunk, llama_routes, models_route, props_route, reply_stream, send_json, send_text, start_sse,
     write_events,
@@ -228,3 +229,37 @@ def test_generate_json_keeps_the_reply_so_far_when_the_stream_fails(capsys: pyte
     got = json.loads(out)
     assert got["text"] == "Half a reply" and got["finish_reason"] == "error"
     assert "the reply so far is kept" in got["error"] and "the reply so far is kept" in err
+
+
+@pytest.mark.parametrize("end", ["\r", "\r\n", "\n"], ids=["CR", "CRLF", "LF"])
+def test_an_event_stream_may_end_its_lines_with_cr_crlf_or_lf(end: str) -> None:
+    """A stream of bare-CR lines read as one endless line: "malformed JSON"."""
+    def chat(req, body) -> None:  # type: ignore[no-untyped-def]
+        start_sse(req)
+        for event in reply_stream(["Hello", " there"]):
+            text = event if isinstance(event, str) else f"data: {json.dumps(event)}\n\n"
+            req.wfile.write(text.replace("\n", end).encode())
+            req.wfile.flush()
+
+    with FakeServer(llama_routes(chat)) as fake:
+        events = list(ServerBackend.connect(ServerSpec(fake.url), "srv").chat(MESSAGES, PARAMS))
+    assert "".join(e.text for e in events) == "Hello there" and events[-1].finish_reason == "eos"
+
+
+class Pieces:
+    """An answer that arrives in the given pieces, one read each."""
+
+    def __init__(self, *pieces: bytes) -> None:
+        self.pieces = list(pieces)
+
+    def read1(self, n: int) -> bytes:
+        return self.pieces.pop(0) if self.pieces else b""
+
+
+def test_crlf_split_between_two_reads_is_one_line_end() -> None:
+    from engine.remote.sse import Lines
+
+    lines = Lines(Pieces(b"data: a\r", b"\ndata: b\r\n\r", b"\n", b"tail"))  # type: ignore[arg-type]
+    got = [lines.readline(100) for _ in range(5)]
+    assert got == [b"data: a\n", b"data: b\n", b"\n", b"tail", b""]
+    assert Lines(Pieces(b"x" * 50)).readline(10) == b"x" * 50  # type: ignore[arg-type]  # too long: its caller refuses it
