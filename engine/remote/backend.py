@@ -22,7 +22,6 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import closing
-from dataclasses import dataclass, field
 from typing import Any
 
 from engine.api import EngineInfo
@@ -30,10 +29,11 @@ from engine.progress import ProgressFn, no_progress
 from engine.errors import EngineError
 from engine.events import ChatEvent, ChatMessage, FinishReason, GenerationParams, TextPiece
 from engine.remote.client import ServerClient
+from engine.remote.reply_run import ReplyRun, read_reply, shown_model
 from engine.remote.server_errors import ServerError
 from engine.config.server import DEFAULT_TIMEOUT_S, ServerSpec
 from engine.remote.figures import (
-    Figures, ServerStats, SpecCounters, clean_timings, clean_usage, parse_spec_counters, reply_figures,
+    Figures, ServerStats, SpecCounters, parse_spec_counters, reply_figures,
 )
 from engine.text_safety import inert
 
@@ -41,71 +41,11 @@ CHAT_PATH = "/v1/chat/completions"
 SPEC_OFF: dict[str, int] = {"speculative.n_max": 0, "speculative.n_min": 0}
 """llama-server's per-request options that turn drafting off (where the build reads them)."""
 CALIBRATE_EVERY = 8
-MAX_TOKEN_CHARS = 256
-"""More characters than any token spells: a reply longer than ``max_tokens`` times this went
-past its budget, however few chunks carried it."""
 CALIBRATION_TOKENS = 64
 PROBE_TIMEOUT_S = 10.0
 METRICS_SETTLE_S = 0.2
 LLAMA_CPP, VLLM = "llama.cpp", "vLLM"
 CALIBRATING = "measuring: one short reply from the same server with speculation off"
-
-
-MODEL_NAME_SHOWN = 80
-"""The most of a server's model name shown (its id is sent back whole)."""
-
-
-def shown_model(name: str) -> str:
-    """A model id as the HUD and messages show it: one line, at most :data:`MODEL_NAME_SHOWN`
-    characters, its control characters visible (:func:`~engine.text_safety.inert`)."""
-    name = " ".join(inert(name).split())
-    return name if len(name) <= MODEL_NAME_SHOWN else name[:MODEL_NAME_SHOWN - 1] + "…"
-
-
-@dataclass
-class _Run:
-    """One streamed request as it arrives."""
-
-    t0: float = field(default_factory=time.perf_counter)
-    t_first: float | None = None
-    t_last: float | None = None
-    chunks: int = 0
-    text: list[str] = field(default_factory=list)
-    chars: int = 0
-    """Characters in ``text``."""
-    finish: str | None = None
-    timings: dict[str, Any] | None = None
-    usage: dict[str, Any] | None = None
-    over_budget: bool = False
-    """The server went on past ``max_tokens`` and was cut there."""
-    reasoning_chars: int = 0
-    """Characters of a reasoning model's thoughts (``reasoning_content``: not shown, not kept)."""
-
-    budget: int | None = None
-    """The ``max_tokens`` the request was sent: a count above it is no count of this reply."""
-
-    @property
-    def tokens(self) -> int:
-        """Reply tokens: the server's count where it gives one it could have made (at most the
-        budget it was sent: a server said 999999 of 256), else content chunks."""
-        for source, key in ((self.usage, "completion_tokens"), (self.timings, "predicted_n")):
-            if source and isinstance(source.get(key), int) and (self.budget is None or source[key] <= self.budget):
-                return int(source[key])
-        return self.chunks
-
-    def client_rate(self) -> float | None:
-        """Decode tokens/s as seen here: tokens after the first over the time they took."""
-        if self.t_first is None or self.t_last is None or self.t_last <= self.t_first or self.tokens < 2:
-            return None
-        return (self.tokens - 1) / (self.t_last - self.t_first)
-
-    def server_rate(self) -> float | None:
-        rate = (self.timings or {}).get("predicted_per_second")
-        return float(rate) if isinstance(rate, (int, float)) and rate > 0 else None
-
-    def rate(self) -> float | None:
-        """The server's own decode rate where it reports one, else the client's."""
-        return self.server_rate() or self.client_rate()
 
 
 class ServerBackend:
@@ -235,7 +175,7 @@ class ServerBackend:
             body.update(SPEC_OFF)
         return body
 
-    def stream_text(self, body: dict[str, Any], cancel: threading.Event, run: _Run) -> Iterator[str]:
+    def stream_text(self, body: dict[str, Any], cancel: threading.Event, run: ReplyRun) -> Iterator[str]:
         """Each piece of reply text as it arrives; ``run`` collects timings, usage and finish.
 
         A server that ignores ``body["max_tokens"]`` is cut there: each text chunk holds
@@ -245,57 +185,14 @@ class ServerBackend:
         budget = body.get("max_tokens")
         run.budget = budget if isinstance(budget, int) else None
         with closing(self.client.stream(CHAT_PATH, body, cancel)) as payloads:
-            yield from self._read(payloads, budget if isinstance(budget, int) else None, cancel, run)
-
-    @staticmethod
-    def _read(payloads: Iterator[Any], budget: int | None, cancel: threading.Event, run: _Run) -> Iterator[str]:
-        events = 0
-        for payload in payloads:
-            now = time.perf_counter()
-            events += 1
-            if budget is not None and events > 2 * budget + 16:  # events without text, forever
-                run.finish, run.over_budget = "length", True
-                return
-            if isinstance(payload.get("timings"), dict) and payload["timings"]:  # only counts and finite rates
-                run.timings = clean_timings(payload["timings"])
-            if isinstance(payload.get("usage"), dict) and payload["usage"]:  # only counts a server could make
-                run.usage = clean_usage(payload["usage"])
-            choices = payload.get("choices")
-            for choice in choices if isinstance(choices, list) else ():
-                if not isinstance(choice, dict):
-                    continue
-                part = choice.get("delta") or choice.get("message") or {}
-                text = part.get("content") if isinstance(part, dict) else None
-                text = text if isinstance(text, str) else None  # a number or list where the text goes: left out
-                thought = part.get("reasoning_content", part.get("reasoning")) if isinstance(part, dict) else None
-                if isinstance(thought, str):
-                    run.reasoning_chars += len(thought)
-                if text and budget is not None and run.chunks >= budget:
-                    run.finish, run.over_budget = "length", True
-                    return
-                over = False
-                if text and budget is not None and len(text) > budget * MAX_TOKEN_CHARS - run.chars:
-                    text, over = text[:budget * MAX_TOKEN_CHARS - run.chars], True  # no budget's tokens spell more
-                run.finish = choice.get("finish_reason") or run.finish
-                if text:
-                    run.chunks += 1
-                    run.t_first = run.t_first or now
-                    run.t_last = now
-                    run.text.append(text)
-                    run.chars += len(text)
-                    yield text
-                if over:
-                    run.finish, run.over_budget = "length", True
-                    return
-            if cancel.is_set():
-                return
+            yield from read_reply(payloads, budget if isinstance(budget, int) else None, cancel, run)
 
     def measure(self, messages: Sequence[ChatMessage], params: GenerationParams, *, speculate: bool,
                 cancel: threading.Event | None = None) -> tuple[str, ServerStats]:
         """One reply with no calibration and no speedup: its text and the server's figures (the bench)."""
         cancel = cancel or threading.Event()
         before = self._scrape(cancel)
-        run = _Run()
+        run = ReplyRun()
         for _ in self.stream_text(self.request_body(messages, params, speculate), cancel, run):
             pass
         figures = reply_figures(run.timings, self._delta(before, run, cancel), run.tokens,
@@ -306,7 +203,7 @@ class ServerBackend:
                cancel: threading.Event) -> Iterator[ChatEvent]:
         spec_on = self.speculation_on
         before = self._scrape(cancel)  # Esc while it waits: the request below is never sent
-        run = _Run()
+        run = ReplyRun()
         for text in self.stream_text(self.request_body(messages, params, spec_on), cancel, run):
             yield ChatEvent(text, (TextPiece(text, "target"),), (), self._stats(run, spec_on, Figures(
                 reason="the server reports α and τ when the reply ends")))
@@ -336,7 +233,7 @@ class ServerBackend:
                                     plain_tokens_per_s=plain, speedup=speedup)
         yield ChatEvent("", (), (), stats, _finish(run.finish, params), notice)
 
-    def _stats(self, run: _Run, spec_on: bool, figures: Figures, speedup_reason: str | None = None) -> ServerStats:
+    def _stats(self, run: ReplyRun, spec_on: bool, figures: Figures, speedup_reason: str | None = None) -> ServerStats:
         end = run.t_last or time.perf_counter()
         client_rate = run.client_rate()
         tokens = run.tokens
@@ -363,7 +260,7 @@ class ServerBackend:
             return None
         return parse_spec_counters(text)
 
-    def _delta(self, before: SpecCounters | None, run: _Run,
+    def _delta(self, before: SpecCounters | None, run: ReplyRun,
                cancel: threading.Event | None = None) -> SpecCounters | None:
         if before is None or not self.metrics_known:
             return None
@@ -373,7 +270,7 @@ class ServerBackend:
             after = self._scrape(cancel) or after
         return after.minus(before) if after is not None else None
 
-    def _speedup(self, messages: list[ChatMessage], params: GenerationParams, run: _Run, figures: Figures,
+    def _speedup(self, messages: list[ChatMessage], params: GenerationParams, run: ReplyRun, figures: Figures,
                  spec_on: bool, cancel: threading.Event) -> tuple[float | None, float | None, str]:
         """(plain tokens/s, speedup, how it was measured or why it is unknown)."""
         rate = run.rate()
@@ -402,7 +299,7 @@ class ServerBackend:
         return plain, rate / plain, (f"against a plain reply from the same server ({plain:.1f} tok/s, "
                                      "speculative.n_max = 0)")
 
-    def _calibration_due(self, run: _Run, figures: Figures, spec_on: bool) -> bool:
+    def _calibration_due(self, run: ReplyRun, figures: Figures, spec_on: bool) -> bool:
         """Whether this reply is followed by a plain calibration reply."""
         return (spec_on and self.kind == LLAMA_CPP and run.rate() is not None and figures.proposed > 0
                 and self.switch_honoured is not False
@@ -413,7 +310,7 @@ class ServerBackend:
         """One short plain reply to the same conversation (after a reply that drafted): the server's
         plain decode rate, or the finding that it ignores ``speculative.n_max = 0``."""
         short = dataclasses.replace(params, max_new_tokens=max(8, min(tokens, CALIBRATION_TOKENS)))
-        run = _Run()
+        run = ReplyRun()
         try:
             for _ in self.stream_text(self.request_body(messages, short, spec_on=False), cancel, run):
                 pass

@@ -13,7 +13,8 @@ import pytest
 from engine.config.server import ServerSpec
 from engine.errors import ProfileError
 from engine.events import ChatMessage, GenerationParams, SamplingParams
-from engine.remote.backend import MAX_TOKEN_CHARS, ServerBackend
+from engine.remote.backend import ServerBackend
+from engine.remote.reply_run import MAX_TOKEN_CHARS
 from engine.remote.client import ServerClient
 from engine.remote.server_errors import ServerError
 from tests.fake_server import (

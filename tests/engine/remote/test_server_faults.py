@@ -263,3 +263,13 @@ def test_crlf_split_between_two_reads_is_one_line_end() -> None:
     got = [lines.readline(100) for _ in range(5)]
     assert got == [b"data: a\n", b"data: b\n", b"\n", b"tail", b""]
     assert Lines(Pieces(b"x" * 50)).readline(10) == b"x" * 50  # type: ignore[arg-type]  # too long: its caller refuses it
+
+
+def test_a_model_id_is_shown_on_one_line_and_cut_short() -> None:
+    """A 5,000-character id filled the HUD with thousands of lines; one with a newline broke its rows."""
+    from engine.remote.reply_run import MODEL_NAME_SHOWN, shown_model
+
+    assert shown_model("qwen\n2.5\t7b") == "qwen 2.5 7b"
+    long = shown_model("m" * 5000)
+    assert len(long) == MODEL_NAME_SHOWN and long.endswith("…") and "\n" not in long
+    assert shown_model("bad\x1b]0;title\x07") == "bad␛]0;title␇"
