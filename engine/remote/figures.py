@@ -58,6 +58,13 @@ class ServerStats(ReplyStats):
     mean_accepted_len: float | None = None
     prompt_tokens: int | None = None
 
+    LOCAL_ONLY = ("k", "rounds", "draft_s", "verify_s", "other_s")
+    """Fields of a local engine's rounds: a server shows none of them (its ``k`` 0 read as plain
+    decoding), so its dict says null."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**super().to_dict(), **dict.fromkeys(self.LOCAL_ONLY)}
+
 
 @dataclass(frozen=True)
 class SpecCounters:

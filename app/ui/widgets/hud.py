@@ -180,7 +180,7 @@ class Hud(VerticalScroll):
     def set_stats(self, stats: ReplyStats, *, live: bool) -> None:
         """Latest statistics; also records this round's acceptance for the sparkline."""
         proposed, accepted = self._last_counts
-        if stats.proposed > proposed:
+        if stats.proposed > proposed and not getattr(stats, "server", ""):  # a server's come whole, not by round
             self.round_accepted.append((stats.accepted - accepted) / (stats.proposed - proposed))
         self._last_counts = (stats.proposed, stats.accepted)
         self.stats = stats

@@ -273,3 +273,13 @@ def test_a_model_id_is_shown_on_one_line_and_cut_short() -> None:
     long = shown_model("m" * 5000)
     assert len(long) == MODEL_NAME_SHOWN and long.endswith("…") and "\n" not in long
     assert shown_model("bad\x1b]0;title\x07") == "bad␛]0;title␇"
+
+
+def test_a_server_reply_leaves_the_local_engines_round_fields_null() -> None:
+    """`generate --json` showed "k": 0 (read as plain decoding), "rounds": 0, "draft_s": 0.0 for a
+    server's reply beside the proposed and accepted counts the server reported."""
+    from engine.remote.figures import ServerStats
+
+    d = ServerStats(mode="spec", server="llama.cpp", tokens=9, proposed=6, accepted=3).to_dict()
+    assert all(d[k] is None for k in ("k", "rounds", "draft_s", "verify_s", "other_s"))
+    assert (d["proposed"], d["accepted"], d["server"]) == (6, 3, "llama.cpp")

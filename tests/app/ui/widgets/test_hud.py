@@ -308,3 +308,14 @@ async def test_the_one_line_hud_keeps_a_suffix_profiles_legend_on_its_line() -> 
         line = shown(hud, "line")
         assert "\n" not in line
         assert " copied from chat    from earlier chats    target produced " in line and "suffix" in line
+
+
+async def test_a_server_replys_acceptance_is_no_round_of_the_sparkline() -> None:
+    """The server reports its counts once, at the reply's end: they plotted as one "round"."""
+    from engine.remote.figures import ServerStats
+
+    async with HudApp().run_test(size=(60, 60)) as pilot:
+        hud = pilot.app.query_one(Hud)
+        hud.start_reply()
+        hud.set_stats(ServerStats(mode="spec", server="llama.cpp", tokens=9, proposed=6, accepted=3), live=False)
+        assert not hud.round_accepted
