@@ -95,11 +95,12 @@ class PassCosts:
         self._plain: float | None = None
         self._line: tuple[float, float] | None = None  # (a, b): t(n) = a + b n for n >= 2
         self.passes = 0
-        self._ratios: dict[int, deque[float]] = {}
-        """Per size: a pass's time over a plain round's timed within :data:`PAIR_WITHIN` passes of it
-        (for size 1: a plain round's own pass over its own time)."""
-        self._latest: dict[int, tuple[int, float]] = {}
-        """Per size: (pass number, pass time) of its newest pass; a plain round pairs with them."""
+        self._ratios: dict[int, deque[tuple[float, int]]] = {}
+        """Per size: (a pass's time over a plain round's, that plain round's number), each pass paired
+        once, with a plain round within :data:`PAIR_WITHIN` passes (size 1: a plain round's own pass
+        over its own time)."""
+        self._unpaired: deque[tuple[int, int, float]] = deque(maxlen=PAIR_WITHIN)
+        """(pass number, size, pass time) of the newest passes not paired yet: the next plain round's."""
         self._last_plain: tuple[int, float] | None = None
 
     def add(self, n: int, pass_s: float, round_s: float, draft_s: float = 0.0, plain_sample: bool = True) -> None:
@@ -118,32 +119,33 @@ class PassCosts:
             self._plain_rounds.append(step)
             self._plain = statistics.median(self._plain_rounds) if len(self._plain_rounds) >= MIN_PLAIN else None
             if step > 0:
-                self._pair(1, pass_s / step)
-                for size, (when, took) in self._latest.items():
+                self._pair(1, pass_s / step, self.passes)
+                for when, size_n, took in self._unpaired:
                     if self.passes - when <= PAIR_WITHIN:
-                        self._pair(size, took / step)
+                        self._pair(size_n, took / step, self.passes)
+                self._unpaired.clear()
                 self._last_plain = (self.passes, step)
+        elif self._last_plain is not None and self.passes - self._last_plain[0] <= PAIR_WITHIN:
+            self._pair(key, pass_s / self._last_plain[1], self._last_plain[0])
         else:
-            self._latest[key] = (self.passes, pass_s)
-            if self._last_plain is not None and self.passes - self._last_plain[0] <= PAIR_WITHIN:
-                self._pair(key, pass_s / self._last_plain[1])
-        for stale in [m for m, s in self._sizes.items() if self.passes - s.last_pass > STALE_PASSES]:
+            self._unpaired.append((self.passes, key, pass_s))
+        for stale in [m for m, sz in self._sizes.items() if self.passes - sz.last_pass > STALE_PASSES]:
             del self._sizes[stale]
             self._ratios.pop(stale, None)
-            self._latest.pop(stale, None)
         if n >= 2:
             self._line = self._fit()
 
-    def _pair(self, key: int, ratio: float) -> None:
-        self._ratios.setdefault(key, deque(maxlen=WINDOW)).append(ratio)
+    def _pair(self, key: int, ratio: float, partner: int) -> None:
+        self._ratios.setdefault(key, deque(maxlen=WINDOW)).append((ratio, partner))
 
     def cost_ratio(self, n: int) -> float | None:
         """t(n) ÷ p, what a pass of ``n`` tokens costs in plain steps: the median of the ratios of
-        passes and plain rounds timed close together (load cancels in each), or, for a size with
-        too few of them, t(n) ÷ p from the two medians; None while neither is known."""
-        ratios = self._ratios.get(n)
-        if ratios is not None and len(ratios) >= MIN_SAMPLES:
-            return statistics.median(ratios)
+        passes and plain rounds timed close together (load cancels in each), once they come from
+        :data:`MIN_SAMPLES` plain rounds or more (one stalled round is no estimate); before that,
+        t(n) ÷ p from the two medians; None while neither is known."""
+        pairs = self._ratios.get(n)
+        if pairs is not None and len({partner for _, partner in pairs}) >= MIN_SAMPLES:
+            return statistics.median(ratio for ratio, _ in pairs)
         t = self.typical(n)
         return t / self._plain if t is not None and self._plain else None
 

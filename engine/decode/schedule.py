@@ -88,8 +88,8 @@ class Schedule:
         return self.costs.passes.line_sound and self.costs.decisions % REFRESH_EVERY == REFRESH_EVERY - 1
 
     def calibrating(self, mode: Mode) -> bool:
-        """Whether this speculative round runs as a plain step to measure the plain step: every
-        other round until the session has the plain steps a speedup needs (``SPEEDUP_FLOOR``; with
+        """Whether this speculative round runs as a plain step to measure the plain step: one round
+        in three until the session has the plain steps a speedup needs (``SPEEDUP_FLOOR``; with
         fewer, a 155-token reply read "too short to measure"), then every ``calibrate_every``."""
         if self.calibrate_every <= 0 or mode == "plain":
             return False

@@ -244,3 +244,20 @@ def test_pass_and_plain_step_timed_together_give_the_cost_ratio_whatever_the_loa
     assert costs.cost_ratio(5) == pytest.approx(1.6)
     assert costs.cost_ratio(1) == pytest.approx(0.9)
     assert costs.plain_equivalent(5, 0.016 * 7, 0.017 * 7) == pytest.approx(1.7)  # at any load
+
+
+def test_one_slow_pass_of_a_rare_size_is_no_cost_ratio() -> None:
+    """Paired again with every plain round after it, one stalled size-7 pass made the ratio alone
+    (4.55 where its size costs about 2 plain steps): each pass pairs once, and a ratio needs
+    MIN_SAMPLES plain rounds behind it."""
+    costs = PassCosts()
+    for _ in range(4):
+        costs.add(1, 0.010, 0.011)
+    costs.add(7, 0.050, 0.051)  # stalled
+    for _ in range(3):
+        costs.add(1, 0.010, 0.011)
+    assert costs.cost_ratio(7) is None  # one pass: neither enough pairs nor a median of its own
+    for _ in range(3):
+        costs.add(7, 0.020, 0.021)
+        costs.add(1, 0.010, 0.011)
+    assert costs.cost_ratio(7) == pytest.approx(0.020 / 0.011)  # the median of the four pairs
