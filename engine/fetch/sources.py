@@ -93,10 +93,11 @@ def classify(source: str) -> tuple[SourceKind, str]:
     path = Path(source).expanduser()
     if not names_a_path(source, path):
         return "hub", source
-    where = os.path.normpath(path.absolute())  # one file, one name: "cfg/../x.gguf" converted x.gguf again
+    # As given, not normalised: "link/../x.gguf" is not "x.gguf" where link is a symlink, and the
+    # converted copies already made are named by the path as given.
     if path.is_dir():  # a saved model dir, even one named like a file (converted caches end in .gguf)
-        return "dir", where
-    return ("gguf" if source.lower().endswith(".gguf") else "dir"), where
+        return "dir", str(path.absolute())
+    return ("gguf" if source.lower().endswith(".gguf") else "dir"), str(path.absolute())
 
 
 def hub_error(repo_id: str, exc: BaseException | None = None) -> ModelSourceError:

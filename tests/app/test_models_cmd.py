@@ -218,7 +218,7 @@ def test_a_local_gguf_profiles_converted_copies_are_its_own(cache: Path, tmp_pat
     full = _converted_dir("gguf", str(gguf), gguf)  # records the file's hash, as a first load does
     put(full.with_name(full.name + ".lean") / "model.safetensors", 70_000)
     models = tmp_path / "models.toml"
-    models.write_text(MODELS_TOML + f'\n[profiles.loc]\ndrafter = "ngram"\ntarget = {{ source = "{tmp_path}/local/../local/smol.gguf", quantization = "int4" }}\n')
+    models.write_text(MODELS_TOML + f'\n[profiles.loc]\ndrafter = "ngram"\ntarget = {{ source = "{gguf}", quantization = "int4" }}\n')
     got = listing(capsys, tmp_path)
     mine = [m for m in got.values() if m["profiles"] == ["loc"]]
     assert len(mine) == 1 and mine[0]["bytes"] == 70_000
