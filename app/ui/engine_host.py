@@ -73,6 +73,8 @@ class EngineHost:
         self.lock = threading.Lock()
         self._cuda: bool | None = None
         self._stop_load = threading.Event()
+        self._quitting = threading.Event()
+        """Set as the app closes: it stops even a load Esc does not (the way back to the old pair)."""
         """Set by :meth:`stop_loading`: the load under way gives up (a fresh one for each load)."""
         self._replaced: ChatBackend | None = None
         """The backend a load under way replaces (closed by the load, or kept if it fails): closed on exit."""
@@ -201,7 +203,8 @@ class EngineHost:
         old backend has stopped. Runs in a worker thread."""
         stop = self._stop_load
         with self.lock:
-            return load_beside(self.loader, self.memory_budget, profile, old, old_profile, progress, stop)
+            return load_beside(self.loader, self.memory_budget, profile, old, old_profile, progress, stop,
+                               quitting=self._quitting)
 
     def ready(self, backend: ChatBackend, profile: "ModelProfile") -> None:
         """A load finished: ``backend`` serves ``profile``, speculating unless F5 switched it off."""
@@ -301,6 +304,7 @@ class EngineHost:
         """Close the backend (waiting for a reply that still holds it); a load under way is stopped
         first (its process and downloads end: quitting waited for a whole load, on a blank screen),
         and the pair it was replacing is closed too."""
+        self._quitting.set()
         self._stop_load.set()
         with self.lock:
             for backend in (self.backend, self._replaced):

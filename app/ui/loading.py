@@ -146,7 +146,8 @@ def error_text(exc: BaseException) -> str:
 
 def load_beside(loader: Loader, memory_budget: int | None, profile: "ModelProfile", old: ChatBackend | None,
                 old_profile: "ModelProfile | None", progress: ProgressFn,
-                stop: threading.Event | None = None) -> EngineReady | EngineFailed:
+                stop: threading.Event | None = None,
+                quitting: threading.Event | None = None) -> EngineReady | EngineFailed:
     """Load ``profile`` next to the old backend, closing the old one once the new is ready.
 
     When the new one does not fit next to the old (the memory plan says so, or
@@ -155,7 +156,8 @@ def load_beside(loader: Loader, memory_budget: int | None, profile: "ModelProfil
     and a load the user stops (``stop`` set), leaves the old backend as it was (or
     loads it again where it was closed to make room). Never ends with no model
     unless even reloading the old profile fails (then the message says so). Runs in
-    a worker thread; the answer is the message to post to the UI.
+    a worker thread; the answer is the message to post to the UI. ``quitting`` (the app closes)
+    stops the way back to the old pair too, which Esc does not.
     """
     stop = stop if stop is not None else threading.Event()
 
@@ -183,7 +185,7 @@ def load_beside(loader: Loader, memory_budget: int | None, profile: "ModelProfil
             # The way back is not stopped by Esc: Esc stops the new profile's load, and the models
             # loaded before stay (a second Esc here left no model loaded at all).
             try:
-                restored = loader(old_profile, memory_budget, progress, threading.Event())
+                restored = loader(old_profile, memory_budget, progress, quitting or threading.Event())
             except Exception as lost:  # noqa: BLE001
                 return EngineFailed(f"{error.rstrip('.')}. Reloading {old_profile.name} failed too: "
                                     f"{error_text(lost)}", profile.name)

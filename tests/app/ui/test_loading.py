@@ -205,3 +205,23 @@ def test_the_two_failures_are_joined_with_one_full_stop() -> None:
     answer = load_beside(loader, None, LOOKUP, FakeBackend(FAST), FAST, loader.progress)
     assert isinstance(answer, EngineFailed)
     assert answer.error == "Stopped loading lookup. Reloading fast failed too: RuntimeError: disk gone"
+
+
+def test_quitting_stops_the_way_back_too() -> None:
+    """Esc does not stop the old pair loading again, but quitting must: the app's close waited
+    for the whole reload on a blank screen."""
+    quitting = threading.Event()
+
+    class QuitOnTheWayBack(Loader):
+        def __call__(self, profile, budget, progress, given):  # type: ignore[no-untyped-def]
+            if profile.name == "fast":
+                quitting.set()  # the app closes while the old profile loads again
+                if given.is_set():
+                    raise LoadStoppedError("Stopped loading fast.")
+            return super().__call__(profile, budget, progress, given)
+
+    loader = QuitOnTheWayBack(("lookup", MemoryPlanError("does not fit")), ("lookup", MemoryPlanError("still not.")))
+    answer = load_beside(loader, None, LOOKUP, FakeBackend(FAST), FAST, loader.progress, threading.Event(),
+                         quitting=quitting)
+    assert isinstance(answer, EngineFailed) and answer.restored is None
+    assert answer.error == "still not. Reloading fast failed too: Stopped loading fast."
