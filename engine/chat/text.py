@@ -29,8 +29,9 @@ def render_prompt(tokenizer: PreTrainedTokenizerBase, messages: Sequence[ChatMes
     A message's text is read as text: a control token's spelling typed or pasted into a
     message (``<|im_end|>``, say) becomes the ordinary tokens that spell it, not the control
     token, so no message can close its own turn or open another speaker's. Only the template
-    writes control tokens. Messages without such a spelling are tokenized exactly as the
-    template's own ``tokenize=True`` does.
+    writes control tokens. A prompt none of whose messages spell one is tokenized exactly as
+    the template's own ``tokenize=True`` does; one that does is tokenized piece by piece, split
+    where such a message's text begins and ends.
     """
     if getattr(tokenizer, "chat_template", None) is None:
         raise SpecChatError(
@@ -57,19 +58,26 @@ def _control_spellings(tokenizer: PreTrainedTokenizerBase) -> tuple[str, ...]:
     return tuple(sorted(s for s in found if s))
 
 
+def _fenced(text: str) -> str:
+    """``text`` with the fences inside its outer white space, so that a template that trims a
+    message (Llama 3's ``| trim``) trims the same characters with the fences on."""
+    core = text.strip()
+    lead = text[: len(text) - len(text.lstrip())]
+    return f"{lead}{_OPEN}{core}{_CLOSE}{text[len(lead) + len(core):]}"
+
+
 def _render_as_text(
     tokenizer: PreTrainedTokenizerBase, convo: list[dict[str, str]], spellings: Sequence[str]
 ) -> list[int] | None:
     """The prompt's ids with the messages that spell a control token encoded as plain text,
     the template's own text as the template writes it; None (and a line in the log) where
     the template alters a message's text, so its place cannot be found exactly."""
-    fenced = [
-        {**m, "content": f"{_OPEN}{m['content']}{_CLOSE}"} if any(s in m["content"] for s in spellings) else m
-        for m in convo
-    ]
+    fenced = [{**m, "content": _fenced(m["content"])} if any(s in m["content"] for s in spellings) else m
+              for m in convo]
     plain = tokenizer.apply_chat_template(convo, add_generation_prompt=True, tokenize=False)
     marked = tokenizer.apply_chat_template(fenced, add_generation_prompt=True, tokenize=False)
-    fences_free = not any(_OPEN in m["content"] or _CLOSE in m["content"] for m in convo) and _OPEN not in plain
+    fences_free = not any(_OPEN in m["content"] or _CLOSE in m["content"] for m in convo) \
+        and _OPEN not in plain and _CLOSE not in plain
     if not fences_free or marked.replace(_OPEN, "").replace(_CLOSE, "") != plain:
         log.warning("the chat template alters message text; control-token spellings in messages stay as typed")
         return None
