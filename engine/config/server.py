@@ -47,12 +47,28 @@ def shown_env_name(name: str) -> str:
 def redact_url(url: str) -> str:
     """``url`` with the password of its user part shown as ``***`` (``http://user:***@host``); a user
     part without a password (often a token) is hidden whole (``http://***@host``)."""
-    match = _USERINFO.match(url) or _LOOSE_USERINFO.match(url)
+    match = _USERINFO.match(url) or (_LOOSE_USERINFO.match(url) if _garbled_by_userinfo(url) else None)
     if match is None:
         return url
     user, colon, _ = match.group("userinfo").partition(":")  # a user name holds no ":", a password may
     shown = f"{user}:***" if colon else "***"
     return f"{match.group('scheme')}{shown}@{url[match.end():]}"
+
+
+def _garbled_by_userinfo(url: str) -> bool:
+    """Whether an ``@`` in ``url`` most likely ends a user part a parser did not see as one: the
+    host:port read off it is not valid (``user:pa/ss@host``: port "pa"), or no ``/`` comes before
+    the last ``@`` (``tok#en@host``). ``http://h:8/@team`` (an ``@`` in a path) is left as it is."""
+    scheme, sep, rest = url.partition("://")
+    before = (rest if sep else scheme).rpartition("@")[0]
+    if not before:
+        return False
+    try:
+        parts = urlsplit(url)
+        parts.port
+    except ValueError:
+        return True
+    return parts.hostname is None or "/" not in before
 
 
 @dataclass(frozen=True, repr=False)

@@ -180,6 +180,8 @@ class ServerClient:
         """
         url = self.spec.root + path
         cancel = cancel or threading.Event()
+        if cancel.is_set():  # Esc came first (during the metrics read before a reply): nothing is sent
+            return
         conn = self._connection(min(self.spec.timeout, CONNECT_TIMEOUT_S), cancel)
         watch = _Watch(cancel)
         watch.deadline = time.monotonic() + LINE_TIMEOUTS * self.spec.timeout  # the answer's head, dripped
@@ -227,9 +229,12 @@ def _connect(address: tuple[str, int], timeout: float | None = None, source_addr
     non-blocking, looked at every :data:`CANCEL_POLL_S` (a blocked ``connect`` cannot be
     interrupted, and a host that drops the handshake holds it for the whole timeout)."""
     host, port = address
-    deadline = time.monotonic() + (timeout if timeout is not None else CONNECT_TIMEOUT_S)
     last: OSError | None = None
     for family, kind, proto, _, addr in socket.getaddrinfo(host, port, 0, socket.SOCK_STREAM):
+        # each address its own timeout, as create_connection gives it (a dropped IPv6 one left none)
+        deadline = time.monotonic() + (timeout if timeout is not None else CONNECT_TIMEOUT_S)
+        if cancel.is_set():
+            raise _Cancelled("stopped before connecting")
         sock = socket.socket(family, kind, proto)
         try:
             if source_address:

@@ -146,6 +146,14 @@ def silent_host() -> Iterator[str]:
         s.close()
 
 
+def test_a_stream_asked_for_after_esc_sends_nothing() -> None:
+    with FakeServer(llama_routes(lambda req, body: write_events(req, reply_stream(["a"])))) as fake:
+        cancel = threading.Event()
+        cancel.set()
+        assert list(ServerClient(ServerSpec(fake.url)).stream(CHAT, {}, cancel)) == []
+        assert fake.requests == []  # not even a connection that happened to open at once
+
+
 def test_esc_while_the_host_drops_the_handshake_stops_at_once(silent_host: str) -> None:
     cancel = threading.Event()
     threading.Timer(0.3, cancel.set).start()
@@ -166,6 +174,7 @@ def test_a_path_outside_ascii_is_sent_percent_encoded() -> None:
     ("http://tok#en@h:1", "http://***@h:1"),
     ("http://alice:s%40cret@h:8/v1", "http://alice:***@h:8/v1"),
     ("http://h:8/v1", "http://h:8/v1"),
+    ("http://10.0.0.2:8080/@team/v1", "http://10.0.0.2:8080/@team/v1"),  # an @ in a path: no user part
 ])
 def test_a_password_holding_a_slash_or_query_mark_is_hidden_too(url: str, shown: str) -> None:
     assert redact_url(url) == shown
