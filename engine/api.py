@@ -19,7 +19,9 @@ class EngineInfo:
 
     ``plan`` is the memory plan's plain-data form (``engine.model.plan.Plan.to_dict``):
     the choice made and the byte figures behind it. ``fallback_reason`` says why
-    the engine runs without its configured drafter, if it does. ``compat_note``
+    the engine runs without its configured drafter (dropped: memory, a tokenizer that differs),
+    if it does; ``off_reason`` why a loaded drafter is idle for now (the user's switch,
+    :data:`~engine.events.OFF_BY_USER`, or an automatic one, :data:`~engine.events.NOT_PAYING`). ``compat_note``
     counts and names the reserved special tokens on which target and draft
     tokenizers differ (allowed: :mod:`engine.model.compat`), if any. ``cpu_kernel`` names the
     CPU int4 kernel that multiplies the target's weights (a variant of specchat's,
@@ -34,6 +36,7 @@ class EngineInfo:
     quantization: str = "none"
     plan: dict[str, Any] = field(default_factory=dict)
     fallback_reason: str | None = None
+    off_reason: str | None = None
     target_bytes: int | None = None
     draft_bytes: int | None = None
     free_bytes: int | None = None

@@ -18,7 +18,6 @@ from app.ui.messages import EngineEnded, EngineFailed, EngineReady, LoadProgress
 from app.ui.notices import notice
 from app.ui.screens.edit import ConfirmScreen
 from engine.errors import SpecChatError
-from engine.events import NOT_PAYING, OFF_BY_USER
 
 if TYPE_CHECKING:
     from app.ui.archive import Archive
@@ -151,7 +150,7 @@ class EngineControl:
         self._teach_drafter()
         summary = plan_lines(info.plan)
         notice(self, f"{message.profile.name} ready" + (f": {summary[0]}" if summary else "."), title="Loaded")
-        if info.fallback_reason and info.fallback_reason not in (OFF_BY_USER, NOT_PAYING):  # a drop, not a switch
+        if info.fallback_reason:  # a drop (a switch is info.off_reason)
             notice(self, f"Running without the draft model: {info.fallback_reason}", severity="warning",
                    title="Draft refused")
         if self.engine.off_by_user:

@@ -242,8 +242,8 @@ class EngineHost:
         self.backend.set_speculation(not was_on)
         info = self.backend.info
         self.speculation_on = info.mode != "plain"
-        self.speculation_forced = self.speculation_on and before.fallback_reason == NOT_PAYING
-        self.last_toggle = (was_on, before.fallback_reason == NOT_PAYING)
+        self.speculation_forced = self.speculation_on and before.off_reason == NOT_PAYING
+        self.last_toggle = (was_on, before.off_reason == NOT_PAYING)
         if was_on != self.speculation_on:
             self.off_by_user = not self.speculation_on
         return was_on, info

@@ -69,8 +69,11 @@ class ChatEngine:
     @property
     def info(self) -> EngineInfo:
         """The loaded state, with the live mode and any fallback reason."""
-        reason = self.decoder.plain_reason or self._info.fallback_reason
-        changes: dict[str, object] = {"mode": self.decoder.mode, "fallback_reason": reason}
+        changes: dict[str, object] = {
+            "mode": self.decoder.mode,
+            "fallback_reason": self.decoder.fallback_reason or self._info.fallback_reason,  # a drop, at load or later
+            "off_reason": self.decoder.off_reason,  # a switch: the user's or the evidence's
+        }
         if self.decoder.drafter is None and self._info.draft_bytes:
             changes["draft_bytes"] = 0
         return dataclasses.replace(self._info, **changes)

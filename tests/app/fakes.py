@@ -88,8 +88,8 @@ class FakeBackend:
             device="fake:0",
             quantization=self.profile.target.quantization,
             plan={"summary": "target nf4 + draft fp16 fit with 5.2 GiB to spare", "budget_bytes": 8 * 2**30},
-            # as the real engine's info: why decoding is plain, the user's own switch-off included
-            fallback_reason=self.fallback_reason or self.auto_off_reason or (None if self.speculation else OFF_BY_USER),
+            fallback_reason=self.fallback_reason,  # as the real engine's info: a drop here, a switch below
+            off_reason=self.auto_off_reason or (None if self.speculation else OFF_BY_USER),
             target_bytes=1200 * 2**20,
             draft_bytes=None if self.fallback_reason else 270 * 2**20,
             free_bytes=5 * 2**30,

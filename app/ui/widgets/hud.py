@@ -286,8 +286,8 @@ class Hud(VerticalScroll):
         reason = None
         if live and self.stats and self.stats.speculation_off_reason:
             reason = self.stats.speculation_off_reason
-        elif self.info and self.info.fallback_reason:
-            reason = self.info.fallback_reason
+        elif self.info and (self.info.fallback_reason or self.info.off_reason):
+            reason = self.info.fallback_reason or self.info.off_reason
         elif not self.speculation_on:
             reason = OFF_BY_YOU
         elif self.notice:

@@ -48,7 +48,7 @@ def status_line(hud: HudState, toggle_key: str = "F6") -> Content:
     s = hud.stats
     mode = (s.mode if (hud.live and s) else hud.info.mode) or ""
     label = SHORT_MODES.get(mode, mode_label(mode))
-    reason = (s.speculation_off_reason if hud.live and s else None) or hud.info.fallback_reason
+    reason = (s.speculation_off_reason if hud.live and s else None) or hud.info.fallback_reason or hud.info.off_reason
     if mode == "plain" and reason == NOT_PAYING:
         label = spoken_reason(reason)  # stepped aside on the evidence: say so in words
     parts: list[tuple[str, str] | str] = [(name, "bold"), SEP, (label,

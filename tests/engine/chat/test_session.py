@@ -258,3 +258,19 @@ def test_learning_is_nothing_for_other_drafters(tokenizer) -> None:  # type: ign
     eng = engine(tokenizer)
     eng.learn([words(6)])  # the n-gram drafter keeps nothing across chats
     assert reply(eng, [ChatMessage("user", words(5))])[0]
+
+
+def test_a_drop_and_a_switch_off_are_two_reasons_the_drop_is_never_hidden(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """--json's fallback_reason read "not paying here" over the draft dropped for memory at load:
+    the engine's info named one reason where there were two."""
+    from engine.events import NOT_PAYING, OFF_BY_USER
+
+    eng = engine(tokenizer)
+    dropped = "draft model dropped: target + draft need about 3.18 GiB but only 2.48 GiB is available"
+    eng._info = dataclasses.replace(eng._info, fallback_reason=dropped)
+    eng.decoder.off_reason = NOT_PAYING  # as the automatic switch-off leaves it
+    assert (eng.info.fallback_reason, eng.info.off_reason) == (dropped, NOT_PAYING)
+    eng.set_speculation(False)
+    assert (eng.info.fallback_reason, eng.info.off_reason, eng.info.mode) == (dropped, OFF_BY_USER, "plain")
+    eng.set_speculation(True)
+    assert eng.info.off_reason is None and eng.info.fallback_reason == dropped
