@@ -73,9 +73,9 @@ class EngineHost:
         self.lock = threading.Lock()
         self._cuda: bool | None = None
         self._stop_load = threading.Event()
+        """Set by :meth:`stop_loading`: the load under way gives up (a fresh one for each load)."""
         self._quitting = threading.Event()
         """Set as the app closes: it stops even a load Esc does not (the way back to the old pair)."""
-        """Set by :meth:`stop_loading`: the load under way gives up (a fresh one for each load)."""
         self._replaced: ChatBackend | None = None
         """The backend a load under way replaces (closed by the load, or kept if it fails): closed on exit."""
 

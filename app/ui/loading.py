@@ -34,10 +34,10 @@ def default_loader(profile: "ModelProfile", memory_budget: int | None, progress:
     Local models load in a child process (:mod:`engine.child.backend`): the decode loop
     then never waits for the UI's Python, and ``stop`` ends the load, downloads and
     all, by ending that process. Its output goes to ``engine.log`` in the user state
-    dir. A server profile only talks HTTP and stays here: its connect and probes (each ending
-    within twice :meth:`engine.remote.backend.ServerBackend.probe_timeout` against a server that
-    never answers) run in a thread of their own, which ``stop`` leaves behind at once
-    (:func:`abandonable`)."""
+    dir. A server profile only talks HTTP and stays here: its connect (each of the host's
+    addresses in turn, up to the connect timeout each) and probes (each answer within twice
+    :meth:`engine.remote.backend.ServerBackend.probe_timeout`) run in a thread of their own, which
+    ``stop`` leaves behind at once (:func:`abandonable`)."""
     if profile.backend != "server":  # torch is imported in the child only (app.ui.collector says why)
         from engine.child.backend import ProcessBackend
         from engine.paths import state_dir

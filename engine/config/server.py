@@ -56,19 +56,13 @@ def redact_url(url: str) -> str:
 
 
 def _garbled_by_userinfo(url: str) -> bool:
-    """Whether an ``@`` in ``url`` most likely ends a user part a parser did not see as one: the
-    host:port read off it is not valid (``user:pa/ss@host``: port "pa"), or no ``/`` comes before
-    the last ``@`` (``tok#en@host``). ``http://h:8/@team`` (an ``@`` in a path) is left as it is."""
+    """Whether an ``@`` in ``url`` may end a user part a parser did not see as one (a password
+    holding ``/``, ``?`` or ``#``: ``admin:1234/abcd@host``). The shape is ambiguous, so hiding
+    wins, except where the ``@`` begins a path segment (``http://h:8/@team``), which no password
+    ends with."""
     scheme, sep, rest = url.partition("://")
     before = (rest if sep else scheme).rpartition("@")[0]
-    if not before:
-        return False
-    try:
-        parts = urlsplit(url)
-        parts.port
-    except ValueError:
-        return True
-    return parts.hostname is None or "/" not in before
+    return bool(before) and not before.endswith("/")
 
 
 @dataclass(frozen=True, repr=False)

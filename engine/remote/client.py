@@ -84,6 +84,8 @@ class ServerClient:
             conn.sock.settimeout(timeout)
             if watch is not None:
                 watch.sock = conn.sock  # the response may own it after the connection lets go
+                if watch.cancel.is_set():  # Esc while connecting, too late for the connect to see it
+                    raise _Cancelled("stopped before the request was sent")
             data = json.dumps(body).encode() if body is not None else None
             conn.request(method, self._prefix + path, body=data, headers=headers)
             resp = conn.getresponse()

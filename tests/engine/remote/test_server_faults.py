@@ -175,6 +175,9 @@ def test_a_path_outside_ascii_is_sent_percent_encoded() -> None:
     ("http://alice:s%40cret@h:8/v1", "http://alice:***@h:8/v1"),
     ("http://h:8/v1", "http://h:8/v1"),
     ("http://10.0.0.2:8080/@team/v1", "http://10.0.0.2:8080/@team/v1"),  # an @ in a path: no user part
+    ("http://admin:1234/abcd@host:8080", "http://admin:***@host:8080"),  # a host:port that reads as valid
+    ("http://user:/secret@host", "http://user:***@host"),
+    ("http://dXNl+cjp/wYXN=@10.0.0.2:8080/v1", "http://***@10.0.0.2:8080/v1"),  # a token holding a /
 ])
 def test_a_password_holding_a_slash_or_query_mark_is_hidden_too(url: str, shown: str) -> None:
     assert redact_url(url) == shown
