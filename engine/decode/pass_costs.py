@@ -95,10 +95,12 @@ class PassCosts:
         self._plain: float | None = None
         self._line: tuple[float, float] | None = None  # (a, b): t(n) = a + b n for n >= 2
         self.passes = 0
-        self._ratios: dict[int, deque[tuple[float, int]]] = {}
-        """Per size: (a pass's time over a plain round's, that plain round's number), each pass paired
-        once, with a plain round within :data:`PAIR_WITHIN` passes (size 1: a plain round's own pass
-        over its own time)."""
+        self._ratios: dict[int, deque[tuple[int, list[float]]]] = {}
+        """Per size, per plain round (its number): the ratios of the passes paired with it (a pass's
+        time over the plain round's), each pass paired once, with a plain round within
+        :data:`PAIR_WITHIN` passes (size 1: a plain round's own pass over its own time). The newest
+        :data:`WINDOW` plain rounds are kept; each gets one vote (:meth:`cost_ratio`)."""
+        self._ratio_cache: dict[int, float | None] = {}
         self._unpaired: deque[tuple[int, int, float]] = deque(maxlen=PAIR_WITHIN)
         """(pass number, size, pass time) of the newest passes not paired yet: the next plain round's."""
         self._last_plain: tuple[int, float] | None = None
@@ -132,20 +134,31 @@ class PassCosts:
         for stale in [m for m, sz in self._sizes.items() if self.passes - sz.last_pass > STALE_PASSES]:
             del self._sizes[stale]
             self._ratios.pop(stale, None)
+            self._ratio_cache.pop(stale, None)
         if n >= 2:
             self._line = self._fit()
 
     def _pair(self, key: int, ratio: float, partner: int) -> None:
-        self._ratios.setdefault(key, deque(maxlen=WINDOW)).append((ratio, partner))
+        groups = self._ratios.setdefault(key, deque(maxlen=WINDOW))
+        if groups and groups[-1][0] == partner:
+            groups[-1][1].append(ratio)
+        else:
+            groups.append((partner, [ratio]))
+        self._ratio_cache.pop(key, None)
 
     def cost_ratio(self, n: int) -> float | None:
-        """t(n) ÷ p, what a pass of ``n`` tokens costs in plain steps: the median of the ratios of
-        passes and plain rounds timed close together (load cancels in each), once they come from
-        :data:`MIN_SAMPLES` plain rounds or more (one stalled round is no estimate); before that,
-        t(n) ÷ p from the two medians; None while neither is known."""
-        pairs = self._ratios.get(n)
-        if pairs is not None and len({partner for _, partner in pairs}) >= MIN_SAMPLES:
-            return statistics.median(ratio for ratio, _ in pairs)
+        """t(n) ÷ p, what a pass of ``n`` tokens costs in plain steps: over the newest plain rounds
+        with passes of ``n`` tokens timed close to them (load cancels in each pair), the median of
+        each round's own median, so each plain round has one vote (one stalled round, however many
+        passes it paired with, is one vote of many); once :data:`MIN_SAMPLES` rounds have voted.
+        Before that, t(n) ÷ p from the two medians; None while neither is known."""
+        if n not in self._ratio_cache:
+            groups = self._ratios.get(n) or ()
+            votes = [statistics.median(ratios) for _, ratios in groups]
+            self._ratio_cache[n] = statistics.median(votes) if len(votes) >= MIN_SAMPLES else None
+        ratio = self._ratio_cache[n]
+        if ratio is not None:
+            return ratio
         t = self.typical(n)
         return t / self._plain if t is not None and self._plain else None
 

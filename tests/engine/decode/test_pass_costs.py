@@ -261,3 +261,21 @@ def test_one_slow_pass_of_a_rare_size_is_no_cost_ratio() -> None:
         costs.add(7, 0.020, 0.021)
         costs.add(1, 0.010, 0.011)
     assert costs.cost_ratio(7) == pytest.approx(0.020 / 0.011)  # the median of the four pairs
+
+
+def test_in_steady_state_every_round_uses_the_ratio_of_passes_timed_together() -> None:
+    """A plain round every 33 passes (calibration) pairs with up to 16 passes; kept pair by pair, 32
+    pairs spanned two plain rounds and the ratio fell back to the medians' in 3 rounds of 4 (a
+    review), which a load that changes between their windows tilts. Each plain round votes once."""
+    costs = PassCosts()
+    off: list[float] = []
+    for i in range(1200):
+        load = 1.0 if (i // 150) % 2 == 0 else 3.0  # the machine busy and quiet by turns
+        if i % 33 == 0:
+            costs.add(1, 0.009 * load, 0.010 * load)
+        else:
+            costs.add(5, 0.016 * load, 0.017 * load)
+        if i > 200:
+            ratio = costs.cost_ratio(5)
+            off.append(abs((ratio or 0.0) / 1.6 - 1))
+    assert max(off) < 1e-9  # always the paired ratio, at every load
