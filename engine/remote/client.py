@@ -27,7 +27,7 @@ from engine.config.server import ServerSpec
 from engine.errors import EngineError
 from engine.remote.server_errors import ServerError, http_error
 from engine.remote.sse import (
-    LINE_TIMEOUTS, MAX_EVENT_BYTES, checked, no_line_ended, parse_json, read_events, says_finished,
+    LINE_TIMEOUTS, MAX_EVENT_BYTES, checked, parse_json, read_events, says_finished,
 )
 from engine.text_safety import inert
 
@@ -136,30 +136,20 @@ class ServerClient:
         resp: http.client.HTTPResponse | None = None
         try:
             conn, resp = self._open("GET", path, None, limit, conn, watch)
-            raw = resp.read(MAX_EVENT_BYTES + 1)
-        except (socket.timeout, TimeoutError):
-            raise ServerError("timeout", f"{url}: the answer stopped for {limit:g} s (timeout)") from None
-        except (OSError, http.client.HTTPException, ServerError) as exc:
+            raw = _read_capped(resp, url, limit, cancel, watch)
+        except ServerError:
             if cancel.is_set():
                 raise ServerError("cut", f"{url}: stopped") from None
-            if watch.timed_out:
-                raise ServerError("timeout", f"{url}: the answer did not end within {LINE_TIMEOUTS * limit:g} s "
-                                             "(timeout)") from None
-            if isinstance(exc, ServerError):
-                raise
-            raise ServerError("cut", f"{url}: the answer was cut off ({exc})") from None
+            if watch.timed_out:  # the watch shut the socket while the answer's head was dripped
+                raise _unended(url, limit) from None
+            raise
         finally:
             watch.done.set()
             if resp is not None:
                 resp.close()
             conn.close()
-        if cancel.is_set():
+        if raw is None:
             raise ServerError("cut", f"{url}: stopped")
-        if watch.timed_out:
-            raise ServerError("timeout", f"{url}: the answer did not end within {LINE_TIMEOUTS * limit:g} s (timeout)")
-        if len(raw) > MAX_EVENT_BYTES:
-            raise ServerError("malformed", f"{url}: the answer is over {MAX_EVENT_BYTES // 2**20} MiB; "
-                                           "specchat stopped reading it")
         return raw.decode("utf-8", "replace"), resp.getheader("Content-Type", "")
 
     def get_json(self, path: str, timeout: float | None = None, cancel: threading.Event | None = None) -> Any:
@@ -198,9 +188,9 @@ class ServerClient:
                 raise
             if "text/event-stream" not in resp.getheader("Content-Type", "").lower():  # media types ignore case
                 watch.deadline = time.monotonic() + LINE_TIMEOUTS * self.spec.timeout
-                text = _read_all(resp, url, self.spec.timeout, cancel, watch)
-                if not cancel.is_set():
-                    yield checked(parse_json(text, url), url)
+                raw = _read_capped(resp, url, self.spec.timeout, cancel, watch)
+                if raw is not None:
+                    yield checked(parse_json(raw.decode("utf-8", "replace"), url), url)
                 return
             finished = False
             for payload in read_events(resp, url, self.spec.timeout, cancel, watch):
@@ -301,23 +291,29 @@ class _Watch(threading.Thread):
                 return
 
 
-def _read_all(resp: http.client.HTTPResponse, url: str, timeout: float, cancel: threading.Event,
-              watch: _Watch | None = None) -> str:
+def _read_capped(resp: http.client.HTTPResponse, url: str, timeout: float, cancel: threading.Event,
+                 watch: _Watch) -> bytes | None:
+    """A whole (not streamed) answer's bytes, at most :data:`MAX_EVENT_BYTES`, read under ``watch``'s
+    deadline; None when Esc (``cancel``) ended the read."""
     try:
         raw = resp.read(MAX_EVENT_BYTES + 1)
-        if len(raw) > MAX_EVENT_BYTES:
-            raise ServerError("malformed", f"{url}: the answer is over {MAX_EVENT_BYTES // 2**20} MiB; "
-                                           "specchat stopped reading it")
     except (socket.timeout, TimeoutError):
         raise ServerError("timeout", f"{url}: the answer stopped for {timeout:g} s (timeout)") from None
     except (OSError, http.client.HTTPException) as exc:
         if cancel.is_set():
-            return "{}"
-        if watch is not None and watch.timed_out:
-            raise no_line_ended(url, timeout) from None
+            return None
+        if watch.timed_out:
+            raise _unended(url, timeout) from None
         raise ServerError("cut", f"{url}: the answer was cut off ({type(exc).__name__})") from None
-    if watch is not None and watch.timed_out and not cancel.is_set():
-        raise no_line_ended(url, timeout)
-    return raw.decode("utf-8", "replace")
+    if cancel.is_set():
+        return None
+    if watch.timed_out:
+        raise _unended(url, timeout)
+    if len(raw) > MAX_EVENT_BYTES:
+        raise ServerError("malformed", f"{url}: the answer is over {MAX_EVENT_BYTES // 2**20} MiB; "
+                                       "specchat stopped reading it")
+    return raw
 
 
+def _unended(url: str, timeout: float) -> ServerError:
+    return ServerError("timeout", f"{url}: the answer did not end within {LINE_TIMEOUTS * timeout:g} s (timeout)")

@@ -104,7 +104,7 @@ def read_events(resp: http.client.HTTPResponse, url: str, timeout: float, cancel
         if cancel.is_set():  # Esc shut the socket: whatever the read got or raised is no error
             return
         if watch is not None and watch.timed_out:  # the watch shut it: a line that never ended
-            raise no_line_ended(url, timeout)
+            raise _no_line_ended(url, timeout)
         if isinstance(failed, (socket.timeout, TimeoutError)):
             raise ServerError("timeout", f"{url}: the server sent nothing for {timeout:g} s (timeout); "
                                          "the reply so far is kept. Raise `timeout` in the profile if the "
@@ -147,7 +147,7 @@ def whole_event(data: str) -> bool:
     return True
 
 
-def no_line_ended(url: str, timeout: float) -> ServerError:
+def _no_line_ended(url: str, timeout: float) -> ServerError:
     return ServerError("timeout", f"{url}: no line of the stream ended in {LINE_TIMEOUTS * timeout:g} s (twice the "
                                   "timeout); the reply so far is kept. Raise `timeout` in the profile if the server "
                                   "is just slow")
