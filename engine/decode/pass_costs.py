@@ -111,11 +111,11 @@ class PassCosts:
         ``plain_sample``: for ``n = 1``, whether the round is a sample of the plain step (if
         not, its pass is measured under :data:`SYNCED_STEP`, so t(1) stays the plain step's)."""
         self.passes += 1
-        size = self._sizes.setdefault(size_key(n, plain_sample), _Size())
+        key = size_key(n, plain_sample)
+        size = self._sizes.setdefault(key, _Size())
         size.samples.append(pass_s)
         size.last_pass = self.passes
         size.median = statistics.median(size.samples) if len(size.samples) >= MIN_SAMPLES else None
-        key = size_key(n, plain_sample)
         if n == 1 and plain_sample:  # plain decoding would not have looked for a draft
             step = round_s - draft_s
             self._plain_rounds.append(step)
