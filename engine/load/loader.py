@@ -8,7 +8,6 @@ not, or when the plan has no room for it) and returns a ready
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -282,8 +281,7 @@ def _load_local(profile: ModelProfile, memory_budget: int | None, device: Device
     if drafter is None and profile.drafter != "none":
         drafter = SuffixDrafter() if profile.drafter == "suffix" else NgramDrafter()
     if plan.choice == "target+draft" and draft_model is None:  # dropped after planning: the plan says so
-        plan = dataclasses.replace(plan, choice="target+ngram", reason=fallback or "the draft model was not loaded",
-                                   planned_bytes=plan.target.total_bytes)
+        plan = plan.without_draft(fallback or "the draft model was not loaded")
     if fallback:
         log.warning("%s", fallback)
     if compat_note:

@@ -6,6 +6,7 @@ transients (activations); weights, KV caches and captured passes are resident.
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -63,6 +64,11 @@ class Plan:
             f"{choice}: {' + '.join(parts)} of {fmt_bytes(self.available_bytes)} available{cap}, "
             f"headroom {fmt_bytes(self.headroom_bytes)}"
         )
+
+    def without_draft(self, reason: str) -> "Plan":
+        """This plan with the draft model dropped after planning (its tokenizer differs, memory
+        measured after the target's warm-up, a failed load): the target and a lookup drafter."""
+        return dataclasses.replace(self, choice="target+ngram", reason=reason, planned_bytes=self.target.total_bytes)
 
     def draft_shortfall(self, free_now: int, used_by_target: int) -> str | None:
         """Re-check the draft against memory measured after the target was loaded and
