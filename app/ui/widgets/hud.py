@@ -300,10 +300,14 @@ class Hud(VerticalScroll):
         drafter copies instead)."""
         if self.profile is None or hud_server.is_server(self.profile):
             return ("draft", "target")
-        drafter = self.profile.drafter
-        if drafter == "model" and self.info is not None and self.info.mode == "ngram":
-            drafter = "ngram"
+        drafter = "ngram" if self._draft_dropped() else self.profile.drafter
         return drafted_sources(drafter, self.profile.lookup and drafter == "model")
+
+    def _draft_dropped(self) -> bool:
+        """The profile drafts with a model, and the engine runs without it (dropped for memory or
+        a tokenizer mismatch): its lookup mode, or no draft bytes loaded, says so."""
+        return (self.profile is not None and self.profile.drafter == "model" and self.info is not None
+                and (self.info.mode == "ngram" or not self.info.draft_bytes))
 
     def _legend(self, one_line: bool = False) -> Content:
         """The colour view's legend: what the loaded drafter produces and what the chat on
@@ -319,8 +323,7 @@ class Hud(VerticalScroll):
         rows = [row("profile", self.profile_name or DASH, "bold")]
         if self.profile is not None:
             rows.append(row("target", spec_label(self.profile.target)))
-            dropped = self.info is not None and not self.info.draft_bytes  # not loaded (memory, tokenizer)
-            if self.profile.drafter == "model" and self.profile.draft is not None and dropped:
+            if self._draft_dropped():
                 rows.append(row("draft", "n-gram lookup (draft model dropped)", "$text-warning"))
             elif self.profile.drafter == "model" and self.profile.draft is not None:
                 rows.append(row("draft", spec_label(self.profile.draft)))
