@@ -185,15 +185,20 @@ async def test_the_sparkline_gets_each_rounds_own_acceptance() -> None:
                                            " 2 ███████████▎     0.70\n 3 ████████         0.50")
 
 
+def after_a_fast_reply(hud: Hud) -> Hud:
+    """``hud`` showing the fast profile's reply of two rounds (6 tokens, 42.0 tok/s) that has ended."""
+    backend = FakeBackend(FAST)
+    hud.show_engine(backend.info, FAST)
+    hud.start_reply()
+    hud.set_stats(backend._stats(1, 3, 2), live=True)
+    hud.set_stats(backend._stats(2, 6, 3), live=False)
+    return hud
+
+
 async def test_a_newly_loaded_profile_shows_no_figures_of_the_one_before() -> None:
     """After F2 the folded HUD read "pocket-suffix · ... 167.9 tok/s · 0.91x": pocket's last reply."""
     async with HudApp().run_test(size=(60, 60)) as pilot:
-        hud = pilot.app.query_one(Hud)
-        backend = FakeBackend(FAST)
-        hud.show_engine(backend.info, FAST)
-        hud.start_reply()
-        hud.set_stats(backend._stats(1, 3, 2), live=True)
-        hud.set_stats(backend._stats(2, 6, 3), live=False)
+        hud = after_a_fast_reply(pilot.app.query_one(Hud))
         assert "tok/s    42.0" in shown(hud, "stats")
         hud.show_engine(FakeBackend(LOOKUP).info, LOOKUP)  # the same profile again (a refresh): kept
         assert "tok/s    42.0" in shown(hud, "stats")
@@ -205,11 +210,7 @@ async def test_a_newly_loaded_profile_shows_no_figures_of_the_one_before() -> No
 async def test_while_another_profile_loads_the_last_replys_figures_are_not_shown_under_its_name() -> None:
     """During a switch the HUD read "profile pocket-suffix / mode loading…" above pocket's last reply."""
     async with HudApp().run_test(size=(60, 60)) as pilot:
-        hud = pilot.app.query_one(Hud)
-        backend = FakeBackend(FAST)
-        hud.show_engine(backend.info, FAST)
-        hud.start_reply()
-        hud.set_stats(backend._stats(2, 6, 3), live=False)
+        hud = after_a_fast_reply(pilot.app.query_one(Hud))
         hud.show_loading(FAST, "fast")  # the same profile again (a reload): its figures stay
         assert "tok/s    42.0" in shown(hud, "stats")
         hud.show_loading(LOOKUP, "fast")
