@@ -1,7 +1,7 @@
 """What a chain of rounds drafts with (:mod:`engine.decode.chain`), on the device, without the host.
 
 * :class:`ModelChainDraft`: the draft model's pass over ``[x_{p-1}, x_p]`` and its ``K`` greedy
-  steps, one captured graph (:meth:`~engine.decode.runner.ModelRunner.draft_at`).
+  steps, one captured graph (:meth:`~engine.decode.device_passes.DevicePositionPasses.draft_at`).
 * :class:`DeviceLookup`: prompt lookup (:class:`~engine.decode.drafters.NgramDrafter`'s rule) over a
   copy of the sequence kept on the device. For ``n`` from ``max_ngram`` down to ``min_ngram``, the
   latest ``j < p`` whose ``n`` tokens ending at ``j`` equal those ending at ``p`` (one
@@ -19,7 +19,7 @@ from typing import Protocol
 import torch
 
 from engine.decode.drafters import MATCH_BUCKETS, ModelDrafter, NgramDrafter
-from engine.decode.runner import common_prefix_length
+from engine.decode.prefix import common_prefix_length
 from engine.events import DraftOrigin
 from engine.model.device import Device
 

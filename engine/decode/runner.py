@@ -27,13 +27,15 @@ import torch
 from transformers import DynamicCache, PreTrainedModel
 
 from engine.errors import ContextLengthError
-from engine.model.capture import PassCapture, attention_span, capture_shapes
+from engine.decode.device_passes import DevicePositionPasses
+from engine.decode.prefix import common_prefix_length
+from engine.model.capture import PassCapture, capture_shapes
 from engine.model.compiled import CompiledPass, compile_backend
 from engine.model.device import Device, ids_tensor, oom_summary
 from engine.model.kv import GrowingKV, StaticKV
 from engine.model.card_attention import FUSED_ROWS, card_layer, card_varying, why_not_fused
 from engine.model.layer_parts import static_layer, varying_sizes
-from engine.model.lean import LeanForward, lean_forward
+from engine.model.lean import lean_forward
 from engine.model.memory import PREFILL_CHUNK, max_positions
 
 
@@ -63,30 +65,12 @@ def watch_passes(model: torch.nn.Module, watcher: PassWatcher) -> Callable[[], N
     return stop
 
 
-def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
-    """Length of the longest common prefix of two id sequences.
-
-    Compared by slices (C loops), halving the range where they differ: each round calls this on
-    the whole context, so a Python loop over it would cost a long chat ~0.1 ms a round."""
-    a, b = (x if isinstance(x, list) else list(x) for x in (a, b))
-    n = min(len(a), len(b))
-    if a[:n] == b[:n]:
-        return n
-    same, differs = 0, n  # a[:same] == b[:same]; a[:differs] != b[:differs]
-    while differs - same > 1:
-        mid = (same + differs) // 2
-        if a[same:mid] == b[same:mid]:
-            same = mid
-        else:
-            differs = mid
-    return same
-
-
-class ModelRunner:
+class ModelRunner(DevicePositionPasses):
     """Feeds token ids to a causal LM, keeping its KV cache across calls.
 
     Invariant: ``self.ids`` are exactly the tokens whose keys and values are in
-    ``self.cache``, in order.
+    ``self.cache``, in order. Passes at positions only the device knows (a chain of rounds) are
+    :class:`~engine.decode.device_passes.DevicePositionPasses`'s.
 
     ``window``: the most tokens the cache will hold (the context window); the lean
     path's cache never grows past it (default: the model's ``max_position_embeddings``).
@@ -268,75 +252,6 @@ class ModelRunner:
             return logits
         return self._lean(input_ids, self.cache, len(self), keep, row_exact=row_exact)  # type: ignore[misc]
 
-    @torch.inference_mode()
-    def pass_at(self, new_ids: torch.Tensor, start: torch.Tensor, end: int, keep: int) -> torch.Tensor:
-        """A pass over the static cache at a position only the device knows (a chain of rounds,
-        :mod:`engine.decode.chain`), captured where its shape is.
-
-        Args:
-            new_ids: ``[T]`` long ids on the device, written at positions ``start .. start + T - 1``.
-            start: 0-d long tensor on the device.
-            end: a bound on the chain's positions, plus one: the pass attends over the first
-                :func:`~engine.model.capture.attention_span` ``(end)`` keys.
-            keep: rows of logits to return.
-        Returns:
-            ``[keep, V]`` float32 logits of the last ``keep`` rows.
-
-        Neither :attr:`ids` nor the cache's length move: the chain says what it kept afterwards
-        (:meth:`wrote`). Keys it wrote past that are never visible (a static cache's mask hides
-        every key after a row's own position) and the next pass there overwrites them."""
-        lean, cache, span = self._chain_span(end)
-        ids = new_ids.reshape(1, -1)
-        with self.device.attention_kernels():
-            logits = self.capture.run_span(lean.static_pass, cache, ids, start, span, keep)
-            if logits is None:
-                positions = torch.arange(ids.shape[1], device=ids.device) + start
-                logits = lean.static_pass(ids, cache, positions, keep, span)
-        self._note_compile_failure()
-        return logits[0].float()
-
-    @torch.inference_mode()
-    def draft_at(self, fed: torch.Tensor, start: torch.Tensor, k: int, end: int,
-                 masked: Callable[[torch.Tensor], torch.Tensor]) -> tuple[torch.Tensor, torch.Tensor]:
-        """A draft's ``k >= 1`` greedy steps at a position only the device knows (a chain of rounds):
-        its pass over ``fed`` ``[2]`` (``[x_{p-1}, x_p]``) at ``start, start + 1`` (``start`` 0-d long),
-        then ``k - 1`` one-token passes, each fed the pick before it. ``masked`` cuts a row of logits
-        ``[V]`` to the target's vocabulary. Returns the picks ``[k]`` and whether every row of logits
-        was finite (0-d bool), on the device; captured as one graph where capture is on, so the
-        whole draft is one launch. Lengths and ids move as for :meth:`pass_at` (they do not)."""
-        lean, cache, span = self._chain_span(end)
-
-        def steps(ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-            logits = lean.static_pass(ids, cache, positions, 1, span)[0, -1].float()
-            picks: list[torch.Tensor] = []
-            ok = torch.ones((), dtype=torch.bool, device=ids.device)
-            for i in range(k):
-                logits = masked(logits)
-                ok = ok & torch.isfinite(logits.amax())
-                picks.append(torch.argmax(logits).reshape(1))
-                if i + 1 < k:
-                    logits = lean.static_pass(picks[-1].reshape(1, 1), cache, positions[1:] + (i + 1), 1, span)[0, -1].float()
-            return torch.cat([*picks, ok.long().reshape(1)])
-
-        ids = fed.reshape(1, -1)
-        with self.device.attention_kernels():
-            out = self.capture.run_steps(steps, cache, ids, start, span, k)
-            if out is None:
-                out = steps(ids, torch.arange(ids.shape[1], device=ids.device) + start)
-        self._note_compile_failure()
-        return out[:k], out[k].bool()
-
-    def _chain_span(self, end: int) -> tuple["LeanForward", StaticKV, int]:
-        """The lean forward, the static cache and the span of keys a pass at device positions below
-        ``end`` attends over (:meth:`pass_at`, :meth:`draft_at`); a clear error where there is no
-        static cache or ``end`` passes its window."""
-        if not isinstance(self.cache, StaticKV) or self._lean is None:
-            raise TypeError("a pass at a device position needs the static cache (a card, or SPECCHAT_STATIC_CACHE=1)")
-        if end > self.cache.window:
-            raise ContextLengthError(f"a chain of rounds reaching position {end} does not fit the "
-                                     f"{self.cache.window}-token window of this model's cache")
-        return self._lean, self.cache, attention_span(end, self.cache.window)
-
     @property
     def _compiled(self) -> CompiledPass | None:
         """The layer function this runner compiles (the fused one where a few-token pass takes it)."""
@@ -351,17 +266,6 @@ class ModelRunner:
         if compiled is not None and compiled.failure:
             self.capture.note(compiled.failure)
             compiled.failure = None
-
-    def wrote(self, ids: Sequence[int]) -> None:
-        """Take ``ids`` (``[n]``) as cached after :attr:`ids`: passes at device positions
-        (:meth:`pass_at`) wrote their keys there, and the caller has read back which tokens they were."""
-        if not isinstance(self.cache, StaticKV):
-            raise TypeError("only passes over a static cache write at device positions")
-        self.resolve_pending()
-        if len(self) + len(ids) > self.cache.window:
-            raise ValueError(f"{len(self)} cached and {len(ids)} written exceed the {self.cache.window}-token window")
-        self._ids.extend(int(t) for t in ids)
-        self.cache.advance(len(ids))
 
     @property
     def passes_compiled(self) -> bool:

@@ -264,7 +264,7 @@ class PassCapture:
                   k: int) -> torch.Tensor | None:
         """A draft's ``k`` greedy steps after its pass over ``input_ids`` ``[1, 2]`` at ``start,
         start + 1`` as **one** capture (``steps(ids, positions)``: every pass of the ``k`` and the
-        picks between them; the runner's :meth:`~engine.decode.runner.ModelRunner.draft_at`), so a
+        picks between them; the runner's :meth:`~engine.decode.device_passes.DevicePositionPasses.draft_at`), so a
         chained round launches its draft once. Captured with the ``(2, 1)`` shape, per ``k`` and
         span; None where it runs eagerly (as :meth:`run`)."""
         return self._run((int(input_ids.shape[1]), 1), k, cache, input_ids, start, span, steps)

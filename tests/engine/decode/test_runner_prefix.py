@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import random
 
-from engine.decode.runner import common_prefix_length
+from engine.decode.prefix import common_prefix_length
 
 
 def naive(a: list[int], b: list[int]) -> int:
