@@ -17,14 +17,13 @@ sequence except its last token (the pending one, fed at the next round).
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from typing import TypeVar
+from collections.abc import Iterator, Sequence
 
 from transformers import PreTrainedModel
 
-from engine.model.device import Device, Mark
+from engine.model.device import Device
 from engine.decode.drafters import EMPTY_DRAFT, Draft, Drafter, ModelDrafter
-from engine.errors import ContextLengthError, EngineError, NonFiniteLogitsError
+from engine.errors import ContextLengthError
 from engine.events import NOT_PAYING, OFF_BY_USER, FinishReason, GenerationParams, Mode, RoundEvent, TokenSource
 from engine.decode.runner import ModelRunner
 from engine.decode.sampling import GumbelNoise, Randomness, make_randomness, warp
@@ -35,9 +34,9 @@ from engine.decode.read_once import draft_and_verify, matching
 from engine.decode.chain import QueuedChain, chain_rounds
 from engine.decode.chain_drafts import DeviceLookup
 from engine.decode.device_rounds import DeviceRounds
+from engine.decode.recovery import DraftRecovery
 from engine.decode.verify import Verdict, verify_coupled, verify_greedy, verify_sampled
 
-T = TypeVar("T")
 BURST = 8
 """Plain steps a round on a card. Each step's pick feeds the next pass on the device and the
 picks come back in one transfer, so the host queues step i + 1 while the card runs step i: at
@@ -46,11 +45,9 @@ docs/gpu.md) would otherwise add to it. The same passes as one step a round (the
 pass, the same pick: argmax, seeded Gumbel-argmax or a draw with the reply's generator), so the
 same tokens; a stop token ends the reply where it stands, the steps after it are cropped. On the
 CPU, whose passes are synchronous, one step a round."""
-TARGET_OOM = ("the target model ran out of memory; start a new chat (a shorter context), lower the "
-              "profile's context_length, or choose a smaller quantization or profile")
 
 
-class SpecDecoder(DeviceRounds):
+class SpecDecoder(DeviceRounds, DraftRecovery):
     """Owns the target's runner, the drafter, and the measured cost model.
 
     Args:
@@ -134,12 +131,6 @@ class SpecDecoder(DeviceRounds):
         self.off_reason = None if enabled else OFF_BY_USER
         self.off_detail = None
         self.schedule.switch.reset(forced)
-
-    def drop_drafter(self, reason: str) -> str:
-        """Free the drafter for good and go on with plain decoding; returns the notice."""
-        self._release(target=False)
-        self.fallback_reason = reason
-        return f"draft dropped ({reason}); continuing with plain decoding"
 
     def compile_now(self) -> float:
         """Compile the target's and a model draft's static passes now, not at the first reply
@@ -363,14 +354,6 @@ class SpecDecoder(DeviceRounds):
             return draft
         return EMPTY_DRAFT
 
-    def _verify_alone(self, seq: list[int], params: GenerationParams,
-                      generator: Randomness) -> tuple[Draft, Verdict, Mark]:
-        """After a failed :func:`~engine.decode.read_once.draft_and_verify` (the drafter dropped): the target's own pass,
-        from where the round began."""
-        self.target.truncate(len(seq) - 1)
-        t_draft = self.device.mark()
-        return EMPTY_DRAFT, self._verify(seq, EMPTY_DRAFT, params, generator), t_draft
-
     def _verify(
         self,
         seq: list[int],
@@ -411,30 +394,3 @@ class SpecDecoder(DeviceRounds):
             )
             notice = dropped or notice
         return notice
-
-    def _guarded(self, step: Callable[[], T], reason: str | Callable[[], str],
-                 instead: Callable[[], T]) -> tuple[T, str | None]:
-        """Run ``step``; on out-of-memory, or NaN/inf logits from the draft model, drop the
-        drafter and run ``instead``. Returns the result and the notice (None if ``step``
-        succeeded). Recovery runs after the ``except`` block: until then the traceback keeps
-        the failed pass's frames and activations alive (pytorch/pytorch#18853). With no
-        drafter to drop, an unchained :class:`EngineError`. The target's NaN/inf logits
-        raise :class:`~engine.errors.NonFiniteLogitsError` as they are."""
-        non_finite: str | None = None  # the error's text, not the error: its traceback holds the frames
-        try:
-            return step(), None
-        except NonFiniteLogitsError as exc:
-            if exc.role != "draft" or self.drafter is None:
-                raise
-            non_finite = str(exc)
-        except Exception as exc:  # noqa: BLE001 - everything but OOM is re-raised as is
-            if not self.device.is_out_of_memory(exc):
-                raise
-        if self.drafter is None:
-            raise EngineError(TARGET_OOM)
-        reason = reason if isinstance(reason, str) else reason()
-        if non_finite is not None:
-            reason = f"{reason.replace('out of memory', 'non-finite logits')}: {non_finite}"
-        notice = self.drop_drafter(reason)  # releases memory: the failed frames are gone by now
-        # The retry is guarded too: with the drafter gone, an OOM there is the EngineError.
-        return self._guarded(instead, reason, instead)[0], notice
