@@ -82,9 +82,10 @@ class PromptArea(TextArea):
         """The widget PageUp/PageDown scroll (the transcript)."""
 
     def validate_placeholder(self, placeholder: str | Content) -> Content:
-        """The placeholder as plain text: Textual reads a str as markup, and one that names a
-        profile called ``pk[/x]`` (a user's models.toml) ended the app at start."""
-        return placeholder if isinstance(placeholder, Content) else Content(placeholder)
+        """The placeholder as plain, inert text: Textual reads a str as markup, and one that names a
+        profile called ``pk[/x]`` (a user's models.toml) ended the app at start; a profile's name
+        holding an escape (OSC 0, OSC 52) set the terminal's title and clipboard while it loaded."""
+        return Content(inert(placeholder.plain if isinstance(placeholder, Content) else placeholder))
 
     # -- height ----------------------------------------------------------------------
 

@@ -5,6 +5,7 @@ of the app and checks what a full repaint writes to the terminal (tests.app.term
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable
 
 import pytest
@@ -135,6 +136,21 @@ async def test_profile_names_and_descriptions_are_shown_inert(make_app: Callable
         app.query_one(Hud).flush(force=True)
         await pilot.pause()
         clean(app)
+
+
+async def test_a_profile_name_is_shown_inert_while_it_loads(make_app: Callable[..., SpecChatApp],
+                                                              loader: FakeLoader) -> None:
+    """The prompt box says which profile loads: that text is a profile's name from models.toml too."""
+    app = make_app(profiles_loader=hostile_profiles)
+    async with app.run_test(size=SIZE) as pilot:
+        await ready(pilot)
+        loader.gate = threading.Event()
+        app.switch_profile("evil" + HOSTILE["osc52-clipboard"])
+        await wait_for(pilot, lambda: app.engine.loading)
+        await pilot.pause()
+        assert "Loading evil␛]52;c;cm0gLXJmIH4=␇" in app.conversation.prompt.placeholder.plain
+        clean(app)
+        loader.gate.set()
 
 
 async def test_a_paste_keeps_its_order_and_comes_in_inert(make_app: Callable[..., SpecChatApp]) -> None:
