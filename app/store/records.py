@@ -55,7 +55,7 @@ FULL_BELOW_BYTES = 1 << 20
 def describe(what: str, exc: sqlite3.Error, path: Path | None = None) -> str:
     """One line for a failed read or write of the history file at ``path``, saying what to fix."""
     if is_lock_error(exc):
-        return f"{what}: the history database is locked by another program ({exc}); will retry"
+        return f"{what}: the history database is locked by another program ({exc})"
     if path is not None and isinstance(exc, sqlite3.OperationalError):
         try:
             free = shutil.disk_usage(path.parent).free

@@ -17,6 +17,11 @@ sends next goes there too. What is unsaved of a chat deleted through this Histor
 Only the latest state of each reply is written (rounds coalesce), and the final
 state (with its finish reason) is written as soon as the lock clears, even after
 the reply ended.
+
+A chat's settings (:data:`SETTINGS`: its title, profile, system prompt and sampling, as its
+:class:`ChatRef` holds them) are written the same way (:meth:`HistorySaver.save_setting`), before
+the replies: set while another program held the lock, F10's sampling was lost, and the UI waited
+out the lock's timeout. A chat not in the database yet takes them when the saver creates it.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Literal, Protocol
 
 from textual.message import Message
 
@@ -83,6 +88,11 @@ class ChatRef:
     """Set while its unsaved exchanges wait to be written to a new chat: the id deleted elsewhere."""
 
 
+Setting = Literal["title", "profile", "system_prompt", "sampling"]
+"""A chat setting the saver writes from its :class:`ChatRef`."""
+SETTINGS: tuple[Setting, ...] = ("title", "profile", "system_prompt", "sampling")
+
+
 class SupportsToDict(Protocol):
     """Statistics the saver turns into a dict only when it writes them (an engine's frozen
     ``ReplyStats``): the reply worker hands over every round's, the saver writes about one a second."""
@@ -135,6 +145,9 @@ class HistorySaver:
         self.on_created = on_created or (lambda _created: None)
         self.min_interval_s = min_interval_s
         self._queue: deque[ReplyRecord] = deque()
+        self._settings: dict[tuple[int, Setting], tuple[ChatRef, int]] = {}
+        """Settings to write: ``(id(chat), name) -> (chat, version)``, oldest first."""
+        self._setting_version = 0
         self._cond = threading.Condition()
         self._closed = False
         self._lagging = False
@@ -160,6 +173,19 @@ class HistorySaver:
             self._cond.notify_all()
         return record
 
+    def save_setting(self, chat: ChatRef, name: Setting) -> None:
+        """Write ``chat``'s setting ``name`` (the value its ChatRef holds when written: the latest
+        wins) soon, retried while the database is locked, before any reply."""
+        if name not in SETTINGS:
+            raise ValueError(f"unknown chat setting {name!r}; one of {', '.join(SETTINGS)}")
+        with self._cond:
+            self._setting_version += 1
+            self._settings.pop((id(chat), name), None)  # re-queued at the end: written after what came before
+            self._settings[(id(chat), name)] = (chat, self._setting_version)
+            self._urgent = True
+            self._start_thread()
+            self._cond.notify_all()
+
     def update(self, record: ReplyRecord, text: str, pieces: Pieces, stats: Stats,
                finish: str | None = None) -> None:
         """The reply's state now (``finish`` set on the last call); saved soon, in order.
@@ -181,6 +207,11 @@ class HistorySaver:
         with self._cond:
             return sum(1 for r in self._queue if r.written != r.version or r.finish is None)
 
+    def unsaved_settings(self) -> int:
+        """Chat settings set but not in the database yet."""
+        with self._cond:
+            return len(self._settings)
+
     def pending(self) -> list[tuple[ChatRef, str, str]]:
         """``(chat, prompt, reply text)`` of each reply whose latest state is not in the database."""
         with self._cond:
@@ -196,7 +227,7 @@ class HistorySaver:
         deadline = time.monotonic() + timeout
         with self._cond:
             self._urgent = True
-            while any(r.written != r.version for r in self._queue):
+            while self._settings or any(r.written != r.version for r in self._queue):
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
@@ -235,25 +266,33 @@ class HistorySaver:
         delay = BACKOFF_S[0]
         while True:
             with self._cond:
-                record = self._next_due()
-                while record is None and not self._closed:
+                setting = self._next_setting()
+                record = self._next_due() if setting is None else None
+                while setting is None and record is None and not self._closed:
                     self._cond.wait()
-                    record = self._next_due()
-                if record is None:
+                    setting = self._next_setting()
+                    record = self._next_due() if setting is None else None
+                if setting is None and record is None:
                     return
-                snapshot = (record.version, record.text, list(record.pieces), record.stats, record.finish)
+                if record is not None:
+                    snapshot = (record.version, record.text, list(record.pieces), record.stats, record.finish)
             try:
-                self._write(record, *snapshot)
+                if setting is not None:
+                    self._write_setting(*setting)
+                else:
+                    assert record is not None
+                    self._write(record, *snapshot)
             except ChatDeleted:
+                assert record is not None  # a setting's UPDATE of a deleted chat changes nothing, raises nothing
                 self._chat_deleted(record.chat)
                 continue
             except HistoryError as exc:
                 self._last_error = str(exc)
                 if not self._lagging:
                     self._lagging = True
-                    self.on_lag(f"{exc}. Unsaved text is kept in memory and saved when the lock is released."
+                    self.on_lag(f"{exc}. Unsaved changes are kept in memory and saved when the lock is released."
                                 if exc.locked else
-                                f"{exc}. Unsaved text is kept in memory and saved as soon as writing works again; "
+                                f"{exc}. Unsaved changes are kept in memory and saved as soon as writing works again; "
                                 "quitting first asks what to do with it.")
                 with self._cond:
                     if self._closed:
@@ -265,6 +304,14 @@ class HistorySaver:
             if self._lagging:
                 self._lagging = False
                 self.on_lag(None)
+            if setting is not None:
+                with self._cond:
+                    chat, name, version = setting
+                    if self._settings.get((id(chat), name), (None, -1))[1] == version:  # not set again meanwhile
+                        del self._settings[(id(chat), name)]
+                    self._cond.notify_all()
+                continue
+            assert record is not None
             with self._cond:
                 record.written = max(record.written, snapshot[0])
                 self._cond.notify_all()
@@ -275,6 +322,28 @@ class HistorySaver:
                     f"'{chat.title}'.", chat.id, chat.title))
                 chat.deleted_id = None
             self._pause()
+
+    def _next_setting(self) -> tuple[ChatRef, Setting, int] | None:
+        """The oldest setting to write of a chat in the database. A chat not written yet takes its
+        settings when it is created (from its ChatRef), so its entries are dropped."""
+        for key, (chat, version) in list(self._settings.items()):
+            if chat.id is not None:
+                return chat, key[1], version
+            del self._settings[key]
+        return None
+
+    def _write_setting(self, chat: ChatRef, name: Setting, version: int) -> None:
+        """Write ``chat``'s setting ``name`` as its ChatRef holds it now (may raise HistoryError)."""
+        assert chat.id is not None
+        h = self.history
+        if name == "title":
+            h.rename_chat(chat.id, chat.title)
+        elif name == "profile":
+            h.set_profile(chat.id, chat.profile)
+        elif name == "system_prompt":
+            h.set_system_prompt(chat.id, chat.system_prompt)
+        else:
+            h.set_sampling(chat.id, chat.sampling)
 
     def _pause(self) -> None:
         """Up to :attr:`min_interval_s` before the next write, over at once when a reply ends, a new

@@ -11,7 +11,7 @@ from typing import TypeVar
 
 from app.store.history import History, HistoryError
 from app.store.open_chats import OpenChats
-from app.store.saver import ChatCreated, HistoryRescued, HistorySaver
+from app.store.saver import ChatCreated, ChatRef, HistoryRescued, HistorySaver, Setting
 
 T = TypeVar("T")
 
@@ -59,20 +59,31 @@ class Archive:
         return self.history.notice
 
     def db(self, fn: Callable[..., T], *args: object, **kwargs: object) -> T | None:
-        """Run a history call; on failure report the error and answer None."""
+        """Run a history call once; on failure report the error and answer None (the saver's
+        writes are the ones retried: :meth:`save_setting`)."""
         try:
             return fn(*args, **kwargs)
         except HistoryError as exc:
-            self._report(str(exc))
+            self._report(f"{exc}; nothing was changed: try again once it is free" if exc.locked else str(exc))
             return None
+
+    def save_setting(self, chat: ChatRef, name: Setting) -> None:
+        """Save ``chat``'s setting ``name`` as its ChatRef holds it, through the saver: off the
+        UI's thread, and retried while another program holds the database."""
+        if self.saver is not None:
+            self.saver.save_setting(chat, name)
 
     def at_risk(self, on_screen: bool) -> str | None:
         """Why quitting now would lose what was said (None: nothing would be lost). Asked at
         quit: writes are failing with replies unsaved, or the history lives in memory only
         and ``on_screen`` (the open chat has messages)."""
         saver, history = self.saver, self.history
-        if saver is not None and saver.lagging and saver.unsaved():
-            return (f"{saver.unsaved()} repl{'ies are' if saver.unsaved() > 1 else 'y is'} not saved: "
+        if saver is not None and saver.lagging and (saver.unsaved() or saver.unsaved_settings()):
+            replies, settings = saver.unsaved(), saver.unsaved_settings()
+            what = " and ".join(part for part in (
+                f"{replies} repl{'ies' if replies > 1 else 'y'}" if replies else "",
+                f"{settings} chat setting{'s' if settings > 1 else ''}" if settings else "") if part)
+            return (f"{what} {'are' if replies + settings > 1 else 'is'} not saved: "
                     f"{saver.last_error or 'history writes are failing'}.")
         if history is not None and history.path is None and on_screen:
             return "This session's chats are not saved: the history database could not be used."

@@ -245,8 +245,9 @@ class Conversation(ReplyPainting, Horizontal):
         profile = self.host.profile
         value = value.strip()
         self.chat_system_prompt = None if value == ((profile.system_prompt if profile else None) or "") else value
-        if self.chat_id is not None and self.archive.history is not None:
-            self.archive.db(self.archive.history.set_system_prompt, self.chat_id, self.chat_system_prompt)
+        if self._chat is not None:  # saved with the chat, or when the saver creates it
+            self._chat.system_prompt = self.chat_system_prompt
+            self.archive.save_setting(self._chat, "system_prompt")
         notice(self, "System prompt set." if value else "No system prompt for this chat.")
 
     def set_sampling(self, sampling: ChatSampling, *, save: bool = True) -> None:
@@ -256,8 +257,7 @@ class Conversation(ReplyPainting, Horizontal):
         self.prompt.border_subtitle = sampling.label(self.host.profile)
         if save and self._chat is not None:
             self._chat.sampling = sampling.to_dict()
-            if self._chat.id is not None and self.archive.history is not None:
-                self.archive.db(self.archive.history.set_sampling, self._chat.id, self._chat.sampling)
+            self.archive.save_setting(self._chat, "sampling")
 
     def model_state(self, loading: str | None, loaded: bool = True) -> None:
         """The prompt box says what the model is doing: ``loading`` (the profile's name; Enter
@@ -268,8 +268,9 @@ class Conversation(ReplyPainting, Horizontal):
     def profile_changed(self, name: str) -> None:
         """A new profile is loaded: the chat continues with it (and its sampling over the profile's)."""
         self.set_sampling(self.sampling, save=False)
-        if self.chat_id is not None and self.archive.history is not None:
-            self.archive.db(self.archive.history.set_profile, self.chat_id, name)
+        if self._chat is not None:
+            self._chat.profile = name
+            self.archive.save_setting(self._chat, "profile")
 
     # -- sending -----------------------------------------------------------------------
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 import app.store.schema as schema_module
 from app.store.history import History
 from app.store.saver import ChatRef, HistorySaver
@@ -56,4 +58,28 @@ def test_damaged_sampling_json_reads_as_none(tmp_path: Path) -> None:
         history._conn.commit()
         assert history.get_chat(chat).sampling is None  # type: ignore[union-attr]
     finally:
+        history.close()
+
+
+def test_settings_of_a_chat_not_written_yet_go_in_with_it_and_later_ones_in_order(tmp_path: Path) -> None:
+    history = History.open(tmp_path / "h.db")
+    saver = HistorySaver(history)
+    try:
+        chat = ChatRef("early", "fast")
+        chat.sampling = {"seed": 5}
+        saver.save_setting(chat, "sampling")  # no row yet: the creation takes it
+        record = saver.start_reply(chat, "hi", "fast")
+        saver.update(record, "hello", [], None, finish="eos")
+        assert saver.flush(5.0) and chat.id is not None and saver.unsaved_settings() == 0
+        assert history.get_chat(chat.id).sampling == {"seed": 5}  # type: ignore[union-attr]
+        chat.title, chat.system_prompt = "renamed", "Be brief."
+        saver.save_setting(chat, "title")
+        saver.save_setting(chat, "system_prompt")
+        assert saver.flush(5.0)
+        saved = history.get_chat(chat.id)
+        assert saved is not None and (saved.title, saved.system_prompt, saved.sampling) == ("renamed", "Be brief.", {"seed": 5})
+        with pytest.raises(ValueError, match="unknown chat setting 'colour'"):
+            saver.save_setting(chat, "colour")  # type: ignore[arg-type]
+    finally:
+        saver.close(1.0)
         history.close()

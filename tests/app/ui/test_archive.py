@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.ui.app import SpecChatApp
+from app.ui.sampling import ChatSampling
 from app.ui.screens.chats import ChatsScreen
 from app.ui.widgets.chat_view import AssistantMessage, UserMessage
 from engine.config.profiles import Profiles
@@ -66,6 +68,36 @@ async def test_lock_during_reply_shows_notice_and_saves_everything_after(
         (user, reply) = app.archive.history.messages(app.conversation.chat_id)
         assert reply.content == "Hello there! Here is code:\n\n```python\nprint('hi')\n```\nDone."
         assert reply.finish_reason == "eos" and reply.stats is not None and reply.stats["rounds"] == 5
+
+
+@pytestmark_async
+async def test_chat_settings_set_while_locked_are_saved_once_it_is_free(
+    make_app: Callable[..., SpecChatApp], specchat_dirs: Path, short_busy: None
+) -> None:
+    """F10's sampling, F8's system prompt and a profile switch, set while another program holds the
+    database: the UI goes on at once, quitting would ask, and all three are written after (a hostile
+    tester's F10 sampling was lost, behind a toast that said it would be retried)."""
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        await wait_for(pilot, lambda: not app.conversation.generating and app.conversation.chat_id is not None)
+        saver, chat_id = app.archive.saver, app.conversation.chat_id
+        assert saver is not None and saver.flush(5)
+        thread, _ = hold_lock(specchat_dirs / "history.db", 1.5, exclusive=False)
+        began = time.monotonic()
+        app.conversation.set_sampling(ChatSampling(0.5, seed=3))
+        app.conversation.set_system_prompt("Be brief.")
+        app.conversation.profile_changed("lookup")
+        assert time.monotonic() - began < 0.3  # nothing waited on the lock on the UI's thread (three waits of 0.2 s did)
+        await wait_for(pilot, lambda: saver.lagging)
+        assert (app.archive.at_risk(True) or "").startswith("3 chat settings are not saved: ")
+        thread.join()
+        await wait_for(pilot, lambda: saver.unsaved_settings() == 0 and not saver.lagging, timeout=10)
+        chat = app.archive.history.get_chat(chat_id)  # type: ignore[union-attr]
+        assert chat is not None and (chat.sampling, chat.system_prompt, chat.profile) == (
+            {"temperature": 0.5, "seed": 3}, "Be brief.", "lookup")
+        assert not any("will retry" in n.message for n in app._notifications)
 
 
 @pytestmark_async

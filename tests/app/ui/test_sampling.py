@@ -97,7 +97,8 @@ async def test_the_dialog_sets_the_chats_sampling_and_each_request_carries_it(
         await wait_for(pilot, lambda: not app.conversation.generating and len(loader.backends[-1].params) == 3)
         assert sent(loader) == SamplingParams(0.7, 0.9, 0, 42)
         chat_id = app.conversation.chat_id
-        assert chat_id is not None and app.archive.history is not None
+        assert chat_id is not None and app.archive.history is not None and app.archive.saver is not None
+        assert app.archive.saver.flush(5)
         saved = app.archive.history.get_chat(chat_id)
         assert saved is not None and saved.sampling == {"temperature": 0.7, "top_p": 0.9, "seed": 42}
         await app.action_new_chat()  # a new chat starts from the profile's sampling

@@ -326,7 +326,7 @@ async def test_the_chats_system_prompt_follows_the_profile_or_replaces_it(make_a
         assert [m.role for m in loader.backends[0].calls[0]] == ["user"]
         chat_id = saved_chat(app)
         conversation.set_system_prompt("  Be formal.  ")
-        assert conversation.system_prompt == "Be formal."
+        assert conversation.system_prompt == "Be formal." and app.archive.saver.flush(5)  # type: ignore[union-attr]
         assert app.archive.history.get_chat(chat_id).system_prompt == "Be formal."  # type: ignore[union-attr]
         await conversation.new_chat()
         assert conversation.system_prompt == "You are terse."
@@ -340,6 +340,7 @@ async def test_the_open_chat_deleted_elsewhere_and_a_profile_change(make_app: Ca
         await replied(pilot, "first")
         chat_id = saved_chat(app)
         conversation.profile_changed("lookup")
+        assert app.archive.saver.flush(5)  # type: ignore[union-attr]
         assert app.archive.history.get_chat(chat_id).profile == "lookup"  # type: ignore[union-attr]
         assert not await conversation.chat_deleted(chat_id + 1)
         assert conversation.chat_id == chat_id and kinds(app) == ["UserMessage", "AssistantMessage"]
