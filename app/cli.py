@@ -24,6 +24,7 @@ from app.models_cli import (
 
 __all__ = ["add_model_options", "generation_params", "load_for", "main", "resolve_profile", "stderr_progress"]
 from app.server_cli import server_profile_from_args
+from engine.environment import check as check_environment
 from engine.errors import SpecChatError
 from engine.text_safety import inert, json_text
 from engine.events import MAX_K
@@ -304,6 +305,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     handlers = {"generate": cmd_generate, "profiles": cmd_profiles, "bench": cmd_bench, "models": cmd_models,
                 None: cmd_app}
     try:
+        check_environment()  # a bad SPECCHAT_* value is said now, naming it, not deep in a load
         return handlers[args.command](args)
     except SpecChatError as exc:
         print(inert(f"specchat: error: {exc}"), file=sys.stderr)

@@ -7,6 +7,7 @@ import json
 import sys
 from typing import Any
 
+from engine.errors import SettingError
 from engine.text_safety import inert
 
 
@@ -26,7 +27,10 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         p = profiles.get(name)
         why_not = unavailable_reason(p, cuda=cuda)
         fetch = to_download(p)
-        device, device_reason = profile_device_choice(p) if p.backend == "local" else (None, None)
+        try:
+            device, device_reason = profile_device_choice(p) if p.backend == "local" else (None, None)
+        except SettingError as exc:  # SPECCHAT_DEVICE=cuda without a card: this profile cannot load
+            device, device_reason, why_not = None, None, why_not or str(exc)
         cards = profile_card_plans(p)
         rows.append({
             "name": name,

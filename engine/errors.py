@@ -72,3 +72,8 @@ class LlamaCppError(SpecChatError):
 class StorageError(SpecChatError):
     """A folder or file specchat keeps its data in cannot be made or written: a file stands where a
     folder should be, the disk is full, or permission is denied. The message names the path."""
+
+
+class SettingError(SpecChatError):
+    """An environment variable of specchat's (``SPECCHAT_*``) holds a value it cannot use; the
+    message names the variable and the values it takes."""

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from app.ui.messages import EngineFailed, EngineReady
 from engine.api import ChatBackend
 from engine.progress import ProgressFn
+from engine.environment import THREADS, UI_NICE as UI_NICE_ENV, whole
 from engine.errors import LoadStoppedError, SpecChatError
 
 if TYPE_CHECKING:
@@ -110,18 +111,13 @@ engine from the keyboard's own thread (:meth:`EngineHost.interrupt`)."""
 def engine_threads() -> int | None:
     """Torch threads for the app's engine: ``SPECCHAT_THREADS``, else None (torch's default:
     every core; it ran on every core but one, 0.66x of ``specchat generate`` on 2 cores)."""
-    import os
-
-    if os.environ.get("SPECCHAT_THREADS"):
-        return max(1, int(os.environ["SPECCHAT_THREADS"]))
-    return None
+    return whole(THREADS, 1)
 
 
 def ui_nice() -> int:
     """:data:`UI_NICE`, or ``SPECCHAT_UI_NICE``."""
-    import os
-
-    return int(os.environ.get("SPECCHAT_UI_NICE", UI_NICE))
+    nice = whole(UI_NICE_ENV, 0, 19)
+    return UI_NICE if nice is None else nice
 
 
 def key_threads() -> set[int]:

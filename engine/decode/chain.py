@@ -44,12 +44,12 @@ reply.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
 
+from engine.environment import whole
 from engine.decode.chain_drafts import ChainDrafting, ModelChainDraft
 from engine.decode.drafters import ModelDrafter, NgramDrafter
 from engine.decode.runner import ModelRunner
@@ -68,12 +68,9 @@ over a static cache: the tests)."""
 def chain_rounds(is_cuda: bool) -> int:
     """``R`` for a decoder on a card (``is_cuda``) or not: ``SPECCHAT_CHAIN`` where set, else
     :data:`CHAIN_ROUNDS` on a card and 1 on the CPU."""
-    value = os.environ.get(ENV, "").strip()
-    if value:
-        try:
-            return max(1, int(value))
-        except ValueError:
-            raise ValueError(f"{ENV}={value!r}: give the rounds a chain queues (0 or 1: off)") from None
+    value = whole(ENV, 0)
+    if value is not None:
+        return max(1, value)
     return CHAIN_ROUNDS if is_cuda else 1
 
 

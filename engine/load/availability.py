@@ -15,6 +15,8 @@ import os
 import re
 import sys
 from pathlib import Path
+
+from engine.environment import device_override
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -35,7 +37,7 @@ def cuda_present() -> bool:
     without importing it: torch built for a GPU (its ``version.py`` names a CUDA or
     ROCm version) and a GPU driver loaded (:data:`GPU_DRIVER_PATHS`). A wrong guess
     only labels a profile; loading it still asks torch itself."""
-    name = os.environ.get("SPECCHAT_DEVICE")
+    name = device_override()
     if name:
         return name.startswith("cuda")
     if "torch" in sys.modules:

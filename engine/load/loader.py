@@ -17,6 +17,7 @@ from engine.api import EngineInfo
 from engine.progress import DownloadMeter, ProgressFn, Steps, no_progress, ticking
 from engine.model.compat import check_pair
 from engine.model.device import Device, oom_summary
+from engine.environment import device_override
 from engine.errors import IncompatibleDraftError, ModelSourceError, ProfileError, QuantizationError
 from engine.model.plan import Plan, plan_memory
 from engine.config.profiles import ModelProfile, ModelSpec
@@ -78,7 +79,6 @@ def profile_device_choice(profile: ModelProfile) -> tuple[Device, str | None]:
     "any"`` profile with int4 models (and none that needs bitsandbytes, which the CPU cannot run)
     falls back to the CPU on a card that cannot run torch's int4 kernels
     (:func:`engine.model.device.choose_device`)."""
-    import os
 
     import torch
 
@@ -91,7 +91,7 @@ def profile_device_choice(profile: ModelProfile) -> tuple[Device, str | None]:
     int4 = any(s.quantization == "int4" for s in specs) and not any(s.quantization in ("nf4", "int8") for s in specs)
     problem = cuda_int4_problem(torch.device("cuda")) if cuda_found and int4 else None
     name, reason = choose_device(profile.device, cuda_found=cuda_found, int4=int4, int4_problem=problem,
-                                 override=os.environ.get("SPECCHAT_DEVICE"))
+                                 override=device_override())
     return Device(torch.device(name)), reason
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import logging
 import os
+
+from engine.environment import OFF, switch
 from collections.abc import Callable
 from typing import Any
 
@@ -21,13 +23,9 @@ import torch
 
 log = logging.getLogger(__name__)
 
-OFF = ("0", "false", "off", "no")
-"""What an environment switch may say to turn a thing off."""
-
-
 def switched_off(name: str) -> bool:
-    """Whether the environment variable ``name`` says off (:data:`OFF`)."""
-    return os.environ.get(name, "").strip().lower() in OFF
+    """Whether the environment switch ``name`` says off (:func:`engine.environment.switch`)."""
+    return switch(name) is False
 
 
 COMPILE_ENV = "SPECCHAT_COMPILE"
@@ -45,7 +43,7 @@ def compile_backend(card: bool = False) -> str | None:
     value = os.environ.get(COMPILE_ENV, "").strip().lower()
     if value == "":
         return "inductor" if card else None
-    if value in OFF:
+    if value in OFF:  # the switches' words for off
         return None
     return "inductor" if value in ("1", "true", "on", "yes") else value
 

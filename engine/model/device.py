@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import contextlib
 import gc
-import os
 import re
 import time
 from dataclasses import dataclass
@@ -24,6 +23,8 @@ from typing import Any, Union
 import psutil
 import torch
 
+from engine.environment import device_override, switch
+from engine.errors import SettingError
 from engine.model.capture import ENV as GRAPHS_ENV, CudaGraphs, GraphBackend, graphs_disabled
 
 
@@ -63,8 +64,10 @@ class Device:
 
         ``SPECCHAT_DEVICE`` overrides the choice (``cpu`` or ``cuda[:N]``).
         """
-        name = prefer or os.environ.get("SPECCHAT_DEVICE")
+        name = prefer or device_override()
         if name:
+            if name.startswith("cuda") and not torch.cuda.is_available():
+                raise SettingError(no_cuda_here(name))
             return Device(torch.device(name))
         return Device(torch.device("cuda" if torch.cuda.is_available() else "cpu"))
 
@@ -127,10 +130,8 @@ class Device:
         keeps the growing cache and its C attention step, which a whole-window mask would slow."""
         if self.static_cache is not None:
             return self.static_cache
-        forced = os.environ.get(STATIC_CACHE_ENV, "").strip().lower()
-        if forced in ("0", "1", "true", "false", "on", "off"):
-            return forced in ("1", "true", "on")
-        return self.is_cuda
+        forced = switch(STATIC_CACHE_ENV)
+        return self.is_cuda if forced is None else forced
 
     def graph_backend(self) -> tuple[GraphBackend | None, str | None]:
         """The backend that captures a runner's static passes, and why there is none: CUDA
@@ -246,12 +247,21 @@ def choose_device(wanted: str, *, cuda_found: bool, int4: bool = False, int4_pro
     if wanted == "cpu":
         return "cpu", None
     if override:
+        if override.startswith("cuda") and not cuda_found:
+            raise SettingError(no_cuda_here(override))
         return override, (f"SPECCHAT_DEVICE={override}" if not override.startswith("cuda") else None)
     if not cuda_found:
         return "cpu", "no CUDA device found"
     if wanted == "any" and int4 and int4_problem:
         return "cpu", f"{int4_problem}; its int4 models run on the CPU instead"
     return "cuda", None
+
+
+def no_cuda_here(name: str) -> str:
+    """Why ``SPECCHAT_DEVICE=<name>`` cannot be had: torch sees no card (or was built without CUDA)."""
+    why = ("this torch was built without CUDA" if torch.version.cuda is None and torch.version.hip is None
+           else "torch sees no CUDA card")
+    return f"SPECCHAT_DEVICE={name}, but {why} (torch {torch.__version__}); unset it to run on the CPU"
 
 
 def oom_summary(exc: BaseException) -> str:

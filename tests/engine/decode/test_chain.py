@@ -12,7 +12,7 @@ from engine.decode.chain import CHAIN_ROUNDS, ENV, chain_rounds, chained_rounds
 from engine.decode.decoder import SpecDecoder
 from engine.decode.drafters import ModelDrafter
 from engine.decode.runner import ModelRunner
-from engine.errors import NonFiniteLogitsError
+from engine.errors import NonFiniteLogitsError, SettingError
 from engine.events import GenerationParams, SamplingParams
 from engine.model.capture import RecordingBackend
 from engine.model.device import Device
@@ -62,7 +62,7 @@ def test_rounds_a_chain_queues_on_a_card_the_cpu_and_by_hand(monkeypatch) -> Non
     monkeypatch.setenv(ENV, "6")
     assert chain_rounds(False) == 6
     monkeypatch.setenv(ENV, "many")
-    with pytest.raises(ValueError, match="SPECCHAT_CHAIN"):
+    with pytest.raises(SettingError, match="SPECCHAT_CHAIN"):
         chain_rounds(True)
 
 

@@ -188,7 +188,7 @@ def test_an_out_of_memory_error_is_told_in_a_few_words() -> None:
     ("cuda", True, True, "the card is 7.5", None, ("cuda", None)),  # refused later with the way out, never moved
     ("cuda", False, False, None, None, ("cpu", "no CUDA device found")),  # then listed as unavailable
     ("any", True, True, None, "cpu", ("cpu", "SPECCHAT_DEVICE=cpu")),
-    ("any", False, True, None, "cuda:1", ("cuda:1", None)),
+    ("any", True, True, None, "cuda:1", ("cuda:1", None)),  # without a card: refused (tests/engine/test_environment.py)
 ])
 def test_choose_device_falls_back_to_the_cpu_with_the_reason(
     wanted: str, cuda_found: bool, int4: bool, problem: str | None, override: str | None,

@@ -1,0 +1,78 @@
+"""The ``SPECCHAT_*`` environment variables that steer the engine and the app, each read here.
+
+A value none of them can use is a :class:`~engine.errors.SettingError` that names the variable
+and what it takes, raised where the value is read and, for every variable at once, by
+:func:`check` when a command starts: ``SPECCHAT_UI_NICE=abc`` ended the app with a traceback as
+its model became ready, and ``SPECCHAT_THREADS=abc`` failed every profile's load with
+"invalid literal for int()", naming no variable.
+"""
+from __future__ import annotations
+
+import os
+import re
+
+from engine.errors import SettingError
+
+ON = ("1", "true", "on", "yes")
+OFF = ("0", "false", "off", "no")
+"""What a switch may say (any case)."""
+
+SWITCHES = ("SPECCHAT_STATIC_CACHE", "SPECCHAT_CUDA_GRAPHS", "SPECCHAT_CARD_ATTENTION")
+"""Variables that turn a thing on or off (unset: the device's default)."""
+THREADS = "SPECCHAT_THREADS"
+UI_NICE = "SPECCHAT_UI_NICE"
+CHAIN = "SPECCHAT_CHAIN"
+DEVICE = "SPECCHAT_DEVICE"
+_DEVICE_NAME = re.compile(r"^(cpu|cuda(:\d+)?)$")
+
+
+def _value(name: str) -> str:
+    return os.environ.get(name, "").strip()
+
+
+def switch(name: str) -> bool | None:
+    """What the switch ``name`` says: True (:data:`ON`), False (:data:`OFF`) or None (unset)."""
+    value = _value(name)
+    if not value:
+        return None
+    if value.lower() in ON:
+        return True
+    if value.lower() in OFF:
+        return False
+    raise SettingError(f"{name}={value!r}: use 1 or 0 (on or off), or unset it for the default")
+
+
+def whole(name: str, low: int, high: int | None = None) -> int | None:
+    """The whole number ``name`` holds, from ``low`` to ``high``; None when unset."""
+    value = _value(name)
+    if not value:
+        return None
+    try:
+        number = int(value)
+    except ValueError:
+        number = None
+    if number is None or number < low or (high is not None and number > high):
+        span = f"from {low} to {high}" if high is not None else f"of at least {low}"
+        raise SettingError(f"{name}={value!r}: give a whole number {span}, or unset it")
+    return number
+
+
+def device_override() -> str | None:
+    """``SPECCHAT_DEVICE`` (``cpu``, ``cuda`` or ``cuda:N``), or None when unset. Whether a card is
+    there is for the loader to say (:func:`engine.model.device.choose_device`)."""
+    value = _value(DEVICE).lower()
+    if not value:
+        return None
+    if not _DEVICE_NAME.match(value):
+        raise SettingError(f"{DEVICE}={_value(DEVICE)!r}: use cpu, cuda or cuda:N (a card's number), or unset it")
+    return value
+
+
+def check() -> None:
+    """Read every variable here once, raising the first :class:`SettingError`."""
+    for name in SWITCHES:
+        switch(name)
+    whole(THREADS, 1)
+    whole(UI_NICE, 0, 19)
+    whole(CHAIN, 0)
+    device_override()
