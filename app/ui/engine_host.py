@@ -306,6 +306,7 @@ class EngineHost:
         and the pair it was replacing is closed too."""
         self._quitting.set()
         self._stop_load.set()
+        self.interrupt()  # a reply that holds the lock ends, or its hung child is ended (engine.child.backend)
         with self.lock:
             for backend in (self.backend, self._replaced):
                 if backend is not None:

@@ -13,7 +13,11 @@ loop in :mod:`engine.child.serve`, and the thread that starts children in
 :mod:`engine.child.launcher`.
 
 A child that dies (killed, crashed) ends the reply with an :class:`EngineError`
-saying so; the conversation is the app's and nothing of it is lost.
+saying so; the conversation is the app's and nothing of it is lost. So does a child that
+stops answering (stopped with SIGSTOP, wedged): once a reply was told to stop it has
+:data:`STOP_WAIT_S` to end it, and a control request :data:`CONTROL_WAIT_S` (a drafter's
+lesson :data:`LEARN_WAIT_S`) for its answer, or it is ended as hung. Before, such a child
+held the engine for good: Esc, F2 and ctrl+q waited on it, and F5 froze the UI.
 """
 from __future__ import annotations
 
@@ -55,6 +59,17 @@ YIELD_S = 0.25
 
 CLOSE_WAIT_S = 10.0
 """How long :meth:`ProcessBackend.close` waits for the child to exit before killing it."""
+
+STOP_WAIT_S = 10.0
+"""How long a reply told to stop (Esc, a switch, quitting) may take to end before its child is
+ended as hung. A healthy child ends it within a round or a prompt's piece (well under a second)."""
+
+CONTROL_WAIT_S = 5.0
+"""How long a speculation switch (F5) waits for the child's answer, which its control thread
+gives at once, even while a reply streams."""
+
+LEARN_WAIT_S = 120.0
+"""How long handing the drafter earlier chats may take (tokenizing and indexing: about a second)."""
 
 
 class _Reply(Iterator[ChatEvent]):
@@ -240,16 +255,18 @@ class ProcessBackend:
 
     def set_speculation(self, enabled: bool) -> None:
         """Switch speculation in the child, at once, even while a reply streams."""
-        self._control_request(SpeculationRequest(enabled))
+        self._control_request(SpeculationRequest(enabled), CONTROL_WAIT_S)
 
     def learn(self, texts: Sequence[str]) -> None:
         """Hand the child's drafter earlier chats' messages (see :meth:`ChatBackend.learn`)."""
-        self._control_request(LearnRequest(list(texts)))
+        self._control_request(LearnRequest(list(texts)), LEARN_WAIT_S)
 
-    def _control_request(self, request: ControlRequest) -> None:
+    def _control_request(self, request: ControlRequest, wait_s: float) -> None:
+        """Send ``request`` on the control pipe and take its answer within ``wait_s``; a child that
+        gives none is ended (an answer that came later would be read as the next request's)."""
         with self._control_lock:
             self._send(request, self._control)
-            answer: ControlAnswer = self._receive(conn=self._control)  # type: ignore[assignment]
+            answer: ControlAnswer = self._receive(conn=self._control, within=wait_s)  # type: ignore[assignment]
         if isinstance(answer, Failure):
             raise answer.error
         self._info = answer.info
@@ -267,6 +284,12 @@ class ProcessBackend:
         """Give the child ``wait_s`` to exit, then end it with its process group (what it started:
         a download's pip), and close the pipes."""
         self._process.join(wait_s)
+        self._kill()
+        self._conn.close()
+        self._control.close()
+
+    def _kill(self) -> None:
+        """End the child and its process group now, if it still runs, and reap it."""
         pid = self._process.pid
         if self._process.is_alive() and pid is not None:
             try:
@@ -277,8 +300,6 @@ class ProcessBackend:
             except (ProcessLookupError, PermissionError):
                 pass
             self._process.join()
-        self._conn.close()
-        self._control.close()
 
     def _send(self, message: ToChild | ControlRequest, conn: Connection | None = None) -> None:
         try:
@@ -287,10 +308,14 @@ class ProcessBackend:
             raise self._died() from exc
 
     def _receive(self, cancel: threading.Event | None = None, conn: Connection | None = None,
-                 stop: threading.Event | None = None) -> FromChild | ControlAnswer:
+                 stop: threading.Event | None = None, within: float | None = None) -> FromChild | ControlAnswer:
         """The child's next message on ``conn`` (the reply pipe by default); forwards ``cancel``;
-        raises :class:`LoadStoppedError` once ``stop`` is set."""
+        raises :class:`LoadStoppedError` once ``stop`` is set. A child that sends nothing within
+        ``within`` seconds, or on the reply pipe within :data:`STOP_WAIT_S` of the reply being told
+        to stop, is ended: :class:`EngineDiedError`, saying it hung."""
         conn = conn or self._conn
+        began = time.monotonic()
+        stopping_since: float | None = None
         try:
             while True:
                 if stop is not None and stop.is_set():
@@ -301,8 +326,20 @@ class ProcessBackend:
                     return conn.recv()
                 if not self._process.is_alive() and not conn.poll():
                     raise self._died()
+                now = time.monotonic()
+                if within is not None and now - began > within:
+                    raise self._hung(f"did not answer within {within:g} s")
+                if conn is self._conn and self._cancel.is_set():
+                    stopping_since = stopping_since or now
+                    if now - stopping_since > STOP_WAIT_S:
+                        raise self._hung(f"did not stop the reply within {STOP_WAIT_S:g} s of being asked")
         except (EOFError, OSError) as exc:
             raise self._died() from exc
+
+    def _hung(self, what: str) -> EngineDiedError:
+        """End a child that stopped answering; the error that says so."""
+        self._kill()
+        return EngineDiedError(f"the engine process {what} and was ended; the conversation is kept")
 
     def _died(self) -> EngineDiedError:
         self._process.join(1.0)

@@ -149,6 +149,34 @@ def test_a_child_that_ends_while_idle_is_told_at_once(talker) -> None:
     assert told.wait(10)
 
 
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGSTOP")
+def test_a_child_that_stops_answering_is_ended_and_said_to_hang(talker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A child stopped (SIGSTOP) or wedged held the engine for good: Esc, a switch and ctrl+q waited on
+    the reply's reader, and F5 froze the UI on its answer (a hostile tester's). Told to stop, a reply
+    now has STOP_WAIT_S to end, and F5's request CONTROL_WAIT_S to be answered."""
+    import engine.child.backend as backend_module
+
+    monkeypatch.setattr(backend_module, "STOP_WAIT_S", 1.0)
+    monkeypatch.setattr(backend_module, "CONTROL_WAIT_S", 0.5)
+    for ask in ("reply", "switch"):
+        backend = ProcessBackend.start(profile_from_sources(str(talker)), None, threads=1)
+        try:
+            assert backend.pid is not None
+            os.kill(backend.pid, signal.SIGSTOP)
+            began = time.monotonic()
+            if ask == "reply":
+                reply = backend.chat(MESSAGES, PARAMS)
+                threading.Timer(0.3, backend.interrupt).start()  # Esc, from the keyboard's thread
+                with pytest.raises(EngineDiedError, match="did not stop the reply within 1 s of being asked"):
+                    list(reply)
+            else:
+                with pytest.raises(EngineDiedError, match="did not answer within 0.5 s"):
+                    backend.set_speculation(False)
+            assert time.monotonic() - began < 8 and not backend.alive  # ended, so the app loads it again
+        finally:
+            backend.close()
+
+
 @pytest.mark.skipif(not hasattr(os, "killpg"), reason="process groups")
 def test_a_stopped_load_ends_the_child_and_what_it_started(talker) -> None:
     """Esc during a load (app.ui.loading): the child and its process group (a download's pip, here a
