@@ -24,6 +24,7 @@ from engine.model.device import Device
 from engine.decode.drafters import Drafter, ModelDrafter
 from engine.errors import ContextLengthError, EngineBusyError
 from engine.model.memory import context_window
+from engine.model.plan import Plan
 from engine.events import ChatEvent, ChatMessage, GenerationParams, RoundEvent, TextPiece
 
 
@@ -74,8 +75,10 @@ class ChatEngine:
             "fallback_reason": self.decoder.fallback_reason or self._info.fallback_reason,  # a drop, at load or later
             "off_reason": self.decoder.off_reason,  # a switch: the user's or the evidence's
         }
-        if self.decoder.drafter is None and self._info.draft_bytes:
-            changes["draft_bytes"] = 0
+        if self.decoder.drafter is None and self._info.drafter != "none":  # dropped while decoding: plain now
+            reason = self.decoder.fallback_reason or "the drafter was dropped"
+            changes.update(drafter="none", draft_bytes=0 if self._info.draft_bytes is not None else None,
+                           plan=Plan.dict_without_drafter(self._info.plan, reason))
         return dataclasses.replace(self._info, **changes)
 
     def prompt_ids(self, messages: Sequence[ChatMessage]) -> list[int]:

@@ -70,6 +70,18 @@ class Plan:
         measured after the target's warm-up, a failed load): the target and a lookup drafter."""
         return dataclasses.replace(self, choice="target+ngram", reason=reason, planned_bytes=self.target.total_bytes)
 
+    @staticmethod
+    def dict_without_drafter(plan: dict[str, Any], reason: str) -> dict[str, Any]:
+        """A plan's :meth:`to_dict` after its drafter was dropped while decoding (out of memory):
+        the target alone, decoding plainly. An empty plan stays empty."""
+        target = plan.get("target")
+        if not plan or not isinstance(target, dict) or plan.get("choice") == "target":
+            return plan
+        planned = int(target.get("total_bytes", plan.get("planned_bytes", 0)))
+        available = plan.get("available_bytes")
+        return {**plan, "choice": "target", "reason": reason, "planned_bytes": planned,
+                "headroom_bytes": available - planned if isinstance(available, int) else plan.get("headroom_bytes")}
+
     def draft_shortfall(self, free_now: int, used_by_target: int) -> str | None:
         """Re-check the draft against memory measured after the target was loaded and
         ran one pass (lazily loaded kernels, cuBLAS/bitsandbytes workspaces and

@@ -300,14 +300,24 @@ class Hud(VerticalScroll):
         drafter copies instead)."""
         if self.profile is None or hud_server.is_server(self.profile):
             return ("draft", "target")
-        drafter = "ngram" if self._draft_dropped() else self.profile.drafter
+        drafter = self.profile.drafter
+        if self._draft_dropped():
+            drafter = "none" if self._all_dropped() else "ngram"
         return drafted_sources(drafter, self.profile.lookup and drafter == "model")
 
     def _draft_dropped(self) -> bool:
-        """The profile drafts with a model, and the engine runs without it (dropped for memory or
-        a tokenizer mismatch): its lookup mode, or no draft bytes loaded, says so."""
-        return (self.profile is not None and self.profile.drafter == "model" and self.info is not None
-                and (self.info.mode == "ngram" or not self.info.draft_bytes))
+        """The engine runs without the drafter its profile names: a draft model dropped at load (for
+        memory, a tokenizer mismatch: its lookup mode, or no draft bytes loaded, says so), or any
+        drafter dropped while decoding (:meth:`_all_dropped`)."""
+        return (self.profile is not None and self.info is not None and self.profile.drafter != "none"
+                and (self._all_dropped() or (self.profile.drafter == "model"
+                                             and (self.info.mode == "ngram" or not self.info.draft_bytes))))
+
+    def _all_dropped(self) -> bool:
+        """The engine has no drafter at all where its profile names one: dropped while decoding (out
+        of memory), so it decodes plainly."""
+        return (self.profile is not None and self.info is not None and self.profile.drafter != "none"
+                and self.info.drafter == "none")
 
     def _legend(self, one_line: bool = False) -> Content:
         """The colour view's legend: what the loaded drafter produces and what the chat on
@@ -323,7 +333,9 @@ class Hud(VerticalScroll):
         rows = [row("profile", self.profile_name or DASH, "bold")]
         if self.profile is not None:
             rows.append(row("target", spec_label(self.profile.target)))
-            if self._draft_dropped():
+            if self._all_dropped():
+                rows.append(row("draft", "none (dropped: plain decoding)", "$text-warning"))
+            elif self._draft_dropped():
                 rows.append(row("draft", "n-gram lookup (draft model dropped)", "$text-warning"))
             elif self.profile.drafter == "model" and self.profile.draft is not None:
                 rows.append(row("draft", spec_label(self.profile.draft)))

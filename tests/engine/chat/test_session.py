@@ -260,6 +260,21 @@ def test_learning_is_nothing_for_other_drafters(tokenizer) -> None:  # type: ign
     assert reply(eng, [ChatMessage("user", words(5))])[0]
 
 
+def test_a_drafter_dropped_while_decoding_leaves_the_info_of_plain_decoding(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """After an out-of-memory drop the HUD named the freed draft model and the plan of the pair."""
+    eng = engine(tokenizer)
+    plan = {"choice": "target+ngram", "reason": "", "available_bytes": 1000, "planned_bytes": 300,
+            "headroom_bytes": 700, "target": {"total_bytes": 250}, "draft": None}
+    eng._info = dataclasses.replace(eng._info, plan=plan, draft_bytes=50)
+    assert eng.info.drafter != "none"
+    eng.decoder.drop_drafter("out of memory while drafting")
+    info = eng.info
+    assert (info.mode, info.drafter, info.draft_bytes, info.fallback_reason) == (
+        "plain", "none", 0, "out of memory while drafting")
+    assert (info.plan["choice"], info.plan["planned_bytes"], info.plan["headroom_bytes"]) == ("target", 250, 750)
+    assert info.plan["reason"] == "out of memory while drafting"
+
+
 def test_a_drop_and_a_switch_off_are_two_reasons_the_drop_is_never_hidden(tokenizer) -> None:  # type: ignore[no-untyped-def]
     """--json's fallback_reason read "not paying here" over the draft dropped for memory at load:
     the engine's info named one reason where there were two."""

@@ -294,6 +294,15 @@ async def test_the_legend_follows_the_drafter_that_loaded_and_the_colours_on_scr
         hud.set_seen_sources(())
         hud.flush()
         assert shown(hud, "legend") == " copied from chat    target produced "
+        # dropped while decoding (out of memory): no drafter at all, plain decoding; the rows named
+        # the n-gram lookup and the freed draft model (a hostile tester's)
+        for profile in (FAST, LOOKUP):
+            gone = replace(FakeBackend(profile).info, mode="plain", drafter="none", draft_bytes=0,
+                           fallback_reason="out of memory while drafting")
+            hud.show_engine(gone, profile)
+            engine_rows = shown(hud, "engine")
+            assert "draft    none (dropped: plain decoding)" in engine_rows and "drafter  none" in engine_rows
+            assert shown(hud, "legend") == " target produced "
 
 
 async def test_the_one_line_hud_keeps_a_suffix_profiles_legend_on_its_line() -> None:
