@@ -179,6 +179,15 @@ class EngineControl:
         title = "Loading stopped" if message.stopped else f"Could not load {message.profile_name or 'profile'}"
         severity = "information" if message.stopped else "error"
         self.conversation.model_state(None, loaded=message.restored is not None)
+        if message.restored is not None and not self.engine.backend_alive:
+            # the pair kept through the load had died meanwhile (its death was not this app's to
+            # hear while a load replaced it): load it again, as after a death while idle
+            profile = message.restored[1]
+            notice(self, f"{message.error}\nThe engine of {profile.name} had stopped meanwhile; loading it again.",
+                   severity=severity, title=title)
+            self._queued_back(message.profile_name)
+            self._start_load(profile)
+            return
         if message.restored is not None:
             backend, profile = message.restored
             self.sub_title = self._header(profile)
@@ -189,8 +198,12 @@ class EngineControl:
             self.conversation.hud.show_failed(message.error)
             notice(self, f"{message.error}\nNo model is loaded: F2 picks another profile.", severity=severity,
                    title=title)
+        self._queued_back(message.profile_name)
+
+    def _queued_back(self, profile_name: str | None) -> None:
+        """Prompts queued for a load that failed go back to the prompt box, not sent, and are said to."""
         waiting = self.conversation.drop_queued()
         if waiting:
             notice(self, f"{'Your prompt' if waiting == 1 else f'Your {waiting} prompts'} waiting for "
-                         f"{message.profile_name or 'the model'} {'is' if waiting == 1 else 'are'} back in the box, "
+                         f"{profile_name or 'the model'} {'is' if waiting == 1 else 'are'} back in the box, "
                          "not sent.", severity="warning")

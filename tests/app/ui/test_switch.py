@@ -179,6 +179,30 @@ async def test_esc_stops_a_switch_and_the_old_model_stays(make_app: Callable[...
         await wait_for(pilot, lambda: len(old.calls) == 1)
 
 
+async def test_a_switch_stopped_after_the_old_engine_died_loads_the_old_profile_again(
+        make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
+    """The old pair's process killed while a switch loaded: Esc said "Still using fast" with no engine
+    running, and the next prompt failed (a hostile tester's)."""
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await ready(pilot)
+        old = app.engine.backend
+        loader.gate = threading.Event()
+        app.switch_profile("lookup")
+        await wait_for(pilot, lambda: app.engine.loading)
+        old.alive = False  # killed meanwhile: nobody heard, a load was replacing it
+        await pilot.press("escape")
+        notes = lambda: {n.title: n.message for n in app._notifications}  # noqa: E731
+        await wait_for(pilot, lambda: "Loading stopped" in notes())
+        assert notes()["Loading stopped"] == "Stopped loading lookup.\nThe engine of fast had stopped meanwhile; loading it again."
+        loader.gate.set()
+        await wait_for(pilot, lambda: not app.engine.loading and app.engine.backend is not None
+                       and app.engine.backend is not old)
+        assert app.engine.profile.name == "fast" and old.closed
+        await send(pilot, "still there?")
+        await wait_for(pilot, lambda: len(app.engine.backend.calls) == 1)
+
+
 async def test_a_profile_that_downloads_asks_first_and_says_how_much(make_app: Callable[..., SpecChatApp],
                                                                     loader: FakeLoader) -> None:
     """F2 lists what a first use downloads; picking such a profile asks before it starts, and
