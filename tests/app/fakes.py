@@ -7,7 +7,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import replace
 
 from engine.api import EngineInfo
-from engine.errors import LoadStoppedError
+from engine.errors import EngineDiedError, LoadStoppedError
 from engine.progress import ProgressFn
 from engine.events import NOT_PAYING, OFF_BY_USER, ChatEvent, ChatMessage, GenerationParams, ReplyStats, TextPiece
 from engine.config.profiles import ModelProfile, ModelSpec, Profiles
@@ -70,6 +70,10 @@ class FakeBackend:
         self.auto_off_reason: str | None = None
         self.speculation = True
         self.closed = False
+        self.alive = True
+        """False once the engine "died" (:attr:`dies`), as a killed engine process reads."""
+        self.dies = threading.Event()
+        """Set while a reply is held: the reply ends as the engine process's death ends it."""
         self.calls: list[list[ChatMessage]] = []
         self.learned: list[list[str]] = []
         """What each learn() was given (the suffix drafter's earlier chats)."""
@@ -146,6 +150,9 @@ class FakeBackend:
             if self.hold_after == i and not last:
                 self.held.set()
                 while not self.release.is_set() and not (cancel is not None and cancel.is_set()):
+                    if self.dies.is_set():
+                        self.alive = False
+                        raise EngineDiedError("the engine process was killed; the conversation is kept")
                     time.sleep(0.005)
 
     def set_speculation(self, enabled: bool) -> None:

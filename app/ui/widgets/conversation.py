@@ -264,6 +264,9 @@ class Conversation(ReplyPainting, Horizontal):
         queues meanwhile), else whether a model is ``loaded``."""
         self.prompt.placeholder = (LOADING_PLACEHOLDER.format(name=loading) if loading is not None
                                    else PLACEHOLDER if loaded else NO_MODEL_PLACEHOLDER)
+        if loading is not None:
+            for waiting in self.queued:
+                waiting.set_waiting("waiting for the model to load")
 
     def profile_changed(self, name: str) -> None:
         """A new profile is loaded: the chat continues with it (and its sampling over the profile's)."""
@@ -297,8 +300,9 @@ class Conversation(ReplyPainting, Horizontal):
         self.chat_log.follow()
 
     def send_queued(self) -> None:
-        """Send the oldest waiting prompt, if the model is free."""
-        if self.queued and self.host.backend is not None and not self.host.loading and not self.generating:
+        """Send the oldest waiting prompt, if the model is free (an engine that died under the reply
+        before is loaded again first: the prompt sent to it failed at once)."""
+        if self.queued and self.host.backend_alive and not self.host.loading and not self.generating:
             widget = self.queued.pop(0)
             widget.set_waiting(None)
             self.send_prompt(widget.text, shown=widget)

@@ -1,6 +1,7 @@
 """The main chat flow: load, send, stream, stop, switch profile."""
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterator
 
 import pytest
@@ -237,6 +238,33 @@ async def test_an_engine_that_died_under_a_reply_is_loaded_again_and_the_chat_go
         await wait_for(pilot, lambda: not app.conversation.generating and len(app.query(AssistantMessage)) == 2)
         assert app.query(AssistantMessage)[-1].finish_reason == "eos"
         assert [m.content for m in loader.backends[1].calls[0] if m.role == "user"] == ["hi", "again"]
+
+
+async def test_a_prompt_queued_behind_a_reply_whose_engine_died_waits_for_the_reload(
+        make_app: Callable[..., SpecChatApp]) -> None:
+    """It went to the dead engine as the reply failed, failed at once and was saved as an error (a
+    hostile tester's): it now waits, says so, and goes out once the profile is loaded again."""
+    loader = FakeLoader(hold_after=2)
+    app = make_app(loader=loader)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        first = loader.backends[0]
+        await send(pilot, "a long story")
+        await wait_for(pilot, first.held.is_set)
+        await send(pilot, "and then?")  # queued behind the reply
+        loader.gate = threading.Event()  # the reload waits, so the queued prompt is seen waiting
+        first.dies.set()
+        await wait_for(pilot, lambda: app.engine.loading and len(app.query(AssistantMessage)) == 1)
+        await pilot.pause()
+        [queued] = app.conversation.queued
+        assert queued.border_subtitle == "⧗ waiting for the model to load" and len(first.calls) == 1
+        loader.gate.set()
+        await wait_for(pilot, lambda: len(loader.backends) == 2)
+        loader.backends[1].release.set()  # its reply holds after two rounds too
+        await wait_for(pilot, lambda: not app.conversation.generating and len(app.query(AssistantMessage)) == 2)
+        replies = list(app.query(AssistantMessage))
+        assert [r.finish_reason for r in replies] == ["error", "eos"]
+        assert [m.content for m in loader.backends[1].calls[0] if m.role == "user"][-1] == "and then?"
 
 
 async def test_an_engine_that_died_while_idle_is_loaded_again_before_the_next_prompt(
