@@ -254,6 +254,9 @@ class SpecChatApp(SafeTerminal, EngineControl, App[None]):  # SafeTerminal: titl
     async def on_chats_screen_deleted(self, message: ChatsScreen.Deleted) -> None:
         if await self.conversation.chat_deleted(message.chat_id):
             self.sub_title = self._header(self.engine.profile)
+        history = self.archive.history
+        still = self.archive.db(history.recent_prompts) if history is not None else None
+        self.conversation.forget_prompts(message.prompts, still or ())
         self._teach_drafter()  # what was deleted can no longer be proposed
 
     async def open_chat(self, chat_id: int) -> None:

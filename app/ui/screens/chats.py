@@ -60,7 +60,7 @@ def chat_option(chat: ChatRecord, current: bool, found: str | None = None, elsew
             ("  ● open" if current else "", "$text-success"),
             ("  ◐ open in another window" if elsewhere else "", "$text-warning"),
             "\n  ",
-            (inert(f"{when} · {chat.profile or '—'} · {chat.message_count} messages"), "$text-muted"),
+            (inert(f"{when} · {chat.profile or '—'} · {chat.message_count} message{'' if chat.message_count == 1 else 's'}"), "$text-muted"),
             *(("\n  ", (inert(found), "italic")) if found else ()),
         ),
         id=str(chat.id),
@@ -71,11 +71,13 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
     """The list of saved chats, read from and changed in ``archive``; ``current`` is the open chat."""
 
     class Deleted(Message):
-        """A chat was deleted here (the open one may be among them)."""
+        """A chat was deleted here (the open one may be among them); ``prompts``: what its user
+        messages said, which Up in the prompt box no longer recalls."""
 
-        def __init__(self, chat_id: int) -> None:
+        def __init__(self, chat_id: int, prompts: tuple[str, ...] = ()) -> None:
             super().__init__()
             self.chat_id = chat_id
+            self.prompts = prompts
 
     class Renamed(Message):
         """A chat was renamed here (the open one's header follows)."""
@@ -222,14 +224,16 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
             return
 
         def done(yes: bool | None) -> None:
-            if yes and self._archive.history is not None:
-                self._archive.db(self._archive.history.delete_chat, chat.id)
-                self.post_message(self.Deleted(chat.id))
+            history = self._archive.history
+            if yes and history is not None:
+                said = tuple(m.content for m in self._archive.db(history.messages, chat.id) or () if m.role == "user")
+                self._archive.db(history.delete_chat, chat.id)
+                self.post_message(self.Deleted(chat.id, said))
                 self._reload()
 
         elsewhere = (" It is open in another specchat window, which will save what it adds next to a new chat."
                      if self._archive.open_chats.elsewhere(chat.id) else "")
-        self.ask(ConfirmScreen(inert(f"Delete “{shown_title(chat.title)}” and its {chat.message_count} messages?{elsewhere}"),
+        self.ask(ConfirmScreen(inert(f"Delete “{shown_title(chat.title)}” and its {chat.message_count} message{'' if chat.message_count == 1 else 's'}?{elsewhere}"),
                                enter_confirms=True,
                                hint="Enter or y deletes · Esc or n keeps it"), done)
 

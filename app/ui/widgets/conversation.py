@@ -12,6 +12,7 @@ A token's way to the screen: the engine's ``ChatEvent`` → :func:`stream_reply`
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from functools import partial
 
 from textual.app import ComposeResult
@@ -239,6 +240,17 @@ class Conversation(ReplyPainting, Horizontal):
             return False
         await self.new_chat(said="Deleted the open chat; this is a new one.")
         return True
+
+    def forget_prompts(self, prompts: Iterable[str], still_saved: Iterable[str] = ()) -> None:
+        """A deleted chat's ``prompts`` leave Up's recall, but for those another chat still holds
+        (``still_saved``: the history's recent prompts after the delete). Up recalled a deleted
+        chat's prompts until the next start (a hostile tester's)."""
+        gone = set(prompts) - set(still_saved)
+        if gone:
+            kept = [p for p in self.prompt.prompts if p not in gone]
+            if self.private:  # the private chat's own prompts stay recalled after the mark
+                self._recall_mark -= sum(1 for p in self.prompt.prompts[:self._recall_mark] if p in gone)
+            self.prompt.set_history(kept)
 
     def set_system_prompt(self, value: str) -> None:
         """The chat's system prompt; the profile's own text (or nothing) follows the profile."""

@@ -141,6 +141,39 @@ async def test_delete_asks_first_and_tells_the_app(make_app: Callable[..., SpecC
         assert [c.id for c in app.archive.history.list_chats()] == [keep]  # type: ignore[union-attr]
 
 
+async def test_a_deleted_chats_prompts_leave_ups_recall(make_app: Callable[..., SpecChatApp]) -> None:
+    """Up brought back a deleted chat's prompt until the next start (a hostile tester's); a prompt
+    another chat also holds stays recalled. A chat of one message says "1 message"."""
+    from app.ui.widgets.prompt import PromptArea
+
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        history = app.archive.history
+        assert history is not None
+        secret = history.create_chat("secret", "fast")
+        history.add_message(secret, "user", "my secret prompt")
+        history.add_message(secret, "user", "shared words")
+        other = history.create_chat("other", "fast")
+        history.add_message(other, "user", "shared words")
+        lone = history.create_chat("lone", "fast")
+        history.add_message(lone, "user", "alone")
+        box = app.query_one(PromptArea)
+        box.set_history(history.recent_prompts())
+        assert box.prompts == ["my secret prompt", "shared words", "alone"]
+        screen, _ = await opened(pilot)
+        for title in ("secret", "lone"):
+            while rows(screen)[screen.query_one(OptionList).highlighted or 0] != title:
+                await pilot.press("down")
+            await pilot.press("d")
+            await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+            if title == "lone":
+                assert str(app.screen.query(Label)[0].render()) == "Delete “lone” and its 1 message?"
+            await pilot.press("enter")
+            await wait_for(pilot, lambda: app.screen is screen and title not in rows(screen))
+        await wait_for(pilot, lambda: box.prompts == ["shared words"])
+
+
 async def test_export_writes_the_highlighted_chat(make_app: Callable[..., SpecChatApp], tmp_path: Path) -> None:
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:
