@@ -20,13 +20,18 @@ if TYPE_CHECKING:
 
 def ask_edited_prompt(conversation: "Conversation", user: "UserMessage", reply: "AssistantMessage | None",
                       ) -> tuple[EditScreen, Callable[[str | None], None]]:
-    """Edit the last prompt and ask it again; the earlier exchange stays (dimmed)."""
+    """Edit the last prompt and ask it again; the earlier exchange stays (dimmed). While the dialog
+    is open its text counts as unsent (:meth:`Conversation.unsent_text`): quitting keeps it."""
+    screen = EditScreen("Edit the last prompt", user.text, multiline=True, save_label="Ask again", unsent=True,
+                        hint="ctrl+s asks it again (the earlier answer stays, dimmed) · Esc cancels")
+    conversation.editing_prompt = screen
+
     def done(text: str | None) -> None:
+        conversation.editing_prompt = None
         if text is not None and text.strip():
             conversation.ask_edited(user, reply, text)
 
-    return EditScreen("Edit the last prompt", user.text, multiline=True, save_label="Ask again",
-                      hint="ctrl+s asks it again (the earlier answer stays, dimmed) · Esc cancels"), done
+    return screen, done
 
 
 def ask_system_prompt(conversation: "Conversation") -> tuple[EditScreen, Callable[[str | None], None]]:

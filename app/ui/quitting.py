@@ -31,6 +31,7 @@ from engine.errors import SpecChatError
 from app.ui.archive import Archive
 from app.ui.export import export_unsaved, transcript_markdown
 from app.ui.notices import notice
+from app.ui.screens.edit import ConfirmScreen, EditScreen
 from app.ui.screens.quit import QuitAnswer, QuitScreen
 
 if TYPE_CHECKING:
@@ -51,9 +52,26 @@ wait for a lock, which would only keep them waiting for writes that keep failing
 
 
 def ask_before_quit(app: "App[Any]", conversation: "Conversation", archive: Archive) -> None:
+    """Quit now, or (when the chat would be lost) open the question and act on its answer. A
+    dialog whose text was edited and not saved (F8's system prompt, a rename) asks first; ctrl+g's
+    edit of the last prompt is kept as unsent text instead, as the prompt box's is."""
+    if isinstance(app.screen, QuitScreen) or (isinstance(app.screen, ConfirmScreen) and app.screen.asks_to_quit):
+        return  # already asking: its keys answer
+    edit = app.screen
+    if isinstance(edit, EditScreen) and edit.changed and not edit.unsent:
+        def answered(quit_anyway: bool | None) -> None:
+            if quit_anyway:
+                quit_unless_chat_at_risk(app, conversation, archive)
+
+        app.push_screen(ConfirmScreen(f"Your changes in “{edit.title_text}” are not saved. Quit anyway?",
+                                      hint="y quits without them · Esc or n goes back to them", asks_to_quit=True),
+                        answered)
+        return
+    quit_unless_chat_at_risk(app, conversation, archive)
+
+
+def quit_unless_chat_at_risk(app: "App[Any]", conversation: "Conversation", archive: Archive) -> None:
     """Quit now, or (when the chat would be lost) open the question and act on its answer."""
-    if isinstance(app.screen, QuitScreen):
-        return  # already asking: e, d or Esc answer
     on_screen = bool(conversation.messages()) and not conversation.private
     why = archive.at_risk(on_screen)
     if why is None:

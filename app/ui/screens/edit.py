@@ -4,7 +4,7 @@ from __future__ import annotations
 from textual.app import ComposeResult
 from textual.binding import Binding
 from textual.containers import Horizontal, Vertical
-from textual.widgets import Button, Label, TextArea
+from textual.widgets import Button, Input, Label, TextArea
 
 from app.ui.key_order import OrderedInput, OrderedTextArea
 from app.ui.screens.dialog import Dialog
@@ -13,18 +13,41 @@ from engine.text_safety import inert
 
 class EditScreen(Dialog["str | None"]):
     """Ask for text; dismisses with the text, or None when cancelled. The title and the text
-    to edit (a saved title, a system prompt, a message) are shown inert: visible, never obeyed."""
+    to edit (a saved title, a system prompt, a message) are shown inert: visible, never obeyed.
+
+    ``unsent``: the text is a prompt to send (ctrl+g's edit), which quitting keeps as unsent text
+    for the next start, as the prompt box's; any other edit changed here makes ctrl+q ask first
+    (:func:`app.ui.quitting.ask_before_quit`). Both lost the edit without a word (a hostile tester's)."""
 
     BINDINGS = [Binding("ctrl+s", "save", "Save", priority=True)]
 
     def __init__(self, title: str, value: str = "", *, multiline: bool = False, hint: str = "",
-                 save_label: str = "Save") -> None:
+                 save_label: str = "Save", unsent: bool = False) -> None:
         super().__init__()
         self._title = inert(title)
         self._value = inert(value)
         self._multiline = multiline
         self._hint = hint
         self._save_label = save_label
+        self.unsent = unsent
+        self.text = self._value
+        """The text as it stands (kept as it changes: readable after the dialog is gone)."""
+
+    @property
+    def title_text(self) -> str:
+        """The dialog's title, as shown."""
+        return self._title
+
+    @property
+    def changed(self) -> bool:
+        """Whether the text was edited here."""
+        return self.text != self._value
+
+    def on_text_area_changed(self, event: TextArea.Changed) -> None:
+        self.text = event.text_area.text
+
+    def on_input_changed(self, event: Input.Changed) -> None:
+        self.text = event.value
 
     def compose(self) -> ComposeResult:
         with Vertical(classes="dialog edit-dialog"):
@@ -72,8 +95,11 @@ class ConfirmScreen(Dialog[bool]):
 
     CANCELLED = False
 
-    def __init__(self, question: str, *, enter_confirms: bool = False, hint: str = "") -> None:
+    def __init__(self, question: str, *, enter_confirms: bool = False, hint: str = "",
+                 asks_to_quit: bool = False) -> None:
         super().__init__()
+        self.asks_to_quit = asks_to_quit
+        """The question is whether to quit (a second ctrl+q waits for its answer)."""
         self._question = inert(question)
         self._enter_confirms = enter_confirms
         self._hint = hint

@@ -31,6 +31,7 @@ from app.ui.notices import notice
 from app.ui.reply_stream import ReplyJob, ReplyStream, stream_reply
 from app.ui.requests import build_messages, generation_params, turns_from
 from app.ui.sampling import ChatSampling
+from app.ui.screens.edit import EditScreen
 from app.ui.widgets.chat_log import ChatLog
 from app.ui.widgets.chat_view import AssistantMessage, UserMessage
 from app.ui.widgets.hud import Hud
@@ -66,6 +67,8 @@ class Conversation(ReplyPainting, Horizontal):
         self.queued: list[UserMessage] = []
         """Prompts sent while the model loads or a reply streams, sent in turn when it is free."""
         self._chat: ChatRef | None = None
+        self.editing_prompt: EditScreen | None = None
+        """ctrl+g's dialog while it is open: its text is unsent (:meth:`unsent_text`)."""
         self.chat_system_prompt: str | None = None
         """The chat's own system prompt; None follows the profile's."""
         self.sampling = ChatSampling()
@@ -323,9 +326,12 @@ class Conversation(ReplyPainting, Horizontal):
         """What was typed and has not gone out: prompts waiting behind a reply or a load, then
         the box's text, as :meth:`drop_queued` would put them back in the box (ctrl+q lost the
         waiting ones: neither saved nor kept for the next start). Text typed in a private chat
-        and carried out of it unedited is left out."""
+        and carried out of it unedited is left out. An edit of the last prompt (ctrl+g) still open
+        comes first."""
         box = self.prompt.text if self.prompt.text != self._private_text else ""
-        return "\n".join([w.text for w in self.queued] + ([box] if box else []))
+        edit = self.editing_prompt
+        edited = [edit.text] if edit is not None and edit.changed and edit.text.strip() else []
+        return "\n".join(edited + [w.text for w in self.queued] + ([box] if box else []))
 
     def drop_queued(self) -> int:
         """Take every waiting prompt off the transcript and back into the box; answers how many."""

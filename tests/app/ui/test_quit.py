@@ -88,6 +88,36 @@ async def test_ctrl_q_quits_at_once_when_everything_is_saved(make_app: Callable[
         await wait_for(pilot, lambda: app.return_code is not None)
 
 
+async def test_ctrl_q_keeps_an_edit_of_the_last_prompt_and_asks_over_other_edited_dialogs(
+        make_app: Callable[..., SpecChatApp]) -> None:
+    """ctrl+q in ctrl+g's dialog quit at once and the edit was gone; in F8's, the system prompt typed
+    (a hostile tester's). The prompt's edit comes back in the box at the next start; F8's asks."""
+    from app.store.state import take_draft
+    from app.ui.screens.edit import ConfirmScreen, EditScreen
+
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        await wait_for(pilot, lambda: not app.conversation.generating)
+        await pilot.press("f8")
+        await wait_for(pilot, lambda: isinstance(app.screen, EditScreen))
+        await pilot.press(*"Be formal.")
+        await pilot.press("ctrl+q")
+        await wait_for(pilot, lambda: isinstance(app.screen, ConfirmScreen))
+        await pilot.press("ctrl+q")  # a second ctrl+q waits for the answer
+        await pilot.press("n")
+        await wait_for(pilot, lambda: isinstance(app.screen, EditScreen) and app.screen.text.endswith("Be formal."))
+        await pilot.press("escape")
+        await wait_for(pilot, lambda: not isinstance(app.screen, EditScreen))
+        await pilot.press("ctrl+g")
+        await wait_for(pilot, lambda: isinstance(app.screen, EditScreen))
+        await pilot.press(*" plus a long careful edit")
+        await pilot.press("ctrl+q")
+        await wait_for(pilot, lambda: app.return_code is not None)
+    assert take_draft() == "hi plus a long careful edit"
+
+
 def test_the_unsaved_export_goes_to_the_next_folder_that_works(specchat_dirs: Path, tmp_path: Path,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     from app.ui.export import export_unsaved
