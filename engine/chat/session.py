@@ -219,13 +219,10 @@ class ChatEngine:
                     event = next(events, None)
                     if event is None:
                         return
-                    pieces = [TextPiece(detok.push(t), src, event.origin if src == "draft" else None)
-                              for t, src in zip(event.token_ids, event.sources)]
-                    if event.finish_reason is not None:
-                        pieces.append(TextPiece(detok.flush(), "target"))
-                    shown, hit = stops.feed(pieces, final=event.finish_reason is not None)
-                    if hit:
-                        event = dataclasses.replace(event, finish_reason="stop")
+                    shown, kept = self._stop_strings(event, detok, stops)
+                    if kept is not None:  # a stop string: the reply ends at the token that completed it
+                        event = dataclasses.replace(event, token_ids=event.token_ids[:kept],
+                                                    sources=event.sources[:kept], finish_reason="stop")
                     if truncated:
                         event = dataclasses.replace(event, stats=dataclasses.replace(event.stats, truncated_turns=truncated))
                     if notice:
@@ -241,6 +238,25 @@ class ChatEngine:
             claim.done = True
             if self._owner is claim:
                 events.close()
+
+    @staticmethod
+    def _stop_strings(event: RoundEvent, detok: IncrementalDetokenizer,
+                      stops: StopStringFilter) -> tuple[list[TextPiece], int | None]:
+        """The round's text safe to show, and where a stop string ended the reply: how many of the
+        round's tokens to keep (None: none ended it). Fed token by token, as plain decoding feeds
+        them, so a round of several accepted tokens stops where plain decoding would: it kept the
+        tokens after the stop string in ``token_ids`` (and in what the suffix drafter remembers)."""
+        shown: list[TextPiece] = []
+        for i, (token, source) in enumerate(zip(event.token_ids, event.sources)):
+            out, hit = stops.feed([TextPiece(detok.push(token), source, event.origin if source == "draft" else None)],
+                                  final=False)
+            shown += out
+            if hit:
+                return shown, i + 1
+        if event.finish_reason is None:
+            return shown, None
+        out, hit = stops.feed([TextPiece(detok.flush(), "target")], final=True)
+        return shown + out, len(event.token_ids) if hit else None
 
     @contextmanager
     def _turn(self, claim: "_Claim") -> Iterator[None]:

@@ -289,3 +289,30 @@ def test_a_drop_and_a_switch_off_are_two_reasons_the_drop_is_never_hidden(tokeni
     assert (eng.info.fallback_reason, eng.info.off_reason, eng.info.mode) == (dropped, OFF_BY_USER, "plain")
     eng.set_speculation(True)
     assert eng.info.off_reason is None and eng.info.fallback_reason == dropped
+
+
+def test_a_stop_string_inside_a_round_ends_the_ids_where_plain_decoding_ends_them(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """A round of several accepted tokens kept those after the stop string in ``token_ids`` (and in
+    what the suffix drafter remembers); plain decoding ends at the token that completed it."""
+    eng = engine(tokenizer, draft=True)
+    messages = [ChatMessage("user", words(6))]
+    params = dataclasses.replace(PARAMS, max_new_tokens=24, k=4)
+    ids, events = reply(eng, messages, params)
+    ends, n = set(), 0
+    for event in events:
+        n += len(event.token_ids)
+        ends.add(n)  # a round's last token is ids[n - 1]
+    mid_round = 0
+    for j in range(1, len(ids) - 1):
+        stop = tokenizer.decode([ids[j]]).strip()
+        if not stop:
+            continue
+        with_stop = dataclasses.replace(params, stop_strings=(stop,))
+        eng.set_speculation(False)
+        plain, plain_events = reply(eng, messages, with_stop)
+        eng.set_speculation(True)
+        spec, spec_events = reply(eng, messages, with_stop)
+        assert spec == plain and "".join(e.text for e in spec_events) == "".join(e.text for e in plain_events)
+        assert spec_events[-1].finish_reason == plain_events[-1].finish_reason
+        mid_round += plain_events[-1].finish_reason == "stop" and len(plain) not in ends
+    assert mid_round > 0  # the case the test is for: a stop string completed before its round's last token
