@@ -16,6 +16,7 @@ sequence except its last token (the pending one, fed at the next round).
 """
 from __future__ import annotations
 
+import numbers
 import threading
 from collections.abc import Iterator, Sequence
 
@@ -166,6 +167,11 @@ class SpecDecoder(DeviceRounds, DraftRecovery):
         """
         if not prompt_ids:
             raise ValueError("the prompt is empty")
+        bad = next((t for t in prompt_ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)
+                    or not 0 <= t < self.target.vocab_size), None)
+        if bad is not None:  # an id past the vocabulary raised a bare IndexError deep in the embedding
+            raise ValueError(f"prompt token id {bad!r} is not a token of this model: ids are whole numbers "
+                             f"from 0 to {self.target.vocab_size - 1}")
         if self.window is not None and len(prompt_ids) >= self.window:
             raise ContextLengthError(
                 f"the prompt is {len(prompt_ids)} tokens but the context window holds {self.window} "

@@ -257,3 +257,18 @@ def test_a_fixed_k_never_asks_the_lookup(target, drafts) -> None:
     decoder = SpecDecoder(target, CPU, ModelDrafter(drafts["close"], CPU, lookup=lookup))
     decode(decoder, PROMPTS[1], GenerationParams(max_new_tokens=20, k=3))
     assert calls == []
+
+
+@pytest.mark.parametrize("ids, bad", [([1, 2, 10**6], "1000000"), ([1, -1], "-1"), ([1.5, 2.7], "1.5"),
+                                      ([True, 2], "True")])
+def test_prompt_ids_that_are_no_token_of_the_model_are_refused_by_name(ids: list[object], bad: str) -> None:
+    """An id past the vocabulary raised a bare IndexError in the embedding; floats were read as ints."""
+    decoder = SpecDecoder(tiny_llama(0), CPU)
+    with pytest.raises(ValueError, match=rf"prompt token id {bad} is not a token of this model"):
+        next(decoder.generate(ids, GenerationParams(max_new_tokens=2)))  # type: ignore[arg-type]
+
+
+def test_a_seed_must_be_a_whole_number() -> None:
+    with pytest.raises(ValueError, match="seed must be a whole number or None, got 1.5"):
+        SamplingParams(seed=1.5)  # type: ignore[arg-type]
+    assert SamplingParams(seed=-3).seed == -3
