@@ -167,16 +167,16 @@ class SpecDecoder(DeviceRounds, DraftRecovery):
         """
         if not prompt_ids:
             raise ValueError("the prompt is empty")
-        bad = next((t for t in prompt_ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)
-                    or not 0 <= t < self.target.vocab_size), None)
-        if bad is not None:  # an id past the vocabulary raised a bare IndexError deep in the embedding
-            raise ValueError(f"prompt token id {bad!r} is not a token of this model: ids are whole numbers "
-                             f"from 0 to {self.target.vocab_size - 1}")
         if self.window is not None and len(prompt_ids) >= self.window:
             raise ContextLengthError(
                 f"the prompt is {len(prompt_ids)} tokens but the context window holds {self.window} "
                 "(prompt and reply together); shorten it or start a new chat"
             )
+        bad = next((t for t in prompt_ids if isinstance(t, bool) or not isinstance(t, numbers.Integral)
+                    or not 0 <= t < self.target.vocab_size), None)
+        if bad is not None:  # an id past the vocabulary raised a bare IndexError deep in the embedding
+            raise ValueError(f"prompt token id {bad!r} is not a token of this model: ids are whole numbers "
+                             f"from 0 to {self.target.vocab_size - 1}")
         seq = list(prompt_ids)
         self._queued = None  # a chain left queued by a reply that ended early: its work is dropped
         self._plan_captures(params)
