@@ -217,6 +217,11 @@ class HistorySaver:
         with self._cond:
             return [(r.chat, r.prompt, r.text) for r in self._queue if r.written != r.version or r.finish is None]
 
+    def writing(self) -> set[int]:
+        """Row ids of the replies still streaming in this app (saved so far, their end not yet)."""
+        with self._cond:
+            return {r.assistant_id for r in self._queue if r.finish is None and r.assistant_id is not None}
+
     @property
     def last_error(self) -> str | None:
         """Why writes fail, while they do (:attr:`lagging`)."""

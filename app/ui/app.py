@@ -354,7 +354,8 @@ class SpecChatApp(SafeTerminal, EngineControl, App[None]):  # SafeTerminal: titl
             notice(self, "Nothing to export yet.", severity="warning")
             return
         chat = self.archive.db(history.get_chat, chat_id)
-        self.push_screen(*ask_export(history, chat_id, chat.title if chat else "chat", tell))
+        self.push_screen(*ask_export(history, chat_id, chat.title if chat else "chat", tell,
+                                     saver.writing if saver is not None else tuple))
 
     # -- quitting (app.ui.quitting) --------------------------------------------------------
 

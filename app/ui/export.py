@@ -5,7 +5,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -49,9 +49,10 @@ def stats_line(stats: dict[str, Any]) -> str:
     return " · ".join(parts)
 
 
-def chat_markdown(history: History, chat_id: int) -> str:
+def chat_markdown(history: History, chat_id: int, writing: Collection[int] = ()) -> str:
     """The chat as a Markdown document, its control characters written as visible stand-ins
-    (:func:`~engine.text_safety.inert`): ``cat`` or a pager must not obey a reply's escapes."""
+    (:func:`~engine.text_safety.inert`): ``cat`` or a pager must not obey a reply's escapes.
+    ``writing``: row ids of replies still streaming (said so, not "never saved")."""
     chat = history.get_chat(chat_id)
     if chat is None:
         raise HistoryError(f"Chat {chat_id} does not exist.")
@@ -76,6 +77,8 @@ def chat_markdown(history: History, chat_id: int) -> str:
         if msg.role == "assistant":
             if msg.finish_reason == "cancelled":
                 lines += ["", "*(stopped)*"]
+            elif msg.finish_reason is None and msg.id in writing:
+                lines += ["", "*(still being written when exported)*"]
             elif msg.finish_reason is None:  # its app ended before the reply did
                 lines += ["", "*(unfinished: its end was never saved)*"]
             if msg.stats:
@@ -191,12 +194,14 @@ Tell = Callable[[str, str], None]
 """Shows a one-line result: ``(text, severity)``."""
 
 
-def ask_export(history: History, chat_id: int, title: str,
-               tell: Tell) -> tuple[EditScreen, Callable[[str | None], None]]:
+def ask_export(history: History, chat_id: int, title: str, tell: Tell,
+               writing: Callable[[], Collection[int]] = tuple) -> tuple[EditScreen, Callable[[str | None], None]]:
     """The dialog that asks where to write saved chat ``chat_id`` as Markdown, and what to do
-    with its answer (write the file, then tell where, or why not). The caller opens it."""
-    return _ask(default_export_path(chat_id, title), lambda path: write_export(path, chat_markdown(history, chat_id)),
-                tell)
+    with its answer (write the file, then tell where, or why not). The caller opens it.
+    ``writing``: the row ids of replies streaming when the file is written (F9 during a reply
+    called it "never saved")."""
+    return _ask(default_export_path(chat_id, title),
+                lambda path: write_export(path, chat_markdown(history, chat_id, writing())), tell)
 
 
 def ask_export_screen(title: str, messages: list[tuple[str, str]], note: str,

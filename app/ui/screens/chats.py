@@ -243,6 +243,8 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
         history = self._archive.history
         if chat is None or history is None:
             return
+        saver = self._archive.saver
         self.ask(*ask_export(history, chat.id, chat.title,
                              lambda text, severity: self.notify(inert(text), severity=severity,  # type: ignore[arg-type]
-                                                                title="Export", markup=False)))
+                                                                title="Export", markup=False),
+                             saver.writing if saver is not None else tuple))

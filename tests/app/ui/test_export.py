@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from app.ui.export import export_chat
+from app.ui.export import chat_markdown, export_chat
 from app.store.history import History
 from tests.app.store.locking import mode
 
@@ -213,3 +213,24 @@ def test_a_plain_replys_export_shows_no_drafting_figures() -> None:
     line = stats_line({"mode": "plain", "drafter": "n-gram lookup", "k": 0, "adaptive": True, "proposed": 0,
                        "tokens": 5, "tau": 1.0, "speedup_note": "decoded plainly"})
     assert "K 0" not in line and "accepted" not in line and "α/token" not in line and "τ 1.00" in line
+
+
+def test_a_reply_still_streaming_is_exported_as_being_written_not_as_never_saved(specchat_dirs: Path) -> None:
+    """F9 during a reply wrote "unfinished: its end was never saved" (a hostile tester's)."""
+    from app.store.saver import ChatRef, HistorySaver
+
+    history = History.open()
+    saver = HistorySaver(history)
+    try:
+        chat = ChatRef("streaming", "fast")
+        record = saver.start_reply(chat, "hi", "fast")
+        saver.update(record, "Once upon", [("Once upon", "target")], None)
+        assert saver.flush(5) and chat.id is not None and saver.writing() == {record.assistant_id}
+        text = chat_markdown(history, chat.id, saver.writing())
+        assert "*(still being written when exported)*" in text and "never saved" not in text
+        assert "*(unfinished: its end was never saved)*" in chat_markdown(history, chat.id)  # another app's
+        saver.update(record, "Once upon a time.", [("Once upon a time.", "target")], None, "eos")
+        assert saver.flush(5) and saver.writing() == set()
+    finally:
+        saver.close(1.0)
+        history.close()
