@@ -383,12 +383,16 @@ class History:
         ),))
 
     def mark_superseded(self, chat_id: int, first_id: int) -> None:
-        """Mark message ``first_id`` and every later one of the chat as replaced (an edited
-        prompt is about to follow them); repeating it changes nothing. Nothing is marked unless
-        ``first_id`` is a message of this chat (a row of a chat deleted since is not)."""
+        """Mark prompt ``first_id`` and its replies (every later message of the chat up to the next
+        prompt) as replaced (an edited prompt is about to follow them); repeating it changes
+        nothing. Nothing is marked unless ``first_id`` is a message of this chat (a row of a chat
+        deleted since is not). Up to the next prompt, not to the end: a second window's later
+        exchanges in the same chat were marked replaced too (a hostile tester's)."""
         self._run("UPDATE messages SET superseded = 1 WHERE chat_id = ? AND id >= ?"
+                  " AND id < COALESCE((SELECT MIN(id) FROM messages WHERE chat_id = ? AND role = 'user'"
+                  " AND id > ?), 9223372036854775807)"
                   " AND EXISTS (SELECT 1 FROM messages WHERE id = ? AND chat_id = ?)",
-                  (chat_id, first_id, first_id, chat_id))
+                  (chat_id, first_id, chat_id, first_id, first_id, chat_id))
 
     def has_message(self, chat_id: int, message_id: int) -> bool:
         """True if message ``message_id`` is in chat ``chat_id``."""

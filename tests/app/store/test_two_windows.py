@@ -125,6 +125,22 @@ def test_superseding_from_a_message_of_another_chat_marks_nothing(tmp_path: Path
     history.close()
 
 
+def test_an_edit_in_one_window_retires_its_own_exchange_not_the_other_windows_later_ones(tmp_path: Path) -> None:
+    history = History.open(tmp_path / "history.db")
+    chat = history.create_chat("shared", None)
+    mine = history.add_message(chat, "user", "u1 from A")
+    history.add_message(chat, "assistant", "r1")
+    history.add_message(chat, "assistant", "r1, answered again")
+    history.add_message(chat, "user", "u2 from B")
+    history.add_message(chat, "assistant", "r2 to B")
+    history.mark_superseded(chat, mine)  # A edits its prompt (ctrl+g): A's exchange is replaced
+    assert [m.superseded for m in history.messages(chat)] == [True, True, True, False, False]
+    last = history.add_message(chat, "user", "u3")
+    history.mark_superseded(chat, last)  # the last prompt: to the end
+    assert [m.superseded for m in history.messages(chat)][-1] is True
+    history.close()
+
+
 def test_a_reply_answering_a_prompt_of_a_deleted_chat_again_brings_its_prompt(tmp_path: Path) -> None:
     history = History.open(tmp_path / "history.db")
     gone = history.create_chat("gone", None)
