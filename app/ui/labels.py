@@ -46,11 +46,15 @@ TITLE_SHOWN = 100
 """The most characters of a chat's title shown (the list, the header, dialogs, notices)."""
 
 
+UNTITLED = "(untitled)"
+
+
 def shown_title(title: str, limit: int = TITLE_SHOWN) -> str:
     """A saved title as shown: one line, at most ``limit`` characters, with … where it was cut.
     Titles are renamed by hand or come from a history file: one of 100,000 characters wrapped
-    into 1,400 rows of the chats list, re-wrapped at each key typed into its search (minutes)."""
-    flat = " ".join(title[: limit * 4].split())
+    into 1,400 rows of the chats list, re-wrapped at each key typed into its search (minutes).
+    An empty one (a history file edited) reads "(untitled)": the list showed only its badge."""
+    flat = " ".join(title[: limit * 4].split()) or UNTITLED
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
 
 

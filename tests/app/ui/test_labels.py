@@ -1,7 +1,7 @@
 """Short names: a profile's pair, a chat's title."""
 from __future__ import annotations
 
-from app.ui.labels import chat_title, profile_pair
+from app.ui.labels import chat_title, profile_pair, shown_title
 from tests.app.fakes import make_profiles
 
 
@@ -21,3 +21,9 @@ def test_the_header_names_the_profile_after_a_private_chat_marker() -> None:
     assert header_title(fast) == f"fast · {profile_pair(fast)}"
     assert header_title(fast, private=True) == f"private chat · fast · {profile_pair(fast)}"
     assert header_title(None, private=True) == "private chat" and header_title(None) == ""
+
+
+def test_an_empty_or_blank_title_reads_untitled() -> None:
+    """A history file edited by hand: a chat titled "" showed only its "● open" badge in F3."""
+    assert shown_title("") == shown_title(" \n\t ") == "(untitled)"
+    assert shown_title("  two\nlines  ") == "two lines"
