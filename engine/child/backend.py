@@ -16,7 +16,8 @@ A child that dies (killed, crashed) ends the reply with an :class:`EngineError`
 saying so; the conversation is the app's and nothing of it is lost. So does a child that
 stops answering (stopped with SIGSTOP, wedged): once a reply was told to stop it has
 :data:`STOP_WAIT_S` to end it, and a control request :data:`CONTROL_WAIT_S` (a drafter's
-lesson :data:`LEARN_WAIT_S`) for its answer, or it is ended as hung. Before, such a child
+lesson :data:`LEARN_WAIT_S`) for its answer, or it is ended as hung (a reply's child only once
+it is stopped or no longer uses the CPU: a slow but working one is waited for). Before, such a child
 held the engine for good: Esc, F2 and ctrl+q waited on it, and F5 froze the UI.
 """
 from __future__ import annotations
@@ -30,6 +31,8 @@ from collections.abc import Callable, Iterator, Sequence
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import psutil
 
 from engine.api import EngineInfo
 from engine.child.launcher import LAUNCHER, real_stderr
@@ -62,11 +65,19 @@ CLOSE_WAIT_S = 10.0
 
 STOP_WAIT_S = 10.0
 """How long a reply told to stop (Esc, a switch, quitting) may take to end before its child is
-ended as hung. A healthy child ends it within a round or a prompt's piece (well under a second)."""
+looked at: a healthy child ends it within a round or a prompt's piece (well under a second). One
+that is stopped (SIGSTOP), or used less than :data:`PROGRESS_CPU_S` of CPU meanwhile, is ended as
+hung; one still computing (a slow machine, a compile) gets another wait."""
+
+PROGRESS_CPU_S = 0.1
+"""CPU seconds a child must have used over :data:`STOP_WAIT_S` to count as still working."""
 
 CONTROL_WAIT_S = 5.0
 """How long a speculation switch (F5) waits for the child's answer, which its control thread
 gives at once, even while a reply streams."""
+
+CONTROL_TURN_S = 1.0
+"""How long F5's request waits for the control pipe while another request holds it (a lesson)."""
 
 LEARN_WAIT_S = 120.0
 """How long handing the drafter earlier chats may take (tokenizing and indexing: about a second)."""
@@ -255,18 +266,25 @@ class ProcessBackend:
 
     def set_speculation(self, enabled: bool) -> None:
         """Switch speculation in the child, at once, even while a reply streams."""
-        self._control_request(SpeculationRequest(enabled), CONTROL_WAIT_S)
+        self._control_request(SpeculationRequest(enabled), CONTROL_WAIT_S, turn_s=CONTROL_TURN_S)
 
     def learn(self, texts: Sequence[str]) -> None:
         """Hand the child's drafter earlier chats' messages (see :meth:`ChatBackend.learn`)."""
         self._control_request(LearnRequest(list(texts)), LEARN_WAIT_S)
 
-    def _control_request(self, request: ControlRequest, wait_s: float) -> None:
+    def _control_request(self, request: ControlRequest, wait_s: float, turn_s: float | None = None) -> None:
         """Send ``request`` on the control pipe and take its answer within ``wait_s``; a child that
-        gives none is ended (an answer that came later would be read as the next request's)."""
-        with self._control_lock:
+        gives none is ended (an answer that came later would be read as the next request's). A
+        request behind another (F5 while the drafter learns earlier chats, up to a second or more)
+        waits ``turn_s`` (default ``wait_s``) for its turn, then is refused: it waited on the UI's
+        thread for the whole lesson."""
+        if not self._control_lock.acquire(timeout=wait_s if turn_s is None else turn_s):
+            raise EngineError("the engine is busy handing the drafter earlier chats; try again in a moment")
+        try:
             self._send(request, self._control)
             answer: ControlAnswer = self._receive(conn=self._control, within=wait_s)  # type: ignore[assignment]
+        finally:
+            self._control_lock.release()
         if isinstance(answer, Failure):
             raise answer.error
         self._info = answer.info
@@ -316,6 +334,7 @@ class ProcessBackend:
         conn = conn or self._conn
         began = time.monotonic()
         stopping_since: float | None = None
+        cpu_then: float | None = None
         try:
             while True:
                 if stop is not None and stop.is_set():
@@ -330,11 +349,27 @@ class ProcessBackend:
                 if within is not None and now - began > within:
                     raise self._hung(f"did not answer within {within:g} s")
                 if conn is self._conn and self._cancel.is_set():
-                    stopping_since = stopping_since or now
-                    if now - stopping_since > STOP_WAIT_S:
-                        raise self._hung(f"did not stop the reply within {STOP_WAIT_S:g} s of being asked")
+                    if stopping_since is None:
+                        stopping_since, cpu_then = now, self._cpu_seconds()
+                    elif now - stopping_since > STOP_WAIT_S:
+                        cpu_now = self._cpu_seconds()
+                        if cpu_now is None or cpu_then is None or cpu_now - cpu_then < PROGRESS_CPU_S:
+                            raise self._hung(f"did not stop the reply within {now - began:.0f} s of being asked "
+                                             "and was not working")
+                        stopping_since, cpu_then = now, cpu_now  # still computing: wait again
         except (EOFError, OSError) as exc:
             raise self._died() from exc
+
+    def _cpu_seconds(self) -> float | None:
+        """The CPU seconds the child has used, or None where it is stopped (SIGSTOP), gone or unknown."""
+        try:
+            process = psutil.Process(self._process.pid)
+            if process.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP, psutil.STATUS_ZOMBIE):
+                return None
+            used = process.cpu_times()
+        except (psutil.Error, ValueError, TypeError):
+            return None
+        return float(used.user + used.system)
 
     def _hung(self, what: str) -> EngineDiedError:
         """End a child that stopped answering; the error that says so."""

@@ -394,7 +394,7 @@ class SpecDecoder(DeviceRounds, DraftRecovery):
             return notice
         if self.drafter is not None and self.speculation_enabled:
             _, dropped = self._guarded(
-                lambda: self.drafter.prefill(seq),  # type: ignore[union-attr]
+                lambda: self.drafter.prefill(seq, cancel),  # type: ignore[union-attr]
                 "out of memory while the draft read the prompt",
                 lambda: None,
             )

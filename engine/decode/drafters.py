@@ -14,6 +14,7 @@ from) and is told afterwards which sequence was accepted. Two kinds:
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
@@ -89,8 +90,9 @@ class Drafter(Protocol):
         """
         ...
 
-    def prefill(self, context: Sequence[int]) -> None:
-        """Read a new prompt ``[L]`` ahead of the first round (all but its last token)."""
+    def prefill(self, context: Sequence[int], cancel: threading.Event | None = None) -> None:
+        """Read a new prompt ``[L]`` ahead of the first round (all but its last token); a model
+        draft stops between two pieces once ``cancel`` is set (Esc while it reads a long prompt)."""
         ...
 
     def commit(self, context: Sequence[int]) -> None:
@@ -206,9 +208,10 @@ class ModelDrafter:
             return q[:, : self.vocab_limit]
         return torch.nn.functional.pad(q, (0, self.vocab_limit - q.shape[-1]))
 
-    def prefill(self, context: Sequence[int]) -> None:
-        """Feed the prompt (all but its last token) past what the cache shares with it."""
-        self.runner.catch_up(context)
+    def prefill(self, context: Sequence[int], cancel: threading.Event | None = None) -> None:
+        """Feed the prompt (all but its last token) past what the cache shares with it, in pieces,
+        stopping between two once ``cancel`` is set (the next reply's catch-up reads the rest)."""
+        self.runner.catch_up(context, cancel)
         if self.lookup is not None:
             self.lookup.prefill(context)
 
@@ -313,8 +316,8 @@ class NgramDrafter:
                 self._index[tuple(ids[j - n + 1 : j + 1])] = j + 1
         self._indexed = max(self._indexed, len(ids) - 1)
 
-    def prefill(self, context: Sequence[int]) -> None:
-        """Index the prompt ``[L]`` (compared in full with what is indexed)."""
+    def prefill(self, context: Sequence[int], cancel: threading.Event | None = None) -> None:
+        """Index the prompt ``[L]`` (compared in full with what is indexed; quick: ``cancel`` unused)."""
         self._extend(context, full_check=True)
 
     def commit(self, context: Sequence[int]) -> None:

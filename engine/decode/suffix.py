@@ -32,6 +32,7 @@ the index of exchanges finished since it was built a quarter of that.
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from typing import Literal
 
@@ -277,7 +278,7 @@ class SuffixDrafter:
                     best, found = m, Draft(tuple(tokens), key=GLOBAL_KEY + match_key(m), origin="history")
         return found if found is not None else local
 
-    def prefill(self, context: Sequence[int]) -> None:
+    def prefill(self, context: Sequence[int], cancel: threading.Event | None = None) -> None:
         self.local.prefill(context)
         self._matches.clear()  # a new prompt: matches are searched for anew
 

@@ -272,3 +272,16 @@ def test_a_seed_must_be_a_whole_number() -> None:
     with pytest.raises(ValueError, match="seed must be a whole number or None, got 1.5"):
         SamplingParams(seed=1.5)  # type: ignore[arg-type]
     assert SamplingParams(seed=-3).seed == -3
+
+
+def test_a_draft_model_reading_a_prompt_stops_once_the_reply_is_cancelled() -> None:
+    """It read the whole prompt regardless (a 4,096-token context: tens of seconds on a CPU), so the
+    engine's child could be ended as hung after Esc (engine.child.backend.STOP_WAIT_S)."""
+    target = tiny_llama(0)
+    drafter = ModelDrafter(noisy_copy(target, 0.05, seed=1), CPU)
+    cancel = threading.Event()
+    cancel.set()
+    drafter.prefill(list(range(1, 90)), cancel)
+    assert len(drafter.runner) == 0
+    drafter.prefill(list(range(1, 90)))
+    assert len(drafter.runner) == 88
