@@ -1,8 +1,10 @@
-"""The ``SPECCHAT_*`` environment variables that steer the engine and the app, each read here.
+"""The ``SPECCHAT_*`` switches and numbers that steer the engine and the app, each read here.
 
 A value none of them can use is a :class:`~engine.errors.SettingError` that names the variable
-and what it takes, raised where the value is read and, for every variable at once, by
-:func:`check` when a command starts: ``SPECCHAT_UI_NICE=abc`` ended the app with a traceback as
+and what it takes, raised where the value is read and, for every one of them at once, by
+:func:`check` when a command starts. Variables that name things are read where the names are
+known (``SPECCHAT_COMPILE``: a compiler backend, ``SPECCHAT_CPU_KERNEL``: a kernel variant) and
+paths where they are used. Before, ``SPECCHAT_UI_NICE=abc`` ended the app with a traceback as
 its model became ready, and ``SPECCHAT_THREADS=abc`` failed every profile's load with
 "invalid literal for int()", naming no variable.
 """

@@ -18,7 +18,7 @@ Only the latest state of each reply is written (rounds coalesce), and the final
 state (with its finish reason) is written as soon as the lock clears, even after
 the reply ended.
 
-A chat's settings (:data:`SETTINGS`: its title, profile, system prompt and sampling, as its
+A chat's settings (:data:`SETTINGS`: its profile, system prompt and sampling, as its
 :class:`ChatRef` holds them) are written the same way (:meth:`HistorySaver.save_setting`), before
 the replies: set while another program held the lock, F10's sampling was lost, and the UI waited
 out the lock's timeout. A chat not in the database yet takes them when the saver creates it.
@@ -88,9 +88,9 @@ class ChatRef:
     """Set while its unsaved exchanges wait to be written to a new chat: the id deleted elsewhere."""
 
 
-Setting = Literal["title", "profile", "system_prompt", "sampling"]
-"""A chat setting the saver writes from its :class:`ChatRef`."""
-SETTINGS: tuple[Setting, ...] = ("title", "profile", "system_prompt", "sampling")
+Setting = Literal["profile", "system_prompt", "sampling"]
+"""A chat setting the saver writes from its :class:`ChatRef` (a rename, in F3, is written there, once)."""
+SETTINGS: tuple[Setting, ...] = ("profile", "system_prompt", "sampling")
 
 
 class SupportsToDict(Protocol):
@@ -341,9 +341,7 @@ class HistorySaver:
         """Write ``chat``'s setting ``name`` as its ChatRef holds it now (may raise HistoryError)."""
         assert chat.id is not None
         h = self.history
-        if name == "title":
-            h.rename_chat(chat.id, chat.title)
-        elif name == "profile":
+        if name == "profile":
             h.set_profile(chat.id, chat.profile)
         elif name == "system_prompt":
             h.set_system_prompt(chat.id, chat.system_prompt)

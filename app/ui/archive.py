@@ -67,6 +67,10 @@ class Archive:
             self._report(f"{exc}; nothing was changed: try again once it is free" if exc.locked else str(exc))
             return None
 
+    def done(self, fn: Callable[..., object], *args: object) -> bool:
+        """Run a history write once (as :meth:`db`); whether it succeeded (a failure is reported)."""
+        return self.db(lambda: fn(*args) or True) is True
+
     def save_setting(self, chat: ChatRef, name: Setting) -> None:
         """Save ``chat``'s setting ``name`` as its ChatRef holds it, through the saver: off the
         UI's thread, and retried while another program holds the database."""

@@ -5,7 +5,7 @@ import os
 import re
 import tempfile
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -163,11 +163,13 @@ def export_chat(history: History, chat_id: int, path: Path | str | None = None) 
 
 
 def transcript_markdown(title: str, messages: list[tuple[str, str]], unsent: str = "",
-                        note: str = "Exported unsaved at quit") -> str:
+                        note: str = "Exported unsaved at quit", settings: Sequence[str] = ()) -> str:
     """A chat as the screen shows it (``(role, text)`` in order) and the prompt box's unsent
     text, as Markdown: what quitting exports when the history could not take it. Made inert
-    (:func:`~engine.text_safety.inert`) as :func:`chat_markdown` is."""
-    lines = [f"# {title}", "", f"- {note}: {time.strftime('%Y-%m-%d %H:%M')}"]
+    (:func:`~engine.text_safety.inert`) as :func:`chat_markdown` is. ``settings``: lines about
+    the chat's own settings (its sampling, its system prompt), which the history may not have
+    taken either."""
+    lines = [f"# {title}", "", f"- {note}: {time.strftime('%Y-%m-%d %H:%M')}", *(f"- {s}" for s in settings)]
     for role, text in messages:
         lines += ["", f"## {role.capitalize()}", "", text]
     if unsent.strip():

@@ -99,7 +99,9 @@ def write_unsaved(app: "App[Any]", conversation: "Conversation", archive: Archiv
     for chat, prompt, reply in saver.pending() if saver is not None else []:
         if chat is not conversation.chat_ref:  # another chat's, not on screen (ids may not be set yet)
             messages += [("user", f"({chat.title}) {prompt}"), ("assistant", reply)]
-    text = transcript_markdown(app.sub_title or "specchat chat", messages, conversation.prompt.text)
+    settings = [] if conversation.private else conversation.settings_lines()
+    text = transcript_markdown(app.sub_title or "specchat chat", messages, conversation.prompt.text,
+                               settings=settings)
     try:
         return export_unsaved(text, f"unsaved-chat-{time.strftime('%Y%m%d-%H%M%S')}.md")
     except SpecChatError as exc:

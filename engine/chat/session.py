@@ -245,7 +245,8 @@ class ChatEngine:
         """The round's text safe to show, and where a stop string ended the reply: how many of the
         round's tokens to keep (None: none ended it). Fed token by token, as plain decoding feeds
         them, so a round of several accepted tokens stops where plain decoding would: it kept the
-        tokens after the stop string in ``token_ids`` (and in what the suffix drafter remembers)."""
+        tokens after the stop string in ``token_ids`` (and in what the suffix drafter remembers).
+        The round's statistics still count every token it decoded: they measure the work done."""
         shown: list[TextPiece] = []
         for i, (token, source) in enumerate(zip(event.token_ids, event.sources)):
             out, hit = stops.feed([TextPiece(detok.push(token), source, event.origin if source == "draft" else None)],

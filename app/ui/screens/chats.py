@@ -210,9 +210,9 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
 
         def done(title: str | None) -> None:
             title = " ".join((title or "").split())[:TITLE_KEPT]  # one line, as titles made from prompts are
-            if title and self._archive.history is not None:
-                self._archive.db(self._archive.history.rename_chat, chat.id, title)
-                self.post_message(self.Renamed(chat.id, title))
+            history = self._archive.history
+            if title and history is not None and self._archive.done(history.rename_chat, chat.id, title):
+                self.post_message(self.Renamed(chat.id, title))  # not when nothing was renamed (a lock)
                 self._reload()
 
         self.ask(EditScreen("Rename chat", inert(chat.title)), done)
@@ -227,9 +227,9 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
             history = self._archive.history
             if yes and history is not None:
                 said = tuple(m.content for m in self._archive.db(history.messages, chat.id) or () if m.role == "user")
-                self._archive.db(history.delete_chat, chat.id)
-                self.post_message(self.Deleted(chat.id, said))
-                self._reload()
+                if self._archive.done(history.delete_chat, chat.id):  # a failed delete changed nothing
+                    self.post_message(self.Deleted(chat.id, said))
+                    self._reload()
 
         elsewhere = (" It is open in another specchat window, which will save what it adds next to a new chat."
                      if self._archive.open_chats.elsewhere(chat.id) else "")

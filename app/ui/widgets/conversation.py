@@ -23,7 +23,7 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from app.store.history import ChatRecord
-from app.store.saver import ChatRef
+from app.store.saver import ChatRef, Setting
 from app.ui.archive import Archive
 from app.ui.engine_host import EngineHost
 from app.ui.labels import chat_title, shown_title
@@ -250,10 +250,26 @@ class Conversation(ReplyPainting, Horizontal):
         chat's prompts until the next start (a hostile tester's)."""
         gone = set(prompts) - set(still_saved)
         if gone:
-            kept = [p for p in self.prompt.prompts if p not in gone]
-            if self.private:  # the private chat's own prompts stay recalled after the mark
-                self._recall_mark -= sum(1 for p in self.prompt.prompts[:self._recall_mark] if p in gone)
-            self.prompt.set_history(kept)
+            # a private chat's own prompts (after the mark) stay as they are; the saved ones before
+            # it lose the deleted, and the mark follows what is left of them
+            mark = self._recall_mark if self.private else len(self.prompt.prompts)
+            before, after = self.prompt.prompts[:mark], self.prompt.prompts[mark:]
+            self.prompt.set_history(p for p in before if p not in gone)
+            self._recall_mark = len(self.prompt.prompts)
+            self.prompt.prompts.extend(after)
+
+    def settings_lines(self) -> list[str]:
+        """The chat's own sampling and system prompt, one line each, for an export at quit."""
+        label = self.sampling.label(self.host.profile)
+        lines = [f"Sampling: {label}"] if label else []
+        if self.chat_system_prompt:
+            lines.append("System prompt: " + " ".join(self.chat_system_prompt.split()))
+        return lines
+
+    def _save_setting(self, name: Setting) -> None:
+        """Save the open chat's setting ``name`` through the saver; a private chat's never."""
+        if self._chat is not None and not self.private:
+            self.archive.save_setting(self._chat, name)
 
     def set_system_prompt(self, value: str) -> None:
         """The chat's system prompt; the profile's own text (or nothing) follows the profile."""
@@ -262,7 +278,7 @@ class Conversation(ReplyPainting, Horizontal):
         self.chat_system_prompt = None if value == ((profile.system_prompt if profile else None) or "") else value
         if self._chat is not None:  # saved with the chat, or when the saver creates it
             self._chat.system_prompt = self.chat_system_prompt
-            self.archive.save_setting(self._chat, "system_prompt")
+            self._save_setting("system_prompt")
         notice(self, "System prompt set." if value else "No system prompt for this chat.")
 
     def set_sampling(self, sampling: ChatSampling, *, save: bool = True) -> None:
@@ -272,7 +288,7 @@ class Conversation(ReplyPainting, Horizontal):
         self.prompt.border_subtitle = sampling.label(self.host.profile)
         if save and self._chat is not None:
             self._chat.sampling = sampling.to_dict()
-            self.archive.save_setting(self._chat, "sampling")
+            self._save_setting("sampling")
 
     def model_state(self, loading: str | None, loaded: bool = True) -> None:
         """The prompt box says what the model is doing: ``loading`` (the profile's name; Enter
@@ -288,7 +304,7 @@ class Conversation(ReplyPainting, Horizontal):
         self.set_sampling(self.sampling, save=False)
         if self._chat is not None:
             self._chat.profile = name
-            self.archive.save_setting(self._chat, "profile")
+            self._save_setting("profile")
 
     # -- sending -----------------------------------------------------------------------
 

@@ -72,12 +72,12 @@ def test_settings_of_a_chat_not_written_yet_go_in_with_it_and_later_ones_in_orde
         saver.update(record, "hello", [], None, finish="eos")
         assert saver.flush(5.0) and chat.id is not None and saver.unsaved_settings() == 0
         assert history.get_chat(chat.id).sampling == {"seed": 5}  # type: ignore[union-attr]
-        chat.title, chat.system_prompt = "renamed", "Be brief."
-        saver.save_setting(chat, "title")
+        chat.profile, chat.system_prompt = "other", "Be brief."
+        saver.save_setting(chat, "profile")
         saver.save_setting(chat, "system_prompt")
         assert saver.flush(5.0)
         saved = history.get_chat(chat.id)
-        assert saved is not None and (saved.title, saved.system_prompt, saved.sampling) == ("renamed", "Be brief.", {"seed": 5})
+        assert saved is not None and (saved.profile, saved.system_prompt, saved.sampling) == ("other", "Be brief.", {"seed": 5})
         with pytest.raises(ValueError, match="unknown chat setting 'colour'"):
             saver.save_setting(chat, "colour")  # type: ignore[arg-type]
     finally:

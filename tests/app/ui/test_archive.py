@@ -92,6 +92,11 @@ async def test_chat_settings_set_while_locked_are_saved_once_it_is_free(
         assert time.monotonic() - began < 0.3  # nothing waited on the lock on the UI's thread (three waits of 0.2 s did)
         await wait_for(pilot, lambda: saver.lagging)
         assert (app.archive.at_risk(True) or "").startswith("3 chat settings are not saved: ")
+        from app.ui.quitting import write_unsaved  # ctrl+q's "export" then keeps them too
+
+        exported = write_unsaved(app, app.conversation, app.archive)
+        assert exported is not None
+        assert "- Sampling: T 0.5 · seed 3\n- System prompt: Be brief.\n" in exported.read_text()
         thread.join()
         await wait_for(pilot, lambda: saver.unsaved_settings() == 0 and not saver.lagging, timeout=10)
         chat = app.archive.history.get_chat(chat_id)  # type: ignore[union-attr]
@@ -145,6 +150,33 @@ async def test_chats_screen_rename_and_delete(make_app: Callable[..., SpecChatAp
         await wait_for(pilot, lambda: app.archive.history.list_chats() == [])
         await pilot.press("escape")
         assert app.conversation.chat_id is None
+
+
+@pytestmark_async
+async def test_a_rename_or_delete_refused_by_a_lock_changes_nothing_on_screen_either(
+        make_app: Callable[..., SpecChatApp], specchat_dirs: Path, short_busy: None) -> None:
+    """The toast said "nothing was changed", yet the open chat was replaced by a new one (delete) or
+    its header renamed (a review's)."""
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "first chat")
+        await wait_for(pilot, lambda: not app.conversation.generating and app.conversation.chat_id is not None)
+        chat_id = app.conversation.chat_id
+        assert app.archive.saver is not None and app.archive.saver.flush(5)
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen))
+        thread, _ = hold_lock(specchat_dirs / "history.db", 3.0, exclusive=False)
+        await pilot.press("r")
+        await pilot.press(*"Renamed", "enter")
+        await wait_for(pilot, lambda: any("nothing was changed" in n.message for n in app._notifications))
+        await pilot.press("d")
+        await pilot.press("y")
+        await wait_for(pilot, lambda: sum("nothing was changed" in n.message for n in app._notifications) == 2)
+        await pilot.pause()
+        assert app.conversation.chat_id == chat_id and app.conversation.title == "first chat"
+        assert app.conversation.messages()  # still the chat on screen
+        thread.join()
 
 
 @pytestmark_async

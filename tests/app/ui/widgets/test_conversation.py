@@ -441,3 +441,19 @@ async def test_leaving_a_private_chat_takes_its_prompts_out_of_recall(
         assert conversation.prompt.prompts == ["an open question"]  # Up no longer recalls them
         assert conversation.prompt.text == "a second secret"  # the unsent one is not lost
         assert any("unsent prompts are back in the box" in n for n in await notices(pilot))
+
+
+async def test_a_delete_during_a_private_chat_keeps_its_prompts_apart(make_app: Callable[..., SpecChatApp]) -> None:
+    """Deleting a saved chat's prompts from Up's recall merged neighbours that became equal, and the
+    private chat's mark slipped: its prompt stayed recalled after it ended (a review's)."""
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        conversation = app.conversation
+        conversation.prompt.set_history(["a", "x", "a"])
+        await conversation.new_chat(private=True)
+        conversation.prompt.remember("private p")
+        conversation.forget_prompts(["x"])
+        assert conversation.prompt.prompts == ["a", "private p"]
+        await conversation.new_chat()  # the private chat ends: its prompts leave the recall
+        assert conversation.prompt.prompts == ["a"]
