@@ -403,6 +403,10 @@ class History:
         rows = self._query("SELECT content FROM messages WHERE role = 'user' ORDER BY id DESC LIMIT ?", (limit,))
         return [str(row[0]) for row in reversed(rows)]
 
+    def chat_ids(self) -> set[int]:
+        """The ids of every chat in the file (another window's deletes show here)."""
+        return {int(row[0]) for row in self._query("SELECT id FROM chats")}
+
     def drafting_texts(self, max_chars: int) -> list[str]:
         """Prompts and replies of every chat, oldest first: the newest up to ``max_chars``
         characters in all (for the suffix drafter, which drafts from earlier chats)."""

@@ -77,6 +77,8 @@ class SpecChatApp(SafeTerminal, EngineControl, App[None]):  # SafeTerminal: titl
                                  memory_budget=memory_budget, loader=loader, profiles_loader=profiles_loader)
         self.archive = Archive(lambda text: notice(self, text, severity="error", title="History"))
         self.conversation = Conversation(self.engine, self.archive, id="main")
+        self.conversation.before_send = self.drafter_current
+        self.drafter_chats: set[int] = set()
         self.key_hold = KeyHold(super().on_event, self.call_later, self.set_timer)
         self.signals = ExitOnSignals(self, self.conversation, self.archive)
         """SIGTERM/SIGHUP exit as ctrl+q does, saving and restoring the terminal (app.ui.quitting)."""

@@ -31,6 +31,8 @@ class EngineControl:
     engine: EngineHost
     conversation: "Conversation"
     archive: "Archive"
+    drafter_chats: set[int]
+    """The chats whose messages the suffix drafter holds (taught, or its replies remembered)."""
     sub_title: str
     screen_stack: list[Any]
 
@@ -81,6 +83,9 @@ class EngineControl:
     def on_reply_finished(self, message: ReplyFinished) -> None:
         """The engine's process ended under a reply (killed, crashed): load its profile again at
         once; the chat stays, and a prompt sent meanwhile waits for the model as at start-up."""
+        chat_id = self.conversation.chat_id
+        if chat_id is not None and not self.conversation.private and message.finish_reason not in ("cancelled", "error"):
+            self.drafter_chats.add(chat_id)  # the engine remembers such a reply (engine.chat.session)
         profile = self.engine.profile
         if not message.engine_died or profile is None or self.engine.loading or self.engine.backend_alive:
             return
@@ -163,6 +168,7 @@ class EngineControl:
         history = self.archive.history
         if self.engine.drafts_from_history and history is not None:
             texts = self.archive.db(history.drafting_texts, DRAFTING_CHARS) or []
+            self.drafter_chats = self.archive.db(history.chat_ids) or set()
 
             def learn() -> None:
                 failed = self.engine.learn(texts)
@@ -170,6 +176,21 @@ class EngineControl:
                     self.call_from_thread(notice, self, failed, severity="warning", title="Suffix drafter")
 
             self.run_worker(learn, thread=True, group="learn", exit_on_error=False)
+
+    def drafter_current(self) -> None:
+        """Before a prompt goes out: a chat the drafter learned from, deleted in another window since,
+        has it taught the history again (it was proposed, marked "from earlier chats", until the next
+        load). A read of the chats' ids; the lesson itself runs in a worker."""
+        history = self.archive.history
+        if not self.engine.drafts_from_history or history is None:
+            return
+        if self.conversation.chat_id is not None and not self.conversation.private:
+            self.drafter_chats.add(self.conversation.chat_id)  # its replies so far were remembered
+        if not self.drafter_chats:
+            return
+        now = self.archive.db(history.chat_ids)
+        if now is not None and self.drafter_chats - now:
+            self._teach_drafter()
 
     def on_engine_failed(self, message: EngineFailed) -> None:
         self.engine.failed(message.restored)

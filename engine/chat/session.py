@@ -231,7 +231,10 @@ class ChatEngine:
                 reply.extend(event.token_ids)
                 yield _chat_event(event, shown)
                 if event.finish_reason is not None:
-                    if not params.private:  # after the last event: the reply is on screen already
+                    # after the last event: the reply is on screen already. Not a stopped or failed
+                    # one: Esc is how a chat deleted while its reply streams stops it, and its text
+                    # came back into the drafter after the drafter was taught the history without it
+                    if not params.private and event.finish_reason not in ("cancelled", "error"):
                         self._remember(reply)
                     return
         finally:

@@ -12,7 +12,7 @@ A token's way to the screen: the engine's ``ChatEvent`` → :func:`stream_reply`
 """
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from functools import partial
 
 from textual.app import ComposeResult
@@ -67,6 +67,8 @@ class Conversation(ReplyPainting, Horizontal):
         self.queued: list[UserMessage] = []
         """Prompts sent while the model loads or a reply streams, sent in turn when it is free."""
         self._chat: ChatRef | None = None
+        self.before_send: Callable[[], None] = lambda: None
+        """Called as a prompt goes out (the App checks that the drafter's earlier chats still exist)."""
         self.editing_prompt: EditScreen | None = None
         """ctrl+g's dialog while it is open: its text is unsent (:meth:`unsent_text`)."""
         self.chat_system_prompt: str | None = None
@@ -371,6 +373,7 @@ class Conversation(ReplyPainting, Horizontal):
         backend, profile = self.host.backend, self.host.profile
         saver = None if self.private else self.archive.saver
         assert backend is not None and profile is not None
+        self.before_send()
         if self._chat is None:  # created in the database by the saver's first write
             self._chat = ChatRef(chat_title(text), profile.name, self.chat_system_prompt, self.sampling.to_dict())
             if not self.private:

@@ -238,6 +238,32 @@ async def test_the_suffix_drafter_is_given_the_history_and_forgets_a_deleted_cha
 
 
 @pytestmark_async
+async def test_a_chat_deleted_in_another_window_is_taken_from_the_drafter_before_the_next_prompt(
+    make_app: Callable[..., SpecChatApp], loader: FakeLoader
+) -> None:
+    """Window B's drafter kept proposing a chat window A had deleted, marked "from earlier chats",
+    until B loaded again (a hostile tester's)."""
+    app = make_app(profiles_loader=with_suffix_profile)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        history = app.archive.history
+        assert history is not None
+        elsewhere = history.create_chat("from window A", "suffix")
+        history.add_message(elsewhere, "user", "a secret of A")
+        backend = loader.backends[0]
+        app._teach_drafter()  # as at load: the history with A's chat
+        await wait_for(pilot, lambda: backend.learned and backend.learned[-1] == ["a secret of A"])
+        taught = len(backend.learned)
+        await send(pilot, "nothing deleted yet")
+        await wait_for(pilot, lambda: not app.conversation.generating)
+        assert len(backend.learned) == taught  # nothing deleted: no lesson again
+        history.delete_chat(elsewhere)  # window A deletes it (the same file)
+        await send(pilot, "and now?")
+        await wait_for(pilot, lambda: len(backend.learned) == taught + 1)
+        assert "a secret of A" not in backend.learned[-1]
+
+
+@pytestmark_async
 async def test_damaged_database_in_app_is_reported_and_app_works(
     make_app: Callable[..., SpecChatApp], specchat_dirs: Path
 ) -> None:

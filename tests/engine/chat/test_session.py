@@ -316,3 +316,18 @@ def test_a_stop_string_inside_a_round_ends_the_ids_where_plain_decoding_ends_the
         assert spec_events[-1].finish_reason == plain_events[-1].finish_reason
         mid_round += plain_events[-1].finish_reason == "stop" and len(plain) not in ends
     assert mid_round > 0  # the case the test is for: a stop string completed before its round's last token
+
+
+def test_a_stopped_or_failed_reply_is_not_remembered_for_later_chats(tokenizer) -> None:  # type: ignore[no-untyped-def]
+    """A chat deleted while its reply streams stops the reply; its text came back into the suffix
+    drafter after the drafter was taught the history without it (a hostile tester's)."""
+    eng = engine(tokenizer)
+    remembered: list[list[int]] = []
+    eng._remember = lambda reply: remembered.append(list(reply))  # type: ignore[method-assign]
+    cancel = threading.Event()
+    events = eng.chat([ChatMessage("user", words(5))], PARAMS, cancel)
+    next(events)
+    cancel.set()
+    assert list(events)[-1].finish_reason == "cancelled" and remembered == []
+    reply(eng, [ChatMessage("user", words(5))])
+    assert len(remembered) == 1  # a reply that ended by itself is
