@@ -176,6 +176,19 @@ def format_mismatches(found: Sequence[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_transformers(found: Sequence[dict[str, Any]]) -> str:
+    """The note on transformers' runs that part from their plain decoding (they do not fail the bench:
+    transformers' forward reads a verify pass's attention in one masked call, not row by row as
+    specchat's does, and an int4 target's 8-bit activations can turn its last bits into another token)."""
+    lines = [f"note: {len(found)} transformers output(s) differ from its plain decoding (hf-plain, or plain for "
+             "hf-plain itself): transformers' forward is not batch-invariant; information, not counted:"]
+    for m in found:
+        k = f" K={m['k']}" if m["k"] else ""
+        lines.append(f"note:   {m['method']}{k} on {m['prompt']} (repeat {m['repeat']}): first difference at token "
+                     f"{m['first_difference']}")
+    return "\n".join(lines)
+
+
 def write_chart(results: Sequence[dict[str, Any]], path: Path) -> str:
     """A bar chart of the speedup of every method over plain (all prompts); returns a note."""
     try:
@@ -246,12 +259,12 @@ def build_report(args: argparse.Namespace, profile: "ModelProfile", engine: "Cha
     """The JSON document: machine, settings, results, mismatches and every run.
 
     ``judge`` (CUDA) sorts differing outputs into mismatches and near-tie flips."""
-    from app.bench.exact import NEAR_TIE_LOGITS, counted, exactness, flips
+    from app.bench.exact import NEAR_TIE_LOGITS, counted, exactness, flips, split_by_engine
     from app.bench.probes import PeakMemory, machine_info
     from app.bench.stats import mismatches, reference_outputs, run_record, summarise
 
     info = engine.info
-    found = mismatches(runs, reference_outputs(runs), judge)
+    found, theirs = split_by_engine(mismatches(runs, reference_outputs(runs), judge))
     return {
         "machine": machine_info(models.device),
         "profile": {"name": profile.name, "target": info.target, "drafter": info.drafter, "mode": info.mode,
@@ -278,6 +291,7 @@ def build_report(args: argparse.Namespace, profile: "ModelProfile", engine: "Cha
         "results": summarise(runs, judge),
         "mismatches": counted(found),
         "near_tie_flips": flips(found),
+        "transformers_differences": theirs,
         "runs": [run_record(r) for r in runs],
     }
 
@@ -376,6 +390,8 @@ def _output(report: dict[str, Any], args: argparse.Namespace) -> int:
     print(TABLE_LEGEND)
     if report.get("near_tie_flips"):
         print(format_flips(report["near_tie_flips"]), file=sys.stderr)
+    if report.get("transformers_differences"):
+        print(format_transformers(report["transformers_differences"]), file=sys.stderr)
     if report["mismatches"]:
         print(format_mismatches(report["mismatches"]), file=sys.stderr)
         return 1

@@ -95,6 +95,13 @@ def near_tie_judge(target: Any, device: Any, prompts: Mapping[str, Sequence[int]
     return judge
 
 
+def split_by_engine(found: Sequence[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """``(specchat's, transformers')`` differences: only specchat's can fail the bench (its promise);
+    transformers' forward is not batch-invariant (docs/exactness.md)."""
+    theirs = [m for m in found if str(m["method"]).startswith("hf-")]
+    return [m for m in found if not str(m["method"]).startswith("hf-")], theirs
+
+
 def counted(found: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """The differences that count as mismatches (near-tie flips left out)."""
     return [m for m in found if not m.get("near_tie")]

@@ -110,6 +110,21 @@ def test_near_tie_flips_are_a_note_and_do_not_fail(capsys: pytest.CaptureFixture
     assert "  spec K=2 on b (repeat 0): token 2, margin 0.125" in err and "!!!" not in err
 
 
+def test_transformers_differences_are_a_note_and_do_not_fail(capsys: pytest.CaptureFixture[str]) -> None:
+    """The README's pocket bench exited 1 on an AVX-512 machine: hf-prompt-lookup parted from hf-plain
+    (transformers' forward is not batch-invariant), though every specchat output was plain's."""
+    from app.bench.exact import split_by_engine
+
+    theirs = {"method": "hf-prompt-lookup", "k": 16, "prompt": "explain-tides", "repeat": 0, "first_difference": 9}
+    ours = {"method": "spec", "k": 2, "prompt": "b", "repeat": 0, "first_difference": 2}
+    assert split_by_engine([ours, theirs]) == ([ours], [theirs])
+    args = argparse.Namespace(json_out=None, chart=None, max_new_tokens=8, repeats=2)
+    assert _output({**report([], []), "transformers_differences": [theirs]}, args) == 0
+    err = capsys.readouterr().err
+    assert "note: 1 transformers output(s) differ from its plain decoding" in err
+    assert "hf-prompt-lookup K=16 on explain-tides (repeat 0): first difference at token 9" in err and "!!!" not in err
+
+
 @pytest.mark.parametrize("argv, says", [
     (["--repeats", "0"], "--repeats and --max-new-tokens must be at least 1"),
     (["--max-new-tokens", "0"], "--repeats and --max-new-tokens must be at least 1"),

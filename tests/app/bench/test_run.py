@@ -120,21 +120,33 @@ def test_model_draft_methods_are_skipped_without_a_draft(pair: tuple[Path, Path]
 def test_a_differing_output_is_reported_with_its_position(pair: tuple[Path, Path], tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch,
                                                           capsys: pytest.CaptureFixture[str]) -> None:
-    real = bench._run_hf
+    real, real_hf = bench._run_specchat, bench._run_hf
 
-    def corrupt(*args: object, **kwargs: object) -> bench._Reply:
-        reply = real(*args, **kwargs)
-        reply.tokens[3] = (reply.tokens[3] + 1) % 64
+    def corrupt(models: object, method: Method, *args: object, **kwargs: object) -> bench._Reply:
+        reply = real(models, method, *args, **kwargs)  # type: ignore[arg-type]
+        if method.name == "ngram":
+            reply.tokens[3] = (reply.tokens[3] + 1) % 64
         return reply
 
-    monkeypatch.setattr(bench, "_run_hf", corrupt)
-    code, report = run_cli(pair, tmp_path, "--repeats", "1", "--methods", "hf-plain")
+    def corrupt_hf(*args: object, **kwargs: object) -> bench._Reply:
+        reply = real_hf(*args, **kwargs)  # type: ignore[arg-type]
+        reply.tokens[2] = (reply.tokens[2] + 1) % 64
+        return reply
+
+    monkeypatch.setattr(bench, "_run_specchat", corrupt)
+    code, report = run_cli(pair, tmp_path, "--repeats", "1", "--methods", "plain,ngram")
     assert code == 1
-    bad = {r["prompt_class"]: r for r in report["results"] if r["method"] == "hf-plain"}
+    bad = {r["prompt_class"]: r for r in report["results"] if r["method"] == "ngram"}
     assert bad["all"]["identical"] is False
     assert {m["first_difference"] for m in report["mismatches"]} == {3}
     assert all(r["identical"] for r in report["results"] if r["method"] == "plain")
     assert "first difference at token 3" in capsys.readouterr().err
+    # transformers' own differences are information: noted, in the JSON, never the exit status
+    monkeypatch.setattr(bench, "_run_hf", corrupt_hf)
+    code, report = run_cli(pair, tmp_path, "--repeats", "1", "--methods", "plain,hf-plain")
+    assert code == 0 and report["mismatches"] == []
+    assert {m["first_difference"] for m in report["transformers_differences"]} == {2}
+    assert "note: " in capsys.readouterr().err
 
 
 def test_first_difference() -> None:
