@@ -180,13 +180,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
                     print(inert(f"specchat: {event.notice}"), file=sys.stderr)
                 if not args.json:  # shown, never obeyed: a reply's escape sequences come out visible (--json: raw)
                     print(inert(event.text), end="", flush=True)
-        except SpecChatError as exc:  # failed mid-reply: the text so far is kept, as the error says
-            if args.json:
+        except (SpecChatError, KeyboardInterrupt) as exc:  # failed or ^C mid-reply: the text so far is kept
+            how = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
+            if args.json:  # the same shape as a whole reply's, so a reader needs one parser
+                stats = last.stats.to_dict() if last is not None else None
+                if stats is not None:
+                    stats["finish_reason"] = how
                 print(json_for(sys.stdout, {"profile": profile.name, "text": "".join(text), "token_ids": ids,
-                                            "stats": last.stats.to_dict() if last is not None else None,
-                                            "finish_reason": "error", "error": str(exc)}))
+                                            "stats": stats, "finish_reason": how,
+                                            "error": str(exc) if how == "error" else "interrupted (^C)"}))
             elif text:
                 print(flush=True)
+            if how == "interrupted" and not args.quiet:
+                print(f"specchat: interrupted after {len(ids)} tokens", file=sys.stderr)
             raise
         assert last is not None
         if args.json:
@@ -196,7 +202,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             stats["fallback_reason"] = engine.info.fallback_reason
             stats["compat_note"] = engine.info.compat_note
             stats["cpu_kernel"] = engine.info.cpu_kernel
-            out = {"profile": profile.name, "text": "".join(text), "token_ids": ids, "stats": stats}
+            out = {"profile": profile.name, "text": "".join(text), "token_ids": ids, "stats": stats,
+                   "finish_reason": last.finish_reason}
             print(json_for(sys.stdout, out))  # the exact text, its controls as JSON escapes (C1 ones too)
         else:
             print(flush=True)
@@ -297,15 +304,15 @@ def _tolerant_output() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _tolerant_output()
-    if args.command in ("generate", "bench"):  # the app loads its models in the engine's child
-        from engine.fetch.hublog import quiet_transformers
-
-        quiet_transformers()
-        engine_warnings_to_stderr()
     handlers = {"generate": cmd_generate, "profiles": cmd_profiles, "bench": cmd_bench, "models": cmd_models,
                 None: cmd_app}
     try:
         check_environment()  # a bad SPECCHAT_* value is said now, naming it, not deep in a load
+        if args.command in ("generate", "bench"):  # the app loads its models in the engine's child
+            from engine.fetch.hublog import quiet_transformers
+
+            quiet_transformers()  # imports torch: seconds in which ^C must still end quietly
+            engine_warnings_to_stderr()
         return handlers[args.command](args)
     except SpecChatError as exc:
         print(inert(f"specchat: error: {exc}"), file=sys.stderr)

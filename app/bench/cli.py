@@ -42,7 +42,7 @@ def add_bench_parser(sub: Any, add_model_options: Callable[[argparse.ArgumentPar
     bench.add_argument("--repeats", type=int, default=3, help="measured rounds after one warm-up (medians over them)")
     bench.add_argument("--methods", help=f"comma-separated subset of {','.join(ALL_METHODS)} (plain always runs)")
     bench.add_argument("--k-range", default="1-6", help="fixed K values for spec and hf-assisted-constant, e.g. 1-6 or 2,4")
-    bench.add_argument("--lookup-tokens", type=positive_int, help="prompt_lookup_num_tokens for hf-prompt-lookup (default: the profile's k_max)")
+    bench.add_argument("--lookup-tokens", type=lookup_tokens, help="prompt_lookup_num_tokens for hf-prompt-lookup (default: the profile's k_max)")
     bench.add_argument("--threads", type=positive_int, help="torch threads, and llama.cpp's -t (default: torch's choice)")
     bench.add_argument("--llama-cpp", metavar="DIR", dest="llama_cpp",
                        help="folder with llama.cpp's llama-server (default: SPECCHAT_LLAMA_CPP, the cache dir "
@@ -174,6 +174,18 @@ def format_mismatches(found: Sequence[dict[str, Any]]) -> str:
             + (f" (target's top-2 margin there {m['margin']:.3f} logits: not a near tie)" if "margin" in m else "")
         )
     return "\n".join(lines)
+
+
+def lookup_tokens(text: str) -> int:
+    """An argparse ``type`` for ``--lookup-tokens``: transformers' prompt_lookup_num_tokens, 1 to 64
+    (it took the thread count's checker, whose errors spoke of CPU threads)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number of tokens, got {text!r}") from None
+    if not 1 <= value <= 64:
+        raise argparse.ArgumentTypeError(f"must be from 1 to 64 (tokens a prompt lookup proposes), got {value}")
+    return value
 
 
 def format_transformers(found: Sequence[dict[str, Any]]) -> str:
@@ -374,8 +386,7 @@ def _output(report: dict[str, Any], args: argparse.Namespace) -> int:
     from app.bench.exact import format_flips
 
     results = report["results"]
-    if args.json_out:
-        write_report(report, args.json_out)
+    written = write_report(report, args.json_out) if args.json_out else True
     if args.chart:
         print(write_chart(results, args.chart), file=sys.stderr)
     print(inert(f"{report['profile']['name']}: {report['profile']['target']} + {report['profile']['drafter']} "
@@ -395,4 +406,4 @@ def _output(report: dict[str, Any], args: argparse.Namespace) -> int:
     if report["mismatches"]:
         print(format_mismatches(report["mismatches"]), file=sys.stderr)
         return 1
-    return 0
+    return 0 if written else 1

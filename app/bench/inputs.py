@@ -139,11 +139,14 @@ def check_output(path: Path | None, option: str) -> Path | None:
     return path
 
 
-def write_report(report: dict[str, Any], path: Path) -> None:
+def write_report(report: dict[str, Any], path: Path) -> bool:
     """The bench's figures as JSON at ``path`` (checked by :func:`check_output` before the run); a
-    write that fails now (a disk that filled since) is said on stderr, and the table still follows."""
+    write that fails now (a disk that filled since) is said on stderr, and the table still follows.
+    Whether it was written: the command then exits 1 (it exited 0, and a script lost the figures)."""
     try:
         path.write_text(json_text(report, indent=1), encoding="utf-8")
         print(f"JSON written to {path}", file=sys.stderr)
+        return True
     except OSError as exc:
         print(inert(f"specchat bench: the JSON could not be written to {path}: {exc}"), file=sys.stderr)
+        return False

@@ -218,12 +218,11 @@ def cmd_bench_server(args: argparse.Namespace, profile: "ModelProfile") -> int:
             "same text": "greedy spec and plain replies of the first measured repeat compared as text",
         },
     }
-    if args.json_out:
-        write_report(report, args.json_out)
+    written = write_report(report, args.json_out) if args.json_out else True
     for note in sides.notes:
         print(inert(f"specchat bench: {note}"), file=sys.stderr)
     print(inert(f"{sides.spec.kind} server at {sides.spec.spec.root} ({sides.spec.model}); plain side: "
                 f"{report['plain_side']}; {args.max_new_tokens} new tokens, {args.repeats} repeat(s), greedy; "
                 f"rates from the {' and '.join(rate_sources)}"))  # the model's name is the server's
     print(format_table(results))
-    return 0
+    return 0 if written else 1

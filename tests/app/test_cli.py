@@ -30,7 +30,8 @@ def test_generate_json_shape_and_modes(pair, capsys) -> None:
     common = ["w1 w2 w3", "--target", str(target), "--draft", str(draft), "--max-new-tokens", "12", "--k", "3"]
     spec = generate(capsys, *common)
     plain = generate(capsys, *common, "--mode", "plain")
-    assert set(spec) == {"profile", "text", "token_ids", "stats"}
+    assert set(spec) == {"profile", "text", "token_ids", "stats", "finish_reason"}
+    assert spec["finish_reason"] == spec["stats"]["finish_reason"]
     for key in ("alpha", "tau", "k", "proposed", "accepted", "tokens_per_s", "speedup", "mode", "plan"):
         assert key in spec["stats"]
     assert spec["stats"]["mode"] == "spec" and plain["stats"]["mode"] == "plain"
@@ -49,6 +50,35 @@ def test_generate_json_shape_and_modes(pair, capsys) -> None:
     # The round kind is a copy either way; the drafter says which lookup the user asked for.
     assert (ngram["stats"]["drafter"], suffix["stats"]["drafter"]) == ("n-gram lookup", "suffix lookup")
     assert plain["stats"]["drafter"] == "none" and spec["stats"]["drafter"] not in ("none", "n-gram lookup", "suffix lookup")
+
+
+def test_ctrl_c_mid_reply_keeps_the_json_of_the_reply_so_far(pair, capsys, monkeypatch) -> None:
+    """^C printed nothing with --json (not even valid JSON) and no word in text mode (a hostile tester's)."""
+    import app.cli as cli
+
+    real_load = cli.load_for
+
+    def interrupted_load(*args: object, **kwargs: object) -> object:
+        engine = real_load(*args, **kwargs)  # type: ignore[arg-type]
+        real_chat = engine.chat
+
+        def chat(*a: object, **k: object):  # type: ignore[no-untyped-def]
+            events = real_chat(*a, **k)
+            yield next(events)
+            events.close()
+            raise KeyboardInterrupt
+
+        engine.chat = chat  # type: ignore[method-assign]
+        return engine
+
+    monkeypatch.setattr(cli, "load_for", interrupted_load)
+    target, _ = pair
+    argv = ["generate", "w1 w2 w3", "--target", str(target), "--max-new-tokens", "12"]
+    assert main([*argv, "--json"]) == 130
+    out = json.loads(capsys.readouterr().out)
+    assert out["finish_reason"] == out["stats"]["finish_reason"] == "interrupted" and out["token_ids"]
+    assert main(argv) == 130
+    assert f"specchat: interrupted after {len(out['token_ids'])} tokens" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

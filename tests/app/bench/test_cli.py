@@ -149,13 +149,22 @@ def test_bad_options_fail_before_any_model_loads(argv: list[str], says: str, cap
     assert err.startswith("specchat: error: ") and says in err
 
 
-@pytest.mark.parametrize("value", ["-1", "0"])
-def test_lookup_tokens_below_one_is_a_usage_error(value: str, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("value", ["-1", "0", "5000", "x"])
+def test_lookup_tokens_out_of_range_is_a_usage_error(value: str, capsys: pytest.CaptureFixture[str]) -> None:
     """-1 was taken, and transformers refused it after plain had run, with a traceback; 0 was
-    silently the profile's k_max."""
+    silently the profile's k_max; the errors then spoke of CPU threads (a hostile tester's)."""
     with pytest.raises(SystemExit) as exit_:
         main(["bench", "--lookup-tokens", value])
-    assert exit_.value.code == 2 and "--lookup-tokens" in capsys.readouterr().err
+    said = capsys.readouterr().err.strip().splitlines()[-1]  # the error, under the usage lines
+    assert exit_.value.code == 2 and said.startswith("specchat bench: error: argument --lookup-tokens: ")
+    assert "thread" not in said and "tokens" in said
+
+
+def test_a_json_that_could_not_be_written_fails_the_command(capsys: pytest.CaptureFixture[str]) -> None:
+    """bench --json /dev/full said so on stderr and exited 0 (a hostile tester's)."""
+    args = argparse.Namespace(json_out=Path("/dev/full"), chart=None, max_new_tokens=8, repeats=2)
+    assert _output(report([], []), args) == 1
+    assert "the JSON could not be written to /dev/full" in capsys.readouterr().err
 
 
 def test_a_prompt_set_that_is_not_utf8_or_names_prompts_with_escapes(tmp_path: Path) -> None:
