@@ -12,7 +12,7 @@ A token's way to the screen: the engine's ``ChatEvent`` → :func:`stream_reply`
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from functools import partial
 
 from textual.app import ComposeResult
@@ -23,7 +23,7 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from app.store.history import ChatRecord
-from app.store.saver import ChatRef, Setting
+from app.store.saver import ChatRef
 from app.ui.archive import Archive
 from app.ui.engine_host import EngineHost
 from app.ui.labels import chat_title, shown_title
@@ -31,11 +31,11 @@ from app.ui.notices import notice
 from app.ui.reply_stream import ReplyJob, ReplyStream, stream_reply
 from app.ui.requests import build_messages, generation_params, turns_from
 from app.ui.sampling import ChatSampling
-from app.ui.screens.edit import EditScreen
 from app.ui.widgets.chat_log import ChatLog
 from app.ui.widgets.chat_view import AssistantMessage, UserMessage
 from app.ui.widgets.hud import Hud
 from app.ui.widgets.hud_line import HUD_MIN_WIDTH
+from app.ui.widgets.chat_settings import ChatSettings, OpenEdit
 from app.ui.widgets.reply_painting import ReplyPainting
 from app.ui.widgets.prompt import LOADING_PLACEHOLDER, NO_MODEL_PLACEHOLDER, PLACEHOLDER, PromptArea
 from app.ui.widgets.transcript import copyable, last_exchange, messages_of, widgets_for
@@ -51,7 +51,7 @@ PRIVATE = ("[b]Private chat[/b]: it is not saved to the history, and no later ch
            "It ends with the next new chat or when the app closes.")
 
 
-class Conversation(ReplyPainting, Horizontal):
+class Conversation(ChatSettings, ReplyPainting, Horizontal):
     """One chat: the transcript and prompt box on the left, the HUD on the right."""
 
     generating: reactive[bool] = reactive(False, bindings=True)
@@ -69,7 +69,7 @@ class Conversation(ReplyPainting, Horizontal):
         self._chat: ChatRef | None = None
         self.before_send: Callable[[], None] = lambda: None
         """Called as a prompt goes out (the App checks that the drafter's earlier chats still exist)."""
-        self.editing_prompt: EditScreen | None = None
+        self.editing_prompt: OpenEdit | None = None
         """ctrl+g's dialog while it is open: its text is unsent (:meth:`unsent_text`)."""
         self.chat_system_prompt: str | None = None
         """The chat's own system prompt; None follows the profile's."""
@@ -246,52 +246,6 @@ class Conversation(ReplyPainting, Horizontal):
         await self.new_chat(said="Deleted the open chat; this is a new one.")
         return True
 
-    def forget_prompts(self, prompts: Iterable[str], still_saved: Iterable[str] = ()) -> None:
-        """A deleted chat's ``prompts`` leave Up's recall, but for those another chat still holds
-        (``still_saved``: the history's recent prompts after the delete). Up recalled a deleted
-        chat's prompts until the next start (a hostile tester's)."""
-        gone = set(prompts) - set(still_saved)
-        if gone:
-            # a private chat's own prompts (after the mark) stay as they are; the saved ones before
-            # it lose the deleted, and the mark follows what is left of them
-            mark = self._recall_mark if self.private else len(self.prompt.prompts)
-            before, after = self.prompt.prompts[:mark], self.prompt.prompts[mark:]
-            self.prompt.set_history(p for p in before if p not in gone)
-            self._recall_mark = len(self.prompt.prompts)
-            self.prompt.prompts.extend(after)
-
-    def settings_lines(self) -> list[str]:
-        """The chat's own sampling and system prompt, one line each, for an export at quit."""
-        label = self.sampling.label(self.host.profile)
-        lines = [f"Sampling: {label}"] if label else []
-        if self.chat_system_prompt:
-            lines.append("System prompt: " + " ".join(self.chat_system_prompt.split()))
-        return lines
-
-    def _save_setting(self, name: Setting) -> None:
-        """Save the open chat's setting ``name`` through the saver; a private chat's never."""
-        if self._chat is not None and not self.private:
-            self.archive.save_setting(self._chat, name)
-
-    def set_system_prompt(self, value: str) -> None:
-        """The chat's system prompt; the profile's own text (or nothing) follows the profile."""
-        profile = self.host.profile
-        value = value.strip()
-        self.chat_system_prompt = None if value == ((profile.system_prompt if profile else None) or "") else value
-        if self._chat is not None:  # saved with the chat, or when the saver creates it
-            self._chat.system_prompt = self.chat_system_prompt
-            self._save_setting("system_prompt")
-        notice(self, "System prompt set." if value else "No system prompt for this chat.")
-
-    def set_sampling(self, sampling: ChatSampling, *, save: bool = True) -> None:
-        """The chat's own sampling, from the next reply on; shown on the prompt box's border
-        and (``save``) saved with the chat, or with it once the saver creates it."""
-        self.sampling = sampling
-        self.prompt.border_subtitle = sampling.label(self.host.profile)
-        if save and self._chat is not None:
-            self._chat.sampling = sampling.to_dict()
-            self._save_setting("sampling")
-
     def model_state(self, loading: str | None, loaded: bool = True) -> None:
         """The prompt box says what the model is doing: ``loading`` (the profile's name; Enter
         queues meanwhile), else whether a model is ``loaded``."""
@@ -300,13 +254,6 @@ class Conversation(ReplyPainting, Horizontal):
         if loading is not None:
             for waiting in self.queued:
                 waiting.set_waiting("waiting for the model to load")
-
-    def profile_changed(self, name: str) -> None:
-        """A new profile is loaded: the chat continues with it (and its sampling over the profile's)."""
-        self.set_sampling(self.sampling, save=False)
-        if self._chat is not None:
-            self._chat.profile = name
-            self._save_setting("profile")
 
     # -- sending -----------------------------------------------------------------------
 
@@ -339,17 +286,6 @@ class Conversation(ReplyPainting, Horizontal):
             widget = self.queued.pop(0)
             widget.set_waiting(None)
             self.send_prompt(widget.text, shown=widget)
-
-    def unsent_text(self) -> str:
-        """What was typed and has not gone out: prompts waiting behind a reply or a load, then
-        the box's text, as :meth:`drop_queued` would put them back in the box (ctrl+q lost the
-        waiting ones: neither saved nor kept for the next start). Text typed in a private chat
-        and carried out of it unedited is left out. An edit of the last prompt (ctrl+g) still open
-        comes first."""
-        box = self.prompt.text if self.prompt.text != self._private_text else ""
-        edit = self.editing_prompt
-        edited = [edit.text] if edit is not None and edit.changed and edit.text.strip() else []
-        return "\n".join(edited + [w.text for w in self.queued] + ([box] if box else []))
 
     def drop_queued(self) -> int:
         """Take every waiting prompt off the transcript and back into the box; answers how many."""

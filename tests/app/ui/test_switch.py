@@ -7,6 +7,7 @@ from collections.abc import Callable
 from dataclasses import replace
 
 import pytest
+from textual.pilot import Pilot
 from textual.widgets import OptionList
 
 from app.ui.app import SpecChatApp
@@ -155,17 +156,23 @@ async def test_an_over_long_chat_is_fitted_with_a_notice(make_app: Callable[...,
         assert replies[-1].stats is not None and replies[-1].stats["truncated_turns"] >= 2
 
 
+async def switching_to_lookup(pilot: Pilot, app: SpecChatApp, loader: FakeLoader) -> FakeBackend:
+    """The app ready on fast, then a switch to lookup held loading (``loader.gate``); the old backend."""
+    await ready(pilot)
+    old = app.engine.backend
+    loader.gate = threading.Event()
+    app.switch_profile("lookup")
+    await wait_for(pilot, lambda: app.engine.loading)
+    return old  # type: ignore[return-value]
+
+
 async def test_esc_stops_a_switch_and_the_old_model_stays(make_app: Callable[..., SpecChatApp],
                                                         loader: FakeLoader) -> None:
     """A switch to a profile that downloads gigabytes can be stopped: F2 meanwhile says how, Esc
     stops it, and the pair loaded before answers the next prompt."""
     app = make_app()
     async with app.run_test(size=(160, 48)) as pilot:
-        await ready(pilot)
-        old = app.engine.backend
-        loader.gate = threading.Event()
-        app.switch_profile("lookup")
-        await wait_for(pilot, lambda: app.engine.loading)
+        old = await switching_to_lookup(pilot, app, loader)
         refusal = app.engine.switch_target("fast")
         assert not isinstance(refusal, ModelProfile) and "Esc stops it" in refusal.text
         await pilot.press("escape")
@@ -185,11 +192,7 @@ async def test_a_switch_stopped_after_the_old_engine_died_loads_the_old_profile_
     running, and the next prompt failed (a hostile tester's)."""
     app = make_app()
     async with app.run_test(size=(160, 48)) as pilot:
-        await ready(pilot)
-        old = app.engine.backend
-        loader.gate = threading.Event()
-        app.switch_profile("lookup")
-        await wait_for(pilot, lambda: app.engine.loading)
+        old = await switching_to_lookup(pilot, app, loader)
         old.alive = False  # killed meanwhile: nobody heard, a load was replacing it
         await pilot.press("escape")
         notes = lambda: {n.title: n.message for n in app._notifications}  # noqa: E731
