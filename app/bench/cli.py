@@ -134,6 +134,8 @@ acc        drafted tokens accepted ÷ drafted (README's "accepted"; α per posit
 τ          new tokens per target pass;  pass/tok: target passes per new token (1/τ)
 d/v/o %    share of the time spent drafting / in the target's passes / elsewhere
 pred       the cost model's speedup (fixed K, model drafts); meas/pred: speedup ÷ pred
+peak MB    the most memory one reply held: the card's allocations, or the process's peak resident
+           set on a CPU (settings.peak_memory in the JSON says which)
 same       output token for token the same as plain decoding (greedy)"""
 """What each column of :func:`format_table` means, printed under the tables."""
 

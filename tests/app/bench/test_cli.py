@@ -89,7 +89,7 @@ def test_output_writes_the_json_first_and_exits_1_on_a_mismatch(tmp_path: Path,
     assert "speedup by class" in out
     # every column of the table is explained under it
     legend = out.split("speedup by class", 1)[1]
-    for column in ("tok/s", "speedup", "self", "e2e", "acc", "τ", "pass/tok", "d/v/o %", "pred", "meas/pred", "same"):
+    for column in ("tok/s", "speedup", "self", "e2e", "acc", "τ", "pass/tok", "d/v/o %", "pred", "meas/pred", "peak MB", "same"):
         assert column in HEAD and (f"\n{column} " in legend or f" {column}: " in legend), column
     assert f"JSON written to {tmp_path / 'bench.json'}" in err and "!!! 1 greedy output(s) differ" in err
 
