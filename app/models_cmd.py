@@ -99,8 +99,9 @@ def _remove(args: argparse.Namespace, models: "list[CachedModel]", root: Path, a
     if not args.yes:
         try:
             answer = ask("Delete? [y/N] ") if not as_json else _ask_on_stderr(ask, "Delete? [y/N] ")
-        except EOFError:
+        except EOFError:  # no answer (stdin closed): the question's line ends here, not under "Nothing deleted."
             answer = ""
+            say("")
         if answer.strip().lower() not in ("y", "yes"):
             say("Nothing deleted.")
             if as_json:

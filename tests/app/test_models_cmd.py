@@ -99,6 +99,15 @@ def test_remove_asks_first_and_no_keeps_everything(cache: Path, tmp_path: Path, 
     out = capsys.readouterr().out
     assert "Used by small, small-too" in out and "Nothing deleted." in out
     assert listing(capsys, tmp_path) == before
+
+    def closed(prompt: str) -> str:
+        print(prompt, end="")  # as input() shows its question
+        raise EOFError
+
+    monkeypatch.setattr("builtins.input", closed)  # stdin closed: </dev/null
+    assert main(["models", "--models", str(tmp_path / "models.toml"), "remove", "tiny-135m.q4_1"]) == 1
+    assert "Delete? [y/N] \nNothing deleted." in capsys.readouterr().out  # not on the question's line
+    assert listing(capsys, tmp_path) == before
     monkeypatch.setattr("builtins.input", lambda prompt: "y")
     assert main(["models", "--models", str(tmp_path / "models.toml"), "remove", "Tiny-135M Q4_1"]) == 0
     assert "Deleted 321 kB" in capsys.readouterr().out
