@@ -30,7 +30,8 @@ from engine.text_safety import inert, json_text
 from engine.events import MAX_K
 
 if TYPE_CHECKING:
-    from engine.events import ReplyStats
+    from engine.api import ChatBackend
+    from engine.events import ChatEvent, ReplyStats
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -183,12 +184,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         except (SpecChatError, KeyboardInterrupt) as exc:  # failed or ^C mid-reply: the text so far is kept
             how = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
             if args.json:  # the same shape as a whole reply's, so a reader needs one parser
-                stats = last.stats.to_dict() if last is not None else None
-                if stats is not None:
-                    stats["finish_reason"] = how
-                print(json_for(sys.stdout, {"profile": profile.name, "text": "".join(text), "token_ids": ids,
-                                            "stats": stats, "finish_reason": how,
-                                            "error": str(exc) if how == "error" else "interrupted (^C)"}))
+                out = {"profile": profile.name, "text": "".join(text), "token_ids": ids,
+                       "stats": _json_stats(last, engine, how), "finish_reason": how}
+                if how == "error":
+                    out["error"] = str(exc)
+                print(json_for(sys.stdout, out))
             elif text:
                 print(flush=True)
             if how == "interrupted" and not args.quiet:
@@ -196,22 +196,31 @@ def cmd_generate(args: argparse.Namespace) -> int:
             raise
         assert last is not None
         if args.json:
-            stats = last.stats.to_dict()
-            stats["plan"] = engine.info.plan
-            stats["finish_reason"] = last.finish_reason
-            stats["fallback_reason"] = engine.info.fallback_reason
-            stats["compat_note"] = engine.info.compat_note
-            stats["cpu_kernel"] = engine.info.cpu_kernel
-            out = {"profile": profile.name, "text": "".join(text), "token_ids": ids, "stats": stats,
-                   "finish_reason": last.finish_reason}
+            out = {"profile": profile.name, "text": "".join(text), "token_ids": ids,
+                   "stats": _json_stats(last, engine, last.finish_reason), "finish_reason": last.finish_reason}
             print(json_for(sys.stdout, out))  # the exact text, its controls as JSON escapes (C1 ones too)
         else:
             print(flush=True)
         if not args.quiet:
             print(f"specchat: {timing_line(last.stats, last.finish_reason)}", file=sys.stderr)
     finally:
-        engine.close()
+        try:
+            engine.close()
+        except KeyboardInterrupt:  # the reply is out already: a ^C while the models are freed changes nothing
+            pass
     return 0
+
+
+def _json_stats(last: "ChatEvent | None", engine: "ChatBackend", finish_reason: str | None) -> dict[str, Any] | None:
+    """The reply's statistics as ``generate --json`` prints them, whole or cut short (None: no round
+    came back), with the engine's plan and reasons beside them."""
+    if last is None:
+        return None
+    stats = last.stats.to_dict()
+    info = engine.info
+    stats.update(plan=info.plan, finish_reason=finish_reason, fallback_reason=info.fallback_reason,
+                 compat_note=info.compat_note, cpu_kernel=info.cpu_kernel)
+    return stats
 
 
 CUT_SHORT = {"length": "cut at --max-new-tokens", "context": "cut: the context window is full"}

@@ -136,7 +136,8 @@ d/v/o %    share of the time spent drafting / in the target's passes / elsewhere
 pred       the cost model's speedup (fixed K, model drafts); meas/pred: speedup ÷ pred
 peak MB    the most memory one reply held: the card's allocations, or the process's peak resident
            set on a CPU (settings.peak_memory in the JSON says which)
-same       output token for token the same as plain decoding (greedy)"""
+same       output token for token the same as plain decoding (greedy); transformers' speculative rows
+           against hf-plain, for information (a NO there does not fail the bench)"""
 """What each column of :func:`format_table` means, printed under the tables."""
 
 SHORT_CELL_TOKENS = 128
@@ -194,8 +195,8 @@ def format_transformers(found: Sequence[dict[str, Any]]) -> str:
     """The note on transformers' runs that part from their plain decoding (they do not fail the bench:
     transformers' forward reads a verify pass's attention in one masked call, not row by row as
     specchat's does, and an int4 target's 8-bit activations can turn its last bits into another token)."""
-    lines = [f"note: {len(found)} transformers output(s) differ from its plain decoding (hf-plain, or plain for "
-             "hf-plain itself): transformers' forward is not batch-invariant; information, not counted:"]
+    lines = [f"note: {len(found)} transformers output(s) differ from its plain decoding (hf-plain): transformers' "
+             "forward is not batch-invariant; information, not counted:"]
     for m in found:
         k = f" K={m['k']}" if m["k"] else ""
         lines.append(f"note:   {m['method']}{k} on {m['prompt']} (repeat {m['repeat']}): first difference at token "

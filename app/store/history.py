@@ -339,6 +339,7 @@ class History:
                     self._conn.execute("DELETE FROM messages WHERE chat_id = ?", (chat_id,))
                     self._conn.execute("DELETE FROM chats WHERE id = ?", (chat_id,))
             except sqlite3.Error as exc:
+                self.deleted_here.discard(chat_id)  # not deleted: a delete elsewhere later is not this one
                 raise HistoryError(describe("Deleting the chat failed", exc, self.path), locked=is_lock_error(exc)) from exc
 
     # -- messages ------------------------------------------------------------------

@@ -79,6 +79,7 @@ class SpecChatApp(SafeTerminal, EngineControl, App[None]):  # SafeTerminal: titl
         self.conversation = Conversation(self.engine, self.archive, id="main")
         self.conversation.before_send = self.drafter_current
         self.drafter_chats: set[int] = set()
+        self.drafter_gone: set[int] = set()
         self.key_hold = KeyHold(super().on_event, self.call_later, self.set_timer)
         self.signals = ExitOnSignals(self, self.conversation, self.archive)
         """SIGTERM/SIGHUP exit as ctrl+q does, saving and restoring the terminal (app.ui.quitting)."""
@@ -181,6 +182,7 @@ class SpecChatApp(SafeTerminal, EngineControl, App[None]):  # SafeTerminal: titl
         conversation = self.conversation
         if message.chat is conversation.chat_ref and not conversation.private and message.chat.id is not None:
             self.archive.open_chats.show(message.chat.id)
+            self.drafter_chats.add(message.chat.id)  # its replies are remembered by a suffix drafter
 
     def on_history_rescued(self, message: HistoryRescued) -> None:
         """The open chat was deleted in another window: what was unsaved went to a new chat."""

@@ -17,6 +17,7 @@ from app.ui.labels import header_title
 from app.ui.messages import EngineEnded, EngineFailed, EngineReady, LoadProgress, ReplyFinished
 from app.ui.notices import notice
 from app.ui.screens.edit import ConfirmScreen
+from app.store.history import HistoryError
 from engine.errors import SpecChatError
 
 if TYPE_CHECKING:
@@ -33,6 +34,8 @@ class EngineControl:
     archive: "Archive"
     drafter_chats: set[int]
     """The chats whose messages the suffix drafter holds (taught, or its replies remembered)."""
+    drafter_gone: set[int]
+    """Chats found deleted elsewhere once (an open chat keeps its id until its rescue is written)."""
     sub_title: str
     screen_stack: list[Any]
 
@@ -178,19 +181,34 @@ class EngineControl:
             self.run_worker(learn, thread=True, group="learn", exit_on_error=False)
 
     def drafter_current(self) -> None:
-        """Before a prompt goes out: a chat the drafter learned from, deleted in another window since,
+        """As a prompt goes out: a chat the drafter learned from, deleted in another window since,
         has it taught the history again (it was proposed, marked "from earlier chats", until the next
-        load). A read of the chats' ids; the lesson itself runs in a worker."""
+        load). The chats' ids are read in a worker (a read on the UI's thread waited out a lock's
+        5 s with every Enter: a review's); a chat found gone is not counted again."""
         history = self.archive.history
         if not self.engine.drafts_from_history or history is None:
             return
-        if self.conversation.chat_id is not None and not self.conversation.private:
-            self.drafter_chats.add(self.conversation.chat_id)  # its replies so far were remembered
-        if not self.drafter_chats:
+        chat_id = self.conversation.chat_id
+        if chat_id is not None and not self.conversation.private and chat_id not in self.drafter_gone:
+            self.drafter_chats.add(chat_id)  # its replies so far were remembered
+        known = set(self.drafter_chats)
+        if not known:
             return
-        now = self.archive.db(history.chat_ids)
-        if now is not None and self.drafter_chats - now:
-            self._teach_drafter()
+
+        def check() -> None:
+            try:
+                gone = known - history.chat_ids()
+            except HistoryError:
+                return  # looked at again with the next prompt
+            if gone:
+                self.call_from_thread(self._relearn_without, gone)
+
+        self.run_worker(check, thread=True, group="drafter-check", exclusive=True, exit_on_error=False)
+
+    def _relearn_without(self, gone: set[int]) -> None:
+        """Chats the drafter held were deleted elsewhere: teach it the history as it is now."""
+        self.drafter_gone |= gone
+        self._teach_drafter()
 
     def on_engine_failed(self, message: EngineFailed) -> None:
         self.engine.failed(message.restored)

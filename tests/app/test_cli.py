@@ -77,6 +77,7 @@ def test_ctrl_c_mid_reply_keeps_the_json_of_the_reply_so_far(pair, capsys, monke
     assert main([*argv, "--json"]) == 130
     out = json.loads(capsys.readouterr().out)
     assert out["finish_reason"] == out["stats"]["finish_reason"] == "interrupted" and out["token_ids"]
+    assert "error" not in out and "plan" in out["stats"]  # the shape of a whole reply's JSON
     assert main(argv) == 130
     assert f"specchat: interrupted after {len(out['token_ids'])} tokens" in capsys.readouterr().err
 

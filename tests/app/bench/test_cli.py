@@ -117,7 +117,8 @@ def test_transformers_differences_are_a_note_and_do_not_fail(capsys: pytest.Capt
 
     theirs = {"method": "hf-prompt-lookup", "k": 16, "prompt": "explain-tides", "repeat": 0, "first_difference": 9}
     ours = {"method": "spec", "k": 2, "prompt": "b", "repeat": 0, "first_difference": 2}
-    assert split_by_engine([ours, theirs]) == ([ours], [theirs])
+    outside = {**ours, "method": "hf-plain", "k": None}  # transformers' plain against specchat's: counted
+    assert split_by_engine([ours, theirs, outside]) == ([ours, outside], [theirs])
     args = argparse.Namespace(json_out=None, chart=None, max_new_tokens=8, repeats=2)
     assert _output({**report([], []), "transformers_differences": [theirs]}, args) == 0
     err = capsys.readouterr().err

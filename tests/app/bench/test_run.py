@@ -128,9 +128,10 @@ def test_a_differing_output_is_reported_with_its_position(pair: tuple[Path, Path
             reply.tokens[3] = (reply.tokens[3] + 1) % 64
         return reply
 
-    def corrupt_hf(*args: object, **kwargs: object) -> bench._Reply:
-        reply = real_hf(*args, **kwargs)  # type: ignore[arg-type]
-        reply.tokens[2] = (reply.tokens[2] + 1) % 64
+    def corrupt_hf(models: object, method: Method, *args: object, **kwargs: object) -> bench._Reply:
+        reply = real_hf(models, method, *args, **kwargs)  # type: ignore[arg-type]
+        if method.name == "hf-prompt-lookup":
+            reply.tokens[2] = (reply.tokens[2] + 1) % 64
         return reply
 
     monkeypatch.setattr(bench, "_run_specchat", corrupt)
@@ -143,9 +144,9 @@ def test_a_differing_output_is_reported_with_its_position(pair: tuple[Path, Path
     assert "first difference at token 3" in capsys.readouterr().err
     # transformers' own differences are information: noted, in the JSON, never the exit status
     monkeypatch.setattr(bench, "_run_hf", corrupt_hf)
-    code, report = run_cli(pair, tmp_path, "--repeats", "1", "--methods", "plain,hf-plain")
+    code, report = run_cli(pair, tmp_path, "--repeats", "1", "--methods", "plain,hf-plain,hf-prompt-lookup")
     assert code == 0 and report["mismatches"] == []
-    assert {m["first_difference"] for m in report["transformers_differences"]} == {2}
+    assert {(m["method"], m["first_difference"]) for m in report["transformers_differences"]} == {("hf-prompt-lookup", 2)}
     assert "note: " in capsys.readouterr().err
 
 
