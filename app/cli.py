@@ -184,8 +184,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
         except (SpecChatError, KeyboardInterrupt) as exc:  # failed or ^C mid-reply: the text so far is kept
             how = "interrupted" if isinstance(exc, KeyboardInterrupt) else "error"
             if args.json:  # the same shape as a whole reply's, so a reader needs one parser
-                out = {"profile": profile.name, "text": "".join(text), "token_ids": ids,
-                       "stats": _json_stats(last, engine, how), "finish_reason": how}
+                out = _reply_json(profile.name, text, ids, last, engine, how)
                 if how == "error":
                     out["error"] = str(exc)
                 print(json_for(sys.stdout, out))
@@ -196,8 +195,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
             raise
         assert last is not None
         if args.json:
-            out = {"profile": profile.name, "text": "".join(text), "token_ids": ids,
-                   "stats": _json_stats(last, engine, last.finish_reason), "finish_reason": last.finish_reason}
+            out = _reply_json(profile.name, text, ids, last, engine, last.finish_reason)
             print(json_for(sys.stdout, out))  # the exact text, its controls as JSON escapes (C1 ones too)
         else:
             print(flush=True)
@@ -211,16 +209,17 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _json_stats(last: "ChatEvent | None", engine: "ChatBackend", finish_reason: str | None) -> dict[str, Any] | None:
-    """The reply's statistics as ``generate --json`` prints them, whole or cut short (None: no round
-    came back), with the engine's plan and reasons beside them."""
-    if last is None:
-        return None
-    stats = last.stats.to_dict()
-    info = engine.info
-    stats.update(plan=info.plan, finish_reason=finish_reason, fallback_reason=info.fallback_reason,
-                 compat_note=info.compat_note, cpu_kernel=info.cpu_kernel)
-    return stats
+def _reply_json(profile: str, text: list[str], ids: list[int], last: "ChatEvent | None", engine: "ChatBackend",
+                finish_reason: str | None) -> dict[str, Any]:
+    """The reply as ``generate --json`` prints it, whole or cut short: its text, ids and statistics
+    (None: no round came back) with the engine's plan and reasons beside them."""
+    stats = None
+    if last is not None:
+        info = engine.info
+        stats = last.stats.to_dict()
+        stats.update(plan=info.plan, finish_reason=finish_reason, fallback_reason=info.fallback_reason,
+                     compat_note=info.compat_note, cpu_kernel=info.cpu_kernel)
+    return {"profile": profile, "text": "".join(text), "token_ids": ids, "stats": stats, "finish_reason": finish_reason}
 
 
 CUT_SHORT = {"length": "cut at --max-new-tokens", "context": "cut: the context window is full"}

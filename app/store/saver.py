@@ -271,12 +271,10 @@ class HistorySaver:
         delay = BACKOFF_S[0]
         while True:
             with self._cond:
-                setting = self._next_setting()
-                record = self._next_due() if setting is None else None
+                setting, record = self._next_work()
                 while setting is None and record is None and not self._closed:
                     self._cond.wait()
-                    setting = self._next_setting()
-                    record = self._next_due() if setting is None else None
+                    setting, record = self._next_work()
                 if setting is None and record is None:
                     return
                 if record is not None:
@@ -327,6 +325,11 @@ class HistorySaver:
                     f"'{chat.title}'.", chat.id, chat.title))
                 chat.deleted_id = None
             self._pause()
+
+    def _next_work(self) -> tuple[tuple[ChatRef, Setting, int] | None, ReplyRecord | None]:
+        """What to write next: a chat's setting first (:meth:`_next_setting`), else a reply's state."""
+        setting = self._next_setting()
+        return setting, self._next_due() if setting is None else None
 
     def _next_setting(self) -> tuple[ChatRef, Setting, int] | None:
         """The oldest setting to write of a chat in the database. A chat not written yet takes its

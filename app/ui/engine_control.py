@@ -86,9 +86,6 @@ class EngineControl:
     def on_reply_finished(self, message: ReplyFinished) -> None:
         """The engine's process ended under a reply (killed, crashed): load its profile again at
         once; the chat stays, and a prompt sent meanwhile waits for the model as at start-up."""
-        chat_id = self.conversation.chat_id
-        if chat_id is not None and not self.conversation.private and message.finish_reason not in ("cancelled", "error"):
-            self.drafter_chats.add(chat_id)  # the engine remembers such a reply (engine.chat.session)
         profile = self.engine.profile
         if not message.engine_died or profile is None or self.engine.loading or self.engine.backend_alive:
             return

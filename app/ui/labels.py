@@ -46,6 +46,11 @@ TITLE_SHOWN = 100
 """The most characters of a chat's title shown (the list, the header, dialogs, notices)."""
 
 
+def message_count(n: int) -> str:
+    """``n`` messages in words: "1 message", "2 messages"."""
+    return f"{n} message{'' if n == 1 else 's'}"
+
+
 UNTITLED = "(untitled)"
 
 

@@ -24,7 +24,7 @@ from app.ui.archive import Archive
 from app.ui.export import ask_export
 from app.ui.key_order import OrderedInput
 from app.ui.screens.dialog import Dialog, HoldsKeys
-from app.ui.labels import shown_title
+from app.ui.labels import message_count, shown_title
 from app.ui.screens.edit import ConfirmScreen, EditScreen
 from engine.text_safety import inert
 
@@ -60,7 +60,7 @@ def chat_option(chat: ChatRecord, current: bool, found: str | None = None, elsew
             ("  ● open" if current else "", "$text-success"),
             ("  ◐ open in another window" if elsewhere else "", "$text-warning"),
             "\n  ",
-            (inert(f"{when} · {chat.profile or '—'} · {chat.message_count} message{'' if chat.message_count == 1 else 's'}"), "$text-muted"),
+            (inert(f"{when} · {chat.profile or '—'} · {message_count(chat.message_count)}"), "$text-muted"),
             *(("\n  ", (inert(found), "italic")) if found else ()),
         ),
         id=str(chat.id),
@@ -233,7 +233,7 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
 
         elsewhere = (" It is open in another specchat window, which will save what it adds next to a new chat."
                      if self._archive.open_chats.elsewhere(chat.id) else "")
-        self.ask(ConfirmScreen(inert(f"Delete “{shown_title(chat.title)}” and its {chat.message_count} message{'' if chat.message_count == 1 else 's'}?{elsewhere}"),
+        self.ask(ConfirmScreen(inert(f"Delete “{shown_title(chat.title)}” and its {message_count(chat.message_count)}?{elsewhere}"),
                                enter_confirms=True,
                                hint="Enter or y deletes · Esc or n keeps it"), done)
 
