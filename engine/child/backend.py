@@ -333,6 +333,7 @@ class ProcessBackend:
         to stop, is ended: :class:`EngineDiedError`, saying it hung."""
         conn = conn or self._conn
         began = time.monotonic()
+        asked: float | None = None  # when the reply was seen told to stop
         stopping_since: float | None = None
         cpu_then: float | None = None
         try:
@@ -350,11 +351,12 @@ class ProcessBackend:
                     raise self._hung(f"did not answer within {within:g} s")
                 if conn is self._conn and self._cancel.is_set():
                     if stopping_since is None:
-                        stopping_since, cpu_then = now, self._cpu_seconds()
+                        asked = stopping_since = now
+                        cpu_then = self._cpu_seconds()
                     elif now - stopping_since > STOP_WAIT_S:
                         cpu_now = self._cpu_seconds()
                         if cpu_now is None or cpu_then is None or cpu_now - cpu_then < PROGRESS_CPU_S:
-                            raise self._hung(f"did not stop the reply within {now - began:.0f} s of being asked "
+                            raise self._hung(f"did not stop the reply within {now - (asked or now):.0f} s of being asked "
                                              "and was not working")
                         stopping_since, cpu_then = now, cpu_now  # still computing: wait again
         except (EOFError, OSError) as exc:
