@@ -3,8 +3,7 @@
 A value none of them can use is a :class:`~engine.errors.SettingError` that names the variable
 and what it takes, raised where the value is read and, for every one of them at once, by
 :func:`check` when a command starts. Variables that name things are read where the names are
-known (``SPECCHAT_COMPILE``: a compiler backend, ``SPECCHAT_CPU_KERNEL``: a kernel variant) and
-paths where they are used. Before, ``SPECCHAT_UI_NICE=abc`` ended the app with a traceback as
+known (``SPECCHAT_COMPILE``: a compiler backend) and paths where they are used. Before, ``SPECCHAT_UI_NICE=abc`` ended the app with a traceback as
 its model became ready, and ``SPECCHAT_THREADS=abc`` failed every profile's load with
 "invalid literal for int()", naming no variable.
 """
@@ -26,6 +25,11 @@ UI_NICE = "SPECCHAT_UI_NICE"
 CHAIN = "SPECCHAT_CHAIN"
 DEVICE = "SPECCHAT_DEVICE"
 _DEVICE_NAME = re.compile(r"^(cpu|cuda(:\d+)?)$")
+CPU_KERNEL = "SPECCHAT_CPU_KERNEL"
+KERNEL_VARIANTS = ("avx512-vnni", "avx-vnni", "avx2")
+"""The variants of specchat's CPU kernel, the preferred first (the CPU flags each needs:
+:data:`engine.quant.cpu_isa.VARIANTS`)."""
+KERNEL_ALIASES = {"avx512": "avx512-vnni", "avx512vnni": "avx512-vnni", "avxvnni": "avx-vnni", "auto": ""}
 
 
 def _value(name: str) -> str:
@@ -70,6 +74,18 @@ def device_override() -> str | None:
     return value
 
 
+def cpu_kernel() -> str:
+    """What ``SPECCHAT_CPU_KERNEL`` asks for: ``torch`` (torch's int4 kernel), one of
+    :data:`KERNEL_VARIANTS`, or "" (unset or ``auto``: the best variant the CPU has). Before, a value
+    that was none of them (``avx5l2``) fell back to torch's kernel, slower, with no word."""
+    value = _value(CPU_KERNEL).lower()
+    name = KERNEL_ALIASES.get(value, value)
+    if name and name != "torch" and name not in KERNEL_VARIANTS:
+        raise SettingError(f"{CPU_KERNEL}={_value(CPU_KERNEL)!r}: use auto, torch or one of "
+                           f"{', '.join(KERNEL_VARIANTS)}, or unset it")
+    return name
+
+
 def check() -> None:
     """Read every variable here once, raising the first :class:`SettingError`."""
     for name in SWITCHES:
@@ -78,3 +94,4 @@ def check() -> None:
     whole(UI_NICE, 0, 19)
     whole(CHAIN, 0)
     device_override()
+    cpu_kernel()

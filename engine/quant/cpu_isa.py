@@ -7,11 +7,12 @@ read from the CPU's flags, and the VNNI variants' order of the codes.
 from __future__ import annotations
 
 import functools
-import os
+from typing import TYPE_CHECKING
 
-import torch
+from engine.environment import CPU_KERNEL as ENV, KERNEL_VARIANTS, cpu_kernel
 
-ENV = "SPECCHAT_CPU_KERNEL"  # "torch" turns this kernel off; a variant's name forces that variant
+if TYPE_CHECKING:
+    import torch
 
 VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
     # name: (compiler flags, /proc/cpuinfo flags it needs beyond AVX2 and FMA), the preferred first
@@ -24,7 +25,7 @@ VARIANTS: dict[str, tuple[tuple[str, ...], tuple[str, ...]]] = {
 that has it (Intel Haswell, AMD Piledriver and later), so each variant asks for it."""
 FEATURES = ("avx2", "fma", "avx512f", "avx512bw", "avx512vl", "avx512_vnni", "avx512_bf16", "avx_vnni", "amx_int8")
 """The CPU flags worth naming beside a figure (:func:`cpu_features`)."""
-ALIASES = {"avx512": "avx512-vnni", "avx512vnni": "avx512-vnni", "avxvnni": "avx-vnni", "auto": "", "": ""}
+assert tuple(VARIANTS) == KERNEL_VARIANTS, "engine.environment names the same variants, in the same order"
 
 
 @functools.cache
@@ -55,10 +56,9 @@ def has(name: str) -> bool:
 
 
 def requested() -> str:
-    """What ``SPECCHAT_CPU_KERNEL`` asks for: "torch", a variant's name, "" (the best the CPU has)
-    or, for a value it cannot be, that value."""
-    raw = os.environ.get(ENV, "").strip().lower()
-    return ALIASES.get(raw, raw)
+    """What ``SPECCHAT_CPU_KERNEL`` asks for: "torch", a variant's name or "" (the best the CPU has);
+    a value that is none of them is a :class:`~engine.errors.SettingError`."""
+    return cpu_kernel()
 
 
 def choose() -> str:

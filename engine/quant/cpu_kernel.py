@@ -82,8 +82,6 @@ def why_not(name: str | None = None) -> str | None:
     asked = _requested()
     if asked == "torch":
         return f"{ENV}=torch is set"
-    if asked and asked not in VARIANTS:
-        return f"{ENV}={asked} is not one of torch, auto, {', '.join(VARIANTS)}"
     capability = torch.backends.cpu.get_cpu_capability()
     if not capability.startswith(("AVX2", "AVX512")):  # AVX512 variants include AVX2 and FMA
         return f"the CPU offers {capability}, and the kernel needs AVX2 and FMA"

@@ -25,6 +25,7 @@ def test_a_switch_reads_on_off_or_unset(monkeypatch: pytest.MonkeyPatch, value: 
     ("SPECCHAT_UI_NICE", "20", "from 0 to 19"),
     ("SPECCHAT_CHAIN", "-1", "SPECCHAT_CHAIN='-1'"),
     ("SPECCHAT_DEVICE", "gpu", "SPECCHAT_DEVICE='gpu': use cpu, cuda or cuda:N"),
+    ("SPECCHAT_CPU_KERNEL", "avx5l2", "SPECCHAT_CPU_KERNEL='avx5l2': use auto, torch or one of avx512-vnni"),
 ])
 def test_a_bad_value_names_the_variable_and_what_it_takes(monkeypatch: pytest.MonkeyPatch, name: str, value: str,
                                                           words: str) -> None:
@@ -35,10 +36,12 @@ def test_a_bad_value_names_the_variable_and_what_it_takes(monkeypatch: pytest.Mo
 
 def test_good_values_pass(monkeypatch: pytest.MonkeyPatch) -> None:
     for name, value in [("SPECCHAT_STATIC_CACHE", "1"), ("SPECCHAT_THREADS", "2"), ("SPECCHAT_UI_NICE", "10"),
-                        ("SPECCHAT_CHAIN", "0"), ("SPECCHAT_DEVICE", "CUDA:1")]:
+                        ("SPECCHAT_CHAIN", "0"), ("SPECCHAT_DEVICE", "CUDA:1"),
+                        ("SPECCHAT_CPU_KERNEL", "AVX512")]:
         monkeypatch.setenv(name, value)
     environment.check()
     assert environment.whole("SPECCHAT_THREADS", 1) == 2 and environment.device_override() == "cuda:1"
+    assert environment.cpu_kernel() == "avx512-vnni"
 
 
 def test_a_card_asked_for_where_there_is_none_is_refused_with_the_way_out() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from engine.errors import SettingError
 from engine.quant import cpu_isa, cpu_kernel, cpu_linear, cpu_pack
 from engine.quant.int4 import Int4Weights, quantize_weight, quantize_weight8, two_planes
 from tests.engine.quant.test_k_quant_headers import q4_k_weights, q6_k_weights
@@ -122,8 +123,10 @@ def test_a_forced_variant_the_cpu_lacks_or_an_unknown_name_is_refused(monkeypatc
     assert cpu_kernel.why_not() == ("the avx512-vnni variant needs the CPU flags f16c avx512f avx512bw avx512vl "
                                     "avx512_vnni, and this CPU lacks some")
     assert cpu_kernel.variant() is None and cpu_kernel.library.__wrapped__() is None
-    monkeypatch.setenv(cpu_kernel.ENV, "avx9")
-    assert cpu_kernel.why_not() == f"{cpu_kernel.ENV}=avx9 is not one of torch, auto, avx512-vnni, avx-vnni, avx2"
+    monkeypatch.setenv(cpu_kernel.ENV, "avx9")  # before, torch's slower kernel ran instead, said only in the log
+    with pytest.raises(SettingError, match="SPECCHAT_CPU_KERNEL='avx9': use auto, torch or one of avx512-vnni, "
+                                           "avx-vnni, avx2, or unset it"):
+        cpu_kernel.why_not()
 
 
 def test_an_avx2_cpu_without_f16c_runs_torchs_kernel_and_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
