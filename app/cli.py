@@ -250,14 +250,12 @@ def timing_line(stats: "ReplyStats", finish_reason: str | None = None) -> str:
 
 
 def cmd_app(args: argparse.Namespace) -> int:
-    from engine.sizes import parse_size
-
     from app.ui.app import SpecChatApp
 
     if not sys.stdin.isatty():
         raise SpecChatError("the chat reads its keys from a terminal, and stdin is not one: run specchat in a "
                             "terminal, or `specchat generate -` to answer a prompt read from a pipe")
-    budget = parse_size(args.memory_budget) if args.memory_budget else None
+    budget = args.memory_budget  # bytes, read by --memory-budget's type (size_option)
     if args.draft and not args.target:
         raise SpecChatError("--draft needs --target (or choose a profile with --profile)")
     app = SpecChatApp(args.profile, models_file=args.models, memory_budget=budget, target=args.target,

