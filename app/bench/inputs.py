@@ -73,8 +73,10 @@ def select_prompts(specs: Sequence[PromptSpec], classes: str | None, per_class: 
     """The prompts of the chosen classes, at most ``per_class`` of each."""
     if per_class is not None and per_class < 1:
         raise SpecChatError(f"--per-class must be at least 1, got {per_class}")
-    wanted = [c.strip() for c in classes.split(",")] if classes else None
+    wanted = [c.strip() for c in classes.split(",") if c.strip()] if classes is not None else None
     known = {s.prompt_class for s in specs}
+    if wanted == []:  # `--classes ""` (an unset shell variable) ran every class, minutes more than asked for
+        raise SpecChatError(f"--classes names no class; the set has {', '.join(sorted(known))} (leave it out for all)")
     if wanted and not set(wanted) <= known:
         raise SpecChatError(f"--classes: unknown class(es) {', '.join(sorted(set(wanted) - known))}; the set has "
                             f"{', '.join(sorted(known))}")

@@ -43,3 +43,11 @@ def test_prompts_are_chosen_by_class_in_order() -> None:
     assert [s.prompt_class for s in chosen] == ["code", "code", "repeat-edit", "repeat-edit"]
     with pytest.raises(SpecChatError, match="unknown class"):
         select_prompts(specs, "poetry", None)
+
+
+@pytest.mark.parametrize("classes", ["", " , "])
+def test_classes_naming_none_is_refused_not_read_as_all(classes: str) -> None:
+    """``--classes ""`` (an unset shell variable) ran every class."""
+    with pytest.raises(SpecChatError, match="--classes names no class; the set has .*code.* \\(leave it out for all\\)"):
+        select_prompts(load_prompt_set(), classes, None)
+    assert select_prompts(load_prompt_set(), "code,", 1)[0].prompt_class == "code"  # a stray comma is harmless
