@@ -17,11 +17,11 @@ integrity_check``, make it set the file aside as ``history.db.corrupt-<timestamp
 and start a fresh one, into which :mod:`app.store.salvage` reads every chat the damaged
 file still holds whole; :attr:`History.notice` says so and the app shows it.
 
-The schema and its versioned upgrades are in :mod:`app.store.schema`.
+The schema and its versioned upgrades are in :mod:`app.store.schema`; the file's own handling
+(opened private, checked, set aside) in :mod:`app.store.db_file`.
 """
 from __future__ import annotations
 
-import os
 import sqlite3
 import threading
 import time
@@ -29,12 +29,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from app.store.paths import data_dir, ensure_private_dir
+from app.store.db_file import confirm_corrupt, connect, first_line, prepare, restrict_files, set_aside
+from app.store.paths import data_dir
 from app.store.pieces import Pieces
 from app.store.records import (CHAT_COLUMNS, ChatDeleted, ChatRecord, HistoryError, MessageRecord, chat_from_row,
                                decoded, describe, is_missing_parent, message_from_row, to_json)
 from app.store.salvage import salvage
-from app.store.schema import NewerSchema, check_ours, is_corruption_error, is_lock_error, migrate
+from app.store.schema import NewerSchema, is_corruption_error, is_lock_error, migrate
 from engine.text_safety import without_lone_surrogates
 
 __all__ = ["BUSY_TIMEOUT_S", "OPEN_ATTEMPTS", "ChatDeleted", "ChatRecord", "History", "HistoryError",
@@ -49,22 +50,6 @@ SEARCH_MAX_BYTES = 50_000
 DRAFTING_CHARS = 3_000_000
 """Characters of earlier chats the suffix drafter drafts from (about 750k tokens, within
 its index's bound, engine.decode.suffix.MAX_TOKENS)."""
-
-
-def _private_file(path: Path) -> None:
-    """Create ``path`` if missing, readable by its owner only (0600)."""
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
-    os.close(fd)
-
-
-_SIDE_FILES = ("-wal", "-shm", "-journal")
-
-
-def _first_line(error: BaseException, limit: int = 120) -> str:
-    """An error's first line, cut to ``limit`` characters (an integrity check's report runs on)."""
-    line = (str(error).splitlines() or [""])[0]
-    return line if len(line) <= limit else line[: limit - 1] + "…"
-
 
 
 def storable(params: Sequence[Any] | dict[str, Any]) -> Sequence[Any] | dict[str, Any]:
@@ -84,6 +69,11 @@ class History:
         conn.text_factory = decoded  # text that is not UTF-8 (another program wrote it) reads with stand-ins
         self._conn = conn
         self._lock = threading.RLock()
+        self._reader: sqlite3.Connection | None = None
+        self._read_lock = threading.Lock()
+        """Reads go through a connection of their own (:meth:`_query`), so that a write waiting for
+        another program's lock (up to :data:`BUSY_TIMEOUT_S`, holding ``_lock``) holds up no read:
+        the UI's thread reads. WAL lets it read what was committed meanwhile."""
         self.path = path
         self.notice = notice
         """Set when the database had to be set aside, is locked, or could not be opened."""
@@ -109,7 +99,7 @@ class History:
         error: BaseException | None = None
         for attempt in range(max(OPEN_ATTEMPTS, 1)):
             try:
-                return cls(cls._connect(path), path)
+                return cls(connect(path, BUSY_TIMEOUT_S), path)
             except (sqlite3.Error, OSError) as exc:
                 error = exc
                 if not is_lock_error(exc):
@@ -120,18 +110,18 @@ class History:
         if isinstance(error, NewerSchema):
             return cls._in_memory(f"{error} It was left untouched; this session's chats are not saved. "
                                   "Upgrade specchat, or set SPECCHAT_DATA_DIR to use another history.")
-        if not (is_corruption_error(error) and cls._confirm_corrupt(path)):
+        if not (is_corruption_error(error) and confirm_corrupt(path, BUSY_TIMEOUT_S)):
             return cls._in_memory(f"History database {path} cannot be used ({error}); it was left untouched "
                                   "and this session's chats are not saved.")
         try:
-            moved = cls._set_aside(path)
+            moved = set_aside(path)
         except OSError as exc:
             return cls._in_memory(f"History database {path} is damaged ({error}) and could not be moved "
                                   f"aside ({exc}); this session's chats are not saved.")
-        notice = (f"History database {path} is damaged ({_first_line(error)}). "
+        notice = (f"History database {path} is damaged ({first_line(error)}). "
                   f"It was moved to {moved.name} and a new one started.")
         try:
-            conn = cls._connect(path)
+            conn = connect(path, BUSY_TIMEOUT_S)
             return cls(conn, path, f"{notice} {salvage(moved, conn).sentence()}")
         except (sqlite3.Error, OSError) as exc:
             return cls._in_memory(f"{notice} The new one failed too ({exc}); "
@@ -146,94 +136,28 @@ class History:
         history._ready = False
         return history
 
-    @staticmethod
-    def _confirm_corrupt(path: Path) -> bool:
-        """``PRAGMA integrity_check`` on a fresh connection: True unless it says "ok"."""
-        try:
-            conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S)
-        except sqlite3.Error:
-            return False
-        try:
-            rows = conn.execute("PRAGMA integrity_check").fetchall()
-            return [r[0] for r in rows] != ["ok"]
-        except sqlite3.Error as exc:
-            return is_corruption_error(exc)
-        finally:
-            conn.close()
-
     @classmethod
     def _in_memory(cls, notice: str) -> "History":
         conn = sqlite3.connect(":memory:", check_same_thread=False)
         migrate(conn)
         return cls(conn, None, notice)
 
-    @classmethod
-    def _connect(cls, path: Path) -> sqlite3.Connection:
-        ensure_private_dir(path.parent)
-        _private_file(path)
-        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
-        try:
-            cls._prepare(conn)
-        except BaseException:
-            conn.close()
-            raise
-        cls._restrict_files(path)
-        return conn
-
-    @staticmethod
-    def _prepare(conn: sqlite3.Connection) -> None:
-        """Check, configure and upgrade an open connection (raises on locks and damage)."""
-        conn.execute("PRAGMA foreign_keys = ON")
-        row = conn.execute("PRAGMA quick_check").fetchone()
-        if row is None or row[0] != "ok":
-            raise sqlite3.DatabaseError(f"integrity check failed: {row[0] if row else '?'}")
-        check_ours(conn)  # before anything is written to it
-        conn.execute("PRAGMA journal_mode = WAL")
-        conn.execute("PRAGMA synchronous = NORMAL")
-        migrate(conn)
-        # Force a read now, so a locked file is caught here.
-        conn.execute("SELECT count(*) FROM chats").fetchone()
-
-    @staticmethod
-    def _restrict_files(path: Path) -> None:
-        """The history file and its side files readable by their owner only, once the file is known
-        to be specchat's (another program's is left as it was, its mode too)."""
-        os.chmod(path, 0o600)
-        for suffix in _SIDE_FILES:
-            side = Path(f"{path}{suffix}")
-            if side.exists():
-                os.chmod(side, 0o600)
-
     def _ensure_ready(self) -> None:
         """After a start under a lock: check and upgrade the file before its first use."""
         if self._ready:
             return
-        self._prepare(self._conn)
+        prepare(self._conn)
         self._ready = True
         if self.path is not None:
-            self._restrict_files(self.path)
-
-    @staticmethod
-    def _set_aside(path: Path) -> Path:
-        """Rename ``path`` (and its -wal/-shm files) to ``<name>.corrupt-<timestamp>``."""
-        stamp = time.strftime("%Y%m%d-%H%M%S")
-        target = path.with_name(f"{path.name}.corrupt-{stamp}")
-        n = 1
-        while target.exists():
-            target = path.with_name(f"{path.name}.corrupt-{stamp}-{n}")
-            n += 1
-        if path.exists():
-            os.replace(path, target)
-        for suffix in _SIDE_FILES:
-            side = Path(f"{path}{suffix}")
-            if side.exists():
-                os.replace(side, Path(f"{target}{suffix}"))
-        return target
+            restrict_files(self.path)
 
     def close(self) -> None:
-        """Close the connection (further calls raise :class:`HistoryError`)."""
-        with self._lock:
+        """Close the connections (further calls raise :class:`HistoryError`)."""
+        with self._lock, self._read_lock:
             self._conn.close()
+            if self._reader is not None:
+                self._reader.close()
+            self._reader = self._conn  # closed: a later read raises, as before, instead of opening another
 
     # -- helpers -----------------------------------------------------------------
 
@@ -268,12 +192,28 @@ class History:
                 raise HistoryError(describe("Saving chat history failed", exc, self.path), locked=is_lock_error(exc)) from exc
 
     def _query(self, sql: str, params: Sequence[Any] | dict[str, Any] = ()) -> list[tuple[Any, ...]]:
-        with self._lock:
-            try:
+        if self.path is None or not self._ready:  # in memory, or not yet checked after a start under a lock
+            with self._lock:
+                return self._read(self._conn, sql, params, check_first=True)
+        with self._read_lock:
+            if self._reader is None:
+                try:
+                    self._reader = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
+                    self._reader.text_factory = decoded
+                    self._reader.execute("PRAGMA query_only = ON")
+                except sqlite3.Error as exc:
+                    raise HistoryError(describe("Reading chat history failed", exc, self.path),
+                                       locked=is_lock_error(exc)) from exc
+            return self._read(self._reader, sql, params)
+
+    def _read(self, conn: sqlite3.Connection, sql: str, params: Sequence[Any] | dict[str, Any],
+              check_first: bool = False) -> list[tuple[Any, ...]]:
+        try:
+            if check_first:
                 self._ensure_ready()
-                return self._conn.execute(sql, storable(params)).fetchall()
-            except sqlite3.Error as exc:
-                raise HistoryError(describe("Reading chat history failed", exc, self.path), locked=is_lock_error(exc)) from exc
+            return conn.execute(sql, storable(params)).fetchall()
+        except sqlite3.Error as exc:
+            raise HistoryError(describe("Reading chat history failed", exc, self.path), locked=is_lock_error(exc)) from exc
 
     # -- chats ---------------------------------------------------------------------
 

@@ -2,13 +2,14 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-import app.store.history as history_module
 import app.store.schema as schema_module
+from app.store.db_file import confirm_corrupt
 from app.store.history import History, HistoryError
 from tests.app.store.locking import hold_lock, mode
 
@@ -106,7 +107,7 @@ def test_malformed_database_is_confirmed_and_set_aside(specchat_dirs: Path) -> N
     for off in range(2 * page, len(data), page):  # scribble over every b-tree page after the first
         data[off:off + 8] = b"\xff" * 8
     path.write_bytes(bytes(data))
-    assert history_module.History._confirm_corrupt(path)
+    assert confirm_corrupt(path, 1.0)
     history = History.open()
     assert history.notice is not None and "damaged" in history.notice
     assert len(list(specchat_dirs.glob("history.db.corrupt-*"))) == 1
@@ -317,3 +318,42 @@ def test_a_full_disk_is_named_as_such(tmp_path: Path, monkeypatch: pytest.Monkey
 
 def shutil_usage(free: int) -> SimpleNamespace:
     return SimpleNamespace(total=free + 1, used=1, free=free)
+
+
+def test_a_read_does_not_wait_behind_a_write_that_waits_for_another_programs_lock(specchat_dirs: Path) -> None:
+    """The saver's write, held up by another program's lock, held History's lock for the 5 s the
+    lock is waited for, and every read meanwhile (F3's list and search, Up's recall, a chat being
+    opened) froze the UI's thread for as long. Reads now go through a connection of their own."""
+    import threading
+
+    history = History.open()
+    chat = history.create_chat("Before", "fast", None)
+    history.add_message(chat, "user", "hi", profile="fast")
+    holder, _ = hold_lock(history.path, 3.0, exclusive=False)  # another program's write transaction
+    failed: list[HistoryError] = []
+
+    def write() -> None:
+        try:
+            history.rename_chat(chat, "After")
+        except HistoryError as exc:
+            failed.append(exc)
+
+    writer = threading.Thread(target=write)
+    writer.start()
+    time.sleep(0.3)  # the write is now waiting for the lock
+    assert writer.is_alive()
+    chats, said, recalled = history.list_chats(), history.messages(chat), history.recent_prompts(5)
+    assert writer.is_alive(), "the reads above waited for the stuck write"
+    assert [c.title for c in chats] == ["Before"] and [m.content for m in said] == ["hi"] and recalled == ["hi"]
+    holder.join()
+    writer.join()
+    assert failed == [] and [c.title for c in history.list_chats()] == ["After"]  # the write went in once free
+    history.close()
+
+
+def test_a_closed_history_refuses_reads_too(specchat_dirs: Path) -> None:
+    history = History.open()
+    history.list_chats()  # the reading connection is open
+    history.close()
+    with pytest.raises(HistoryError, match="Reading chat history failed"):
+        history.list_chats()
