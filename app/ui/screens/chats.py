@@ -8,6 +8,7 @@ goes to the list.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from typing import cast
 
 from textual.app import ComposeResult
@@ -211,9 +212,8 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
         def done(title: str | None) -> None:
             title = " ".join((title or "").split())[:TITLE_KEPT]  # one line, as titles made from prompts are
             history = self._archive.history
-            if title and history is not None and self._archive.done(history.rename_chat, chat.id, title):
-                self.post_message(self.Renamed(chat.id, title))  # not when nothing was renamed (a lock)
-                self._reload()
+            if title and history is not None:  # told only when it was renamed (not under a lock)
+                self._write(lambda: history.rename_chat(chat.id, title), self.Renamed(chat.id, title))
 
         self.ask(EditScreen("Rename chat", inert(chat.title)), done)
 
@@ -227,15 +227,34 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
             history = self._archive.history
             if yes and history is not None:
                 said = tuple(m.content for m in self._archive.db(history.messages, chat.id) or () if m.role == "user")
-                if self._archive.done(history.delete_chat, chat.id):  # a failed delete changed nothing
-                    self.post_message(self.Deleted(chat.id, said))
-                    self._reload()
+                self._write(lambda: history.delete_chat(chat.id), self.Deleted(chat.id, said))  # or nothing changed
 
         elsewhere = (" It is open in another specchat window, which will save what it adds next to a new chat."
                      if self._archive.open_chats.elsewhere(chat.id) else "")
         self.ask(ConfirmScreen(inert(f"Delete “{shown_title(chat.title)}” and its {message_count(chat.message_count)}?{elsewhere}"),
                                enter_confirms=True,
                                hint="Enter or y deletes · Esc or n keeps it"), done)
+
+    def _write(self, write: Callable[[], object], told: Message) -> None:
+        """Run a history write (rename, delete) on a thread of its own, then tell the App ``told``
+        and fill the list again; a failed write is reported and changes nothing. On the UI's
+        thread, a write waiting out another program's lock froze the dialog and every key for
+        the lock's 5 s (app.store.history.BUSY_TIMEOUT_S)."""
+        app = self.app
+
+        def changed() -> None:
+            app.post_message(told)  # to the App itself: this dialog may have closed meanwhile
+            if self.is_attached:
+                self._reload()
+
+        def run() -> None:
+            if self._archive.done(write):
+                try:
+                    app.call_from_thread(changed)
+                except RuntimeError:  # the app has quit meanwhile
+                    pass
+
+        app.run_worker(run, thread=True, group="history-writes", exit_on_error=False)  # outlives the dialog
 
     def action_export(self) -> None:
         self._typing()

@@ -180,6 +180,30 @@ async def test_a_rename_or_delete_refused_by_a_lock_changes_nothing_on_screen_ei
 
 
 @pytestmark_async
+async def test_a_rename_waiting_for_another_programs_lock_leaves_the_dialog_answering_keys(
+        make_app: Callable[..., SpecChatApp], specchat_dirs: Path) -> None:
+    """F3's rename and delete wrote on the UI's thread: one waiting out a lock (5 s) froze the dialog."""
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "first chat")
+        await wait_for(pilot, lambda: not app.conversation.generating and app.conversation.chat_id is not None)
+        assert app.archive.saver is not None and app.archive.saver.flush(5)
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen))
+        thread, _ = hold_lock(specchat_dirs / "history.db", 2.0, exclusive=False)  # the app's wait: 5 s
+        await pilot.press("r")
+        await pilot.press(*"Renamed", "enter")
+        await pilot.press("slash", *"zz")
+        await wait_for(pilot, lambda: app.screen.query_one("#chat-search").value == "zz")
+        assert thread.is_alive(), "the keys after the rename waited for the lock"
+        assert app.conversation.title == "first chat"  # not renamed yet
+        thread.join()
+        await wait_for(pilot, lambda: app.conversation.title == "Renamed")  # written once the lock was let go
+        assert [c.title for c in app.archive.history.list_chats()] == ["Renamed"]
+
+
+@pytestmark_async
 async def test_deleting_a_chat_another_window_shows_says_so_before_it_deletes(
         make_app: Callable[..., SpecChatApp], specchat_dirs: Path) -> None:
     from app.store.open_chats import OpenChats
