@@ -65,6 +65,10 @@ def _garbled_by_userinfo(url: str) -> bool:
     return bool(before) and not before.endswith("/")
 
 
+SECRET_MIN_CHARS = 4
+"""The shortest key or password :meth:`ServerSpec.hide_secrets` hides in a server's words."""
+
+
 @dataclass(frozen=True, repr=False)
 class ServerSpec:
     """An OpenAI-compatible server: ``url`` is its root (``http://host:port``;
@@ -125,6 +129,26 @@ class ServerSpec:
             return None
         pair = f"{unquote(parts.username)}:{unquote(parts.password or '')}"
         return "Basic " + base64.b64encode(pair.encode("utf-8")).decode("ascii")
+
+    def hide_secrets(self, text: str) -> str:
+        """``text`` (a server's own words) with the API key, the URL's password and the
+        ``Authorization`` values made of them each replaced by ``***``. A server that echoed the
+        request's header in its error ("Incorrect API key provided: Bearer sk-…") had the key
+        printed by ``generate``, written to ``--json`` and shown in the app's toast. Secrets
+        shorter than :data:`SECRET_MIN_CHARS` are left: replacing them would garble the text."""
+        secrets: list[str] = []
+        if self.api_key_env is not None:
+            key = os.environ.get(self.api_key_env, "")
+            secrets += [key, key.strip()]
+        parts = urlsplit(self.url)
+        if parts.username is not None:
+            basic = self.basic_authorization() or ""
+            password = parts.password or ""
+            secrets += [basic.removeprefix("Basic "), unquote(password), password,
+                        f"{unquote(parts.username)}:{unquote(password)}" if password else ""]
+        for secret in sorted({s for s in secrets if len(s) >= SECRET_MIN_CHARS}, key=len, reverse=True):
+            text = text.replace(secret, "***")
+        return text
 
     def api_key(self) -> str | None:
         """The key from ``api_key_env``; an error says which variable to set."""

@@ -190,7 +190,7 @@ class ServerClient:
                 watch.deadline = time.monotonic() + LINE_TIMEOUTS * self.spec.timeout
                 raw = _read_capped(resp, url, self.spec.timeout, cancel, watch)
                 if raw is not None:
-                    yield checked(parse_json(raw.decode("utf-8", "replace"), url), url)
+                    yield checked(parse_json(raw.decode("utf-8", "replace"), url), url, self.spec.hide_secrets)
                 return
             finished = False
             for payload in read_events(resp, url, self.spec.timeout, cancel, watch):
@@ -198,7 +198,7 @@ class ServerClient:
                     return
                 if payload.strip() == "[DONE]":
                     return
-                chunk = checked(parse_json(payload, url), url)
+                chunk = checked(parse_json(payload, url), url, self.spec.hide_secrets)
                 finished = finished or says_finished(chunk)
                 yield chunk
             if not cancel.is_set() and not finished:  # a reply that gave its finish_reason is whole without [DONE]

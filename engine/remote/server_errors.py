@@ -60,7 +60,7 @@ def one_line(text: str, limit: int = 200) -> str:
 
 def http_error(status: int, url: str, raw: bytes, spec: ServerSpec) -> ServerError:
     """The error for an HTTP status >= 400, with the server's own message on one line."""
-    text = raw.decode("utf-8", "replace").strip()
+    text = spec.hide_secrets(raw.decode("utf-8", "replace").strip())  # before any cut: no key's head shows
     try:
         detail = one_line(error_message(json.loads(text)))
     except (ValueError, RecursionError):

@@ -12,7 +12,7 @@ import json
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 from engine.remote.server_errors import ServerError, error_message
@@ -174,10 +174,11 @@ def _no_lone_surrogates(value: Any) -> Any:
     return value
 
 
-def checked(payload: Any, url: str) -> Any:
-    """The payload, unless it is an error object sent inside a 200 answer."""
+def checked(payload: Any, url: str, hide: Callable[[str], str] = str) -> Any:
+    """The payload, unless it is an error object sent inside a 200 answer (whose words are quoted
+    through ``hide``: :meth:`~engine.config.server.ServerSpec.hide_secrets`)."""
     if not isinstance(payload, dict):
         raise ServerError("malformed", f"{url}: expected a JSON object, got {type(payload).__name__}")
     if "error" in payload and "choices" not in payload:
-        raise ServerError("server", f"the server reported an error mid-reply: {error_message(payload)}")
+        raise ServerError("server", f"the server reported an error mid-reply: {hide(error_message(payload))}")
     return payload

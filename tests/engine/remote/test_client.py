@@ -46,6 +46,44 @@ def test_a_key_is_sent_as_a_bearer_token(monkeypatch: pytest.MonkeyPatch) -> Non
         assert fake.requests[0][2]["Authorization"] == "Bearer sekrit"
 
 
+def echo_authorization(status: int):  # type: ignore[no-untyped-def]
+    """A route that answers ``status`` quoting the request's Authorization header, as some servers do."""
+    def route(req, body):  # type: ignore[no-untyped-def]
+        said = f"Incorrect API key provided: {req.headers.get('Authorization')}"
+        send_json(req, status, {"error": {"message": said}})
+    return route
+
+
+@pytest.mark.parametrize("status", [401, 500])
+def test_a_key_the_server_echoes_in_its_error_is_not_repeated(monkeypatch: pytest.MonkeyPatch, status: int) -> None:
+    """generate printed "... Incorrect API key provided: Bearer sk-SECRETKEY123456", --json kept it,
+    the app's toast showed it."""
+    monkeypatch.setenv("SRV_KEY", "sk-SECRETKEY123456")
+    with FakeServer({"/props": echo_authorization(status)}) as fake:
+        with pytest.raises(ServerError) as err:
+            client(fake, api_key_env="SRV_KEY").get_json("/props")
+    assert "SECRETKEY" not in str(err.value) and "Incorrect API key provided: Bearer ***" in str(err.value)
+
+
+def test_a_password_the_server_echoes_is_not_repeated_in_any_form() -> None:
+    """The URL's user:hunter2pass went out as Basic Ym9iOmh1bnRlcjJwYXNz and came back in the error."""
+    with FakeServer({"/props": echo_authorization(403)}) as fake:
+        url = fake.url.replace("http://", "http://bob:hunter2pass@")
+        with pytest.raises(ServerError) as err:
+            ServerClient(ServerSpec(url)).get_json("/props")
+        assert "Ym9iOmh1bnRlcjJwYXNz" not in str(err.value) and "Basic ***" in str(err.value)
+    spec = ServerSpec("http://bob:hunter2pass@h:1")
+    assert spec.hide_secrets("bob:hunter2pass hunter2pass x") == "*** *** x"
+
+
+def test_a_key_in_an_error_sent_inside_the_stream_is_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("SRV_KEY", "sk-SECRETKEY123456")
+    raw = 'data: {"error": {"message": "quota of sk-SECRETKEY123456 is spent"}}\n\n'
+    with FakeServer({CHAT: sse(raw)}) as fake:
+        with pytest.raises(ServerError, match=r"mid-reply: quota of \*\*\* is spent"):
+            list(client(fake, api_key_env="SRV_KEY").stream(CHAT, {}))
+
+
 def test_a_url_ending_in_v1_or_a_path_puts_requests_under_it() -> None:
     ok = lambda req, body: send_json(req, 200, {"ok": True})  # noqa: E731
     with FakeServer({"/v1/models": ok, "/proxy/v1/models": ok}) as fake:
