@@ -163,7 +163,8 @@ class ServerSpec:
             )
         if not key:
             raise EngineError(
-                f"the profile reads its API key from ${self.api_key_env}, which is not set: "
+                f"the profile reads its API key from ${self.api_key_env}, which is "
+                f"{'empty' if self.api_key_env in os.environ else 'not set'}: "
                 f"export {self.api_key_env}=... (or remove api_key_env if the server needs no key)"
             )
         return key

@@ -68,6 +68,7 @@ def http_error(status: int, url: str, raw: bytes, spec: ServerSpec) -> ServerErr
     said = f" (the server says: {detail})" if detail else ""
     if status in (401, 403):
         fix = (f"check the key in ${spec.api_key_env}" if spec.api_key_env else
+               "check the user and password in the url" if spec.basic_authorization() else
                "the server wants an API key: put it in an environment variable and name it with "
                "--api-key-env, or api_key_env in the profile (e.g. api_key_env = \"OPENAI_API_KEY\")")
         return ServerError("auth", f"{url}: {status} {'unauthorized' if status == 401 else 'forbidden'}: {fix}{said}",

@@ -238,6 +238,9 @@ def test_missing_key_variable_is_named(monkeypatch: pytest.MonkeyPatch) -> None:
     with FakeServer(llama_routes(speculative_then_plain({}, {}))) as fake:
         with pytest.raises(EngineError, match=r"\$NOPE_KEY, which is not set"):
             backend(fake, api_key_env="NOPE_KEY")
+        monkeypatch.setenv("NOPE_KEY", "")  # set, but to nothing: it said "not set"
+        with pytest.raises(EngineError, match=r"\$NOPE_KEY, which is empty: export NOPE_KEY="):
+            backend(fake, api_key_env="NOPE_KEY")
 
 
 def test_404_says_check_the_url() -> None:

@@ -236,6 +236,8 @@ KEYED = ServerSpec("http://h:1", api_key_env="MY_KEY")
      '--api-key-env, or api_key_env in the profile (e.g. api_key_env = "OPENAI_API_KEY") (the server says: '
      "Invalid API Key)"),
     (403, KEYED, b"", "auth", "u: 403 forbidden: check the key in $MY_KEY"),
+    (401, ServerSpec("http://bob:pw@h:1"), b"", "auth",  # it asked for an API key, which such a url cannot have too
+     "u: 401 unauthorized: check the user and password in the url"),
     (404, SPEC, b"File Not Found", "not_found",
      "u: 404 not found: check the url (the server's root, e.g. http://127.0.0.1:8080) and the model name "
      "(the server says: File Not Found)"),
