@@ -191,7 +191,7 @@ class ServerBackend:
                 cancel: threading.Event | None = None) -> tuple[str, ServerStats]:
         """One reply with no calibration and no speedup: its text and the server's figures (the bench)."""
         cancel = cancel or threading.Event()
-        before = self._scrape(cancel)
+        before = self._counters_before(cancel)
         run = ReplyRun()
         for _ in self.stream_text(self.request_body(messages, params, speculate), cancel, run):
             pass
@@ -202,7 +202,7 @@ class ServerBackend:
     def _reply(self, messages: list[ChatMessage], params: GenerationParams,
                cancel: threading.Event) -> Iterator[ChatEvent]:
         spec_on = self.speculation_on
-        before = self._scrape(cancel)  # Esc while it waits: the request below is never sent
+        before = self._counters_before(cancel)  # Esc while it waits: the request below is never sent
         run = ReplyRun()
         for text in self.stream_text(self.request_body(messages, params, spec_on), cancel, run):
             yield ChatEvent(text, (TextPiece(text, "target"),), (), self._stats(run, spec_on, Figures(
@@ -259,6 +259,11 @@ class ServerBackend:
         except EngineError:
             return None
         return parse_spec_counters(text)
+
+    def _counters_before(self, cancel: threading.Event) -> SpecCounters | None:
+        """The counters before a reply, read only where the probe found them: a server without
+        them (a ``/metrics`` that never answers) held every reply for the read's timeout."""
+        return self._scrape(cancel) if self.metrics_known else None
 
     def _delta(self, before: SpecCounters | None, run: ReplyRun,
                cancel: threading.Event | None = None) -> SpecCounters | None:

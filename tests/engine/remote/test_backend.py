@@ -72,6 +72,18 @@ def test_llama_server_figures_and_calibrated_speedup() -> None:
         assert len(fake.posts()) == 3 and b.switch_honoured is True
 
 
+def test_a_server_without_metrics_is_not_asked_for_them_before_each_reply() -> None:
+    """A /metrics that never answered held every reply 10 s (the read's timeout), after the probe
+    had found none."""
+    chat = speculative_then_plain(timings(4, 50.0, draft_n=4, accepted=2), timings(4, 25.0))
+    with FakeServer(llama_routes(chat)) as fake:  # no /metrics: 404
+        b = backend(fake)
+        assert b.metrics_known is False
+        run(b)
+        b.measure(MESSAGES, PARAMS, speculate=True)
+        assert [path for path, _, _ in fake.requests].count("/metrics") == 1  # the probe's
+
+
 def test_tau_is_tokens_per_target_pass() -> None:
     pieces = [f"t{i} " for i in range(12)]
 
