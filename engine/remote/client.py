@@ -33,6 +33,10 @@ from engine.text_safety import inert
 
 CONNECT_TIMEOUT_S = 10.0
 CANCEL_POLL_S = 0.05
+FINISHED_GRACE_S = 2.0
+"""How long a stream may stay silent after a choice's ``finish_reason`` (its usage chunk and
+``[DONE]`` may follow) before the reply is taken as whole: a server that held the connection
+open after finishing had the reply marked failed when the 120 s timeout ran out."""
 USER_AGENT = "specchat"
 
 
@@ -193,14 +197,22 @@ class ServerClient:
                     yield checked(parse_json(raw.decode("utf-8", "replace"), url), url, self.spec.hide_secrets)
                 return
             finished = False
-            for payload in read_events(resp, url, self.spec.timeout, cancel, watch):
-                if cancel.is_set():  # the rest of an event cut by Esc is no error
+            try:
+                for payload in read_events(resp, url, self.spec.timeout, cancel, watch):
+                    if cancel.is_set():  # the rest of an event cut by Esc is no error
+                        return
+                    if payload.strip() == "[DONE]":
+                        return
+                    chunk = checked(parse_json(payload, url), url, self.spec.hide_secrets)
+                    if not finished and says_finished(chunk):
+                        finished = True
+                        if watch.sock is not None:  # the response's socket, whoever holds it now
+                            watch.sock.settimeout(FINISHED_GRACE_S)
+                    yield chunk
+            except ServerError as exc:
+                if finished and exc.kind in ("timeout", "cut"):  # silent or closed after the reply's end
                     return
-                if payload.strip() == "[DONE]":
-                    return
-                chunk = checked(parse_json(payload, url), url, self.spec.hide_secrets)
-                finished = finished or says_finished(chunk)
-                yield chunk
+                raise
             if not cancel.is_set() and not finished:  # a reply that gave its finish_reason is whole without [DONE]
                 raise ServerError("cut", f"{url}: the server closed the stream before the reply ended "
                                          "(no [DONE]); it may have crashed or been stopped")

@@ -176,6 +176,37 @@ def test_keep_alive_comments_alone_past_the_timeout_are_a_timeout_error() -> Non
         assert "the server sent only keep-alive comments for 0.3 s (timeout); the reply so far is kept" in str(error)
 
 
+@pytest.mark.parametrize("then", ["hold", "reset"])
+def test_a_reply_that_gave_its_finish_reason_is_whole_if_the_server_then_holds_or_drops_the_line(
+        monkeypatch: pytest.MonkeyPatch, then: str) -> None:
+    """Held open after the finishing chunk (no [DONE], no close), the reply failed when the 120 s
+    timeout ran out: "the server sent nothing for 120 s", its text kept but marked failed."""
+    import engine.remote.client as client_module
+
+    monkeypatch.setattr(client_module, "FINISHED_GRACE_S", 0.2)
+    release = threading.Event()
+    finishing = {"choices": [{"delta": {}, "index": 0, "finish_reason": "stop"}]}
+
+    def holds(req, body):  # type: ignore[no-untyped-def]
+        start_sse(req)
+        write_events(req, [{"n": 1}, finishing])
+        if then == "reset":  # half an event, then the connection goes
+            req.wfile.write(b'data: {"usa')
+            req.wfile.flush()
+            req.connection.shutdown(socket.SHUT_RDWR)
+        release.wait(30)
+
+    with FakeServer({CHAT: holds}) as fake:
+        outcome: list[Any] = []
+        reader = threading.Thread(target=lambda: outcome.append(list(client(fake, timeout=30).stream(CHAT, {}))),
+                                  daemon=True)
+        reader.start()
+        reader.join(10)
+        release.set()
+        assert outcome, "the reader still waits 10 s after the reply's end"
+        assert outcome[0] == [{"n": 1}, finishing]  # and no error
+
+
 def test_cancel_ends_a_silent_stream_quietly() -> None:
     release = threading.Event()
 
