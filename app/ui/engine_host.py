@@ -8,6 +8,8 @@ load replaces it, so a switch closes a backend only once its reply stopped.
 """
 from __future__ import annotations
 
+import dataclasses
+
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,6 +78,8 @@ class EngineHost:
         """Set by :meth:`stop_loading`: the load under way gives up (a fresh one for each load)."""
         self._quitting = threading.Event()
         """Set as the app closes: it stops even a load Esc does not (the way back to the old pair)."""
+        self._given: "ModelProfile | None" = None
+        """The command line's profile, built once (:meth:`_given_profile`)."""
         self._replaced: ChatBackend | None = None
         """The backend a load under way replaces (closed by the load, or kept if it fails): closed on exit."""
 
@@ -95,20 +99,37 @@ class EngineHost:
             return Refusal(str(exc), "error", "Profiles")
         except Exception as exc:  # never a traceback in the UI
             return Refusal(f"Could not read profiles: {type(exc).__name__}: {exc}", "error")
+        given = self._given_profile()
+        if given is not None and self.profiles is not None:
+            # listed in F2 beside the files' own: a --server whose server was down at the start could
+            # not be connected again without quitting (a review's)
+            self.profiles = dataclasses.replace(self.profiles, profiles={**self.profiles.profiles, given.name: given})
         notices = getattr(self.profiles, "notices", ())
         return Refusal("\n".join(notices), "warning", "Profiles") if notices else None
+
+    def _given_profile(self) -> "ModelProfile | None":
+        """The profile the command line builds (``--server``, ``--target``/``--draft``), None without one
+        or when it cannot be built (:meth:`initial_profile` says why). One object, so that F2 names it
+        as the loaded one."""
+        choice = self.choice
+        if self._given is None and (choice.server_profile is not None or choice.target is not None):
+            from engine.config.profiles import profile_from_sources
+
+            try:
+                self._given = choice.server_profile or profile_from_sources(choice.target or "", choice.draft)
+            except SpecChatError:
+                return None
+        return self._given
 
     def initial_profile(self) -> "ModelProfile | Refusal | None":
         """The profile to load first: --server, --target/--draft, the named one, the one
         used last (remembered in the user state dir), or the default."""
         choice = self.choice
         try:
-            if choice.server_profile is not None:
-                return choice.server_profile
-            if choice.target is not None:
+            if choice.server_profile is not None or choice.target is not None:
                 from engine.config.profiles import profile_from_sources
 
-                return profile_from_sources(choice.target, choice.draft)
+                return self._given_profile() or profile_from_sources(choice.target or "", choice.draft)  # its error
             if self.profiles is not None:
                 name = choice.name
                 if name is None and last_profile() in self.profiles.names():

@@ -14,7 +14,8 @@ from app.ui.widgets.hud_line import status_line
 from engine.config.profiles import profile_from_server
 from tests.app.fakes import make_profiles
 from tests.app.helpers import send, wait_for
-from tests.fake_server import FakeServer, chunk, llama_routes, reply_stream, start_sse, timings, write_events
+from tests.fake_server import (FakeServer, chunk, llama_routes, reply_stream, send_json, start_sse, timings,
+                               write_events)
 
 pytestmark = pytest.mark.anyio
 PIECES = ["Hel", "lo", " there", "!"]
@@ -163,3 +164,32 @@ async def test_esc_stops_connecting_to_a_server_that_never_answers() -> None:
             assert app.engine.backend is None
             notes = {n.title: n.message for n in app._notifications}
             assert notes["Loading stopped"].startswith("Stopped loading")
+
+
+async def test_a_server_down_at_the_start_is_connected_again_from_f2() -> None:
+    """--server with the server still loading (its /v1/models answering 500 or 503): the toast
+    said "F2 picks another profile", and F2 listed only models.toml's, so the server could not be
+    tried again without quitting."""
+    from textual.widgets import OptionList
+
+    from app.ui.screens.profiles import ProfilePicker
+
+    with llama(timings(4, 50.0, draft_n=4, accepted=2), timings(4, 25.0)) as fake:
+        models = fake.routes["/v1/models"]
+        fake.routes["/v1/models"] = lambda req, body: send_json(req, 503, {"error": {"message": "Loading model"}})
+        app = server_app(fake.url)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await wait_for(pilot, lambda: any("503" in n.message for n in app._notifications), timeout=30.0)
+            assert app.engine.backend is None
+            fake.routes["/v1/models"] = models  # the server is up now
+            await pilot.press("f2")
+            await wait_for(pilot, lambda: isinstance(app.screen, ProfilePicker))
+            options = app.screen.query_one(OptionList)
+            assert not options.get_option("server").disabled
+            options.highlighted = options.get_option_index("server")
+            await pilot.press("enter")
+            await ready(pilot)
+            assert app.engine.profile is not None and app.engine.profile.server is not None
+            await send(pilot, "Say hi")
+            await replied(pilot, app)
+            assert app.query_one(AssistantMessage).text == "Hello there!"
