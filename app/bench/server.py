@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import statistics
 import sys
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -69,6 +70,23 @@ class Sides:
     plain_speculates: bool  # False: the same server asked not to; True: a second server without speculation
     description: str
     notes: list[str]
+    stopped: str | None = None
+    """Why the run ended before its last reply (a server error that retries did not clear)."""
+
+
+TRIES = 3
+"""Tries of one reply that failed in a way that passes (429, 503, a refused or cut connection)."""
+RETRY_WAIT_S = 2.0
+"""The wait before the first retry where the server named none (doubled each time)."""
+RETRY_WAIT_MAX_S = 60.0
+"""The longest wait for a retry, whatever the server's ``Retry-After``."""
+
+
+def _passing(exc: Exception) -> bool:
+    """Whether a failed reply is worth trying again: the server was busy, loading, or restarting."""
+    from engine.remote.server_errors import ServerError
+
+    return isinstance(exc, ServerError) and (exc.status in (429, 503) or exc.kind in ("refused", "cut"))
 
 
 def _connect(profile: "ModelProfile", args: argparse.Namespace) -> Sides:
@@ -98,6 +116,25 @@ def _measure(backend: "ServerBackend", spec: "PromptSpec", params: GenerationPar
                s.proposed, s.accepted, s.alpha, s.tau, text)
 
 
+def _measure_again(sides: Sides, backend: "ServerBackend", spec: "PromptSpec", params: GenerationParams,
+                   side: str, repeat: int) -> Run | None:
+    """:func:`_measure`, tried up to :data:`TRIES` times while the server is busy (429, waiting its
+    ``Retry-After``), loading (503) or restarting; None (``sides.stopped`` says why) when that did
+    not clear. One 429 threw away a whole run, its JSON unwritten (a review's)."""
+    for attempt in range(TRIES):
+        try:
+            return _measure(backend, spec, params, side, repeat, side == "spec" or sides.plain_speculates)
+        except SpecChatError as exc:
+            if not _passing(exc) or attempt == TRIES - 1:
+                sides.stopped = f"{spec.name} ({side}, repeat {repeat}): {exc}"
+                return None
+            asked = getattr(exc, "retry_after_s", None)
+            wait = min(asked if asked is not None else RETRY_WAIT_S * 2 ** attempt, RETRY_WAIT_MAX_S)
+            sides.notes.append(f"{spec.name} ({side}, repeat {repeat}) tried again after {wait:.0f} s: {exc}")
+            time.sleep(wait)
+    return None
+
+
 def run_server_bench(sides: Sides, specs: Sequence["PromptSpec"], params: GenerationParams, repeats: int,
                      progress: Any = None) -> list[Run]:
     """Warm-up (repeat -1, not summarised), then ``repeats`` rounds, spec and plain alternating first."""
@@ -111,7 +148,9 @@ def run_server_bench(sides: Sides, specs: Sequence["PromptSpec"], params: Genera
                     continue
                 backend = sides.spec if side == "spec" else sides.plain
                 assert backend is not None
-                run = _measure(backend, spec, params, side, repeat, side == "spec" or sides.plain_speculates)
+                run = _measure_again(sides, backend, spec, params, side, repeat)
+                if run is None:  # a failure retries did not clear: what was measured is reported
+                    return [r for r in runs if r.repeat >= 0]
                 if side == "plain" and run.proposed > 0:
                     sides.notes.append(f"the plain side drafted {run.proposed} tokens ({sides.description}): the "
                                        "server ignores speculative.n_max = 0; no plain side. Pass --plain-server URL")
@@ -218,11 +257,16 @@ def cmd_bench_server(args: argparse.Namespace, profile: "ModelProfile") -> int:
             "same text": "greedy spec and plain replies of the first measured repeat compared as text",
         },
     }
+    if sides.stopped is not None:
+        report["stopped"] = sides.stopped
     written = write_report(report, args.json_out) if args.json_out else True
     for note in sides.notes:
         print(inert(f"specchat bench: {note}"), file=sys.stderr)
+    if sides.stopped is not None:
+        print(inert(f"specchat bench: error: stopped early, the figures below are from the replies before: "
+                    f"{sides.stopped}"), file=sys.stderr)
     print(inert(f"{sides.spec.kind} server at {sides.spec.spec.root} ({sides.spec.model}); plain side: "
                 f"{report['plain_side']}; {args.max_new_tokens} new tokens, {args.repeats} repeat(s), greedy; "
                 f"rates from the {' and '.join(rate_sources)}"))  # the model's name is the server's
     print(format_table(results))
-    return 0 if written else 1
+    return 0 if written and sides.stopped is None else 1

@@ -25,7 +25,7 @@ from urllib.parse import quote, urlsplit
 
 from engine.config.server import ServerSpec
 from engine.errors import EngineError
-from engine.remote.server_errors import ServerError, http_error
+from engine.remote.server_errors import ServerError, http_error, retry_after
 from engine.remote.sse import (
     LINE_TIMEOUTS, MAX_EVENT_BYTES, checked, parse_json, read_events, says_finished,
 )
@@ -120,7 +120,7 @@ class ServerClient:
             except (OSError, http.client.HTTPException):
                 raw = b""
             conn.close()
-            raise http_error(resp.status, url, raw, self.spec)
+            raise http_error(resp.status, url, raw, self.spec, retry_after(resp.getheader("Retry-After")))
         return conn, resp
 
     def get(self, path: str, timeout: float | None = None,

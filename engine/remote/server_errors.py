@@ -7,8 +7,10 @@ error inside the stream). A server's own words are quoted on one line, cut short
 """
 from __future__ import annotations
 
+import datetime
 import json
 import re
+from email.utils import parsedate_to_datetime
 from typing import Any
 
 from engine.config.server import ServerSpec
@@ -22,12 +24,39 @@ MAX_MESSAGE_CHARS = 1000
 class ServerError(EngineError):
     """A request to the server failed; ``kind`` says how, ``status`` the HTTP status if any."""
 
-    def __init__(self, kind: str, message: str, status: int | None = None) -> None:
+    def __init__(self, kind: str, message: str, status: int | None = None, retry_after_s: float | None = None) -> None:
         if len(message) > MAX_MESSAGE_CHARS:  # it quotes the server: 200,000 characters were printed whole
             message = message[:MAX_MESSAGE_CHARS] + f"… ({len(message) - MAX_MESSAGE_CHARS:,} characters more)"
         super().__init__(inert(message))  # it quotes the server, and is shown on a terminal
         self.kind = kind
         self.status = status
+        self.retry_after_s = retry_after_s
+        """The seconds the server asked to wait before trying again (its ``Retry-After``), if it said."""
+
+
+RETRY_AFTER_MAX_S = 3600.0
+"""The longest ``Retry-After`` read as given (a larger one is still a wait of an hour or more)."""
+
+
+def retry_after(header: str | None) -> float | None:
+    """Seconds from a ``Retry-After`` header: a number of seconds or an HTTP date (None when absent
+    or unreadable)."""
+    if not header:
+        return None
+    header = header.strip()
+    try:
+        seconds = float(header)
+    except ValueError:
+        try:
+            when = parsedate_to_datetime(header)
+        except (TypeError, ValueError, IndexError):
+            return None
+        if when is None or when.tzinfo is None:
+            return None
+        seconds = (when - datetime.datetime.now(datetime.timezone.utc)).total_seconds()
+    if seconds != seconds:  # NaN
+        return None
+    return min(max(seconds, 0.0), RETRY_AFTER_MAX_S)
 
 
 
@@ -58,8 +87,9 @@ def one_line(text: str, limit: int = 200) -> str:
     return text if len(text) <= limit else text[:limit] + "…"
 
 
-def http_error(status: int, url: str, raw: bytes, spec: ServerSpec) -> ServerError:
-    """The error for an HTTP status >= 400, with the server's own message on one line."""
+def http_error(status: int, url: str, raw: bytes, spec: ServerSpec, retry_after_s: float | None = None) -> ServerError:
+    """The error for an HTTP status >= 400, with the server's own message on one line and, where
+    the server said how long to wait (``retry_after_s``), when to try again."""
     text = spec.hide_secrets(raw.decode("utf-8", "replace").strip())  # before any cut: no key's head shows
     try:
         detail = one_line(error_message(json.loads(text)))
@@ -76,4 +106,5 @@ def http_error(status: int, url: str, raw: bytes, spec: ServerSpec) -> ServerErr
     if status == 404:
         return ServerError("not_found", f"{url}: 404 not found: check the url (the server's root, e.g. "
                                         f"http://127.0.0.1:8080) and the model name{said}", status)
-    return ServerError("http", f"{url}: HTTP {status}{said}", status)
+    again = f"; it asks to try again in {retry_after_s:.0f} s" if retry_after_s is not None else ""
+    return ServerError("http", f"{url}: HTTP {status}{said}{again}", status, retry_after_s)

@@ -56,6 +56,46 @@ def test_bench_when_the_server_ignores_the_switch(tmp_path: Path, capsys: pytest
     assert "--plain-server" in capsys.readouterr().err
 
 
+def every_nth_post_refused(n: int, status: int = 429, always_after: int | None = None):  # type: ignore[no-untyped-def]
+    """llama_chat(True), answering ``status`` (Retry-After: 0) to every ``n``th POST, and to
+    every POST after the ``always_after``th."""
+    chat = llama_chat(True)
+    count = [0]
+
+    def route(req, body):  # type: ignore[no-untyped-def]
+        count[0] += 1
+        if count[0] % n == 0 or (always_after is not None and count[0] > always_after):
+            payload = json.dumps({"error": {"message": "Too Many Requests"}}).encode()
+            req.send_response(status)
+            req.send_header("Content-Type", "application/json")
+            req.send_header("Retry-After", "0")
+            req.send_header("Content-Length", str(len(payload)))
+            req.end_headers()
+            req.wfile.write(payload)
+            return
+        chat(req, body)
+    return route
+
+
+def test_a_busy_server_is_asked_again_and_the_run_completes(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """One 429 ended the whole run with no JSON written (a review's)."""
+    with FakeServer(llama_routes(every_nth_post_refused(7))) as fake:
+        code, report = bench(fake.url, tmp_path)
+    assert code == 0 and "stopped" not in report
+    assert report["results"][-1]["speedup"] == pytest.approx(2.0)
+    retried = [n for n in report["notes"] if "tried again after 0 s" in n]
+    assert len(retried) == 4 and "HTTP 429 (the server says: Too Many Requests); it asks to try again in 0 s" in retried[0]
+
+
+def test_a_server_that_stays_busy_leaves_the_replies_measured_before_it(tmp_path: Path,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    with FakeServer(llama_routes(every_nth_post_refused(1000, 503, always_after=20))) as fake:
+        code, report = bench(fake.url, tmp_path)
+    assert code == 1 and "HTTP 503" in report["stopped"]
+    assert len(report["runs"]) == 20 - 10  # the 10 warm-up replies are not reported
+    assert "stopped early" in capsys.readouterr().err
+
+
 def test_bench_with_a_second_plain_server(tmp_path: Path) -> None:
     def plain(req, body):  # type: ignore[no-untyped-def]
         start_sse(req)

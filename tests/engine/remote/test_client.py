@@ -303,3 +303,17 @@ def test_malformed_json_shows_a_short_snippet() -> None:
         parse_json("<html>\n" + "y" * 500, "u")
     assert err.value.kind == "malformed"
     assert str(err.value) == f"u: the server sent malformed JSON: {('<html> ' + 'y' * 500)[:120]!r}"
+
+
+@pytest.mark.parametrize("header, seconds", [("5", 5.0), (" 2.5 ", 2.5), ("Wed, 21 Oct 2015 07:28:00 GMT", 0.0),
+                                             ("junk", None), ("nan", None), ("1e9", 3600.0), (None, None)])
+def test_retry_after_is_read_as_seconds_or_a_date(header: str | None, seconds: float | None) -> None:
+    from engine.remote.server_errors import retry_after
+
+    assert retry_after(header) == seconds
+
+
+def test_a_429_says_when_the_server_asks_to_be_tried_again() -> None:
+    error = http_error(429, "u", b'{"error": {"message": "Too Many Requests"}}', SPEC, 30.0)
+    assert str(error) == "u: HTTP 429 (the server says: Too Many Requests); it asks to try again in 30 s"
+    assert error.retry_after_s == 30.0
