@@ -9,7 +9,7 @@ from collections.abc import Callable, Collection, Sequence
 from pathlib import Path
 from typing import Any
 
-from app.ui.formatting import fmt_float, fmt_percent, fmt_rate, modes_label, speedup_figure
+from app.ui.formatting import fmt_float, fmt_percent, fmt_rate, modes_label, speedup_figure, split_failure
 from app.ui.sampling import ChatSampling
 from app.store.history import History, HistoryError
 from app.store.records import answered_again
@@ -81,8 +81,11 @@ def chat_markdown(history: History, chat_id: int, writing: Collection[int] = ())
                 lines += ["", "*(still being written when exported)*"]
             elif msg.finish_reason is None:  # its app ended before the reply did
                 lines += ["", "*(unfinished: its end was never saved)*"]
-            if msg.stats:
-                lines += ["", f"> {stats_line(msg.stats)}"]
+            figures, failure = split_failure(msg.stats)
+            if msg.finish_reason == "error":
+                lines += ["", f"*(failed: {' '.join(failure.split())})*" if failure else "*(failed)*"]
+            if figures:
+                lines += ["", f"> {stats_line(figures)}"]
     return inert("\n".join(lines) + "\n")
 
 

@@ -154,6 +154,26 @@ def plan_lines(plan: dict[str, Any]) -> list[str]:
     return lines
 
 
+ERROR_KEY = "error"
+"""Where a failed reply's figures (saved with it) keep why it failed: the reason was shown only in
+a toast, gone once it faded or the chat was reopened, the reply reading "✗ failed" alone."""
+FAILURE_CHARS = 160
+"""The most of a failure's reason a reply's footer shows (the export keeps it whole)."""
+
+
+def with_failure(stats: dict[str, Any] | None, error: str | None) -> dict[str, Any] | None:
+    """``stats`` with ``error`` kept under :data:`ERROR_KEY` (``stats`` itself when there is none)."""
+    return stats if not error else {**(stats or {}), ERROR_KEY: error}
+
+
+def split_failure(stats: dict[str, Any] | None) -> tuple[dict[str, Any] | None, str | None]:
+    """A saved reply's figures (None when it has none) and why it failed (None for one that did not)."""
+    if not stats or ERROR_KEY not in stats:
+        return stats, None
+    figures = {key: value for key, value in stats.items() if key != ERROR_KEY}
+    return figures or None, str(stats[ERROR_KEY])
+
+
 def reply_summary(stats: dict[str, Any] | None) -> str:
     """A reply's final figures on one short line (shown under the reply)."""
     if not stats:

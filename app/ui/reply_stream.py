@@ -18,7 +18,8 @@ from typing import Any
 from textual.message import Message
 
 from app.store.pieces import Pieces, extend_pieces, piece_runs
-from app.store.saver import HistorySaver, ReplyRecord
+from app.store.saver import HistorySaver, ReplyRecord, stats_dict
+from app.ui.formatting import with_failure
 from app.ui.collector import StreamingCollector
 from app.ui.messages import Outbox, ReplyChunk, ReplyFinished
 from app.ui.pacing import PaintPacer
@@ -104,7 +105,8 @@ def stream_reply(job: ReplyJob, post: Callable[[Message], Any]) -> None:
         # go as they are (frozen): turned into a dict only when written, not every round
         # (33 us a round, 190 rounds a second on pocket here).
         if job.saver is not None and job.record is not None:
-            job.saver.update(job.record, text, pieces, stats, final)
+            job.saver.update(job.record, text, pieces, with_failure(stats_dict(stats), error) if error else stats,
+                             final)
 
     with job.lock:
         try:

@@ -19,7 +19,7 @@ from textual.content import Content
 from textual.widgets import Markdown, Static
 from markdown_it import MarkdownIt
 
-from app.ui.formatting import reply_summary
+from app.ui.formatting import FAILURE_CHARS, reply_summary, split_failure
 from app.ui.widgets.reply_markdown import ReplyMarkdown
 from app.store.pieces import Pieces, extend_pieces, merge_pieces
 from engine.text_safety import inert
@@ -216,17 +216,20 @@ class AssistantMessage(Vertical):
         if self.finish_reason is None:  # no text yet: the engine reads the prompt (a long paste: a minute on coder)
             return Content("generating…" if self.text else "reading the prompt…")
         parts: list[str] = []
+        figures, failure = split_failure(self.stats)
         if self.finish_reason == "cancelled":
             parts.append("■ stopped")
         elif self.finish_reason == UNFINISHED:
             parts.append("■ unfinished: its end was never saved")
         elif self.finish_reason == "error":
-            parts.append("✗ failed")
+            reason = " ".join((failure or "").split())
+            reason = reason if len(reason) <= FAILURE_CHARS else reason[:FAILURE_CHARS - 1] + "…"
+            parts.append(f"✗ failed: {reason}" if reason else "✗ failed")
         elif self.finish_reason == "length":
             parts.append("… length limit")
         elif self.finish_reason == "context":
             parts.append("… context window full")
-        summary = reply_summary(self.stats)
+        summary = reply_summary(figures)
         if summary:
             parts.append(summary)
         return Content(inert(" · ".join(parts)))  # saved stats come from the history file

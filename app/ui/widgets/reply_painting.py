@@ -17,6 +17,7 @@ from textual.widget import Widget
 
 from app.store.pieces import piece_runs
 from app.ui import pacing
+from app.ui.formatting import with_failure
 from app.ui.messages import ReplyChunk, ReplyFinished
 from app.ui.notices import notice
 from app.ui.widgets.chat_view import AssistantMessage
@@ -94,7 +95,8 @@ class ReplyPainting(_Base):
         widget = self.stream.end()
         self.generating = False
         if widget is not None:
-            await widget.finish(message.finish_reason, message.stats.to_dict() if message.stats else None)
+            await widget.finish(message.finish_reason,
+                                with_failure(message.stats.to_dict() if message.stats else None, message.error))
             self.hud.set_seen_sources(self.hud.seen_sources | {source for _, source in widget.pieces})
         if message.stats is not None:
             self.hud.set_stats(message.stats, live=False)

@@ -28,6 +28,19 @@ def test_export_markdown_with_stats(specchat_dirs: Path, tmp_path: Path) -> None
     assert custom.read_text() == text and mode(custom) == 0o600
 
 
+def test_a_failed_reply_is_exported_with_why_and_its_figures_without_it(specchat_dirs: Path) -> None:
+    history = History.open()
+    chat = history.create_chat("Down", "srv", None)
+    history.add_message(chat, "user", "hi", profile="srv")
+    history.add_message(chat, "assistant", "Hel", profile="srv", finish_reason="error",
+                        stats={"mode": "plain", "drafter": "none", "tokens": 1, "tokens_per_s": 5.0,
+                               "error": "u: the server closed\nthe stream"})
+    history.add_message(chat, "assistant", "", profile="srv", finish_reason="error", stats={"error": "refused"})
+    text = chat_markdown(history, chat)
+    assert "*(failed: u: the server closed the stream)*" in text and "*(failed: refused)*" in text
+    assert text.count("> mode ") == 1 and "error" not in text.split("> mode ")[1].splitlines()[0]
+
+
 def test_export_gives_each_mode_its_share_of_the_tokens(specchat_dirs: Path) -> None:
     history = History.open()
     chat = history.create_chat("Summary", "pocket", None)

@@ -111,8 +111,19 @@ async def test_stream_cut_mid_reply_keeps_the_partial_reply() -> None:
             reply = app.query_one(AssistantMessage)
             assert reply.text == "Hello" and reply.finish_reason == "error"
             assert any("closed the stream before the reply ended" in n.message for n in app._notifications)
-        content, finish, _ = saved_reply()
+            # the reason stays with the reply, not only in a toast that fades (a review's)
+            footer = str(reply.query_one(".reply-footer").render())
+            assert footer.startswith("✗ failed: ") and "closed the stream before the reply ended" in footer
+        content, finish, stats = saved_reply()
         assert (content, finish) == ("Hello", "error")
+        assert stats is not None and "closed the stream before the reply ended" in stats["error"]
+        assert stats["server"] == "llama.cpp"  # the figures so far are kept beside it
+        reopened = server_app(fake.url)  # the chat reopened: the reason is read back with it
+        async with reopened.run_test(size=(130, 45)) as pilot:
+            await ready(pilot)
+            await wait_for(pilot, lambda: bool(reopened.query(AssistantMessage)))
+            footer = str(reopened.query_one(AssistantMessage).query_one(".reply-footer").render())
+            assert footer.startswith("✗ failed: ") and "closed the stream" in footer
 
 
 async def test_escape_stops_a_silent_server() -> None:
