@@ -241,7 +241,7 @@ def timing_line(stats: "ReplyStats", finish_reason: str | None = None) -> str:
         parts.append(f"speedup {speedup}")
         if stats.speculation_off_reason:  # switched off during the reply: said, as the HUD says it
             parts.append(spoken_reason(stats.speculation_off_reason))
-    else:
+    elif stats.tokens or stats.mode == "plain":  # no tokens drafted for: no word on how they were decoded
         parts.append("plain decoding" + (f" ({spoken_reason(stats.speculation_off_reason)})"
                                          if stats.speculation_off_reason else ""))
     if finish_reason in CUT_SHORT:

@@ -218,6 +218,10 @@ class ServerBackend:
         if run.over_budget:
             notice = (f"the server went on past the {params.max_new_tokens}-token limit it was sent "
                       "(max_tokens); specchat stopped reading there")
+        if not run.text and not run.reasoning_chars:  # it read as a whole, empty reply: "0 tokens", nothing said
+            notice = (f"the server sent {'no answer' if not run.events else f'{run.events} event(s)'} but no reply "
+                      f"text{f' (finish_reason {str(run.finish)[:40]!r})' if run.finish else ''}: check the server's log and "
+                      "its model")
         if run.reasoning_chars and not run.text:
             notice = (f"the server's model spent the reply reasoning ({run.reasoning_chars:,} characters of "
                       "reasoning_content, which specchat does not show) and wrote no answer: raise the token limit "

@@ -34,6 +34,8 @@ class ReplyRun:
     t_first: float | None = None
     t_last: float | None = None
     chunks: int = 0
+    events: int = 0
+    """Payloads the stream carried, with text or without."""
     text: list[str] = field(default_factory=list)
     chars: int = 0
     """Characters in ``text``."""
@@ -78,11 +80,10 @@ def read_reply(payloads: Iterator[Any], budget: int | None, cancel: threading.Ev
     chunk holds at least one token, so a chunk past that many (or a stream of twice as many
     events) means the server would go on; the reply then ends with finish ``length`` and
     ``run.over_budget`` set."""
-    events = 0
     for payload in payloads:
         now = time.perf_counter()
-        events += 1
-        if budget is not None and events > 2 * budget + 16:  # events without text, forever
+        run.events += 1
+        if budget is not None and run.events > 2 * budget + 16:  # events without text, forever
             run.finish, run.over_budget = "length", True
             return
         if isinstance(payload.get("timings"), dict) and payload["timings"]:  # only counts and finite rates

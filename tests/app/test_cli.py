@@ -469,6 +469,14 @@ def test_the_timing_line_says_how_a_reply_was_cut_short() -> None:
     assert timing_line(stats, "eos") == timing_line(stats) and timing_line(stats).endswith(" tok/s · plain decoding")
 
 
+def test_a_speculative_reply_of_no_tokens_is_not_called_plain_decoding() -> None:
+    """A server's reply of no text, sent while it speculated, read "0 tokens · — tok/s · plain decoding"."""
+    from engine.events import ReplyStats
+
+    assert timing_line(ReplyStats(mode="spec", drafter="server")) == "0 tokens · — tok/s"
+    assert timing_line(ReplyStats(mode="plain")) == "0 tokens · — tok/s · plain decoding"
+
+
 @pytest.mark.parametrize("k", ["1000000000", "33", "-1", "two"])
 def test_a_k_out_of_range_is_a_usage_error_before_anything_loads(k: str, capsys) -> None:
     """--k 1000000000 ran for minutes and took 9 GB before (the schedule's tables grow with K)."""

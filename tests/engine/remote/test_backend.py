@@ -380,3 +380,21 @@ def test_a_recorded_llama_server_stream_replays() -> None:
     assert final.alpha == pytest.approx(0.9) and final.tau == pytest.approx(38 / 11)
     assert final.tokens_per_s == pytest.approx(8.082571550964653) and final.prompt_tokens == 78
     assert events[-1].finish_reason == "eos" and len(events) > 30
+
+
+@pytest.mark.parametrize("events", [
+    [{"choices": []}, {"choices": []}],
+    [{"choices": None}],
+    [{"choices": [{"delta": {}, "index": 0, "finish_reason": "stop"}]}],
+])
+def test_a_stream_without_reply_text_says_so(events: list[dict[str, Any]]) -> None:
+    """Events without text read as a whole, empty reply: "0 tokens", exit 0, nothing said."""
+    def chat(req, body):  # type: ignore[no-untyped-def]
+        start_sse(req)
+        write_events(req, [*events, "data: [DONE]\n\n"])
+
+    with FakeServer(llama_routes(chat)) as fake:
+        final = run(backend(fake))[-1]
+    assert final.notice is not None
+    assert f"the server sent {len(events)} event(s) but no reply text" in final.notice
+    assert ("finish_reason 'stop'" in final.notice) == ("stop" in str(events))
