@@ -166,7 +166,9 @@ class Hud(VerticalScroll):
         self._dirty = True
 
     def set_notice(self, notice: str | None) -> None:
-        """The last notice the engine sent (fallback, switch-off)."""
+        """The notice the engine sent with the last reply (a drop, a switch-off, a server that went
+        past its budget), shown until the next reply starts: what lasts (a drop, a switch-off) is
+        the engine's state too (:attr:`info`)."""
         self.notice = notice
         self._dirty = True
 
@@ -174,6 +176,7 @@ class Hud(VerticalScroll):
         """A new reply begins: per-reply counters restart."""
         self._last_counts = (0, 0)
         self.round_accepted.clear()  # the sparkline shows this reply's rounds (none in a plain reply)
+        self.notice = None  # the last reply's: "the server went on past the 512-token limit" stayed for good
         self.live = True
         self._dirty = True
 

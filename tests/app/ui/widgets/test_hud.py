@@ -232,6 +232,18 @@ async def test_why_speculation_is_off_fallback_first_then_the_user_then_a_notice
         assert "why" not in shown(hud, "engine")
 
 
+
+async def test_a_replys_notice_goes_when_the_next_reply_starts() -> None:
+    """"why: the server went on past the 512-token limit" stayed through every later reply."""
+    async with HudApp().run_test(size=(60, 60)) as pilot:
+        hud = pilot.app.query_one(Hud)
+        hud.show_engine(FakeBackend(FAST).info, FAST)
+        hud.set_notice("the server went on past the 512-token limit it was sent (max_tokens)")
+        assert "past the 512-token limit" in shown(hud, "engine")
+        hud.start_reply()
+        assert "why" not in shown(hud, "engine")
+
+
 async def test_a_failed_load_shows_its_error_until_the_next_load() -> None:
     async with HudApp().run_test(size=(60, 60)) as pilot:
         hud = pilot.app.query_one(Hud)
