@@ -191,7 +191,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
             elif text:
                 print(flush=True)
             if how == "interrupted" and not args.quiet:
-                print(f"specchat: interrupted after {len(ids)} tokens", file=sys.stderr)
+                count = len(ids) or (last.stats.tokens if last is not None else 0)  # a server sends no ids
+                print(f"specchat: interrupted after {count} tokens", file=sys.stderr)
             raise
         assert last is not None
         if args.json:

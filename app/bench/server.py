@@ -265,8 +265,10 @@ def cmd_bench_server(args: argparse.Namespace, profile: "ModelProfile") -> int:
     if sides.stopped is not None:
         print(inert(f"specchat bench: error: stopped early, the figures below are from the replies before: "
                     f"{sides.stopped}"), file=sys.stderr)
-    print(inert(f"{sides.spec.kind} server at {sides.spec.spec.root} ({sides.spec.model}); plain side: "
+    from engine.remote.reply_run import shown_model
+
+    print(inert(f"{sides.spec.kind} server at {sides.spec.spec.root} ({shown_model(sides.spec.model)}); plain side: "
                 f"{report['plain_side']}; {args.max_new_tokens} new tokens, {args.repeats} repeat(s), greedy; "
-                f"rates from the {' and '.join(rate_sources)}"))  # the model's name is the server's
+                f"rates from the {' and '.join(rate_sources)}"))  # the model's name is the server's: one line, cut
     print(format_table(results))
     return 0 if written and sides.stopped is None else 1

@@ -116,6 +116,46 @@ def test_generate_with_server_prints_the_reply_and_figures(capsys: pytest.Captur
     assert out["stats"]["server"] == "llama.cpp" and out["token_ids"] == []
 
 
+def test_the_bench_header_shows_a_long_or_multi_line_model_name_on_one_cut_line(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    name = "first line\nsecond " + "x" * 5000
+    routes = llama_routes(llama_chat(True))
+    routes["/v1/models"] = models_route(ids=(name,))
+    with FakeServer(routes) as fake:
+        code, report = bench(fake.url, tmp_path)
+    header = capsys.readouterr().out.splitlines()[0]
+    assert code == 0 and "(first line second xxx" in header and len(header) < 400 and "…" in header
+    assert report["server"]["model"] == name  # the JSON keeps it whole
+
+
+def test_generate_interrupted_counts_a_servers_tokens(capsys: pytest.CaptureFixture[str],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """^C after two of a server's pieces said "interrupted after 0 tokens": a server sends no token ids."""
+    from app import cli
+
+    real_load = cli.load_for
+
+    def interrupted_load(*args: object, **kwargs: object) -> object:
+        engine = real_load(*args, **kwargs)  # type: ignore[arg-type]
+        real_chat = engine.chat
+
+        def chat(*a: object, **k: object):  # type: ignore[no-untyped-def]
+            events = real_chat(*a, **k)
+            yield next(events)
+            yield next(events)
+            events.close()
+            raise KeyboardInterrupt
+
+        engine.chat = chat  # type: ignore[method-assign]
+        return engine
+
+    monkeypatch.setattr(cli, "load_for", interrupted_load)
+    with FakeServer(llama_routes(llama_chat(True))) as fake:
+        assert main(["generate", "--server", fake.url, "Say something"]) == 130
+    captured = capsys.readouterr()
+    assert captured.out.startswith("An answer") and "specchat: interrupted after 2 tokens" in captured.err
+
+
 def test_generate_mode_ngram_is_refused_for_a_server(capsys: pytest.CaptureFixture[str]) -> None:
     with FakeServer(llama_routes(llama_chat(True))) as fake:
         assert main(["generate", "--server", fake.url, "--mode", "ngram", "hi"]) == 2
