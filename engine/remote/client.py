@@ -121,6 +121,12 @@ class ServerClient:
                 raw = b""
             conn.close()
             raise http_error(resp.status, url, raw, self.spec, retry_after(resp.getheader("Retry-After")))
+        coding = (resp.getheader("Content-Encoding") or "").strip().lower()
+        if coding not in ("", "identity"):  # asked for nothing else: it read as a stream closed early
+            conn.close()
+            raise ServerError("malformed", f"{url}: the server sent its answer compressed ({inert(coding[:40])}), "
+                                           "which specchat did not ask for and cannot read; a proxy in between may "
+                                           "be compressing it: turn that off for this address")
         return conn, resp
 
     def get(self, path: str, timeout: float | None = None,

@@ -207,6 +207,27 @@ def test_a_reply_that_gave_its_finish_reason_is_whole_if_the_server_then_holds_o
         assert outcome[0] == [{"n": 1}, finishing]  # and no error
 
 
+def test_a_compressed_answer_nobody_asked_for_is_named() -> None:
+    """A gzip event stream read as "closed the stream before the reply ended (no [DONE])"."""
+    import gzip
+
+    def gzipped(req, body):  # type: ignore[no-untyped-def]
+        data = gzip.compress(b'data: {"n": 1}\n\ndata: [DONE]\n\n')
+        req.send_response(200)
+        req.send_header("Content-Type", "text/event-stream")
+        req.send_header("Content-Encoding", "gzip")
+        req.send_header("Content-Length", str(len(data)))
+        req.end_headers()
+        req.wfile.write(data)
+
+    with FakeServer({CHAT: gzipped, "/props": gzipped}) as fake:
+        for call in (lambda c: list(c.stream(CHAT, {})), lambda c: c.get("/props")):
+            with pytest.raises(ServerError, match=r"the server sent its answer compressed \(gzip\), which specchat "
+                                                  r"did not ask for") as err:
+                call(client(fake))
+            assert err.value.kind == "malformed"
+
+
 def test_cancel_ends_a_silent_stream_quietly() -> None:
     release = threading.Event()
 
