@@ -183,3 +183,63 @@ async def test_a_reply_starts_on_its_boxs_first_row_whatever_block_opens_it(open
         expected = {"Some text.": "Some text.", "## A heading": "A heading", "```python\nx = 1\n```": "x = 1"}
         assert rows[first] == expected[opening]
         assert first - top - 1 == (1 if opening.startswith("```") else 0)
+
+
+@pytest.mark.parametrize("text", ["# Title\n\nafter\n", "```\ncode\n```\n\nafter\n", "plain words\n\n# Title\n"])
+async def test_a_reply_starts_on_its_boxs_first_row_streamed_or_rendered_whole(text: str) -> None:
+    """A reply that opens with a heading or a code block has no blank rows above it; the blocks
+    after the first keep their margins (a heading later in the reply has its row above)."""
+    class One(App[None]):
+        CSS_PATH = str(Path(app_module.__file__).with_name(SpecChatApp.CSS_PATH))
+
+        def compose(self) -> ComposeResult:
+            yield AssistantMessage("fast")
+
+    app = One()
+    async with app.run_test(size=(60, 30)) as pilot:
+        message = app.query_one(AssistantMessage)
+        for line in text.splitlines(keepends=True):  # streamed, then rendered whole at the end
+            await message.append(line, [])
+            await pilot.pause()
+        for final in (False, True):
+            if final:
+                await message.finish("eos", None)
+                await pilot.pause()
+                await pilot.pause()
+            rows = [strip.text.strip(" │╭╮╰╯─") for strip in app.screen._compositor.render_strips()]
+            first = next(i for i, row in enumerate(rows) if "fast" in row)  # the box's top border
+            assert rows[first + 1].strip() == text.splitlines()[0].lstrip("# `") or rows[first + 1].strip() == "code"
+            if text.startswith("plain"):
+                title = rows.index("Title") if "Title" in rows else next(i for i, r in enumerate(rows) if "Title" in r)
+                assert rows[title - 1].strip() == ""  # its own top margin, kept
+
+
+async def test_a_block_added_to_a_reply_leaves_the_blocks_before_it_unstyled_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A rule on the order of children (``:first-child``) made Textual restyle every block of
+    the reply, and all their widgets, at each mount: a streaming reply cost more with every block
+    already shown."""
+    from textual.widgets._markdown import MarkdownBlock
+
+    class One(App[None]):
+        CSS_PATH = str(Path(app_module.__file__).with_name(SpecChatApp.CSS_PATH))
+
+        def compose(self) -> ComposeResult:
+            yield AssistantMessage("fast")
+
+    app = One()
+    async with app.run_test(size=(60, 30)) as pilot:
+        message = app.query_one(AssistantMessage)
+        for i in range(5):
+            await message.append(f"paragraph {i}\n\n", [])
+        await pilot.pause()
+        restyled: list[object] = []
+        original = MarkdownBlock.update_node_styles
+
+        def spy(self: MarkdownBlock, *args: object, **kwargs: object) -> None:
+            restyled.append(self)
+            original(self, *args, **kwargs)
+
+        monkeypatch.setattr(MarkdownBlock, "update_node_styles", spy)
+        await message.append("one more\n\n", [])
+        await pilot.pause()
+        assert restyled == []
