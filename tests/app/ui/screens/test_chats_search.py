@@ -208,3 +208,33 @@ def test_a_search_too_long_for_sqlite_says_so_not_that_the_history_failed(specch
     with pytest.raises(HistoryError, match="too long"):
         history.search_chats("a" * 50_000)
     history.close()
+
+
+async def test_many_chats_list_the_newest_and_a_search_runs_once_typing_pauses(
+        make_app: Callable[..., SpecChatApp], monkeypatch: pytest.MonkeyPatch) -> None:
+    """5,000 chats: F3 took a second to open and each key typed into the search froze the dialog
+    0.7 s (every chat's row built again, the search run on the UI's thread at every key)."""
+    from app.ui.screens import chats as chats_module
+
+    monkeypatch.setattr(chats_module, "SEARCH_PAUSE_S", 1.0)  # a loaded machine's keys, too, come within it
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        history = app.archive.history
+        assert history is not None
+        for i in range(chats_module.ROWS_SHOWN + 50):
+            history.create_chat(f"chat {i} keeper", "fast")
+        searches: list[str] = []
+        real = history.search_chats
+        monkeypatch.setattr(history, "search_chats", lambda text: searches.append(text) or real(text))
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen))
+        screen = app.screen
+        shown = rows(screen)  # type: ignore[arg-type]
+        assert len(shown) == chats_module.ROWS_SHOWN + 1 and shown[0].startswith(f"chat {chats_module.ROWS_SHOWN + 49} ")
+        assert shown[-1] == "… 50 older chats: / searches them"
+        await pilot.press("slash", *"keeper")
+        await wait_for(pilot, lambda: searches == ["keeper"])  # once, as typing paused: not at each key
+        await pilot.press(*["backspace"] * 6, *"chat 3 k")
+        await wait_for(pilot, lambda: rows(screen) == ["chat 3 keeper"])  # type: ignore[arg-type]
+        assert searches == ["keeper", "chat 3 k"]
