@@ -113,6 +113,9 @@ def _build(path: Path, name: str = "avx2") -> None:
     try:
         subprocess.run([compiler, *FLAGS, *VARIANTS[name][0], *map(str, SOURCES), "-o", str(tmp), "-lm"], check=True,
                        capture_output=True, text=True, timeout=120)
+        _write_synced(_stamp_path(path), _digest(tmp).encode())
+        with open(tmp, "rb") as built:
+            os.fsync(built.fileno())  # on the disk before its name is: a crash leaves no library cut short
         os.replace(tmp, path)
     except subprocess.CalledProcessError as exc:
         raise OSError(f"{compiler} failed: {exc.stderr.strip()[-500:]}") from exc
@@ -141,9 +144,40 @@ def library(name: str | None = None) -> ctypes.CDLL | None:
     return None
 
 
+def _stamp_path(path: Path) -> Path:
+    return path.with_name(path.name + ".sha256")
+
+
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    tmp = path.with_name(f".{path.name}.{os.getpid()}")
+    with open(tmp, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _intact(path: Path) -> bool:
+    """Whether the library at ``path`` is the one its build wrote (its sha256, kept beside it). A
+    library cut short (a crash as it was written) is mapped past its end when loaded: the process
+    died of SIGBUS, every command, with no word."""
+    try:
+        return _stamp_path(path).read_text().strip() == _digest(path)
+    except OSError:
+        return False
+
+
 def _load(name: str) -> ctypes.CDLL:
-    """Variant ``name``'s library, built first where the cache lacks it; OSError when it cannot be had."""
+    """Variant ``name``'s library, built first where the cache lacks it (or holds one that is not
+    what its build wrote); OSError when it cannot be had."""
     path = _library_path(name)
+    if path.exists() and not _intact(path):
+        log.info("specchat's %s kernel in the cache is damaged or unchecked: building it again", name)
+        path.unlink(missing_ok=True)
     if not path.exists():
         _build(path, name)
     lib = ctypes.CDLL(str(path))

@@ -185,3 +185,25 @@ def test_the_engine_names_the_kernel_that_multiplies_an_int4_target_on_the_cpu(m
     assert cpu_kernel_name(ModelSpec("x.gguf"), cpu) is None
     monkeypatch.setenv(cpu_kernel.ENV, "torch")
     assert cpu_kernel_name(ModelSpec("x.gguf", quantization="int4"), cpu) == "torch"
+
+
+def test_a_library_cut_short_in_the_cache_is_built_again_not_loaded(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """A library cut short (a crash as it was written) was mapped past its end: every command died
+    of SIGBUS with no word (a hostile test's). Loaded in a child, so the old failure is a failed test."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    if cpu_kernel._compiler() is None:
+        pytest.skip("no C compiler here")
+    root = Path(__file__).resolve().parents[3]
+    env = {**os.environ, "SPECCHAT_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(root)}
+    load = [sys.executable, "-c", "from engine.quant.cpu_kernel import _load; _load('avx2'); print('loaded')"]
+    assert subprocess.run(load, env=env, capture_output=True, text=True, timeout=300).stdout.strip() == "loaded"
+    (built,) = (tmp_path / "kernels").glob("specchat_avx2-*.so")
+    whole = built.read_bytes()
+    built.write_bytes(whole[:1000])
+    done = subprocess.run(load, env=env, capture_output=True, text=True, timeout=300)
+    assert (done.returncode, done.stdout.strip()) == (0, "loaded"), done.stderr[-500:]
+    assert built.stat().st_size == len(whole)  # built again, whole
