@@ -15,7 +15,8 @@ from __future__ import annotations
 import logging
 import os
 
-from engine.environment import OFF, switch
+from engine.environment import OFF, ON, switch
+from engine.errors import SettingError
 from collections.abc import Callable
 from typing import Any
 
@@ -45,7 +46,16 @@ def compile_backend(card: bool = False) -> str | None:
         return "inductor" if card else None
     if value in OFF:  # the switches' words for off
         return None
-    return "inductor" if value in ("1", "true", "on", "yes") else value
+    if value in ON:
+        return "inductor"
+    import torch._dynamo
+
+    known = torch._dynamo.list_backends(exclude_tags=())
+    if value not in known:  # it ended every load with torch's InvalidBackend traceback, naming no variable
+        raise SettingError(f"{COMPILE_ENV}={os.environ[COMPILE_ENV].strip()!r}: use 1 or 0 (on or off), a "
+                           f"torch.compile backend ({', '.join(b for b in known if 'TESTING' not in b)}), "
+                           "or unset it")
+    return value
 
 
 def keep_compiled_kernels() -> None:

@@ -277,6 +277,12 @@ def test_a_card_compiles_by_default_and_the_environment_decides_first(monkeypatc
     assert compile_backend(card=False) == "inductor"
     monkeypatch.setenv("SPECCHAT_COMPILE", "aot_eager")
     assert compile_backend(card=True) == "aot_eager"
+    monkeypatch.setenv("SPECCHAT_COMPILE", "junk")  # it ended every load with torch's InvalidBackend traceback
+    from engine.errors import SettingError
+
+    with pytest.raises(SettingError, match=r"SPECCHAT_COMPILE='junk': use 1 or 0 \(on or off\), a torch.compile "
+                                           r"backend \(.*inductor.*\), or unset it"):
+        compile_backend(card=True)
 
 
 def test_compiling_at_load_leaves_the_first_reply_nothing_to_compile(target, monkeypatch) -> None:
