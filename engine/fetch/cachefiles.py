@@ -27,7 +27,7 @@ from pathlib import Path
 
 import psutil
 
-_PID_IN_NAME = re.compile(r"(?:^\.download-|\.tmp-)(\d+)-")
+_PID_IN_NAME = re.compile(r"(?:^\.download-|\.tmp-)(\d+)(?:-|$)")  # the int4 cache's name ends in the PID
 UNOWNED_AFTER_S = 3600.0
 """A temporary name without a PID (older releases) is removed once this old."""
 
@@ -46,7 +46,7 @@ def _owner_alive(pid: int, mtime: float) -> bool:
 def is_leftover(path: Path, now: float | None = None) -> bool:
     """A temporary download/extraction/conversion whose writer is gone."""
     name = path.name
-    if not (name.startswith(".download-") or ".tmp-" in name):
+    if not (name.startswith((".download-", ".tmp")) or ".tmp-" in name):  # .tmpXXXXXX: safetensors' own
         return False
     try:
         mtime = path.stat().st_mtime
@@ -64,9 +64,11 @@ def clean_leftovers(root: Path) -> list[Path]:
     if not root.is_dir():
         return removed
     candidates = list((root / "wheels").glob(".download-*")) if (root / "wheels").is_dir() else []
-    for sub in ("files", "converted"):
+    for sub in ("files", "converted", "int4"):
         if (root / sub).is_dir():
             candidates += [p for p in (root / sub).rglob(".*.tmp-*")]
+    if (root / "int4").is_dir():  # safetensors writes an int4 cache through a .tmpXXXXXX of its own first:
+        candidates += list((root / "int4").glob(".tmp*"))  # a process killed then left 84 MB (coder's: 0.9 GB)
     for path in candidates:
         if is_leftover(path):
             if path.is_dir() and not path.is_symlink():

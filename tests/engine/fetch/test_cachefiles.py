@@ -63,6 +63,21 @@ def test_planted_leftovers_of_dead_processes_are_removed(cache: Path) -> None:
         live.wait()
 
 
+def test_an_int4_cache_left_half_written_is_removed(cache: Path) -> None:
+    """Killed as it wrote an int4 cache, a process left safetensors' own .tmpXXXXXX (84 MB for pocket,
+    0.9 GB for coder) that no later run removed and `specchat models` did not count (a hostile test's)."""
+    int4 = cache / "int4"
+    int4.mkdir(parents=True)
+    old = time.time() - 7200
+    dead = [int4 / ".tmpgcXxC1", int4 / f".pocket-g32.safetensors.tmp-{dead_pid()}"]
+    kept = [int4 / ".tmpFresh1", int4 / "pocket-g32.safetensors"]  # another process may be writing the fresh one
+    for path in (*dead, *kept):
+        path.write_bytes(b"x" * 100)
+    os.utime(dead[0], (old, old))
+    assert sorted(clean_leftovers(cache)) == sorted(dead)
+    assert all(p.exists() for p in kept)
+
+
 def test_only_temporary_names_can_be_leftovers(tmp_path: Path) -> None:
     plain = tmp_path / "model.gguf"
     plain.write_bytes(b"x")
