@@ -53,7 +53,7 @@ def make_dir(path: Path, env_var: str | None = None) -> Path:
 
 
 def _dir(env_var: str, default: str, create: bool) -> Path:
-    override = os.environ.get(env_var)
+    override = os.environ.get(env_var, "").strip()  # " " wrote the history to "./ /history.db" of wherever it ran
     path = Path(override).expanduser() if override else Path(default)
     path = path.absolute()
     if create:

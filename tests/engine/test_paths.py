@@ -39,6 +39,10 @@ def test_unset_or_empty_gives_the_platform_directory(
     assert get() == expected and expected.name == "specchat"
     monkeypatch.setenv(var, "")
     assert get() == expected
+    monkeypatch.setenv(var, "  ")  # it wrote the history to "./ /history.db" of the folder it ran in
+    assert get() == expected
+    monkeypatch.setenv(var, " /srv/specchat\n")
+    assert get() == Path("/srv/specchat")
 
 
 def test_a_relative_override_is_made_absolute_and_home_is_expanded(
