@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING, TextIO
 
-from engine.errors import SpecChatError
+from engine.errors import ProfileError, SpecChatError
 from engine.text_safety import inert
 
 if TYPE_CHECKING:
@@ -48,11 +49,17 @@ def _say(text: str, stream: TextIO | None = None) -> None:
 
 def cmd_models(args: argparse.Namespace, ask: Callable[[str], str] | None = None) -> int:
     """List the cache's models, or remove one (``ask`` asks for the confirmation; default: input)."""
-    from engine.config.models_file import load_profiles
+    from engine.config.models_file import MODELS_ENV, load_profiles
     from engine.fetch.inventory import inventory
     from engine.paths import cache_dir
 
-    profiles = load_profiles(getattr(args, "models", None))
+    try:
+        profiles = load_profiles(getattr(args, "models", None))
+    except ProfileError as exc:  # the cache can still be listed and cleaned without the extra file's profiles
+        if getattr(args, "models", None) is None and not os.environ.get(MODELS_ENV, "").strip():
+            raise
+        print(inert(f"specchat models: {exc}; its profiles are not counted as users"), file=sys.stderr)
+        profiles = load_profiles(from_env=False)
     root = cache_dir()
     models = inventory([profiles.get(name) for name in profiles.names()], root)
     if args.models_command == "remove":

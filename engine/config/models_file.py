@@ -229,8 +229,9 @@ def user_models_file() -> Path:
     return config_dir() / "models.toml"
 
 
-def load_profiles(models_file: Path | str | None = None) -> Profiles:
-    """Read and merge the shipped, the user's and the given (or ``$SPECCHAT_MODELS``) models files.
+def load_profiles(models_file: Path | str | None = None, *, from_env: bool = True) -> Profiles:
+    """Read and merge the shipped, the user's and the given (or ``$SPECCHAT_MODELS``, unless not
+    ``from_env``) models files. An error in the file ``$SPECCHAT_MODELS`` names says so.
 
     A mistake in the shipped file raises. In the user's files a bad profile is left out with a
     notice naming it, its file, line and reason (asked for by name it raises that reason), and the
@@ -241,11 +242,14 @@ def load_profiles(models_file: Path | str | None = None) -> Profiles:
     user = user_models_file()
     if user.exists() or user.is_symlink():  # a folder or a broken link is named in a notice, not skipped
         paths.append(user)
-    extra = models_file if models_file is not None else os.environ.get(MODELS_ENV) or None
+    named = (os.environ.get(MODELS_ENV, "").strip() or None) if from_env else None
+    extra = models_file if models_file is not None else named
+    whence = f" (named by {MODELS_ENV}: fix it or unset it)" if models_file is None and extra is not None else ""
+    extra_path: Path | None = None
     if extra is not None:
         extra_path = Path(extra).expanduser().absolute()
         if not extra_path.exists():
-            raise ProfileError(f"models file not found: {extra_path}")
+            raise ProfileError(f"models file not found: {extra_path}{whence}")
         paths.append(extra_path)
     merged: dict[str, ModelProfile] = {}
     invalid: dict[str, str] = {}
@@ -255,6 +259,8 @@ def load_profiles(models_file: Path | str | None = None) -> Profiles:
         try:
             profiles, file_default, bad = _read(path, lenient=path != shipped)
         except ProfileError as exc:
+            if path == extra_path and whence:  # the user may not remember setting it
+                raise ProfileError(f"{exc}{whence}") from None
             if path != user:
                 raise
             notices.append(f"{exc}; the profiles in it are left out until it is fixed")

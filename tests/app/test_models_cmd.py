@@ -81,6 +81,23 @@ def test_models_lists_each_model_with_its_size_and_users(cache: Path, tmp_path: 
     assert "Big-1.5B Q4_K_M" in text and "6 MB  used by big" in text and "used by no profile" in text
 
 
+def test_a_broken_specchat_models_file_is_named_and_the_cache_still_listed(
+        cache: Path, tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPECCHAT_MODELS=/nope.toml said "models file not found: /nope.toml", naming no variable, and
+    stopped `models` too: the cache could not be looked at nor cleaned."""
+    monkeypatch.setenv("SPECCHAT_MODELS", str(tmp_path / "nope.toml"))
+    assert main(["profiles"]) == 2
+    assert f"models file not found: {tmp_path / 'nope.toml'} (named by SPECCHAT_MODELS: fix it or unset it)" in \
+        capsys.readouterr().err
+    (tmp_path / "bad.toml").write_text("[profiles.x\n")
+    monkeypatch.setenv("SPECCHAT_MODELS", str(tmp_path / "bad.toml"))
+    assert main(["profiles"]) == 2 and "(named by SPECCHAT_MODELS: fix it or unset it)" in capsys.readouterr().err
+    assert main(["models", "--json"]) == 0
+    out = capsys.readouterr()
+    assert any("Tiny-135M" in m["name"] for m in json.loads(out.out)["models"])  # listed, by file names
+    assert "its profiles are not counted as users" in out.err
+
+
 def test_remove_a_profile_with_yes_deletes_only_its_files(cache: Path, tmp_path: Path, capsys) -> None:
     before = listing(capsys, tmp_path)
     assert main(["models", "--models", str(tmp_path / "models.toml"), "remove", "big", "--yes"]) == 0
