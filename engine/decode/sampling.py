@@ -112,7 +112,9 @@ def non_finite_error(role: Role) -> NonFiniteLogitsError:
         f"the {role} model's logits are NaN or inf: its activations overflowed, as Qwen2.5's do in float16 "
         f"(the dtype cards below compute capability 8.0 get). Set dtype = \"float32\" on the {role} in your "
         f"models.toml (or dtype = \"bfloat16\" on a card of compute capability 8.0 or newer), or pick another "
-        "profile (docs/gpu.md, step 0)", role)
+        "profile (docs/gpu.md, step 0). Where the model ran well before, or runs in float32 already, its files "
+        "in the cache may be damaged: `specchat models remove` it, and its next start fetches and converts it "
+        "again", role)
 
 
 def to_host(choices: torch.Tensor, ok: torch.Tensor, role: Role = "target") -> list[int]:
