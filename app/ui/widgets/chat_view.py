@@ -272,10 +272,12 @@ class AssistantMessage(Vertical):
         """End the reply: its footer ("■ stopped", the summary) at once, then the whole text
         rendered again once the footer's frame is out.
 
-        The final full render makes a reply that ends inside a code fence (or was
-        stopped mid-table) come out exactly as a fresh parse would show it. It
-        parses and lays out every block of the reply (tens of milliseconds for a
-        long one), so it waits for the next frame: Esc's "■ stopped" shows first.
+        The final full render makes a reply whose later lines changed its earlier blocks (a
+        list made loose, a table, a link reference) come out exactly as a fresh parse would
+        show it; where the streamed blocks show that already (:meth:`ReplyMarkdown.shows`:
+        most replies) it is skipped. It parses and lays out every block of the reply (tens of
+        milliseconds for a long one, seconds for thousands of blocks), so it waits for the next
+        frame: Esc's "■ stopped" shows first.
         """
         self.finish_reason = finish_reason
         self.stats = stats
@@ -285,7 +287,9 @@ class AssistantMessage(Vertical):
     async def _render_final(self) -> None:
         if not self.is_attached:
             return
-        await self.query_one(".body", Markdown).update(self.text)
+        body = self.query_one(".body", ReplyMarkdown)
+        if not body.shows(self.text):  # parsed and mounted again: seconds for a long reply, keys waiting
+            await body.update(self.text)
         if self._show_sources:  # else built when the colour view is switched on
             self.query_one(".sources", Static).update(pieces_content(self.pieces))
 

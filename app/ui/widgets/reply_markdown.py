@@ -23,9 +23,11 @@ so a model's (or a server's, or a saved chat's) escape sequence would be obeyed.
 """
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from typing import Any
 
+from markdown_it import MarkdownIt
 from pygments.lexers import get_lexer_by_name
 from pygments.util import ClassNotFound
 from textual.app import ComposeResult
@@ -156,6 +158,9 @@ if MarkdownBulletList is not None and MarkdownOrderedList is not None:
     LIST_BLOCKS = {"bullet_list_open": ReplyBulletList, "ordered_list_open": ReplyOrderedList}
 
 
+_TABLE_OR_REFERENCE = re.compile(r"^ {0,3}(\|.*\|\s*$|\[[^\]\n]+\]:)|^ {0,3}\|? *:?-+:? *\|", re.M)
+"""A line that may be a table's (a row between pipes, a delimiter row) or a link reference definition."""
+
 FIRST_BLOCK = "-first"
 """The class of a reply's first block."""
 
@@ -181,6 +186,21 @@ class ReplyMarkdown(Markdown):
         if widgets and before is None and after is None and not any(isinstance(c, MarkdownBlock) for c in self.children):
             widgets[0].add_class(FIRST_BLOCK)
         return super().mount(*widgets, before=before, after=after)
+
+    def shows(self, markdown: str) -> bool:
+        """Whether the blocks streamed in (:meth:`append`) show what a fresh parse of ``markdown``
+        (all of it: the reply's end) shows, so that rendering it again would change nothing. They
+        do where they are the same top-level blocks over the same lines, unless the text has a
+        table (its streamed cells are other widgets than a fresh parse's) or a link reference
+        definition (it changes the blocks before it). A list that a blank line and then its next
+        item made loose streams in as two: the same lines, other blocks, so not shown."""
+        text = inert(markdown)
+        if self.source != text or _TABLE_OR_REFERENCE.search(text):
+            return False
+        parser = MarkdownIt("gfm-like") if self._parser_factory is None else self._parser_factory()
+        fresh = [tuple(t.map) for t in parser.parse(text) if t.level == 0 and t.nesting >= 0 and t.map is not None]
+        streamed = [tuple(c.source_range) for c in self.children if isinstance(c, MarkdownBlock)]
+        return fresh == streamed
 
     def update(self, markdown: str) -> AwaitComplete:
         """Show ``markdown`` (made inert) instead."""

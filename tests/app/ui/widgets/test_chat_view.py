@@ -243,3 +243,32 @@ async def test_a_block_added_to_a_reply_leaves_the_blocks_before_it_unstyled_aga
         await message.append("one more\n\n", [])
         await pilot.pause()
         assert restyled == []
+
+
+@pytest.mark.parametrize("text, again", [("Some words.\n\n## A heading\n\n- a\n- b\n\n```py\nx = 1\n```\n", False),
+                                         ("1. a\n\n2. b made the list loose\n", True)])
+async def test_a_finished_reply_is_mounted_again_only_where_a_fresh_parse_differs(
+        text: str, again: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every reply's end parsed and mounted all its blocks again: 16 s of stalls after 100k tokens
+    of prose, and after Esc on a long reply "■ stopped" then waited seconds (a hostile test's)."""
+    from app.ui.widgets.reply_markdown import ReplyMarkdown
+
+    class One(App[None]):
+        CSS_PATH = str(Path(app_module.__file__).with_name(SpecChatApp.CSS_PATH))
+
+        def compose(self) -> ComposeResult:
+            yield AssistantMessage("fast")
+
+    updates: list[str] = []
+    real = ReplyMarkdown.update
+    monkeypatch.setattr(ReplyMarkdown, "update",  # (the empty update is the widget's own, as it mounts)
+                        lambda self, markdown: (markdown and updates.append(markdown)) or real(self, markdown))
+    app = One()
+    async with app.run_test(size=(60, 40)) as pilot:
+        message = app.query_one(AssistantMessage)
+        for char in text:  # the "2" of the second item alone first: a paragraph, then a list of its own
+            await message.append(char, [])
+        await message.finish("eos", None)
+        for _ in range(3):
+            await pilot.pause()
+        assert updates == ([text] if again else [])

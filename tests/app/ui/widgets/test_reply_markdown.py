@@ -123,3 +123,54 @@ async def test_a_list_item_of_one_paragraph_looks_as_textual_draws_it_with_one_c
     if width == 28:
         assert "   10. Step number 10," in ours and "       with bold and code." in ours  # wrapped under its text
     assert our_boxes < their_boxes
+
+
+ENDINGS = {
+    "table": "| a | b |\n|---|---|\n" + "".join(f"| {i} | **{i * i}** |\n" for i in range(12)) + "\nafter the table\n",
+    "table-stopped": "Numbers:\n\n| a | b |\n|---|---|\n| 1 | 2 |\n| 3 | 4",
+    "fence-stopped": "Here:\n\n```python\ndef f(x):\n    return x * 2\n",
+    "fence": "```sh\nls -l\n```\n\nThen `code` and *more*.\n",
+    "setext": "Title\n=====\n\nSub\n---\n\ntext\n",
+    "quote": "> quoted **bold**\n> second\n\n> another\n\nplain\n",
+    "mixed": LISTS + "\n# Head\n\n---\n\n1. a\n\n2. loose b\n",
+    "html": "<div>\nraw html\n</div>\n\ntext <b>b</b>\n",
+    "no-newline": "one paragraph\n\nand a last line without its end",
+}
+
+
+SHOWN_AS_STREAMED = {"fence-stopped", "fence", "setext", "quote", "no-newline"}
+"""Endings whose streamed blocks are what a fresh parse makes, in whatever pieces they came."""
+
+
+@pytest.mark.parametrize("chunk", [1, 5, 23])
+@pytest.mark.parametrize("name", sorted(ENDINGS))
+async def test_a_reply_is_parsed_again_at_its_end_only_where_its_pieces_showed_it_otherwise(name: str, chunk: int) -> None:
+    """The end of a reply parsed and mounted every block again (chat_view.AssistantMessage.finish):
+    seconds for a long reply, the keys typed meanwhile waiting. Where the streamed blocks already
+    show what a fresh parse shows it is skipped; where they do not (a list a blank line made loose
+    streamed as two, a table's cells), it still happens, and the end looks as a fresh parse."""
+    app = Two()
+    text = ENDINGS[name]
+    async with app.run_test(size=(100, 200)) as pilot:
+        streamed, fresh = app.query_one("#streamed", ReplyMarkdown), app.query_one("#fresh", ReplyMarkdown)
+        for start in range(0, len(text), chunk):
+            await streamed.append(text[start:start + chunk])
+        await fresh.update(text)
+        await pilot.pause()
+        skipped = streamed.shows(text)
+        assert skipped == (name in SHOWN_AS_STREAMED) or (name == "mixed" and chunk > 1)
+        if not skipped:
+            await streamed.update(text)
+            await pilot.pause()
+        assert shape(streamed) == shape(fresh)
+
+
+async def test_a_link_reference_defined_at_the_end_has_the_reply_parsed_again() -> None:
+    app = Two()
+    text = "See [the docs][1].\n\n[1]: https://example.com\n"
+    async with app.run_test(size=(100, 40)) as pilot:
+        streamed = app.query_one("#streamed", ReplyMarkdown)
+        for start in range(0, len(text), 4):
+            await streamed.append(text[start:start + 4])
+        await pilot.pause()
+        assert not streamed.shows(text)
