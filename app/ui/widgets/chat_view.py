@@ -164,8 +164,27 @@ class UserMessage(Static):
         return self.has_class("-queued")
 
 
+LAID_OUT_BLOCKS = 1000
+"""The most Markdown blocks (paragraphs, list items, table rows and cells: each one widget or
+more) a saved reply is laid out with. Beyond it the reply is shown unformatted, as one text: a
+chat whose last reply held a table of 3,000 rows froze the app for 41 s at every start, which
+reopens it (800 list items: 6 s)."""
+QUICK_CHARS = 4_000
+"""A reply shorter than this is laid out without counting its blocks."""
+
+
+def too_many_blocks(text: str) -> int | None:
+    """How many blocks ``text`` would be laid out with, where that is more than
+    :data:`LAID_OUT_BLOCKS` (None: it is laid out)."""
+    if len(text) < QUICK_CHARS:
+        return None
+    blocks = sum(token.nesting == 1 for token in MarkdownIt("gfm-like").parse(text))
+    return blocks if blocks > LAID_OUT_BLOCKS else None
+
+
 class AssistantMessage(Vertical):
-    """A reply: Markdown while streaming and after, pieces in the colour view."""
+    """A reply: Markdown while streaming and after, pieces in the colour view (a saved reply of
+    more than :data:`LAID_OUT_BLOCKS` blocks: its text unformatted)."""
 
     role = "assistant"
 
@@ -185,12 +204,17 @@ class AssistantMessage(Vertical):
         self.pieces: Pieces = merge_pieces(pieces) if pieces else ([(text, "target")] if text else [])
         self.finish_reason = finish_reason
         self.stats = stats
+        self.unformatted: int | None = None
+        """The blocks of a saved reply too long to lay out (:data:`LAID_OUT_BLOCKS`), shown unformatted."""
         self._show_sources = show_sources
         self.border_title = inert(profile or "assistant")
         self.set_class(show_sources, "-sources")
 
     def compose(self) -> ComposeResult:
-        yield ReplyMarkdown(self.text, classes="body")
+        self.unformatted = too_many_blocks(self.text) if self.finish_reason is not None else None
+        yield ReplyMarkdown(None if self.unformatted else self.text, classes="body")
+        if self.unformatted:
+            yield Static(Content(inert(self.text)), classes="body-plain")
         yield Static(pieces_content(self.pieces), classes="sources")
         yield Static(self._footer_text(), classes="reply-footer")
 
@@ -229,6 +253,8 @@ class AssistantMessage(Vertical):
             parts.append("… length limit")
         elif self.finish_reason == "context":
             parts.append("… context window full")
+        if self.unformatted:
+            parts.append(f"shown unformatted: {self.unformatted:,} blocks are more than the screen lays out")
         summary = reply_summary(figures)
         if summary:
             parts.append(summary)

@@ -272,3 +272,35 @@ async def test_a_finished_reply_is_mounted_again_only_where_a_fresh_parse_differ
         for _ in range(3):
             await pilot.pause()
         assert updates == ([text] if again else [])
+
+
+async def test_a_saved_reply_of_more_blocks_than_are_laid_out_is_shown_unformatted() -> None:
+    """A chat whose last reply held a table of 3,000 rows froze the app 41 s at every start
+    (which reopens it): each row and cell is a widget. Such a reply is now one text."""
+    from textual.widgets._markdown import MarkdownBlock
+
+    from app.ui.widgets import chat_view
+
+    table = "| n | square |\n|---|---|\n" + "".join(f"| {i} | {i * i} |\n" for i in range(600))
+    short = "| n | square |\n|---|---|\n" + "".join(f"| {i} | {i * i} |\n" for i in range(5))
+
+    class Two(App[None]):
+        CSS_PATH = str(Path(app_module.__file__).with_name(SpecChatApp.CSS_PATH))
+
+        def compose(self) -> ComposeResult:
+            yield AssistantMessage("fast", text=table, finish_reason="eos")
+            yield AssistantMessage("fast", text=short, finish_reason="eos")
+
+    assert chat_view.too_many_blocks(table) == 1 + 1 + 1 + 2 + 1 + 600 * 3  # table, thead, tr, th x2, tbody, rows
+    assert chat_view.too_many_blocks(short) is None
+    app = Two()
+    async with app.run_test(size=(80, 40)) as pilot:
+        await pilot.pause()
+        long, laid_out = app.query(AssistantMessage)
+        assert not long.query(MarkdownBlock) and laid_out.query(MarkdownBlock)
+        assert str(long.query_one(".body-plain", Static).render()).startswith("| n | square |\n|---|---|\n| 0 | 0 |")
+        footer = str(long.query_one(".reply-footer", Static).render())
+        assert "shown unformatted: 1,806 blocks are more than the screen lays out" in footer
+        long.set_show_sources(True)  # F4: the colour view instead, as for any reply
+        await pilot.pause()
+        assert not long.query_one(".body-plain").display and long.query_one(".sources").display
