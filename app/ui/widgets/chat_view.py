@@ -316,6 +316,7 @@ class AssistantMessage(Vertical):
         body = self.query_one(".body", ReplyMarkdown)
         if not body.shows(self.text):  # parsed and mounted again: seconds for a long reply, keys waiting
             await body.update(self.text)
+        body.colour_code()
         if self._show_sources:  # else built when the colour view is switched on
             self.query_one(".sources", Static).update(pieces_content(self.pieces))
 
