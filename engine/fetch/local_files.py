@@ -56,7 +56,10 @@ def check_model_dir(path: Path, allow_pickle: bool) -> None:
 
 
 def check_gguf(path: Path) -> None:
-    """The file exists, is readable and starts with the GGUF magic."""
+    """The file exists, is a regular file, is readable and starts with the GGUF magic."""
+    if path.exists() and not path.is_file():  # a FIFO hung the read for good; a folder is named as one
+        what = "a folder" if path.is_dir() else "not a regular file (a pipe or a device)"
+        raise ModelSourceError(f"GGUF source {path} is {what}: give the path of a .gguf file")
     try:
         with path.open("rb") as f:
             magic = f.read(4)

@@ -92,6 +92,30 @@ def test_wheel_downloaded_with_pip(tmp_path: Path, cache: Path, monkeypatch: pyt
                                 "files/tiny_pkg-1.0/tiny_pkg/.model.gguf.record.json"}
 
 
+def test_a_gguf_source_that_is_a_pipe_is_refused_not_read_for_good(cache: Path, tmp_path: Path) -> None:
+    """`generate --target fifo.gguf` hung for good reading it (the models file was guarded, the source not)."""
+    import threading
+
+    fifo = tmp_path / "model.gguf"
+    os.mkfifo(fifo)
+    errors: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            locate(ModelSpec(str(fifo)))
+        except BaseException as exc:  # noqa: BLE001 - looked at below
+            errors.append(exc)
+
+    reader = threading.Thread(target=run, daemon=True)
+    reader.start()
+    reader.join(10)
+    if reader.is_alive():  # let the stuck open go, so the test process can end
+        os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        pytest.fail("reading the pipe hung")
+    assert len(errors) == 1 and isinstance(errors[0], ModelSourceError)
+    assert "model.gguf is not a regular file (a pipe or a device): give the path of a .gguf file" in str(errors[0])
+
+
 def test_locate_wheel_gguf_checks_magic(cache: Path) -> None:
     build_wheel(cache / "wheels", {"tiny_pkg/model.gguf": b"not a gguf"})
     with pytest.raises(ModelSourceError, match="is not a GGUF file"):
