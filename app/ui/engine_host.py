@@ -100,9 +100,9 @@ class EngineHost:
         except Exception as exc:  # never a traceback in the UI
             return Refusal(f"Could not read profiles: {type(exc).__name__}: {exc}", "error")
         given = self._given_profile()
-        if given is not None and self.profiles is not None:
-            # listed in F2 beside the files' own: a --server whose server was down at the start could
-            # not be connected again without quitting (a review's)
+        if given is not None and self.profiles is not None and given.name not in self.profiles.names():
+            # listed in F2 beside the files' own (not over one of the same name): a --server whose
+            # server was down at the start could not be connected again without quitting
             self.profiles = dataclasses.replace(self.profiles, profiles={**self.profiles.profiles, given.name: given})
         notices = getattr(self.profiles, "notices", ())
         return Refusal("\n".join(notices), "warning", "Profiles") if notices else None
@@ -240,7 +240,7 @@ class EngineHost:
                 self.off_by_user = False  # it speculates; the HUD says so
             else:
                 self.speculation_on = backend.info.mode != "plain"
-        if self.profiles is not None and profile.name in self.profiles.names():
+        if self.profiles is not None and profile.name in self.profiles.names() and profile is not self._given:
             remember_profile(profile.name)  # not a --target/--server pair made on the fly
 
     def failed(self, restored: "tuple[ChatBackend, ModelProfile] | None") -> None:

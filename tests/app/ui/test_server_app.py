@@ -204,3 +204,17 @@ async def test_a_server_down_at_the_start_is_connected_again_from_f2() -> None:
             await send(pilot, "Say hi")
             await replied(pilot, app)
             assert app.query_one(AssistantMessage).text == "Hello there!"
+
+
+async def test_a_server_given_on_the_command_line_is_not_remembered_as_the_next_starts_profile() -> None:
+    """Listed in F2 since the command line's profile joined the files' ones, "server" was
+    remembered: the next plain start loaded the default instead of the profile used last."""
+    from app.store.state import last_profile, remember_profile
+
+    remember_profile("lookup")
+    with llama(timings(4, 50.0, draft_n=4, accepted=2), timings(4, 25.0)) as fake:
+        app = server_app(fake.url)
+        async with app.run_test(size=(120, 40)) as pilot:
+            await ready(pilot)
+            assert app.engine.profile is not None and app.engine.profile.name == "server"
+    assert last_profile() == "lookup"
