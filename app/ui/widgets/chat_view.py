@@ -170,13 +170,15 @@ more) a saved reply is laid out with. Beyond it the reply is shown unformatted, 
 chat whose last reply held a table of 3,000 rows froze the app for 41 s at every start, which
 reopens it (800 list items: 6 s)."""
 QUICK_CHARS = 4_000
-"""A reply shorter than this is laid out without counting its blocks."""
+QUICK_LINES = 200
+"""A reply shorter than both is laid out without counting its blocks (200 lines hold at most
+about 800 table cells and rows)."""
 
 
 def too_many_blocks(text: str) -> int | None:
     """How many blocks ``text`` would be laid out with, where that is more than
     :data:`LAID_OUT_BLOCKS` (None: it is laid out)."""
-    if len(text) < QUICK_CHARS:
+    if len(text) < QUICK_CHARS and text.count("\n") < QUICK_LINES:  # a table of "|1|2|" rows is short
         return None
     blocks = sum(token.nesting == 1 for token in MarkdownIt("gfm-like").parse(text))
     return blocks if blocks > LAID_OUT_BLOCKS else None

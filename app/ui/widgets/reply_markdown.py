@@ -12,10 +12,12 @@ has its paragraph beside the bullet, without Textual's ``Vertical`` around it
 (:func:`list_row`): one container fewer per item to arrange at each paint, 29.2
 → 23.4 ms a paint for that 16-item list, 61.3 → 51.5 for 64 items, 23.3 → 20.6
 for the mixed sample (80 characters a paint, medians of three runs, alternating).
-Code blocks are highlighted by their named language only.
+Code blocks are highlighted by their named language only, a streaming one whole every
+few lines (:meth:`ReplyFence.highlight_growing`).
 
-Whatever streaming shows, :meth:`AssistantMessage.finish` renders the whole
-text once more from a fresh parse, so the finished reply is exactly Markdown's.
+Where streaming showed the text otherwise than a fresh parse would (:meth:`ReplyMarkdown.shows`:
+a list made loose later, a table, a link reference), :meth:`AssistantMessage.finish` renders
+the whole text once more from a fresh parse, so the finished reply is exactly Markdown's.
 
 Every text given to a reply is made :func:`~engine.text_safety.inert` first:
 Textual passes a control character in a widget's text through to the terminal,
@@ -23,7 +25,6 @@ so a model's (or a server's, or a saved chat's) escape sequence would be obeyed.
 """
 from __future__ import annotations
 
-import re
 from functools import lru_cache
 from typing import Any
 
@@ -206,9 +207,6 @@ if MarkdownBulletList is not None and MarkdownOrderedList is not None:
     LIST_BLOCKS = {"bullet_list_open": ReplyBulletList, "ordered_list_open": ReplyOrderedList}
 
 
-_TABLE_OR_REFERENCE = re.compile(r"^ {0,3}(\|.*\|\s*$|\[[^\]\n]+\]:)|^ {0,3}\|? *:?-+:? *\|", re.M)
-"""A line that may be a table's (a row between pipes, a delimiter row) or a link reference definition."""
-
 FIRST_BLOCK = "-first"
 """The class of a reply's first block."""
 
@@ -240,13 +238,17 @@ class ReplyMarkdown(Markdown):
         (all of it: the reply's end) shows, so that rendering it again would change nothing. They
         do where they are the same top-level blocks over the same lines, unless the text has a
         table (its streamed cells are other widgets than a fresh parse's) or a link reference
-        definition (it changes the blocks before it). A list that a blank line and then its next
-        item made loose streams in as two: the same lines, other blocks, so not shown."""
+        definition, anywhere (it changes the blocks before it). A list that a blank line and then
+        its next item made loose streams in as two: the same lines, other blocks, so not shown."""
         text = inert(markdown)
-        if self.source != text or _TABLE_OR_REFERENCE.search(text):
+        if self.source != text:
             return False
         parser = MarkdownIt("gfm-like") if self._parser_factory is None else self._parser_factory()
-        fresh = [tuple(t.map) for t in parser.parse(text) if t.level == 0 and t.nesting >= 0 and t.map is not None]
+        env: dict[str, Any] = {}
+        tokens = parser.parse(text, env)
+        if env.get("references") or any(t.type == "table_open" for t in tokens):
+            return False
+        fresh = [tuple(t.map) for t in tokens if t.level == 0 and t.nesting >= 0 and t.map is not None]
         streamed = [tuple(c.source_range) for c in self.children if isinstance(c, MarkdownBlock)]
         return fresh == streamed
 

@@ -293,6 +293,8 @@ async def test_a_saved_reply_of_more_blocks_than_are_laid_out_is_shown_unformatt
 
     assert chat_view.too_many_blocks(table) == 1 + 1 + 1 + 2 + 1 + 600 * 3  # table, thead, tr, th x2, tbody, rows
     assert chat_view.too_many_blocks(short) is None
+    compact = "|a|b|\n|-|-|\n" + "|1|2|\n" * 600  # under 4,000 characters (a review's)
+    assert len(compact) < chat_view.QUICK_CHARS and chat_view.too_many_blocks(compact) == 6 + 600 * 3
     app = Two()
     async with app.run_test(size=(80, 40)) as pilot:
         await pilot.pause()

@@ -165,12 +165,19 @@ async def test_a_reply_is_parsed_again_at_its_end_only_where_its_pieces_showed_i
         assert shape(streamed) == shape(fresh)
 
 
-async def test_a_link_reference_defined_at_the_end_has_the_reply_parsed_again() -> None:
+@pytest.mark.parametrize("text", ["See [the docs][1].\n\n[1]: https://example.com\n",
+                                  "See [the docs][d].\n\n> [d]: https://example.com\n",  # in a quote (a review's)
+                                  "See [the docs][d].\n\n- [d]: https://example.com\n",  # in a list item
+                                  "Rows:\n\n- item\n\n  | a | b |\n  |---|---|\n  | 1 | 2 |\n"])  # a table in a list
+async def test_a_link_reference_or_a_table_anywhere_has_the_reply_parsed_again(text: str) -> None:
     app = Two()
-    text = "See [the docs][1].\n\n[1]: https://example.com\n"
     async with app.run_test(size=(100, 40)) as pilot:
-        streamed = app.query_one("#streamed", ReplyMarkdown)
+        streamed, fresh = app.query_one("#streamed", ReplyMarkdown), app.query_one("#fresh", ReplyMarkdown)
         for start in range(0, len(text), 4):
             await streamed.append(text[start:start + 4])
         await pilot.pause()
         assert not streamed.shows(text)
+        await streamed.update(text)
+        await fresh.update(text)
+        await pilot.pause()
+        assert shape(streamed) == shape(fresh)
