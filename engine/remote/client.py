@@ -164,7 +164,7 @@ class ServerClient:
 
     def get_json(self, path: str, timeout: float | None = None, cancel: threading.Event | None = None) -> Any:
         text, _ = self.get(path, timeout, cancel)
-        return parse_json(text, self.spec.root + path)
+        return parse_json(text, self.spec.root + path, self.spec.hide_secrets)
 
     def post_json(self, path: str, body: dict[str, Any], cancel: threading.Event | None = None) -> Any:
         """``POST path`` without streaming; the parsed JSON answer."""
@@ -200,7 +200,8 @@ class ServerClient:
                 watch.deadline = time.monotonic() + LINE_TIMEOUTS * self.spec.timeout
                 raw = _read_capped(resp, url, self.spec.timeout, cancel, watch)
                 if raw is not None:
-                    yield checked(parse_json(raw.decode("utf-8", "replace"), url), url, self.spec.hide_secrets)
+                    yield checked(parse_json(raw.decode("utf-8", "replace"), url, self.spec.hide_secrets), url,
+                                      self.spec.hide_secrets)
                 return
             finished = False
             try:
@@ -209,7 +210,7 @@ class ServerClient:
                         return
                     if payload.strip() == "[DONE]":
                         return
-                    chunk = checked(parse_json(payload, url), url, self.spec.hide_secrets)
+                    chunk = checked(parse_json(payload, url, self.spec.hide_secrets), url, self.spec.hide_secrets)
                     if not finished and says_finished(chunk):
                         finished = True
                         if watch.sock is not None:  # the response's socket, whoever holds it now

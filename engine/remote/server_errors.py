@@ -91,8 +91,8 @@ def http_error(status: int, url: str, raw: bytes, spec: ServerSpec, retry_after_
     """The error for an HTTP status >= 400, with the server's own message on one line and, where
     the server said how long to wait (``retry_after_s``), when to try again."""
     text = spec.hide_secrets(raw.decode("utf-8", "replace").strip())  # before any cut: no key's head shows
-    try:
-        detail = one_line(error_message(json.loads(text)))
+    try:  # and again once parsed: JSON's escapes ("sk-ab\\/cd", "\\u00e4") hid the secret from the first
+        detail = one_line(spec.hide_secrets(error_message(json.loads(text))))
     except (ValueError, RecursionError):
         detail = one_line(text)
     said = f" (the server says: {detail})" if detail else ""

@@ -153,14 +153,15 @@ def _no_line_ended(url: str, timeout: float) -> ServerError:
                                   "is just slow")
 
 
-def parse_json(text: str, url: str) -> Any:
+def parse_json(text: str, url: str, hide: Callable[[str], str] = str) -> Any:
     """``text`` parsed, with each lone surrogate (JSON's ``\\ud800`` alone: no character, and
-    nothing UTF-8 can write to a terminal or a database) as U+FFFD."""
+    nothing UTF-8 can write to a terminal or a database) as U+FFFD; malformed, an error quoting
+    its start through ``hide`` (:meth:`~engine.config.server.ServerSpec.hide_secrets`)."""
     try:
         value = json.loads(text)
         return _no_lone_surrogates(value) if "\\ud" in text.lower() else value
     except (ValueError, RecursionError):  # RecursionError: nested deeper than the parser goes
-        snippet = text.strip().replace("\n", " ")[:120]
+        snippet = hide(text.strip()).replace("\n", " ")[:120]
         raise ServerError("malformed", f"{url}: the server sent malformed JSON: {snippet!r}") from None
 
 

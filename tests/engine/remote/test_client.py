@@ -76,6 +76,21 @@ def test_a_password_the_server_echoes_is_not_repeated_in_any_form() -> None:
     assert spec.hide_secrets("bob:hunter2pass hunter2pass x") == "*** *** x"
 
 
+def test_a_secret_the_server_writes_with_json_escapes_is_hidden_too(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Hidden in the raw body only, "sk-ab\\/cd+ef==" (PHP's escaped slash) and "p\\u00e4ssw0rd" came back
+    whole once the JSON was read (a review's)."""
+    monkeypatch.setenv("SRV_KEY", "sk-ab/cd+ef==")
+    keyed = ServerSpec("http://h:1", api_key_env="SRV_KEY")
+    raw = b'{"error": {"message": "Incorrect API key provided: Bearer sk-ab\\/cd+ef=="}}'
+    assert "sk-ab" not in str(http_error(401, "u", raw, keyed)) and "Bearer ***" in str(http_error(401, "u", raw, keyed))
+    login = ServerSpec("http://bob:p%C3%A4ssw0rd@h:1")
+    raw = b'{"error": {"message": "bad login bob:p\\u00e4ssw0rd"}}'
+    assert "ssw0rd" not in str(http_error(500, "u", raw, login)) and "bad login ***" in str(http_error(500, "u", raw, login))
+    with pytest.raises(ServerError) as err:  # a malformed answer is quoted, and hidden first
+        parse_json("{not json sk-ab/cd+ef==", "u", keyed.hide_secrets)
+    assert "sk-ab" not in str(err.value) and "{not json ***" in str(err.value)
+
+
 def test_a_key_in_an_error_sent_inside_the_stream_is_hidden(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("SRV_KEY", "sk-SECRETKEY123456")
     raw = 'data: {"error": {"message": "quota of sk-SECRETKEY123456 is spent"}}\n\n'
