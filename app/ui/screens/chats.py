@@ -170,8 +170,9 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
                                     for c, found in chats[:ROWS_SHOWN])
             if len(chats) > ROWS_SHOWN:
                 more = len(chats) - ROWS_SHOWN
-                option_list.add_option(Option(Content.styled(
-                    f"… {more:,} older chat{'s' if more > 1 else ''}: / searches them", "$text-muted"), disabled=True))
+                older = (f"{more:,} older match{'es' if more > 1 else ''}: type more to narrow the search"
+                         if query.strip() else f"{more:,} older chat{'s' if more > 1 else ''}: / searches them")
+                option_list.add_option(Option(Content.styled(f"… {older}", "$text-muted"), disabled=True))
             option_list.highlighted = 0 if highlighted is None else min(highlighted, min(len(chats), ROWS_SHOWN) - 1)
         self._fit_lists()
 
@@ -210,13 +211,20 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
 
     def action_to_list(self) -> None:
         if isinstance(self.focused, Input):
+            self._catch_up()  # Down and Enter at once opened a row of the list before the search
             self.query_one(OptionList).focus()
+
+    def _catch_up(self) -> None:
+        """Show the search typed so far now, where typing has not paused long enough for it."""
+        if self._pause_timer is not None:
+            self._pause_timer.stop()
+        if self._shown != self._query():
+            self._show(self._query(), *self._find(self._query()), first=True)
 
     def entered(self, value: str) -> None:
         """Enter in the search box opens the highlighted match (of this search: typed a moment
         ago, it is found now)."""
-        if self._shown != self._query():
-            self._show(self._query(), *self._find(self._query()), first=True)
+        self._catch_up()
         option = self.query_one(OptionList).highlighted_option
         if option is not None and not option.disabled:
             self.picked(option)

@@ -235,6 +235,10 @@ async def test_many_chats_list_the_newest_and_a_search_runs_once_typing_pauses(
         assert shown[-1] == "… 50 older chats: / searches them"
         await pilot.press("slash", *"keeper")
         await wait_for(pilot, lambda: searches == ["keeper"])  # once, as typing paused: not at each key
+        await wait_for(pilot, lambda: rows(screen)[-1] == "… 50 older matches: type more to narrow the search")  # type: ignore[arg-type]
         await pilot.press(*["backspace"] * 6, *"chat 3 k")
         await wait_for(pilot, lambda: rows(screen) == ["chat 3 keeper"])  # type: ignore[arg-type]
         assert searches == ["keeper", "chat 3 k"]
+        await pilot.press(*["backspace"] * 8, *"chat 1 k", "down", "enter")  # at once: no pause for the search
+        await wait_for(pilot, lambda: app.screen is not screen)
+        assert app.conversation.title == "chat 1 keeper"  # the match, not a row of the list before it
