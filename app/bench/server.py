@@ -149,8 +149,8 @@ def run_server_bench(sides: Sides, specs: Sequence["PromptSpec"], params: Genera
                 backend = sides.spec if side == "spec" else sides.plain
                 assert backend is not None
                 run = _measure_again(sides, backend, spec, params, side, repeat)
-                if run is None:  # a failure retries did not clear: what was measured is reported
-                    return [r for r in runs if r.repeat >= 0]
+                if run is None:  # a failure retries did not clear: the repeats measured whole are reported
+                    return [r for r in runs if 0 <= r.repeat < repeat]  # a half repeat compares unlike sets
                 if side == "plain" and run.proposed > 0:
                     sides.notes.append(f"the plain side drafted {run.proposed} tokens ({sides.description}): the "
                                        "server ignores speculative.n_max = 0; no plain side. Pass --plain-server URL")
@@ -239,14 +239,15 @@ def cmd_bench_server(args: argparse.Namespace, profile: "ModelProfile") -> int:
     if ignored:
         sides.notes.append(f"ignored with a server: --{', --'.join(o.replace('_', '-') for o in ignored)}")
     runs = run_server_bench(sides, specs, params, args.repeats, ProgressBar())
-    results = summarise(runs, args.repeats)
+    measured = len({r.repeat for r in runs}) if sides.stopped is not None else args.repeats
+    results = summarise(runs, measured)
     rate_sources = sorted({r.rate_source for r in runs})
     report = {
         "server": {"url": sides.spec.spec.root, "kind": sides.spec.kind, "build": sides.spec.build,
                    "model": sides.spec.model},
         "plain_side": sides.description if sides.plain is not None else "none",
         "rates_from": rate_sources,
-        "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "greedy": True,
+        "max_new_tokens": args.max_new_tokens, "repeats": args.repeats, "repeats_measured": measured, "greedy": True,
         "results": results, "notes": sides.notes,
         "runs": [r.__dict__ for r in runs],
         "definitions": {
@@ -263,8 +264,8 @@ def cmd_bench_server(args: argparse.Namespace, profile: "ModelProfile") -> int:
     for note in sides.notes:
         print(inert(f"specchat bench: {note}"), file=sys.stderr)
     if sides.stopped is not None:
-        print(inert(f"specchat bench: error: stopped early, the figures below are from the replies before: "
-                    f"{sides.stopped}"), file=sys.stderr)
+        print(inert(f"specchat bench: error: stopped early, the figures below are from the {measured} whole "
+                    f"repeat(s) before: {sides.stopped}"), file=sys.stderr)
     from engine.remote.reply_run import shown_model
 
     print(inert(f"{sides.spec.kind} server at {sides.spec.spec.root} ({shown_model(sides.spec.model)}); plain side: "

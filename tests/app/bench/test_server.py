@@ -89,10 +89,12 @@ def test_a_busy_server_is_asked_again_and_the_run_completes(tmp_path: Path, caps
 
 def test_a_server_that_stays_busy_leaves_the_replies_measured_before_it(tmp_path: Path,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:
-    with FakeServer(llama_routes(every_nth_post_refused(1000, 503, always_after=20))) as fake:
+    with FakeServer(llama_routes(every_nth_post_refused(1000, 503, always_after=25))) as fake:
         code, report = bench(fake.url, tmp_path)
     assert code == 1 and "HTTP 503" in report["stopped"]
-    assert len(report["runs"]) == 20 - 10  # the 10 warm-up replies are not reported
+    # 5 prompts x 2 sides a repeat: the warm-up's 10, repeat 0's 10, then repeat 1 stops after 5 (left out)
+    assert len(report["runs"]) == 10 and {r["repeat"] for r in report["runs"]} == {0}
+    assert report["repeats_measured"] == 1 and report["results"][-1]["speedup"] == pytest.approx(2.0)
     assert "stopped early" in capsys.readouterr().err
 
 
