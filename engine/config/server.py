@@ -157,7 +157,7 @@ class ServerSpec:
         key = os.environ.get(self.api_key_env)
         if not key and shown_env_name(self.api_key_env) != self.api_key_env:
             raise EngineError(
-                "the API key's variable named by api_key_env (--api-key-env) is not set; its name is not repeated "
+                "the API key's variable named by api_key_env (--api-key-env) is not set or empty; its name is not repeated "
                 "here, as a long name in lower or mixed case may be the key itself: put the key in a variable "
                 "such as OPENAI_API_KEY and give that name"
             )

@@ -175,7 +175,8 @@ def _load(name: str) -> ctypes.CDLL:
     """Variant ``name``'s library, built first where the cache lacks it (or holds one that is not
     what its build wrote); OSError when it cannot be had."""
     path = _library_path(name)
-    if path.exists() and not _intact(path):
+    if path.exists() and not _intact(path) and (_stamp_path(path).exists() or _compiler() is not None):
+        # one built before the stamps is kept where nothing could build it again (a review's)
         log.info("specchat's %s kernel in the cache is damaged or unchecked: building it again", name)
         path.unlink(missing_ok=True)
     if not path.exists():

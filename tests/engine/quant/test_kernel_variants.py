@@ -207,3 +207,16 @@ def test_a_library_cut_short_in_the_cache_is_built_again_not_loaded(tmp_path) ->
     done = subprocess.run(load, env=env, capture_output=True, text=True, timeout=300)
     assert (done.returncode, done.stdout.strip()) == (0, "loaded"), done.stderr[-500:]
     assert built.stat().st_size == len(whole)  # built again, whole
+
+
+def test_a_library_built_before_the_stamps_is_kept_where_no_compiler_could_build_it_again(
+        tmp_path, monkeypatch: pytest.MonkeyPatch) -> None:  # type: ignore[no-untyped-def]
+    if cpu_kernel._compiler() is None:
+        pytest.skip("no C compiler here to build the library first")
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(tmp_path))
+    cpu_kernel._load("avx2")
+    (built,) = (tmp_path / "kernels").glob("specchat_avx2-*.so")
+    cpu_kernel._stamp_path(built).unlink()  # as a cache from before the stamps holds it
+    monkeypatch.setattr(cpu_kernel, "_compiler", lambda: None)
+    assert cpu_kernel._load("avx2") is not None and built.exists()  # loaded as before, not deleted
+    assert not cpu_kernel._stamp_path(built).exists()
