@@ -1,6 +1,8 @@
 """Pilot helpers shared by the app tests."""
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
@@ -11,6 +13,9 @@ from textual.pilot import Pilot
 from app.ui.app import SpecChatApp
 from app.ui.widgets.prompt import PromptArea
 from tests.app.fakes import FakeBackend, FakeLoader
+
+if TYPE_CHECKING:
+    import pytest
 
 
 async def wait_for(pilot: Pilot, predicate: Callable[[], object], timeout: float = 5.0) -> None:
@@ -58,3 +63,26 @@ async def first_load_held(make_app: Callable[..., SpecChatApp], loader: FakeLoad
     async with app.run_test(size=size) as pilot:
         await wait_for(pilot, lambda: app.engine.loading)
         yield app, pilot
+
+
+def interrupt_generate_after(monkeypatch: "pytest.MonkeyPatch", events: int) -> None:
+    """``specchat generate``'s engine raises KeyboardInterrupt (^C) after its first ``events`` events."""
+    import app.cli as cli
+
+    real_load = cli.load_for
+
+    def interrupted_load(*args: object, **kwargs: object) -> object:
+        engine = real_load(*args, **kwargs)  # type: ignore[arg-type]
+        real_chat = engine.chat
+
+        def chat(*a: object, **k: object):  # type: ignore[no-untyped-def]
+            replies = real_chat(*a, **k)
+            for _ in range(events):
+                yield next(replies)
+            replies.close()
+            raise KeyboardInterrupt
+
+        engine.chat = chat  # type: ignore[method-assign]
+        return engine
+
+    monkeypatch.setattr(cli, "load_for", interrupted_load)

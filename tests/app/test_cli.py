@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main, timing_line
+from tests.app.helpers import interrupt_generate_after
 from tests.conftest import REPO
 from tests.tiny import save_tiny
 
@@ -54,24 +55,7 @@ def test_generate_json_shape_and_modes(pair, capsys) -> None:
 
 def test_ctrl_c_mid_reply_keeps_the_json_of_the_reply_so_far(pair, capsys, monkeypatch) -> None:
     """^C printed nothing with --json (not even valid JSON) and no word in text mode (a hostile tester's)."""
-    import app.cli as cli
-
-    real_load = cli.load_for
-
-    def interrupted_load(*args: object, **kwargs: object) -> object:
-        engine = real_load(*args, **kwargs)  # type: ignore[arg-type]
-        real_chat = engine.chat
-
-        def chat(*a: object, **k: object):  # type: ignore[no-untyped-def]
-            events = real_chat(*a, **k)
-            yield next(events)
-            events.close()
-            raise KeyboardInterrupt
-
-        engine.chat = chat  # type: ignore[method-assign]
-        return engine
-
-    monkeypatch.setattr(cli, "load_for", interrupted_load)
+    interrupt_generate_after(monkeypatch, 1)
     target, _ = pair
     argv = ["generate", "w1 w2 w3", "--target", str(target), "--max-new-tokens", "12"]
     assert main([*argv, "--json"]) == 130

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from app.cli import main
+from tests.app.helpers import interrupt_generate_after
 from tests.fake_server import (
     FakeServer, llama_routes, models_route, reply_stream, start_sse, timings, write_events,
 )
@@ -133,25 +134,7 @@ def test_the_bench_header_shows_a_long_or_multi_line_model_name_on_one_cut_line(
 def test_generate_interrupted_counts_a_servers_tokens(capsys: pytest.CaptureFixture[str],
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """^C after two of a server's pieces said "interrupted after 0 tokens": a server sends no token ids."""
-    from app import cli
-
-    real_load = cli.load_for
-
-    def interrupted_load(*args: object, **kwargs: object) -> object:
-        engine = real_load(*args, **kwargs)  # type: ignore[arg-type]
-        real_chat = engine.chat
-
-        def chat(*a: object, **k: object):  # type: ignore[no-untyped-def]
-            events = real_chat(*a, **k)
-            yield next(events)
-            yield next(events)
-            events.close()
-            raise KeyboardInterrupt
-
-        engine.chat = chat  # type: ignore[method-assign]
-        return engine
-
-    monkeypatch.setattr(cli, "load_for", interrupted_load)
+    interrupt_generate_after(monkeypatch, 2)
     with FakeServer(llama_routes(llama_chat(True))) as fake:
         assert main(["generate", "--server", fake.url, "Say something"]) == 130
     captured = capsys.readouterr()

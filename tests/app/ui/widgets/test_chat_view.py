@@ -17,6 +17,15 @@ from tests.app.ui.widgets.test_reply_markdown import LISTS
 pytestmark = pytest.mark.anyio
 
 
+class OneReply(App[None]):
+    """The app's stylesheet and one reply, empty."""
+
+    CSS_PATH = str(Path(app_module.__file__).with_name(SpecChatApp.CSS_PATH))
+
+    def compose(self) -> ComposeResult:
+        yield AssistantMessage("fast")
+
+
 def test_colour_view_reads_markdown_and_keeps_each_tokens_colour() -> None:
     from app.ui.widgets.chat_view import SOURCE_STYLES, pieces_content
 
@@ -59,16 +68,10 @@ async def test_a_finished_reply_is_styled_as_a_full_restyle_would_style_it(finis
     """The end of a reply (and F4) restyles the box and its children only, not every block
     of the reply (app.ui.widgets.chat_view): nothing deeper may depend on those classes."""
 
-    class One(App[None]):
-        CSS_PATH = str(Path(app_module.__file__).with_name(SpecChatApp.CSS_PATH))
-
-        def compose(self) -> ComposeResult:
-            yield AssistantMessage("fast")
-
     def look(message: AssistantMessage) -> list[tuple[str, str]]:
         return [(repr(node), str(node.styles.base.css_lines)) for node in message.walk_children(with_self=True)]
 
-    app = One()
+    app = OneReply()
     async with app.run_test(size=(100, 60)) as pilot:
         message = app.query_one(AssistantMessage)
         await message.append(LISTS, [])
@@ -189,13 +192,7 @@ async def test_a_reply_starts_on_its_boxs_first_row_whatever_block_opens_it(open
 async def test_a_reply_starts_on_its_boxs_first_row_streamed_or_rendered_whole(text: str) -> None:
     """A reply that opens with a heading or a code block has no blank rows above it; the blocks
     after the first keep their margins (a heading later in the reply has its row above)."""
-    class One(App[None]):
-        CSS_PATH = str(Path(app_module.__file__).with_name(SpecChatApp.CSS_PATH))
-
-        def compose(self) -> ComposeResult:
-            yield AssistantMessage("fast")
-
-    app = One()
+    app = OneReply()
     async with app.run_test(size=(60, 30)) as pilot:
         message = app.query_one(AssistantMessage)
         for line in text.splitlines(keepends=True):  # streamed, then rendered whole at the end
@@ -220,13 +217,7 @@ async def test_a_block_added_to_a_reply_leaves_the_blocks_before_it_unstyled_aga
     already shown."""
     from textual.widgets._markdown import MarkdownBlock
 
-    class One(App[None]):
-        CSS_PATH = str(Path(app_module.__file__).with_name(SpecChatApp.CSS_PATH))
-
-        def compose(self) -> ComposeResult:
-            yield AssistantMessage("fast")
-
-    app = One()
+    app = OneReply()
     async with app.run_test(size=(60, 30)) as pilot:
         message = app.query_one(AssistantMessage)
         for i in range(5):
@@ -253,17 +244,11 @@ async def test_a_finished_reply_is_mounted_again_only_where_a_fresh_parse_differ
     of prose, and after Esc on a long reply "■ stopped" then waited seconds (a hostile test's)."""
     from app.ui.widgets.reply_markdown import ReplyMarkdown
 
-    class One(App[None]):
-        CSS_PATH = str(Path(app_module.__file__).with_name(SpecChatApp.CSS_PATH))
-
-        def compose(self) -> ComposeResult:
-            yield AssistantMessage("fast")
-
     updates: list[str] = []
     real = ReplyMarkdown.update
     monkeypatch.setattr(ReplyMarkdown, "update",  # (the empty update is the widget's own, as it mounts)
                         lambda self, markdown: (markdown and updates.append(markdown)) or real(self, markdown))
-    app = One()
+    app = OneReply()
     async with app.run_test(size=(60, 40)) as pilot:
         message = app.query_one(AssistantMessage)
         for char in text:  # the "2" of the second item alone first: a paragraph, then a list of its own
@@ -315,19 +300,13 @@ async def test_a_streaming_code_block_is_highlighted_whole_every_few_lines_and_a
     from app.ui.widgets import reply_markdown
     from app.ui.widgets.reply_markdown import ReplyFence
 
-    class One(App[None]):
-        CSS_PATH = str(Path(app_module.__file__).with_name(SpecChatApp.CSS_PATH))
-
-        def compose(self) -> ComposeResult:
-            yield AssistantMessage("fast")
-
     code = "".join(f"value_{i} = table.get('key{i}') + compute({i})\n" for i in range(60))
     text = f"```python\n{code}```\n\nDone.\n"
     whole: list[str] = []
     real = ReplyFence.highlight.__func__  # type: ignore[attr-defined]
     monkeypatch.setattr(ReplyFence, "highlight", classmethod(lambda cls, c, *a, **k: whole.append(c) or real(cls, c, *a, **k)))
     ReplyFence._last.clear()
-    app = One()
+    app = OneReply()
     async with app.run_test(size=(100, 90)) as pilot:
         message = app.query_one(AssistantMessage)
         for line in text.splitlines(keepends=True)[:-3]:  # the code, a line a paint, not yet closed
