@@ -184,11 +184,17 @@ def convert_gguf(gguf: Path, dest: Path, progress: ProgressFn = no_progress, ver
 
 def _finish(tmp: Path, dest: Path, gguf: Path, started: float, *, verified: bool, lean: bool,
             source_sha256: str = "") -> None:
-    """Write the marker into the finished copy ``tmp`` and rename it onto ``dest``."""
+    """Write the marker into the finished copy ``tmp`` and rename it onto ``dest``. The marker
+    records every file's sha256 (the config and tokenizer too: a copy whose config.json was
+    damaged read as intact, and its error blamed the GGUF). A ``dest`` without a marker is what
+    an interrupted or damaged copy left (a copy is renamed into place whole, its marker in it):
+    it is removed first, where the rename onto it failed with "Directory not empty"."""
     marker = {"gguf": str(gguf), "gguf_bytes": gguf.stat().st_size, "gguf_sha256": source_sha256,
               "seconds": round(time.perf_counter() - started, 2), "verified": verified, "lean": lean,
-              "sha256": {f.name: sha256_file(f) for f in sorted(tmp.glob("*.safetensors"))}}
+              "sha256": {f.name: sha256_file(f) for f in sorted(tmp.iterdir()) if f.is_file()}}
     (tmp / DONE_MARKER).write_text(json.dumps(marker, indent=2))
+    if dest.is_dir() and not dest.is_symlink() and not (dest / DONE_MARKER).is_file():
+        shutil.rmtree(dest, ignore_errors=True)
     try:
         os.rename(tmp, dest)
     except OSError:
@@ -289,7 +295,8 @@ def is_lean(path: Path) -> bool:
 
 
 def converted_copy_intact(path: Path) -> bool:
-    """True when every safetensors file of a converted copy still has the sha256 its marker recorded."""
+    """True when every file a converted copy's marker recorded still has its sha256 (copies made
+    before the marker named every file: their safetensors files)."""
     try:
         recorded = json.loads((path / DONE_MARKER).read_text()).get("sha256")
     except (OSError, ValueError, AttributeError):

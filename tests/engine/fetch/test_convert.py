@@ -105,3 +105,24 @@ def test_a_real_conversion_reports_its_stages_under_one_name(tmp_path: Path) -> 
     assert [s.split(", ")[1].split(":")[0] for s in steps][0] == "reading the GGUF"
     assert "converting tiny once, checking the copy" in stages
     assert all(s.startswith("converting tiny once") for s in stages)
+
+
+def test_a_finished_copy_records_every_file_and_replaces_one_left_without_a_marker(tmp_path: Path) -> None:
+    """A copy whose config.json was damaged read as intact (only its weights were hashed), and one whose
+    marker was gone could not be converted again: the rename onto it failed, "Directory not empty"."""
+    from engine.fetch.convert import _finish
+
+    gguf = tmp_path / "m.gguf"
+    gguf.write_bytes(b"GGUF")
+    dest = tmp_path / "copy"
+    dest.mkdir()
+    (dest / "config.json").write_text("left by an interrupted copy")
+    tmp = tmp_path / ".copy.tmp"
+    tmp.mkdir()
+    (tmp / "model.safetensors").write_bytes(b"weights")
+    (tmp / "config.json").write_text('{"model_type": "llama"}')
+    _finish(tmp, dest, gguf, time.perf_counter(), verified=True, lean=True)
+    recorded = json.loads((dest / DONE_MARKER).read_text())["sha256"]
+    assert sorted(recorded) == ["config.json", "model.safetensors"] and converted_copy_intact(dest)
+    (dest / "config.json").write_text("{broken")
+    assert not converted_copy_intact(dest)
