@@ -198,7 +198,9 @@ class ChatsScreen(Dialog["ChatsResult | None"]):
         self.run_worker(find, thread=True, group="chat-search", exclusive=True, exit_on_error=False)
 
     def _found(self, query: str, chats: list[tuple[ChatRecord, str | None]], error: str | None) -> None:
-        if self.is_attached and query == self._query():  # else a later search is on its way
+        # else a later search is on its way, or this one was shown already (Down, Enter): the user's
+        # highlight stays where they moved it
+        if self.is_attached and query == self._query() and query != self._shown:
             self._show(query, chats, error, first=True)
 
     def action_search(self) -> None:

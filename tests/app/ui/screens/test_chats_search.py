@@ -242,3 +242,44 @@ async def test_many_chats_list_the_newest_and_a_search_runs_once_typing_pauses(
         await pilot.press(*["backspace"] * 8, *"chat 1 k", "down", "enter")  # at once: no pause for the search
         await wait_for(pilot, lambda: app.screen is not screen)
         assert app.conversation.title == "chat 1 keeper"  # the match, not a row of the list before it
+
+
+async def test_a_search_shown_at_down_keeps_the_highlight_when_its_worker_answers_late(
+        make_app: Callable[..., SpecChatApp], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Down showed the search at once; the worker's answer for the same search then showed it
+    again, its first row highlighted: the row the user had moved to was lost (and Enter opened another)."""
+    import threading
+
+    from app.ui.screens import chats as chats_module
+
+    monkeypatch.setattr(chats_module, "SEARCH_PAUSE_S", 0.05)
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        history = app.archive.history
+        assert history is not None
+        for i in range(3):
+            history.create_chat(f"plan {i}", "fast")
+        await pilot.press("f3")
+        await wait_for(pilot, lambda: isinstance(app.screen, ChatsScreen))
+        screen = app.screen
+        assert isinstance(screen, ChatsScreen)
+        release, asked = threading.Event(), threading.Event()
+        real = screen._find
+
+        def slow(query: str):  # type: ignore[no-untyped-def]
+            if threading.current_thread() is not threading.main_thread():  # the worker's: held back
+                asked.set()
+                release.wait(10)
+            return real(query)
+
+        monkeypatch.setattr(screen, "_find", slow)
+        await pilot.press("slash", *"plan")
+        await wait_for(pilot, asked.is_set)  # the worker is searching
+        await pilot.press("down")  # shown now, by the UI's thread
+        await wait_for(pilot, lambda: rows(screen) == ["plan 2", "plan 1", "plan 0"])
+        await pilot.press("down")
+        assert screen.query_one(OptionList).highlighted == 1
+        release.set()
+        await pilot.pause(0.3)
+        assert screen.query_one(OptionList).highlighted == 1
