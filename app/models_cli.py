@@ -88,7 +88,6 @@ def resolve_profile(args: argparse.Namespace) -> "ModelProfile":
     """The profile named by the model options (``--target`` builds one on the fly)."""
     from engine.config.profiles import profile_from_sources
     from engine.config.models_file import load_profiles
-    from engine.sizes import parse_size
 
     if args.draft and not args.target:
         raise SpecChatError("--draft needs --target (or choose a profile with --profile)")
@@ -105,7 +104,7 @@ def resolve_profile(args: argparse.Namespace) -> "ModelProfile":
                 print(inert(f"specchat: notice: {notice}"), file=sys.stderr)
         profile = profiles.get(args.profile)
     if args.memory_budget:
-        profile = dataclasses.replace(profile, memory_budget=parse_size(args.memory_budget))  # bytes, or a size
+        profile = dataclasses.replace(profile, memory_budget=args.memory_budget)  # bytes (size_option)
     return profile
 
 

@@ -239,7 +239,7 @@ def cmd_bench_server(args: argparse.Namespace, profile: "ModelProfile") -> int:
     if ignored:
         sides.notes.append(f"ignored with a server: --{', --'.join(o.replace('_', '-') for o in ignored)}")
     runs = run_server_bench(sides, specs, params, args.repeats, ProgressBar())
-    measured = len({r.repeat for r in runs}) if sides.stopped is not None else args.repeats
+    measured = len({r.repeat for r in runs})  # all of them unless a server error stopped the run
     results = summarise(runs, measured)
     rate_sources = sorted({r.rate_source for r in runs})
     report = {

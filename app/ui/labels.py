@@ -54,13 +54,19 @@ def message_count(n: int) -> str:
 UNTITLED = "(untitled)"
 
 
-def shown_title(title: str, limit: int = TITLE_SHOWN) -> str:
-    """A saved title as shown: one line, at most ``limit`` characters, with … where it was cut.
-    Titles are renamed by hand or come from a history file: one of 100,000 characters wrapped
-    into 1,400 rows of the chats list, re-wrapped at each key typed into its search (minutes).
-    An empty one (a history file edited) reads "(untitled)": the list showed only its badge."""
-    flat = " ".join(title[: limit * 4].split()) or UNTITLED
+def one_line(text: str, limit: int) -> str:
+    """``text`` on one line (its white space run together), at most ``limit`` characters, with …
+    where it was cut."""
+    flat = " ".join(text[: limit * 4].split())
     return flat if len(flat) <= limit else flat[: limit - 1].rstrip() + "…"
+
+
+def shown_title(title: str, limit: int = TITLE_SHOWN) -> str:
+    """A saved title as shown: :func:`one_line`, at most ``limit`` characters. Titles are renamed
+    by hand or come from a history file: one of 100,000 characters wrapped into 1,400 rows of the
+    chats list, re-wrapped at each key typed into its search (minutes). An empty one (a history
+    file edited) reads "(untitled)": the list showed only its badge."""
+    return one_line(title, limit) or UNTITLED
 
 
 def chat_title(prompt: str, limit: int = 48) -> str:

@@ -10,6 +10,7 @@ line names the server by :attr:`ServerSpec.root`, which reads
 from __future__ import annotations
 
 import base64
+import json
 import math
 import os
 import re
@@ -146,8 +147,12 @@ class ServerSpec:
             password = parts.password or ""
             secrets += [basic.removeprefix("Basic "), unquote(password), password,
                         f"{unquote(parts.username)}:{unquote(password)}" if password else ""]
-        for secret in sorted({s for s in secrets if len(s) >= SECRET_MIN_CHARS}, key=len, reverse=True):
-            text = text.replace(secret, "***")
+        forms = set()
+        for secret in (s for s in secrets if len(s) >= SECRET_MIN_CHARS):  # as JSON may write it too: "sk-ab\/cd", "\u00e4"
+            escaped = json.dumps(secret)[1:-1]
+            forms |= {secret, escaped, escaped.replace("/", "\\/"), json.dumps(secret, ensure_ascii=False)[1:-1]}
+        for form in sorted(forms, key=len, reverse=True):
+            text = text.replace(form, "***")
         return text
 
     def api_key(self) -> str | None:

@@ -215,17 +215,17 @@ class ServerBackend:
         figures = reply_figures(run.timings, self._delta(before, run, cancel), run.tokens,
                                 metrics_known=self.metrics_known, server=self.kind)
         notice = None
-        if run.over_budget:
-            notice = (f"the server went on past the {params.max_new_tokens}-token limit it was sent "
-                      "(max_tokens); specchat stopped reading there")
-        if not run.text and not run.reasoning_chars:  # it read as a whole, empty reply: "0 tokens", nothing said
-            notice = (f"the server sent {'no answer' if not run.events else f'{run.events} event(s)'} but no reply "
-                      f"text{f' (finish_reason {str(run.finish)[:40]!r})' if run.finish else ''}: check the server's log and "
-                      "its model")
-        if run.reasoning_chars and not run.text:
+        if not run.text and run.reasoning_chars:
             notice = (f"the server's model spent the reply reasoning ({run.reasoning_chars:,} characters of "
                       "reasoning_content, which specchat does not show) and wrote no answer: raise the token limit "
                       "(max_new_tokens in the profile, or --max-new-tokens)")
+        elif not run.text:  # it read as a whole, empty reply: "0 tokens", nothing said
+            notice = (f"the server sent {'no answer' if not run.events else f'{run.events} event(s)'} but no reply "
+                      f"text{f' (finish_reason {str(run.finish)[:40]!r})' if run.finish else ''}: check the server's log and "
+                      "its model")
+        elif run.over_budget:
+            notice = (f"the server went on past the {params.max_new_tokens}-token limit it was sent "
+                      "(max_tokens); specchat stopped reading there")
         if not spec_on and figures.proposed > 0:
             self.switch_honoured, self.speculation_on = False, True
             notice = ("the server ignored speculative.n_max = 0 and drafted anyway (this llama-server build "
@@ -271,7 +271,7 @@ class ServerBackend:
 
     def _delta(self, before: SpecCounters | None, run: ReplyRun,
                cancel: threading.Event | None = None) -> SpecCounters | None:
-        if before is None or not self.metrics_known:
+        if before is None:  # none where the probe found no counters (_counters_before)
             return None
         after = self._scrape(cancel)
         if after is not None and after.minus(before).draft_tokens <= 0 and run.tokens > 1:

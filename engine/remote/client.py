@@ -173,6 +173,11 @@ class ServerClient:
             raise ServerError("cut", f"{self.spec.root + path}: empty answer")
         return parts[-1]
 
+    def _payload(self, text: str, url: str) -> Any:
+        """One JSON payload of an answer, an error object in it raised, the server's words quoted with
+        their secrets hidden (:meth:`~engine.config.server.ServerSpec.hide_secrets`)."""
+        return checked(parse_json(text, url, self.spec.hide_secrets), url, self.spec.hide_secrets)
+
     def stream(self, path: str, body: dict[str, Any], cancel: threading.Event | None = None) -> Iterator[Any]:
         """``POST path`` and yield each JSON payload of the event stream until ``[DONE]``.
 
@@ -200,8 +205,7 @@ class ServerClient:
                 watch.deadline = time.monotonic() + LINE_TIMEOUTS * self.spec.timeout
                 raw = _read_capped(resp, url, self.spec.timeout, cancel, watch)
                 if raw is not None:
-                    yield checked(parse_json(raw.decode("utf-8", "replace"), url, self.spec.hide_secrets), url,
-                                      self.spec.hide_secrets)
+                    yield self._payload(raw.decode("utf-8", "replace"), url)
                 return
             finished = False
             try:
@@ -210,7 +214,7 @@ class ServerClient:
                         return
                     if payload.strip() == "[DONE]":
                         return
-                    chunk = checked(parse_json(payload, url, self.spec.hide_secrets), url, self.spec.hide_secrets)
+                    chunk = self._payload(payload, url)
                     if not finished and says_finished(chunk):
                         finished = True
                         if watch.sock is not None:  # the response's socket, whoever holds it now

@@ -41,7 +41,7 @@ def test_a_profile_by_name_from_the_models_files() -> None:
 
 
 def test_target_and_draft_make_a_profile_on_the_fly_with_a_budget() -> None:
-    profile = resolve_profile(options(target="org/t", draft="org/d", memory_budget="2GiB"))
+    profile = resolve_profile(options(target="org/t", draft="org/d", memory_budget=2 * 2**30))  # as the option reads it
     assert profile.name == "cli" and profile.draft == ModelSpec("org/d") and profile.memory_budget == 2 * 2**30
     with pytest.raises(SpecChatError, match="--draft needs --target"):
         resolve_profile(options(draft="org/d"))

@@ -56,3 +56,11 @@ def test_every_command_refuses_a_bad_value_before_it_starts(monkeypatch: pytest.
     monkeypatch.setenv("SPECCHAT_UI_NICE", "abc")  # it ended the app with a traceback once its model was ready
     assert main(["profiles"]) == 2
     assert "specchat: error: SPECCHAT_UI_NICE='abc'" in capsys.readouterr().err
+
+
+def test_the_kernel_variants_named_here_are_the_ones_the_kernel_builds() -> None:
+    """engine.environment keeps its own copy of the names (importing engine.quant would import torch
+    at every command's start): it must stay the kernel's, in its order."""
+    from engine.quant.cpu_isa import VARIANTS
+
+    assert environment.KERNEL_VARIANTS == tuple(VARIANTS)

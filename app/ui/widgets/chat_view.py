@@ -20,6 +20,7 @@ from textual.widgets import Markdown, Static
 from markdown_it import MarkdownIt
 
 from app.ui.formatting import FAILURE_CHARS, reply_summary, split_failure
+from app.ui.labels import one_line
 from app.ui.widgets.reply_markdown import ReplyMarkdown
 from app.store.pieces import Pieces, extend_pieces, merge_pieces
 from engine.text_safety import inert
@@ -248,8 +249,7 @@ class AssistantMessage(Vertical):
         elif self.finish_reason == UNFINISHED:
             parts.append("■ unfinished: its end was never saved")
         elif self.finish_reason == "error":
-            reason = " ".join((failure or "").split())
-            reason = reason if len(reason) <= FAILURE_CHARS else reason[:FAILURE_CHARS - 1] + "…"
+            reason = one_line(failure or "", FAILURE_CHARS)
             parts.append(f"✗ failed: {reason}" if reason else "✗ failed")
         elif self.finish_reason == "length":
             parts.append("… length limit")

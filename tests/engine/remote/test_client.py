@@ -86,9 +86,10 @@ def test_a_secret_the_server_writes_with_json_escapes_is_hidden_too(monkeypatch:
     login = ServerSpec("http://bob:p%C3%A4ssw0rd@h:1")
     raw = b'{"error": {"message": "bad login bob:p\\u00e4ssw0rd"}}'
     assert "ssw0rd" not in str(http_error(500, "u", raw, login)) and "bad login ***" in str(http_error(500, "u", raw, login))
-    with pytest.raises(ServerError) as err:  # a malformed answer is quoted, and hidden first
-        parse_json("{not json sk-ab/cd+ef==", "u", keyed.hide_secrets)
-    assert "sk-ab" not in str(err.value) and "{not json ***" in str(err.value)
+    for malformed in ("{not json sk-ab/cd+ef==", '{not json "sk-ab\\/cd+ef=="'):  # a malformed answer is quoted,
+        with pytest.raises(ServerError) as err:  # its secret hidden, escaped or not (a review's)
+            parse_json(malformed, "u", keyed.hide_secrets)
+        assert "sk-ab" not in str(err.value) and "{not json " in str(err.value) and "***" in str(err.value)
 
 
 def test_a_key_in_an_error_sent_inside_the_stream_is_hidden(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -168,7 +168,7 @@ async def test_a_reply_is_parsed_again_at_its_end_only_where_its_pieces_showed_i
 @pytest.mark.parametrize("text", ["See [the docs][1].\n\n[1]: https://example.com\n",
                                   "See [the docs][d].\n\n> [d]: https://example.com\n",  # in a quote (a review's)
                                   "See [the docs][d].\n\n- [d]: https://example.com\n",  # in a list item
-                                  "Rows:\n\n- item\n\n  | a | b |\n  |---|---|\n  | 1 | 2 |\n"])  # a table in a list
+                                  "Rows:\n\n> | a | b |\n> |---|---|\n> | 1 | 2 |\n"])  # a table in a quote
 async def test_a_link_reference_or_a_table_anywhere_has_the_reply_parsed_again(text: str) -> None:
     app = Two()
     async with app.run_test(size=(100, 40)) as pilot:
