@@ -51,7 +51,7 @@ def cmd_models(args: argparse.Namespace, ask: Callable[[str], str] | None = None
     """List the cache's models, or remove one (``ask`` asks for the confirmation; default: input)."""
     from engine.config.models_file import MODELS_ENV, load_profiles
     from engine.fetch.inventory import inventory
-    from engine.paths import cache_dir
+    from engine.paths import cache_dir, make_dir
 
     try:
         profiles = load_profiles(getattr(args, "models", None))
@@ -61,6 +61,8 @@ def cmd_models(args: argparse.Namespace, ask: Callable[[str], str] | None = None
         print(inert(f"specchat models: {exc}; its profiles are not counted as users"), file=sys.stderr)
         profiles = load_profiles(from_env=False)
     root = cache_dir()
+    if root.exists() and not root.is_dir():  # read as an empty cache: "No models downloaded yet"
+        make_dir(root, "SPECCHAT_CACHE_DIR")  # says what is in the way, and the variable that moves it
     models = inventory([profiles.get(name) for name in profiles.names()], root)
     if args.models_command == "remove":
         return _remove(args, models, root, ask or input, profiles.names())

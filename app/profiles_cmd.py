@@ -104,7 +104,10 @@ def cmd_profiles(args: argparse.Namespace) -> int:
         print(f"\nint4 on the CPU: specchat's {kernel['variant']} kernel (CPU flags: {features})")
     else:
         print(f"\nint4 on the CPU: torch's kernel ({kernel['unavailable_reason']}; CPU flags: {features})")
-    state = "" if user_file.exists() or user_file.is_symlink() else " (not created yet)"
+    folder = user_file.parent
+    state = ("" if user_file.exists() or user_file.is_symlink() else
+             f" (which cannot be: {folder} is a file, not a folder)" if folder.exists() and not folder.is_dir() else
+             " (not created yet)")
     _show(f"\nYour own profiles go in {user_file}{state}; SPECCHAT_CONFIG_DIR moves it.")
     return 0
 

@@ -252,3 +252,24 @@ def test_a_local_gguf_profiles_converted_copies_are_its_own(cache: Path, tmp_pat
     assert "Deleted 70 kB" in capsys.readouterr().out
     assert gguf.exists()  # the user's own file, outside the cache, is never touched
     assert not any(m["profiles"] == ["loc"] for m in listing(capsys, tmp_path).values())
+
+
+def test_a_cache_folder_that_is_a_file_is_said_not_listed_as_empty(tmp_path: Path, capsys,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPECCHAT_CACHE_DIR naming a file read "No models downloaded yet" (a hostile test's)."""
+    afile = tmp_path / "a-file"
+    afile.write_text("x")
+    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(afile))
+    assert main(["models"]) == 2
+    assert f"{afile} is a file, not a folder; move or delete that file, or set SPECCHAT_CACHE_DIR to another folder" \
+        in capsys.readouterr().err
+
+
+def test_a_config_folder_that_is_a_file_is_said_by_profiles(tmp_path: Path, capsys,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """SPECCHAT_CONFIG_DIR naming a file: profiles said the user's file was "not created yet"."""
+    afile = tmp_path / "a-file"
+    afile.write_text("x")
+    monkeypatch.setenv("SPECCHAT_CONFIG_DIR", str(afile))
+    assert main(["profiles"]) == 0
+    assert f"(which cannot be: {afile} is a file, not a folder)" in capsys.readouterr().out
