@@ -268,7 +268,10 @@ def load_profiles(models_file: Path | str | None = None, *, from_env: bool = Tru
         for name in profiles:
             invalid.pop(name, None)
         for name in bad:
-            merged.pop(name, None)
+            before = merged.pop(name, None)
+            if before is not None and "missing field" in bad[name]:  # "[profiles.pocket] temperature = 0.2"
+                bad[name] += (f"; a profile named like one read before ({name}, from {before.source_file}) replaces it "
+                              "whole, not key by key: give all its keys (copy its table) or another name")
         merged.update(profiles)
         invalid.update(bad)
         if file_default is not None:

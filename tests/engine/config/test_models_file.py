@@ -191,6 +191,16 @@ drafter = "eagle"
         profiles.get("broken")
 
 
+def test_a_user_profile_named_like_a_shipped_one_says_it_replaces_it_whole(tmp_path: Path) -> None:
+    """[profiles.pocket] with one key, meant to change only that, said only "missing field 'target'"."""
+    write(user_file(tmp_path), "[profiles.pocket]\ntemperature = 0.2\n")
+    profiles = load_profiles()
+    said = profiles.invalid["pocket"]
+    assert "missing field 'target'" in said
+    assert (f"a profile named like one read before (pocket, from {shipped_models_file()}) replaces it whole, not key "
+            "by key: give all its keys (copy its table) or another name") in said
+
+
 def test_a_bad_user_profile_fixed_by_a_later_file_is_not_reported(tmp_path: Path) -> None:
     write(user_file(tmp_path), '[profiles.p]\ntarget = "a/b"\ndrafter = "eagle"\n')
     extra = write(tmp_path / "extra.toml", '[profiles.p]\ntarget = "a/b"\ndrafter = "ngram"\n')
