@@ -269,7 +269,7 @@ def load_profiles(models_file: Path | str | None = None, *, from_env: bool = Tru
             invalid.pop(name, None)
         for name in bad:
             before = merged.pop(name, None)
-            if before is not None and "missing field" in bad[name]:  # "[profiles.pocket] temperature = 0.2"
+            if before is not None:  # "[profiles.pocket] temperature = 0.2": meant as one key changed
                 bad[name] += (f"; a profile named like one read before ({name}, from {before.source_file}) replaces it "
                               "whole, not key by key: give all its keys (copy its table) or another name")
         merged.update(profiles)
