@@ -9,7 +9,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
-from engine.environment import CPU_KERNEL as ENV, KERNEL_VARIANTS, cpu_kernel
+from engine.environment import CPU_KERNEL as ENV, KERNEL_VARIANTS, cpu_kernel  # noqa: F401 - ENV: cpu_kernel's name for it
 
 if TYPE_CHECKING:
     import torch
