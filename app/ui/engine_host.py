@@ -9,7 +9,6 @@ load replaces it, so a switch closes a backend only once its reply stopped.
 from __future__ import annotations
 
 import dataclasses
-
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -99,7 +98,10 @@ class EngineHost:
             return Refusal(str(exc), "error", "Profiles")
         except Exception as exc:  # never a traceback in the UI
             return Refusal(f"Could not read profiles: {type(exc).__name__}: {exc}", "error")
-        given = self._given_profile()
+        try:
+            given = self._given_profile()
+        except SpecChatError:  # said by initial_profile
+            given = None
         if given is not None and self.profiles is not None and given.name not in self.profiles.names():
             # listed in F2 beside the files' own (not over one of the same name): a --server whose
             # server was down at the start could not be connected again without quitting
@@ -108,17 +110,13 @@ class EngineHost:
         return Refusal("\n".join(notices), "warning", "Profiles") if notices else None
 
     def _given_profile(self) -> "ModelProfile | None":
-        """The profile the command line builds (``--server``, ``--target``/``--draft``), None without one
-        or when it cannot be built (:meth:`initial_profile` says why). One object, so that F2 names it
-        as the loaded one."""
+        """The profile the command line builds (``--server``, ``--target``/``--draft``), None without one;
+        a :class:`SpecChatError` when it cannot be built. One object, so that F2 names it as the loaded one."""
         choice = self.choice
         if self._given is None and (choice.server_profile is not None or choice.target is not None):
             from engine.config.profiles import profile_from_sources
 
-            try:
-                self._given = choice.server_profile or profile_from_sources(choice.target or "", choice.draft)
-            except SpecChatError:
-                return None
+            self._given = choice.server_profile or profile_from_sources(choice.target or "", choice.draft)
         return self._given
 
     def initial_profile(self) -> "ModelProfile | Refusal | None":
@@ -126,10 +124,9 @@ class EngineHost:
         used last (remembered in the user state dir), or the default."""
         choice = self.choice
         try:
-            if choice.server_profile is not None or choice.target is not None:
-                from engine.config.profiles import profile_from_sources
-
-                return self._given_profile() or profile_from_sources(choice.target or "", choice.draft)  # its error
+            given = self._given_profile()
+            if given is not None:
+                return given
             if self.profiles is not None:
                 name = choice.name
                 if name is None and last_profile() in self.profiles.names():

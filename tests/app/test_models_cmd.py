@@ -254,22 +254,19 @@ def test_a_local_gguf_profiles_converted_copies_are_its_own(cache: Path, tmp_pat
     assert not any(m["profiles"] == ["loc"] for m in listing(capsys, tmp_path).values())
 
 
-def test_a_cache_folder_that_is_a_file_is_said_not_listed_as_empty(tmp_path: Path, capsys,
-                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """SPECCHAT_CACHE_DIR naming a file read "No models downloaded yet" (a hostile test's)."""
+@pytest.mark.parametrize("variable, argv, code, said", [
+    # SPECCHAT_CACHE_DIR naming a file read "No models downloaded yet" (a hostile test's)
+    ("SPECCHAT_CACHE_DIR", ["models"], 2, "{afile} is a file, not a folder; move or delete that file, or set "
+                                          "SPECCHAT_CACHE_DIR to another folder"),
+    # SPECCHAT_CONFIG_DIR naming a file: profiles said the user's file was "not created yet"
+    ("SPECCHAT_CONFIG_DIR", ["profiles"], 0, "(which cannot be: {afile} is a file, not a folder)"),
+])
+def test_a_folder_variable_naming_a_file_is_said_not_read_as_empty(
+        variable: str, argv: list[str], code: int, said: str, tmp_path: Path, capsys,
+        monkeypatch: pytest.MonkeyPatch) -> None:
     afile = tmp_path / "a-file"
     afile.write_text("x")
-    monkeypatch.setenv("SPECCHAT_CACHE_DIR", str(afile))
-    assert main(["models"]) == 2
-    assert f"{afile} is a file, not a folder; move or delete that file, or set SPECCHAT_CACHE_DIR to another folder" \
-        in capsys.readouterr().err
-
-
-def test_a_config_folder_that_is_a_file_is_said_by_profiles(tmp_path: Path, capsys,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
-    """SPECCHAT_CONFIG_DIR naming a file: profiles said the user's file was "not created yet"."""
-    afile = tmp_path / "a-file"
-    afile.write_text("x")
-    monkeypatch.setenv("SPECCHAT_CONFIG_DIR", str(afile))
-    assert main(["profiles"]) == 0
-    assert f"(which cannot be: {afile} is a file, not a folder)" in capsys.readouterr().out
+    monkeypatch.setenv(variable, str(afile))
+    assert main(argv) == code
+    out = capsys.readouterr()
+    assert said.format(afile=afile) in out.out + out.err
