@@ -27,13 +27,13 @@ from app.ui.formatting import (
     mode_label,
     modes_label,
     plan_lines,
-    speedup_figure,
     spoken_reason,
 )
 from app.ui.widgets import hud_server
 from app.store.pieces import PIECE_SOURCES, drafted_source
 from app.ui.widgets.chat_view import SOURCE_STYLES, drafted_sources, legend
 from app.ui.widgets.hud_line import status_line
+from app.ui.widgets.hud_rows import SPARK_ROUNDS, lines, plain_text, row, sparkline, speedup_text
 from engine.api import EngineInfo
 from engine.events import OFF_BY_USER, ReplyStats
 from engine.text_safety import inert, is_inert
@@ -41,60 +41,11 @@ from engine.text_safety import inert, is_inert
 if TYPE_CHECKING:
     from engine.config.profiles import ModelProfile
 
-LABEL_WIDTH = 9
-SPARK_ROUNDS = 48
-
-
 OFF_BY_YOU = "switched off by you"
 """The engine's :data:`~engine.events.OFF_BY_USER`, as the HUD says it to the user."""
 ORIGIN_LABELS = {"draft": " model", "chat": " chat", "history": " earlier"}
 """HUD row labels of the drafters (sources of :mod:`app.store.pieces`), indented under τ: each row
 is one drafter's share of the reply, not the chat's."""
-
-
-def row(label: str, value: str | Content, style: str = "") -> Content:
-    """``label   value`` with a muted, fixed-width label."""
-    return Content.assemble((label.ljust(LABEL_WIDTH), "$text-muted"), (value, style) if isinstance(value, str) else value)
-
-
-def lines(*rows: Content) -> Content:
-    """Join rows with newlines."""
-    return Content("\n").join(rows)
-
-
-SPARK_CHARS = "▁▂▃▄▅▆▇█"
-
-
-def sparkline(values: Sequence[float], width: int) -> Content:
-    """The last ``width`` values in [0, 1] as eighth-block columns, on an absolute scale.
-
-    Textual's Sparkline rescales to the data's own min..max, which makes a steady
-    α = 0.9 look like noise; acceptance reads better against the fixed 0..1 range.
-    """
-    if not values:
-        return Content.styled("no rounds yet", "$text-muted")
-    recent = list(values)[-width:]
-    cells = "".join(SPARK_CHARS[min(7, max(0, round(v * 7)))] for v in recent)
-    return Content.styled(cells, "$text-success")
-
-
-def speedup_text(stats: ReplyStats | None, live: bool = True) -> str:
-    """The reply's one speedup with its standard error (:func:`speedup_figure`): "measuring…"
-    while a reply below the evidence floor streams, "too short to measure" after; "—" for a
-    reply that drafted nothing."""
-    return speedup_figure(stats, live=live) or DASH
-
-
-def plain_text(stats: ReplyStats | None) -> str:
-    """The estimated plain speed, and the K = 0 rounds that cross-check it; nothing where the
-    speedup is not shown (below its evidence floor, the estimate is what it is not shown for: a
-    new user read "plain 4.8 est · 89.0 in 1 K=0" beside "too uncertain to measure")."""
-    if stats is None or stats.plain_tokens_per_s is None or stats.speedup is None:
-        return DASH
-    text = f"{fmt_rate(stats.plain_tokens_per_s)} est"
-    if stats.plain_rounds:
-        text += f" · {fmt_rate(stats.plain_measured_tokens_per_s)} in {stats.plain_rounds} K=0"
-    return text
 
 
 class Hud(VerticalScroll):

@@ -11,7 +11,8 @@ from textual.widgets import Static
 from app.ui.app import SpecChatApp
 from app.ui.widgets.chat_view import SOURCE_STYLES, AssistantMessage
 from app.ui.labels import spec_label
-from app.ui.widgets.hud import Hud, plain_text, sparkline, speedup_text
+from app.ui.widgets.hud import Hud
+from app.ui.widgets.hud_rows import plain_text, sparkline, speedup_text
 from engine.events import OriginFigures, ReplyStats
 from tests.app.fakes import FakeBackend, FakeLoader, make_profiles
 from tests.app.helpers import ready, send, wait_for
@@ -34,7 +35,7 @@ def test_speedup_says_measuring_until_the_plain_estimate_is_sound() -> None:
 
 
 def test_hud_says_measuring_until_the_estimate_is_sound_and_shows_its_cross_check() -> None:
-    from app.ui.widgets.hud import plain_text, speedup_text
+    from app.ui.widgets.hud_rows import plain_text, speedup_text
     from engine.events import ReplyStats
 
     assert speedup_text(None) == "—" and speedup_text(ReplyStats()) == "—"  # no tokens yet
