@@ -29,13 +29,12 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
 
 from textual.message import Message
 
 from app.store.history import ChatDeleted, History, HistoryError
 from app.store.pieces import Pieces
+from app.store.pending import RECOVERED, SETTINGS, ChatRef, ReplyRecord, Setting, Stats, stats_dict
 
 BACKOFF_S = (0.25, 4.0)
 """First and largest wait between retries of a failed write (doubling in between)."""
@@ -68,69 +67,6 @@ class HistoryRescued(Message):
         self.notice = notice
         self.chat_id = chat_id
         self.title = title
-
-
-RECOVERED = " (recovered)"
-"""Added to a deleted chat's title to name the new chat its unsaved exchanges go to."""
-
-
-@dataclass(eq=False)
-class ChatRef:
-    """A chat that may not be in the database yet (created by the saver's first write)."""
-
-    title: str
-    profile: str | None = None
-    system_prompt: str | None = None
-    sampling: dict[str, Any] | None = None
-    """The chat's own sampling, saved with it when the saver creates it."""
-    id: int | None = None
-    deleted_id: int | None = None
-    """Set while its unsaved exchanges wait to be written to a new chat: the id deleted elsewhere."""
-
-
-Setting = Literal["profile", "system_prompt", "sampling"]
-"""A chat setting the saver writes from its :class:`ChatRef` (a rename, in F3, is written there, once)."""
-SETTINGS: tuple[Setting, ...] = ("profile", "system_prompt", "sampling")
-
-
-class SupportsToDict(Protocol):
-    """Statistics the saver turns into a dict only when it writes them (an engine's frozen
-    ``ReplyStats``): the reply worker hands over every round's, the saver writes about one a second."""
-
-    def to_dict(self) -> dict[str, Any]: ...
-
-
-Stats = dict[str, Any] | SupportsToDict | None
-"""A reply's statistics as handed to :meth:`HistorySaver.update`."""
-
-
-def stats_dict(stats: Stats) -> dict[str, Any] | None:
-    """``stats`` as the history stores them."""
-    return stats if stats is None or isinstance(stats, dict) else stats.to_dict()
-
-
-@dataclass
-class ReplyRecord:
-    """One prompt and its reply as they should be saved; ``version`` counts updates."""
-
-    chat: ChatRef
-    prompt: str
-    profile: str | None
-    text: str = ""
-    pieces: Pieces = field(default_factory=list)
-    stats: Stats = None
-    finish: str | None = None
-    version: int = 0
-    written: int = -1
-    user_id: int | None = None
-    assistant_id: int | None = None
-    supersedes: "ReplyRecord | int | None" = None
-    """The earlier exchange an edited prompt replaces: its prompt's row id, or its record
-    (whose rows are written first: the saver writes in order)."""
-
-    @property
-    def saved(self) -> bool:
-        return self.written == self.version and self.finish is not None
 
 
 class HistorySaver:

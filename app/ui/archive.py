@@ -11,7 +11,8 @@ from typing import TypeVar
 
 from app.store.history import History, HistoryError
 from app.store.open_chats import OpenChats
-from app.store.saver import ChatCreated, ChatRef, HistoryRescued, HistorySaver, Setting
+from app.store.saver import ChatCreated, HistoryRescued, HistorySaver
+from app.store.pending import ChatRef, Setting
 
 T = TypeVar("T")
 

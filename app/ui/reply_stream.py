@@ -18,7 +18,8 @@ from typing import Any
 from textual.message import Message
 
 from app.store.pieces import Pieces, extend_pieces, piece_runs
-from app.store.saver import HistorySaver, ReplyRecord, stats_dict
+from app.store.saver import HistorySaver
+from app.store.pending import ReplyRecord, stats_dict
 from app.ui.formatting import with_failure
 from app.ui.collector import StreamingCollector
 from app.ui.messages import Outbox, ReplyChunk, ReplyFinished

@@ -9,7 +9,8 @@ from pathlib import Path
 import app.store.history as history_module
 import app.store.saver as saver_module
 from app.store.history import History
-from app.store.saver import ChatRef, HistorySaver
+from app.store.saver import HistorySaver
+from app.store.pending import ChatRef
 
 
 def main(path: str, rounds: int, finish: bool) -> None:

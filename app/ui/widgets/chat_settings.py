@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from textual.widget import Widget
 
-from app.store.saver import ChatRef, Setting
+from app.store.pending import ChatRef, Setting
 from app.ui.notices import notice
 from app.ui.sampling import ChatSampling
 

@@ -136,7 +136,7 @@ class UserMessage(Static):
         self.message_id = message_id
         """Its row in the history, when loaded from there."""
         self.record: Any = None
-        """The saver's record (``app.store.saver.ReplyRecord``) when sent in this session."""
+        """The saver's record (``app.store.pending.ReplyRecord``) when sent in this session."""
 
     def saved_id(self) -> int | None:
         """Its row id in the history, if it is saved (yet)."""

@@ -23,7 +23,7 @@ from textual.widget import Widget
 from textual.widgets import Static
 
 from app.store.history import ChatRecord
-from app.store.saver import ChatRef
+from app.store.pending import ChatRef
 from app.ui.archive import Archive
 from app.ui.engine_host import EngineHost
 from app.ui.labels import chat_title, shown_title

@@ -8,7 +8,8 @@ import pytest
 
 import app.store.schema as schema_module
 from app.store.history import History
-from app.store.saver import ChatRef, HistorySaver
+from app.store.saver import HistorySaver
+from app.store.pending import ChatRef
 from app.store.schema import migrate
 
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 
 from app.store.history import History
-from app.store.saver import ChatRef, HistorySaver
+from app.store.saver import HistorySaver
+from app.store.pending import ChatRef
 from engine.events import ReplyStats
 from tests.conftest import REPO
 from tests.app.store.locking import hold_lock

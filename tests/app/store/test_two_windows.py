@@ -8,7 +8,8 @@ import pytest
 
 import app.store.schema as schema_module
 from app.store.history import ChatDeleted, History
-from app.store.saver import ChatRef, HistoryRescued, HistorySaver
+from app.store.saver import HistoryRescued, HistorySaver
+from app.store.pending import ChatRef
 
 
 def _contents(history: History, chat_id: int) -> list[str]:

@@ -230,7 +230,8 @@ def test_a_plain_replys_export_shows_no_drafting_figures() -> None:
 
 def test_a_reply_still_streaming_is_exported_as_being_written_not_as_never_saved(specchat_dirs: Path) -> None:
     """F9 during a reply wrote "unfinished: its end was never saved" (a hostile tester's)."""
-    from app.store.saver import ChatRef, HistorySaver
+    from app.store.saver import HistorySaver
+    from app.store.pending import ChatRef
 
     history = History.open()
     saver = HistorySaver(history)

@@ -5,7 +5,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
-from app.store.saver import ChatRef, ReplyRecord
+from app.store.pending import ChatRef, ReplyRecord
 from app.ui.messages import Outbox, ReplyChunk, ReplyFinished
 from app.ui.reply_stream import ReplyJob, ReplyStream, stream_reply
 from app.ui.widgets.chat_view import AssistantMessage
