@@ -8,7 +8,8 @@ from typing import Any
 
 import pytest
 
-from app.bench.cli import _output, format_class_speedups, format_mismatches, format_table, kernel_line, parse_k_range
+from app.bench.cli import _output, parse_k_range
+from app.bench.tables import format_class_speedups, format_mismatches, format_table, kernel_line
 from app.bench.stats import mismatches, reference_outputs, summarise
 from app.cli import main
 from engine.errors import SpecChatError

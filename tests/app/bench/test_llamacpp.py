@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import app.bench.run as bench
-from app.bench.cli import format_table
+from app.bench.tables import format_table
 from app.bench.llamacpp import llama_servers, plan_llama, run_llama
 from app.bench.methods import Method
 from app.bench.stats import summarise

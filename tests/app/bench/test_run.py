@@ -15,7 +15,8 @@ import pytest
 import torch
 
 import app.bench.run as bench
-from app.bench.cli import load_prompt_set, parse_k_range, select_prompts, write_chart
+from app.bench.cli import load_prompt_set, parse_k_range, select_prompts
+from app.bench.tables import write_chart
 from app.bench.methods import ALL_METHODS, LLAMA_METHODS, Method
 from app.bench.probes import ForwardLog
 from app.bench.stats import alpha_from_tau, first_difference, predicted_speedup, summarise
