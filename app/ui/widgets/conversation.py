@@ -36,9 +36,10 @@ from app.ui.widgets.chat_view import AssistantMessage, UserMessage
 from app.ui.widgets.hud import Hud
 from app.ui.widgets.hud_line import HUD_MIN_WIDTH
 from app.ui.widgets.chat_settings import ChatSettings, OpenEdit
+from app.ui.widgets.last_exchange import LastExchange
 from app.ui.widgets.reply_painting import ReplyPainting
 from app.ui.widgets.prompt import LOADING_PLACEHOLDER, NO_MODEL_PLACEHOLDER, PLACEHOLDER, PromptArea
-from app.ui.widgets.transcript import copyable, last_exchange, messages_of, widgets_for
+from app.ui.widgets.transcript import copyable, messages_of, widgets_for
 from engine.events import ChatMessage
 
 HUD_REFRESH_S = 0.25
@@ -51,7 +52,7 @@ PRIVATE = ("[b]Private chat[/b]: it is not saved to the history, and no later ch
            "It ends with the next new chat or when the app closes.")
 
 
-class Conversation(ChatSettings, ReplyPainting, Horizontal):
+class Conversation(ChatSettings, LastExchange, ReplyPainting, Horizontal):
     """One chat: the transcript and prompt box on the left, the HUD on the right."""
 
     generating: reactive[bool] = reactive(False, bindings=True)
@@ -343,49 +344,6 @@ class Conversation(ChatSettings, ReplyPainting, Horizontal):
     def stop_reply(self) -> None:
         """Ask the engine to stop after the current round (Esc; safe from any thread)."""
         self.stream.stop()
-
-    # -- the last exchange --------------------------------------------------------------
-
-    def last_exchange(self) -> tuple[UserMessage, AssistantMessage | None] | None:
-        """The last prompt on screen and its reply; None (with a notice) while a reply
-        streams or a prompt waits, or when there is no prompt yet."""
-        if self.generating or self.queued:
-            notice(self, "Wait for the reply to finish (or press Esc to stop it).", severity="warning")
-            return None
-        last = last_exchange(self.chat_log.transcript())
-        if last is None:
-            notice(self, "No prompt yet.", severity="warning")
-        return last
-
-    def regenerate(self) -> None:
-        """Answer the last prompt again; the earlier reply stays (dimmed) and in the history."""
-        last = self.last_exchange()
-        if last is None:
-            return
-        if self.host.backend is None:
-            notice(self, "No model is loaded yet.", severity="warning")
-            return
-        user, reply = last
-        if reply is not None:
-            reply.set_superseded()
-        profile = self.host.profile
-        if profile is not None and generation_params(profile, sampling=self.sampling).sampling.greedy \
-                and not self._greedy_said:
-            self._greedy_said = True  # once a session: an ollama user expects another answer from ctrl+r
-            notice(self, "Temperature 0 (greedy) writes the same reply again; F10 sets a temperature for "
-                         "this chat.")
-        self.send_prompt(user.text, shown=reply or user, answers=user)
-
-    def ask_edited(self, user: UserMessage, reply: AssistantMessage | None, text: str) -> None:
-        """Ask ``text`` in place of the prompt ``user``; the earlier exchange stays (dimmed)."""
-        if self.generating or self.host.backend is None:
-            self.prompt.restore(text)
-            notice(self, "The model is busy: your edited prompt is back in the box.", severity="warning")
-            return
-        user.set_superseded()
-        if reply is not None:
-            reply.set_superseded()
-        self.send_prompt(text.strip("\n"), supersedes=user)
 
     # -- the HUD ------------------------------------------------------------------------
 
