@@ -207,24 +207,25 @@ class ServerClient:
                 if raw is not None:
                     yield self._payload(raw.decode("utf-8", "replace"), url)
                 return
-            finished = False
+            finished = threading.Event()
             try:
-                for payload in read_events(resp, url, self.spec.timeout, cancel, watch):
+                for payload in read_events(resp, url, self.spec.timeout, cancel, watch, finished=finished,
+                                           grace_s=FINISHED_GRACE_S):
                     if cancel.is_set():  # the rest of an event cut by Esc is no error
                         return
                     if payload.strip() == "[DONE]":
                         return
                     chunk = self._payload(payload, url)
-                    if not finished and says_finished(chunk):
-                        finished = True
+                    if not finished.is_set() and says_finished(chunk):
+                        finished.set()
                         if watch.sock is not None:  # the response's socket, whoever holds it now
                             watch.sock.settimeout(FINISHED_GRACE_S)
                     yield chunk
             except ServerError as exc:
-                if finished and exc.kind in ("timeout", "cut"):  # silent or closed after the reply's end
+                if finished.is_set() and exc.kind in ("timeout", "cut"):  # silent or closed after the reply's end
                     return
                 raise
-            if not cancel.is_set() and not finished:  # a reply that gave its finish_reason is whole without [DONE]
+            if not cancel.is_set() and not finished.is_set():  # a reply that gave its finish_reason is whole without [DONE]
                 raise ServerError("cut", f"{url}: the server closed the stream before the reply ended "
                                          "(no [DONE]); it may have crashed or been stopped")
         finally:

@@ -82,18 +82,23 @@ def says_finished(payload: dict[str, Any]) -> bool:
 
 
 def read_events(resp: http.client.HTTPResponse, url: str, timeout: float, cancel: threading.Event,
-                watch: Deadline | None = None) -> Iterator[str]:
+                watch: Deadline | None = None, *, finished: threading.Event | None = None,
+                grace_s: float = 0.0) -> Iterator[str]:
     """The ``data`` of each server-sent event (several ``data:`` lines joined by newlines).
     Keep-alive comments alone for ``timeout`` seconds are a timeout, as silence is (they would
     keep the socket's own timeout from ever firing), and so is a line that takes longer than
     twice that to end (``watch`` shuts the socket at its deadline: twice, so that silence is
-    always the socket's own timeout, said as such). An event is at most :data:`MAX_EVENT_BYTES`;
+    always the socket's own timeout, said as such). Once ``finished`` is set (the reply gave its
+    ``finish_reason``), ``grace_s`` takes the place of ``timeout``: comments after the reply's end
+    kept a whole reply waiting out the full timeout. An event is at most :data:`MAX_EVENT_BYTES`;
     returns at once when ``cancel`` is set."""
     data: list[str] = []
     size = 0
     last_data = time.monotonic()
     lines = Lines(resp)
     while not cancel.is_set():
+        if finished is not None and finished.is_set():
+            timeout = min(timeout, grace_s)
         if watch is not None:
             watch.deadline = time.monotonic() + LINE_TIMEOUTS * timeout
         failed: BaseException | None = None

@@ -192,11 +192,12 @@ def test_keep_alive_comments_alone_past_the_timeout_are_a_timeout_error() -> Non
         assert "the server sent only keep-alive comments for 0.3 s (timeout); the reply so far is kept" in str(error)
 
 
-@pytest.mark.parametrize("then", ["hold", "reset"])
+@pytest.mark.parametrize("then", ["hold", "reset", "ping"])
 def test_a_reply_that_gave_its_finish_reason_is_whole_if_the_server_then_holds_or_drops_the_line(
         monkeypatch: pytest.MonkeyPatch, then: str) -> None:
     """Held open after the finishing chunk (no [DONE], no close), the reply failed when the 120 s
-    timeout ran out: "the server sent nothing for 120 s", its text kept but marked failed."""
+    timeout ran out: "the server sent nothing for 120 s", its text kept but marked failed. Held open
+    with keep-alive comments ("ping"), it waited out the whole timeout."""
     import engine.remote.client as client_module
 
     monkeypatch.setattr(client_module, "FINISHED_GRACE_S", 0.2)
@@ -210,6 +211,9 @@ def test_a_reply_that_gave_its_finish_reason_is_whole_if_the_server_then_holds_o
             req.wfile.write(b'data: {"usa')
             req.wfile.flush()
             req.connection.shutdown(socket.SHUT_RDWR)
+        while then == "ping" and not release.is_set():
+            write_events(req, [": ping\n\n"])
+            release.wait(0.02)
         release.wait(30)
 
     with FakeServer({CHAT: holds}) as fake:
