@@ -163,19 +163,27 @@ class EngineControl:
         self.conversation.send_queued()
 
     def _teach_drafter(self) -> None:
-        """A suffix-drafting profile drafts from earlier chats: hand it the history as it is now
-        (read here, where the database lives; tokenized and indexed in a worker)."""
+        """A suffix-drafting profile drafts from earlier chats: hand it the history as it is now,
+        read, tokenized and indexed in a worker (read on the UI's thread, a history another program
+        held locked froze the app for the lock's 5 s at every load). A history that cannot be read
+        teaches it nothing, and says so."""
         history = self.archive.history
-        if self.engine.drafts_from_history and history is not None:
-            texts = self.archive.db(history.drafting_texts, DRAFTING_CHARS) or []
-            self.drafter_chats = self.archive.db(history.chat_ids) or set()
+        if not self.engine.drafts_from_history or history is None:
+            return
 
-            def learn() -> None:
-                failed = self.engine.learn(texts)
-                if failed:
-                    self.call_from_thread(notice, self, failed, severity="warning", title="Suffix drafter")
+        def learn() -> None:
+            try:
+                texts, chats = history.drafting_texts(DRAFTING_CHARS), history.chat_ids()
+            except HistoryError as exc:
+                texts, chats = [], set()
+                self.call_from_thread(notice, self, f"Drafting from nothing: the earlier chats could not be read "
+                                                    f"({exc}).", severity="warning", title="Suffix drafter")
+            self.call_from_thread(setattr, self, "drafter_chats", chats)
+            failed = self.engine.learn(texts)
+            if failed:
+                self.call_from_thread(notice, self, failed, severity="warning", title="Suffix drafter")
 
-            self.run_worker(learn, thread=True, group="learn", exit_on_error=False)
+        self.run_worker(learn, thread=True, group="learn", exit_on_error=False)
 
     def drafter_current(self) -> None:
         """As a prompt goes out: a chat the drafter learned from, deleted in another window since,

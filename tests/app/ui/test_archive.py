@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import sqlite3
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import replace
@@ -9,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from app.store.history import HistoryError
 from app.ui.app import SpecChatApp
 from app.ui.sampling import ChatSampling
 from app.ui.screens.chats import ChatsScreen
@@ -285,6 +287,33 @@ async def test_a_chat_deleted_in_another_window_is_taken_from_the_drafter_before
         await send(pilot, "and now?")
         await wait_for(pilot, lambda: len(backend.learned) == taught + 1)
         assert "a secret of A" not in backend.learned[-1]
+
+
+@pytestmark_async
+async def test_the_suffix_drafter_reads_the_history_off_the_ui_thread_and_says_when_it_cannot(
+    make_app: Callable[..., SpecChatApp], loader: FakeLoader, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Read on the UI's thread, a history another program held locked froze the app for the lock's
+    5 s at every load of a suffix profile."""
+    app = make_app(profiles_loader=with_suffix_profile)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        history = app.archive.history
+        assert history is not None
+        backend = loader.backends[0]
+        await wait_for(pilot, lambda: backend.learned == [[]])
+        readers: list[int] = []
+
+        def locked(limit: int) -> list[str]:
+            readers.append(threading.get_ident())
+            raise HistoryError("the history is locked by another program", locked=True)
+
+        monkeypatch.setattr(history, "drafting_texts", locked)
+        app._teach_drafter()
+        await wait_for(pilot, lambda: len(backend.learned) == 2)
+        assert readers and threading.main_thread().ident not in readers
+        assert backend.learned[1] == []
+        await wait_for(pilot, lambda: any("could not be read" in n.message for n in app._notifications))
 
 
 @pytestmark_async
