@@ -46,6 +46,8 @@ from app.ui.widgets.prompt import PromptArea
 from engine.text_safety import inert
 
 if TYPE_CHECKING:
+    from rich.console import RenderableType
+
     from engine.config.profiles import ModelProfile, Profiles
 
 
@@ -366,6 +368,12 @@ class SpecChatApp(SafeTerminal, EngineControl, App[None]):  # SafeTerminal: titl
     async def action_quit(self) -> None:
         """ctrl+q: quit, unless the chat would be lost (history writes failing): then ask."""
         ask_before_quit(self, self.conversation, self.archive)
+
+    def panic(self, *renderables: RenderableType) -> None:
+        """An unexpected error outside a handler (Textual's input thread's) ends the app with status 1,
+        as one inside a handler does: it exited 0, as if the user had quit."""
+        self._return_code = 1
+        super().panic(*renderables)
 
     def on_unmount(self) -> None:
         self.signals.remove()

@@ -101,7 +101,9 @@ def read_keys(driver: Any, parser: XTermParser) -> None:
     if woken:
         selector.register(driver.exit_event.fileno(), selectors.EVENT_READ)
     idle = WOKEN_WAIT_S if woken else IDLE_WAIT_S
-    decode = getincrementaldecoder("utf-8")().decode
+    # A byte that is not UTF-8 (xterm's 8-bit Alt+letter, a Latin-1 terminal, a binary paste) reads
+    # as U+FFFD: a strict decoder's error ended this thread, and with it the app.
+    decode = getincrementaldecoder("utf-8")(errors="replace").decode
 
     watching = True  # driver.fileno is registered: until its input ends
 
@@ -109,12 +111,13 @@ def read_keys(driver: Any, parser: XTermParser) -> None:
         nonlocal watching
         for key, mask in ready:
             if mask & selectors.EVENT_READ and key.fd == driver.fileno:
-                data = decode(os.read(driver.fileno, 4096), final=final)
-                if not data:  # the input ended (a pipe closed): at its end it reads ready at once, forever
+                raw = os.read(driver.fileno, 4096)
+                if not raw:  # the input ended (a pipe closed): at its end it reads ready at once, forever
                     selector.unregister(driver.fileno)
                     watching = False
                     break
-                for event in parser.feed(data):
+                data = decode(raw, final=final)  # "" while a character's bytes are still arriving
+                for event in parser.feed(data) if data else ():
                     driver.process_message(event)
         for event in parser.tick():
             driver.process_message(event)

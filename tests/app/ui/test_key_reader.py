@@ -137,3 +137,28 @@ def test_an_input_that_ends_leaves_the_loop_waiting_not_spinning() -> None:
             assert not thread.is_alive()
         finally:
             os.close(read_end)
+
+
+def test_bytes_that_are_not_utf8_read_as_a_replacement_and_a_split_character_waits_for_its_rest() -> None:
+    """One 0x9b or 0xf8 byte (xterm's 8-bit Alt+letter, a Latin-1 terminal, a binary paste) ended the
+    input thread with a UnicodeDecodeError, and the app with it (a hostile tester's); the first byte
+    of "é" read alone looked like the input's end."""
+    read_end, write_end = os.pipe()
+    driver = PipeDriver(read_end)
+    thread = threading.Thread(target=read_keys, args=(driver, XTermParser()), daemon=True)
+    thread.start()
+    try:
+        os.write(write_end, b"a\xf8b")
+        os.write(write_end, "é".encode()[:1])
+        time.sleep(0.05)
+        os.write(write_end, "é".encode()[1:] + b"c")
+        deadline = time.monotonic() + 5
+        while len(driver.keys) < 5 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        assert thread.is_alive()
+    finally:
+        driver.exit_event.set()
+        thread.join(5)
+        os.close(write_end)
+        os.close(read_end)
+    assert driver.keys == ["a", "replacement_character", "b", "é", "c"]  # U+FFFD's key name

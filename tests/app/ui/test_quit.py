@@ -305,3 +305,13 @@ async def test_ctrl_q_during_a_switch_stops_the_load_and_closes_both_pairs(make_
         await wait_for(pilot, lambda: app.return_code is not None)
     assert time.monotonic() - t0 < 5
     assert old.closed and len(loader.backends) == 1
+
+
+async def test_a_panic_ends_the_app_with_status_1_not_0(make_app: Callable[..., SpecChatApp]) -> None:
+    """An error in Textual's input thread (a byte that was not UTF-8, before it was read as U+FFFD)
+    ends the app through ``panic``: it exited 0, as if the user had quit."""
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        app.panic("the input thread failed")  # as Textual's input thread does, through call_later
+    assert app.return_code == 1
