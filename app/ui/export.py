@@ -62,9 +62,9 @@ def chat_markdown(history: History, chat_id: int, writing: Collection[int] = ())
         f"- Profile: {chat.profile or '—'}",
         f"- Started: {time.strftime('%Y-%m-%d %H:%M', time.localtime(chat.created))}",
     ]
-    sampling = ChatSampling.from_dict(chat.sampling).label(None)
+    sampling = ChatSampling.from_dict(chat.sampling).own_label()
     if sampling:
-        lines.append(f"- Sampling: {sampling}")
+        lines.append(f"- Sampling: {sampling} (what the chat sets; the rest as its profile sets)")
     if chat.system_prompt:
         lines += ["", "## System prompt (the chat's as it is now)", "", chat.system_prompt]
     records = history.messages(chat_id)

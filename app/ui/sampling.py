@@ -64,13 +64,33 @@ class ChatSampling:
             return "greedy" if self.to_dict() else ""
         top_p = self.top_p if self.top_p is not None else (profile.top_p if profile is not None else 1.0)
         top_k = self.top_k if self.top_k is not None else (profile.top_k if profile is not None else 0)
-        parts = [f"T {temperature:g}"]
+        parts = [f"T {exact(temperature)}"]
         if top_p < 1:
-            parts.append(f"top-p {top_p:g}")
+            parts.append(f"top-p {exact(top_p)}")
         if top_k > 0:
             parts.append(f"top-k {top_k}")
         parts.append(f"seed {self.seed}" if self.seed is not None else "no seed")
         return " · ".join(parts)
+
+    def own_label(self) -> str:
+        """Only the values the chat sets, e.g. ``T 0.7 · seed 5`` (where the profile is not at
+        hand: an export read "greedy" for a chat whose profile samples at 0.7); empty when none is."""
+        parts = [f"{name} {exact(value) if isinstance(value, float) else value}"
+                 for name, value in (("T", self.temperature), ("top-p", self.top_p), ("top-k", self.top_k),
+                                     ("seed", self.seed)) if value is not None]
+        return " · ".join(parts)
+
+
+def exact(value: float) -> str:
+    """``value`` as the shortest text that reads back as the same float (``0.7000001``, ``1``,
+    ``1e+300``): ``:g`` showed 0.9999999 as "top-p 1", and saving the dialog again stored 1."""
+    text = repr(float(value))
+    return text[:-2] if text.endswith(".0") else text
+
+
+QUOTED_CHARS = 40
+"""The most of a wrong value an error quotes: a 5,000-digit paste filled the dialog and pushed its
+fields and buttons off the screen."""
 
 
 @dataclass(frozen=True)
@@ -102,7 +122,8 @@ def parse_sampling(temperature: str = "", top_p: str = "", top_k: str = "",
             continue
         value = read(text)
         if value is None or not valid(value):
-            return BadValue(name, f"{rule}, not “{text}”.")
+            shown = text if len(text) <= QUOTED_CHARS else text[:QUOTED_CHARS] + "…"
+            return BadValue(name, f"{rule}, not “{shown}”.")
         values[name] = value
     return ChatSampling(**values)
 

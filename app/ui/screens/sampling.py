@@ -8,7 +8,7 @@ from textual.containers import Horizontal, Vertical
 from textual.widgets import Button, Input, Label
 
 from app.ui.key_order import OrderedInput
-from app.ui.sampling import ChatSampling, parse_sampling
+from app.ui.sampling import ChatSampling, exact, parse_sampling
 from app.ui.screens.dialog import Dialog
 from engine.text_safety import inert
 
@@ -40,7 +40,7 @@ class SamplingScreen(Dialog["ChatSampling | None"]):
 
     def compose(self) -> ComposeResult:
         profile = self._profile
-        defaults = {"temperature": f"{profile.temperature:g}", "top_p": f"{profile.top_p:g}",
+        defaults = {"temperature": exact(profile.temperature), "top_p": exact(profile.top_p),
                     "top_k": str(profile.top_k)} if profile is not None else {}
         with Vertical(classes="dialog sampling-dialog"):
             yield Label("Sampling for this chat", classes="dialog-title")
@@ -53,7 +53,7 @@ class SamplingScreen(Dialog["ChatSampling | None"]):
                 placeholder = f"profile: {defaults[name]}" if name in defaults else "none"
                 with Horizontal(classes="sampling-row"):
                     yield Label(label, classes="sampling-label")
-                    yield OrderedInput("" if value is None else f"{value:g}" if isinstance(value, float) else str(value),
+                    yield OrderedInput("" if value is None else exact(value) if isinstance(value, float) else str(value),
                                 placeholder=placeholder, id=f"sampling-{name}", compact=True)
                     yield Label(help_text, classes="sampling-help")
             with Horizontal(classes="dialog-buttons"):

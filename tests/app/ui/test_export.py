@@ -122,7 +122,9 @@ def test_export_marks_replies_answered_again_and_names_the_chats_sampling(specch
     history.mark_superseded(chat, first)
     history.add_message(chat, "assistant", "blue", profile="fast", finish_reason="eos")
     text = export_chat(history, chat).read_text()
-    assert "- Sampling: T 0.7 · top-p 0.9 · seed 42" in text
+    assert "- Sampling: T 0.7 · top-p 0.9 · seed 42 (what the chat sets; the rest as its profile sets)" in text
+    other = history.create_chat("Seeded", "warm", sampling={"seed": 5})  # its profile samples at T 0.7
+    assert "- Sampling: seed 5 (what the chat sets" in export_chat(history, other).read_text()  # was "greedy"
     assert "## Assistant (fast) · earlier reply, answered again below\n\nred" in text
     assert "## Assistant (fast)\n\nblue" in text and text.count("earlier reply") == 1
     assert "## System prompt (the chat's as it is now)\n\nBe brief." in text

@@ -49,6 +49,18 @@ def test_the_label_says_what_the_next_reply_uses() -> None:
     assert ChatSampling(1.0, top_k=40).label(fast) == "T 1 · top-k 40 · no seed"
 
 
+def test_values_are_shown_exactly_and_a_long_wrong_one_is_quoted_short() -> None:
+    """``:g`` showed top-p 0.9999999 as "top-p 1" (1 means off) and T 0.7000001 as 0.7, and saving
+    the dialog again stored what it showed; a 5,000-digit seed's error filled the dialog."""
+    fast = make_profiles().get("fast")
+    assert ChatSampling(0.7000001, 0.9999999, None, 5).label(fast) == "T 0.7000001 · top-p 0.9999999 · seed 5"
+    assert ChatSampling(1e300).label(fast) == "T 1e+300 · no seed"
+    assert ChatSampling(0.7000001, seed=5).own_label() == "T 0.7000001 · seed 5"
+    assert ChatSampling(top_k=40).own_label() == "top-k 40" and ChatSampling().own_label() == ""
+    bad = parse_sampling(seed="9" * 5000)
+    assert isinstance(bad, BadValue) and len(bad.message) < 200 and bad.message.endswith("9…”.")
+
+
 def test_saved_values_are_read_back_and_bad_ones_follow_the_profile() -> None:
     sampling = ChatSampling(0.7, 0.9, 5, 42)
     assert ChatSampling.from_dict(sampling.to_dict()) == sampling
@@ -159,15 +171,16 @@ async def test_escape_keeps_the_sampling_and_the_dialog_starts_from_it(make_app:
     app = make_app()
     async with app.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
-        app.conversation.set_sampling(ChatSampling(0.7, seed=42))
+        app.conversation.set_sampling(ChatSampling(0.7000001, 0.9999999, seed=42))
         screen = await set_in_dialog(pilot, app)
         values = {n: screen.query_one(f"#sampling-{n}", Input) for n in ("temperature", "top_p", "top_k", "seed")}
-        assert [v.value for v in values.values()] == ["0.7", "", "", "42"]
+        assert [v.value for v in values.values()] == ["0.7000001", "0.9999999", "", "42"]  # as set, not rounded
+        values["top_p"].value = ""
         assert values["top_p"].placeholder == "profile: 1" and values["seed"].placeholder == "none"
         values["temperature"].value = "2"
         await pilot.press("escape")
         await wait_for(pilot, lambda: not isinstance(app.screen, SamplingScreen))
-        assert app.conversation.sampling == ChatSampling(0.7, seed=42)
+        assert app.conversation.sampling == ChatSampling(0.7000001, 0.9999999, seed=42)
 
 
 async def test_the_palette_and_f1_offer_sampling(make_app: Callable[..., SpecChatApp]) -> None:
