@@ -19,7 +19,7 @@ from app.bench.cli import add_bench_parser, cmd_bench
 from app.models_cmd import add_models_parser, cmd_models
 from app.profiles_cmd import cmd_profiles
 from app.models_cli import (
-    add_model_options, draft_k, generation_params, load_for, positive_int, resolve_profile, stderr_progress,
+    add_model_options, draft_k, generation_params, load_for, positive_int, resolve_profile, seed_value, stderr_progress,
 )
 
 __all__ = ["add_model_options", "generation_params", "load_for", "main", "resolve_profile", "stderr_progress"]
@@ -27,7 +27,7 @@ from app.server_cli import server_profile_from_args
 from engine.environment import check as check_environment
 from engine.errors import SpecChatError
 from engine.text_safety import inert, json_text
-from engine.events import MAX_K
+from engine.events import MAX_K, SEED_LIMIT
 
 if TYPE_CHECKING:
     from engine.api import ChatBackend
@@ -58,7 +58,8 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--top-p", type=float, help="nucleus sampling: keep the smallest set of tokens "
                      "whose probabilities sum to this, 0 < p <= 1 (default: the profile's)")
     gen.add_argument("--top-k", type=int, help="sample among the k most likely tokens, 0 = all (default: the profile's)")
-    gen.add_argument("--seed", type=int, help="random seed for sampling, for repeatable replies (default: none)")
+    gen.add_argument("--seed", type=seed_value, help="random seed for sampling, for repeatable replies, "
+                     f"0 to {SEED_LIMIT - 1} (default: none)")
     gen.add_argument("--k", type=draft_k, help=f"fixed K (tokens drafted per round, 0 to {MAX_K}); default: adaptive")
     gen.add_argument("--threads", type=positive_int, help="torch threads (default: torch's choice, one per core)")
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 from app.server_cli import load_server, server_profile_from_args
 from engine.errors import SpecChatError
-from engine.events import MAX_K
+from engine.events import MAX_K, SEED_LIMIT
 from engine.text_safety import inert
 
 if TYPE_CHECKING:
@@ -81,6 +81,17 @@ def draft_k(text: str) -> int:
     if not 0 <= value <= MAX_K:
         raise argparse.ArgumentTypeError(f"must be from 0 (plain decoding) to {MAX_K} tokens drafted a round, "
                                          f"got {value}")
+    return value
+
+
+def seed_value(text: str) -> int:
+    """An argparse ``type`` for ``--seed``: a whole number from 0 to ``SEED_LIMIT - 1``, as F10 takes."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, got {text!r}") from None
+    if not 0 <= value < SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be from 0 to {SEED_LIMIT - 1}, got {value}")
     return value
 
 

@@ -41,6 +41,11 @@ and a temperature of 1e-300 divided the logits into infinities (every reply fail
 model's float16)."""
 
 
+SEED_LIMIT = 2**63
+"""Seeds are 0 ≤ seed < 2**63, in the app's F10 and on the command line alike (they travel as JSON
+and through the engine's hash; ``generate --seed -1`` ran where F10 refused it)."""
+
+
 @dataclass(frozen=True)
 class SamplingParams:
     """How the next token is chosen.
@@ -67,8 +72,9 @@ class SamplingParams:
             raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
         if self.top_k < 0:
             raise ValueError(f"top_k must be >= 0, got {self.top_k}")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise ValueError(f"seed must be a whole number or None, got {self.seed!r}")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not 0 <= self.seed < SEED_LIMIT):
+            raise ValueError(f"seed must be a whole number from 0 to {SEED_LIMIT - 1} or None, got {self.seed!r}")
 
 
 MAX_K = 32

@@ -13,14 +13,10 @@ from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any
 
-from engine.events import MIN_TEMPERATURE
+from engine.events import MIN_TEMPERATURE, SEED_LIMIT
 
 if TYPE_CHECKING:
     from engine.events import ReplySettings
-
-SEED_LIMIT = 2**63
-"""Seeds are 0 ≤ seed < 2**63 (they travel as JSON and through the engine's hash)."""
-
 
 @dataclass(frozen=True)
 class ChatSampling:

@@ -145,6 +145,7 @@ def test_a_config_with_a_bad_value_is_one_line(tmp_path: Path, capsys) -> None:
     config = json.loads((model / "config.json").read_text())
     config["num_hidden_layers"] = "abc"
     (model / "config.json").write_text(json.dumps(config))
+    capsys.readouterr()  # save_pretrained's progress bar, where no earlier test turned them off
     assert main(["generate", "hi", "--target", str(model)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("specchat: error: cannot read the config of") and "num_hidden_layers" in err
@@ -468,6 +469,15 @@ def test_a_k_out_of_range_is_a_usage_error_before_anything_loads(k: str, capsys)
         main(["generate", "hi", "--k", k])
     assert exited.value.code == 2
     assert "argument --k: must be" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("seed", ["-1", str(2**63), "seven"])
+def test_a_seed_out_of_f10s_range_is_a_usage_error(seed: str, capsys) -> None:
+    """``--seed -1`` and ``--seed 9223372036854775808`` ran, where F10 refuses them (a hostile tester's)."""
+    with pytest.raises(SystemExit) as exited:
+        main(["generate", "hi", "--seed", seed])
+    assert exited.value.code == 2
+    assert "argument --seed: must be" in capsys.readouterr().err
 
 
 def test_generate_with_the_suffix_drafter_drafts_from_the_saved_chats(pair, capsys, monkeypatch) -> None:

@@ -268,10 +268,11 @@ def test_prompt_ids_that_are_no_token_of_the_model_are_refused_by_name(ids: list
         next(decoder.generate(ids, GenerationParams(max_new_tokens=2)))  # type: ignore[arg-type]
 
 
-def test_a_seed_must_be_a_whole_number() -> None:
-    with pytest.raises(ValueError, match="seed must be a whole number or None, got 1.5"):
-        SamplingParams(seed=1.5)  # type: ignore[arg-type]
-    assert SamplingParams(seed=-3).seed == -3
+def test_a_seed_must_be_a_whole_number_in_range() -> None:
+    for bad in (1.5, -3, 2**63):
+        with pytest.raises(ValueError, match=rf"seed must be a whole number from 0 to {2**63 - 1} or None, got {bad}"):
+            SamplingParams(seed=bad)  # type: ignore[arg-type]
+    assert SamplingParams(seed=2**63 - 1).seed == 2**63 - 1
 
 
 def test_a_draft_model_reading_a_prompt_stops_once_the_reply_is_cancelled() -> None:
