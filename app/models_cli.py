@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from app.server_cli import load_server, server_profile_from_args
+from engine.environment import MAX_THREADS
 from engine.errors import SpecChatError
 from engine.events import MAX_K, SEED_LIMIT
 from engine.text_safety import inert
@@ -54,11 +55,6 @@ def given(what: str) -> Callable[[str], str]:
         return text
 
     return nonempty
-
-
-MAX_THREADS = 1024
-"""The most ``--threads`` accepted: torch segfaults given 100,000 (the thread pool is made at
-the first kernel, or at exit) and overflows past a C long; no machine here has this many cores."""
 
 
 def size_option(text: str) -> int:

@@ -21,6 +21,10 @@ OFF = ("0", "false", "off", "no")
 SWITCHES = ("SPECCHAT_STATIC_CACHE", "SPECCHAT_CUDA_GRAPHS", "SPECCHAT_CARD_ATTENTION")
 """Variables that turn a thing on or off (unset: the device's default)."""
 THREADS = "SPECCHAT_THREADS"
+MAX_THREADS = 1024
+"""The most threads ``SPECCHAT_THREADS`` and ``--threads`` take: torch segfaults given 100,000 (the
+thread pool is made at the first kernel, or at exit) and overflows past a C long; no machine here
+has this many cores."""
 UI_NICE = "SPECCHAT_UI_NICE"
 CHAIN = "SPECCHAT_CHAIN"
 DEVICE = "SPECCHAT_DEVICE"
@@ -63,6 +67,13 @@ def whole(name: str, low: int, high: int | None = None) -> int | None:
     return number
 
 
+def threads() -> int | None:
+    """``SPECCHAT_THREADS``: the engine's torch threads, 1 to :data:`MAX_THREADS`; None when unset.
+    Before, 100000 failed the app's load with "can't start new thread" or an engine that died
+    saying nothing."""
+    return whole(THREADS, 1, MAX_THREADS)
+
+
 def device_override() -> str | None:
     """``SPECCHAT_DEVICE`` (``cpu``, ``cuda`` or ``cuda:N``), or None when unset. Whether a card is
     there is for the loader to say (:func:`engine.model.device.choose_device`)."""
@@ -90,7 +101,7 @@ def check() -> None:
     """Read every variable here once, raising the first :class:`SettingError`."""
     for name in SWITCHES:
         switch(name)
-    whole(THREADS, 1)
+    threads()
     whole(UI_NICE, 0, 19)
     whole(CHAIN, 0)
     device_override()

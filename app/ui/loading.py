@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 from app.ui.messages import EngineFailed, EngineReady
 from engine.api import ChatBackend
 from engine.progress import ProgressFn
-from engine.environment import THREADS, UI_NICE as UI_NICE_ENV, whole
+from engine.environment import UI_NICE as UI_NICE_ENV, threads, whole
 from engine.errors import LoadStoppedError, SpecChatError
 
 if TYPE_CHECKING:
@@ -111,7 +111,7 @@ engine from the keyboard's own thread (:meth:`EngineHost.interrupt`)."""
 def engine_threads() -> int | None:
     """Torch threads for the app's engine: ``SPECCHAT_THREADS``, else None (torch's default:
     every core; it ran on every core but one, 0.66x of ``specchat generate`` on 2 cores)."""
-    return whole(THREADS, 1)
+    return threads()
 
 
 def ui_nice() -> int:

@@ -19,8 +19,12 @@ def test_a_switch_reads_on_off_or_unset(monkeypatch: pytest.MonkeyPatch, value: 
 @pytest.mark.parametrize("name, value, words", [
     ("SPECCHAT_STATIC_CACHE", "abc", "SPECCHAT_STATIC_CACHE='abc': use 1 or 0"),
     ("SPECCHAT_CUDA_GRAPHS", "2", "SPECCHAT_CUDA_GRAPHS='2': use 1 or 0"),
-    ("SPECCHAT_THREADS", "abc", "SPECCHAT_THREADS='abc': give a whole number of at least 1"),
+    ("SPECCHAT_THREADS", "abc", "SPECCHAT_THREADS='abc': give a whole number from 1 to 1024"),
     ("SPECCHAT_THREADS", "0", "SPECCHAT_THREADS='0'"),
+    # the app's load failed with "can't start new thread", or its engine died saying nothing
+    ("SPECCHAT_THREADS", "100000", "SPECCHAT_THREADS='100000': give a whole number from 1 to 1024"),
+    ("SPECCHAT_THREADS", "99999999999999999999", "SPECCHAT_THREADS='99999999999999999999': give a whole number "
+                                                 "from 1 to 1024"),
     ("SPECCHAT_UI_NICE", "abc", "SPECCHAT_UI_NICE='abc': give a whole number from 0 to 19"),
     ("SPECCHAT_UI_NICE", "20", "from 0 to 19"),
     ("SPECCHAT_CHAIN", "-1", "SPECCHAT_CHAIN='-1'"),
@@ -40,7 +44,7 @@ def test_good_values_pass(monkeypatch: pytest.MonkeyPatch) -> None:
                         ("SPECCHAT_CPU_KERNEL", "AVX512")]:
         monkeypatch.setenv(name, value)
     environment.check()
-    assert environment.whole("SPECCHAT_THREADS", 1) == 2 and environment.device_override() == "cuda:1"
+    assert environment.threads() == 2 and environment.device_override() == "cuda:1"
     assert environment.cpu_kernel() == "avx512-vnni"
 
 
@@ -56,6 +60,16 @@ def test_every_command_refuses_a_bad_value_before_it_starts(monkeypatch: pytest.
     monkeypatch.setenv("SPECCHAT_UI_NICE", "abc")  # it ended the app with a traceback once its model was ready
     assert main(["profiles"]) == 2
     assert "specchat: error: SPECCHAT_UI_NICE='abc'" in capsys.readouterr().err
+    monkeypatch.delenv("SPECCHAT_UI_NICE")
+    monkeypatch.setenv("SPECCHAT_THREADS", "100000")  # capped as --threads is
+    assert main(["profiles"]) == 2
+    assert "specchat: error: SPECCHAT_THREADS='100000': give a whole number from 1 to 1024" in capsys.readouterr().err
+
+
+def test_the_threads_variable_is_capped_as_the_threads_option_is() -> None:
+    from app.models_cli import MAX_THREADS
+
+    assert MAX_THREADS == environment.MAX_THREADS
 
 
 def test_the_kernel_variants_named_here_are_the_ones_the_kernel_builds() -> None:
