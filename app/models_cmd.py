@@ -107,7 +107,7 @@ def _remove(args: argparse.Namespace, models: "list[CachedModel]", root: Path, a
             "downloads it again.")
     if not args.yes:
         try:
-            answer = ask("Delete? [y/N] ") if not as_json else _ask_on_stderr(ask, "Delete? [y/N] ")
+            answer = _ask(ask, "Delete? [y/N] ", on_stderr=as_json)
         except EOFError:  # no answer (stdin closed): the question's line ends here, not under "Nothing deleted."
             answer = ""
             say("")
@@ -125,9 +125,15 @@ def _remove(args: argparse.Namespace, models: "list[CachedModel]", root: Path, a
     return 0
 
 
-def _ask_on_stderr(ask: Callable[[str], str], question: str) -> str:
-    """``ask`` with its question on stderr, so that stdout stays one JSON object."""
-    if ask is input:
-        print(question, end="", file=sys.stderr, flush=True)
-        return input()
-    return ask(question)
+def _ask(ask: Callable[[str], str], question: str, on_stderr: bool) -> str:
+    """``ask(question)``. With ``input``: the question on stderr when ``on_stderr`` (stdout then
+    holds only the JSON), and a closed stdin (``<&-``) read as the input's end, EOFError: input()
+    raised "RuntimeError: lost sys.stdin", a traceback."""
+    if ask is not input:
+        return ask(question)
+    if not on_stderr and sys.stdin is not None:
+        return input(question)
+    print(question, end="", file=sys.stderr if on_stderr else sys.stdout, flush=True)
+    if sys.stdin is None:
+        raise EOFError
+    return input()

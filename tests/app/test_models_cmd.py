@@ -132,6 +132,21 @@ def test_remove_asks_first_and_no_keeps_everything(cache: Path, tmp_path: Path, 
     assert not any((cache / "int4").iterdir()) and not any((cache / "files").glob("tiny_pkg*"))
 
 
+@pytest.mark.parametrize("as_json", [False, True])
+def test_remove_with_stdin_closed_deletes_nothing_as_at_its_end(as_json: bool, cache: Path, tmp_path: Path, capsys,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """``specchat models remove pocket <&-`` ended in "RuntimeError: input(): lost sys.stdin" (a hostile tester's)."""
+    before = listing(capsys, tmp_path)
+    monkeypatch.setattr("sys.stdin", None)  # what Python makes of a closed descriptor 0
+    argv = ["models", "--models", str(tmp_path / "models.toml"), "remove", "tiny-135m.q4_1"]
+    assert main(argv + ["--json"] * as_json) == 1
+    out, err = capsys.readouterr()
+    assert "Delete? [y/N] \nNothing deleted." in (err if as_json else out) and "Traceback" not in err
+    if as_json:
+        assert json.loads(out) == {"cache_dir": str(cache), "removed": [], "freed_bytes": 0}
+    assert listing(capsys, tmp_path) == before
+
+
 def test_remove_with_json_prints_only_json_on_stdout(cache: Path, tmp_path: Path, capsys,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     models = str(tmp_path / "models.toml")
