@@ -254,7 +254,7 @@ def timing_line(stats: "ReplyStats", finish_reason: str | None = None) -> str:
 def cmd_app(args: argparse.Namespace) -> int:
     from app.ui.app import SpecChatApp
 
-    if not sys.stdin.isatty():
+    if sys.stdin is None or not sys.stdin.isatty():  # None: started with <&-
         raise SpecChatError("the chat reads its keys from a terminal, and stdin is not one: run specchat in a "
                             "terminal, or `specchat generate -` to answer a prompt read from a pipe")
     budget = args.memory_budget  # bytes, read by --memory-budget's type (size_option)

@@ -126,14 +126,17 @@ def test_bad_values_are_refused_before_any_model_loads(argv: list[str], message:
     assert err.startswith("specchat: error: ") and message in err and err.count("\n") == 1
 
 
-def test_the_chat_without_a_terminal_says_so_instead_of_starting(capsys, monkeypatch) -> None:
+@pytest.mark.parametrize("stdin", [io.StringIO(""), None])
+def test_the_chat_without_a_terminal_says_so_instead_of_starting(stdin: io.StringIO | None, capsys,
+                                                                 monkeypatch) -> None:
     """Started from a pipe or a job with no terminal, the app could read no key (its input loop spun a
-    core at the input's end): it refuses in one line, before any app or model is made."""
+    core at the input's end): it refuses in one line, before any app or model is made. With stdin
+    closed (``specchat <&-``, None) it ended in an AttributeError."""
     def no_app(*args: object, **kwargs: object) -> None:
         raise AssertionError("the app was made without a terminal")
 
     monkeypatch.setattr("app.ui.app.SpecChatApp", no_app)
-    monkeypatch.setattr(sys, "stdin", io.StringIO(""))
+    monkeypatch.setattr(sys, "stdin", stdin)
     assert main(["--profile", "pocket"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("specchat: error: ") and "stdin is not one" in err and "generate -" in err
