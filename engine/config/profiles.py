@@ -137,6 +137,9 @@ class ModelProfile:
     backend: Backend = "local"
     server: "ServerSpec | None" = None
     """Where a ``backend = "server"`` profile sends its chats (engine.remote)."""
+    draft_required: bool = False
+    """The draft was named for this run (``--draft``), not by a models.toml: one that cannot be
+    found or read is bad input, an error, where a profile's falls back to the n-gram drafter."""
 
     def __post_init__(self) -> None:
         where = f"profile {self.name!r}" + (f" in {self.source_file}" if self.source_file else "")
@@ -223,7 +226,8 @@ def profile_from_sources(target: str, draft: str | None = None, *, name: str = "
     """A profile for ``--target SRC [--draft SRC]`` without a models.toml entry.
 
     ``draft`` None (or ``"ngram"``) uses the n-gram drafter, ``"suffix"`` the suffix drafter
-    (:mod:`engine.decode.suffix`), ``"none"`` plain decoding.
+    (:mod:`engine.decode.suffix`), ``"none"`` plain decoding; any other is a model that must load
+    (``draft_required``): the user named it, so one not found is an error, not the n-gram drafter.
     """
     if draft is None or draft == "ngram":
         return ModelProfile(name=name, target=ModelSpec(target), drafter="ngram", description="from --target")
@@ -231,5 +235,5 @@ def profile_from_sources(target: str, draft: str | None = None, *, name: str = "
         return ModelProfile(name=name, target=ModelSpec(target), drafter=draft, description="from --target")
     return ModelProfile(
         name=name, target=ModelSpec(target), drafter="model", draft=ModelSpec(draft),
-        description="from --target/--draft",
+        description="from --target/--draft", draft_required=True,
     )

@@ -236,6 +236,8 @@ def _load_local(profile: ModelProfile, memory_budget: int | None, device: Device
         try:
             draft = _locate_side(profile.draft, progress, reuse=target, meter=meter)
         except ModelSourceError as exc:
+            if profile.draft_required:  # asked for by name for this run: bad input, as a missing target is
+                raise ModelSourceError(f"--draft {profile.draft.source}: {exc}") from None
             draft_error = f"the draft {profile.draft.label} is unavailable ({exc})"
     free, _total = device.memory_free_total()
     plan: Plan = plan_memory(

@@ -83,6 +83,35 @@ def test_bad_input_is_one_line_and_exit_2(argv: list[str], message: str, capsys)
     assert "Traceback" not in err
 
 
+@pytest.mark.parametrize("draft", ["missing/model.gguf", "junk.gguf", "missing-dir"])
+def test_a_draft_named_on_the_command_line_that_cannot_be_read_is_bad_input(draft: str, pair, tmp_path: Path,
+                                                                            capsys, monkeypatch) -> None:
+    """``--draft /nonexist.gguf`` said "draft model dropped ... using the n-gram drafter", exit 0, where a
+    missing ``--target`` exits 2 (a hostile tester's): the user asked for that draft by name."""
+    def no_loading(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the target was loaded before the draft was found")
+
+    monkeypatch.setattr("engine.load.loader.load_weights", no_loading)
+    (tmp_path / "junk.gguf").write_bytes(b"not a model")
+    target, _ = pair
+    path = tmp_path / draft
+    assert main(["generate", "hi", "--target", str(target), "--draft", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"specchat: error: --draft {path}: ") and str(path) in err[len(f"specchat: error: --draft {path}: "):]
+    assert err.count("\n") == 1
+
+
+def test_a_models_files_draft_that_is_missing_still_falls_back_to_ngram(pair, tmp_path: Path, capsys) -> None:
+    """A profile's draft is not this run's request: one not found is dropped with a warning naming
+    where it was looked for, as designed (``specchat profiles`` lists it as missing too)."""
+    target, _ = pair
+    gone = tmp_path / "gone" / "draft.gguf"
+    models = tmp_path / "models.toml"
+    models.write_text(f'[profiles.mine]\ntarget = "{target}"\ndrafter = "model"\ndraft = "{gone}"\n')
+    reply = generate(capsys, "w1 w2 w3", "--models", str(models), "--profile", "mine", "--max-new-tokens", "4")
+    assert reply["stats"]["drafter"] == "n-gram lookup" and str(gone) in reply["stats"]["fallback_reason"]
+
+
 @pytest.mark.parametrize("argv, message", [
     (["generate", "hi", "--memory-budget", "lots"], "specchat generate: error: argument --memory-budget: invalid "
                                                     "size 'lots': use bytes or a number with a unit"),

@@ -33,6 +33,7 @@ def test_profile_from_sources() -> None:
     assert ngram.name == "cli" and ngram.drafter == "ngram" and ngram.draft is None
     model = profile_from_sources("org/target", "org/draft", name="adhoc")
     assert model.drafter == "model" and model.draft == ModelSpec("org/draft") and model.name == "adhoc"
+    assert model.draft_required and not ngram.draft_required  # named for this run: it must load
     assert profile_from_sources("org/target", "none").drafter == "none"
 
 

@@ -171,6 +171,13 @@ def test_engine_falls_back_when_the_draft_is_missing(models: dict[str, Path], tm
     assert f"model directory not found: {tmp_path / 'gone'}" in (engine.info.fallback_reason or "")
 
 
+def test_a_draft_named_for_the_run_that_is_missing_is_an_error(models: dict[str, Path], tmp_path: Path) -> None:
+    """``--draft /nonexist`` fell back to the n-gram drafter, exit 0, as a models.toml profile's does."""
+    asked = dataclasses.replace(profile(models["target"], tmp_path / "gone"), draft_required=True)
+    with pytest.raises(ModelSourceError, match=f"^--draft {tmp_path / 'gone'}: model directory not found: "):
+        load_engine(asked, device=CPU)
+
+
 def test_engine_budgets(models: dict[str, Path]) -> None:
     prof = profile(models["target"], models["draft"])
     from transformers import AutoConfig
