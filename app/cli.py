@@ -19,7 +19,8 @@ from app.bench.cli import add_bench_parser, cmd_bench
 from app.models_cmd import add_models_parser, cmd_models
 from app.profiles_cmd import cmd_profiles
 from app.models_cli import (
-    add_model_options, draft_k, generation_params, load_for, positive_int, resolve_profile, seed_value, stderr_progress,
+    add_model_options, draft_k, generation_params, load_for, positive_int, progress_line, resolve_profile, seed_value,
+    stderr_progress,
 )
 
 __all__ = ["add_model_options", "generation_params", "load_for", "main", "resolve_profile", "stderr_progress"]
@@ -163,10 +164,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
         import torch
 
         torch.set_num_threads(args.threads)
-    progress = stderr_progress if sys.stderr.isatty() else None
-    engine = load_for(profile, args.mode, progress)
-    if progress:
-        print("\r\033[K", end="", file=sys.stderr)
+    with progress_line() as progress:
+        engine = load_for(profile, args.mode, progress)
     try:
         if args.mode == "suffix" or (args.mode == "spec" and profile.drafter == "suffix"):
             engine.learn(earlier_chats())  # "lookup in this chat and earlier ones", as the app does

@@ -7,7 +7,8 @@ import argparse
 import dataclasses
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -164,6 +165,20 @@ def generation_params(args: argparse.Namespace, profile: "ModelProfile") -> "Gen
                           top_k=args.top_k, seed=args.seed, k=args.k)
     except ValueError as exc:
         raise SpecChatError(f"{exc} (check the options, or the profile's sampling keys)") from None
+
+
+@contextmanager
+def progress_line() -> Iterator["ProgressFn | None"]:
+    """:func:`stderr_progress` where stderr is a terminal (else None), its line cleared as the block
+    ends, however it ends: a ^C or an error while loading left "... 39 of 211 layers  18%" with
+    the shell's prompt (or the error) after it on the same line."""
+    if not sys.stderr.isatty():
+        yield None
+        return
+    try:
+        yield stderr_progress
+    finally:
+        print("\r\033[K", end="", file=sys.stderr, flush=True)
 
 
 def stderr_progress(stage: str, fraction: float | None) -> None:

@@ -98,7 +98,7 @@ def lookup_tokens(text: str) -> int:
     return value
 
 
-def _load(args: argparse.Namespace, progress: "ProgressFn") -> tuple["ModelProfile", "ChatBackend", list[str]]:
+def _load(args: argparse.Namespace, progress: "ProgressFn | None") -> tuple["ModelProfile", "ChatBackend", list[str]]:
     """The profile and its loaded engine, plus notes about what was not loaded."""
     from app.models_cli import load_for, resolve_profile
 
@@ -200,7 +200,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
     from app.bench.exact import near_tie_judge
     from app.bench.llamacpp import llama_servers, plan_llama, plan_report
     from app.bench.methods import plan_methods
-    from app.models_cli import stderr_progress
+    from app.models_cli import progress_line
     from app.bench.llamacpp_tools import find_llama_cpp
 
     if args.repeats < 1 or args.max_new_tokens < 1:
@@ -213,7 +213,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
     hf_logging.set_verbosity_error()
     if args.llama_cpp:  # a wrong --llama-cpp folder fails before the models load
         find_llama_cpp(args.llama_cpp)
-    profile, engine, notes = _load(args, stderr_progress if sys.stderr.isatty() else None)
+    with progress_line() as progress:
+        profile, engine, notes = _load(args, progress)
     try:
         models = bench_models(profile, engine, args)
         try:

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from app.cli import main, timing_line
+from engine.errors import SpecChatError
 from tests.app.helpers import interrupt_generate_after
 from tests.conftest import REPO
 from tests.tiny import save_tiny
@@ -170,6 +171,28 @@ def test_the_chat_without_a_terminal_says_so_instead_of_starting(stdin: io.Strin
     err = capsys.readouterr().err
     assert err.startswith("specchat: error: ") and "stdin is not one" in err and "generate -" in err
     assert err.count("\n") == 1
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.mark.parametrize("stop, code", [(KeyboardInterrupt, 130), (SpecChatError("the load failed"), 2)])
+def test_a_load_that_ends_early_clears_its_progress_line(stop: BaseException, code: int, monkeypatch) -> None:
+    """^C while generate loaded left "... 39 of 211 layers, 1 s  18%" with the shell's prompt after
+    it on the same line (an error's line too): the line was cleared only once the load returned."""
+    def stopped_load(profile: object, mode: str, progress: object) -> None:
+        assert callable(progress)
+        progress("loading target pocket: 39 of 211 layers, 1 s", 0.18)
+        raise stop
+
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    monkeypatch.setattr("app.cli.load_for", stopped_load)
+    assert main(["generate", "hi"]) == code
+    shown = terminal.getvalue()
+    assert "18%\r\033[K" in shown and shown.endswith("\r\033[K" if code == 130 else "the load failed\n")
 
 
 def test_a_config_with_a_bad_value_is_one_line(tmp_path: Path, capsys) -> None:
