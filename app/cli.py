@@ -35,6 +35,11 @@ if TYPE_CHECKING:
     from engine.events import ChatEvent, ReplyStats
 
 
+class OutputClosedError(SpecChatError):
+    """Standard output is closed (``>&-``): the reply would go nowhere. Exit 1, the status of
+    output that cannot be written, not 2 (bad input), as README's "Exit status" says."""
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="specchat",
@@ -143,7 +148,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     from engine.events import ChatMessage
 
     if sys.stdout is None:  # started with >&-: the reply would go nowhere, and say nothing
-        raise SpecChatError("standard output is closed, so the reply has nowhere to go: leave it open "
+        raise OutputClosedError("standard output is closed, so the reply has nowhere to go: leave it open "
                             "or send it to a file (> reply.txt)")
     if args.prompt == "-":
         if sys.stdin is None:
@@ -323,7 +328,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return handlers[args.command](args)
     except SpecChatError as exc:
         print(inert(f"specchat: error: {exc}"), file=sys.stderr)
-        return 2
+        return 1 if isinstance(exc, OutputClosedError) else 2
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:
