@@ -126,6 +126,16 @@ def utf8_text(value: str | bytes, what: str) -> str:
                             "convert it first, e.g. iconv -f latin1 -t utf-8") from None
 
 
+BOM = "\ufeff"
+"""U+FEFF: a byte-order mark at the start of a file; elsewhere a zero-width no-break space."""
+
+
+def blank(text: str) -> bool:
+    """Whether ``text`` shows nothing: only whitespace and U+FEFF, which str.strip keeps (a prompt
+    of a lone BOM passed as a message)."""
+    return not text.replace(BOM, "").strip()
+
+
 def earlier_chats() -> list[str]:
     """The saved chats' messages the suffix drafter drafts from (the app's own choice of them);
     none where there is no history yet (nothing is created for it)."""
@@ -153,13 +163,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.prompt == "-":
         if sys.stdin is None:
             raise SpecChatError("standard input is closed: pipe the message in, e.g. echo Hello | specchat generate -")
-        args.prompt = utf8_text(sys.stdin.buffer.read(), "the prompt read from standard input")
-        if not args.prompt.strip():
+        # a file's byte-order mark is no text of it, as editors read it: the model was given it
+        args.prompt = utf8_text(sys.stdin.buffer.read(), "the prompt read from standard input").removeprefix(BOM)
+        if blank(args.prompt):
             raise SpecChatError("the prompt read from standard input is empty: pipe the message in, "
                                 "e.g. echo Hello | specchat generate -")
     else:
         args.prompt = utf8_text(args.prompt, "the prompt")
-    if not args.prompt.strip():
+    if blank(args.prompt):
         raise SpecChatError("the prompt is empty: give the message to answer, e.g. specchat generate \"Hello\"")
     if args.system is not None:
         args.system = utf8_text(args.system, "--system")

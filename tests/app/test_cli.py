@@ -144,6 +144,7 @@ def test_profiles_json_lists_the_shipped_default(capsys) -> None:
         (["generate", "hi", "--top-p", "nan"], "top_p must be in (0, 1]"),
         (["generate", ""], "the prompt is empty"),
         (["generate", "  \n "], "the prompt is empty"),
+        (["generate", "\ufeff \ufeff"], "the prompt is empty"),  # U+FEFF, which str.strip keeps
     ],
 )
 def test_bad_values_are_refused_before_any_model_loads(argv: list[str], message: str, capsys, monkeypatch) -> None:
@@ -493,11 +494,39 @@ def test_a_prompt_that_is_not_utf8_is_one_line_and_exit_2(source: str, data: byt
     assert err.count("\n") == 1
 
 
-def test_an_empty_stdin_is_one_line_and_exit_2(capsys, monkeypatch) -> None:
-    monkeypatch.setattr(sys, "stdin", stdin_with(b"  \n"))
+@pytest.mark.parametrize("data", [b"  \n", b"\xef\xbb\xbf", b"\xef\xbb\xbf \n"])
+def test_an_empty_stdin_is_one_line_and_exit_2(data: bytes, capsys, monkeypatch) -> None:
+    """A lone byte-order mark (``printf '\\xef\\xbb\\xbf' | specchat generate -``) passed as a prompt."""
+    monkeypatch.setattr(sys, "stdin", stdin_with(data))
     assert main(["generate", "-"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("specchat: error: the prompt read from standard input is empty")
+
+
+def test_a_byte_order_mark_opening_stdin_is_not_part_of_the_prompt(pair, capsys, monkeypatch) -> None:
+    """A file saved with a BOM (Notepad's UTF-8) gave the model U+FEFF before the message; one inside
+    the text is a character of it and stays."""
+    import app.cli as cli
+
+    asked: list[str] = []
+    real_load = cli.load_for
+
+    def spying_load(*args: object, **kwargs: object) -> object:
+        engine = real_load(*args, **kwargs)  # type: ignore[arg-type]
+        real_chat = engine.chat
+
+        def chat(messages: list, params: object) -> object:
+            asked.append(messages[-1].content)
+            return real_chat(messages, params)
+
+        engine.chat = chat  # type: ignore[method-assign]
+        return engine
+
+    monkeypatch.setattr(cli, "load_for", spying_load)
+    target, _ = pair
+    monkeypatch.setattr(sys, "stdin", stdin_with(b"\xef\xbb\xbfw1 w2\xef\xbb\xbf w3\n"))
+    assert main(["generate", "-", "--target", str(target), "--max-new-tokens", "2", "--quiet"]) == 0
+    assert asked == ["w1 w2\ufeff w3\n"]
 
 
 def test_the_timing_line_says_how_a_reply_was_cut_short() -> None:
