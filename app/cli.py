@@ -278,6 +278,8 @@ def cmd_app(args: argparse.Namespace) -> int:
     app = SpecChatApp(args.profile, models_file=args.models, memory_budget=budget, target=args.target,
                       draft=args.draft, server_profile=server_profile_from_args(args))
     app.run()
+    if app.exit_note:
+        print(app.exit_note, file=sys.stderr)
     return app.return_code or 0  # 128 + signal after SIGTERM/SIGHUP, as a shell reports it
 
 

@@ -151,13 +151,25 @@ class History:
         if self.path is not None:
             restrict_files(self.path)
 
-    def close(self) -> None:
-        """Close the connections (further calls raise :class:`HistoryError`)."""
-        with self._lock, self._read_lock:
-            self._conn.close()
-            if self._reader is not None:
-                self._reader.close()
-            self._reader = self._conn  # closed: a later read raises, as before, instead of opening another
+    def close(self, wait_s: float = -1) -> bool:
+        """Close the connections (further calls raise :class:`HistoryError`); with ``wait_s`` of 0
+        or more, give up after that long if a write still waits on another program's lock (the
+        connections then end with the process) and answer False."""
+        if not self._lock.acquire(timeout=wait_s):
+            return False
+        try:
+            if not self._read_lock.acquire(timeout=wait_s):
+                return False
+            try:
+                self._conn.close()
+                if self._reader is not None:
+                    self._reader.close()
+                self._reader = self._conn  # closed: a later read raises, as before, instead of opening another
+            finally:
+                self._read_lock.release()
+        finally:
+            self._lock.release()
+        return True
 
     # -- helpers -----------------------------------------------------------------
 

@@ -38,6 +38,8 @@ from app.store.pending import RECOVERED, SETTINGS, ChatRef, ReplyRecord, Setting
 
 BACKOFF_S = (0.25, 4.0)
 """First and largest wait between retries of a failed write (doubling in between)."""
+CLOSE_JOIN_S = 1.0
+"""How long :meth:`HistorySaver.close` waits for its thread once the flush is over."""
 
 
 class HistoryLag(Message):
@@ -177,13 +179,15 @@ class HistorySaver:
         return True
 
     def close(self, timeout: float = 10.0) -> bool:
-        """Write what is pending (waiting up to ``timeout`` s for a lock), then stop."""
+        """Write what is pending (waiting up to ``timeout`` s for a lock), then stop; True if
+        everything was written. A thread still waiting on a lock is left to the process's end
+        (:data:`CLOSE_JOIN_S`): waiting for it too, a quit under a lock outlived its last resort."""
         done = self.flush(timeout)
         with self._cond:
             self._closed = True
             self._cond.notify_all()
         if self._thread is not None:
-            self._thread.join(timeout=max(BACKOFF_S[1], 1.0) + 1.0)
+            self._thread.join(timeout=CLOSE_JOIN_S)
         return done
 
     # -- the saver thread ------------------------------------------------------------

@@ -33,7 +33,7 @@ from app.ui.key_hold import KeyHold
 from app.ui.keys import BINDINGS, EXTRA_COMMANDS, MAIN_SCREEN_ACTIONS, KeysFooter
 from app.ui.loading import Loader
 from app.ui.notices import notice
-from app.ui.quitting import ExitOnSignals, ask_before_quit
+from app.ui.quitting import ExitOnSignals, ask_before_quit, export_left_unsaved
 from app.ui.resume import remember_open_chat, reopen_last
 from app.ui.screens.chats import ChatsResult, ChatsScreen
 from app.ui.screens.copy import CopyChoice, CopyScreen, copy_choices, last_code_block, last_reply
@@ -85,6 +85,8 @@ class SpecChatApp(SafeTerminal, EngineControl, App[None]):  # SafeTerminal: titl
         self.key_hold = KeyHold(super().on_event, self.call_later, self.set_timer)
         self.signals = ExitOnSignals(self, self.conversation, self.archive)
         """SIGTERM/SIGHUP exit as ctrl+q does, saving and restoring the terminal (app.ui.quitting)."""
+        self.exit_note: str | None = None
+        """A line for the terminal once the app is gone: where replies the history could not take went."""
 
     async def on_event(self, event: events.Event) -> None:
         if isinstance(event, events.Key) and not event.is_forwarded and self.key_hold.take(event):
@@ -378,8 +380,9 @@ class SpecChatApp(SafeTerminal, EngineControl, App[None]):  # SafeTerminal: titl
     def on_unmount(self) -> None:
         self.signals.remove()
         self.conversation.stop_reply()
-        self.engine.close()
-        self.archive.close()  # the saver has written the open chat's rows: it has its id now
-        remember_open_chat(self.conversation)
         if not self.conversation.private:  # unsent text comes back at the next start; a private chat's never
-            remember_draft(self.conversation.unsent_text())
+            remember_draft(self.conversation.unsent_text())  # first: the history's close may wait on a lock
+        self.engine.close()
+        if not self.archive.close():  # else the saver has written the open chat's rows: it has its id now
+            self.exit_note = export_left_unsaved(self.archive)  # printed by the command once the screen is back
+        remember_open_chat(self.conversation)

@@ -24,6 +24,8 @@ disk within this time, and the reply's end (or a quit) is written at once."""
 
 SAVE_FLUSH_AT_EXIT_S = 10.0
 """How long quitting waits for a locked history to take the last reply."""
+HISTORY_CLOSE_WAIT_S = 1.0
+"""After that, how long closing the history waits for a write still stuck on the lock."""
 
 Report = Callable[[str], None]
 """Shows a history error to the user (one line)."""
@@ -45,6 +47,9 @@ class Archive:
         self.exit_wait_s = SAVE_FLUSH_AT_EXIT_S
         """How long :meth:`close` waits for the saver (shorter once the user chose to quit
         without what is unsaved, app.ui.quitting)."""
+        self.unsaved_settled = False
+        """What is unsaved at quit was exported or discarded already (ctrl+q's answer, a signal's
+        export): the app's exit does not export it again (app.ui.quitting.export_left_unsaved)."""
 
     def open(self, on_lag: Callable[[str | None], None],
              on_rescue: Callable[[HistoryRescued], None] | None = None,
@@ -94,10 +99,11 @@ class Archive:
             return "This session's chats are not saved: the history database could not be used."
         return None
 
-    def close(self) -> None:
-        """Let the saver write what it holds (waiting up to :attr:`exit_wait_s`), then close."""
-        if self.saver is not None:
-            self.saver.close(self.exit_wait_s)
+    def close(self) -> bool:
+        """Let the saver write what it holds (waiting up to :attr:`exit_wait_s`), then close;
+        answers whether everything was written (what was not is in ``saver.pending()``)."""
+        saved = self.saver.close(self.exit_wait_s) if self.saver is not None else True
         if self.history is not None:
-            self.history.close()
+            self.history.close(wait_s=HISTORY_CLOSE_WAIT_S)
         self.open_chats.release()
+        return saved

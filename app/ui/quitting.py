@@ -40,9 +40,10 @@ if TYPE_CHECKING:
     from app.ui.widgets.conversation import Conversation
 
 SIGNALS = (signal.SIGTERM, signal.SIGHUP)
-EXIT_ANYWAY_S = 3.0
+EXIT_ANYWAY_S = 5.0
 """After SIGTERM/SIGHUP, how long the normal exit may take beyond the saver's own wait before
-the process ends anyway (the saver flushed once more first). A terminal closed under the app
+the process ends anyway (the saver flushed once more first); closing takes up to 2 s of it when a
+write is stuck on a lock (``CLOSE_JOIN_S``, ``HISTORY_CLOSE_WAIT_S``). A terminal closed under the app
 (tmux killed, an SSH link dropped) hangs up with SIGHUP and then SIGCONT; Textual's output
 thread could then wait forever on its queue, and the app stayed behind, holding its memory
 and its engine, after the window was gone."""
@@ -80,12 +81,12 @@ def quit_unless_chat_at_risk(app: "App[Any]", conversation: "Conversation", arch
 
     def answered(answer: QuitAnswer | None) -> None:
         if answer == "discard":
-            archive.exit_wait_s = QUIT_ANSWERED_WAIT_S
+            archive.exit_wait_s, archive.unsaved_settled = QUIT_ANSWERED_WAIT_S, True
             app.exit()
         elif answer == "export":
             path = write_unsaved(app, conversation, archive)
             if path is not None:  # else the reason is shown and the app goes on
-                archive.exit_wait_s = QUIT_ANSWERED_WAIT_S
+                archive.exit_wait_s, archive.unsaved_settled = QUIT_ANSWERED_WAIT_S, True
                 app.exit(message=f"specchat: the unsaved chat was exported to {path}")
 
     app.push_screen(QuitScreen(f"{why} Quitting now loses what is not saved."), answered)
@@ -109,6 +110,26 @@ def write_unsaved(app: "App[Any]", conversation: "Conversation", archive: Archiv
         return None
 
 
+def export_left_unsaved(archive: Archive) -> str | None:
+    """At the app's end, once the saver had its wait: the replies it still could not write (a lock
+    taken by another program just before the quit, so that nobody was asked) go to a new Markdown
+    file, unless the user already exported or discarded them. Answers the line saying where (or
+    why nothing could be written); None when nothing was left. They were lost without a word."""
+    saver = archive.saver
+    left = saver.pending() if saver is not None and not archive.unsaved_settled else []
+    if not left:
+        return None
+    messages: list[tuple[str, str]] = []
+    for chat, prompt, reply in left:
+        messages += [("user", f"({chat.title}) {prompt}"), ("assistant", reply)]
+    text = transcript_markdown("specchat: replies the history could not take", messages)
+    try:
+        path = export_unsaved(text, f"unsaved-chat-{time.strftime('%Y%m%d-%H%M%S')}.md")
+    except SpecChatError as exc:
+        return f"specchat: {len(left)} repl{'y' if len(left) == 1 else 'ies'} could not be saved: {exc}"
+    return f"specchat: the history could not take the last replies; they were exported to {path}"
+
+
 class ExitOnSignals:
     """SIGTERM/SIGHUP: the exit runs on the app's event loop (so on the app's thread), and the
     last resort (:meth:`_exit_anyway`) is armed as the signal arrives, loop or not.
@@ -126,6 +147,8 @@ class ExitOnSignals:
         self._installed: list[tuple[int, Any]] = []
         self._loop: asyncio.AbstractEventLoop | None = None
         self._armed = False
+        self._message: str | None = None
+        """Where the export went: said by the last resort too, if it has to end the process."""
 
     def install(self) -> None:
         """Call from the app's loop; where signals cannot be caught (a loop not in the main
@@ -165,17 +188,28 @@ class ExitOnSignals:
             path = write_unsaved(self._app, conversation, self._archive)
             if path is not None:
                 message = f"specchat: the unsaved chat was exported to {path}"
+                # as after ctrl+q's "export": waiting out the lock's full wait, the exit was ended by
+                # the last resort before it said where the export went or kept the unsent text
+                self._archive.exit_wait_s, self._archive.unsaved_settled = QUIT_ANSWERED_WAIT_S, True
+        self._message = message
         self._app.exit(return_code=128 + sig, message=message)
         self._arm(sig)
 
     def _exit_anyway(self, sig: int) -> None:
         """The last resort (a daemon thread: a normal exit ends it): once the normal exit has had
-        the saver's wait and :data:`EXIT_ANYWAY_S` more, flush the saver once more and end."""
+        the saver's wait and :data:`EXIT_ANYWAY_S` more, flush the saver once more and end, saying
+        where the export went (Textual's exit, which would have said it, never came)."""
         time.sleep(self._archive.exit_wait_s + EXIT_ANYWAY_S)
         saver = self._archive.saver
         if saver is not None:
             try:
                 saver.flush(QUIT_ANSWERED_WAIT_S)
             except Exception:  # noqa: BLE001 - ending anyway
+                pass
+        said = self._message or getattr(self._app, "exit_note", None)
+        if said is not None:
+            try:
+                os.write(2, f"\r\n{said}\r\n".encode("utf-8", "replace"))
+            except OSError:
                 pass
         os._exit(128 + sig)

@@ -15,4 +15,6 @@ if __name__ == "__main__":
     loader = FakeLoader(delay=0.005, script=LONG_REPLY) if long else FakeLoader(delay=0.05)
     app = SpecChatApp(loader=loader, profiles_loader=make_profiles)
     app.run()
+    if app.exit_note:  # as the command prints it (app.cli)
+        print(app.exit_note, file=sys.stderr)
     sys.exit(app.return_code or 0)

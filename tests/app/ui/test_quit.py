@@ -315,3 +315,28 @@ async def test_a_panic_ends_the_app_with_status_1_not_0(make_app: Callable[..., 
         await ready(pilot)
         app.panic("the input thread failed")  # as Textual's input thread does, through call_later
     assert app.return_code == 1
+
+
+async def test_ctrl_q_under_a_lock_taken_before_any_write_failed_exports_what_it_could_not_save(
+        make_app: Callable[..., SpecChatApp], specchat_dirs: Path) -> None:
+    """A lock taken just before ctrl+q: no write had failed yet, so nothing was asked, and once the
+    saver's wait ran out the reply was lost without a word."""
+    from tests.app.store.locking import hold_lock
+
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await send(pilot, "hi")
+        await wait_for(pilot, lambda: not app.conversation.generating and app.archive.saver.unsaved() == 0)
+        assert app.archive.history is not None and app.archive.history.path is not None
+        thread, _ = hold_lock(app.archive.history.path, 8, exclusive=False)
+        await send(pilot, "asked under the lock")
+        await wait_for(pilot, lambda: len(app.conversation.messages()) == 4 and not app.conversation.generating)
+        assert not app.archive.saver.lagging  # its write still waits on the lock: nothing failed yet
+        app.archive.exit_wait_s = 0.5
+        await pilot.press("ctrl+q")
+        await wait_for(pilot, lambda: app.return_code is not None)
+    assert app.exit_note is not None and "they were exported to" in app.exit_note
+    (exported,) = (specchat_dirs / "exports").glob("unsaved-chat-*.md")
+    assert "asked under the lock" in exported.read_text() and "Hello there!" in exported.read_text()
+    thread.join()

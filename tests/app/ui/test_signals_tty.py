@@ -145,3 +145,46 @@ def test_closing_the_terminal_mid_reply_ends_the_app_and_keeps_the_reply(tmp_pat
     rows = saved_messages(tmp_path / "data")
     assert [role for role, _, _ in rows] == ["user", "assistant"]
     assert rows[1][1].startswith("word0 word1") and "word40" in rows[1][1]  # what was on screen is kept
+
+
+def test_a_signal_while_another_program_locks_the_history_exports_says_where_and_keeps_the_unsent_text(
+        tmp_path: Path) -> None:
+    """With the history locked, SIGTERM waited out the saver's full wait and the lock's, was ended by the
+    last resort at 14 s, and so never exported the reply, said where, nor kept the unsent text (a hostile
+    tester's). Now the reply the history could not take is exported once the saver had its wait."""
+    import json
+
+    from app.ui.archive import SAVE_FLUSH_AT_EXIT_S
+    from app.ui.quitting import EXIT_ANYWAY_S
+
+    app = PtyApp(tmp_path)
+    lock = None
+    try:
+        app.wait_for(b"fake:0")
+        db = app.data / "history.db"
+        lock = sqlite3.connect(db, timeout=0)
+        lock.execute("BEGIN EXCLUSIVE")
+        app.type("hello under a lock\r")
+        app.wait_for(b"Hello")
+        app.type("typed, not sent")
+        app.wait_for(b"typed, not sent")
+        before = len(app.out)
+        app.proc.send_signal(signal.SIGTERM)
+        started = time.monotonic()
+        code = app.wait_exit(timeout=30)
+        took = time.monotonic() - started
+        after = app.out[before:]
+    finally:
+        if lock is not None:
+            lock.rollback()
+            lock.close()
+        app.close()
+    assert code == 128 + signal.SIGTERM
+    assert took < SAVE_FLUSH_AT_EXIT_S + EXIT_ANYWAY_S, f"the exit took {took:.1f} s: the last resort ended it"
+    for what, sequence in RESTORED.items():
+        assert sequence in after, f"the terminal was not restored: the app never {what}"
+    assert b"they were exported to" in after
+    (exported,) = (app.data / "exports").glob("unsaved-chat-*.md")
+    assert "hello under a lock" in exported.read_text() and "Hello" in exported.read_text()
+    state = json.loads((tmp_path / "state" / "state.json").read_text())
+    assert "typed, not sent" in json.dumps(state)
