@@ -114,12 +114,13 @@ def _drafts(data: dict[str, Any]) -> list[str]:
     return ([old] if isinstance(old, str) and old.strip() else []) + drafts
 
 
-def remember_draft(text: str | None) -> None:
+def remember_draft(text: str | None) -> str | None:
     """Keep ``text``, left unsent in the prompt box as the app closes, for the next start
     (None or blank: nothing is kept, and nothing another window kept is forgotten). A private
-    chat's is never passed here."""
+    chat's is never passed here. Answers why it could not be kept (None: kept, or nothing to keep):
+    the app then exports it rather than lose it."""
     if not text or not text.strip():
-        return
+        return None
 
     def change(data: dict[str, Any]) -> bool:
         drafts = [t for t in _drafts(data) if t != text] + [text]
@@ -127,7 +128,7 @@ def remember_draft(text: str | None) -> None:
         data["drafts"] = drafts[-DRAFTS_KEPT:]
         return True
 
-    _update(change)
+    return _update(change)
 
 
 def take_draft() -> str | None:
@@ -151,16 +152,18 @@ def take_draft() -> str | None:
     return taken[0] if taken else None
 
 
-def _update(change: Callable[[dict[str, Any]], bool]) -> None:
+def _update(change: Callable[[dict[str, Any]], bool]) -> str | None:
     """Read the file, let ``change`` edit its contents (True: it did) and write them back,
-    all under the lock. A failed write is ignored."""
+    all under the lock. A failed write is answered (why, naming the folder), not raised: what the
+    file keeps is a convenience, but for the unsent text (:func:`remember_draft`)."""
     try:
         with _locked():
             data = _read()
             if change(data):
                 _write(data)
-    except OSError:
-        pass
+    except OSError as exc:
+        return f"the state folder {state_file().parent} cannot be written ({exc.strerror or exc})"
+    return None
 
 
 @contextmanager

@@ -33,7 +33,7 @@ from app.ui.key_hold import KeyHold
 from app.ui.keys import BINDINGS, EXTRA_COMMANDS, MAIN_SCREEN_ACTIONS, KeysFooter
 from app.ui.loading import Loader
 from app.ui.notices import notice
-from app.ui.quitting import ExitOnSignals, ask_before_quit, export_left_unsaved
+from app.ui.quitting import ExitOnSignals, ask_before_quit, export_left_unsaved, export_unsent
 from app.ui.resume import remember_open_chat, reopen_last
 from app.ui.screens.chats import ChatsResult, ChatsScreen
 from app.ui.screens.copy import CopyChoice, CopyScreen, copy_choices, last_code_block, last_reply
@@ -380,9 +380,13 @@ class SpecChatApp(SafeTerminal, EngineControl, App[None]):  # SafeTerminal: titl
     def on_unmount(self) -> None:
         self.signals.remove()
         self.conversation.stop_reply()
-        if not self.conversation.private:  # unsent text comes back at the next start; a private chat's never
-            remember_draft(self.conversation.unsent_text())  # first: the history's close may wait on a lock
+        unsent = None if self.conversation.private else self.conversation.unsent_text()
+        # unsent text comes back at the next start (a private chat's never); kept first, as the
+        # history's close may wait on a lock; exported where the state folder cannot keep it
+        unkept = remember_draft(unsent)
         self.engine.close()
+        notes = [export_unsent(unsent, unkept)] if unkept is not None and unsent else []
         if not self.archive.close():  # else the saver has written the open chat's rows: it has its id now
-            self.exit_note = export_left_unsaved(self.archive)  # printed by the command once the screen is back
+            notes.append(export_left_unsaved(self.archive))
+        self.exit_note = "\n".join(n for n in notes if n) or None  # printed by the command once the screen is back
         remember_open_chat(self.conversation)

@@ -155,6 +155,9 @@ class EngineControl:
         self._teach_drafter()
         summary = plan_lines(info.plan)
         notice(self, f"{message.profile.name} ready" + (f": {summary[0]}" if summary else "."), title="Loaded")
+        log_note = getattr(message.backend, "log_note", None)  # a child that can write no log (engine.child.backend)
+        if log_note:
+            notice(self, log_note, severity="warning", title="Engine log")
         if info.fallback_reason:  # a drop (a switch is info.off_reason)
             notice(self, f"Running without the draft model: {info.fallback_reason}", severity="warning",
                    title="Draft refused")

@@ -130,6 +130,17 @@ def export_left_unsaved(archive: Archive) -> str | None:
     return f"specchat: the history could not take the last replies; they were exported to {path}"
 
 
+def export_unsent(text: str, why: str) -> str:
+    """The prompt box's unsent text, which the state folder could not keep for the next start
+    (``why``), to a new Markdown file; answers the line saying where. It was lost without a word."""
+    try:
+        path = export_unsaved(transcript_markdown("specchat: unsent text", [], text),
+                              f"unsent-text-{time.strftime('%Y%m%d-%H%M%S')}.md")
+    except SpecChatError as exc:
+        return f"specchat: the unsent text could not be kept ({why}) nor exported: {exc}"
+    return f"specchat: {why}, so the unsent text was exported to {path}"
+
+
 class ExitOnSignals:
     """SIGTERM/SIGHUP: the exit runs on the app's event loop (so on the app's thread), and the
     last resort (:meth:`_exit_anyway`) is armed as the signal arrives, loop or not.

@@ -107,6 +107,22 @@ class _Reply(Iterator[ChatEvent]):
         self.close()
 
 
+def writable_log(log: Path | None) -> tuple[Path | None, str | None]:
+    """``log`` if its folder can be made and the file written, else the null device and why: a
+    state folder that was read-only (or a file) ended every engine at its start, the app's every
+    load failing with "the engine process exited (code 1)" (a hostile tester's)."""
+    if log is None:
+        return None, None
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with open(log, "a", encoding="utf-8"):
+            pass
+    except OSError as exc:
+        return Path(os.devnull), (f"the engine's log cannot be written to {log} ({exc.strerror or exc}): it runs "
+                                  "without one. Make that folder writable, or set SPECCHAT_STATE_DIR to one that is.")
+    return log, None
+
+
 class ProcessBackend:
     """A :class:`~engine.api.ChatBackend` whose engine runs in a spawned child process.
 
@@ -124,6 +140,8 @@ class ProcessBackend:
         self._busy = threading.Lock()
         self._control_lock = threading.Lock()
         self._yield_until: Any = None  # the shared deadline of yield_to_ui (set by start)
+        self.log_note: str | None = None
+        """Why the child writes no log (set by :meth:`start`), for the app to say once."""
 
     @classmethod
     def start(cls, profile: "ModelProfile", memory_budget: int | None = None,
@@ -138,6 +156,7 @@ class ProcessBackend:
         intra-op threads in the child (None: torch's default, one per core). ``stop``:
         once set, the child and its process group (a download's pip) are killed within
         :data:`POLL_S` and :class:`~engine.errors.LoadStoppedError` is raised."""
+        log, log_note = writable_log(log)
         ctx = multiprocessing.get_context("spawn")  # never fork a process that runs threads (the UI)
         conn, child_conn = ctx.Pipe()
         control, child_control = ctx.Pipe()
@@ -156,6 +175,7 @@ class ProcessBackend:
         child_control.close()
         backend = cls(process, conn, control, cancel, EngineInfo(profile.name, "", "", "plain", ""))
         backend._yield_until = yield_until
+        backend.log_note = log_note
         try:
             while True:
                 message = backend._receive(stop=stop)

@@ -184,14 +184,19 @@ def _answer_control(engine: ChatBackend, control: Connection) -> None:
 def _redirect_output(log: Path) -> None:
     """Point this process's stdout and stderr (file descriptors 1 and 2) at a new ``log``; the
     last engine's log, if it wrote anything, is kept as ``<log>.1``. An engine that crashed is
-    loaded again by the app at once, and its crash report was truncated away with the old log."""
-    log.parent.mkdir(parents=True, exist_ok=True)
+    loaded again by the app at once, and its crash report was truncated away with the old log.
+    A log that cannot be opened (its folder made read-only since the parent looked) gives way to
+    the null device: the engine never fails for its log, nor writes over the app's screen."""
     try:
+        log.parent.mkdir(parents=True, exist_ok=True)
         if log.stat().st_size > 0:
             os.replace(log, log.with_name(log.name + ".1"))
     except OSError:
         pass  # no log yet, or it cannot be moved: it is started again as before
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    except OSError:
+        fd = os.open(os.devnull, os.O_WRONLY)
     for target in (1, 2):
         os.dup2(fd, target)
     os.close(fd)

@@ -197,7 +197,15 @@ def test_after_a_signal_a_stuck_exit_ends_the_process_once_the_saver_had_its_wai
     slept: list[float] = []
     ended = threading.Event()
     codes: list[int] = []
-    monkeypatch.setattr(quitting.time, "sleep", slept.append)
+    real_sleep = quitting.time.sleep  # the time module's own: other threads of this process sleep through it
+
+    def sleep(seconds: float) -> None:
+        if threading.current_thread().name == "exit-anyway":
+            slept.append(seconds)
+        else:
+            real_sleep(seconds)
+
+    monkeypatch.setattr(quitting.time, "sleep", sleep)
     monkeypatch.setattr(quitting.os, "_exit", lambda code: (codes.append(code), ended.set()))
 
     class Saver:
@@ -340,3 +348,37 @@ async def test_ctrl_q_under_a_lock_taken_before_any_write_failed_exports_what_it
     (exported,) = (specchat_dirs / "exports").glob("unsaved-chat-*.md")
     assert "asked under the lock" in exported.read_text() and "Hello there!" in exported.read_text()
     thread.join()
+
+
+async def test_unsent_text_the_state_folder_cannot_keep_is_exported_at_quit(
+        make_app: Callable[..., SpecChatApp], specchat_dirs: Path, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the state folder a file (or read-only), the text left in the box was dropped without a word."""
+    blocker = tmp_path / "state-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("SPECCHAT_STATE_DIR", str(blocker))
+    app = make_app()
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        app.query_one(PromptArea).insert("half a question worth keeping")
+        await pilot.press("ctrl+q")
+        await wait_for(pilot, lambda: app.return_code is not None)
+    assert app.exit_note is not None and str(blocker) in app.exit_note and "unsent text was exported to" in app.exit_note
+    (exported,) = (specchat_dirs / "exports").glob("unsent-text-*.md")
+    assert "## Unsent prompt\n\nhalf a question worth keeping" in exported.read_text()
+
+
+async def test_an_engine_without_a_log_is_said_once_it_is_ready(make_app: Callable[..., SpecChatApp],
+                                                                loader: FakeLoader) -> None:
+    """The child's log cannot be written (engine.child.backend.writable_log): the app says why and where."""
+    note = "the engine's log cannot be written to /state/engine.log (Permission denied): it runs without one."
+
+    def noting(profile, budget, progress, stop=None):  # type: ignore[no-untyped-def]
+        backend = loader(profile, budget, progress, stop)
+        backend.log_note = note  # type: ignore[attr-defined]
+        return backend
+
+    app = make_app(loader=noting)
+    async with app.run_test() as pilot:
+        await ready(pilot)
+        await wait_for(pilot, lambda: any(n.message == note and n.title == "Engine log" for n in app._notifications))

@@ -111,6 +111,38 @@ def test_a_load_error_is_raised_as_the_child_raised_it(tmp_path: Path) -> None:
     assert "missing" in str(err.value)
 
 
+def test_a_log_that_cannot_be_written_leaves_the_engine_running_without_one(talker, tmp_path: Path) -> None:
+    """A state folder that was read-only or a file ended every engine at its start: the app's every
+    load failed with "the engine process exited (code 1)" (a hostile tester's)."""
+    blocker = tmp_path / "state"
+    blocker.write_text("a file where the state folder should be")
+    backend = ProcessBackend.start(profile_from_sources(str(talker)), None, log=blocker / "engine.log", threads=1)
+    try:
+        assert backend.log_note is not None and str(blocker / "engine.log") in backend.log_note
+        assert "SPECCHAT_STATE_DIR" in backend.log_note
+        assert reply_ids(backend.chat(MESSAGES, PARAMS))  # it answers all the same
+    finally:
+        backend.close()
+    assert blocker.read_text() == "a file where the state folder should be"
+
+
+def test_the_child_takes_the_null_device_when_its_log_cannot_be_opened(tmp_path: Path) -> None:
+    """The folder made read-only between the parent's look and the child's open: the child still starts."""
+    import subprocess
+
+    (tmp_path / "state").write_text("not a folder")
+    code = ("import os, sys; from pathlib import Path; from engine.child.serve import _redirect_output; "
+            f"_redirect_output(Path({str(tmp_path / 'state' / 'engine.log')!r})); print('still here'); "
+            "sys.stdout.flush(); os.write(3, b'ok')")
+    read_end, write_end = os.pipe()
+    done = subprocess.run([sys.executable, "-c", code.replace("os.write(3,", f"os.write({write_end},")],
+                          pass_fds=(write_end,), cwd=Path(__file__).resolve().parents[3], capture_output=True)
+    os.close(write_end)
+    assert done.returncode == 0, done.stderr
+    assert os.read(read_end, 10) == b"ok" and done.stdout == b""  # its output went nowhere, not to the screen
+    os.close(read_end)
+
+
 @pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
 def test_a_killed_child_ends_the_reply_with_an_engine_error(talker, tmp_path: Path) -> None:
     log = tmp_path / "engine.log"
