@@ -28,13 +28,14 @@ import signal
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from multiprocessing.connection import Connection, wait
+from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import psutil
 
 from engine.api import EngineInfo
+from engine.child.ending import ChildEnd, how_it_ended
 from engine.child.launcher import LAUNCHER, real_stderr
 from engine.child.protocol import (
     ChatRequest, CloseRequest, ControlAnswer, ControlRequest, Failure, FromChild, LearnRequest, Progress, Ready,
@@ -80,6 +81,9 @@ CONTROL_TURN_S = 1.0
 """How long F5's request waits for the control pipe while another request holds it (a lesson)."""
 
 LEARN_WAIT_S = 120.0
+
+DIED_WAIT_S = 1.0
+"""How long a child whose pipe ended may take to end itself before it is ended as hung."""
 """How long handing the drafter earlier chats may take (tokenizing and indexing: about a second)."""
 
 
@@ -133,6 +137,7 @@ class ProcessBackend:
     def __init__(self, process: Any, conn: Connection, control: Connection, cancel: "ProcessEvent",
                  info: EngineInfo) -> None:
         self._process = process
+        self._end = ChildEnd(process)  # the one reader of the child's end: nothing else may join it
         self._conn = conn
         self._control = control
         self._cancel = cancel
@@ -201,7 +206,7 @@ class ProcessBackend:
     @property
     def alive(self) -> bool:
         """Whether the child still runs (a killed or crashed one must be loaded again)."""
-        return self._process.is_alive()
+        return not self._end.ended
 
     @property
     def pid(self) -> int | None:
@@ -211,13 +216,8 @@ class ProcessBackend:
     def when_it_ends(self, callback: Callable[[], None]) -> None:
         """Call ``callback`` (from a thread of its own) once the child has ended, however it ends,
         closed by :meth:`close` too. Killed while idle, it was noticed only when the next prompt
-        failed; a thread asleep on the process's sentinel wakes nobody until then."""
-        def watch() -> None:
-            wait([self._process.sentinel])
-            self._process.join()  # the sentinel closes as the child exits, before it can be reaped:
-            callback()  # joined, :attr:`alive` is already False when the callback asks (it read True once in CI)
-
-        threading.Thread(target=watch, name="specchat-engine-watch", daemon=True).start()
+        failed. Called once the child is reaped: :attr:`alive` is False when the callback asks."""
+        self._end.then(callback)
 
     def chat(self, messages: Sequence[ChatMessage], params: GenerationParams,
              cancel: threading.Event | None = None) -> Iterator[ChatEvent]:
@@ -321,7 +321,7 @@ class ProcessBackend:
     def _stop(self, wait_s: float = CLOSE_WAIT_S) -> None:
         """Give the child ``wait_s`` to exit, then end it with its process group (what it started:
         a download's pip), and close the pipes."""
-        self._process.join(wait_s)
+        self._end.wait(wait_s)
         self._kill()
         self._conn.close()
         self._control.close()
@@ -329,7 +329,7 @@ class ProcessBackend:
     def _kill(self) -> None:
         """End the child and its process group now, if it still runs, and reap it."""
         pid = self._process.pid
-        if self._process.is_alive() and pid is not None:
+        if not self._end.ended and pid is not None:
             try:
                 if hasattr(os, "killpg") and os.getpgid(pid) == pid:
                     os.killpg(pid, signal.SIGKILL)
@@ -337,7 +337,7 @@ class ProcessBackend:
                     self._process.kill()
             except (ProcessLookupError, PermissionError):
                 pass
-            self._process.join()
+            self._end.wait()
 
     def _send(self, message: ToChild | ControlRequest, conn: Connection | None = None) -> None:
         try:
@@ -364,7 +364,7 @@ class ProcessBackend:
                     self._cancel.set()
                 if conn.poll(POLL_S):
                     return conn.recv()
-                if not self._process.is_alive() and not conn.poll():
+                if self._end.ended and not conn.poll():
                     raise self._died()
                 now = time.monotonic()
                 if within is not None and now - began > within:
@@ -399,10 +399,11 @@ class ProcessBackend:
         return EngineDiedError(f"the engine process {what} and was ended; the conversation is kept")
 
     def _died(self) -> EngineDiedError:
-        self._process.join(1.0)
-        code = self._process.exitcode
-        how = "was killed" if code is not None and code < 0 else f"exited (code {code})"
-        return EngineDiedError(f"the engine process {how}; the conversation is kept")
+        """The error for a child whose pipe ended: how it ended, read from :class:`ChildEnd` (one that
+        closed its pipe and lives on is of no use, and is ended)."""
+        if not self._end.wait(DIED_WAIT_S):
+            return self._hung("closed its pipe")
+        return EngineDiedError(f"the engine process {how_it_ended(self._end.code)}; the conversation is kept")
 
 
 def _error(message: FromChild) -> BaseException:

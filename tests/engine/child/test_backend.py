@@ -279,3 +279,37 @@ def test_a_switch_behind_a_lesson_is_refused_not_waited_for(backend, monkeypatch
     finally:
         backend._control_lock.release()
     backend.set_speculation(True)  # its turn: answered
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
+def test_a_dead_child_is_reaped_once_and_its_end_said_with_its_signal(talker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Killed mid-reply with its end watched (the app's when_it_ends), the child was reaped by two threads:
+    the loser's waitpid got ECHILD and the reply ended "the engine process exited (code None)", saved into
+    the history (a hostile tester's). Here another thread reaps it first and is slow to come back with
+    what it read, as a thread waiting for the GIL is; the reply's reader (this thread) comes second."""
+    real_waitpid = os.waitpid
+
+    def racing_waitpid(pid: int, options: int) -> tuple[int, int]:
+        if threading.current_thread() is threading.main_thread():
+            time.sleep(0.2)  # the reply's reader comes second
+            return real_waitpid(pid, options)
+        got = real_waitpid(pid, options)
+        if got[0] == pid:
+            time.sleep(0.5)  # read, not yet stored
+        return got
+
+    backend = ProcessBackend.start(profile_from_sources(str(talker)), None, threads=1)
+    try:
+        ended = threading.Event()
+        backend.when_it_ends(ended.set)
+        reply = backend.chat(MESSAGES, GenerationParams(max_new_tokens=100_000, stop_token_ids=(10_000,)))
+        next(reply)
+        monkeypatch.setattr(os, "waitpid", racing_waitpid)
+        assert backend.pid is not None
+        os.kill(backend.pid, signal.SIGKILL)
+        with pytest.raises(EngineDiedError) as died:
+            list(reply)
+        assert "engine process was killed" in str(died.value) and "None" not in str(died.value)
+        assert ended.wait(10) and not backend.alive
+    finally:
+        backend.close()

@@ -1,0 +1,78 @@
+"""An engine child's end: read once, by one thread of the parent, and handed to whoever asks.
+
+Why one reader: a child's exit status can be read (``waitpid``) only once. The watcher of
+:meth:`~engine.child.backend.ProcessBackend.when_it_ends` joined the process while the reply's
+reader joined it too and then read its exit code; the one whose ``waitpid`` lost got ECHILD, read
+no code, and the reply ended "the engine process exited (code None)", saved into the history (a
+hostile tester's, after ``kill -9`` mid-reply). Now only :class:`ChildEnd`'s thread reaps the child;
+the others wait for it to say so.
+"""
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+CODE_WAIT_S = 1.0
+"""How long the reaper waits for an exit code that another reaper (multiprocessing's own, as a
+later engine starts) read first and has not stored yet."""
+
+
+class ChildEnd:
+    """Reaps ``process`` on a thread of its own, once it ends however it ends, and keeps its exit code."""
+
+    def __init__(self, process: Any) -> None:
+        self._process = process
+        self._ended = threading.Event()
+        self._code: int | None = None
+        self._lock = threading.Lock()
+        self._callbacks: list[Callable[[], None]] = []
+        threading.Thread(target=self._reap, name="specchat-engine-reaper", daemon=True).start()
+
+    @property
+    def ended(self) -> bool:
+        """Whether the child has ended and been reaped (its :attr:`code` is read)."""
+        return self._ended.is_set()
+
+    @property
+    def code(self) -> int | None:
+        """The exit code as multiprocessing gives it (``-signal`` for a signal); None until it ended, or
+        where it could not be read."""
+        return self._code
+
+    def wait(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds (None: for good) for the end; answers whether it came."""
+        return self._ended.wait(timeout)
+
+    def then(self, callback: Callable[[], None]) -> None:
+        """Call ``callback`` from a thread other than the caller's once the child has ended (at once,
+        on a thread of its own, if it has already)."""
+        with self._lock:
+            if not self._ended.is_set():
+                self._callbacks.append(callback)
+                return
+        threading.Thread(target=callback, name="specchat-engine-ended", daemon=True).start()
+
+    def _reap(self) -> None:
+        self._process.join()  # the one waitpid on this child
+        code = self._process.exitcode
+        deadline = time.monotonic() + CODE_WAIT_S
+        while code is None and time.monotonic() < deadline:  # another reaper read it and is storing it
+            time.sleep(0.01)
+            code = self._process.exitcode
+        with self._lock:
+            self._code = code
+            self._ended.set()
+            callbacks, self._callbacks = self._callbacks, []
+        for callback in callbacks:
+            callback()
+
+
+def how_it_ended(code: int | None) -> str:
+    """The end of a process with exit ``code`` in words (never "code None")."""
+    if code is None:
+        return "ended"
+    if code < 0:
+        return "was killed"
+    return f"exited (code {code})"
