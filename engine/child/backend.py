@@ -35,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import psutil
 
 from engine.api import EngineInfo
-from engine.child.ending import ChildEnd, how_it_ended
+from engine.child.ending import ChildEnd, crashed, how_it_ended
 from engine.child.launcher import LAUNCHER, real_stderr
 from engine.child.protocol import (
     ChatRequest, CloseRequest, ControlAnswer, ControlRequest, Failure, FromChild, LearnRequest, Progress, Ready,
@@ -147,6 +147,8 @@ class ProcessBackend:
         self._yield_until: Any = None  # the shared deadline of yield_to_ui (set by start)
         self.log_note: str | None = None
         """Why the child writes no log (set by :meth:`start`), for the app to say once."""
+        self._log: Path | None = None
+        """The child's log, where it writes one (set by :meth:`start`): a crash's report is there."""
 
     @classmethod
     def start(cls, profile: "ModelProfile", memory_budget: int | None = None,
@@ -181,6 +183,7 @@ class ProcessBackend:
         backend = cls(process, conn, control, cancel, EngineInfo(profile.name, "", "", "plain", ""))
         backend._yield_until = yield_until
         backend.log_note = log_note
+        backend._log = log if log_note is None else None
         try:
             while True:
                 message = backend._receive(stop=stop)
@@ -403,7 +406,12 @@ class ProcessBackend:
         closed its pipe and lives on is of no use, and is ended)."""
         if not self._end.wait(DIED_WAIT_S):
             return self._hung("closed its pipe")
-        return EngineDiedError(f"the engine process {how_it_ended(self._end.code)}; the conversation is kept")
+        code = self._end.code
+        report = ""
+        if crashed(code) and self._log is not None:  # its faulthandler wrote the stacks there (serve)
+            report = (f", and its crash report is in {self._log} (kept as {self._log.name}.1 once the engine "
+                      "is loaded again)")
+        return EngineDiedError(f"the engine process {how_it_ended(code)}; the conversation is kept{report}")
 
 
 def _error(message: FromChild) -> BaseException:

@@ -9,6 +9,7 @@ the others wait for it to say so.
 """
 from __future__ import annotations
 
+import signal
 import threading
 import time
 from collections.abc import Callable
@@ -69,10 +70,29 @@ class ChildEnd:
             callback()
 
 
+CRASH_SIGNALS = frozenset(getattr(signal, name) for name in ("SIGSEGV", "SIGBUS", "SIGABRT", "SIGILL", "SIGFPE")
+                          if hasattr(signal, name))
+"""Signals a process gets from its own fault (a bad read in a C kernel, an abort): a crash, not a kill.
+A child ended by one was said to be "killed", as if by a user."""
+
+
+def crashed(code: int | None) -> bool:
+    """Whether exit ``code`` (``-signal``) is a crash (:data:`CRASH_SIGNALS`)."""
+    return code is not None and -code in CRASH_SIGNALS
+
+
 def how_it_ended(code: int | None) -> str:
-    """The end of a process with exit ``code`` in words (never "code None")."""
+    """The end of a process with exit ``code`` in words, naming its signal (never "code None")."""
     if code is None:
         return "ended"
-    if code < 0:
-        return "was killed"
-    return f"exited (code {code})"
+    if code >= 0:
+        return f"exited (code {code})"
+    try:
+        name = signal.Signals(-code).name
+    except ValueError:
+        name = f"signal {-code}"
+    if crashed(code):
+        return f"crashed ({name})"
+    if -code == getattr(signal, "SIGKILL", None):
+        return f"was killed ({name}: by another program, or by the system when memory ran out)"
+    return f"was killed ({name})"

@@ -1,6 +1,7 @@
 """The child's side: load the profile, then answer requests until told to close or the pipe ends."""
 from __future__ import annotations
 
+import faulthandler
 import os
 import signal
 import threading
@@ -113,6 +114,10 @@ def serve(conn: Connection, control: Connection, cancel: "ProcessEvent", profile
         torch.set_num_threads(threads)
     if log is not None:
         _redirect_output(log)
+    # A native crash (a bad read in a C kernel, an abort) writes every thread's Python stack to the
+    # log (fd 2, redirected above) before its signal ends the process: the log stayed empty, said
+    # nothing, and was not kept as <log>.1 when the app loaded the engine again.
+    faulthandler.enable(file=2, all_threads=True)
     from engine.fetch.hublog import hub_messages_as_progress, quiet_transformers
     from engine.load.loader import load_engine
 

@@ -151,7 +151,7 @@ def test_a_killed_child_ends_the_reply_with_an_engine_error(talker, tmp_path: Pa
         assert log.exists()  # the child's output goes to the log, not over a full-screen UI
         assert backend.pid is not None and backend.alive
         os.kill(backend.pid, signal.SIGKILL)
-        with pytest.raises(EngineDiedError, match="engine process was killed"):
+        with pytest.raises(EngineDiedError, match=r"engine process was killed \(SIGKILL: by another program"):
             list(backend.chat(MESSAGES, PARAMS))
         assert not backend.alive  # the app loads the profile again (app.ui.engine_control.EngineControl.on_reply_finished)
     finally:
@@ -309,7 +309,33 @@ def test_a_dead_child_is_reaped_once_and_its_end_said_with_its_signal(talker, mo
         os.kill(backend.pid, signal.SIGKILL)
         with pytest.raises(EngineDiedError) as died:
             list(reply)
-        assert "engine process was killed" in str(died.value) and "None" not in str(died.value)
+        assert "engine process was killed (SIGKILL" in str(died.value) and "None" not in str(died.value)
         assert ended.wait(10) and not backend.alive
     finally:
         backend.close()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGSEGV")
+def test_a_crashed_child_is_said_to_crash_and_leaves_its_report_in_the_log(talker, tmp_path: Path) -> None:
+    """`kill -SEGV` mid-reply read "the engine process was killed", and the log was empty, so none was kept
+    as engine.log.1 when the app loaded the engine again (a hostile tester's). The child's faulthandler now
+    writes its stacks to the log, and the error names the signal and the log."""
+    log = tmp_path / "engine.log"
+    backend = ProcessBackend.start(profile_from_sources(str(talker)), None, log=log, threads=1)
+    try:
+        reply = backend.chat(MESSAGES, GenerationParams(max_new_tokens=100_000, stop_token_ids=(10_000,)))
+        next(reply)
+        assert backend.pid is not None
+        os.kill(backend.pid, signal.SIGSEGV)
+        with pytest.raises(EngineDiedError) as died:
+            list(reply)
+        said = str(died.value)
+        assert "crashed (SIGSEGV)" in said and "the conversation is kept" in said and str(log) in said
+        assert "engine.log.1" in said
+    finally:
+        backend.close()
+    report = log.read_text()
+    assert "Segmentation fault" in report
+    again = ProcessBackend.start(profile_from_sources(str(talker)), None, log=log, threads=1)  # the app's reload
+    again.close()
+    assert (tmp_path / "engine.log.1").read_text() == report
