@@ -149,6 +149,8 @@ class ProcessBackend:
         """Why the child writes no log (set by :meth:`start`), for the app to say once."""
         self._log: Path | None = None
         """The child's log, where it writes one (set by :meth:`start`): a crash's report is there."""
+        self._loading: str | None = None
+        """The profile the child is loading (set by :meth:`start` until it is ready), for its errors to say."""
 
     @classmethod
     def start(cls, profile: "ModelProfile", memory_budget: int | None = None,
@@ -184,6 +186,7 @@ class ProcessBackend:
         backend._yield_until = yield_until
         backend.log_note = log_note
         backend._log = log if log_note is None else None
+        backend._loading = profile.name
         try:
             while True:
                 message = backend._receive(stop=stop)
@@ -191,6 +194,7 @@ class ProcessBackend:
                     progress(message.stage, message.fraction)
                 elif isinstance(message, Ready):
                     backend._info = message.info
+                    backend._loading = None
                     return backend
                 else:
                     raise _error(message)
@@ -399,7 +403,7 @@ class ProcessBackend:
     def _hung(self, what: str) -> EngineDiedError:
         """End a child that stopped answering; the error that says so."""
         self._kill()
-        return EngineDiedError(f"the engine process {what} and was ended; the conversation is kept")
+        return EngineDiedError(f"the engine process {what} and was ended{self._at_stake()}")
 
     def _died(self) -> EngineDiedError:
         """The error for a child whose pipe ended: how it ended, read from :class:`ChildEnd` (one that
@@ -409,9 +413,13 @@ class ProcessBackend:
         code = self._end.code
         report = ""
         if crashed(code) and self._log is not None:  # its faulthandler wrote the stacks there (serve)
-            report = (f", and its crash report is in {self._log} (kept as {self._log.name}.1 once the engine "
-                      "is loaded again)")
-        return EngineDiedError(f"the engine process {how_it_ended(code)}; the conversation is kept{report}")
+            report = f"; its crash report is in {self._log} (kept as {self._log.name}.1 once an engine is loaded again)"
+        return EngineDiedError(f"the engine process {how_it_ended(code)}{self._at_stake()}{report}")
+
+    def _at_stake(self) -> str:
+        """What a child's death cost, for its error: a load (a death while loading read "the conversation
+        is kept", which means nothing for a load), or nothing of the conversation."""
+        return f" while loading {self._loading}" if self._loading is not None else "; the conversation is kept"
 
 
 def _error(message: FromChild) -> BaseException:

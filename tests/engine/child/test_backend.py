@@ -339,3 +339,27 @@ def test_a_crashed_child_is_said_to_crash_and_leaves_its_report_in_the_log(talke
     again = ProcessBackend.start(profile_from_sources(str(talker)), None, log=log, threads=1)  # the app's reload
     again.close()
     assert (tmp_path / "engine.log.1").read_text() == report
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGKILL")
+def test_a_child_that_dies_while_loading_says_so(talker) -> None:
+    """Killed during the app's reload, the load failed with "the engine process was killed; the conversation
+    is kept" (a hostile tester's): no conversation is at stake in a load, and it did not say it was loading."""
+    import multiprocessing
+
+    before = {p.pid for p in multiprocessing.active_children()}  # the module's backend has a child too
+    killed: list[int] = []
+
+    def progress(stage: str, fraction: float | None) -> None:
+        if not killed:
+            child = next(p for p in multiprocessing.active_children()
+                         if p.name.startswith("specchat-engine-") and p.pid not in before)
+            assert child.pid is not None
+            killed.append(child.pid)
+            os.kill(child.pid, signal.SIGKILL)
+
+    with pytest.raises(EngineDiedError) as died:
+        ProcessBackend.start(profile_from_sources(str(talker)), None, progress, threads=1)
+    said = str(died.value)
+    assert killed and said.startswith("the engine process was killed (SIGKILL") and "while loading cli" in said
+    assert "conversation" not in said
