@@ -48,6 +48,11 @@ class EngineDiedError(EngineError):
     be loaded again; the conversation is the app's and nothing of it is lost."""
 
 
+class EngineClosedError(EngineError):
+    """A reply ended because its engine was closed under it (the app quitting), not by a failure: the
+    reply keeps what it had and ends as stopped, as the quit asked; nothing is to be loaded again."""
+
+
 class LoadStoppedError(EngineError):
     """Loading a profile was stopped by the user (Esc) before it was ready: its process, and any
     download it ran, ended; whatever was loaded before stays."""

@@ -324,6 +324,9 @@ class EngineHost:
         and the pair it was replacing is closed too."""
         self._quitting.set()
         self._stop_load.set()
+        closing = getattr(self.backend, "closing", None)
+        if closing is not None:  # a reply's child that does not end it soon is ended, the reply not failed
+            closing()  # (engine.child.backend): a stopped one kept ctrl+q waiting STOP_WAIT_S, 10 s
         self.interrupt()  # a reply that holds the lock ends, or its hung child is ended (engine.child.backend)
         with self.lock:
             for backend in (self.backend, self._replaced):

@@ -26,7 +26,7 @@ from app.ui.messages import Outbox, ReplyChunk, ReplyFinished
 from app.ui.pacing import PaintPacer
 from app.ui.widgets.chat_view import AssistantMessage
 from engine.api import ChatBackend
-from engine.errors import EngineDiedError, SpecChatError
+from engine.errors import EngineClosedError, EngineDiedError, SpecChatError
 from engine.events import ChatMessage, FinishReason, GenerationParams, ReplyStats
 
 
@@ -119,6 +119,8 @@ def stream_reply(job: ReplyJob, post: Callable[[Message], Any]) -> None:
                 save(None)
                 if job.outbox.put(event):
                     post(ReplyChunk(job.reply_id, job.outbox))
+        except EngineClosedError:  # the app closes: the reply stops as the quit asked, the engine did not fail
+            finish = "cancelled"
         except SpecChatError as exc:
             error, finish, died = str(exc), "error", isinstance(exc, EngineDiedError)
         except Exception as exc:  # shown as a notice, never a traceback

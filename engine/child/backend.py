@@ -18,7 +18,9 @@ stops answering (stopped with SIGSTOP, wedged): once a reply was told to stop it
 :data:`STOP_WAIT_S` to end it, and a control request :data:`CONTROL_WAIT_S` (a drafter's
 lesson :data:`LEARN_WAIT_S`) for its answer, or it is ended as hung (a reply's child only once
 it is stopped or no longer uses the CPU: a slow but working one is waited for). Before, such a child
-held the engine for good: Esc, F2 and ctrl+q waited on it, and F5 froze the UI.
+held the engine for good: Esc, F2 and ctrl+q waited on it, and F5 froze the UI. When the app closes
+(:meth:`ProcessBackend.closing`) a child has :data:`CLOSE_ANSWER_S`, and its reply ends as closed,
+not as a failure.
 """
 from __future__ import annotations
 
@@ -32,17 +34,15 @@ from multiprocessing.connection import Connection
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-import psutil
-
 from engine.api import EngineInfo
-from engine.child.ending import ChildEnd, crashed, how_it_ended
+from engine.child.ending import ChildEnd, StopClock, cpu_seconds, crashed, how_it_ended
 from engine.child.launcher import LAUNCHER, real_stderr
 from engine.child.protocol import (
     ChatRequest, CloseRequest, ControlAnswer, ControlRequest, Failure, FromChild, LearnRequest, Progress, Ready,
     ReplyEnd, Round, SpeculationRequest, ToChild,
 )
 from engine.child.serve import serve
-from engine.errors import EngineBusyError, EngineDiedError, EngineError, LoadStoppedError
+from engine.errors import EngineBusyError, EngineClosedError, EngineDiedError, EngineError, LoadStoppedError
 from engine.events import ChatEvent, ChatMessage, GenerationParams
 from engine.progress import ProgressFn, no_progress
 
@@ -61,17 +61,20 @@ OpenMP step waits for its slowest thread."""
 YIELD_S = 0.25
 """How long the child runs on one thread fewer after :meth:`ProcessBackend.yield_to_ui` (seconds)."""
 
+CLOSE_ANSWER_S = 1.0
+"""How long a closing child (the app quitting: :meth:`ProcessBackend.closing`) has to end its reply, or
+itself, before it is ended unless it is still working (up to :data:`CLOSE_WAIT_S`). A child stopped
+(SIGSTOP) mid-reply kept ctrl+q on a blank screen for :data:`STOP_WAIT_S`, keys typed meanwhile
+reaching the shell; a healthy one exits in about a second, working all along."""
+
 CLOSE_WAIT_S = 10.0
-"""How long :meth:`ProcessBackend.close` waits for the child to exit before killing it."""
+"""The longest :meth:`ProcessBackend.close` waits for a child still working to exit before killing it."""
 
 STOP_WAIT_S = 10.0
 """How long a reply told to stop (Esc, a switch, quitting) may take to end before its child is
 looked at: a healthy child ends it within a round or a prompt's piece (well under a second). One
 that is stopped (SIGSTOP), or used less than :data:`PROGRESS_CPU_S` of CPU meanwhile, is ended as
-hung; one still computing (a slow machine, a compile) gets another wait."""
-
-PROGRESS_CPU_S = 0.1
-"""CPU seconds a child must have used over :data:`STOP_WAIT_S` to count as still working."""
+hung; one still computing (a slow machine, a compile) gets another wait (:class:`~engine.child.ending.StopClock`)."""
 
 CONTROL_WAIT_S = 5.0
 """How long a speculation switch (F5) waits for the child's answer, which its control thread
@@ -144,6 +147,7 @@ class ProcessBackend:
         self._info = info
         self._busy = threading.Lock()
         self._control_lock = threading.Lock()
+        self._closing = threading.Event()
         self._yield_until: Any = None  # the shared deadline of yield_to_ui (set by start)
         self.log_note: str | None = None
         """Why the child writes no log (set by :meth:`start`), for the app to say once."""
@@ -316,9 +320,16 @@ class ProcessBackend:
             raise answer.error
         self._info = answer.info
 
-    def close(self) -> None:
-        """Ask the child to free its models and exit; kill it if it does not."""
+    def closing(self) -> None:
+        """The app is closing (from any thread, before :meth:`close` waits for the reply): the reply is
+        stopped, its child ended if it has not ended it within :data:`CLOSE_ANSWER_S` and is not working,
+        and the reply ends with :class:`EngineClosedError`, not as a failure of the engine."""
+        self._closing.set()
         self._cancel.set()
+
+    def close(self) -> None:
+        """Ask the child to free its models and exit; kill it if it does not (see :data:`CLOSE_ANSWER_S`)."""
+        self.closing()
         try:
             self._conn.send(CloseRequest())
         except (OSError, ValueError):
@@ -326,9 +337,12 @@ class ProcessBackend:
         self._stop()
 
     def _stop(self, wait_s: float = CLOSE_WAIT_S) -> None:
-        """Give the child ``wait_s`` to exit, then end it with its process group (what it started:
-        a download's pip), and close the pipes."""
-        self._end.wait(wait_s)
+        """Give the child ``wait_s`` to exit (:data:`CLOSE_ANSWER_S` unless it works), then end it with its
+        process group (what it started: a download's pip), and close the pipes."""
+        clock = StopClock(self._cpu_seconds, time.monotonic())
+        while not self._end.wait(min(POLL_S, wait_s)) and not clock.overdue(time.monotonic(), CLOSE_ANSWER_S,
+                                                                             wait_s):
+            pass
         self._kill()
         self._conn.close()
         self._control.close()
@@ -357,12 +371,12 @@ class ProcessBackend:
         """The child's next message on ``conn`` (the reply pipe by default); forwards ``cancel``;
         raises :class:`LoadStoppedError` once ``stop`` is set. A child that sends nothing within
         ``within`` seconds, or on the reply pipe within :data:`STOP_WAIT_S` of the reply being told
-        to stop, is ended: :class:`EngineDiedError`, saying it hung."""
+        to stop, is ended: :class:`EngineDiedError`, saying it hung. Once the app closes, the reply
+        pipe's child has :data:`CLOSE_ANSWER_S`: :class:`EngineClosedError`."""
         conn = conn or self._conn
         began = time.monotonic()
-        asked: float | None = None  # when the reply was seen told to stop
-        stopping_since: float | None = None
-        cpu_then: float | None = None
+        stopping: StopClock | None = None  # since the reply was seen told to stop
+        closing: StopClock | None = None  # since the app was seen closing
         try:
             while True:
                 if stop is not None and stop.is_set():
@@ -376,38 +390,36 @@ class ProcessBackend:
                 now = time.monotonic()
                 if within is not None and now - began > within:
                     raise self._hung(f"did not answer within {within:g} s")
-                if conn is self._conn and self._cancel.is_set():
-                    if stopping_since is None:
-                        asked = stopping_since = now
-                        cpu_then = self._cpu_seconds()
-                    elif now - stopping_since > STOP_WAIT_S:
-                        cpu_now = self._cpu_seconds()
-                        if cpu_now is None or cpu_then is None or cpu_now - cpu_then < PROGRESS_CPU_S:
-                            raise self._hung(f"did not stop the reply within {now - (asked or now):.0f} s of being asked "
-                                             "and was not working")
-                        stopping_since, cpu_then = now, cpu_now  # still computing: wait again
+                if conn is not self._conn:
+                    continue
+                if self._closing.is_set():
+                    closing = closing or StopClock(self._cpu_seconds, now)
+                    if closing.overdue(now, CLOSE_ANSWER_S, CLOSE_WAIT_S):
+                        self._kill()
+                        raise self._died()
+                elif self._cancel.is_set():
+                    stopping = stopping or StopClock(self._cpu_seconds, now)
+                    if stopping.overdue(now, STOP_WAIT_S):
+                        raise self._hung(f"did not stop the reply within {now - stopping.asked:.0f} s of being "
+                                         "asked and was not working")
         except (EOFError, OSError) as exc:
             raise self._died() from exc
 
     def _cpu_seconds(self) -> float | None:
         """The CPU seconds the child has used, or None where it is stopped (SIGSTOP), gone or unknown."""
-        try:
-            process = psutil.Process(self._process.pid)
-            if process.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP, psutil.STATUS_ZOMBIE):
-                return None
-            used = process.cpu_times()
-        except (psutil.Error, ValueError, TypeError):
-            return None
-        return float(used.user + used.system)
+        return cpu_seconds(self._process.pid)
 
     def _hung(self, what: str) -> EngineDiedError:
         """End a child that stopped answering; the error that says so."""
         self._kill()
         return EngineDiedError(f"the engine process {what} and was ended{self._at_stake()}")
 
-    def _died(self) -> EngineDiedError:
+    def _died(self) -> EngineError:
         """The error for a child whose pipe ended: how it ended, read from :class:`ChildEnd` (one that
-        closed its pipe and lives on is of no use, and is ended)."""
+        closed its pipe and lives on is of no use, and is ended); once the app closes, that it closed."""
+        if self._closing.is_set():
+            self._kill()
+            return EngineClosedError("the engine was closed while it wrote this reply; the reply keeps what it had")
         if not self._end.wait(DIED_WAIT_S):
             return self._hung("closed its pipe")
         code = self._end.code

@@ -15,6 +15,11 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+import psutil
+
+PROGRESS_CPU_S = 0.1
+"""CPU seconds a child must have used over a wait (:class:`StopClock`) to count as still working."""
+
 CODE_WAIT_S = 1.0
 """How long the reaper waits for an exit code that another reaper (multiprocessing's own, as a
 later engine starts) read first and has not stored yet."""
@@ -96,3 +101,39 @@ def how_it_ended(code: int | None) -> str:
     if -code == getattr(signal, "SIGKILL", None):
         return f"was killed ({name}: by another program, or by the system when memory ran out)"
     return f"was killed ({name})"
+
+
+def cpu_seconds(pid: int | None) -> float | None:
+    """The CPU seconds process ``pid`` has used, or None where it is stopped (SIGSTOP), gone or unknown."""
+    try:
+        process = psutil.Process(pid)
+        if process.status() in (psutil.STATUS_STOPPED, psutil.STATUS_TRACING_STOP, psutil.STATUS_ZOMBIE):
+            return None
+        used = process.cpu_times()
+    except (psutil.Error, ValueError, TypeError):
+        return None
+    return float(used.user + used.system)
+
+
+class StopClock:
+    """How long a child told to stop (its reply, or itself) has had, and whether it is still working: one
+    stopped (SIGSTOP), gone, or that used less than :data:`PROGRESS_CPU_S` of CPU over a wait is not, and
+    is ended; a slow but working one (a prompt's piece on a slow CPU, a compile) is waited for again."""
+
+    def __init__(self, cpu: Callable[[], float | None], now: float) -> None:
+        self._cpu = cpu
+        self.asked = self._since = now
+        self._cpu_then = cpu()
+
+    def overdue(self, now: float, wait_s: float, limit_s: float | None = None) -> bool:
+        """True once ``limit_s`` has passed since it was asked, or ``wait_s`` since the last look with the
+        child not working meanwhile; a working child's wait starts again."""
+        if limit_s is not None and now - self.asked >= limit_s:
+            return True
+        if now - self._since <= wait_s:
+            return False
+        cpu_now = self._cpu()
+        if cpu_now is None or self._cpu_then is None or cpu_now - self._cpu_then < PROGRESS_CPU_S:
+            return True
+        self._since, self._cpu_then = now, cpu_now
+        return False

@@ -108,6 +108,33 @@ def test_close_closes_the_backend_once() -> None:
     made.close()
 
 
+def test_close_tells_the_backend_the_app_closes_before_waiting_for_its_reply() -> None:
+    """ctrl+q with the engine stopped mid-reply waited for the reply's reader, which gave the child STOP_WAIT_S
+    (10 s, on a blank screen): the backend is told the app closes first (engine.child.backend's closing),
+    so that its reader ends a child that does not answer soon."""
+    import threading
+
+    made = host()
+    fast = made.profiles.get("fast")  # type: ignore[union-attr]
+    backend = FakeBackend(fast)
+    told = threading.Event()
+    backend.closing = told.set  # type: ignore[attr-defined]
+    made.ready(backend, fast)
+    streaming = threading.Event()
+
+    def reply() -> None:  # a reply whose child ends it only once told the app closes
+        with made.lock:
+            streaming.set()
+            told.wait(10)
+
+    worker = threading.Thread(target=reply)
+    worker.start()
+    assert streaming.wait(10)
+    made.close()
+    worker.join()
+    assert told.is_set() and backend.closed
+
+
 def test_a_left_out_user_profile_is_a_warning_and_the_rest_load(tmp_path, monkeypatch) -> None:
     from engine.config.models_file import load_profiles
 

@@ -62,6 +62,19 @@ def test_an_engine_error_ends_the_reply_as_failed_keeping_its_text() -> None:
     assert end.error == "the engine process was killed" and saver.updates[-1] == ("Hel", "error")
 
 
+def test_a_reply_stopped_because_the_app_closes_ends_as_cancelled_not_failed() -> None:
+    """ctrl+q with the engine not answering saved the reply as failed, "the engine process did not stop the reply
+    ... and was ended", though the user simply quit (a hostile tester's)."""
+    from engine.errors import EngineClosedError
+
+    cancel = threading.Event()
+    cancel.set()  # the app's unmount stops the reply first
+    posted, saver = run(Failing(EngineClosedError("closed")), cancel)
+    end = posted[-1]
+    assert isinstance(end, ReplyFinished) and end.finish_reason == "cancelled"
+    assert end.error is None and not end.engine_died and saver.updates[-1] == ("Hel", "cancelled")
+
+
 def test_any_other_error_is_named_not_raised() -> None:
     posted, _ = run(Failing(KeyError("x")))
     assert posted[-1].error == "KeyError: 'x'"  # type: ignore[attr-defined]

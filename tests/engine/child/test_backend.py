@@ -363,3 +363,44 @@ def test_a_child_that_dies_while_loading_says_so(talker) -> None:
     said = str(died.value)
     assert killed and said.startswith("the engine process was killed (SIGKILL") and "while loading cli" in said
     assert "conversation" not in said
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGSTOP")
+def test_closing_ends_a_stopped_child_soon_and_its_reply_as_closed(talker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """ctrl+q with the engine stopped (SIGSTOP) mid-reply waited out STOP_WAIT_S on a blank screen, and the
+    reply was saved as failed: "did not stop the reply within 10 s of being asked ... and was ended", though
+    the user simply quit (a hostile tester's). Closing gives the child CLOSE_ANSWER_S, not STOP_WAIT_S nor
+    CLOSE_WAIT_S, and the reply ends as closed, not as a failure."""
+    import engine.child.backend as backend_module
+    from engine.errors import EngineClosedError
+
+    monkeypatch.setattr(backend_module, "STOP_WAIT_S", 600.0)
+    monkeypatch.setattr(backend_module, "CLOSE_WAIT_S", 600.0)
+    backend = ProcessBackend.start(profile_from_sources(str(talker)), None, threads=1)
+    try:
+        reply = backend.chat(MESSAGES, GenerationParams(max_new_tokens=100_000, stop_token_ids=(10_000,)))
+        next(reply)
+        assert backend.pid is not None
+        os.kill(backend.pid, signal.SIGSTOP)
+        began = time.monotonic()
+        threading.Timer(0.3, backend.closing).start()  # the app closes (app.ui.engine_host.EngineHost.close)
+        with pytest.raises(EngineClosedError):
+            list(reply)
+        assert time.monotonic() - began < 60 and not backend.alive
+    finally:
+        backend.close()
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGSTOP")
+def test_close_ends_a_stopped_idle_child_without_waiting_it_out(talker) -> None:
+    """Closing an idle child that does not answer (stopped) waited CLOSE_WAIT_S (10 s) before killing it; a
+    child that is not working is ended after CLOSE_ANSWER_S (1 s), and a healthy one still exits of itself."""
+    healthy = ProcessBackend.start(profile_from_sources(str(talker)), None, threads=1)
+    healthy.close()
+    assert healthy._end.code == 0  # freed its models and exited, not killed
+    backend = ProcessBackend.start(profile_from_sources(str(talker)), None, threads=1)
+    assert backend.pid is not None
+    os.kill(backend.pid, signal.SIGSTOP)
+    began = time.monotonic()
+    backend.close()
+    assert time.monotonic() - began < 5 and not backend.alive
