@@ -9,8 +9,9 @@ A child process has its own interpreter and GIL; the UI talks to it through
 one pipe, and the events crossing it are the same frozen dataclasses.
 
 The messages crossing the pipes are in :mod:`engine.child.protocol`, the child's
-loop in :mod:`engine.child.serve`, and the thread that starts children in
-:mod:`engine.child.launcher`.
+loop in :mod:`engine.child.serve`, the thread that starts children in
+:mod:`engine.child.launcher`, how a child's end is read and worded in
+:mod:`engine.child.ending`, and its log's checks in :mod:`engine.child.logfile`.
 
 A child that dies (killed, crashed) ends the reply with an :class:`EngineError`
 saying so; the conversation is the app's and nothing of it is lost. So does a child that
@@ -37,10 +38,12 @@ from typing import TYPE_CHECKING, Any
 from engine.api import EngineInfo
 from engine.child.ending import ChildEnd, StopClock, cpu_seconds, crashed, how_it_ended
 from engine.child.launcher import LAUNCHER, real_stderr
+from engine.child.logfile import crash_report, writable_log
 from engine.child.protocol import (
     ChatRequest, CloseRequest, ControlAnswer, ControlRequest, Failure, FromChild, LearnRequest, Progress, Ready,
     ReplyEnd, Round, SpeculationRequest, ToChild,
 )
+from engine.child.reply import Reply
 from engine.child.serve import serve
 from engine.errors import EngineBusyError, EngineClosedError, EngineDiedError, EngineError, LoadStoppedError
 from engine.events import ChatEvent, ChatMessage, GenerationParams
@@ -88,46 +91,6 @@ LEARN_WAIT_S = 120.0
 DIED_WAIT_S = 1.0
 """How long a child whose pipe ended may take to end itself before it is ended as hung."""
 """How long handing the drafter earlier chats may take (tokenizing and indexing: about a second)."""
-
-
-class _Reply(Iterator[ChatEvent]):
-    """A reply's events. A generator's ``finally`` runs only once it has started, so a
-    reply dropped (or closed) before its first event is let go of here instead: the
-    child is stopped and the engine freed for the next :meth:`ProcessBackend.chat`."""
-
-    def __init__(self, events: Iterator[ChatEvent], abandon: Callable[[], None]) -> None:
-        self._events = events
-        self._abandon: Callable[[], None] | None = abandon  # until the first event is asked for
-
-    def __next__(self) -> ChatEvent:
-        self._abandon = None  # from here the generator's own finally cleans up
-        return next(self._events)
-
-    def close(self) -> None:
-        abandon, self._abandon = self._abandon, None
-        if abandon is not None:
-            abandon()
-        else:
-            self._events.close()  # type: ignore[attr-defined]
-
-    def __del__(self) -> None:
-        self.close()
-
-
-def writable_log(log: Path | None) -> tuple[Path | None, str | None]:
-    """``log`` if its folder can be made and the file written, else the null device and why: a
-    state folder that was read-only (or a file) ended every engine at its start, the app's every
-    load failing with "the engine process exited (code 1)" (a hostile tester's)."""
-    if log is None:
-        return None, None
-    try:
-        log.parent.mkdir(parents=True, exist_ok=True)
-        with open(log, "a", encoding="utf-8"):
-            pass
-    except OSError as exc:
-        return Path(os.devnull), (f"the engine's log cannot be written to {log} ({exc.strerror or exc}): it runs "
-                                  "without one. Make that folder writable, or set SPECCHAT_STATE_DIR to one that is.")
-    return log, None
 
 
 class ProcessBackend:
@@ -246,7 +209,7 @@ class ProcessBackend:
         except BaseException:
             self._busy.release()
             raise
-        return _Reply(self._events(cancel), self._abandon)
+        return Reply(self._events(cancel), self._abandon)
 
     def yield_to_ui(self, seconds: float = YIELD_S) -> None:
         """Have the child decode on one thread fewer for ``seconds``, from any thread (a key's
@@ -423,9 +386,7 @@ class ProcessBackend:
         if not self._end.wait(DIED_WAIT_S):
             return self._hung("closed its pipe")
         code = self._end.code
-        report = ""
-        if crashed(code) and self._log is not None:  # its faulthandler wrote the stacks there (serve)
-            report = f"; its crash report is in {self._log} (kept as {self._log.name}.1 once an engine is loaded again)"
+        report = crash_report(self._log) if crashed(code) else ""
         return EngineDiedError(f"the engine process {how_it_ended(code)}{self._at_stake()}{report}")
 
     def _at_stake(self) -> str:
