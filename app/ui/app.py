@@ -333,6 +333,8 @@ class SpecChatApp(SafeTerminal, EngineControl, App[None]):  # SafeTerminal: titl
 
     def action_edit_last_prompt(self) -> None:
         """Edit the last prompt and ask it again; the earlier exchange stays (dimmed)."""
+        if self.conversation.after_stop(self.action_edit_last_prompt):
+            return
         last = self.conversation.last_exchange()
         if last is not None:
             self.push_screen(*ask_edited_prompt(self.conversation, *last))

@@ -57,6 +57,11 @@ class ReplyStream:
     def is_current(self, reply_id: int) -> bool:
         return reply_id == self.reply_id and self.widget is not None
 
+    @property
+    def stopping(self) -> bool:
+        """A reply streams and was asked to stop (Esc): its end is on its way."""
+        return self.cancel is not None and self.cancel.is_set()
+
     def stop(self) -> None:
         """Ask the engine to stop after the current round (safe from any thread)."""
         if self.cancel is not None:

@@ -88,6 +88,8 @@ class Conversation(ChatSettings, LastExchange, ReplyPainting, Horizontal):
         """Flushes the HUD every HUD_REFRESH_S; paused while a reply streams (its paints flush it)."""
         self._greedy_said = False
         """ctrl+r's word on greedy decoding (the same reply again) was said this session."""
+        self.after_reply: list[Callable[[], None]] = []
+        """ctrl+r or ctrl+g pressed while Esc's stop was on its way: run once the reply ended."""
         self._prompt = PromptArea(id="prompt", placeholder=PLACEHOLDER)
         """The prompt box, held: its text can still be read as the app closes, once unmounted."""
 
@@ -183,6 +185,7 @@ class Conversation(ChatSettings, LastExchange, ReplyPainting, Horizontal):
         Leaving a private chat, its prompts leave Up's recall; any that return to the box
         are said to, since sending them now puts them in the next chat."""
         self.stream.forget()
+        self.after_reply = []  # they were for the chat left
         self.generating = False
         waiting, self.queued = [w.text for w in self.queued], []
         await self.chat_log.clear()

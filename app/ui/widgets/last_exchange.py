@@ -5,6 +5,7 @@ Both keep the earlier exchange on screen, dimmed, and in the history. A mixin of
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Protocol
 
 from textual.widget import Widget
@@ -16,6 +17,7 @@ from app.ui.widgets.transcript import last_exchange
 
 if TYPE_CHECKING:
     from app.ui.engine_host import EngineHost
+    from app.ui.reply_stream import ReplyStream
     from app.ui.sampling import ChatSampling
     from app.ui.widgets.chat_log import ChatLog
     from app.ui.widgets.prompt import PromptArea
@@ -40,6 +42,23 @@ class LastExchange(_Base):
     prompt: PromptArea
     send_prompt: SendsPrompts
     _greedy_said: bool
+    stream: ReplyStream
+    after_reply: list[Callable[[], None]]
+
+    def after_stop(self, action: Callable[[], None]) -> bool:
+        """Run ``action`` once the reply being stopped has ended; False (nothing kept) when no stop
+        is under way. Keys are taken in the order typed: Esc then ctrl+r was refused with "press Esc
+        to stop it" while the stop was still on its way (a hostile tester's)."""
+        if not (self.generating and self.stream.stopping and not self.queued):
+            return False
+        self.after_reply.append(action)
+        return True
+
+    def run_after_reply(self) -> None:
+        """The reply ended and no queued prompt took over: what :meth:`after_stop` kept, in order."""
+        waiting, self.after_reply = self.after_reply, []
+        for action in waiting:
+            action()
 
     def last_exchange(self) -> tuple[UserMessage, AssistantMessage | None] | None:
         """The last prompt on screen and its reply; None (with a notice) while a reply
@@ -54,6 +73,8 @@ class LastExchange(_Base):
 
     def regenerate(self) -> None:
         """Answer the last prompt again; the earlier reply stays (dimmed) and in the history."""
+        if self.after_stop(self.regenerate):
+            return
         last = self.last_exchange()
         if last is None:
             return

@@ -50,6 +50,7 @@ class ReplyPainting(_Base):
     prompt: PromptArea
     chat_id: int | None
     send_queued: Callable[[], None]
+    run_after_reply: Callable[[], None]
 
     async def on_reply_chunk(self, message: ReplyChunk) -> None:
         """Rounds are waiting: show them now, or when the pacer allows the next paint."""
@@ -111,6 +112,8 @@ class ReplyPainting(_Base):
         if self.screen.is_active and self.screen.focused is None:
             self.prompt.focus()
         self.send_queued()
+        if not self.generating:
+            self.run_after_reply()  # Esc then ctrl+r: the regenerate it kept
         if not self.generating:  # no queued prompt took over: collect once the last frame is out
             self.call_after_refresh(self.stream.collector.reply_over)
 

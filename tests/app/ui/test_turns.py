@@ -219,3 +219,26 @@ async def test_reopened_chat_continues_with_its_own_profile(make_app: Callable[.
         await app.open_chat(chat_id)
         await wait_for(pilot, lambda: app.engine.backend is not None and app.engine.profile.name == "lookup" and not app.engine.loading)
         assert [m.text for m in app.query(UserMessage)] == ["with lookup"]
+
+
+async def test_ctrl_r_or_ctrl_g_right_after_esc_waits_for_the_stop_instead_of_being_refused(
+        make_app: Callable[..., SpecChatApp]) -> None:
+    """Keys are taken in the order typed: Esc then ctrl+r (100-500 ms apart on a loaded machine) said
+    "Wait for the reply to finish (or press Esc to stop it)" and regenerated nothing."""
+    long = [[(f"w{i} ", "target")] for i in range(400)]
+    loader = FakeLoader(delay=0.05, script=long)
+    app = make_app(loader=loader)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "tell me a long story")
+        await wait_for(pilot, lambda: "w3" in (app.query(AssistantMessage).last().text or ""))
+        app.action_stop()  # Esc, then ctrl+r before the reply's end has come back
+        app.action_regenerate()
+        await wait_for(pilot, lambda: len(loader.backends[0].calls) == 2)
+        replies = list(app.query(AssistantMessage))
+        assert len(replies) == 2 and replies[0].has_class("-superseded")
+        await wait_for(pilot, lambda: "w3" in (app.query(AssistantMessage).last().text or ""))
+        app.action_stop()
+        app.action_edit_last_prompt()
+        await wait_for(pilot, lambda: isinstance(app.screen, EditScreen))
+        assert not any("Wait for the reply to finish" in n.message for n in app._notifications)
