@@ -43,6 +43,8 @@ from app.ui.widgets.transcript import copyable, messages_of, widgets_for
 from engine.events import ChatMessage
 
 HUD_REFRESH_S = 0.25
+LEFT_REPLY_WAIT_S = 1.0
+"""How long opening a chat waits for the saver to write the reply it was left with (ctrl+n mid-reply, then F3)."""
 
 WELCOME = (
     "Ask anything. [b]Enter[/b] sends, [b]ctrl+j[/b] adds a line, [b]Esc[/b] stops a reply.\n"
@@ -183,7 +185,11 @@ class Conversation(ChatSettings, LastExchange, ReplyPainting, Horizontal):
     async def _reset(self) -> None:
         """Empty the transcript; prompts that never went out return to the box, not lost.
         Leaving a private chat, its prompts leave Up's recall; any that return to the box
-        are said to, since sending them now puts them in the next chat."""
+        are said to, since sending them now puts them in the next chat. A reply still streaming
+        is stopped, and said to be (it stopped without a word: a hostile tester's)."""
+        if self.generating:
+            notice(self, "Stopped the reply to leave the chat; it is saved as far as it got." if not self.private
+                   else "Stopped the reply to leave the private chat.")
         self.stream.forget()
         self.after_reply = []  # they were for the chat left
         self.generating = False
@@ -216,8 +222,16 @@ class Conversation(ChatSettings, LastExchange, ReplyPainting, Horizontal):
         notice(self, said or ("New private chat: not saved, not learned from." if private else "New chat."))
 
     async def open_chat(self, chat_id: int) -> ChatRecord | None:
-        """Show a saved chat to continue it; answers its record (None: it is gone)."""
+        """Show a saved chat to continue it; answers its record (None: it is gone, or it is the one
+        open: opened again, its streaming reply was stopped and shown as never saved). A chat just
+        left mid-reply is read once the saver has its end (:data:`LEFT_REPLY_WAIT_S` at most)."""
+        if chat_id == self.chat_id and not self.private:
+            notice(self, "That chat is the one open.")
+            return None
         history = self.archive.history
+        saver = self.archive.saver
+        if saver is not None and any(chat.id == chat_id for chat, _, _ in saver.pending()):
+            saver.flush(LEFT_REPLY_WAIT_S)
         chat = self.archive.db(history.get_chat, chat_id) if history is not None else None
         records = self.archive.db(history.messages, chat_id) if history is not None else None
         if chat is None or records is None:

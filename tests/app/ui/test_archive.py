@@ -386,3 +386,27 @@ async def test_a_chat_deleted_in_another_window_keeps_the_next_exchange_in_a_new
         assert app.sub_title.endswith("(recovered)")
         assert not any("lock is released" in n.message for n in app._notifications)
         other.close()
+
+
+@pytestmark_async
+async def test_opening_a_chat_mid_reply_says_the_reply_stopped_and_the_open_one_is_left_streaming(
+        make_app: Callable[..., SpecChatApp]) -> None:
+    """F3 on the open chat mid-reply stopped the reply without a word and showed it as "unfinished: its
+    end was never saved" (the saver had not written it yet); another chat stopped it silently too."""
+    long = [[(f"w{i} ", "target")] for i in range(400)]
+    loader = FakeLoader(delay=0.02, script=long)
+    app = make_app(loader=loader)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        history = app.archive.history
+        assert history is not None
+        other = history.create_chat("another chat", "fast")
+        history.add_message(other, "user", "an earlier question")
+        await send(pilot, "count for me")
+        await wait_for(pilot, lambda: app.conversation.chat_id is not None and "w3" in app.query(AssistantMessage).last().text)
+        await app.open_chat(app.conversation.chat_id)  # the chat already open
+        await wait_for(pilot, lambda: any("the one open" in n.message for n in app._notifications))
+        assert app.conversation.generating
+        await app.open_chat(other)
+        await wait_for(pilot, lambda: any("Stopped the reply to leave the chat" in n.message for n in app._notifications))
+        assert [m.text for m in app.query(UserMessage)] == ["an earlier question"]
