@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from app.store.history import DRAFTING_CHARS
 from app.ui.engine_host import EngineHost, Refusal
 from app.ui.formatting import plan_lines
-from app.ui.labels import header_title
+from app.ui.labels import dropped_drafter, header_title
 from app.ui.messages import EngineEnded, EngineFailed, EngineReady, LoadProgress, ReplyFinished
 from app.ui.notices import notice
 from app.ui.screens.edit import ConfirmScreen
@@ -105,11 +105,13 @@ class EngineControl:
         self._start_load(profile)
 
     def _header(self, profile: "ModelProfile | None") -> str:
-        """The header's second part: the open chat's title, else the profile and its models (the
-        HUD names the profile either way)."""
+        """The header's second part: the open chat's title, else the profile and its models as
+        loaded (the HUD names the profile either way): a draft dropped for memory was still named."""
         if self.conversation.title and not self.conversation.private:
             return self.conversation.title
-        return header_title(profile, self.conversation.private)
+        backend = self.engine.backend
+        loaded = backend.info if backend is not None and profile is self.engine.profile else None
+        return header_title(profile, self.conversation.private, dropped_for=dropped_drafter(profile, loaded))
 
     def _start_load(self, profile: "ModelProfile") -> None:
         old, old_profile = self.engine.begin_load(profile)
@@ -144,6 +146,7 @@ class EngineControl:
             backend = message.backend
             backend.when_it_ends(lambda: self.post_message(EngineEnded(backend)))
         self.engine.ready(message.backend, message.profile)
+        self.sub_title = self._header(message.profile)  # as loaded: a draft dropped is not named
         self.refresh_bindings()
         info = message.backend.info
         self.conversation.hud.show_engine(info, message.profile, fresh=True)

@@ -5,6 +5,7 @@ from typing import TYPE_CHECKING
 
 
 if TYPE_CHECKING:
+    from engine.api import EngineInfo
     from engine.config.profiles import ModelProfile, ModelSpec
 
 
@@ -18,21 +19,41 @@ def spec_label(spec: "ModelSpec") -> str:
     return spec.source
 
 
-def header_title(profile: "ModelProfile | None", private: bool = False) -> str:
-    """The header's second part: the profile and its models, after "private chat" in one."""
+def header_title(profile: "ModelProfile | None", private: bool = False, dropped_for: str | None = None) -> str:
+    """The header's second part: the profile and its models, after "private chat" in one;
+    ``dropped_for``: the drafter that runs in place of a draft model the engine dropped."""
     parts = ["private chat"] if private else []
     if profile is not None:
-        parts.append(f"{profile.name} · {profile_pair(profile)}")
+        parts.append(f"{profile.name} · {profile_pair(profile, dropped_for)}")
     return " · ".join(parts)
 
 
-def profile_pair(profile: "ModelProfile") -> str:
-    """``"target ← draft"`` with quantizations, or the n-gram/none drafter;
-    for a server profile, the model and the server's address."""
+def dropped_drafter(profile: "ModelProfile | None", info: "EngineInfo | None") -> str | None:
+    """What drafts in place of the drafter ``profile`` names, where the engine dropped it: ``"none"``
+    (decoding plainly: dropped while decoding, out of memory) or ``"ngram"`` (a draft model dropped
+    at load, for memory or a tokenizer that differs: its lookup mode, or no draft bytes loaded, says
+    so); None where it runs as its profile says. The HUD and the header read it alike."""
+    if profile is None or info is None or profile.drafter == "none":
+        return None
+    if info.drafter == "none":
+        return "none"
+    if profile.drafter == "model" and (info.mode == "ngram" or not info.draft_bytes):
+        return "ngram"
+    return None
+
+
+def profile_pair(profile: "ModelProfile", dropped_for: str | None = None) -> str:
+    """``"target ← draft"`` with quantizations, or the n-gram/none drafter; with ``dropped_for``,
+    the drafter that replaced the profile's draft model, said so. For a server profile, the model
+    and the server's address."""
     server = getattr(profile, "server", None)
     if server is not None:
         return f"{server.model or 'its first model'} @ {server.root} (server)"
     target = spec_label(profile.target)
+    if dropped_for == "none":
+        return f"{target} (drafter dropped: plain decoding)"
+    if dropped_for is not None:
+        return f"{target} ← n-gram lookup (draft model dropped)"
     if profile.drafter == "model" and profile.draft is not None:
         return f"{target} ← {spec_label(profile.draft)}"
     if profile.drafter == "ngram":

@@ -16,7 +16,7 @@ from textual.containers import VerticalScroll
 from textual.content import Content
 from textual.widgets import Label, ProgressBar, Static
 
-from app.ui.labels import spec_label
+from app.ui.labels import dropped_drafter, spec_label
 from app.ui.formatting import (
     DASH,
     bar,
@@ -260,18 +260,12 @@ class Hud(VerticalScroll):
         return drafted_sources(drafter, self.profile.lookup and drafter == "model")
 
     def _draft_dropped(self) -> bool:
-        """The engine runs without the drafter its profile names: a draft model dropped at load (for
-        memory, a tokenizer mismatch: its lookup mode, or no draft bytes loaded, says so), or any
-        drafter dropped while decoding (:meth:`_all_dropped`)."""
-        return (self.profile is not None and self.info is not None and self.profile.drafter != "none"
-                and (self._all_dropped() or (self.profile.drafter == "model"
-                                             and (self.info.mode == "ngram" or not self.info.draft_bytes))))
+        """The engine runs without the drafter its profile names (:func:`~app.ui.labels.dropped_drafter`)."""
+        return dropped_drafter(self.profile, self.info) is not None
 
     def _all_dropped(self) -> bool:
-        """The engine has no drafter at all where its profile names one: dropped while decoding (out
-        of memory), so it decodes plainly."""
-        return (self.profile is not None and self.info is not None and self.profile.drafter != "none"
-                and self.info.drafter == "none")
+        """The engine has no drafter at all where its profile names one: it decodes plainly."""
+        return dropped_drafter(self.profile, self.info) == "none"
 
     def _legend(self, one_line: bool = False) -> Content:
         """The colour view's legend: what the loaded drafter produces and what the chat on

@@ -169,6 +169,9 @@ async def test_refused_draft_shows_notice_and_reason(make_app: Callable[..., Spe
         hud.flush()
         engine_text = str(hud.query_one("#hud-engine").render())
         assert "plain decoding" in engine_text and "tokenizer differs" in engine_text
+        # the header named the dropped draft model as if it ran (a hostile tester's)
+        assert "fast · " in app.sub_title and app.sub_title.endswith("(drafter dropped: plain decoding)")
+        assert "←" not in app.sub_title
 
 
 async def test_loader_error_is_a_notice_not_a_crash(make_app: Callable[..., SpecChatApp]) -> None:

@@ -342,3 +342,19 @@ async def test_a_server_replys_acceptance_is_no_round_of_the_sparkline() -> None
         hud.start_reply()
         hud.set_stats(ServerStats(mode="spec", server="llama.cpp", tokens=9, proposed=6, accepted=3), live=False)
         assert not hud.round_accepted
+
+
+def test_the_drafter_run_in_place_of_a_dropped_one_is_read_once_for_the_hud_and_the_header() -> None:
+    """The header named a draft model the memory plan had dropped while the HUD said n-gram lookup."""
+    from app.ui.labels import dropped_drafter, profile_pair
+    from engine.api import EngineInfo
+    from tests.app.fakes import make_profiles
+
+    pair = make_profiles().get("fast")  # drafter = "model"
+    loaded = EngineInfo("fast", "t", "model", "spec", "cpu", draft_bytes=1)
+    assert dropped_drafter(pair, loaded) is None
+    lookup = EngineInfo("fast", "t", "ngram", "ngram", "cpu")
+    assert dropped_drafter(pair, lookup) == "ngram"
+    assert profile_pair(pair, "ngram").endswith("← n-gram lookup (draft model dropped)")
+    assert dropped_drafter(pair, EngineInfo("fast", "t", "none", "plain", "cpu")) == "none"
+    assert dropped_drafter(make_profiles().get("lookup"), lookup) is None  # lookup is its own drafter
