@@ -333,7 +333,7 @@ class SpecChatApp(SafeTerminal, EngineControl, App[None]):  # SafeTerminal: titl
 
     def action_edit_last_prompt(self) -> None:
         """Edit the last prompt and ask it again; the earlier exchange stays (dimmed)."""
-        if self.conversation.after_stop(self.action_edit_last_prompt):
+        if self.conversation.when_free(self.action_edit_last_prompt, "ctrl+g opens the last prompt", load_too=False):
             return
         last = self.conversation.last_exchange()
         if last is not None:

@@ -41,7 +41,9 @@ class EngineControl:
 
     def action_toggle_speculation(self) -> None:
         if self.engine.backend is None:
-            notice(self, "No model is loaded yet.", severity="warning")
+            loading = self.engine.profile.name if self.engine.loading and self.engine.profile else None
+            notice(self, f"{loading} is loading: F5 switches speculation once it is ready." if loading
+                   else "No model is loaded yet.", severity="warning")
             return
         try:
             was_on, info = self.engine.toggle_speculation()
@@ -167,6 +169,7 @@ class EngineControl:
         if self.engine.off_by_user:
             notice(self, "Speculation stays off, as you set it with F5: plain decoding until you press F5 again.")
         self.conversation.send_queued()
+        self.conversation.run_after_reply()  # ctrl+r pressed while it loaded
 
     def _teach_drafter(self) -> None:
         """A suffix-drafting profile drafts from earlier chats: hand it the history as it is now,
@@ -223,6 +226,7 @@ class EngineControl:
 
     def on_engine_failed(self, message: EngineFailed) -> None:
         self.engine.failed(message.restored)
+        self.conversation.after_reply = []  # ctrl+r kept for the model that did not load
         if not self.screen_stack:
             return
         self.refresh_bindings()

@@ -91,7 +91,7 @@ class Conversation(ChatSettings, LastExchange, ReplyPainting, Horizontal):
         self._greedy_said = False
         """ctrl+r's word on greedy decoding (the same reply again) was said this session."""
         self.after_reply: list[Callable[[], None]] = []
-        """ctrl+r or ctrl+g pressed while Esc's stop was on its way: run once the reply ended."""
+        """ctrl+r or ctrl+g pressed while Esc's stop or a load was on its way: run once it is over."""
         self._prompt = PromptArea(id="prompt", placeholder=PLACEHOLDER)
         """The prompt box, held: its text can still be read as the app closes, once unmounted."""
 

@@ -45,17 +45,24 @@ class LastExchange(_Base):
     stream: ReplyStream
     after_reply: list[Callable[[], None]]
 
-    def after_stop(self, action: Callable[[], None]) -> bool:
-        """Run ``action`` once the reply being stopped has ended; False (nothing kept) when no stop
-        is under way. Keys are taken in the order typed: Esc then ctrl+r was refused with "press Esc
-        to stop it" while the stop was still on its way (a hostile tester's)."""
-        if not (self.generating and self.stream.stopping and not self.queued):
+    def when_free(self, action: Callable[[], None], what: str, *, load_too: bool = True) -> bool:
+        """Run ``action`` (``what`` the key does) once the reply being stopped has ended or (``load_too``)
+        the profile being loaded is ready, as a prompt sent meanwhile waits; False (nothing kept) when
+        neither is under way. Keys are taken in the order typed: Esc then ctrl+r was refused with "press Esc to
+        stop it" while the stop was on its way, and ctrl+r during a switch said "No model is loaded
+        yet" (a hostile tester's)."""
+        if load_too and self.host.loading and self.host.profile is not None:
+            notice(self, f"{what} once {self.host.profile.name} is ready.")
+        elif not (self.generating and self.stream.stopping and not self.queued):
             return False
         self.after_reply.append(action)
         return True
 
     def run_after_reply(self) -> None:
-        """The reply ended and no queued prompt took over: what :meth:`after_stop` kept, in order."""
+        """The reply ended, or the model is ready, and no queued prompt took over: what
+        :meth:`when_free` kept, in order."""
+        if self.generating or self.host.loading:
+            return
         waiting, self.after_reply = self.after_reply, []
         for action in waiting:
             action()
@@ -73,7 +80,7 @@ class LastExchange(_Base):
 
     def regenerate(self) -> None:
         """Answer the last prompt again; the earlier reply stays (dimmed) and in the history."""
-        if self.after_stop(self.regenerate):
+        if self.when_free(self.regenerate, "ctrl+r answers again"):
             return
         last = self.last_exchange()
         if last is None:

@@ -112,8 +112,7 @@ class ReplyPainting(_Base):
         if self.screen.is_active and self.screen.focused is None:
             self.prompt.focus()
         self.send_queued()
-        if not self.generating:
-            self.run_after_reply()  # Esc then ctrl+r: the regenerate it kept
+        self.run_after_reply()  # Esc then ctrl+r: the regenerate it kept
         if not self.generating:  # no queued prompt took over: collect once the last frame is out
             self.call_after_refresh(self.stream.collector.reply_over)
 

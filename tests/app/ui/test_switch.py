@@ -13,6 +13,7 @@ from textual.widgets import OptionList
 from app.ui.app import SpecChatApp
 from app.cli import main
 from app.ui.screens.profiles import ProfilePicker
+from app.ui.widgets.chat_view import AssistantMessage
 from engine.progress import ProgressFn
 from engine.errors import MemoryPlanError, ModelSourceError
 from engine.config.profiles import ModelProfile, Profiles
@@ -246,3 +247,25 @@ async def test_a_switch_during_a_reply_says_it_stopped_the_reply(make_app: Calla
         await wait_for(pilot, lambda: not app.engine.loading and not app.conversation.generating)
         said = [n.message for n in app._notifications]
         assert "Stopped the reply to load lookup; ctrl+r asks again once it is ready." in said
+
+
+async def test_ctrl_r_during_a_switch_answers_again_once_the_new_model_is_ready_and_f5_says_why_it_waits(
+        make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
+    """During a switch ctrl+r and F5 said "No model is loaded yet." while the HUD said the old pair stays
+    until the new one is ready, and Enter queued a prompt meanwhile (a hostile tester's)."""
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await ready(pilot)
+        await send(pilot, "first question")
+        await wait_for(pilot, lambda: not app.conversation.generating)
+        await switching_to_lookup(pilot, app, loader)
+        await pilot.press("ctrl+r", "f5")
+        messages = lambda: [n.message for n in app._notifications]  # noqa: E731
+        await wait_for(pilot, lambda: "ctrl+r answers again once lookup is ready." in messages())
+        assert "lookup is loading: F5 switches speculation once it is ready." in messages()
+        assert "No model is loaded yet." not in messages()
+        loader.gate.set()
+        await wait_for(pilot, lambda: len(loader.backends) == 2 and len(loader.backends[1].calls) == 1)
+        await wait_for(pilot, lambda: not app.conversation.generating)
+        replies = list(app.query(AssistantMessage))
+        assert len(replies) == 2 and replies[0].has_class("-superseded")
