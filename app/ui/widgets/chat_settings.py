@@ -97,8 +97,8 @@ class ChatSettings(_Base):
     def profile_changed(self, name: str) -> None:
         """A new profile is loaded: the chat continues with it (and its sampling over the profile's)."""
         self.set_sampling(self.sampling, save=False)
-        if self._chat is not None:
-            self._chat.profile = name
+        if self._chat is not None and self._chat.profile != name:  # the same again (a reload) is no change:
+            self._chat.profile = name  # saved each time, it read as "1 chat setting not saved" under a lock
             self._save_setting("profile")
 
     def unsent_text(self) -> str:

@@ -339,6 +339,8 @@ async def test_the_open_chat_deleted_elsewhere_and_a_profile_change(make_app: Ca
         conversation = app.conversation
         await replied(pilot, "first")
         chat_id = saved_chat(app)
+        conversation.profile_changed("fast")  # the same profile loaded again: nothing to save
+        assert app.archive.saver.unsaved_settings() == 0  # type: ignore[union-attr]
         conversation.profile_changed("lookup")
         assert app.archive.saver.flush(5)  # type: ignore[union-attr]
         assert app.archive.history.get_chat(chat_id).profile == "lookup"  # type: ignore[union-attr]
