@@ -222,6 +222,8 @@ class SpecChatApp(SafeTerminal, EngineControl, App[None]):  # SafeTerminal: titl
         """Esc: stop the reply; with none streaming, stop a profile's load (its downloads too)."""
         if self.conversation.generating:
             self.conversation.stop_reply()
+            if self.conversation.stream.widget is not None:
+                self.conversation.stream.widget.set_stopping()
         elif self.engine.stop_loading():
             notice(self, f"Stopping the load of {self.engine.profile.name if self.engine.profile else 'the profile'}…")
 

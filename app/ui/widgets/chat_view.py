@@ -206,6 +206,8 @@ class AssistantMessage(Vertical):
         self.text = text
         self.pieces: Pieces = merge_pieces(pieces) if pieces else ([(text, "target")] if text else [])
         self.finish_reason = finish_reason
+        self.stopping = False
+        """Esc was pressed and the engine's end of the reply has not come back yet."""
         self.stats = stats
         self.unformatted: int | None = None
         """The blocks of a saved reply too long to lay out (:data:`LAID_OUT_BLOCKS`), shown unformatted."""
@@ -241,6 +243,8 @@ class AssistantMessage(Vertical):
 
     def _footer_text(self) -> Content:
         if self.finish_reason is None:  # no text yet: the engine reads the prompt (a long paste: a minute on coder)
+            if self.stopping:
+                return Content("stopping…")
             return Content("generating…" if self.text else "reading the prompt…")
         parts: list[str] = []
         figures, failure = split_failure(self.stats)
@@ -277,6 +281,13 @@ class AssistantMessage(Vertical):
         self._set_classes(**{"-streaming": self.finish_reason is None, "-stopped": self.finish_reason in ("cancelled", UNFINISHED),
                              "-error": self.finish_reason == "error"})
         self.query_one(".reply-footer", Static).update(self._footer_text())
+
+    def set_stopping(self) -> None:
+        """Esc was heard: the footer says so at once. An engine that took its time to answer (busy, or
+        stopped by SIGSTOP) left "generating…" for up to 10 s, as if Esc had not been read."""
+        if self.finish_reason is None and not self.stopping:
+            self.stopping = True
+            self.query_one(".reply-footer", Static).update(self._footer_text())
 
     async def append(self, text: str, pieces: Iterable[tuple[str, str]]) -> None:
         """Add the text of the rounds since the last paint, and render it before returning.

@@ -242,3 +242,24 @@ async def test_ctrl_r_or_ctrl_g_right_after_esc_waits_for_the_stop_instead_of_be
         app.action_edit_last_prompt()
         await wait_for(pilot, lambda: isinstance(app.screen, EditScreen))
         assert not any("Wait for the reply to finish" in n.message for n in app._notifications)
+
+
+async def test_esc_says_stopping_at_once_while_the_engines_end_of_the_reply_is_on_its_way(
+        make_app: Callable[..., SpecChatApp]) -> None:
+    """An engine slow to answer Esc (busy, or SIGSTOPped) left "generating…" for up to 10 s, as if
+    Esc had not been read (a hostile tester's)."""
+    from textual.widgets import Static
+
+    long = [[(f"w{i} ", "target")] for i in range(400)]
+    app = make_app(loader=FakeLoader(delay=0.05, script=long))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "tell me a long story")
+        await wait_for(pilot, lambda: "w3" in (app.query(AssistantMessage).last().text or ""))
+        reply = app.query(AssistantMessage).last()
+        footer = reply.query_one(".reply-footer", Static)
+        assert str(footer.render()) == "generating…"
+        app.action_stop()
+        assert str(footer.render()) == "stopping…"  # before the engine's end has come back
+        await wait_for(pilot, lambda: not app.conversation.generating)
+        assert str(footer.render()).startswith("■ stopped")
