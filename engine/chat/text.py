@@ -138,10 +138,12 @@ class IncrementalDetokenizer:
         return ""
 
     def flush(self) -> str:
-        """Whatever is held back at the end of the reply."""
+        """Whatever is held back at the end of the reply, but for a character the end cut in two
+        (held back because it ended in U+FFFD: a reply cut by its token limit mid-character ended
+        in a "�" the model never wrote; its bytes stay in the token ids)."""
         prefix_text = self._decode(self.ids[self.prefix_offset : self.read_offset])
         new_text = self._decode(self.ids[self.prefix_offset :])
-        delta = new_text[len(prefix_text) :] if len(new_text) > len(prefix_text) else ""
+        delta = new_text[len(prefix_text) :].rstrip("\ufffd") if len(new_text) > len(prefix_text) else ""
         self.prefix_offset = self.read_offset = len(self.ids)
         self.text += delta
         return delta

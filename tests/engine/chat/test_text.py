@@ -32,12 +32,16 @@ def test_streamed_text_equals_the_full_decode(smol_tokenizer, text: str) -> None
     assert not any("\ufffd" in d for d in deltas)  # never a broken multi-byte character
 
 
-def test_held_back_bytes_are_released_at_the_end(smol_tokenizer) -> None:
-    ids = smol_tokenizer.encode("😀", add_special_tokens=False)
-    assert len(ids) > 1  # a byte-level tokenizer splits the emoji
+def test_a_character_cut_by_the_replys_end_is_dropped_not_shown_as_a_replacement(smol_tokenizer) -> None:
+    """A reply cut by its token limit mid-character ended in a "�" the model never wrote (a hostile
+    tester's); what came before it is released."""
+    whole = smol_tokenizer.encode("ok ", add_special_tokens=False)
+    ids = whole + smol_tokenizer.encode("😀", add_special_tokens=False)
+    assert len(ids) - len(whole) > 1  # a byte-level tokenizer splits the emoji
     detok = IncrementalDetokenizer(smol_tokenizer)
-    assert detok.push(ids[0]) == ""
-    assert detok.flush() == smol_tokenizer.decode(ids[:1])
+    shown = "".join(detok.push(t) for t in ids[: len(whole) + 1])
+    assert smol_tokenizer.decode(ids[: len(whole) + 1]).endswith("\ufffd")
+    assert shown + detok.flush() == "ok " == detok.text
 
 
 def test_chat_template_comes_from_the_tokenizer(smol_tokenizer) -> None:
