@@ -11,7 +11,7 @@ import time
 from pathlib import Path
 
 from app.store.paths import ensure_private_dir
-from app.store.schema import check_ours, is_corruption_error, migrate
+from app.store.schema import SCHEMA_VERSION, check_ours, is_corruption_error, migrate
 
 SIDE_FILES = ("-wal", "-shm", "-journal")
 
@@ -40,6 +40,27 @@ def connect(path: Path, timeout: float) -> sqlite3.Connection:
         conn.close()
         raise
     restrict_files(path)
+    return conn
+
+
+def open_read_only(path: Path, timeout: float) -> sqlite3.Connection | None:
+    """``path`` opened to read only, if it is a current specchat history that can be read (None:
+    not a file, unreadable, or of another schema version)."""
+    if not path.is_file():
+        return None
+    try:
+        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=timeout,
+                               check_same_thread=False)
+    except sqlite3.Error:
+        return None
+    try:
+        current = int(conn.execute("PRAGMA user_version").fetchone()[0]) == SCHEMA_VERSION
+        conn.execute("SELECT count(*) FROM chats").fetchone()
+    except sqlite3.Error:
+        current = False
+    if not current:
+        conn.close()
+        return None
     return conn
 
 

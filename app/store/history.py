@@ -29,7 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from app.store.db_file import confirm_corrupt, connect, first_line, prepare, restrict_files, set_aside
+from app.store.db_file import (confirm_corrupt, connect, first_line, open_read_only, prepare, restrict_files,
+                               set_aside)
 from app.store.paths import data_dir
 from app.store.pieces import Pieces
 from app.store.records import (CHAT_COLUMNS, ChatDeleted, ChatRecord, HistoryError, MessageRecord, chat_from_row,
@@ -111,8 +112,9 @@ class History:
             return cls._in_memory(f"{error} It was left untouched; this session's chats are not saved. "
                                   "Upgrade specchat, or set SPECCHAT_DATA_DIR to use another history.")
         if not (is_corruption_error(error) and confirm_corrupt(path, BUSY_TIMEOUT_S)):
-            return cls._in_memory(f"History database {path} cannot be used ({error}); it was left untouched "
-                                  "and this session's chats are not saved.")
+            return cls._read_only(path, error) or cls._in_memory(
+                f"History database {path} cannot be used ({error}); it was left untouched "
+                "and this session's chats are not saved.")
         try:
             moved = set_aside(path)
         except OSError as exc:
@@ -135,6 +137,19 @@ class History:
                       "Nothing was moved or lost; chats are saved as soon as the lock is released.")
         history._ready = False
         return history
+
+    @classmethod
+    def _read_only(cls, path: Path, error: BaseException) -> "History | None":
+        """A file that can be read but not written (read-only, or in a read-only folder), opened
+        to read: the chats are shown and every write fails (saved as the saver says, quitting asks
+        what to do with them). It was not read at all, as if the history were gone. None when it
+        cannot be read either, or is not a current specchat history."""
+        conn = open_read_only(path, BUSY_TIMEOUT_S)
+        if conn is None:
+            return None
+        return cls(conn, path, f"History database {path} can be read but not written ({first_line(error)}): "
+                               "your chats are shown, and nothing new is saved. Make the file and its folder "
+                               "writable, or set SPECCHAT_DATA_DIR to another folder.")
 
     @classmethod
     def _in_memory(cls, notice: str) -> "History":

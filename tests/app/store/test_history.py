@@ -357,3 +357,30 @@ def test_a_closed_history_refuses_reads_too(specchat_dirs: Path) -> None:
     history.close()
     with pytest.raises(HistoryError, match="Reading chat history failed"):
         history.list_chats()
+
+
+def test_a_history_that_can_be_read_but_not_written_is_shown_not_dropped(
+        specchat_dirs: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A read-only history.db (or one in a read-only folder) said "cannot be used" and the app started
+    on an empty history in memory: the past chats could not even be read (a hostile tester's; as root
+    the file system lets every write through, so the refusal is the one SQLite gives)."""
+    import app.store.history as history_module
+
+    history = History.open()
+    chat = history.create_chat("kept", "pocket")
+    history.add_message(chat, "user", "an old question")
+    history.close()
+
+    def read_only(path: Path, timeout: float) -> sqlite3.Connection:
+        raise sqlite3.OperationalError("attempt to write a readonly database")
+
+    monkeypatch.setattr(history_module, "connect", read_only)
+    again = History.open()
+    assert again.path == specchat_dirs / "history.db"
+    assert again.notice is not None and "can be read but not written" in again.notice
+    assert "SPECCHAT_DATA_DIR" in again.notice
+    assert [c.title for c in again.list_chats()] == ["kept"]
+    assert [m.content for m in again.messages(chat)] == ["an old question"]
+    with pytest.raises(HistoryError):
+        again.add_message(chat, "user", "a new one")
+    again.close()
