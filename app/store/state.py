@@ -20,6 +20,7 @@ import os
 import tempfile
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -106,46 +107,79 @@ def remember_chat(chat_id: int, at: float) -> None:
     _update(change)
 
 
-def _drafts(data: dict[str, Any]) -> list[str]:
+@dataclass(frozen=True)
+class Draft:
+    """Text left unsent as a window closed, and the saved chat it was typed in (None: a new chat)."""
+
+    text: str
+    chat_id: int | None = None
+    title: str | None = None
+
+    def to_json(self) -> str | dict[str, Any]:
+        return self.text if self.chat_id is None else {"text": self.text, "chat": self.chat_id, "title": self.title}
+
+
+def _draft(entry: object) -> Draft | None:
+    if isinstance(entry, str):  # as kept before drafts named their chat
+        return Draft(entry) if entry.strip() else None
+    if not isinstance(entry, dict) or not isinstance(entry.get("text"), str) or not entry["text"].strip():
+        return None
+    chat, title = entry.get("chat"), entry.get("title")
+    return Draft(entry["text"], chat if isinstance(chat, int) and not isinstance(chat, bool) else None,
+                 title if isinstance(title, str) else None)
+
+
+def _drafts(data: dict[str, Any]) -> list[Draft]:
     """The kept unsent texts, oldest first (``draft``, one string, is how 0.x kept one)."""
     kept = data.get("drafts")
-    drafts = [t for t in kept if isinstance(t, str) and t.strip()] if isinstance(kept, list) else []
-    old = data.get("draft")
-    return ([old] if isinstance(old, str) and old.strip() else []) + drafts
+    drafts = [d for d in map(_draft, kept if isinstance(kept, list) else []) if d is not None]
+    old = _draft(data.get("draft")) if isinstance(data.get("draft"), str) else None
+    return ([old] if old is not None else []) + drafts
 
 
-def remember_draft(text: str | None) -> str | None:
-    """Keep ``text``, left unsent in the prompt box as the app closes, for the next start
-    (None or blank: nothing is kept, and nothing another window kept is forgotten). A private
-    chat's is never passed here. Answers why it could not be kept (None: kept, or nothing to keep):
-    the app then exports it rather than lose it."""
+def remember_draft(text: str | None, chat_id: int | None = None, title: str | None = None) -> str | None:
+    """Keep ``text``, left unsent in the prompt box as the app closes, for the next start, with the
+    saved chat it was typed in (``chat_id``, ``title``; None: a new chat). None or blank: nothing is
+    kept, and nothing another window kept is forgotten. A private chat's is never passed here.
+    Answers why it could not be kept (None: kept, or nothing to keep): the app then exports it
+    rather than lose it."""
     if not text or not text.strip():
         return None
+    kept = Draft(text, chat_id, title)
 
     def change(data: dict[str, Any]) -> bool:
-        drafts = [t for t in _drafts(data) if t != text] + [text]
+        drafts = [d for d in _drafts(data) if d.text != text] + [kept]
         data.pop("draft", None)
-        data["drafts"] = drafts[-DRAFTS_KEPT:]
+        data["drafts"] = [d.to_json() for d in drafts[-DRAFTS_KEPT:]]
         return True
 
     return _update(change)
 
 
-def take_draft() -> str | None:
-    """The newest text :func:`remember_draft` kept, forgotten as it is taken (None: there is
-    none); an older one, kept by another window, waits for the start after."""
-    taken: list[str] = []
+def take_draft(chat_id: int | None = None) -> str | None:
+    """The text of :func:`take_draft_for`."""
+    draft = take_draft_for(chat_id)
+    return draft.text if draft is not None else None
+
+
+def take_draft_for(chat_id: int | None) -> Draft | None:
+    """The newest text :func:`remember_draft` kept in chat ``chat_id`` (the chat the app opens),
+    else the newest of all, forgotten as it is taken (None: there is none); another, kept by
+    another window, waits for the start after. Two windows closed with text: the one chat's text
+    came back in the other's box (a hostile tester's)."""
+    taken: list[Draft] = []
 
     def change(data: dict[str, Any]) -> bool:
         if "draft" not in data and "drafts" not in data:
             return False
         drafts = _drafts(data)
         if drafts:
-            taken.append(drafts.pop())
+            mine = [i for i, d in enumerate(drafts) if chat_id is not None and d.chat_id == chat_id]
+            taken.append(drafts.pop(mine[-1] if mine else -1))
         data.pop("draft", None)
         data.pop("drafts", None)
         if drafts:
-            data["drafts"] = drafts
+            data["drafts"] = [d.to_json() for d in drafts]
         return True
 
     _update(change)

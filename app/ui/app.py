@@ -21,7 +21,7 @@ from textual.screen import Screen
 from textual.widgets import Header
 
 from app.store.saver import ChatCreated, HistoryLag, HistoryRescued
-from app.store.state import last_theme, remember_draft, remember_theme, take_draft
+from app.store.state import last_theme, remember_draft, remember_theme, take_draft_for
 from app.ui.archive import Archive
 from app.ui.chat_dialogs import ask_edited_prompt, ask_sampling, ask_system_prompt
 from app.ui.commands import ProfileCommands, unique_commands
@@ -30,6 +30,7 @@ from app.ui.engine_control import EngineControl
 from app.ui.export import ask_export, ask_export_screen
 from app.ui.engine_host import EngineHost, ProfileChoice, Refusal
 from app.ui.key_hold import KeyHold
+from app.ui.labels import shown_title
 from app.ui.keys import BINDINGS, EXTRA_COMMANDS, MAIN_SCREEN_ACTIONS, KeysFooter
 from app.ui.loading import Loader
 from app.ui.notices import notice
@@ -125,10 +126,13 @@ class SpecChatApp(SafeTerminal, EngineControl, App[None]):  # SafeTerminal: titl
         self.sub_title = start.title or self.sub_title
         if start.notice:
             notice(self, start.notice)
-        draft = take_draft()
-        if draft:
-            self.conversation.prompt.restore(draft)
-            notice(self, "The text you had not sent when the app closed is back in the prompt box.")
+        draft = take_draft_for(self.conversation.chat_id)
+        if draft is not None:
+            self.conversation.prompt.restore(draft.text)
+            elsewhere = draft.chat_id is not None and draft.chat_id != self.conversation.chat_id
+            notice(self, f"The text you had not sent in “{shown_title(draft.title or '')}” (another chat) is back in "
+                         "the prompt box." if elsewhere and draft.title else
+                         "The text you had not sent when the app closed is back in the prompt box.")
 
     # -- keys and screens ---------------------------------------------------------------
 
@@ -387,7 +391,7 @@ class SpecChatApp(SafeTerminal, EngineControl, App[None]):  # SafeTerminal: titl
         unsent = None if self.conversation.private else self.conversation.unsent_text()
         # unsent text comes back at the next start (a private chat's never); kept first, as the
         # history's close may wait on a lock; exported where the state folder cannot keep it
-        unkept = remember_draft(unsent)
+        unkept = remember_draft(unsent, self.conversation.chat_id, self.conversation.title)
         self.engine.close()
         notes = [export_unsent(unsent, unkept)] if unkept is not None and unsent else []
         if not self.archive.close():  # else the saver has written the open chat's rows: it has its id now

@@ -173,3 +173,27 @@ def test_windows_changing_the_file_at_once_never_tear_it_nor_lose_a_change(monke
     taken = set(iter(take_draft, None))
     assert taken == {f"window {w} text {n}" for w in range(writers) for n in range(per_writer)}
     assert last_profile() == "fast"
+
+
+def test_a_draft_comes_back_in_the_chat_it_was_typed_in_before_the_newest_of_another(specchat_dirs) -> None:
+    """Two windows closed with text: window A's text (chat 1) came back in chat 2's box at the next
+    start, the chat used last (a hostile tester's). A draft of the chat opened is taken first."""
+    from app.store.state import remember_draft, take_draft, take_draft_for
+
+    remember_draft("typed in chat 1", 1, "Name a planet.")
+    remember_draft("typed in chat 2", 2, "Name a mountain.")
+    remember_draft("typed in a new chat")
+    draft = take_draft_for(1)
+    assert draft is not None and (draft.text, draft.chat_id, draft.title) == ("typed in chat 1", 1, "Name a planet.")
+    assert take_draft(7) == "typed in a new chat"  # none of chat 7: the newest
+    assert take_draft(None) == "typed in chat 2" and take_draft(None) is None
+
+
+def test_drafts_kept_before_they_named_their_chat_are_still_read(specchat_dirs) -> None:
+    import json
+
+    from app.store.state import state_file, take_draft
+
+    state_file().parent.mkdir(parents=True)
+    state_file().write_text(json.dumps({"drafts": ["an old one", "a newer one"]}))
+    assert take_draft(3) == "a newer one" and take_draft(3) == "an old one" and take_draft() is None

@@ -458,3 +458,27 @@ async def test_the_theme_chosen_last_is_the_one_a_restart_opens_with(make_app: C
     async with third.run_test(size=(120, 40)) as pilot:
         await ready(pilot)
         assert third.theme == default
+
+
+async def test_text_left_in_another_chat_comes_back_saying_which(make_app: Callable[..., SpecChatApp],
+                                                                 specchat_dirs: Path) -> None:
+    """Window A's unsent text came back in the chat used last, window B's, as if typed there."""
+    from textual.widgets import TextArea
+
+    from app.store.state import remember_draft
+
+    history = History.open()
+    planet = history.create_chat("Name a planet.", "fast")
+    history.add_message(planet, "user", "Name a planet.")
+    time.sleep(0.01)
+    mountain = history.create_chat("Name a mountain.", "fast")
+    history.add_message(mountain, "user", "Name a mountain.")
+    history.close()
+    remember_draft("and its moons?", planet, "Name a planet.")
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        assert app.conversation.chat_id == mountain  # the chat written last
+        assert app.query_one(TextArea).text == "and its moons?"
+        await wait_for(pilot, lambda: any("you had not sent in “Name a planet.” (another chat)" in n.message
+                                          for n in app._notifications))
