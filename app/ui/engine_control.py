@@ -250,7 +250,8 @@ class EngineControl:
                    severity=severity, title=title)
         else:
             self.conversation.hud.show_failed(message.error)
-            notice(self, f"{message.error}\nNo model is loaded: F2 picks another profile.", severity=severity,
+            again = f"F2 loads {message.profile_name} again or picks" if message.profile_name else "F2 picks"
+            notice(self, f"{message.error}\nNo model is loaded: {again} another profile.", severity=severity,
                    title=title)
         self._queued_back(message.profile_name)
 

@@ -182,6 +182,9 @@ async def test_loader_error_is_a_notice_not_a_crash(make_app: Callable[..., Spec
         await wait_for(pilot, lambda: not app.engine.loading)
         assert app.engine.backend is None
         assert any("[check the name]" in n.message for n in app._notifications)
+        # "F2 picks another profile" read as if this one could not be tried again (a hostile tester's)
+        assert any("No model is loaded: F2 loads fast again or picks another profile." in n.message
+                   for n in app._notifications)
         await send(pilot, "anyone there?")
         await pilot.pause()
         assert not app.query(UserMessage)
