@@ -207,6 +207,13 @@ if MarkdownBulletList is not None and MarkdownOrderedList is not None:
     LIST_BLOCKS = {"bullet_list_open": ReplyBulletList, "ordered_list_open": ReplyOrderedList}
 
 
+def reply_parser() -> MarkdownIt:
+    """GFM as Textual reads it, with HTML read as text: Textual draws no HTML token, so ``List<String>``
+    showed as "List", a ``<details>`` block vanished whole, and a ``<think>`` block lost its first part
+    (a hostile tester's, on pocket's own reply); a terminal cannot render HTML anyway."""
+    return MarkdownIt("gfm-like", {"html": False})
+
+
 FIRST_BLOCK = "-first"
 """The class of a reply's first block."""
 
@@ -217,6 +224,7 @@ class ReplyMarkdown(Markdown):
     BLOCKS = {**Markdown.BLOCKS, "fence": ReplyFence, "code_block": ReplyFence, **LIST_BLOCKS}
 
     def __init__(self, markdown: str | None = None, **kwargs: Any) -> None:
+        kwargs.setdefault("parser_factory", reply_parser)
         super().__init__(inert(markdown) if markdown else markdown, **kwargs)
 
     def mount(self, *widgets: Widget, before: int | str | Widget | None = None,
@@ -243,7 +251,7 @@ class ReplyMarkdown(Markdown):
         text = inert(markdown)
         if self.source != text:
             return False
-        parser = MarkdownIt("gfm-like") if self._parser_factory is None else self._parser_factory()
+        parser = reply_parser() if self._parser_factory is None else self._parser_factory()
         env: dict[str, Any] = {}
         tokens = parser.parse(text, env)
         if env.get("references") or any(t.type == "table_open" for t in tokens):

@@ -138,7 +138,7 @@ ENDINGS = {
 }
 
 
-SHOWN_AS_STREAMED = {"fence-stopped", "fence", "setext", "quote", "no-newline"}
+SHOWN_AS_STREAMED = {"fence-stopped", "fence", "setext", "quote", "no-newline", "html"}  # html: read as text
 """Endings whose streamed blocks are what a fresh parse makes, in whatever pieces they came."""
 
 
@@ -181,3 +181,14 @@ async def test_a_link_reference_or_a_table_anywhere_has_the_reply_parsed_again(t
         await fresh.update(text)
         await pilot.pause()
         assert shape(streamed) == shape(fresh)
+
+
+async def test_what_looks_like_html_in_a_reply_is_shown_as_the_model_wrote_it() -> None:
+    """Textual draws no HTML token: pocket's "List<String> and ArrayList<String>" showed as "List and
+    ArrayList", and a <details> block or the first part of a <think> block vanished (a hostile tester's)."""
+    text = ("In Java, List<String> and ArrayList<String> differ.\n\n"
+            "<details>\nHidden answer text.\n</details>\n\n#include <iostream> at the top.\n")
+    lines, _ = await screen_text(ReplyMarkdown, text, (80, 30))
+    shown = "\n".join(lines)
+    assert "List<String> and ArrayList<String>" in shown
+    assert "Hidden answer text." in shown and "<details>" in shown and "#include <iostream>" in shown
