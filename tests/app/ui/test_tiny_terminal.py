@@ -48,3 +48,32 @@ async def test_a_tiny_terminal_while_a_reply_streams_and_with_dialogs_open(
         await pilot.resize_terminal(100, 30)
         await pilot.pause(0.2)
         assert app.query_one(AssistantMessage).finish_reason == "eos"
+
+
+@pytest.mark.parametrize("kind", ["confirm", "quit"])
+@pytest.mark.parametrize("width", [40, 60])
+async def test_a_yes_no_question_fits_a_narrow_terminal_and_every_button_can_be_reached(
+        make_app: Callable[..., SpecChatApp], width: int, kind: str) -> None:
+    """The question dialogs were a fixed 60 columns: at 40 the question was cut mid-word and No (the
+    focused default) or Cancel lay off the screen (a hostile tester's)."""
+    from textual.widgets import Button
+
+    from app.ui.screens.edit import ConfirmScreen
+    from app.ui.screens.quit import QuitScreen
+
+    app = make_app()
+    async with app.run_test(size=(width, 15)) as pilot:
+        await ready(pilot)
+        question = "Delete “a chat with a rather long title that wraps”? It cannot be undone."
+        asked = ConfirmScreen(question) if kind == "confirm" else QuitScreen(question)
+        app.push_screen(asked)
+        await wait_for(pilot, lambda: app.screen is asked)
+        await pilot.pause()
+        screen = app.screen.region
+        dialog = app.screen.query_one(".confirm-dialog")
+        assert dialog.region.right <= screen.right
+        assert app.screen.query_one(".dialog-title").region.right <= screen.right
+        for button in app.screen.query(Button):
+            button.focus()
+            await pilot.pause()
+            assert screen.contains_region(button.region), f"{button.label} out of reach at {width} columns"
