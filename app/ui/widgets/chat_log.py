@@ -61,6 +61,10 @@ class ChatLog(VerticalScroll):
     the model sees and what copying offers never depend on what was scrolled to.
     """
 
+    can_focus = False
+    """Scrolled by the mouse and by PageUp/PageDown from the prompt box: focused (by Tab, a click),
+    it took the keys typed next, Enter too, and dropped them."""
+
     def __init__(self, *children: Widget, id: str | None = None) -> None:
         super().__init__(*children, id=id)
         self.older: list[Widget] = []

@@ -51,6 +51,8 @@ is one drafter's share of the reply, not the chat's."""
 class Hud(VerticalScroll):
     """Always-visible statistics panel."""
 
+    can_focus = False  # read, not typed into: focused, it dropped the keys typed next (ChatLog's reason)
+
     def __init__(self, *, id: str | None = None) -> None:
         super().__init__(id=id)
         self.profile: "ModelProfile | None" = None

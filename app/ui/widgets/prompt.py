@@ -69,7 +69,7 @@ class PromptArea(TextArea):
             id=id,
             soft_wrap=True,
             show_line_numbers=False,
-            tab_behavior="focus",
+            tab_behavior="indent",  # "focus" sent Tab to the chat log, where what was typed next (Enter too) was lost
             compact=True,
             highlight_cursor_line=False,
             placeholder=placeholder,

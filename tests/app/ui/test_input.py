@@ -135,3 +135,19 @@ async def test_dialog_opened_as_a_reply_finishes_keeps_the_keys(make_app: Callab
         await pilot.press("z")
         value = app.focused.value if isinstance(app.focused, Input) else app.focused.text
         assert "z" in value and "z" not in app.conversation.prompt.text
+
+
+async def test_tab_in_the_prompt_box_indents_and_what_follows_is_not_lost(make_app: Callable[..., SpecChatApp],
+                                                                          loader: FakeLoader) -> None:
+    """Tab moved the focus to the chat log, where the keys typed next, Enter too, were dropped; three
+    Tabs brought it back (a hostile tester's). A click on the log or the HUD takes no focus either."""
+    app = make_app()
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await pilot.press("a", "b", "c", "tab", "d", "e", "f", "enter")
+        await wait_for(pilot, lambda: len(loader.backends[0].calls) == 1)
+        sent = loader.backends[0].calls[0][-1].content
+        assert sent.startswith("abc") and sent.endswith("def") and sent[3:-3].strip() == ""
+        await pilot.click("#chat-log")
+        await pilot.click("#hud")
+        assert app.focused is app.conversation.prompt
