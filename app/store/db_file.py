@@ -11,6 +11,7 @@ import time
 from pathlib import Path
 
 from app.store.paths import ensure_private_dir
+from app.store.records import decoded
 from app.store.schema import SCHEMA_VERSION, check_ours, is_corruption_error, migrate
 
 SIDE_FILES = ("-wal", "-shm", "-journal")
@@ -41,6 +42,21 @@ def connect(path: Path, timeout: float) -> sqlite3.Connection:
         raise
     restrict_files(path)
     return conn
+
+
+def contains_folded(haystack: object, folded: str) -> bool:
+    """SQL ``contains_folded(CAST(text AS BLOB), needle)``: whether ``text`` holds ``needle``, already
+    case-folded, ignoring case in any script (``str.casefold``: "STRASSE" holds "straße"). The text
+    comes as bytes, read as the history reads them (:func:`~app.store.records.decoded`): as text, one
+    message that was not UTF-8 failed every search."""
+    if isinstance(haystack, bytes):
+        haystack = decoded(haystack)
+    return isinstance(haystack, str) and folded in haystack.casefold()
+
+
+def add_functions(conn: sqlite3.Connection) -> None:
+    """The SQL functions the history's queries use, on a connection of its own."""
+    conn.create_function("contains_folded", 2, contains_folded, deterministic=True)
 
 
 def open_read_only(path: Path, timeout: float) -> sqlite3.Connection | None:

@@ -29,8 +29,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from app.store.db_file import (confirm_corrupt, connect, first_line, open_read_only, prepare, restrict_files,
-                               set_aside)
+from app.store.db_file import (add_functions, confirm_corrupt, connect, first_line, open_read_only, prepare,
+                               restrict_files, set_aside)
 from app.store.paths import data_dir
 from app.store.pieces import Pieces
 from app.store.records import (CHAT_COLUMNS, ChatDeleted, ChatRecord, HistoryError, MessageRecord, chat_from_row,
@@ -47,7 +47,8 @@ BUSY_TIMEOUT_S = 5.0
 OPEN_ATTEMPTS = 2
 """Tries (each waiting BUSY_TIMEOUT_S) before :meth:`History.open` gives up on a lock."""
 SEARCH_MAX_BYTES = 50_000
-"""SQLite's longest LIKE pattern (SQLITE_MAX_LIKE_PATTERN_LENGTH), escapes included."""
+"""The longest search (UTF-8 bytes): SQLite's longest LIKE pattern, kept when search became
+:func:`~app.store.db_file.contains_folded`; longer, it is a pasted document, not a search."""
 DRAFTING_CHARS = 3_000_000
 """Characters of earlier chats the suffix drafter drafts from (about 750k tokens, within
 its index's bound, engine.decode.suffix.MAX_TOKENS)."""
@@ -68,6 +69,7 @@ class History:
 
     def __init__(self, conn: sqlite3.Connection, path: Path | None, notice: str | None = None) -> None:
         conn.text_factory = decoded  # text that is not UTF-8 (another program wrote it) reads with stand-ins
+        add_functions(conn)
         self._conn = conn
         self._lock = threading.RLock()
         self._reader: sqlite3.Connection | None = None
@@ -227,6 +229,7 @@ class History:
                 try:
                     self._reader = sqlite3.connect(self.path, timeout=BUSY_TIMEOUT_S, check_same_thread=False)
                     self._reader.text_factory = decoded
+                    add_functions(self._reader)
                     self._reader.execute("PRAGMA query_only = ON")
                 except sqlite3.Error as exc:
                     raise HistoryError(describe("Reading chat history failed", exc, self.path),
@@ -261,19 +264,19 @@ class History:
         return [chat_from_row(row) for row in rows]
 
     def search_chats(self, text: str) -> list[tuple[ChatRecord, str | None]]:
-        """Chats whose title or a message contains ``text`` (case-insensitive for ASCII; ``%``,
-        ``_`` and ``\\`` match themselves), most recently updated first, each with the first
-        message that contains it (None: only the title does). A search longer than SQLite's
-        patterns allow (:data:`SEARCH_MAX_BYTES`) is a :class:`HistoryError` saying so: SQLite's
-        "LIKE or GLOB pattern too complex" read as a history that could not be read."""
-        pattern = "%" + text.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_") + "%"
-        if len(pattern.encode("utf-8", "surrogatepass")) > SEARCH_MAX_BYTES:  # a lone surrogate is written as U+FFFD
+        """Chats whose title or a message contains ``text``, case-insensitive in any script
+        (:func:`contains_folded`: SQLite's LIKE folds ASCII only, and "привет" found no
+        "Привет"), most recently updated first, each with the first message that contains it (None:
+        only the title does). A search longer than :data:`SEARCH_MAX_BYTES` is a :class:`HistoryError`
+        saying so."""
+        if len(text.encode("utf-8", "surrogatepass")) > SEARCH_MAX_BYTES:  # a lone surrogate is written as U+FFFD
             raise HistoryError(f"The search is too long ({len(text):,} characters): search for a shorter part of it.")
         rows = self._query(
             f"SELECT {CHAT_COLUMNS}, found FROM (SELECT *, (SELECT m.content FROM messages m WHERE"
-            " m.chat_id = chats.id AND m.content LIKE :p ESCAPE '\\' ORDER BY m.id LIMIT 1) AS found FROM chats) c"
-            " WHERE c.title LIKE :p ESCAPE '\\' OR found IS NOT NULL ORDER BY c.updated DESC, c.id DESC",
-            {"p": pattern})
+            " m.chat_id = chats.id AND contains_folded(CAST(m.content AS BLOB), :p) ORDER BY m.id LIMIT 1) AS found"
+            " FROM chats) c WHERE contains_folded(CAST(c.title AS BLOB), :p) OR found IS NOT NULL"
+            " ORDER BY c.updated DESC, c.id DESC",
+            {"p": text.casefold()})
         return [(chat_from_row(row[:-1]), row[-1]) for row in rows]
 
     def get_chat(self, chat_id: int) -> ChatRecord | None:
