@@ -77,9 +77,12 @@ def pieces_content(pieces: Iterable[tuple[str, str]]) -> Content:
     hidden = [False] * len(text)
     bold = [False] * len(text)
     code_lines: set[int] = set()
-    starts = [0]
-    for line in text.splitlines(keepends=True):
-        starts.append(starts[-1] + len(line))
+    starts = [0]  # where each line starts, lines as markdown-it counts them: "\n" alone ends one
+    lines = text.split("\n")  # (str.splitlines also breaks at U+2028/U+2029, and every later heading and
+    for n, line in enumerate(lines):  # fence then fell on the wrong line: text hidden, "#" shown)
+        length = len(line) + (n < len(lines) - 1)
+        if length:
+            starts.append(starts[-1] + length)
 
     def line_span(n: int) -> tuple[int, int]:
         return starts[n], starts[n + 1] if n + 1 < len(starts) else len(text)

@@ -44,6 +44,19 @@ def test_colour_view_reads_markdown_and_keeps_each_tokens_colour() -> None:
     assert SOURCE_STYLES["draft"] != SOURCE_STYLES["target"]
 
 
+def test_the_colour_view_counts_lines_as_markdown_does_whatever_other_separators_the_text_holds() -> None:
+    """U+2028 and U+2029 end lines for str.splitlines, not for markdown-it: every heading and fence
+    after one fell on the wrong line, "# Heading" shown with its mark and the text after it hidden
+    (a hostile tester's)."""
+    from app.ui.widgets.chat_view import pieces_content
+
+    text = "Line one\u2028still line one\u2029para\n\n# Heading\n\nText after heading.\n\n```python\nprint('x')\n```\n\nEnd."
+    plain = pieces_content([(text, "target")]).plain
+    assert plain == ("Line one\u2028still line one\u2029para\n\nHeading\n\nText after heading.\n\n"
+                     "  print('x')\n\nEnd.")
+    assert pieces_content([("a\n```\ncode", "target")]).plain == "a\n  code"  # the last line, unended, is code too
+
+
 def test_a_prompt_shows_whether_it_waits_and_whether_it_was_asked_again() -> None:
     prompt = UserMessage("hi")
     prompt.set_waiting("waiting for the reply above")
