@@ -55,6 +55,11 @@ class AskDialog(Message):
         self.answered = answered
 
 
+NARROW_COLUMNS = 60
+"""Below this width a dialog's buttons stand one under another (``-narrow``, specchat.tcss): side by
+side, the quit question's three ran off a 40-column screen, out of reach."""
+
+
 class Dialog(ModalScreen[ResultType]):
     """A modal dialog that Esc dismisses with :attr:`CANCELLED` and Enter answers (see the module).
 
@@ -85,9 +90,11 @@ class Dialog(ModalScreen[ResultType]):
         for release in self._release_when_ready:  # after the focus the subclass or Textual sets
             self.call_after_refresh(self.app.call_later, release)
         self._fit_lists()
+        self.set_class(self.size.width < NARROW_COLUMNS, "-narrow")
 
     def on_resize(self) -> None:
         self._fit_lists()
+        self.set_class(self.size.width < NARROW_COLUMNS, "-narrow")
 
     def _fit_lists(self) -> None:
         """Keep each option list inside its dialog. The dialog stops at 85% of the screen and a

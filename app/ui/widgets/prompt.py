@@ -107,6 +107,9 @@ class PromptArea(TextArea):
         """Enter, newline, history and page keys, and the box's own editing keys (Home, ctrl+w,
         arrows…), in the order they arrived (:mod:`app.ui.key_order`)."""
         key = event.key
+        if key == "escape":  # the app's Esc (stop a reply or a load): TextArea's indent mode took it to move the focus
+            event.prevent_default()  # not TextArea's handler; the key still goes up to the app's binding
+            return
         handled = True
         if key == "enter":
             self.action_submit()
