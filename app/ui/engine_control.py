@@ -168,8 +168,8 @@ class EngineControl:
                    title="Draft refused")
         if self.engine.off_by_user:
             notice(self, "Speculation stays off, as you set it with F5: plain decoding until you press F5 again.")
+        self.conversation.run_after_reply()  # ctrl+r pressed while it loaded, before prompts queued after it
         self.conversation.send_queued()
-        self.conversation.run_after_reply()  # ctrl+r pressed while it loaded
 
     def _teach_drafter(self) -> None:
         """A suffix-drafting profile drafts from earlier chats: hand it the history as it is now,
@@ -226,7 +226,9 @@ class EngineControl:
 
     def on_engine_failed(self, message: EngineFailed) -> None:
         self.engine.failed(message.restored)
-        self.conversation.after_reply = []  # ctrl+r kept for the model that did not load
+        if self.conversation.after_reply:  # ctrl+r kept for the model that did not load: said, not dropped silently
+            self.conversation.after_reply = []
+            notice(self, "ctrl+r was not run: the model it waited for did not load.", severity="warning")
         if not self.screen_stack:
             return
         self.refresh_bindings()

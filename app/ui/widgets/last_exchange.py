@@ -51,7 +51,7 @@ class LastExchange(_Base):
         neither is under way. Keys are taken in the order typed: Esc then ctrl+r was refused with "press Esc to
         stop it" while the stop was on its way, and ctrl+r during a switch said "No model is loaded
         yet" (a hostile tester's)."""
-        if load_too and self.host.loading and self.host.profile is not None:
+        if load_too and self.host.loading and self.host.profile is not None and not self.queued:
             notice(self, f"{what} once {self.host.profile.name} is ready.")
         elif not (self.generating and self.stream.stopping and not self.queued):
             return False
@@ -59,12 +59,16 @@ class LastExchange(_Base):
         return True
 
     def run_after_reply(self) -> None:
-        """The reply ended, or the model is ready, and no queued prompt took over: what
-        :meth:`when_free` kept, in order."""
-        if self.generating or self.host.loading:
+        """The reply ended, or the model is ready: what :meth:`when_free` kept, in order, before any
+        prompt queued after it. Kept while the engine is dead (a reply that died under the stop: the
+        reload that follows runs them, not the dead engine); once one starts a reply, the rest (the
+        same key again) are dropped, as they would have been refused."""
+        if self.generating or self.host.loading or not self.host.backend_alive:
             return
         waiting, self.after_reply = self.after_reply, []
         for action in waiting:
+            if self.generating:
+                break
             action()
 
     def last_exchange(self) -> tuple[UserMessage, AssistantMessage | None] | None:

@@ -111,8 +111,8 @@ class ReplyPainting(_Base):
             notice(self, message.error, severity="error", title="Generation failed")
         if self.screen.is_active and self.screen.focused is None:
             self.prompt.focus()
+        self.run_after_reply()  # Esc then ctrl+r: the regenerate it kept, before a prompt queued after it
         self.send_queued()
-        self.run_after_reply()  # Esc then ctrl+r: the regenerate it kept
         if not self.generating:  # no queued prompt took over: collect once the last frame is out
             self.call_after_refresh(self.stream.collector.reply_over)
 

@@ -273,6 +273,28 @@ async def test_a_prompt_queued_behind_a_reply_whose_engine_died_waits_for_the_re
         assert [m.content for m in loader.backends[1].calls[0] if m.role == "user"][-1] == "and then?"
 
 
+async def test_ctrl_r_kept_while_a_stop_was_on_its_way_waits_for_the_reload_when_the_engine_died(
+        make_app: Callable[..., SpecChatApp]) -> None:
+    """ctrl+r kept after Esc ran as soon as the reply ended, though the engine had died under it: the
+    regenerate went to the dead engine, failed, and was saved as a second failed reply (a review's)."""
+    loader = FakeLoader(hold_after=2)
+    app = make_app(loader=loader)
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        first = loader.backends[0]
+        await send(pilot, "a long story")
+        await wait_for(pilot, first.held.is_set)
+        app.conversation.after_reply.append(app.conversation.regenerate)  # as when_free keeps ctrl+r
+        first.dies.set()
+        await wait_for(pilot, lambda: len(loader.backends) == 2 and not app.engine.loading)
+        await wait_for(pilot, lambda: len(loader.backends[1].calls) == 1)
+        loader.backends[1].release.set()
+        await wait_for(pilot, lambda: not app.conversation.generating)
+        assert len(first.calls) == 1  # nothing was sent to the dead engine
+        replies = list(app.query(AssistantMessage))
+        assert [r.finish_reason for r in replies] == ["error", "eos"] and replies[0].has_class("-superseded")
+
+
 async def test_an_engine_that_died_while_idle_is_loaded_again_before_the_next_prompt(
         make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
     """Killed with no reply streaming, the engine was noticed only when the next prompt failed

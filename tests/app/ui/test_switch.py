@@ -269,3 +269,18 @@ async def test_ctrl_r_during_a_switch_answers_again_once_the_new_model_is_ready_
         await wait_for(pilot, lambda: not app.conversation.generating)
         replies = list(app.query(AssistantMessage))
         assert len(replies) == 2 and replies[0].has_class("-superseded")
+
+
+async def test_ctrl_r_kept_for_a_load_that_fails_is_said_not_dropped_silently(
+        make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
+    app = make_app()
+    async with app.run_test(size=(160, 48)) as pilot:
+        await ready(pilot)
+        await send(pilot, "first question")
+        await wait_for(pilot, lambda: not app.conversation.generating)
+        await switching_to_lookup(pilot, app, loader)
+        await pilot.press("ctrl+r")
+        loader.error = ModelSourceError("lookup's model is gone")
+        loader.gate.set()
+        await wait_for(pilot, lambda: any("ctrl+r was not run" in n.message for n in app._notifications))
+        assert app.conversation.after_reply == []
