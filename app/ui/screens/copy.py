@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from markdown_it import MarkdownIt
 from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.content import Content
@@ -15,6 +14,7 @@ from textual.widgets import Label, OptionList
 from textual.widgets.option_list import Option
 
 from app.ui.screens.dialog import Dialog
+from app.ui.widgets.reply_markdown import reply_parser
 from engine.text_safety import inert
 
 
@@ -28,7 +28,7 @@ class CopyChoice:
 
 def code_blocks(markdown: str) -> list[tuple[str, str]]:
     """``(language, code)`` of every fenced or indented code block in ``markdown``, in order."""
-    tokens = MarkdownIt("commonmark").parse(markdown)
+    tokens = reply_parser().parse(markdown)  # as the reply is shown: "<details>" before a fence hid it here
     return [(t.info.strip().split(" ")[0] if t.info else "", t.content)
             for t in tokens if t.type in ("fence", "code_block")]
 

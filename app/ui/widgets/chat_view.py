@@ -17,11 +17,10 @@ from textual.app import ComposeResult
 from textual.containers import Vertical
 from textual.content import Content
 from textual.widgets import Markdown, Static
-from markdown_it import MarkdownIt
 
 from app.ui.formatting import FAILURE_CHARS, reply_summary, split_failure
 from app.ui.labels import one_line
-from app.ui.widgets.reply_markdown import ReplyMarkdown
+from app.ui.widgets.reply_markdown import ReplyMarkdown, reply_parser
 from app.store.pieces import Pieces, extend_pieces, merge_pieces
 from engine.text_safety import inert
 
@@ -87,7 +86,7 @@ def pieces_content(pieces: Iterable[tuple[str, str]]) -> Content:
     def line_span(n: int) -> tuple[int, int]:
         return starts[n], starts[n + 1] if n + 1 < len(starts) else len(text)
 
-    for tok in MarkdownIt("commonmark").parse(text):
+    for tok in reply_parser().parse(text):  # the blocks the reply view shows (HTML read as text)
         if tok.map is None:
             continue
         first, end = tok.map
@@ -184,7 +183,7 @@ def too_many_blocks(text: str) -> int | None:
     :data:`LAID_OUT_BLOCKS` (None: it is laid out)."""
     if len(text) < QUICK_CHARS and text.count("\n") < QUICK_LINES:  # a table of "|1|2|" rows is short
         return None
-    blocks = sum(token.nesting == 1 for token in MarkdownIt("gfm-like").parse(text))
+    blocks = sum(token.nesting == 1 for token in reply_parser().parse(text))
     return blocks if blocks > LAID_OUT_BLOCKS else None
 
 

@@ -47,6 +47,8 @@ async def reopened(make_app: Callable[..., SpecChatApp], chat_id: int) -> AsyncI
 def test_code_blocks_and_copy_choices() -> None:
     reply = "Here:\n\n```python\nprint('hi')\n```\n\nand\n\n```\nls -l\n```\n"
     assert code_blocks(reply) == [("python", "print('hi')\n"), ("", "ls -l\n")]
+    # HTML read as text, as the reply is shown: after "<details>" the fence was HTML here, no block (a review's)
+    assert code_blocks("<details>\n```py\nx = 1\n```\n") == [("py", "x = 1\n")]
     choices = copy_choices([("user", "show code"), ("assistant", reply)])
     assert choices[0].text == reply and choices[0].label.startswith("Last reply")
     assert [c.text for c in choices[1:3]] == ["print('hi')\n", "ls -l\n"]

@@ -55,6 +55,7 @@ def test_the_colour_view_counts_lines_as_markdown_does_whatever_other_separators
     assert plain == ("Line one\u2028still line one\u2029para\n\nHeading\n\nText after heading.\n\n"
                      "  print('x')\n\nEnd.")
     assert pieces_content([("a\n```\ncode", "target")]).plain == "a\n  code"  # the last line, unended, is code too
+    assert pieces_content([("<details>\n```py\nx = 1\n```\n", "target")]).plain == "<details>\n  x = 1\n"  # not HTML
 
 
 def test_a_prompt_shows_whether_it_waits_and_whether_it_was_asked_again() -> None:
