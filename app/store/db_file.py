@@ -61,23 +61,28 @@ def add_functions(conn: sqlite3.Connection) -> None:
 
 def open_read_only(path: Path, timeout: float) -> sqlite3.Connection | None:
     """``path`` opened to read only, if it is a current specchat history that can be read (None:
-    not a file, unreadable, or of another schema version)."""
+    not a file, unreadable, or of another schema version). A WAL file in a folder that cannot be
+    written opens read-only only while its side files exist; else it is read as immutable (nothing
+    can write it there, this app included)."""
     if not path.is_file():
         return None
-    try:
-        conn = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True, timeout=timeout,
-                               check_same_thread=False)
-    except sqlite3.Error:
-        return None
-    try:
-        current = int(conn.execute("PRAGMA user_version").fetchone()[0]) == SCHEMA_VERSION
-        conn.execute("SELECT count(*) FROM chats").fetchone()
-    except sqlite3.Error:
-        current = False
-    if not current:
+    for query in ("mode=ro", "mode=ro&immutable=1"):
+        try:
+            conn = sqlite3.connect(f"{path.resolve().as_uri()}?{query}", uri=True, timeout=timeout,
+                                   check_same_thread=False)
+        except sqlite3.Error:
+            continue
+        try:
+            current = int(conn.execute("PRAGMA user_version").fetchone()[0]) == SCHEMA_VERSION
+            conn.execute("SELECT count(*) FROM chats").fetchone()
+        except sqlite3.Error:
+            conn.close()
+            continue
+        if current:
+            return conn
         conn.close()
         return None
-    return conn
+    return None
 
 
 def prepare(conn: sqlite3.Connection) -> None:

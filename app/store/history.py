@@ -149,9 +149,11 @@ class History:
         conn = open_read_only(path, BUSY_TIMEOUT_S)
         if conn is None:
             return None
-        return cls(conn, path, f"History database {path} can be read but not written ({first_line(error)}): "
-                               "your chats are shown, and nothing new is saved. Make the file and its folder "
-                               "writable, or set SPECCHAT_DATA_DIR to another folder.")
+        history = cls(conn, path, f"History database {path} can be read but not written ({first_line(error)}): "
+                                  "your chats are shown, and nothing new is saved. Make the file and its folder "
+                                  "writable, or set SPECCHAT_DATA_DIR to another folder.")
+        history._reader = conn  # a reader of its own would open the file to write its WAL side files, and fail
+        return history
 
     @classmethod
     def _in_memory(cls, notice: str) -> "History":

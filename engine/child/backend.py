@@ -87,10 +87,10 @@ CONTROL_TURN_S = 1.0
 """How long F5's request waits for the control pipe while another request holds it (a lesson)."""
 
 LEARN_WAIT_S = 120.0
+"""How long handing the drafter earlier chats may take (tokenizing and indexing: about a second)."""
 
 DIED_WAIT_S = 1.0
 """How long a child whose pipe ended may take to end itself before it is ended as hung."""
-"""How long handing the drafter earlier chats may take (tokenizing and indexing: about a second)."""
 
 
 class ProcessBackend:

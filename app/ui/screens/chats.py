@@ -48,11 +48,24 @@ SNIPPET_CHARS = 60
 """About how much of a matching message a search result shows."""
 
 
+def folded_find(text: str, query: str) -> int:
+    """Where ``query`` first stands in ``text``, case folded as the history's search folds it
+    (:func:`~app.store.db_file.contains_folded`), as an index into ``text``; -1 when it does not.
+    A character may fold to several ("ß" to "ss"): each folded one maps back to its own."""
+    folded, origin = [], []
+    for i, char in enumerate(text):
+        part = char.casefold()
+        folded.append(part)
+        origin.extend([i] * len(part))
+    at = "".join(folded).find(query.casefold())
+    return origin[at] if at >= 0 else -1
+
+
 def snippet(text: str, query: str, width: int = SNIPPET_CHARS) -> str:
-    """The words of ``text`` around the first ``query`` (ASCII case-insensitive, as SQLite's
-    LIKE matches), on one line, with … where text was cut."""
+    """The words of ``text`` around the first ``query`` (found as the search found it, case folded
+    in any script), on one line, with … where text was cut."""
     flat = " ".join(text.split())
-    at = max(flat.lower().find(" ".join(query.split()).lower()), 0)
+    at = max(folded_find(flat, " ".join(query.split())), 0)
     start = max(0, min(at - width // 3, len(flat) - width))
     part = flat[start:start + width]
     return ("…" if start > 0 else "") + part + ("…" if start + width < len(flat) else "")

@@ -384,3 +384,39 @@ def test_a_history_that_can_be_read_but_not_written_is_shown_not_dropped(
     with pytest.raises(HistoryError):
         again.add_message(chat, "user", "a new one")
     again.close()
+
+
+def test_a_history_in_a_folder_that_cannot_be_written_is_read_for_real(tmp_path: Path) -> None:
+    """The file system's own refusal (as root, with the capability to override it dropped): a WAL
+    file whose side files cannot be made opened read-only only as immutable, and a second reader
+    connection failed with "attempt to write a readonly database"."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    as_root = os.geteuid() == 0
+    if as_root and shutil.which("setpriv") is None:
+        pytest.skip("root without setpriv: the file system lets every write through")
+    data = tmp_path / "data"
+    history = History.open(data / "history.db")
+    chat = history.create_chat("kept", "pocket")
+    history.add_message(chat, "user", "an old question")
+    history.close()
+    (data / "history.db").chmod(0o444)
+    data.chmod(0o555)
+    code = ("import sys; from pathlib import Path; from app.store.history import History, HistoryError\n"
+            f"h = History.open(Path({str(data / 'history.db')!r}))\n"
+            "print(h.path is not None, [m.content for c in h.list_chats() for m in h.messages(c.id)])\n"
+            "try:\n    h.add_message(1, 'user', 'new')\nexcept HistoryError:\n    print('refused')\n")
+    drop = ["setpriv", "--bounding-set=-dac_override,-dac_read_search",
+            "--inh-caps=-dac_override,-dac_read_search", "--"] if as_root else []
+    try:
+        done = subprocess.run([*drop, sys.executable, "-c", code], cwd=Path(__file__).resolve().parents[3],
+                              capture_output=True, text=True, timeout=60)
+    finally:
+        data.chmod(0o755)
+    if done.returncode != 0 and done.stderr.startswith("setpriv:"):
+        pytest.skip(f"capabilities cannot be dropped here: {done.stderr.strip()}")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split("\n")[:2] == ["True ['an old question']", "refused"]

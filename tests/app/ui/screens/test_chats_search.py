@@ -75,6 +75,9 @@ def test_a_snippet_is_the_words_around_the_match_on_one_line() -> None:
     cut = snippet(text, "NEEDLE in the", width=30)
     assert cut.startswith("…") and cut.endswith("…") and "needle in the hay" in cut and "\n" not in cut
     assert snippet("short needle", "needle") == "short needle"
+    # found as the search finds it: "straße" in "STRASSE", "привет" in "Привет" (the snippet showed the start)
+    long = "word " * 40 + "Große STRASSE 5, Привет " + "more " * 40
+    assert "STRASSE" in snippet(long, "straße", width=30) and "Привет" in snippet(long, "привет", width=30)
 
 
 def rows(screen: ChatsScreen) -> list[str]:
