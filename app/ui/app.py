@@ -21,7 +21,7 @@ from textual.screen import Screen
 from textual.widgets import Header
 
 from app.store.saver import ChatCreated, HistoryLag, HistoryRescued
-from app.store.state import last_theme, remember_draft, remember_theme, take_draft_for
+from app.store.state import last_theme, remember_theme, take_draft_for
 from app.ui.archive import Archive
 from app.ui.chat_dialogs import ask_edited_prompt, ask_sampling, ask_system_prompt
 from app.ui.commands import ProfileCommands, unique_commands
@@ -34,7 +34,7 @@ from app.ui.labels import shown_title
 from app.ui.keys import BINDINGS, EXTRA_COMMANDS, MAIN_SCREEN_ACTIONS, KeysFooter
 from app.ui.loading import Loader
 from app.ui.notices import notice
-from app.ui.quitting import ExitOnSignals, ask_before_quit, export_left_unsaved, export_unsent
+from app.ui.quitting import ExitOnSignals, ask_before_quit, close_down
 from app.ui.resume import remember_open_chat, reopen_last
 from app.ui.screens.chats import ChatsResult, ChatsScreen
 from app.ui.screens.copy import CopyChoice, CopyScreen, copy_choices, last_code_block, last_reply
@@ -86,6 +86,8 @@ class SpecChatApp(SafeTerminal, EngineControl, App[None]):  # SafeTerminal: titl
         self.key_hold = KeyHold(super().on_event, self.call_later, self.set_timer)
         self.signals = ExitOnSignals(self, self.conversation, self.archive)
         """SIGTERM/SIGHUP exit as ctrl+q does, saving and restoring the terminal (app.ui.quitting)."""
+        self.said_once: set[str] = set()
+        """Warnings said once a session (an engine that writes no log: app.ui.engine_control)."""
         self.exit_note: str | None = None
         """A line for the terminal once the app is gone: where replies the history could not take went."""
 
@@ -386,15 +388,6 @@ class SpecChatApp(SafeTerminal, EngineControl, App[None]):  # SafeTerminal: titl
         super().panic(*renderables)
 
     def on_unmount(self) -> None:
+        self.signals.closing()  # a signal while the close waits on a lock only arms the last resort
+        self.exit_note = close_down(self.conversation, self.archive, self.engine)  # printed once the screen is back
         self.signals.remove()
-        self.conversation.stop_reply()
-        unsent = None if self.conversation.private else self.conversation.unsent_text()
-        # unsent text comes back at the next start (a private chat's never); kept first, as the
-        # history's close may wait on a lock; exported where the state folder cannot keep it
-        unkept = remember_draft(unsent, self.conversation.chat_id, self.conversation.title)
-        self.engine.close()
-        notes = [export_unsent(unsent, unkept)] if unkept is not None and unsent else []
-        if not self.archive.close():  # else the saver has written the open chat's rows: it has its id now
-            notes.append(export_left_unsaved(self.archive))
-        self.exit_note = "\n".join(n for n in notes if n) or None  # printed by the command once the screen is back
-        remember_open_chat(self.conversation)

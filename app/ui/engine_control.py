@@ -37,6 +37,7 @@ class EngineControl:
     drafter_gone: set[int]
     """Chats found deleted elsewhere once (an open chat keeps its id until its rescue is written)."""
     sub_title: str
+    said_once: set[str]
     screen_stack: list[Any]
 
     def action_toggle_speculation(self) -> None:
@@ -161,7 +162,8 @@ class EngineControl:
         summary = plan_lines(info.plan)
         notice(self, f"{message.profile.name} ready" + (f": {summary[0]}" if summary else "."), title="Loaded")
         log_note = getattr(message.backend, "log_note", None)  # a child that can write no log (engine.child.backend)
-        if log_note:
+        if log_note and log_note not in self.said_once:  # once a session, not at every load and reload
+            self.said_once.add(log_note)
             notice(self, log_note, severity="warning", title="Engine log")
         if info.fallback_reason:  # a drop (a switch is info.off_reason)
             notice(self, f"Running without the draft model: {info.fallback_reason}", severity="warning",

@@ -28,15 +28,18 @@ from typing import TYPE_CHECKING, Any
 
 from engine.errors import SpecChatError
 
+from app.store.state import remember_draft
 from app.ui.archive import Archive
 from app.ui.export import export_unsaved, transcript_markdown
 from app.ui.notices import notice
 from app.ui.screens.edit import ConfirmScreen, EditScreen
 from app.ui.screens.quit import QuitAnswer, QuitScreen
+from app.ui.resume import remember_open_chat
 
 if TYPE_CHECKING:
     from textual.app import App
 
+    from app.ui.engine_host import EngineHost
     from app.ui.widgets.conversation import Conversation
 
 SIGNALS = (signal.SIGTERM, signal.SIGHUP)
@@ -130,6 +133,22 @@ def export_left_unsaved(archive: Archive) -> str | None:
     return f"specchat: the history could not take the last replies; they were exported to {path}"
 
 
+def close_down(conversation: "Conversation", archive: Archive, engine: "EngineHost") -> str | None:
+    """The app's end, in the order that loses least; answers the line for the terminal (where
+    what could not be kept went), or None. The unsent text is kept first (the history's close may
+    wait on a lock), exported where the state folder cannot keep it (a private chat's never); the
+    saver has its wait, and what the history could not take is exported."""
+    conversation.stop_reply()
+    unsent = None if conversation.private else conversation.unsent_text()
+    unkept = remember_draft(unsent, conversation.chat_id, conversation.title)
+    engine.close()
+    notes = [export_unsent(unsent, unkept)] if unkept is not None and unsent else []
+    if not archive.close():  # else the saver has written the open chat's rows: it has its id now
+        notes.append(export_left_unsaved(archive))
+    remember_open_chat(conversation)
+    return "\n".join(n for n in notes if n) or None
+
+
 def export_unsent(text: str, why: str) -> str:
     """The prompt box's unsent text, which the state folder could not keep for the next start
     (``why``), to a new Markdown file; answers the line saying where. It was lost without a word."""
@@ -160,6 +179,7 @@ class ExitOnSignals:
         self._armed = False
         self._message: str | None = None
         """Where the export went: said by the last resort too, if it has to end the process."""
+        self._closing = False
 
     def install(self) -> None:
         """Call from the app's loop; where signals cannot be caught (a loop not in the main
@@ -191,8 +211,17 @@ class ExitOnSignals:
             self._armed = True
             threading.Thread(target=self._exit_anyway, args=(sig,), name="exit-anyway", daemon=True).start()
 
+    def closing(self) -> None:
+        """The app is closing (its unmount saves and exports): a signal now only arms the last resort,
+        which ends the process if the close hangs. Unhooked first, a SIGHUP while the close waited on
+        a lock was Python's default: the process died at once, nothing exported (a review's)."""
+        self._closing = True
+
     def on_signal(self, sig: int) -> None:
         """Exit with 128 + ``sig`` (as a shell reports a signal), exporting first what would be lost."""
+        if self._closing:
+            self._arm(sig)
+            return
         conversation = self._conversation
         message = None
         if self._archive.at_risk(bool(conversation.messages()) and not conversation.private) is not None:

@@ -382,3 +382,36 @@ async def test_an_engine_without_a_log_is_said_once_it_is_ready(make_app: Callab
     async with app.run_test() as pilot:
         await ready(pilot)
         await wait_for(pilot, lambda: any(n.message == note and n.title == "Engine log" for n in app._notifications))
+        app.switch_profile("lookup")  # loaded again: said once a session, not at every load (a review's)
+        await wait_for(pilot, lambda: app.engine.profile.name == "lookup" and not app.engine.loading)
+        await pilot.pause()
+        assert sum(n.message == note for n in app._notifications) == 1
+
+
+def test_a_signal_while_the_app_closes_arms_the_last_resort_and_exits_nothing_twice(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The handlers were unhooked as the close began: a SIGHUP while the close waited on a lock was
+    Python's default, and the process died at once with nothing exported (a review's)."""
+    import signal
+
+    from app.ui import quitting
+
+    armed: list[int] = []
+
+    class App:
+        is_headless = False
+        exits: list[int] = []
+
+        def exit(self, return_code: int = 0, message: object = None) -> None:
+            self.exits.append(return_code)
+
+    class Archive:
+        def at_risk(self, on_screen: bool) -> str:
+            raise AssertionError("nothing is exported again while the app closes")
+
+    app = App()
+    signals = quitting.ExitOnSignals(app, object(), Archive())  # type: ignore[arg-type]
+    monkeypatch.setattr(signals, "_arm", armed.append)
+    signals.closing()
+    signals.on_signal(signal.SIGHUP)
+    assert armed == [signal.SIGHUP] and app.exits == []
