@@ -324,10 +324,13 @@ class EngineHost:
         and the pair it was replacing is closed too."""
         self._quitting.set()
         self._stop_load.set()
-        closing = getattr(self.backend, "closing", None)
-        if closing is not None:  # a reply's child that does not end it soon is ended, the reply not failed
-            closing()  # (engine.child.backend): a stopped one kept ctrl+q waiting STOP_WAIT_S, 10 s
-        self.interrupt()  # a reply that holds the lock ends, or its hung child is ended (engine.child.backend)
+        for backend in (self.backend, self._replaced):  # during a switch a reply may still end on the old pair
+            closing = getattr(backend, "closing", None)
+            if closing is not None:  # a reply's child that does not end it soon is ended, the reply not failed
+                closing()  # (engine.child.backend): a stopped one kept ctrl+q waiting STOP_WAIT_S, 10 s
+            stop = getattr(backend, "interrupt", None)
+            if stop is not None:  # a reply that holds the lock ends, or its hung child is ended
+                stop()
         with self.lock:
             for backend in (self.backend, self._replaced):
                 if backend is not None:
