@@ -178,6 +178,21 @@ class HistorySaver:
                 self._cond.wait(min(left, 0.05))
         return True
 
+    def wait_chat(self, chat_id: int, timeout: float) -> bool:
+        """Wait up to ``timeout`` s until every reply of chat ``chat_id`` has ended and is written
+        (a reply left streaming there: its end comes from its worker, then this thread); whether
+        they are. :meth:`flush` waits only for what was handed over so far."""
+        deadline = time.monotonic() + timeout
+        with self._cond:
+            self._urgent = True
+            while any(r.chat.id == chat_id and not r.saved for r in self._queue):
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._cond.notify_all()
+                self._cond.wait(min(left, 0.05))
+        return True
+
     def close(self, timeout: float = 10.0) -> bool:
         """Write what is pending (waiting up to ``timeout`` s for a lock), then stop; True if
         everything was written. A thread still waiting on a lock is left to the process's end

@@ -12,6 +12,8 @@ A token's way to the screen: the engine's ``ChatEvent`` → :func:`stream_reply`
 """
 from __future__ import annotations
 
+import asyncio
+
 from collections.abc import Callable
 from functools import partial
 
@@ -223,15 +225,16 @@ class Conversation(ChatSettings, LastExchange, ReplyPainting, Horizontal):
 
     async def open_chat(self, chat_id: int) -> ChatRecord | None:
         """Show a saved chat to continue it; answers its record (None: it is gone, or it is the one
-        open: opened again, its streaming reply was stopped and shown as never saved). A chat just
-        left mid-reply is read once the saver has its end (:data:`LEFT_REPLY_WAIT_S` at most)."""
+        open, left as it is: opening it again stopped its streaming reply and showed it as never
+        saved). A chat just left mid-reply is read once its reply has ended and is written
+        (:data:`LEFT_REPLY_WAIT_S` at most)."""
         if chat_id == self.chat_id and not self.private:
             notice(self, "That chat is the one open.")
             return None
         history = self.archive.history
         saver = self.archive.saver
-        if saver is not None and any(chat.id == chat_id for chat, _, _ in saver.pending()):
-            saver.flush(LEFT_REPLY_WAIT_S)
+        if saver is not None:  # off the UI's thread: it waits for an engine to end that reply
+            await asyncio.to_thread(saver.wait_chat, chat_id, LEFT_REPLY_WAIT_S)
         chat = self.archive.db(history.get_chat, chat_id) if history is not None else None
         records = self.archive.db(history.messages, chat_id) if history is not None else None
         if chat is None or records is None:

@@ -55,6 +55,26 @@ def test_the_engines_stats_are_written_as_the_dict_they_convert_to(specchat_dirs
     assert reply.stats == stats[-1].to_dict() and reply.stats["tokens"] == 3
 
 
+def test_waiting_for_a_chat_waits_for_its_replys_end_not_only_what_was_handed_over(specchat_dirs: Path) -> None:
+    """ctrl+n mid-reply, then F3 on that chat: flush() returned once the rounds so far were written, and
+    the chat opened showing the reply as "unfinished: its end was never saved" (a review's)."""
+    import threading
+
+    history = History.open()
+    saver = HistorySaver(history, min_interval_s=0.0)
+    chat = ChatRef("left mid-reply", "fast")
+    record = saver.start_reply(chat, "count", "fast")
+    saver.update(record, "1 2", [("1 2", "target")], None, None)
+    assert saver.flush(5) and chat.id is not None  # written so far; the reply has not ended
+    assert not saver.wait_chat(chat.id, 0.2)
+    threading.Timer(0.3, lambda: saver.update(record, "1 2 3", [("1 2 3", "target")], None, "cancelled")).start()
+    assert saver.wait_chat(chat.id, 5)
+    (_user, reply) = history.messages(chat.id)
+    assert (reply.content, reply.finish_reason) == ("1 2 3", "cancelled")
+    saver.close(5)
+    history.close()
+
+
 def _child(db: Path, rounds: int, finish: bool) -> subprocess.Popen[str]:
     return subprocess.Popen(
         [sys.executable, "-m", "tests.app.saver_child", str(db), str(rounds), "1" if finish else "0"],
