@@ -150,6 +150,12 @@ class HistorySaver:
         with self._cond:
             return len(self._settings)
 
+    def pending_settings(self) -> list[tuple[ChatRef, Setting]]:
+        """``(chat, setting)`` of each chat setting set but not in the database yet (its value is the
+        ChatRef's)."""
+        with self._cond:
+            return [(chat, name) for (_, name), (chat, _version) in self._settings.items()]
+
     def pending(self) -> list[tuple[ChatRef, str, str]]:
         """``(chat, prompt, reply text)`` of each reply whose latest state is not in the database."""
         with self._cond:

@@ -35,10 +35,12 @@ from app.ui.notices import notice
 from app.ui.screens.edit import ConfirmScreen, EditScreen
 from app.ui.screens.quit import QuitAnswer, QuitScreen
 from app.ui.resume import remember_open_chat
+from app.ui.sampling import ChatSampling
 
 if TYPE_CHECKING:
     from textual.app import App
 
+    from app.store.pending import ChatRef
     from app.ui.engine_host import EngineHost
     from app.ui.widgets.conversation import Conversation
 
@@ -119,18 +121,29 @@ def export_left_unsaved(archive: Archive) -> str | None:
     file, unless the user already exported or discarded them. Answers the line saying where (or
     why nothing could be written); None when nothing was left. They were lost without a word."""
     saver = archive.saver
-    left = saver.pending() if saver is not None and not archive.unsaved_settled else []
-    if not left:
+    settled = saver is None or archive.unsaved_settled
+    left = [] if settled else saver.pending()
+    settings = [] if settled else [f"{chat.title}: {setting_line(chat, name)}" for chat, name in saver.pending_settings()]
+    if not left and not settings:
         return None
     messages: list[tuple[str, str]] = []
     for chat, prompt, reply in left:
         messages += [("user", f"({chat.title}) {prompt}"), ("assistant", reply)]
-    text = transcript_markdown("specchat: replies the history could not take", messages)
+    text = transcript_markdown("specchat: what the history could not take", messages, settings=settings)
     try:
         path = export_unsaved(text, f"unsaved-chat-{time.strftime('%Y%m%d-%H%M%S')}.md")
     except SpecChatError as exc:
-        return f"specchat: {len(left)} repl{'y' if len(left) == 1 else 'ies'} could not be saved: {exc}"
-    return f"specchat: the history could not take the last replies; they were exported to {path}"
+        return f"specchat: the last replies or settings could not be saved: {exc}"
+    return f"specchat: the history could not take the last replies or settings; they were exported to {path}"
+
+
+def setting_line(chat: "ChatRef", name: str) -> str:
+    """A chat setting the history could not take, as its ChatRef holds it, on one line."""
+    if name == "system_prompt":
+        return "System prompt: " + " ".join((chat.system_prompt or "(the profile's)").split())
+    if name == "sampling":
+        return "Sampling: " + (ChatSampling.from_dict(chat.sampling).own_label() or "(the profile's)")
+    return f"Profile: {chat.profile or '—'}"
 
 
 def close_down(conversation: "Conversation", archive: Archive, engine: "EngineHost") -> str | None:

@@ -184,14 +184,14 @@ class Conversation(ChatSettings, LastExchange, ReplyPainting, Horizontal):
     def hide_welcome(self) -> None:
         self.chat_log.query("#welcome").remove()
 
-    async def _reset(self) -> None:
+    async def _reset(self, reply_kept: bool = True) -> None:
         """Empty the transcript; prompts that never went out return to the box, not lost.
         Leaving a private chat, its prompts leave Up's recall; any that return to the box
         are said to, since sending them now puts them in the next chat. A reply still streaming
         is stopped, and said to be (it stopped without a word: a hostile tester's)."""
-        if self.generating:
-            notice(self, "Stopped the reply to leave the chat; it is saved as far as it got." if not self.private
-                   else "Stopped the reply to leave the private chat.")
+        if self.generating:  # ``reply_kept`` False: the chat was deleted, its reply with it
+            notice(self, "Stopped the reply to leave the chat; it is saved as far as it got."
+                   if reply_kept and not self.private else "Stopped the reply.")
         self.stream.forget()
         self.after_reply = []  # they were for the chat left
         self.generating = False
@@ -209,11 +209,11 @@ class Conversation(ChatSettings, LastExchange, ReplyPainting, Horizontal):
         self.hud.clear_reply()  # the figures were the chat left's (a new user read them as the new one's)
         self.hud.flush()
 
-    async def new_chat(self, private: bool = False, said: str | None = None) -> None:
+    async def new_chat(self, private: bool = False, said: str | None = None, reply_kept: bool = True) -> None:
         """Start an empty conversation (the saved one stays in the history); a ``private``
         one is never saved and teaches the drafter nothing. ``said``: the notice, instead of
         "New chat."."""
-        await self._reset()
+        await self._reset(reply_kept)
         self._chat = None
         self.archive.open_chats.show(None)
         self.chat_system_prompt = None
@@ -264,7 +264,7 @@ class Conversation(ChatSettings, LastExchange, ReplyPainting, Horizontal):
         Answers whether it was this one."""
         if chat_id != self.chat_id:
             return False
-        await self.new_chat(said="Deleted the open chat; this is a new one.")
+        await self.new_chat(said="Deleted the open chat; this is a new one.", reply_kept=False)
         return True
 
     def model_state(self, loading: str | None, loaded: bool = True) -> None:

@@ -410,3 +410,19 @@ async def test_opening_a_chat_mid_reply_says_the_reply_stopped_and_the_open_one_
         await app.open_chat(other)
         await wait_for(pilot, lambda: any("Stopped the reply to leave the chat" in n.message for n in app._notifications))
         assert [m.text for m in app.query(UserMessage)] == ["an earlier question"]
+
+
+@pytestmark_async
+async def test_deleting_the_open_chat_mid_reply_does_not_say_the_reply_was_saved(
+        make_app: Callable[..., SpecChatApp]) -> None:
+    """"Stopped the reply to leave the chat; it is saved as far as it got" was said for a chat being
+    deleted, its reply with it (a review's)."""
+    long = [[(f"w{i} ", "target")] for i in range(400)]
+    app = make_app(loader=FakeLoader(delay=0.02, script=long))
+    async with app.run_test(size=(120, 40)) as pilot:
+        await ready(pilot)
+        await send(pilot, "count for me")
+        await wait_for(pilot, lambda: app.conversation.chat_id is not None and app.conversation.generating)
+        assert await app.conversation.chat_deleted(app.conversation.chat_id)
+        await wait_for(pilot, lambda: any(n.message == "Stopped the reply." for n in app._notifications))
+        assert not any("saved as far as it got" in n.message for n in app._notifications)

@@ -341,12 +341,14 @@ async def test_ctrl_q_under_a_lock_taken_before_any_write_failed_exports_what_it
         await send(pilot, "asked under the lock")
         await wait_for(pilot, lambda: len(app.conversation.messages()) == 4 and not app.conversation.generating)
         assert not app.archive.saver.lagging  # its write still waits on the lock: nothing failed yet
+        app.conversation.set_system_prompt("Be brief.")  # a setting the lock keeps out too (it was dropped)
         app.archive.exit_wait_s = 0.5
         await pilot.press("ctrl+q")
         await wait_for(pilot, lambda: app.return_code is not None)
     assert app.exit_note is not None and "they were exported to" in app.exit_note
     (exported,) = (specchat_dirs / "exports").glob("unsaved-chat-*.md")
     assert "asked under the lock" in exported.read_text() and "Hello there!" in exported.read_text()
+    assert ": System prompt: Be brief." in exported.read_text()
     thread.join()
 
 
