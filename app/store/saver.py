@@ -173,25 +173,22 @@ class HistorySaver:
 
     def flush(self, timeout: float) -> bool:
         """Wait up to ``timeout`` s for every finished reply to be written; True if all were."""
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            self._urgent = True
-            while self._settings or any(r.written != r.version for r in self._queue):
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    return False
-                self._cond.notify_all()
-                self._cond.wait(min(left, 0.05))
-        return True
+        return self._wait_while(lambda: bool(self._settings) or any(r.written != r.version for r in self._queue),
+                                timeout)
 
     def wait_chat(self, chat_id: int, timeout: float) -> bool:
         """Wait up to ``timeout`` s until every reply of chat ``chat_id`` has ended and is written
         (a reply left streaming there: its end comes from its worker, then this thread); whether
         they are. :meth:`flush` waits only for what was handed over so far."""
+        return self._wait_while(lambda: any(r.chat.id == chat_id and not r.saved for r in self._queue), timeout)
+
+    def _wait_while(self, unsaved: Callable[[], bool], timeout: float) -> bool:
+        """Hurry the saver thread and wait up to ``timeout`` s while ``unsaved()`` (read under the
+        lock) holds; whether it stopped holding."""
         deadline = time.monotonic() + timeout
         with self._cond:
             self._urgent = True
-            while any(r.chat.id == chat_id and not r.saved for r in self._queue):
+            while unsaved():
                 left = deadline - time.monotonic()
                 if left <= 0:
                     return False
