@@ -41,6 +41,7 @@ if TYPE_CHECKING:
     from textual.app import App
 
     from app.store.pending import ChatRef
+    from app.store.saver import HistorySaver
     from app.ui.engine_host import EngineHost
     from app.ui.widgets.conversation import Conversation
 
@@ -101,10 +102,8 @@ def write_unsaved(app: "App[Any]", conversation: "Conversation", archive: Archiv
     """Write the chat on screen, the saver's unsaved replies of other chats and the unsent
     prompt to a new Markdown file; None (the reason shown) if no folder took it."""
     messages = [] if conversation.private else conversation.messages()
-    saver = archive.saver
-    for chat, prompt, reply in saver.pending() if saver is not None else []:
-        if chat is not conversation.chat_ref:  # another chat's, not on screen (ids may not be set yet)
-            messages += [("user", f"({chat.title}) {prompt}"), ("assistant", reply)]
+    if archive.saver is not None:  # other chats' unsaved replies, not on screen (ids may not be set yet)
+        messages += pending_messages(archive.saver, but=conversation.chat_ref)
     settings = [] if conversation.private else conversation.settings_lines()
     text = transcript_markdown(app.sub_title or "specchat chat", messages, conversation.prompt.text,
                                settings=settings)
@@ -122,19 +121,26 @@ def export_left_unsaved(archive: Archive) -> str | None:
     why nothing could be written); None when nothing was left. They were lost without a word."""
     saver = archive.saver
     settled = saver is None or archive.unsaved_settled
-    left = [] if settled else saver.pending()
+    messages = [] if settled else pending_messages(saver)
     settings = [] if settled else [f"{chat.title}: {setting_line(chat, name)}" for chat, name in saver.pending_settings()]
-    if not left and not settings:
+    if not messages and not settings:
         return None
-    messages: list[tuple[str, str]] = []
-    for chat, prompt, reply in left:
-        messages += [("user", f"({chat.title}) {prompt}"), ("assistant", reply)]
     text = transcript_markdown("specchat: what the history could not take", messages, settings=settings)
     try:
         path = export_unsaved(text, f"unsaved-chat-{time.strftime('%Y%m%d-%H%M%S')}.md")
     except SpecChatError as exc:
         return f"specchat: the last replies or settings could not be saved: {exc}"
     return f"specchat: the history could not take the last replies or settings; they were exported to {path}"
+
+
+def pending_messages(saver: "HistorySaver", but: "ChatRef | None" = None) -> list[tuple[str, str]]:
+    """The saver's unsaved exchanges (but ``but``'s, the chat on screen) as ``(role, text)``, each
+    prompt named by its chat's title."""
+    messages: list[tuple[str, str]] = []
+    for chat, prompt, reply in saver.pending():
+        if chat is not but:
+            messages += [("user", f"({chat.title}) {prompt}"), ("assistant", reply)]
+    return messages
 
 
 def setting_line(chat: "ChatRef", name: str) -> str:

@@ -108,10 +108,12 @@ def test_close_closes_the_backend_once() -> None:
     made.close()
 
 
-def test_close_tells_the_backend_the_app_closes_before_waiting_for_its_reply() -> None:
+@pytest.mark.parametrize("switching", [False, True])
+def test_close_tells_the_pair_holding_the_reply_the_app_closes_before_waiting_for_it(switching: bool) -> None:
     """ctrl+q with the engine stopped mid-reply waited for the reply's reader, which gave the child STOP_WAIT_S
     (10 s, on a blank screen): the backend is told the app closes first (engine.child.backend's closing),
-    so that its reader ends a child that does not answer soon."""
+    so that its reader ends a child that does not answer soon. During a switch the reply ends on the old
+    pair (``backend`` is None then), which is told too (a review's)."""
     import threading
 
     made = host()
@@ -120,6 +122,9 @@ def test_close_tells_the_backend_the_app_closes_before_waiting_for_its_reply() -
     told = threading.Event()
     backend.closing = told.set  # type: ignore[attr-defined]
     made.ready(backend, fast)
+    if switching:
+        made.begin_load(made.profiles.get("lookup"))  # type: ignore[union-attr,arg-type]
+        assert made.backend is None
     streaming = threading.Event()
 
     def reply() -> None:  # a reply whose child ends it only once told the app closes
@@ -133,34 +138,6 @@ def test_close_tells_the_backend_the_app_closes_before_waiting_for_its_reply() -
     made.close()
     worker.join()
     assert told.is_set() and backend.closed
-
-
-def test_close_during_a_switch_tells_the_pair_being_replaced_too() -> None:
-    """During a switch the reply ends on the old pair (``backend`` is None then): ctrl+q there waited
-    the old child's STOP_WAIT_S, 10 s, as before the quick close (a review's)."""
-    import threading
-
-    made = host()
-    fast = made.profiles.get("fast")  # type: ignore[union-attr]
-    old = FakeBackend(fast)
-    told = threading.Event()
-    old.closing = told.set  # type: ignore[attr-defined]
-    made.ready(old, fast)
-    made.begin_load(made.profiles.get("lookup"))  # type: ignore[union-attr,arg-type]
-    assert made.backend is None
-    streaming = threading.Event()
-
-    def reply() -> None:  # the stopped reply still finishing on the old pair
-        with made.lock:
-            streaming.set()
-            told.wait(10)
-
-    worker = threading.Thread(target=reply)
-    worker.start()
-    assert streaming.wait(10)
-    made.close()
-    worker.join()
-    assert told.is_set() and old.closed
 
 
 def test_a_left_out_user_profile_is_a_warning_and_the_rest_load(tmp_path, monkeypatch) -> None:

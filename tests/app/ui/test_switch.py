@@ -249,16 +249,21 @@ async def test_a_switch_during_a_reply_says_it_stopped_the_reply(make_app: Calla
         assert "Stopped the reply to load lookup; ctrl+r asks again once it is ready." in said
 
 
+async def answered_then_switching(pilot: Pilot, app: SpecChatApp, loader: FakeLoader) -> None:
+    """A prompt answered on fast, then a switch to lookup held loading (:func:`switching_to_lookup`)."""
+    await ready(pilot)
+    await send(pilot, "first question")
+    await wait_for(pilot, lambda: not app.conversation.generating)
+    await switching_to_lookup(pilot, app, loader)
+
+
 async def test_ctrl_r_during_a_switch_answers_again_once_the_new_model_is_ready_and_f5_says_why_it_waits(
         make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
     """During a switch ctrl+r and F5 said "No model is loaded yet." while the HUD said the old pair stays
     until the new one is ready, and Enter queued a prompt meanwhile (a hostile tester's)."""
     app = make_app()
     async with app.run_test(size=(160, 48)) as pilot:
-        await ready(pilot)
-        await send(pilot, "first question")
-        await wait_for(pilot, lambda: not app.conversation.generating)
-        await switching_to_lookup(pilot, app, loader)
+        await answered_then_switching(pilot, app, loader)
         await pilot.press("ctrl+r", "f5")
         messages = lambda: [n.message for n in app._notifications]  # noqa: E731
         await wait_for(pilot, lambda: "ctrl+r answers again once lookup is ready." in messages())
@@ -275,10 +280,7 @@ async def test_ctrl_r_kept_for_a_load_that_fails_is_said_not_dropped_silently(
         make_app: Callable[..., SpecChatApp], loader: FakeLoader) -> None:
     app = make_app()
     async with app.run_test(size=(160, 48)) as pilot:
-        await ready(pilot)
-        await send(pilot, "first question")
-        await wait_for(pilot, lambda: not app.conversation.generating)
-        await switching_to_lookup(pilot, app, loader)
+        await answered_then_switching(pilot, app, loader)
         await pilot.press("ctrl+r")
         loader.error = ModelSourceError("lookup's model is gone")
         loader.gate.set()
